@@ -1,0 +1,35 @@
+"""The registration table: which backend implements which op, one line each.
+
+Adding a backend: a subpackage here whose ``__init__`` defines ``BACKEND`` (a
+:class:`~asickernels.kernels.registry.Backend`), one module per op, and one ``register``
+line per op below. Implementations are imported only when first used.
+"""
+
+from __future__ import annotations
+
+from asickernels.backends import pallas_tpu, reference_backend, xla
+from asickernels.kernels.registry import register, register_backend
+
+register_backend(reference_backend.BACKEND)
+register_backend(xla.BACKEND)
+register_backend(pallas_tpu.BACKEND)
+register_backend(pallas_tpu.INTERPRET_BACKEND)
+
+register("giou", "reference", "asickernels.reference:giou")
+register("giou_vjp", "reference", "asickernels.reference:giou_vjp")
+register("nms", "reference", "asickernels.reference:nms")
+register("int8_matmul", "reference", "asickernels.reference:int8_matmul")
+
+register("giou", "xla", "asickernels.backends.xla.giou:giou")
+register("nms", "xla", "asickernels.backends.xla.nms:nms")
+register("int8_matmul", "xla", "asickernels.backends.xla.int8_matmul:int8_matmul")
+
+register("giou", "pallas_tpu", "asickernels.backends.pallas_tpu.giou:giou")
+register("nms", "pallas_tpu", "asickernels.backends.pallas_tpu.nms:nms")
+register("int8_matmul", "pallas_tpu", "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul")
+register("giou", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.giou:giou", mode="tpu_interpret")
+register("nms", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.nms:nms", mode="tpu_interpret")
+register(
+    "int8_matmul", "pallas_tpu_interpret",
+    "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul", mode="tpu_interpret",
+)

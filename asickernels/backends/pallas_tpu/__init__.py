@@ -1,0 +1,41 @@
+"""Pallas kernels for TPUs (Mosaic). Compiled on a TPU; elsewhere run in Pallas interpret
+mode (``"pallas_tpu"``) or TPU interpret mode with race detection (``"pallas_tpu_interpret"``)."""
+
+from __future__ import annotations
+
+from asickernels.kernels.registry import Availability, Backend
+
+
+def _probe_compiled() -> Availability:
+    import jax
+
+    platform = jax.default_backend()
+    if platform == "tpu":
+        return Availability("native", f"compiled by Mosaic for {jax.devices()[0].device_kind}")
+    return Availability(
+        "simulated",
+        f"no TPU ({platform}): Pallas interpret mode; `asickernels compile` still compiles "
+        "for TPU with libtpu",
+        'pip install "jax[tpu]" for the compile gate',
+    )
+
+
+def _probe_interpret() -> Availability:
+    return Availability(
+        "simulated", "TPU interpret mode (pltpu.InterpretParams): DMAs, semaphores, race detection"
+    )
+
+
+BACKEND = Backend(
+    name="pallas_tpu",
+    array_kind="jax",
+    probe=_probe_compiled,
+    description="Pallas/Mosaic TPU kernels (interpret mode where there is no TPU)",
+    default_on=("tpu",),
+)
+INTERPRET_BACKEND = Backend(
+    name="pallas_tpu_interpret",
+    array_kind="jax",
+    probe=_probe_interpret,
+    description="the same Pallas kernels in TPU interpret mode, with race detection",
+)

@@ -1,0 +1,36 @@
+"""GIOU in ``jax.numpy``; :func:`giou_from_planes` is also the body of the Pallas kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from asickernels.reference import GIOU_EPS
+
+
+def giou_from_planes(
+    x1: jax.Array, y1: jax.Array, x2: jax.Array, y2: jax.Array,
+    u1: jax.Array, v1: jax.Array, u2: jax.Array, v2: jax.Array,
+) -> jax.Array:
+    """GIOU from coordinate planes (any equal shapes, float32).
+
+    Written with ``where`` rather than ``maximum``/``minimum`` so that autodiff follows the
+    reference's tie rule (the gradient goes to the first box) instead of splitting it.
+    """
+    iw = jnp.where(x2 <= u2, x2, u2) - jnp.where(x1 >= u1, x1, u1)
+    ih = jnp.where(y2 <= v2, y2, v2) - jnp.where(y1 >= v1, y1, v1)
+    inter = jnp.where(iw > 0, iw, 0.0) * jnp.where(ih > 0, ih, 0.0)
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    cw = jnp.where(x2 >= u2, x2, u2) - jnp.where(x1 <= u1, x1, u1)
+    ch = jnp.where(y2 >= v2, y2, v2) - jnp.where(y1 <= v1, y1, v1)
+    hull = cw * ch
+    return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
+
+
+def giou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    """``[P, 4]`` x2 -> ``[P]`` float32."""
+    a = boxes1.astype(jnp.float32)
+    b = boxes2.astype(jnp.float32)
+    return giou_from_planes(*(a[:, i] for i in range(4)), *(b[:, i] for i in range(4)))

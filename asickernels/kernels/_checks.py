@@ -1,0 +1,79 @@
+"""Input checks shared by the op modules: they run on shapes, dtypes and Python scalars
+only, so they work the same eagerly and under ``jit``, before any kernel runs."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+FLOAT_DTYPES = (
+    np.dtype(np.float16),
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+)
+
+
+def as_array(value: Any, name: str) -> Any:
+    """``value`` as something with ``.shape`` and ``.dtype`` (JAX arrays and tracers are
+    kept as they are, so no device transfer or tracing happens here)."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return value
+    if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__"):
+        return np.asarray(value)
+    try:
+        return np.asarray(value)
+    except Exception as error:
+        raise TypeError(f"{name} must be an array, got {type(value).__name__}") from error
+
+
+def check_float(array: Any, name: str) -> None:
+    if np.dtype(array.dtype) not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating array (float32, bfloat16, float16 or float64), "
+            f"got dtype {array.dtype}"
+        )
+
+
+def check_boxes(array: Any, name: str, min_ndim: int = 1) -> None:
+    check_float(array, name)
+    if array.ndim < min_ndim or array.shape[-1] != 4:
+        raise ValueError(
+            f"{name} must have shape [..., 4] (x1, y1, x2, y2)"
+            + (f" with at least {min_ndim} dims" if min_ndim > 1 else "")
+            + f", got {tuple(array.shape)}"
+        )
+
+
+def static_float(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> float:
+    """A Python number in ``[low, high]`` (not NaN): thresholds are static, not traced."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be a static Python number, not a traced value")
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.ndarray, np.generic)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    number = float(value)
+    if math.isnan(number) or not low <= number <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {number}")
+    return number
+
+
+def static_int(value: Any, name: str, low: int = 0) -> int:
+    if isinstance(value, bool) or isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be a static Python int, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if number < low:
+        raise ValueError(f"{name} must be >= {low}, got {number}")
+    return number
+
+
+def size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

@@ -1,0 +1,213 @@
+"""The numerical reference: the one written definition of every op's semantics.
+
+Plain numpy in float64, written for clarity rather than speed. Every backend is tested
+against these functions, and they are registered as the ``"reference"`` backend. The
+signatures follow the implementation conventions in :mod:`asickernels.kernels.registry`.
+
+Definitions
+-----------
+Boxes are ``(x1, y1, x2, y2)``; nothing requires ``x1 <= x2`` (such boxes give negative
+areas and the formulas below apply as written).
+
+GIOU (torchvision's ``generalized_box_iou_loss`` with ``eps = 1e-7``)::
+
+    inter = max(0, min(x2, X2) - max(x1, X1)) * max(0, min(y2, Y2) - max(y1, Y1))
+    union = area1 + area2 - inter
+    hull  = (max(x2, X2) - min(x1, X1)) * (max(y2, Y2) - min(y1, Y1))
+    giou  = inter / (union + eps) - (hull - union) / (hull + eps)
+
+GIOU gradient: the exact derivative of that formula, with these conventions where it has a
+kink: ``max(a, b)`` and ``min(a, b)`` pass the gradient to ``a`` (the ``boxes1`` side) on a
+tie, and ``max(0, w)`` passes it only where ``w > 0``.
+
+NMS IoU: ``inter / union`` when ``union > 0``, else 0; a box with a non-finite coordinate
+has IoU 0 with every box. Greedy NMS visits eligible boxes (score not NaN and
+``>= score_threshold``) by descending score, equal scores by ascending index, and keeps a
+box unless its IoU with an already kept box of the same category is strictly greater than
+``iou_threshold``; it stops after ``max_output_size`` boxes.
+
+int8 matmul: the exact integer product; with scales, ``acc * x_scale[:, None] *
+y_scale[None, :]`` rounded once to ``out_dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+GIOU_EPS = 1e-7
+
+Array = np.ndarray
+
+
+def _planes(boxes: Any) -> tuple[Array, Array, Array, Array]:
+    b = np.asarray(boxes).astype(np.float64)
+    return b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+
+
+def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """GIOU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    x1, y1, x2, y2 = _planes(boxes1)
+    u1, v1, u2, v2 = _planes(boxes2)
+    inter = np.maximum(0.0, np.minimum(x2, u2) - np.maximum(x1, u1)) * np.maximum(
+        0.0, np.minimum(y2, v2) - np.maximum(y1, v1)
+    )
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    hull = (np.maximum(x2, u2) - np.minimum(x1, u1)) * (np.maximum(y2, v2) - np.minimum(y1, v1))
+    return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
+
+
+def giou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+    """Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` w.r.t. both box arrays (float64)."""
+    x1, y1, x2, y2 = _planes(boxes1)
+    u1, v1, u2, v2 = _planes(boxes2)
+    g = np.asarray(cotangent, np.float64)
+
+    # Forward, keeping which side each max/min took (ties: the boxes1 side).
+    left_from_1 = x1 >= u1
+    right_from_1 = x2 <= u2
+    top_from_1 = y1 >= v1
+    bottom_from_1 = y2 <= v2
+    iw = np.where(right_from_1, x2, u2) - np.where(left_from_1, x1, u1)
+    ih = np.where(bottom_from_1, y2, v2) - np.where(top_from_1, y1, v1)
+    iw_pos, ih_pos = iw > 0, ih > 0
+    iw_c, ih_c = np.where(iw_pos, iw, 0.0), np.where(ih_pos, ih, 0.0)
+    inter = iw_c * ih_c
+    w1, h1, w2, h2 = x2 - x1, y2 - y1, u2 - u1, v2 - v1
+    union = w1 * h1 + w2 * h2 - inter
+    hull_left_1 = x1 <= u1
+    hull_right_1 = x2 >= u2
+    hull_top_1 = y1 <= v1
+    hull_bottom_1 = y2 >= v2
+    cw = np.where(hull_right_1, x2, u2) - np.where(hull_left_1, x1, u1)
+    ch = np.where(hull_bottom_1, y2, v2) - np.where(hull_top_1, y1, v1)
+    hull = cw * ch
+
+    # Backward.
+    d_union = g * (1.0 / (hull + GIOU_EPS) - inter / (union + GIOU_EPS) ** 2)
+    d_inter = g / (union + GIOU_EPS) - d_union
+    d_hull = -g * (union + GIOU_EPS) / (hull + GIOU_EPS) ** 2
+    d_iw = np.where(iw_pos, d_inter * ih_c, 0.0)
+    d_ih = np.where(ih_pos, d_inter * iw_c, 0.0)
+    d_cw, d_ch = d_hull * ch, d_hull * cw
+
+    d1 = np.zeros(np.shape(x1) + (4,))
+    d2 = np.zeros(np.shape(x1) + (4,))
+    # Areas: area1 = w1 * h1, area2 = w2 * h2, both enter union with +1.
+    d1[..., 0] -= d_union * h1
+    d1[..., 2] += d_union * h1
+    d1[..., 1] -= d_union * w1
+    d1[..., 3] += d_union * w1
+    d2[..., 0] -= d_union * h2
+    d2[..., 2] += d_union * h2
+    d2[..., 1] -= d_union * w2
+    d2[..., 3] += d_union * w2
+    # Intersection and hull edges, each routed to the side the max/min took.
+    for grad, from_1, coord in (
+        (-d_iw, left_from_1, 0),
+        (d_iw, right_from_1, 2),
+        (-d_ih, top_from_1, 1),
+        (d_ih, bottom_from_1, 3),
+        (-d_cw, hull_left_1, 0),
+        (d_cw, hull_right_1, 2),
+        (-d_ch, hull_top_1, 1),
+        (d_ch, hull_bottom_1, 3),
+    ):
+        d1[..., coord] += np.where(from_1, grad, 0.0)
+        d2[..., coord] += np.where(from_1, 0.0, grad)
+    return d1, d2
+
+
+def giou_loss(
+    preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean"
+) -> Array:
+    """``1 - giou`` over valid boxes (``mask`` True); padding contributes exactly 0.
+
+    ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
+    """
+    loss = 1.0 - giou(preds, targets)
+    valid = np.ones(loss.shape, bool) if mask is None else np.asarray(mask, bool)
+    loss = np.where(valid, loss, 0.0)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return np.asarray(total)
+    count = valid.sum()
+    return np.asarray(total / count if count else 0.0)
+
+
+def iou_one_to_many(box: Array, boxes: Array) -> Array:
+    """NMS IoU (see the module docstring) of one box ``[4]`` with ``boxes [K, 4]``, float64."""
+    box = np.asarray(box, np.float64)
+    boxes = np.asarray(boxes, np.float64)
+    inter = np.maximum(0.0, np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]))
+    inter = inter * np.maximum(
+        0.0, np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])
+    )
+    union = (box[2] - box[0]) * (box[3] - box[1]) + (boxes[:, 2] - boxes[:, 0]) * (
+        boxes[:, 3] - boxes[:, 1]
+    ) - inter
+    finite = np.isfinite(box).all() & np.isfinite(boxes).all(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = np.where(finite & (union > 0), inter / np.where(union > 0, union, 1.0), 0.0)
+    return iou
+
+
+def nms(
+    boxes: Any,
+    scores: Any,
+    categories: Any,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
+    config: Any = None,
+) -> tuple[Array, Array]:
+    """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
+    [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
+    [B]`` int32)."""
+    boxes = np.asarray(boxes, np.float64)
+    scores = np.asarray(scores, np.float64)
+    batch, n = scores.shape
+    cats = np.zeros((batch, n), np.int64) if categories is None else np.asarray(categories)
+    indices = np.full((batch, max_output_size), -1, np.int32)
+    num_valid = np.zeros((batch,), np.int32)
+    for b in range(batch):
+        s = scores[b]
+        eligible = ~np.isnan(s) & (s >= score_threshold)
+        order = np.argsort(-s, kind="stable")
+        kept: list[int] = []
+        for i in order[eligible[order]]:
+            if len(kept) == max_output_size:
+                break
+            if kept:
+                same = cats[b, kept] == cats[b, i]
+                if np.any(same & (iou_one_to_many(boxes[b, i], boxes[b, kept]) > iou_threshold)):
+                    continue
+            kept.append(int(i))
+        indices[b, : len(kept)] = kept
+        num_valid[b] = len(kept)
+    return indices, num_valid
+
+
+def int8_matmul(
+    x: Any,
+    y: Any,
+    *,
+    x_scale: Any = None,
+    y_scale: Any = None,
+    out_dtype: Any = np.int32,
+    config: Any = None,
+) -> Array:
+    """Exact ``x [M, K] @ y [K, N]`` (int8) as int32, or dequantized to ``out_dtype``."""
+    acc = np.asarray(x).astype(np.int64) @ np.asarray(y).astype(np.int64)
+    if x_scale is None:
+        return acc.astype(np.int32)
+    scaled = (
+        acc.astype(np.float64)
+        * np.asarray(x_scale, np.float64)[:, None]
+        * np.asarray(y_scale, np.float64)[None, :]
+    )
+    return scaled.astype(out_dtype)

@@ -1,0 +1,32 @@
+"""Shared fixtures. JAX gets 8 host devices (for the SPMD tests) before it initialises."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from asickernels.kernels import registry  # noqa: E402
+
+
+def backends_under_test(op: str) -> list[str]:
+    """Every backend implementing ``op`` except the reference it is checked against."""
+    import asickernels  # noqa: F401  (fills the registry)
+
+    return [name for name in registry.backends_for(op) if name != "reference"]
+
+
+def require(backend: str) -> None:
+    """Skips (saying why) when ``backend`` cannot run on this machine."""
+    status = registry.availability(backend)
+    if status.mode == "missing":
+        pytest.skip(f"{backend} cannot run here: {status.detail}")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
