@@ -70,10 +70,9 @@ def int8_matmul(
             f"K = {k} exceeds {INT8_MATMUL_MAX_K}, beyond which an int32 accumulator can "
             "overflow; pass scales (or a float out_dtype) to have K split into exact chunks"
         )
+    chosen = registry.resolve("int8_matmul", backend, [x, y])
     if m == 0 or n == 0 or k == 0:
         return jnp.zeros((m, n), out)
-
-    chosen = registry.resolve("int8_matmul", backend, [x, y])
     impl = registry.implementation("int8_matmul", chosen.name)
     x, y, x_scale, y_scale = registry.to_backend_arrays(chosen, [x, y, x_scale, y_scale])
     if k <= INT8_MATMUL_MAX_K:
@@ -108,7 +107,8 @@ def quantize_int8(x: Any, axis: int | None = None) -> tuple[jax.Array, jax.Array
     """Symmetric int8 quantization.
 
     Args:
-      x: float array.
+      x: float array of finite values (a non-finite value makes its channel's result
+        meaningless; it is not checked, so that this works under ``jit``).
       axis: the channel axis that keeps its own scale (``0`` for per-row scales of an
         ``[M, K]`` matrix, ``1`` for per-column scales of a ``[K, N]`` one); None for one
         scale for the whole tensor.
@@ -129,7 +129,8 @@ def quantize_int8(x: Any, axis: int | None = None) -> tuple[jax.Array, jax.Array
     values = jnp.asarray(x).astype(jnp.float32)
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
     amax = jnp.max(jnp.abs(values), axis=reduce_axes, initial=0.0)
-    scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+    # amax / 127 underflows to 0 in float32 for amax below ~1.5e-36: keep it a normal float.
+    scale = jnp.where(amax > 0, jnp.maximum(amax / 127.0, jnp.finfo(jnp.float32).tiny), 1.0)
     broadcast = scale if axis is None else jnp.expand_dims(scale, reduce_axes)
     q = jnp.clip(jnp.round(values / broadcast), -127, 127).astype(jnp.int8)
     return q, scale.astype(jnp.float32)

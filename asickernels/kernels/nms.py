@@ -100,12 +100,12 @@ def _nms(
     batch_shape = tuple(scores.shape[:-1])
     n = scores.shape[-1]
     batch = _checks.size(batch_shape)
+    chosen = registry.resolve("nms", backend, [boxes, scores])
     if batch == 0 or n == 0 or max_output_size == 0:
         return (
             jnp.full(batch_shape + (max_output_size,), -1, jnp.int32),
             jnp.zeros(batch_shape, jnp.int32),
         )
-    chosen = registry.resolve("nms", backend, [boxes, scores])
     boxes, scores, categories = registry.to_backend_arrays(chosen, [boxes, scores, categories])
     if categories is not None:
         categories = categories.reshape(batch, n).astype(np.int32)

@@ -1,0 +1,230 @@
+"""The real TPU compile gate, without a TPU.
+
+libtpu (``pip install "jax[tpu]"``) can compile for a TPU topology described by name, on
+any host: ``jax.experimental.topologies.get_topology_desc`` yields TPU devices to lower and
+compile against. A kernel that compiles this way has passed Mosaic and the TPU backend for
+real (block shapes, dtypes, layouts, VMEM capacity). This module compiles every Pallas
+kernel at its benchmark shapes for each generation and reports the outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+GATE_GENERATIONS = ("v5e", "v6e", "v5p")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelShape:
+    """One kernel at one shape: ``build()`` returns ``(function, [(shape, dtype), ...])``."""
+
+    kernel: str
+    shape: str
+    build: Callable[[], tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileResult:
+    kernel: str
+    shape: str
+    generation: str
+    ok: bool
+    seconds: float
+    error: str = ""
+    vmem_bytes: int | None = None  # the largest kernel's blocks + scratch (from its BlockSpecs)
+    vmem_limit_bytes: int | None = None  # the scoped-VMEM limit asked of Mosaic (None: default)
+    hbm_bytes: int | None = None  # arguments + outputs + temporaries, from the compiler
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _giou(backward: bool, pairs: int, dtype: str) -> tuple[Callable[..., Any], list[Any]]:
+    import jax
+
+    import asickernels
+
+    def forward(a: Any, b: Any) -> Any:
+        return asickernels.giou(a, b, backend="pallas_tpu")
+
+    fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
+    return fn, [((pairs, 4), dtype)] * 2
+
+
+def _nms(n: int, max_output_size: int) -> tuple[Callable[..., Any], list[Any]]:
+    import asickernels
+
+    def fn(boxes: Any, scores: Any) -> Any:
+        return asickernels.nms(
+            boxes, scores, iou_threshold=0.1, max_output_size=max_output_size, backend="pallas_tpu"
+        )
+
+    return fn, [((n, 4), "float32"), ((n,), "float32")]
+
+
+def _matmul(m: int, k: int, n: int, scaled: bool) -> tuple[Callable[..., Any], list[Any]]:
+    import asickernels
+
+    def fn(x: Any, y: Any, *scales: Any) -> Any:
+        if scaled:
+            return asickernels.int8_matmul(x, y, x_scale=scales[0], y_scale=scales[1], backend="pallas_tpu")
+        return asickernels.int8_matmul(x, y, backend="pallas_tpu")
+
+    args: list[Any] = [((m, k), "int8"), ((k, n), "int8")]
+    return fn, args + ([((m,), "float32"), ((n,), "float32")] if scaled else [])
+
+
+# Every Pallas kernel at its benchmark shapes (the sizes `asickernels bench` uses on a TPU).
+BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
+    KernelShape("giou_forward", "1024x256 pairs f32", functools.partial(_giou, False, 1024 * 256, "float32")),
+    KernelShape("giou_forward", "1024x256 pairs bf16", functools.partial(_giou, False, 1024 * 256, "bfloat16")),
+    KernelShape("giou_backward", "1024x256 pairs f32", functools.partial(_giou, True, 1024 * 256, "float32")),
+    KernelShape("nms", "N=1024 out=128", functools.partial(_nms, 1024, 128)),
+    KernelShape("nms", "N=4096 out=128", functools.partial(_nms, 4096, 128)),
+    KernelShape("nms", "N=16384 out=128", functools.partial(_nms, 16384, 128)),
+    KernelShape("int8_matmul", "512^3", functools.partial(_matmul, 512, 512, 512, False)),
+    KernelShape("int8_matmul", "2048^3 scaled", functools.partial(_matmul, 2048, 2048, 2048, True)),
+    KernelShape("int8_matmul", "8192^3", functools.partial(_matmul, 8192, 8192, 8192, False)),
+    KernelShape("int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)),
+)
+
+
+def libtpu_status() -> str | None:
+    """None when libtpu can compile here, else why not."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return 'libtpu is not installed (pip install "jax[tpu]")'
+    return None
+
+
+@functools.cache
+def topology_device(generation: str) -> Any:
+    """A TPU device of ``generation`` from a named topology (no TPU attached)."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    from jax.experimental import topologies
+
+    if generation not in TOPOLOGIES:
+        raise ValueError(f"no topology for {generation!r}; known: {sorted(TOPOLOGIES)}")
+    return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[generation]).devices[0]
+
+
+def lower_for_tpu(
+    fn: Callable[..., Any], arg_specs: Sequence[tuple[tuple[int, ...], Any]], generation: str
+) -> Any:
+    """``jax.jit(fn).lower(...)`` for one TPU device of ``generation``, with the Pallas
+    kernels built for that generation (not interpret mode)."""
+    import jax
+
+    from asickernels.backends.pallas_tpu import tuning
+
+    sharding = jax.sharding.SingleDeviceSharding(topology_device(generation))
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in arg_specs]
+    with tuning.compile_for(generation):
+        return jax.jit(fn).lower(*args)
+
+
+# In the tpu_custom_call backend config: \22vmem_limit_bytes\22: 123 (\22 is a quote).
+_VMEM_LIMIT = re.compile(r"vmem_limit_bytes(?:\\22|\")?\s*:\s*(\d+)")
+
+
+def compile_one(target: KernelShape, generation: str) -> CompileResult:
+    """Compiles ``target`` for ``generation``; a compiler error is a result, not a raise."""
+    start = time.perf_counter()
+    from asickernels.backends.pallas_tpu import tuning
+
+    try:
+        fn, specs = target.build()
+        with tuning.record_vmem() as vmem_requests:
+            lowered = lower_for_tpu(fn, specs, generation)
+        compiled = lowered.compile()
+    except Exception as error:
+        message = str(error).strip().splitlines()
+        return CompileResult(
+            target.kernel, target.shape, generation, False, time.perf_counter() - start,
+            error=" ".join(message[:3])[:500],
+        )
+    limits = [int(v) for v in _VMEM_LIMIT.findall(lowered.as_text())]
+    memory = compiled.memory_analysis()
+    hbm = None
+    if memory is not None:
+        hbm = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+    return CompileResult(
+        target.kernel, target.shape, generation, True, time.perf_counter() - start,
+        vmem_bytes=max(vmem_requests, default=None),
+        vmem_limit_bytes=max(limits) if limits else None,
+        hbm_bytes=hbm,
+    )
+
+
+def compile_all(
+    generations: Iterable[str] = GATE_GENERATIONS,
+    kernels: Iterable[str] | None = None,
+    targets: Sequence[KernelShape] = BENCHMARK_SHAPES,
+) -> list[CompileResult]:
+    wanted = None if kernels is None else set(kernels)
+    return [
+        compile_one(target, generation)
+        for generation in generations
+        for target in targets
+        if wanted is None or target.kernel in wanted
+    ]
+
+
+def format_table(results: Sequence[CompileResult]) -> str:
+    def mib(value: int | None, default: str = "") -> str:
+        return default if value is None else f"{value / 2**20:.2f} MiB"
+
+    lines = [
+        f"{'kernel':<14} {'shape':<22} {'gen':<4} {'result':<9} {'VMEM blocks':>12} "
+        f"{'VMEM limit':>12} {'HBM':>11}  note"
+    ]
+    for r in results:
+        lines.append(
+            f"{r.kernel:<14} {r.shape:<22} {r.generation:<4} {'compiled' if r.ok else 'FAILED':<9} "
+            f"{mib(r.vmem_bytes):>12} {mib(r.vmem_limit_bytes, 'default') if r.ok else '':>12} "
+            f"{mib(r.hbm_bytes):>11}  {r.error or f'{r.seconds:.1f}s'}"
+        )
+    return "\n".join(lines)
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    import json
+
+    missing = libtpu_status()
+    if missing:
+        print(f"cannot compile for TPU here: {missing}")
+        return 2
+    results = compile_all(args.generation or GATE_GENERATIONS, args.kernel)
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([r.as_dict() for r in results], handle, indent=1)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def register_cli(subparsers: Any) -> None:
+    """Adds ``asickernels compile``."""
+    parser = subparsers.add_parser(
+        "compile",
+        help="compile every Pallas kernel for real TPUs with libtpu (no TPU needed)",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--generation", action="append", choices=sorted(TOPOLOGIES),
+        help=f"TPU generation (repeatable; default: {', '.join(GATE_GENERATIONS)})",
+    )
+    parser.add_argument(
+        "--kernel", action="append", choices=sorted({t.kernel for t in BENCHMARK_SHAPES}),
+        help="only these kernels (repeatable)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.set_defaults(handler=_run_cli)
