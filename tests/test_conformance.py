@@ -12,6 +12,7 @@ from conftest import backends_under_test, require
 
 import asickernels
 from asickernels import reference
+from asickernels.kernels import registry
 
 GIOU_ATOL = 2e-5
 GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5
@@ -42,7 +43,14 @@ def test_giou(backend, case):
     _assert_unchanged(before, [case.boxes1, case.boxes2])
 
 
-@pytest.mark.parametrize("backend", backends_under_test("giou"))
+def _differentiable_backends():
+    """JAX backends (differentiated through their ``giou``) and host backends with a
+    ``giou_vjp`` kernel."""
+    with_vjp = set(backends_under_test("giou_vjp"))
+    return [b for b in backends_under_test("giou") if b in with_vjp or registry.backend(b).array_kind == "jax"]
+
+
+@pytest.mark.parametrize("backend", _differentiable_backends())
 @pytest.mark.parametrize("case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16]))
 def test_giou_gradient(backend, case):
     require(backend)
@@ -54,7 +62,7 @@ def test_giou_gradient(backend, case):
     np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@pytest.mark.parametrize("backend", [b for b in backends_under_test("giou") if asickernels.kernels.registry.backend(b).array_kind == "jax"])
+@pytest.mark.parametrize("backend", [b for b in backends_under_test("giou") if registry.backend(b).array_kind == "jax"])
 def test_giou_jax_grad_and_jit(backend):
     """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
     require(backend)
@@ -139,7 +147,7 @@ def test_int8_matmul(backend, case):
     _assert_unchanged(before, [case.x, case.y])
 
 
-@pytest.mark.parametrize("backend", [b for b in backends_under_test("nms") if asickernels.kernels.registry.backend(b).array_kind == "jax"])
+@pytest.mark.parametrize("backend", [b for b in backends_under_test("nms") if registry.backend(b).array_kind == "jax"])
 def test_nms_under_jit_and_vmap(backend):
     require(backend)
     case = next(c for c in nms_cases() if c.name == "batch_2x3")
