@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
+export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
 .PHONY: run test lint test-main
 

@@ -6,6 +6,9 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# libtpu otherwise locks /tmp/libtpu_lockfile, failing any second process (a subprocess
+# compile, a parallel test run) that loads it while this one holds it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -75,7 +75,9 @@ def _matmul(m: int, k: int, n: int, scaled: bool) -> tuple[Callable[..., Any], l
 
     def fn(x: Any, y: Any, *scales: Any) -> Any:
         if scaled:
-            return asickernels.int8_matmul(x, y, x_scale=scales[0], y_scale=scales[1], backend="pallas_tpu")
+            return asickernels.int8_matmul(
+                x, y, x_scale=scales[0], y_scale=scales[1], backend="pallas_tpu"
+            )
         return asickernels.int8_matmul(x, y, backend="pallas_tpu")
 
     args: list[Any] = [((m, k), "int8"), ((k, n), "int8")]
@@ -84,16 +86,26 @@ def _matmul(m: int, k: int, n: int, scaled: bool) -> tuple[Callable[..., Any], l
 
 # Every Pallas kernel at its benchmark shapes (the sizes `asickernels bench` uses on a TPU).
 BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
-    KernelShape("giou_forward", "1024x256 pairs f32", functools.partial(_giou, False, 1024 * 256, "float32")),
-    KernelShape("giou_forward", "1024x256 pairs bf16", functools.partial(_giou, False, 1024 * 256, "bfloat16")),
-    KernelShape("giou_backward", "1024x256 pairs f32", functools.partial(_giou, True, 1024 * 256, "float32")),
+    KernelShape(
+        "giou_forward", "1024x256 pairs f32", functools.partial(_giou, False, 1024 * 256, "float32")
+    ),
+    KernelShape(
+        "giou_forward",
+        "1024x256 pairs bf16",
+        functools.partial(_giou, False, 1024 * 256, "bfloat16"),
+    ),
+    KernelShape(
+        "giou_backward", "1024x256 pairs f32", functools.partial(_giou, True, 1024 * 256, "float32")
+    ),
     KernelShape("nms", "N=1024 out=128", functools.partial(_nms, 1024, 128)),
     KernelShape("nms", "N=4096 out=128", functools.partial(_nms, 4096, 128)),
     KernelShape("nms", "N=16384 out=128", functools.partial(_nms, 16384, 128)),
     KernelShape("int8_matmul", "512^3", functools.partial(_matmul, 512, 512, 512, False)),
     KernelShape("int8_matmul", "2048^3 scaled", functools.partial(_matmul, 2048, 2048, 2048, True)),
     KernelShape("int8_matmul", "8192^3", functools.partial(_matmul, 8192, 8192, 8192, False)),
-    KernelShape("int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)),
+    KernelShape(
+        "int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)
+    ),
 )
 
 
@@ -109,12 +121,15 @@ def libtpu_status() -> str | None:
 @functools.cache
 def topology_device(generation: str) -> Any:
     """A TPU device of ``generation`` from a named topology (no TPU attached)."""
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: we are not on a TPU VM
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no lockfile between processes
     from jax.experimental import topologies
 
     if generation not in TOPOLOGIES:
         raise ValueError(f"no topology for {generation!r}; known: {sorted(TOPOLOGIES)}")
-    return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[generation]).devices[0]
+    return topologies.get_topology_desc(
+        platform="tpu", topology_name=TOPOLOGIES[generation]
+    ).devices[0]
 
 
 def lower_for_tpu(
@@ -149,16 +164,26 @@ def compile_one(target: KernelShape, generation: str) -> CompileResult:
     except Exception as error:
         message = str(error).strip().splitlines()
         return CompileResult(
-            target.kernel, target.shape, generation, False, time.perf_counter() - start,
+            target.kernel,
+            target.shape,
+            generation,
+            False,
+            time.perf_counter() - start,
             error=" ".join(message[:3])[:500],
         )
     limits = [int(v) for v in _VMEM_LIMIT.findall(lowered.as_text())]
     memory = compiled.memory_analysis()
     hbm = None
     if memory is not None:
-        hbm = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+        hbm = (
+            memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+        )
     return CompileResult(
-        target.kernel, target.shape, generation, True, time.perf_counter() - start,
+        target.kernel,
+        target.shape,
+        generation,
+        True,
+        time.perf_counter() - start,
         vmem_bytes=max(vmem_requests, default=None),
         vmem_limit_bytes=max(limits) if limits else None,
         hbm_bytes=hbm,
@@ -219,11 +244,15 @@ def register_cli(subparsers: Any) -> None:
         description=__doc__,
     )
     parser.add_argument(
-        "--generation", action="append", choices=sorted(TOPOLOGIES),
+        "--generation",
+        action="append",
+        choices=sorted(TOPOLOGIES),
         help=f"TPU generation (repeatable; default: {', '.join(GATE_GENERATIONS)})",
     )
     parser.add_argument(
-        "--kernel", action="append", choices=sorted({t.kernel for t in BENCHMARK_SHAPES}),
+        "--kernel",
+        action="append",
+        choices=sorted({t.kernel for t in BENCHMARK_SHAPES}),
         help="only these kernels (repeatable)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")

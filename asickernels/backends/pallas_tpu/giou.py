@@ -59,18 +59,19 @@ def _giou_planes(
     """``[4, R, 128]`` x2 -> ``[R, 128]`` float32; R a multiple of ``block_rows``."""
     planes_spec, rows_spec = _specs(block_rows)
     rows = planes1.shape[1]
-    return pl.pallas_call(
+    forward = pl.pallas_call(
         _forward_kernel,
         out_shape=jax.ShapeDtypeStruct((rows, LANES), jnp.float32),
         grid=(rows // block_rows,),
         in_specs=[planes_spec, planes_spec],
         out_specs=rows_spec,
         compiler_params=tuning.compiler_params(
-            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=False), mode
+            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=False)
         ),
         interpret=tuning.interpret_param(mode),
         name="giou_forward",
-    )(planes1, planes2)
+    )
+    return tuning.batchable(forward, mode)(planes1, planes2)
 
 
 def _giou_planes_fwd(
@@ -85,18 +86,19 @@ def _giou_planes_bwd(
     planes1, planes2 = residuals
     planes_spec, rows_spec = _specs(block_rows)
     grad_shape = jax.ShapeDtypeStruct(planes1.shape, jnp.float32)
-    d1, d2 = pl.pallas_call(
+    backward = pl.pallas_call(
         _backward_kernel,
         out_shape=(grad_shape, grad_shape),
         grid=(planes1.shape[1] // block_rows,),
         in_specs=[planes_spec, planes_spec, rows_spec],
         out_specs=(planes_spec, planes_spec),
         compiler_params=tuning.compiler_params(
-            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=True), mode
+            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=True)
         ),
         interpret=tuning.interpret_param(mode),
         name="giou_backward",
-    )(planes1, planes2, g.astype(jnp.float32))
+    )
+    d1, d2 = tuning.batchable(backward, mode)(planes1, planes2, g.astype(jnp.float32))
     return d1.astype(planes1.dtype), d2.astype(planes2.dtype)
 
 

@@ -117,17 +117,18 @@ def pallas_int8_matmul(
     # Double-buffered int8 inputs and output, the int32 accumulator, the (lane-padded) scales.
     vmem = 2 * (bm * bk + bk * bn) + 2 * bm * bn * out_dtype.itemsize + 4 * bm * bn
     vmem += 2 * 4 * (bm * 128 + 8 * bn) if scaled else 0
-    out = pl.pallas_call(
+    kernel_call = pl.pallas_call(
         functools.partial(_kernel, k_steps=kp // bk, scaled=scaled),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid=(mp // bm, np_ // bn, kp // bk),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)],
-        compiler_params=tuning.compiler_params(("parallel", "parallel", "arbitrary"), vmem, mode),
+        compiler_params=tuning.compiler_params(("parallel", "parallel", "arbitrary"), vmem),
         interpret=tuning.interpret_param(mode),
         name="int8_matmul",
-    )(*operands)
+    )
+    out = tuning.batchable(kernel_call, mode)(*operands)
     if not isinstance(out, jax.core.Tracer):
         tuning.check_no_races(mode)
     return out[:m, :n]

@@ -147,7 +147,7 @@ def nms(
         order, rows = jax.vmap(prepare)(boxes, scores, categories)
     # Double-buffered rows and flags (flags pad to 8 sublanes), plus ~4 [tile, tile] temporaries.
     vmem = 2 * (ROWS * padded * 4) * 2 + 4 * tile * tile * 4
-    keep = pl.pallas_call(
+    kernel_call = pl.pallas_call(
         functools.partial(
             _kernel, tile=tile, iou_threshold=iou_threshold, max_output_size=max_output_size
         ),
@@ -155,10 +155,11 @@ def nms(
         grid=(batch,),
         in_specs=[pl.BlockSpec((None, ROWS, padded), lambda b: (b, 0, 0))],
         out_specs=pl.BlockSpec((None, 1, padded), lambda b: (b, 0, 0)),
-        compiler_params=tuning.compiler_params(("parallel",), vmem, mode),
+        compiler_params=tuning.compiler_params(("parallel",), vmem),
         interpret=tuning.interpret_param(mode),
         name="nms_tiled",
-    )(rows)
+    )
+    keep = tuning.batchable(kernel_call, mode)(rows)
     if not isinstance(keep, jax.core.Tracer):
         tuning.check_no_races(mode)
     flags = keep[:, 0, :n] > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
@@ -80,7 +80,9 @@ def interpret_param(mode: InterpretMode) -> Any:
     if mode == "tpu_interpret":
         from jax.experimental.pallas import tpu as pltpu
 
-        return pltpu.InterpretParams(detect_races=True)
+        # Two simulated TensorCores (as on v4/v5p megacore chips): "parallel" grid axes are
+        # split between them, so a kernel that wrongly claims independence shows up as a race.
+        return pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2)
     return target_generation() is None
 
 
@@ -107,25 +109,30 @@ def record_vmem() -> Iterator[list[int]]:
         _vmem_requests.reset(token)
 
 
-def compiler_params(semantics: tuple[str, ...], vmem_bytes: int, mode: InterpretMode) -> Any:
-    """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it.
-
-    In TPU interpret mode the grid semantics are left out: its interpreter rejects them once
-    ``vmap`` has added a grid dimension (Mosaic itself accepts that), and they only steer
-    the order in which it visits grid points."""
+def compiler_params(semantics: tuple[str, ...], vmem_bytes: int) -> Any:
+    """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it."""
     from jax.experimental.pallas import tpu as pltpu
 
     requests = _vmem_requests.get()
     if requests is not None:
         requests.append(vmem_bytes)
-
     limit = None
     if vmem_bytes > DEFAULT_SCOPED_VMEM_BYTES * 3 // 4:
         limit = min(int(vmem_bytes * 1.25) + (1 << 20), 100 << 20)
-    return pltpu.CompilerParams(
-        dimension_semantics=None if mode == "tpu_interpret" else semantics,
-        vmem_limit_bytes=limit,
-    )
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
+
+
+def batchable(kernel_call: Callable[..., Any], mode: InterpretMode) -> Callable[..., Any]:
+    """``kernel_call`` (a ``pallas_call``), made safe to ``vmap`` in every mode.
+
+    Mosaic and the generic interpreter batch a ``pallas_call`` by adding a grid dimension;
+    TPU interpret mode then rejects the grid semantics (one fewer than grid dimensions), so
+    there a vmapped call runs once per batch element instead."""
+    if mode == "tpu_interpret":
+        import jax
+
+        return jax.custom_batching.sequential_vmap(kernel_call)
+    return kernel_call
 
 
 @dataclasses.dataclass(frozen=True)
