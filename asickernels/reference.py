@@ -58,7 +58,9 @@ def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
 
 
-def giou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+def giou_vjp(
+    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+) -> tuple[Array, Array]:
     """Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` w.r.t. both box arrays (float64)."""
     x1, y1, x2, y2 = _planes(boxes1)
     u1, v1, u2, v2 = _planes(boxes2)
@@ -119,9 +121,7 @@ def giou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) ->
     return d1, d2
 
 
-def giou_loss(
-    preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean"
-) -> Array:
+def giou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
     """``1 - giou`` over valid boxes (``mask`` True); padding contributes exactly 0.
 
     ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
@@ -146,9 +146,11 @@ def iou_one_to_many(box: Array, boxes: Array) -> Array:
     inter = inter * np.maximum(
         0.0, np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])
     )
-    union = (box[2] - box[0]) * (box[3] - box[1]) + (boxes[:, 2] - boxes[:, 0]) * (
-        boxes[:, 3] - boxes[:, 1]
-    ) - inter
+    union = (
+        (box[2] - box[0]) * (box[3] - box[1])
+        + (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        - inter
+    )
     finite = np.isfinite(box).all() & np.isfinite(boxes).all(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         iou = np.where(finite & (union > 0), inter / np.where(union > 0, union, 1.0), 0.0)

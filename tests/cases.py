@@ -17,13 +17,17 @@ import numpy as np
 RAGGED_SIZES = (1, 7, 130, 257)
 
 
-def random_boxes(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 10.0) -> np.ndarray:
+def random_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], scale: float = 10.0
+) -> np.ndarray:
     xy = rng.uniform(-scale, scale, shape + (2,))
     wh = rng.uniform(0.0, scale, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
 
 
-def grid_boxes(rng: np.random.Generator, shape: tuple[int, ...], span: int = 40, size: int = 16) -> np.ndarray:
+def grid_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], span: int = 40, size: int = 16
+) -> np.ndarray:
     xy = rng.integers(0, span, shape + (2,))
     wh = rng.integers(0, size, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
@@ -38,9 +42,16 @@ class GiouCase:
 
 def giou_cases() -> list[GiouCase]:
     rng = np.random.default_rng(0)
-    cases = [GiouCase(f"random_{n}", random_boxes(rng, (n,)), random_boxes(rng, (n,))) for n in RAGGED_SIZES]
-    cases.append(GiouCase("random_1024x256", random_boxes(rng, (1024, 256)), random_boxes(rng, (1024, 256))))
-    cases.append(GiouCase("batch_3x5x7", random_boxes(rng, (3, 5, 7)), random_boxes(rng, (3, 5, 7))))
+    cases = [
+        GiouCase(f"random_{n}", random_boxes(rng, (n,)), random_boxes(rng, (n,)))
+        for n in RAGGED_SIZES
+    ]
+    cases.append(
+        GiouCase("random_1024x256", random_boxes(rng, (1024, 256)), random_boxes(rng, (1024, 256)))
+    )
+    cases.append(
+        GiouCase("batch_3x5x7", random_boxes(rng, (3, 5, 7)), random_boxes(rng, (3, 5, 7)))
+    )
     base = np.array([0.0, 0.0, 4.0, 4.0], np.float32)
     adversarial = {
         "identical": (base, base),
@@ -66,7 +77,13 @@ def giou_cases() -> list[GiouCase]:
     )
     cases.append(GiouCase("empty", np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)))
     bf16 = ml_dtypes.bfloat16
-    cases.append(GiouCase("bfloat16_130", random_boxes(rng, (130,)).astype(bf16), random_boxes(rng, (130,)).astype(bf16)))
+    cases.append(
+        GiouCase(
+            "bfloat16_130",
+            random_boxes(rng, (130,)).astype(bf16),
+            random_boxes(rng, (130,)).astype(bf16),
+        )
+    )
     return cases
 
 
@@ -99,11 +116,32 @@ def nms_cases() -> list[NmsCase]:
     cases = []
     for n in RAGGED_SIZES:
         for threshold in (0.0, 0.3, 1.0):
-            cases.append(NmsCase(f"grid_n{n}_t{threshold}", grid_boxes(rng, (n,)), _tied_scores(rng, (n,)), threshold, 16))
-    cases.append(NmsCase("max_out_exceeds_n", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 20))
+            cases.append(
+                NmsCase(
+                    f"grid_n{n}_t{threshold}",
+                    grid_boxes(rng, (n,)),
+                    _tied_scores(rng, (n,)),
+                    threshold,
+                    16,
+                )
+            )
+    cases.append(
+        NmsCase("max_out_exceeds_n", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 20)
+    )
     cases.append(NmsCase("max_out_1", grid_boxes(rng, (130,)), _tied_scores(rng, (130,)), 0.5, 1))
-    cases.append(NmsCase("batch_2x3", grid_boxes(rng, (2, 3, 57)), _tied_scores(rng, (2, 3, 57)), 0.4, 12))
-    cases.append(NmsCase("score_threshold", grid_boxes(rng, (130,)), _tied_scores(rng, (130,)), 0.5, 64, score_threshold=0.5))
+    cases.append(
+        NmsCase("batch_2x3", grid_boxes(rng, (2, 3, 57)), _tied_scores(rng, (2, 3, 57)), 0.4, 12)
+    )
+    cases.append(
+        NmsCase(
+            "score_threshold",
+            grid_boxes(rng, (130,)),
+            _tied_scores(rng, (130,)),
+            0.5,
+            64,
+            score_threshold=0.5,
+        )
+    )
     scores = _tied_scores(rng, (40,))
     scores[::5] = np.nan
     scores[1] = np.inf
@@ -116,21 +154,61 @@ def nms_cases() -> list[NmsCase]:
     boxes[7, 2] = np.inf
     cases.append(NmsCase("non_finite_boxes", boxes, _tied_scores(rng, (20,)), 0.2, 20))
     same = np.tile(np.array([[2, 2, 6, 6]], np.float32), (9, 1))
-    cases.append(NmsCase("identical_boxes_equal_scores", same, np.full((9,), 0.5, np.float32), 0.5, 9))
+    cases.append(
+        NmsCase("identical_boxes_equal_scores", same, np.full((9,), 0.5, np.float32), 0.5, 9)
+    )
     zero = np.tile(np.array([[3, 3, 3, 3]], np.float32), (5, 1))
     cases.append(NmsCase("zero_area_boxes", zero, np.linspace(1, 0, 5).astype(np.float32), 0.0, 5))
-    nested = np.array([[0, 0, 10, 10], [1, 1, 9, 9], [2, 2, 8, 8], [3, 3, 7, 7], [4, 4, 6, 6]], np.float32)
+    nested = np.array(
+        [[0, 0, 10, 10], [1, 1, 9, 9], [2, 2, 8, 8], [3, 3, 7, 7], [4, 4, 6, 6]], np.float32
+    )
     cases.append(NmsCase("nested_chain", nested, np.linspace(1, 0.5, 5).astype(np.float32), 0.5, 5))
     # IoU exactly at the threshold must not suppress (strictly greater rule): IoU = 1/2.
     half = np.array([[0, 0, 4, 2], [0, 0, 4, 1]], np.float32)
     cases.append(NmsCase("iou_equals_threshold", half, np.array([0.9, 0.8], np.float32), 0.5, 2))
-    cases.append(NmsCase("categories", grid_boxes(rng, (130,)), _tied_scores(rng, (130,)), 0.2, 40, categories=rng.integers(0, 4, (130,))))
-    cases.append(NmsCase("categories_batched", grid_boxes(rng, (2, 61)), _tied_scores(rng, (2, 61)), 0.2, 30, categories=rng.integers(0, 3, (2, 61))))
+    cases.append(
+        NmsCase(
+            "categories",
+            grid_boxes(rng, (130,)),
+            _tied_scores(rng, (130,)),
+            0.2,
+            40,
+            categories=rng.integers(0, 4, (130,)),
+        )
+    )
+    cases.append(
+        NmsCase(
+            "categories_batched",
+            grid_boxes(rng, (2, 61)),
+            _tied_scores(rng, (2, 61)),
+            0.2,
+            30,
+            categories=rng.integers(0, 3, (2, 61)),
+        )
+    )
     cases.append(NmsCase("empty", np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), 0.5, 4))
     cases.append(NmsCase("max_out_0", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 0))
     for n in (1024, 4096):
-        cases.append(NmsCase(f"seed_size_n{n}", grid_boxes(rng, (n,), span=2000, size=120), rng.permutation(n).astype(np.float32), 0.1, 128, slow=n > 1024))
-    cases.append(NmsCase("n16384_all_outputs_slow", grid_boxes(rng, (16384,), span=8000, size=120), rng.permutation(16384).astype(np.float32), 0.1, 512, slow=True))
+        cases.append(
+            NmsCase(
+                f"seed_size_n{n}",
+                grid_boxes(rng, (n,), span=2000, size=120),
+                rng.permutation(n).astype(np.float32),
+                0.1,
+                128,
+                slow=n > 1024,
+            )
+        )
+    cases.append(
+        NmsCase(
+            "n16384_all_outputs_slow",
+            grid_boxes(rng, (16384,), span=8000, size=120),
+            rng.permutation(16384).astype(np.float32),
+            0.1,
+            512,
+            slow=True,
+        )
+    )
     return cases
 
 
@@ -169,5 +247,14 @@ def matmul_cases() -> list[MatmulCase]:
     cases.append(MatmulCase("float_out_no_scales", x, y, out_dtype=np.float32))
     near = np.full((8, 131071), -128, np.int8)
     cases.append(MatmulCase("k_at_overflow_bound", near, near.T.copy(), slow=True))
-    cases.append(MatmulCase("k_beyond_bound_scaled", np.full((2, 131080), 127, np.int8), np.full((131080, 3), -128, np.int8), np.float32(1.0), np.float32(1.0), slow=True))
+    cases.append(
+        MatmulCase(
+            "k_beyond_bound_scaled",
+            np.full((2, 131080), 127, np.int8),
+            np.full((131080, 3), -128, np.int8),
+            np.float32(1.0),
+            np.float32(1.0),
+            slow=True,
+        )
+    )
     return cases

@@ -10,10 +10,10 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 # compile, a parallel test run) that loads it while this one holds it.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from asickernels.kernels import registry  # noqa: E402
+from asickernels.kernels import registry
 
 
 def backends_under_test(op: str) -> list[str]:

@@ -19,7 +19,10 @@ GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5
 
 
 def _params(cases, ids=lambda c: c.name):
-    return [pytest.param(c, id=ids(c), marks=[pytest.mark.slow] if getattr(c, "slow", False) else []) for c in cases]
+    return [
+        pytest.param(c, id=ids(c), marks=[pytest.mark.slow] if getattr(c, "slow", False) else [])
+        for c in cases
+    ]
 
 
 def _snapshot(*arrays):
@@ -39,7 +42,9 @@ def test_giou(backend, case):
     before = _snapshot(case.boxes1, case.boxes2)
     got = asickernels.giou(case.boxes1, case.boxes2, backend=backend)
     assert got.shape == case.boxes1.shape[:-1] and got.dtype == np.float32
-    np.testing.assert_allclose(np.asarray(got), reference.giou(case.boxes1, case.boxes2), atol=GIOU_ATOL, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(got), reference.giou(case.boxes1, case.boxes2), atol=GIOU_ATOL, rtol=0
+    )
     _assert_unchanged(before, [case.boxes1, case.boxes2])
 
 
@@ -47,11 +52,17 @@ def _differentiable_backends():
     """JAX backends (differentiated through their ``giou``) and host backends with a
     ``giou_vjp`` kernel."""
     with_vjp = set(backends_under_test("giou_vjp"))
-    return [b for b in backends_under_test("giou") if b in with_vjp or registry.backend(b).array_kind == "jax"]
+    return [
+        b
+        for b in backends_under_test("giou")
+        if b in with_vjp or registry.backend(b).array_kind == "jax"
+    ]
 
 
 @pytest.mark.parametrize("backend", _differentiable_backends())
-@pytest.mark.parametrize("case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16]))
+@pytest.mark.parametrize(
+    "case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16])
+)
 def test_giou_gradient(backend, case):
     require(backend)
     rng = np.random.default_rng(7)
@@ -62,12 +73,16 @@ def test_giou_gradient(backend, case):
     np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@pytest.mark.parametrize("backend", [b for b in backends_under_test("giou") if registry.backend(b).array_kind == "jax"])
+@pytest.mark.parametrize(
+    "backend", [b for b in backends_under_test("giou") if registry.backend(b).array_kind == "jax"]
+)
 def test_giou_jax_grad_and_jit(backend):
     """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
     require(backend)
     case = next(c for c in giou_cases() if c.name == "random_257")
-    grad = jax.jit(jax.grad(lambda a, b: asickernels.giou(a, b, backend=backend).sum(), argnums=(0, 1)))
+    grad = jax.jit(
+        jax.grad(lambda a, b: asickernels.giou(a, b, backend=backend).sum(), argnums=(0, 1))
+    )
     d1, d2 = grad(case.boxes1, case.boxes2)
     want1, want2 = reference.giou_vjp(case.boxes1, case.boxes2, np.ones(257))
     np.testing.assert_allclose(np.asarray(d1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL)
@@ -106,18 +121,24 @@ def test_nms(backend, case):
     require(backend)
     before = _snapshot(case.boxes, case.scores, case.categories)
     if case.categories is None:
-        indices, num_valid = asickernels.nms(case.boxes, case.scores, backend=backend, **case.kwargs())
+        indices, num_valid = asickernels.nms(
+            case.boxes, case.scores, backend=backend, **case.kwargs()
+        )
     else:
-        indices, num_valid = asickernels.batched_nms(case.boxes, case.scores, case.categories, backend=backend, **case.kwargs())
+        indices, num_valid = asickernels.batched_nms(
+            case.boxes, case.scores, case.categories, backend=backend, **case.kwargs()
+        )
     batch_shape = case.scores.shape[:-1]
     assert indices.shape == batch_shape + (case.max_output_size,) and indices.dtype == np.int32
     assert num_valid.shape == batch_shape and num_valid.dtype == np.int32
     n = case.scores.shape[-1]
     batch = int(np.prod(batch_shape))
     want_idx, want_n = reference.nms(
-        case.boxes.reshape(batch, n, 4), case.scores.reshape(batch, n),
+        case.boxes.reshape(batch, n, 4),
+        case.scores.reshape(batch, n),
         None if case.categories is None else case.categories.reshape(batch, n),
-        iou_threshold=case.iou_threshold, max_output_size=case.max_output_size,
+        iou_threshold=case.iou_threshold,
+        max_output_size=case.max_output_size,
         score_threshold=-np.inf if case.score_threshold is None else case.score_threshold,
     )
     np.testing.assert_array_equal(np.asarray(indices).reshape(want_idx.shape), want_idx)
@@ -147,12 +168,16 @@ def test_int8_matmul(backend, case):
     _assert_unchanged(before, [case.x, case.y])
 
 
-@pytest.mark.parametrize("backend", [b for b in backends_under_test("nms") if registry.backend(b).array_kind == "jax"])
+@pytest.mark.parametrize(
+    "backend", [b for b in backends_under_test("nms") if registry.backend(b).array_kind == "jax"]
+)
 def test_nms_under_jit_and_vmap(backend):
     require(backend)
     case = next(c for c in nms_cases() if c.name == "batch_2x3")
     run = jax.jit(jax.vmap(lambda b, s: asickernels.nms(b, s, backend=backend, **case.kwargs())))
     indices, num_valid = run(case.boxes, case.scores)
-    eager_idx, eager_n = asickernels.nms(case.boxes, case.scores, backend="reference", **case.kwargs())
+    eager_idx, eager_n = asickernels.nms(
+        case.boxes, case.scores, backend="reference", **case.kwargs()
+    )
     np.testing.assert_array_equal(np.asarray(indices), np.asarray(eager_idx))
     np.testing.assert_array_equal(np.asarray(num_valid), np.asarray(eager_n))

@@ -65,7 +65,9 @@ def test_giou_and_nms_block_overrides():
     np.testing.assert_allclose(np.asarray(got), reference.giou(a, b), atol=2e-5)
     scores = rng.permutation(700).astype(np.float32)
     kwargs = dict(iou_threshold=0.2, max_output_size=300)
-    got_idx, _ = asickernels.nms(a, scores, backend="pallas_tpu", config=tuning.NmsConfig(tile=128), **kwargs)
+    got_idx, _ = asickernels.nms(
+        a, scores, backend="pallas_tpu", config=tuning.NmsConfig(tile=128), **kwargs
+    )
     want_idx, _ = asickernels.nms(a, scores, backend="reference", **kwargs)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(want_idx))
 
@@ -73,8 +75,14 @@ def test_giou_and_nms_block_overrides():
 @pytest.mark.parametrize(
     "make, error",
     [
-        (lambda: tuning.Int8MatmulConfig(30, 128, 128), "block_m must be a positive multiple of 32"),
-        (lambda: tuning.Int8MatmulConfig(32, 100, 128), "block_n must be a positive multiple of 128"),
+        (
+            lambda: tuning.Int8MatmulConfig(30, 128, 128),
+            "block_m must be a positive multiple of 32",
+        ),
+        (
+            lambda: tuning.Int8MatmulConfig(32, 100, 128),
+            "block_n must be a positive multiple of 128",
+        ),
         (lambda: tuning.NmsConfig(tile=64), "tile must be a positive multiple of 128"),
         (lambda: tuning.GiouConfig(block_rows=0), "block_rows must be a positive multiple of 16"),
     ],
@@ -92,8 +100,15 @@ def test_config_of_the_wrong_kind_is_refused():
 
 @pytest.mark.parametrize(
     "kind, generation",
-    [("TPU v4", "v4"), ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v5p", "v5p"),
-     ("TPU v5", "v5p"), ("TPU v6 lite", "v6e"), ("TPU7x", "v7x")],
+    [
+        ("TPU v4", "v4"),
+        ("TPU v5 lite", "v5e"),
+        ("TPU v5e", "v5e"),
+        ("TPU v5p", "v5p"),
+        ("TPU v5", "v5p"),
+        ("TPU v6 lite", "v6e"),
+        ("TPU7x", "v7x"),
+    ],
 )
 def test_generation_from_device_kind(kind, generation):
     assert tuning.generation_of(kind) == generation

@@ -16,10 +16,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 SMALL_SHAPES = (
-    tpu_compile.KernelShape("giou_forward", "1000 pairs", functools.partial(tpu_compile._giou, False, 1000, "float32")),
-    tpu_compile.KernelShape("giou_backward", "1000 pairs bf16", functools.partial(tpu_compile._giou, True, 1000, "bfloat16")),
+    tpu_compile.KernelShape(
+        "giou_forward", "1000 pairs", functools.partial(tpu_compile._giou, False, 1000, "float32")
+    ),
+    tpu_compile.KernelShape(
+        "giou_backward",
+        "1000 pairs bf16",
+        functools.partial(tpu_compile._giou, True, 1000, "bfloat16"),
+    ),
     tpu_compile.KernelShape("nms", "N=300 out=20", functools.partial(tpu_compile._nms, 300, 20)),
-    tpu_compile.KernelShape("int8_matmul", "100x300x200 scaled", functools.partial(tpu_compile._matmul, 100, 300, 200, True)),
+    tpu_compile.KernelShape(
+        "int8_matmul",
+        "100x300x200 scaled",
+        functools.partial(tpu_compile._matmul, 100, 300, 200, True),
+    ),
 )
 
 
@@ -44,9 +54,12 @@ def test_int8_kernel_fails_on_v4_and_the_public_op_falls_back():
     from asickernels.backends.pallas_tpu.int8_matmul import pallas_int8_matmul
 
     raw = tpu_compile.KernelShape(
-        "int8_matmul", "raw kernel",
-        lambda: (lambda x, y: pallas_int8_matmul(x, y, x_scale=None, y_scale=None, out_dtype="int32"),
-                 [((256, 256), "int8"), ((256, 256), "int8")]),
+        "int8_matmul",
+        "raw kernel",
+        lambda: (
+            lambda x, y: pallas_int8_matmul(x, y, x_scale=None, y_scale=None, out_dtype="int32"),
+            [((256, 256), "int8"), ((256, 256), "int8")],
+        ),
     )
     result = tpu_compile.compile_one(raw, "v4")
     assert not result.ok and result.error

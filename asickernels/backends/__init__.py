@@ -27,9 +27,32 @@ register("int8_matmul", "xla", "asickernels.backends.xla.int8_matmul:int8_matmul
 register("giou", "pallas_tpu", "asickernels.backends.pallas_tpu.giou:giou")
 register("nms", "pallas_tpu", "asickernels.backends.pallas_tpu.nms:nms")
 register("int8_matmul", "pallas_tpu", "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul")
-register("giou", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.giou:giou", mode="tpu_interpret")
-register("nms", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.nms:nms", mode="tpu_interpret")
 register(
-    "int8_matmul", "pallas_tpu_interpret",
-    "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul", mode="tpu_interpret",
+    "giou",
+    "pallas_tpu_interpret",
+    "asickernels.backends.pallas_tpu.giou:giou",
+    mode="tpu_interpret",
 )
+register(
+    "nms", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.nms:nms", mode="tpu_interpret"
+)
+register(
+    "int8_matmul",
+    "pallas_tpu_interpret",
+    "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul",
+    mode="tpu_interpret",
+)
+
+from asickernels.backends import gpsimd  # noqa: E402
+
+register_backend(gpsimd.BACKEND)
+register("giou", "gpsimd", "asickernels.backends.gpsimd.giou:giou")
+register("nms", "gpsimd", "asickernels.backends.gpsimd.nms:nms")
+
+from asickernels.backends import nki  # noqa: E402
+
+register_backend(nki.BACKEND)
+register("giou", "nki", "asickernels.backends.nki.giou:giou")
+register("giou_vjp", "nki", "asickernels.backends.nki.giou:giou_vjp")
+register("nms", "nki", "asickernels.backends.nki.nms:nms")
+register("int8_matmul", "nki", "asickernels.backends.nki.int8_matmul:int8_matmul")

@@ -64,7 +64,7 @@ def static_float(value: Any, name: str, low: float = -math.inf, high: float = ma
 
 
 def static_int(value: Any, name: str, low: int = 0) -> int:
-    if isinstance(value, bool) or isinstance(value, jax.core.Tracer):
+    if isinstance(value, (bool, jax.core.Tracer)):
         raise TypeError(f"{name} must be a static Python int, got {value!r}")
     try:
         number = operator.index(value)

@@ -53,11 +53,19 @@ def int8_matmul(
             raise ValueError(f"{name} must be 2-D, got shape {tuple(array.shape)}")
     (m, k), (k2, n) = x.shape, y.shape
     if k != k2:
-        raise ValueError(f"x [M, K] and y [K, N] disagree on K: {tuple(x.shape)} @ {tuple(y.shape)}")
-    scaled = x_scale is not None or y_scale is not None or (
-        out_dtype is not None and np.dtype(out_dtype) != np.int32
+        raise ValueError(
+            f"x [M, K] and y [K, N] disagree on K: {tuple(x.shape)} @ {tuple(y.shape)}"
+        )
+    scaled = (
+        x_scale is not None
+        or y_scale is not None
+        or (out_dtype is not None and np.dtype(out_dtype) != np.int32)
     )
-    out = np.dtype(out_dtype) if out_dtype is not None else np.dtype(np.float32 if scaled else np.int32)
+    out = (
+        np.dtype(out_dtype)
+        if out_dtype is not None
+        else np.dtype(np.float32 if scaled else np.int32)
+    )
     if out not in _OUT_DTYPES or (scaled and out == np.int32):
         raise TypeError(
             f"out_dtype must be int32 (unscaled) or a float dtype, got {out}"
@@ -82,8 +90,12 @@ def int8_matmul(
     for start in range(0, k, INT8_MATMUL_MAX_K):
         stop = min(start + INT8_MATMUL_MAX_K, k)
         part = impl(
-            x[:, start:stop], y[start:stop], x_scale=x_scale, y_scale=y_scale,
-            out_dtype=np.dtype(np.float32), config=config,
+            x[:, start:stop],
+            y[start:stop],
+            x_scale=x_scale,
+            y_scale=y_scale,
+            out_dtype=np.dtype(np.float32),
+            config=config,
         )
         part = registry.to_jax(part)
         total = part if total is None else total + part
@@ -99,7 +111,9 @@ def _scale(scale: Any, length: int, name: str, dim: str) -> Any:
     if scale.ndim == 0:
         return jnp.broadcast_to(scale.astype(jnp.float32), (length,))
     if tuple(scale.shape) != (length,):
-        raise ValueError(f"{name} must be a scalar or have shape [{dim}] = ({length},), got {tuple(scale.shape)}")
+        raise ValueError(
+            f"{name} must be a scalar or have shape [{dim}] = ({length},), got {tuple(scale.shape)}"
+        )
     return scale.astype(np.float32)
 
 

@@ -41,7 +41,9 @@ def nms(
       ``(indices, num_valid)``: ``indices [..., max_output_size]`` int32 box indices in
       selection order, padded with -1; ``num_valid [...]`` int32 count of real entries.
     """
-    return _nms(boxes, scores, None, iou_threshold, max_output_size, score_threshold, backend, config)
+    return _nms(
+        boxes, scores, None, iou_threshold, max_output_size, score_threshold, backend, config
+    )
 
 
 def batched_nms(
@@ -58,7 +60,9 @@ def batched_nms(
     """Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only suppress
     boxes of the same category (``idxs [..., N]``, integer). Output as :func:`nms`: kept
     boxes of all categories in descending score order."""
-    return _nms(boxes, scores, idxs, iou_threshold, max_output_size, score_threshold, backend, config)
+    return _nms(
+        boxes, scores, idxs, iou_threshold, max_output_size, score_threshold, backend, config
+    )
 
 
 def _nms(

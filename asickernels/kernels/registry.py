@@ -102,9 +102,7 @@ def backend(name: str) -> Backend:
     try:
         return _BACKENDS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown backend {name!r}; known backends: {sorted(_BACKENDS)}"
-        ) from None
+        raise ValueError(f"unknown backend {name!r}; known backends: {sorted(_BACKENDS)}") from None
 
 
 def backend_names() -> list[str]:

@@ -81,7 +81,10 @@ def _giou_planes_fwd(
 
 
 def _giou_planes_bwd(
-    block_rows: int, mode: tuning.InterpretMode, residuals: tuple[jax.Array, jax.Array], g: jax.Array
+    block_rows: int,
+    mode: tuning.InterpretMode,
+    residuals: tuple[jax.Array, jax.Array],
+    g: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     planes1, planes2 = residuals
     planes_spec, rows_spec = _specs(block_rows)

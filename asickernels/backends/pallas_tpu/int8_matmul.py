@@ -69,7 +69,9 @@ def int8_matmul(
             RuntimeWarning,
             stacklevel=2,
         )
-        return xla_int8_matmul.int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype)
+        return xla_int8_matmul.int8_matmul(
+            x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype
+        )
     return pallas_int8_matmul(
         x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype, config=config, mode=mode
     )

@@ -38,6 +38,7 @@ def _suppression_mask(columns: jax.Array, rows: jax.Array, iou_threshold: float)
     """``[T, 1]``-shaped fields of tile A (``columns [T, 8]``) against tile B's ``rows
     [8, T]`` -> ``[T_A, T_B]`` float32, 1 where they overlap by IoU > threshold and share a
     category (the reference's NMS IoU: 0 when the union is not positive)."""
+
     def col(field: int) -> jax.Array:
         return columns[:, field : field + 1]
 
@@ -65,7 +66,9 @@ def _count_suppressors(flags: jax.Array, mask: jax.Array) -> jax.Array:
     return counts[0:1, :]
 
 
-def _kernel(rows_ref: Any, keep_ref: Any, *, tile: int, iou_threshold: float, max_output_size: int) -> None:
+def _kernel(
+    rows_ref: Any, keep_ref: Any, *, tile: int, iou_threshold: float, max_output_size: int
+) -> None:
     # rows_ref [8, Np] float32 (batch dim squeezed); keep_ref [1, Np] float32 0/1 flags.
     tiles = rows_ref.shape[1] // tile
     keep_ref[...] = jnp.zeros_like(keep_ref)
@@ -73,7 +76,7 @@ def _kernel(rows_ref: Any, keep_ref: Any, *, tile: int, iou_threshold: float, ma
         jnp.int32, (tile, tile), 0
     )
 
-    def lanes(t: jax.Array) -> pl.Slice:
+    def lanes(t: jax.Array) -> Any:
         return pl.ds(pl.multiple_of(t * tile, tile), tile)
 
     def decide_tile(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -89,7 +92,9 @@ def _kernel(rows_ref: Any, keep_ref: Any, *, tile: int, iou_threshold: float, ma
         start = jnp.where(suppressors > 0, 0.0, rows_t[ELIGIBLE : ELIGIBLE + 1, :])
         self_mask = jnp.where(earlier, _suppression_mask(columns_t, rows_t, iou_threshold), 0.0)
 
-        def resolve(state: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        def resolve(
+            state: tuple[jax.Array, jax.Array, jax.Array],
+        ) -> tuple[jax.Array, jax.Array, jax.Array]:
             alive, _, passes = state
             new = jnp.where(_count_suppressors(alive, self_mask) > 0, 0.0, start)
             return new, jnp.sum(jnp.abs(new - alive)), passes + 1
@@ -109,12 +114,22 @@ def _kernel(rows_ref: Any, keep_ref: Any, *, tile: int, iou_threshold: float, ma
     lax.while_loop(more, decide_tile, (jnp.int32(0), jnp.int32(0)))
 
 
-def _kernel_rows(boxes: jax.Array, eligible: jax.Array, categories: jax.Array, padded: int) -> jax.Array:
+def _kernel_rows(
+    boxes: jax.Array, eligible: jax.Array, categories: jax.Array, padded: int
+) -> jax.Array:
     """Sorted ``boxes [N, 4]`` etc. -> ``[8, padded]`` float32 kernel rows."""
     # Categories as dense ranks: exact in float32 for any int32 ids (ranks < N < 2^24).
     ranks = jnp.searchsorted(jnp.sort(categories), categories).astype(jnp.float32)
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    fields = [boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], area, eligible.astype(jnp.float32), ranks]
+    fields = [
+        boxes[:, 0],
+        boxes[:, 1],
+        boxes[:, 2],
+        boxes[:, 3],
+        area,
+        eligible.astype(jnp.float32),
+        ranks,
+    ]
     rows = jnp.stack(fields + [jnp.zeros_like(area)])
     return jnp.pad(rows, ((0, 0), (0, padded - boxes.shape[0])))
 
@@ -163,4 +178,6 @@ def nms(
     if not isinstance(keep, jax.core.Tracer):
         tuning.check_no_races(mode)
     flags = keep[:, 0, :n] > 0
-    return jax.vmap(functools.partial(indices_from_keep, max_output_size=max_output_size))(order, flags)
+    return jax.vmap(functools.partial(indices_from_keep, max_output_size=max_output_size))(
+        order, flags
+    )

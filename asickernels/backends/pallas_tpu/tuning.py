@@ -24,6 +24,7 @@ VMEM_BYTES = {"v4": 16 << 20, "v5e": 128 << 20, "v5p": 64 << 20, "v6e": 128 << 2
 DEFAULT_SCOPED_VMEM_BYTES = 16 << 20
 
 InterpretMode = Literal["tpu_interpret"] | None
+GridSemantics = Literal["parallel", "arbitrary"]
 
 _target: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpu_target", default=None)
 _vmem_requests: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -109,7 +110,7 @@ def record_vmem() -> Iterator[list[int]]:
         _vmem_requests.reset(token)
 
 
-def compiler_params(semantics: tuple[str, ...], vmem_bytes: int) -> Any:
+def compiler_params(semantics: tuple[GridSemantics, ...], vmem_bytes: int) -> Any:
     """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it."""
     from jax.experimental.pallas import tpu as pltpu
 
@@ -191,5 +192,5 @@ def config_for(table: dict[str, Config], default: Config, override: Any, kind: t
     if override is not None:
         if not isinstance(override, kind):
             raise TypeError(f"config must be a {kind.__name__}, got {type(override).__name__}")
-        return override  # type: ignore[no-any-return]
+        return override  # type: ignore[no-any-return,return-value]
     return table.get(target_generation() or DEFAULT_GENERATION, default)

@@ -11,8 +11,14 @@ from asickernels.reference import GIOU_EPS
 
 
 def giou_from_planes(
-    x1: jax.Array, y1: jax.Array, x2: jax.Array, y2: jax.Array,
-    u1: jax.Array, v1: jax.Array, u2: jax.Array, v2: jax.Array,
+    x1: jax.Array,
+    y1: jax.Array,
+    x2: jax.Array,
+    y2: jax.Array,
+    u1: jax.Array,
+    v1: jax.Array,
+    u2: jax.Array,
+    v2: jax.Array,
 ) -> jax.Array:
     """GIOU from coordinate planes (any equal shapes, float32).
 

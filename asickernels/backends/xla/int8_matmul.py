@@ -15,8 +15,13 @@ def dequantize(acc: jax.Array, x_scale: jax.Array, y_scale: jax.Array, out_dtype
 
 
 def int8_matmul(
-    x: jax.Array, y: jax.Array, *, x_scale: jax.Array | None, y_scale: jax.Array | None,
-    out_dtype: Any, config: Any = None,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    x_scale: jax.Array | None,
+    y_scale: jax.Array | None,
+    out_dtype: Any,
+    config: Any = None,
 ) -> jax.Array:
     acc = lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     if x_scale is None or y_scale is None:

@@ -47,13 +47,17 @@ def iou_with(box: jax.Array, boxes: jax.Array) -> jax.Array:
     iw = jnp.maximum(jnp.minimum(box[2], boxes[:, 2]) - jnp.maximum(box[0], boxes[:, 0]), 0.0)
     ih = jnp.maximum(jnp.minimum(box[3], boxes[:, 3]) - jnp.maximum(box[1], boxes[:, 1]), 0.0)
     inter = iw * ih
-    union = (box[2] - box[0]) * (box[3] - box[1]) + (boxes[:, 2] - boxes[:, 0]) * (
-        boxes[:, 3] - boxes[:, 1]
-    ) - inter
+    union = (
+        (box[2] - box[0]) * (box[3] - box[1])
+        + (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        - inter
+    )
     return jnp.where(union > 0, inter / jnp.where(union > 0, union, 1.0), 0.0)
 
 
-def indices_from_keep(order: jax.Array, keep: jax.Array, max_output_size: int) -> tuple[jax.Array, jax.Array]:
+def indices_from_keep(
+    order: jax.Array, keep: jax.Array, max_output_size: int
+) -> tuple[jax.Array, jax.Array]:
     """Keep flags over sorted positions -> (``[max_output_size]`` original indices in
     selection order, padded with -1; kept count, capped at ``max_output_size``)."""
     position = jnp.cumsum(keep.astype(jnp.int32)) - 1
@@ -64,18 +68,28 @@ def indices_from_keep(order: jax.Array, keep: jax.Array, max_output_size: int) -
 
 
 def _nms_one(
-    boxes: jax.Array, scores: jax.Array, categories: jax.Array | None,
-    iou_threshold: float, max_output_size: int, score_threshold: float,
+    boxes: jax.Array,
+    scores: jax.Array,
+    categories: jax.Array | None,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[jax.Array, jax.Array]:
     cand = sort_candidates(boxes, scores, categories, score_threshold)
 
-    def keep_next(state: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def keep_next(
+        state: tuple[jax.Array, jax.Array, jax.Array],
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         alive, keep, count = state
         first = jnp.argmax(alive)  # sorted order: the first alive box is the best remaining
         suppress = (iou_with(cand.boxes[first], cand.boxes) > iou_threshold) & (
             cand.categories == cand.categories[first]
         )
-        return alive & ~suppress & (jnp.arange(alive.shape[0]) != first), keep.at[first].set(True), count + 1
+        return (
+            alive & ~suppress & (jnp.arange(alive.shape[0]) != first),
+            keep.at[first].set(True),
+            count + 1,
+        )
 
     def has_more(state: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         alive, _, count = state
@@ -88,10 +102,17 @@ def _nms_one(
 
 
 def nms(
-    boxes: jax.Array, scores: jax.Array, categories: jax.Array | None, *,
-    iou_threshold: float, max_output_size: int, score_threshold: float, config: Any = None,
+    boxes: jax.Array,
+    scores: jax.Array,
+    categories: jax.Array | None,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
+    config: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
+
     def one(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
         return _nms_one(b, s, c, iou_threshold, max_output_size, score_threshold)
 

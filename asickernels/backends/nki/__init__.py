@@ -1,0 +1,39 @@
+"""NKI kernels for AWS Trainium/Inferentia NeuronCores, run on the device when there is one
+and otherwise in a strict CPU simulator (:mod:`asickernels.simulate.nki`)."""
+
+from __future__ import annotations
+
+from asickernels.kernels.registry import Availability, Backend
+
+
+def _probe() -> Availability:
+    from asickernels.backends.nki import sdk
+
+    if not sdk.USING_SDK:
+        return Availability(
+            "simulated",
+            "asickernels' strict NKI simulator (numpy): the Neuron SDK is not installed",
+            "install neuronx-cc from AWS's pip index (pip.repos.neuron.amazonaws.com) on a "
+            "Trainium/Inferentia instance to run on the device",
+        )
+    if sdk.has_device():
+        return Availability("native", f"Neuron SDK {sdk.nki.__name__} on a NeuronCore device")
+    return Availability(
+        "simulated", f"the Neuron SDK's simulator ({sdk.nki.__name__}.simulate): no Neuron device"
+    )
+
+
+def _counters() -> dict[str, float]:
+    from asickernels.backends.nki import sdk
+
+    return sdk.last_counters()
+
+
+BACKEND = Backend(
+    name="nki",
+    array_kind="numpy",
+    probe=_probe,
+    description="NKI kernels for AWS Trainium/Inferentia (a strict CPU simulator without a device)",
+    default_on=("neuron",),
+    counters=_counters,
+)

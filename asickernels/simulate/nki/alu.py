@@ -1,0 +1,123 @@
+"""The numerics and operand rules every compute instruction shares.
+
+Vector, Scalar and GpSimd engines compute in float32 and cast the result to the destination
+dtype (GpSimd keeps 32-bit integers exact); DMA casts through float32 when the dtypes
+differ. Float-to-integer casts round to nearest even and saturate (NaN becomes 0), an
+assumption where the SDK documents nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import errors
+from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, is_float, is_hbm
+
+Operand = NkiTensor | float | int
+HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
+SBUF = (MemoryRegion.sbuf,)
+PSUM = (MemoryRegion.psum,)
+ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
+
+
+def require(
+    api: str, name: str, value: Any, regions: tuple[MemoryRegion, ...] = (*HBM, *ON_CHIP)
+) -> NkiTensor:
+    """``value``, which must be a tensor in one of ``regions``."""
+    if not isinstance(value, NkiTensor):
+        raise TypeError(f"operand '{name}' of '{api}' must be a tensor, got {type(value).__name__}")
+    if value.buffer not in regions:
+        spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
+        raise errors.UnsupportedMemory(
+            f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
+            f"a tile in '{value.buffer.value}' instead"
+        )
+    return value
+
+
+def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``values`` in ``dtype``, rounding as the engines do."""
+    if values.dtype == dtype:
+        return values
+    if dtype == np.bool_:
+        return values != 0
+    if dtype.kind in "iu" and (values.dtype.kind == "f" or is_float(values.dtype)):
+        info = np.iinfo(dtype)
+        rounded = np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0))
+        return np.clip(rounded, info.min, info.max).astype(dtype)
+    return values.astype(dtype)
+
+
+def as_f32(value: Operand) -> Any:
+    """An operand's values in float32 (scalars as numpy float32, so arrays stay float32)."""
+    if isinstance(value, NkiTensor):
+        return value.data.astype(np.float32, copy=False)
+    return np.float32(value)
+
+
+def dma_values(src: NkiTensor, dtype: np.dtype[Any]) -> np.ndarray:
+    """What a DMA from ``src`` delivers as ``dtype``: a bit copy, or a cast via float32."""
+    if src.dtype == dtype:
+        return src.data
+    return cast(src.data.astype(np.float32), dtype)
+
+
+def write(dst: NkiTensor, values: np.ndarray, api: str) -> None:
+    """Stores ``values`` (as many elements as ``dst``, any shape) into ``dst``."""
+    if dst.is_broadcast:
+        raise errors.StoreDstShapeSmallerThanOtherShape(
+            f"'{api}' would write into {dst!r}, a broadcast view: several values per element"
+        )
+    if values.shape != dst.shape:
+        values = values.reshape(dst.shape)
+    dst.data[...] = cast(values, dst.dtype)
+
+
+def per_partition(tile: NkiTensor) -> int:
+    return math.prod(tile.shape[1:])
+
+
+def check_on_chip(api: str, operands: Mapping[str, Any]) -> list[NkiTensor]:
+    """The tile operands (scalars skipped), which must all be in SBUF or PSUM."""
+    return [
+        require(api, name, value, ON_CHIP)
+        for name, value in operands.items()
+        if isinstance(value, NkiTensor)
+    ]
+
+
+def check_partitions(api: str, operands: Mapping[str, Any]) -> None:
+    tiles = {name: t for name, t in operands.items() if isinstance(t, NkiTensor)}
+    if len({t.shape[0] for t in tiles.values()}) > 1:
+        listed = ", ".join(f"{name}{list(t.shape)}" for name, t in tiles.items())
+        raise errors.NumPartitionMismatch(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
+            f"({listed}) of '{api}'"
+        )
+
+
+def check_elements(api: str, operands: Mapping[str, Any]) -> None:
+    """Same partitions and same number of elements per partition."""
+    check_partitions(api, operands)
+    tiles = {name: t for name, t in operands.items() if isinstance(t, NkiTensor)}
+    if len({per_partition(t) for t in tiles.values()}) > 1:
+        listed = ", ".join(f"{name}{list(t.shape)}" for name, t in tiles.items())
+        raise errors.ShapeMismatch(f"'{api}' needs equal elements per partition, got {listed}")
+
+
+def check_not_both_psum(api: str, *inputs: Any) -> None:
+    """At most one input of an instruction may be read from PSUM."""
+    if sum(isinstance(t, NkiTensor) and t.buffer is MemoryRegion.psum for t in inputs) > 1:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read two inputs from PSUM")
+
+
+def check_no_psum_on_gpsimd(api: str, tiles: list[NkiTensor]) -> None:
+    for tile in tiles:
+        if tile.buffer is MemoryRegion.psum:
+            raise errors.UnsupportedMemory(
+                f"'{api}' on the GpSimd engine cannot access PSUM ({tile!r})"
+            )

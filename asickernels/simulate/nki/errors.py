@@ -1,0 +1,140 @@
+"""The rules the simulator enforces, one exception class each.
+
+Every class carries ``code``: the Neuron SDK's error code (``err_...``, from the NKI error
+reference) where the SDK has one for the rule; rules the SDK leaves to its allocator or
+documents without a code (SBUF/PSUM capacity, matmul dtypes, reduction axes) get a code in
+the same style, marked "not an SDK code" below. All derive from
+:class:`NkiValidationError`, the name ``nki.isa`` gives hardware-constraint errors.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class NkiValidationError(Exception):
+    """A kernel broke a hardware rule. The message starts with the rule's ``code``."""
+
+    code: ClassVar[str] = "err_nki_validation"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{self.code}: {message}")
+
+
+class NumPartitionExceedArchLimit(NkiValidationError):
+    """An on-chip tile's partition dimension (its first axis) exceeds 128."""
+
+    code = "err_num_partition_exceed_arch_limit"
+
+
+class NumPartitionMismatch(NkiValidationError):
+    """Operands of one instruction span different numbers of partitions (for a matmul: the
+    stationary and moving contraction sizes differ)."""
+
+    code = "err_num_partition_mismatch"
+
+
+class SizeOfDimensionExceedArchLimit(NkiValidationError):
+    """A free dimension exceeds an engine limit: a PSUM tile larger than one 2 KiB bank per
+    partition, a matmul stationary free size > 128 or moving free size > 512."""
+
+    code = "err_size_of_dimension_exceed_arch_limit"
+
+
+class LeadingDimensionOfTensorMustBePartition(NkiValidationError):
+    """An on-chip tile without a partition axis (fewer than 2 dimensions), or a view that
+    would move, broadcast or insert a dimension in front of the partition axis."""
+
+    code = "err_leading_dimension_of_tensor_must_be_partition"
+
+
+class UnsupportedMemory(NkiValidationError):
+    """An operand is in the wrong memory: ``load`` from anything but HBM, ``store`` to
+    anything but HBM, compute on HBM, matmul inputs outside SBUF or output outside PSUM,
+    GpSimd touching PSUM, both ``tensor_tensor`` inputs in PSUM, a kernel returning a tile."""
+
+    code = "err_unsupported_memory"
+
+
+class TensorAccessOutOfBound(NkiValidationError):
+    """An index or slice reaches outside the tensor (nothing is clipped silently)."""
+
+    code = "err_tensor_access_out_of_bound"
+
+
+class StoreDstShapeSmallerThanOtherShape(NkiValidationError):
+    """An instruction writes into a broadcast view, i.e. several values into one element."""
+
+    code = "err_store_dst_shape_smaller_than_other_shape"
+
+
+class AmbiguousTensorTruthValue(NkiValidationError):
+    """Python control flow on a tile's value (``if tile:``): values exist only on device."""
+
+    code = "err_ambiguous_tensor_truth_value"
+
+
+class NkiApiOutsideOfNkiKernel(NkiValidationError):
+    """An NKI API was called outside a running kernel."""
+
+    code = "err_nki_api_outside_of_nki_kernel"
+
+
+class HbmTensorWithInitValueNotSupported(NkiValidationError):
+    """``zeros``/``full``/``ones`` asked for an HBM tensor."""
+
+    code = "err_hbm_tensor_with_init_value_not_supported"
+
+
+class SbufCapacityExceeded(NkiValidationError):
+    """Live SBUF allocations exceed the target's bytes per partition (not an SDK code; the
+    compiler's allocator reports it)."""
+
+    code = "err_sbuf_capacity_exceeded"
+
+
+class PsumCapacityExceeded(NkiValidationError):
+    """More live PSUM tiles than the 8 banks of 2 KiB per partition (not an SDK code)."""
+
+    code = "err_psum_capacity_exceeded"
+
+
+class UnsupportedDtype(NkiValidationError):
+    """A dtype the hardware path cannot take: int8 (or any integer) on the Tensor Engine, fp32
+    mixed with a 16-bit matmul operand, a matmul result other than fp32, a non-NKI dtype such
+    as float64, a non-fp32 tensor-scalar operand, a predicate that is not unsigned (not an
+    SDK code)."""
+
+    code = "err_unsupported_dtype"
+
+
+class UnsupportedReduceAxis(NkiValidationError):
+    """A reduction over the partition axis, or over free axes that are not the trailing ones
+    (not an SDK code)."""
+
+    code = "err_unsupported_reduce_axis"
+
+
+class ShapeMismatch(NkiValidationError):
+    """Operand shapes disagree (elements per partition, matmul output shape, a reshape the
+    layout cannot express) (not an SDK code)."""
+
+    code = "err_shape_mismatch"
+
+
+class UnsupportedOperator(NkiValidationError):
+    """An ALU operator the instruction does not have (not an SDK code)."""
+
+    code = "err_unsupported_operator"
+
+
+class ExceedMaxSupportedDimension(NkiValidationError):
+    """A tensor has more dimensions than the instruction takes (matmul operands are 2-D)."""
+
+    code = "err_exceed_max_supported_dimension"
+
+
+class UnsupportedEngine(NkiValidationError):
+    """An instruction asked for an engine that cannot run it (not an SDK code)."""
+
+    code = "err_unsupported_engine"

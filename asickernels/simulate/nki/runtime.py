@@ -1,0 +1,178 @@
+"""Simulator state: the target NeuronCore, the kernel run in progress (its on-chip memory
+accounting and counters) and the counters of the last finished run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from asickernels.simulate.nki import errors
+
+TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+PMAX = 128
+PSUM_BANKS = 8
+PSUM_BANK_BYTES = 2048
+ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One NeuronCore generation: what the simulator enforces for it."""
+
+    version: int  # 2 = NeuronCore-v2 (trn1/inf2), 3 = v3 (trn2), 4 = v4 (trn3)
+    platforms: str
+    sbuf_bytes_per_partition: int
+
+
+TARGETS = {
+    2: Target(2, "trn1/inf2", 192 * 1024),
+    3: Target(3, "trn2", 224 * 1024),
+    4: Target(4, "trn3", 256 * 1024),
+}
+_TARGET_NAMES = {"trn1": 2, "inf2": 2, "gen2": 2, "trn2": 3, "gen3": 3, "trn3": 4, "gen4": 4}
+# Unset: NeuronCore-v2, the smallest SBUF (and the seed's inf2 hardware).
+DEFAULT_TARGET = 2
+
+
+def target_from_env() -> Target:
+    """The target named by ``NEURON_PLATFORM_TARGET_OVERRIDE`` (as the SDK reads it), or
+    NeuronCore-v2 when it is unset."""
+    value = os.environ.get(TARGET_ENV, "").strip().lower()
+    if not value:
+        return TARGETS[DEFAULT_TARGET]
+    if value not in _TARGET_NAMES:
+        raise ValueError(
+            f"{TARGET_ENV}={value!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
+        )
+    return TARGETS[_TARGET_NAMES[value]]
+
+
+class Allocation:
+    """The storage behind an on-chip tensor and all its views. Its bytes count against the
+    run's SBUF or PSUM until the last view referencing it is gone (Python's reference
+    counting plays the role of the compiler's liveness analysis)."""
+
+    __slots__ = ("bytes_per_partition", "in_psum", "matmul_written", "run")
+
+    def __init__(self, run: Run, in_psum: bool, bytes_per_partition: int) -> None:
+        self.run = run
+        self.in_psum = in_psum
+        self.bytes_per_partition = bytes_per_partition
+        # PSUM only: which elements a matmul has written (for ``accumulate=None``).
+        self.matmul_written: Any = None
+
+    def __del__(self) -> None:
+        self.run.release(self)
+
+
+class Run:
+    """One kernel execution: memory in use and instruction/DMA counters."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.instructions = dict.fromkeys(ENGINES, 0)
+        self.dma_transfers = 0
+        self.hbm_to_sbuf_bytes = 0
+        self.sbuf_to_hbm_bytes = 0
+        self.sbuf_in_use = 0
+        self.psum_banks_in_use = 0
+        self.peak_sbuf = 0
+        self.peak_psum_banks = 0
+
+    def allocate(self, in_psum: bool, bytes_per_partition: int, what: str) -> Allocation:
+        if in_psum:
+            if bytes_per_partition > PSUM_BANK_BYTES:
+                raise errors.SizeOfDimensionExceedArchLimit(
+                    f"{what} needs {bytes_per_partition} bytes per partition; a PSUM tile must fit "
+                    f"one bank of {PSUM_BANK_BYTES} bytes (512 fp32)"
+                )
+            if self.psum_banks_in_use + 1 > PSUM_BANKS:
+                raise errors.PsumCapacityExceeded(
+                    f"{what} needs a PSUM bank but all {PSUM_BANKS} banks (16 KiB per partition) "
+                    "hold live tiles"
+                )
+            self.psum_banks_in_use += 1
+            self.peak_psum_banks = max(self.peak_psum_banks, self.psum_banks_in_use)
+        else:
+            capacity = self.target.sbuf_bytes_per_partition
+            if self.sbuf_in_use + bytes_per_partition > capacity:
+                raise errors.SbufCapacityExceeded(
+                    f"{what} needs {bytes_per_partition} bytes per partition with "
+                    f"{self.sbuf_in_use} already live; NeuronCore-v{self.target.version} "
+                    f"({self.target.platforms}) has {capacity} bytes of SBUF per partition"
+                )
+            self.sbuf_in_use += bytes_per_partition
+            self.peak_sbuf = max(self.peak_sbuf, self.sbuf_in_use)
+        return Allocation(self, in_psum, bytes_per_partition)
+
+    def release(self, allocation: Allocation) -> None:
+        if allocation.in_psum:
+            self.psum_banks_in_use -= 1
+        else:
+            self.sbuf_in_use -= allocation.bytes_per_partition
+
+    def count(self, engine: str) -> None:
+        self.instructions[engine] += 1
+
+    def count_dma(self, src_in_hbm: bool, dst_in_hbm: bool, nbytes: int) -> None:
+        self.dma_transfers += 1
+        if src_in_hbm and not dst_in_hbm:
+            self.hbm_to_sbuf_bytes += nbytes
+        elif dst_in_hbm and not src_in_hbm:
+            self.sbuf_to_hbm_bytes += nbytes
+
+    def counters(self) -> dict[str, float]:
+        report: dict[str, float] = {
+            f"{engine}_instructions": float(n) for engine, n in self.instructions.items()
+        }
+        report.update(
+            dma_transfers=float(self.dma_transfers),
+            hbm_to_sbuf_bytes=float(self.hbm_to_sbuf_bytes),
+            sbuf_to_hbm_bytes=float(self.sbuf_to_hbm_bytes),
+            peak_sbuf_bytes_per_partition=float(self.peak_sbuf),
+            peak_psum_banks=float(self.peak_psum_banks),
+        )
+        return report
+
+
+_active: Run | None = None
+_last_counters: dict[str, float] = {}
+
+
+def active_run(api: str) -> Run:
+    """The run in progress; NKI APIs exist only inside a kernel."""
+    if _active is None:
+        raise errors.NkiApiOutsideOfNkiKernel(
+            f"'{api}' was called outside an NKI kernel; decorate the kernel with nki.jit and "
+            "call it (or nki.simulate(kernel))"
+        )
+    return _active
+
+
+def current_target() -> Target:
+    return _active.target if _active is not None else target_from_env()
+
+
+def start_run() -> Run:
+    global _active
+    _active = Run(target_from_env())
+    return _active
+
+
+def finish_run(run: Run) -> None:
+    global _active, _last_counters
+    _active = None
+    _last_counters = run.counters()
+
+
+def in_kernel() -> bool:
+    return _active is not None
+
+
+def last_counters() -> dict[str, float]:
+    """Counters of the most recent finished kernel run: instructions per engine
+    (``tensor``/``vector``/``scalar``/``gpsimd_instructions``), ``dma_transfers``, bytes moved
+    ``hbm_to_sbuf_bytes`` / ``sbuf_to_hbm_bytes``, and peak on-chip use
+    (``peak_sbuf_bytes_per_partition``, ``peak_psum_banks``). Empty before any run."""
+    return dict(_last_counters)

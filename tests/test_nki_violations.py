@@ -1,0 +1,310 @@
+"""The planted-violation suite: one small kernel per hardware rule the NKI simulator
+enforces, each proving the rule raises its named error (and its SDK-style code)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+from asickernels.simulate import nki
+from asickernels.simulate.nki import errors
+from asickernels.simulate.nki import isa as nisa
+from asickernels.simulate.nki import language as nl
+
+F32 = np.float32
+
+
+def _x(shape=(128, 4), dtype=F32):
+    return np.ones(shape, dtype)
+
+
+# -- one kernel per rule -------------------------------------------------------------------
+def partition_over_128(x):
+    nl.ndarray((129, 4), dtype=nl.float32)
+
+
+def load_over_128_partitions(x):
+    nl.load(x)  # x is [256, 4]: the SBUF tile would span 256 partitions
+
+
+def partition_mismatch(x):
+    a = nl.load(x)
+    b = nl.load(x[0:64])
+    nisa.tensor_tensor(dst=nl.ndarray((128, 4), dtype=nl.float32), data1=a, data2=b, op=nl.add)
+
+
+def matmul_contraction_mismatch(x):
+    stationary = nl.load(x, dtype=nl.bfloat16)
+    moving = nl.load(x[0:64], dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
+
+
+def psum_tile_over_one_bank(x):
+    nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.psum)  # 2052 bytes > 2 KiB
+
+
+def psum_over_8_banks(x):
+    live = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+    live.append(nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum))
+
+
+def sbuf_over_capacity(x):
+    nl.ndarray((128, 192 * 1024 + 1), dtype=nl.uint8)
+
+
+def sbuf_live_allocations_add_up(x):
+    first = nl.ndarray((128, 100 * 1024), dtype=nl.uint8)
+    second = nl.ndarray((128, 100 * 1024), dtype=nl.uint8)
+    del first, second
+
+
+def matmul_stationary_over_128(x):
+    stationary = nl.ndarray((128, 129), dtype=nl.bfloat16)
+    moving = nl.ndarray((128, 4), dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
+
+
+def matmul_moving_over_512(x):
+    stationary = nl.ndarray((128, 4), dtype=nl.bfloat16)
+    moving = nl.ndarray((128, 513), dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 513), dtype=nl.bfloat16, buffer=nl.psum), stationary, moving)
+
+
+def matmul_int8(x):
+    tile = nl.load(x)  # int8
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile)
+
+
+def matmul_fp32_with_bf16(x):
+    stationary = nl.load(x)
+    moving = nl.load(x, dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
+
+
+def matmul_result_not_fp32(x):
+    tile = nl.load(x, dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.bfloat16, buffer=nl.psum), tile, tile)
+
+
+def matmul_input_in_psum(x):
+    tile = nl.load(x, dtype=nl.bfloat16)
+    in_psum = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), in_psum, tile)
+
+
+def matmul_result_in_sbuf(x):
+    tile = nl.load(x, dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32), tile, tile)
+
+
+def matmul_3d_operand(x):
+    tile = nl.ndarray((128, 2, 2), dtype=nl.bfloat16)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile)
+
+
+def load_from_sbuf(x):
+    nl.load(nl.load(x))
+
+
+def store_to_sbuf(x):
+    tile = nl.load(x)
+    nl.store(nl.ndarray((128, 4), dtype=nl.float32), tile)
+
+
+def store_from_psum(x):
+    out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum))
+
+
+def compute_on_hbm(x):
+    nl.add(x, 1.0)
+
+
+def gpsimd_reads_psum(x):
+    in_psum = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
+    nisa.tensor_copy(
+        dst=nl.ndarray((128, 4), dtype=nl.float32), src=in_psum, engine=nisa.engine.gpsimd
+    )
+
+
+def tensor_tensor_both_in_psum(x):
+    a = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
+    b = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
+    nisa.tensor_tensor(dst=nl.ndarray((128, 4), dtype=nl.float32), data1=a, data2=b, op=nl.add)
+
+
+def reduce_over_partitions(x):
+    nl.sum(nl.load(x), axis=0)
+
+
+def reduce_not_trailing(x):
+    tile = nl.load(x.reshape((128, 2, 2)))
+    nisa.tensor_reduce(nl.ndarray((128, 2), dtype=nl.float32), nl.add, tile, axis=1)
+
+
+def slice_out_of_bound(x):
+    x[0:129]
+
+
+def index_out_of_bound(x):
+    nl.load(x)[:, 4]
+
+
+def read_uninitialised(x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.ndarray(x.shape, dtype=nl.float32))  # never written: NaN
+    return out
+
+
+def branch_on_tile(x):
+    if nl.greater(nl.load(x), 0.0):
+        pass
+
+
+def write_into_broadcast_view(x):
+    row = nl.ndarray((128, 1), dtype=nl.float32)
+    nisa.memset(row.broadcast(1, 4), 0.0)
+
+
+def one_dimensional_tile(x):
+    nl.ndarray((128,), dtype=nl.float32)
+
+
+def permute_partition_axis(x):
+    nl.load(x).permute((1, 0))
+
+
+def float64_argument(x):
+    nl.load(x)
+
+
+def return_sbuf_tile(x):
+    return nl.load(x)
+
+
+def hbm_with_initial_value(x):
+    nl.zeros((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+
+
+def elementwise_shape_mismatch(x):
+    tile = nl.load(x)
+    nl.add(tile, tile[:, 0:2])
+
+
+def partition_reduce_min(x):
+    nisa.tensor_partition_reduce(nl.ndarray((1, 4), dtype=nl.float32), nl.minimum, nl.load(x))
+
+
+def scalar_engine_copy_on_v2(x):
+    tile = nl.load(x)
+    nisa.tensor_copy(
+        dst=nl.ndarray((128, 4), dtype=nl.float32), src=tile, engine=nisa.engine.scalar
+    )
+
+
+VIOLATIONS = [
+    (partition_over_128, _x(), errors.NumPartitionExceedArchLimit),
+    (load_over_128_partitions, _x((256, 4)), errors.NumPartitionExceedArchLimit),
+    (partition_mismatch, _x(), errors.NumPartitionMismatch),
+    (matmul_contraction_mismatch, _x(), errors.NumPartitionMismatch),
+    (psum_tile_over_one_bank, _x(), errors.SizeOfDimensionExceedArchLimit),
+    (psum_over_8_banks, _x(), errors.PsumCapacityExceeded),
+    (sbuf_over_capacity, _x(), errors.SbufCapacityExceeded),
+    (sbuf_live_allocations_add_up, _x(), errors.SbufCapacityExceeded),
+    (matmul_stationary_over_128, _x(), errors.SizeOfDimensionExceedArchLimit),
+    (matmul_moving_over_512, _x(), errors.SizeOfDimensionExceedArchLimit),
+    (matmul_int8, _x(dtype=np.int8), errors.UnsupportedDtype),
+    (matmul_fp32_with_bf16, _x(), errors.UnsupportedDtype),
+    (matmul_result_not_fp32, _x(), errors.UnsupportedDtype),
+    (matmul_input_in_psum, _x(), errors.UnsupportedMemory),
+    (matmul_result_in_sbuf, _x(), errors.UnsupportedMemory),
+    (matmul_3d_operand, _x(), errors.ExceedMaxSupportedDimension),
+    (load_from_sbuf, _x(), errors.UnsupportedMemory),
+    (store_to_sbuf, _x(), errors.UnsupportedMemory),
+    (store_from_psum, _x(), errors.UnsupportedMemory),
+    (compute_on_hbm, _x(), errors.UnsupportedMemory),
+    (gpsimd_reads_psum, _x(), errors.UnsupportedMemory),
+    (tensor_tensor_both_in_psum, _x(), errors.UnsupportedMemory),
+    (reduce_over_partitions, _x(), errors.UnsupportedReduceAxis),
+    (reduce_not_trailing, _x(), errors.UnsupportedReduceAxis),
+    (slice_out_of_bound, _x(), errors.TensorAccessOutOfBound),
+    (index_out_of_bound, _x(), errors.TensorAccessOutOfBound),
+    (branch_on_tile, _x(), errors.AmbiguousTensorTruthValue),
+    (write_into_broadcast_view, _x(), errors.StoreDstShapeSmallerThanOtherShape),
+    (one_dimensional_tile, _x(), errors.LeadingDimensionOfTensorMustBePartition),
+    (permute_partition_axis, _x(), errors.LeadingDimensionOfTensorMustBePartition),
+    (float64_argument, _x(dtype=np.float64), errors.UnsupportedDtype),
+    (return_sbuf_tile, _x(), errors.UnsupportedMemory),
+    (hbm_with_initial_value, _x(), errors.HbmTensorWithInitValueNotSupported),
+    (elementwise_shape_mismatch, _x(), errors.ShapeMismatch),
+    (partition_reduce_min, _x(), errors.UnsupportedOperator),
+    (scalar_engine_copy_on_v2, _x(), errors.UnsupportedEngine),
+]
+
+
+@pytest.fixture(autouse=True)
+def _neuroncore_v2(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "argument", "error"), VIOLATIONS, ids=[v[0].__name__ for v in VIOLATIONS]
+)
+def test_violation_raises_its_named_error(kernel, argument, error):
+    with pytest.raises(error, match=f"^{error.code}: "):
+        nki.simulate(kernel)(argument)
+
+
+def test_every_rule_has_a_planted_violation():
+    rules = {
+        cls
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.NkiValidationError) and cls is not errors.NkiValidationError
+    }
+    planted = {error for _, _, error in VIOLATIONS} | {errors.NkiApiOutsideOfNkiKernel}
+    assert rules == planted
+
+
+def test_api_outside_a_kernel():
+    with pytest.raises(errors.NkiApiOutsideOfNkiKernel):
+        nl.ndarray((128, 4), dtype=nl.float32)
+
+
+def test_uninitialised_memory_reads_as_nan():
+    out = nki.simulate(read_uninitialised)(_x())
+    assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("kernel", [sbuf_over_capacity, sbuf_live_allocations_add_up])
+def test_sbuf_capacity_follows_the_target(monkeypatch, kernel):
+    """192 KiB per partition on trn1/inf2, 224 KiB on trn2: what overflows one fits the other."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    nki.simulate(kernel)(_x())
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2")
+    with pytest.raises(errors.SbufCapacityExceeded):
+        nki.simulate(kernel)(_x())
+
+
+def test_freed_tiles_return_their_sbuf():
+    """Capacity counts live tiles only: a loop reallocating a large tile never overflows."""
+
+    def kernel(x):
+        for _ in range(4):
+            tile = nl.ndarray((128, 100 * 1024), dtype=nl.uint8)
+            nisa.memset(tile, 0)
+            del tile
+
+    nki.simulate(kernel)(_x())
+    assert nki.last_counters()["peak_sbuf_bytes_per_partition"] == 100 * 1024
+
+
+def test_psum_banks_are_reused_once_freed():
+    def kernel(x):
+        for _ in range(20):
+            bank = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            del bank
+
+    nki.simulate(kernel)(_x())
+    assert nki.last_counters()["peak_psum_banks"] == 1
