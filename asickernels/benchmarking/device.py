@@ -1,0 +1,59 @@
+"""Device timing paths that this CPU machine cannot run (kept small, sharing the CPU path).
+
+* TPU host: nothing special. ``pallas_tpu`` is then ``native``; the harness jits the public
+  op with device-resident inputs and times it with ``block_until_ready``
+  (:mod:`asickernels.benchmarking.timing`), exactly as on CPU.
+* Neuron host: a backend whose :class:`~asickernels.kernels.registry.Backend` carries a
+  ``device_timer`` attribute (``(op, case, warmup, iters) -> Timing``) is timed through it
+  when it runs natively, instead of by wall clock. NKI backends implement it with
+  :func:`nki_latency`, which reads the SDK's on-device latency percentiles; GpSimd ops,
+  called on Neuron XLA tensors through torch-neuronx, keep the wall-clock path.
+
+Neither Neuron path has run here: the SDK is not installable on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asickernels.benchmarking.timing import Timing
+from asickernels.benchmarking.workloads import Case
+
+DeviceTimer = Callable[[str, Case, int, int], Timing]
+
+# Percentiles nki.benchmark reports (it accepts 0, 1, 10, 25, 50, 90, 99 and 100).
+_PERCENTILES = (0, 10, 50, 90, 100)
+
+
+def device_timer(backend: Any) -> DeviceTimer | None:
+    """The backend's device timer, if it declares one."""
+    return getattr(backend, "device_timer", None)
+
+
+def nki_latency(
+    kernel: Callable[..., Any], args: tuple[Any, ...], *, warmup: int, iters: int
+) -> Timing:
+    """Device latency of an NKI kernel from ``nki.benchmark`` (Neuron SDK, legacy namespace
+    ``neuronxcc.nki``, which has the benchmark decorator).
+
+    The SDK runs the kernel ``warmup + iters`` times on the NeuronCore and reports latency
+    percentiles in microseconds; the kernel's outputs are not meaningful (check correctness
+    with a normal call first, as the harness does).
+    """
+    from neuronxcc import nki  # only on a Neuron host
+
+    benchmarked = nki.benchmark(warmup=warmup, iters=iters)(kernel)
+    benchmarked(*args)
+    latency = benchmarked.benchmark_result.nc_latency
+    seconds = {p: latency.get_latency_percentile(p) * 1e-6 for p in _PERCENTILES}
+    return Timing(
+        median_s=seconds[50],
+        min_s=seconds[0],
+        p10_s=seconds[10],
+        p90_s=seconds[90],
+        max_s=seconds[100],
+        repeats=iters,
+        first_call_s=None,
+        method="nki.benchmark (on-device latency percentiles)",
+    )

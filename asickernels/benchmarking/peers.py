@@ -1,0 +1,194 @@
+"""Peers timed beside our backends: implementations that are not ours.
+
+* ``torchvision``: ``torchvision.ops.nms``, ``batched_nms`` and
+  ``generalized_box_iou_loss`` (forward, and its backward through autograd), when
+  torchvision imports (it is in the torch_xla environment, not in the main one).
+* ``numpy``: greedy NMS in numpy in the style of the NMS article's CPU baseline (sort once,
+  then repeatedly take the best remaining box and drop the boxes that overlap it), written
+  to the library's rule (suppress when IoU > threshold; equal scores by index).
+
+The registered ``"xla"`` backend is the third peer (jitted ``jax.numpy``; for int8 matmul,
+XLA's int8 dot with ``preferred_element_type=int32``): see :data:`PEER_BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from asickernels.benchmarking.workloads import Case, Prepared
+from asickernels.kernels.registry import Availability
+
+# Registered backends that count as peers (what you get without custom kernels).
+PEER_BACKENDS: dict[str, str] = {
+    "xla": "jitted jax.numpy (for int8 matmul: XLA's int8 dot, preferred_element_type=int32)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    name: str
+    description: str
+    probe: Callable[[], Availability]
+    builders: dict[str, Callable[[Case], Prepared]]  # op name -> prepared call
+
+
+def _pad_indices(kept: Any, max_output_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kept indices (any length, best first) -> (``[max_output_size]`` padded with -1, count)."""
+    kept = np.asarray(kept, np.int64)[:max_output_size]
+    indices = np.full((max_output_size,), -1, np.int32)
+    indices[: kept.size] = kept
+    return indices, np.asarray(kept.size, np.int32)
+
+
+def _single_image(case: Case) -> None:
+    if case.arrays[0].ndim != 2 or case.static.get("score_threshold") is not None:
+        raise ValueError("this peer takes one image's boxes [N, 4] and no score threshold")
+
+
+# -- numpy ---------------------------------------------------------------------------------
+
+
+def numpy_nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    iou_threshold: float,
+    max_output_size: int,
+    categories: np.ndarray | None = None,
+) -> list[int]:
+    """Greedy NMS of ``boxes [N, 4]`` by ``scores [N]``: kept indices, best first.
+
+    With ``categories``, boxes of different categories are moved apart by an offset larger
+    than any coordinate, so they never overlap (torchvision's ``batched_nms`` trick).
+    """
+    if categories is not None and boxes.size:
+        boxes = boxes + (categories * (np.max(boxes) + 1)).astype(boxes.dtype)[:, None]
+    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    areas = (x2 - x1) * (y2 - y1)
+    order = np.argsort(-scores, kind="stable")
+    remaining = order[~np.isnan(scores[order])]
+    kept: list[int] = []
+    while remaining.size and len(kept) < max_output_size:
+        best, rest = remaining[0], remaining[1:]
+        kept.append(int(best))
+        width = np.clip(np.minimum(x2[best], x2[rest]) - np.maximum(x1[best], x1[rest]), 0, None)
+        height = np.clip(np.minimum(y2[best], y2[rest]) - np.maximum(y1[best], y1[rest]), 0, None)
+        inter = width * height
+        union = areas[best] + areas[rest] - inter
+        iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0)
+        remaining = rest[iou <= iou_threshold]
+    return kept
+
+
+def _numpy_nms_builder(case: Case) -> Prepared:
+    _single_image(case)
+    boxes, scores = case.arrays[0], case.arrays[1]
+    categories = case.arrays[2] if len(case.arrays) > 2 else None
+    threshold, max_output = case.static["iou_threshold"], case.static["max_output_size"]
+    return Prepared(
+        lambda: numpy_nms(boxes, scores, threshold, max_output, categories),
+        lambda kept: _pad_indices(kept, max_output),
+    )
+
+
+def _numpy_probe() -> Availability:
+    return Availability("native", f"numpy {np.__version__}")
+
+
+# -- torchvision ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _torchvision_probe() -> Availability:
+    try:
+        import torch
+        import torchvision
+        import torchvision.ops
+    except ImportError as error:
+        return Availability(
+            "missing",
+            f"torchvision does not import here ({error})",
+            "it is in the torch_xla environment (requirements-torch-xla.txt); or pip install "
+            "torch torchvision",
+        )
+    return Availability(
+        "native", f"torchvision {torchvision.__version__}, torch {torch.__version__}, CPU"
+    )
+
+
+def _torchvision_nms(case: Case) -> Prepared:
+    import torch
+    from torchvision import ops
+
+    _single_image(case)
+    boxes, scores = torch.from_numpy(case.arrays[0]), torch.from_numpy(case.arrays[1])
+    threshold, max_output = case.static["iou_threshold"], case.static["max_output_size"]
+    if len(case.arrays) > 2:
+        categories = torch.from_numpy(case.arrays[2])
+        call = functools.partial(ops.batched_nms, boxes, scores, categories, threshold)
+    else:
+        call = functools.partial(ops.nms, boxes, scores, threshold)
+    return Prepared(call, lambda kept: _pad_indices(kept.numpy(), max_output))
+
+
+def _torch_pairs(case: Case) -> tuple[Any, Any, tuple[int, ...]]:
+    import torch
+
+    shape = case.arrays[0].shape[:-1]
+    first, second = (torch.from_numpy(a.reshape(-1, 4).astype(np.float32)) for a in case.arrays[:2])
+    return first, second, shape
+
+
+def _torchvision_giou(case: Case) -> Prepared:
+    from torchvision import ops
+
+    first, second, shape = _torch_pairs(case)
+    return Prepared(
+        lambda: ops.generalized_box_iou_loss(first, second, reduction="none"),
+        lambda loss: (1.0 - loss.numpy().astype(np.float64)).reshape(shape),
+    )
+
+
+def _torchvision_giou_vjp(case: Case) -> Prepared:
+    import torch
+    from torchvision import ops
+
+    first, second, shape = _torch_pairs(case)
+    first.requires_grad_(True)
+    second.requires_grad_(True)
+    # d/dx sum(c * giou) = -d/dx sum(c * loss), since giou = 1 - loss.
+    negative_cotangent = -torch.from_numpy(case.arrays[2].reshape(-1).astype(np.float32))
+
+    def call() -> Any:
+        loss = ops.generalized_box_iou_loss(first, second, reduction="none")
+        return torch.autograd.grad((loss * negative_cotangent).sum(), (first, second))
+
+    return Prepared(call, lambda grads: tuple(g.numpy().reshape((*shape, 4)) for g in grads))
+
+
+PEERS: dict[str, Peer] = {
+    peer.name: peer
+    for peer in (
+        Peer(
+            "torchvision",
+            "torchvision.ops (nms, batched_nms, generalized_box_iou_loss and its autograd)",
+            _torchvision_probe,
+            {
+                "giou": _torchvision_giou,
+                "giou_vjp": _torchvision_giou_vjp,
+                "nms": _torchvision_nms,
+                "batched_nms": _torchvision_nms,
+            },
+        ),
+        Peer(
+            "numpy",
+            "greedy NMS in numpy, in the style of the NMS article's CPU baseline",
+            _numpy_probe,
+            {"nms": _numpy_nms_builder, "batched_nms": _numpy_nms_builder},
+        ),
+    )
+}

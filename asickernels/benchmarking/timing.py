@@ -1,0 +1,96 @@
+"""Honest timing: warm-up, device synchronisation, median and spread over repeats.
+
+Every timed call waits for its result (``jax.block_until_ready``), so asynchronous
+dispatch is not mistaken for speed; a TPU's compiled kernels are timed on the device the
+same way. The first call (which compiles) is reported apart, never mixed into the samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+
+def synchronize(value: Any) -> Any:
+    """Waits until every JAX array in ``value`` is computed (other values pass through)."""
+    return jax.block_until_ready(value)
+
+
+def quantile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-quantile of ``samples`` (linear interpolation)."""
+    ordered = sorted(samples)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Per-call time statistics in seconds, from wall-clock samples or from a device
+    profiler's percentiles (``method`` says which). ``first_call_s`` is the first call
+    (compilation included), kept out of the statistics; None when not measured."""
+
+    median_s: float
+    min_s: float
+    p10_s: float
+    p90_s: float
+    max_s: float
+    repeats: int
+    first_call_s: float | None
+    method: str
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], first_call_s: float | None) -> Timing:
+        return cls(
+            median_s=statistics.median(samples),
+            min_s=min(samples),
+            p10_s=quantile(samples, 0.1),
+            p90_s=quantile(samples, 0.9),
+            max_s=max(samples),
+            repeats=len(samples),
+            first_call_s=first_call_s,
+            method="wall clock, block_until_ready",
+        )
+
+    @property
+    def spread(self) -> float:
+        """Half the 10-90 percentile range, relative to the median."""
+        return (self.p90_s - self.p10_s) / 2 / self.median_s if self.median_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def timed_call(call: Callable[[], Any]) -> tuple[Any, float]:
+    """Runs ``call`` once, waiting for its result: (result, seconds)."""
+    start = time.perf_counter()
+    result = synchronize(call())
+    return result, time.perf_counter() - start
+
+
+def measure(
+    call: Callable[[], Any],
+    *,
+    first_call_s: float,
+    warmup: int,
+    repeats: int,
+    min_repeats: int,
+    budget_s: float,
+) -> Timing:
+    """Times ``call`` after ``warmup`` untimed calls.
+
+    The number of timed calls is ``repeats``, lowered to fit ``budget_s`` (judged from the
+    last warm-up call) but never below ``min_repeats``.
+    """
+    per_call = first_call_s
+    for _ in range(warmup):
+        _, per_call = timed_call(call)
+    count = max(min_repeats, min(repeats, int(budget_s / max(per_call, 1e-9))))
+    samples = tuple(timed_call(call)[1] for _ in range(count))
+    return Timing.from_samples(samples, first_call_s)

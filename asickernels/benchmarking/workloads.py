@@ -1,0 +1,496 @@
+"""What ``check`` and ``bench`` run: one :class:`Op` per public function, with its sizes,
+its inputs (random, edge and adversarial), how a registry backend is called, and how a
+result is compared with the float64 reference.
+
+Every backend is called through the public API (``asickernels.giou(..., backend=name)``),
+``jax.jit``-compiled for JAX backends with inputs already on the device, so a row times
+what a user gets. Results are compared in a canonical numpy form:
+
+* ``giou``: GIOU ``[...]``; error = max absolute difference.
+* ``giou_vjp``: ``(d_boxes1, d_boxes2)``; error = max of ``|got - want| / (atol + rtol
+  |want|)`` (``np.allclose``'s rule, rtol 2e-4, atol 2e-5): 1 or less passes.
+* ``nms`` / ``batched_nms``: ``(indices [..., max_output_size], num_valid [...])``;
+  error = number of entries that differ (0 to pass).
+* ``int8_matmul``: ``[M, N]``; error = max absolute difference (exact int32 wanted),
+  or max relative difference for dequantized (float) results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+import asickernels
+from asickernels import reference
+from asickernels.kernels import registry
+
+Canonical = Any  # numpy array or tuple of numpy arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """One benchmark size of an op: ``label`` for tables, ``params`` for JSON and inputs."""
+
+    label: str
+    params: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Case:
+    """Inputs of one run: ``arrays`` in the op's positional order, ``static`` keyword args."""
+
+    name: str
+    arrays: tuple[np.ndarray, ...]
+    static: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A ready-to-time call (inputs already converted and placed) and the conversion of its
+    output to the op's canonical numpy form (kept out of the timed region)."""
+
+    call: Callable[[], Any]
+    canonical: Callable[[Any], Canonical]
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    max_error: float
+    tolerance: float
+    passed: bool
+    checked: str = "all"  # what part of the output was compared
+
+
+def _to_numpy(out: Any) -> Canonical:
+    if isinstance(out, tuple):
+        return tuple(np.asarray(o) for o in out)
+    return np.asarray(out)
+
+
+class Op:
+    """An op as ``check`` and ``bench`` see it; subclasses fill in the op-specific parts."""
+
+    name: str  # also the name of its public function in ``asickernels``
+    registry_op: str  # the registry op whose backends run it
+    size_syntax: str  # for --help and errors
+    default_sizes: tuple[str, ...]
+    error_unit: str
+    quick_cases: frozenset[str]  # the check cases `run` uses (each shape compiles anew)
+    quick_sizes: tuple[str, ...]  # the sizes `run` times
+
+    def parse_size(self, text: str) -> Size:
+        raise NotImplementedError
+
+    def work(self, size: Size) -> float:
+        """Units of work, to extrapolate run time from a smaller size."""
+        raise NotImplementedError
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        raise NotImplementedError
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        raise NotImplementedError
+
+    def expected(self, case: Case) -> Any:
+        raise NotImplementedError
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        raise NotImplementedError
+
+    def backends(self) -> list[str]:
+        return registry.backends_for(self.registry_op)
+
+    def prepare_backend(self, backend: str, case: Case) -> Prepared:
+        """The public op on ``backend``: jitted with device-resident inputs for JAX backends,
+        called eagerly on host arrays for host backends."""
+        public = getattr(asickernels, self.name)
+        function: Callable[..., Any] = functools.partial(public, backend=backend, **case.static)
+        arrays: tuple[Any, ...] = case.arrays
+        if registry.backend(backend).array_kind == "jax":
+            function = jax.jit(function)
+            arrays = tuple(jax.device_put(a) for a in arrays)
+        return Prepared(lambda: function(*arrays), _to_numpy)
+
+
+# -- boxes ---------------------------------------------------------------------------------
+
+
+def random_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], extent: float = 1024.0
+) -> np.ndarray:
+    """``shape + (4,)`` float32 boxes with corners in ``[0, extent)`` and sides up to a quarter
+    of it."""
+    corner = rng.uniform(0.0, extent, (*shape, 2))
+    side = rng.uniform(1.0, extent / 4, (*shape, 2))
+    return np.concatenate([corner, corner + side], axis=-1).astype(np.float32)
+
+
+def jittered(rng: np.random.Generator, boxes: np.ndarray, amount: float = 0.2) -> np.ndarray:
+    """Boxes moved by up to ``amount`` of their size: predictions near their targets."""
+    wh = np.concatenate([boxes[..., 2:] - boxes[..., :2]] * 2, axis=-1)
+    return (boxes + rng.uniform(-amount, amount, boxes.shape) * wh).astype(boxes.dtype)
+
+
+def grid_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], span: int, side: int
+) -> np.ndarray:
+    """Integer-coordinate float32 boxes: exact areas in float32 and float64 alike, so an IoU
+    compared with a threshold decides the same way in a kernel and in the reference."""
+    corner = rng.integers(0, span, (*shape, 2))
+    extent = rng.integers(0, side, (*shape, 2))
+    return np.concatenate([corner, corner + extent], axis=-1).astype(np.float32)
+
+
+_EDGE_PAIRS = {
+    "identical": ([0, 0, 4, 4], [0, 0, 4, 4]),
+    "disjoint": ([0, 0, 4, 4], [10, 10, 12, 12]),
+    "touching": ([0, 0, 4, 4], [4, 0, 8, 4]),
+    "nested": ([0, 0, 4, 4], [1, 1, 2, 2]),
+    "zero_area": ([1, 1, 1, 1], [1, 1, 1, 1]),
+    "line": ([0, 1, 4, 1], [0, 0, 4, 4]),
+    "far_apart": ([0, 0, 1, 1], [5e3, 5e3, 5e3 + 1, 5e3 + 1]),
+    "large_coordinates": ([1e4, 1e4, 2e4, 2e4], [1.25e4, 1.25e4, 2.25e4, 2.25e4]),
+    "tiny": ([0, 0, 4e-3, 4e-3], [5e-4, 5e-4, 4.5e-3, 4.5e-3]),
+}
+
+
+def _pairs_size(text: str) -> Size:
+    match = re.fullmatch(r"(\d+)(?:x(\d+))?", text)
+    if not match or int(match[1]) < 1 or int(match[2] or 1) < 1:
+        raise ValueError(f"expected P or AxB pairs (e.g. 1024x256), got {text!r}")
+    shape = (int(match[1]), int(match[2])) if match[2] else (int(match[1]),)
+    return Size("x".join(map(str, shape)) + " pairs", {"shape": list(shape)})
+
+
+def _giou_check_arrays(rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    cases = []
+    for n in (1, 7, 130, 257):
+        boxes = random_boxes(rng, (n,))
+        cases.append((f"random_{n}", boxes, jittered(rng, boxes)))
+    batch = random_boxes(rng, (3, 5, 7))
+    cases.append(("batch_3x5x7", batch, random_boxes(rng, (3, 5, 7))))
+    first = np.array([pair[0] for pair in _EDGE_PAIRS.values()], np.float32)
+    second = np.array([pair[1] for pair in _EDGE_PAIRS.values()], np.float32)
+    cases.append(("edge_pairs", first, second))
+    return cases
+
+
+class GiouOp(Op):
+    name = "giou"
+    registry_op = "giou"
+    size_syntax = "P or AxB box pairs"
+    default_sizes: tuple[str, ...] = ("64x64", "1024x256")
+    error_unit = "abs"
+    quick_cases = frozenset({"random_130", "edge_pairs"})
+    quick_sizes = default_sizes
+    tolerance = 2e-5
+
+    def parse_size(self, text: str) -> Size:
+        return _pairs_size(text)
+
+    def work(self, size: Size) -> float:
+        return float(math.prod(size.params["shape"]))
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        boxes = random_boxes(rng, tuple(size.params["shape"]))
+        return Case(size.label, (boxes, jittered(rng, boxes)))
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        cases = [Case(name, (a, b)) for name, a, b in _giou_check_arrays(rng)]
+        boxes = random_boxes(rng, (130,))
+        bf16 = ml_dtypes.bfloat16
+        cases.append(Case("bfloat16_130", (boxes.astype(bf16), jittered(rng, boxes).astype(bf16))))
+        return cases
+
+    def expected(self, case: Case) -> Any:
+        return reference.giou(*case.arrays)
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        error = float(np.max(np.abs(got - expected), initial=0.0))
+        return Comparison(error, self.tolerance, bool(error <= self.tolerance))
+
+
+class GiouVjpOp(Op):
+    """The GIOU backward pass: gradients of ``sum(cotangent * giou)``."""
+
+    name = "giou_vjp"
+    registry_op = "giou"
+    size_syntax = GiouOp.size_syntax
+    default_sizes = GiouOp.default_sizes
+    error_unit = "abs"
+    quick_cases = GiouOp.quick_cases
+    quick_sizes = default_sizes
+    rtol, atol = 2e-4, 2e-5
+
+    def parse_size(self, text: str) -> Size:
+        return _pairs_size(text)
+
+    def work(self, size: Size) -> float:
+        return float(math.prod(size.params["shape"]))
+
+    def backends(self) -> list[str]:
+        # JAX backends are differentiated through their forward kernel; host backends need
+        # a registered giou_vjp kernel.
+        with_vjp = set(registry.backends_for("giou_vjp"))
+        return [
+            name
+            for name in registry.backends_for("giou")
+            if name in with_vjp or registry.backend(name).array_kind == "jax"
+        ]
+
+    def _with_cotangent(
+        self, name: str, a: np.ndarray, b: np.ndarray, rng: np.random.Generator
+    ) -> Case:
+        cotangent = rng.normal(size=a.shape[:-1]).astype(np.float32)
+        return Case(name, (a, b, cotangent))
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        boxes = random_boxes(rng, tuple(size.params["shape"]))
+        return self._with_cotangent(size.label, boxes, jittered(rng, boxes), rng)
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        return [self._with_cotangent(n, a, b, rng) for n, a, b in _giou_check_arrays(rng)]
+
+    def expected(self, case: Case) -> Any:
+        return reference.giou_vjp(*case.arrays)
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        # np.allclose's rule as one number: |got - want| / (atol + rtol |want|) <= 1 passes.
+        error = max(
+            float(np.max(np.abs(g - w) / (self.atol + self.rtol * np.abs(w)), initial=0.0))
+            for g, w in zip(got, expected, strict=True)
+        )
+        return Comparison(error, 1.0, error <= 1.0)
+
+
+# -- NMS -----------------------------------------------------------------------------------
+
+
+def seed_style_boxes(
+    rng: np.random.Generator, n: int, image: int = 1024
+) -> tuple[np.ndarray, np.ndarray]:
+    """The NMS article's workload: integer boxes with sides 1..image-1 clipped to the image,
+    uniform scores (float32; integer coordinates keep IoU decisions exact)."""
+    sides = rng.integers(1, image, (n, 2))
+    corner = rng.integers(0, image - 1, (n, 2))
+    boxes = np.concatenate([corner, np.clip(corner + sides, 0, image - 1)], axis=1)
+    return boxes.astype(np.float32), rng.uniform(0.0, 1.0, n).astype(np.float32)
+
+
+def _tied_scores(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.integers(0, 8, shape) / 8).astype(np.float32)  # many ties, decided by index
+
+
+class NmsOp(Op):
+    name = "nms"
+    registry_op = "nms"
+    size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
+    default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
+    error_unit = "mismatches"
+    quick_cases = frozenset({"ragged_130_ties_iou0.5", "nan_inf_scores", "iou_equals_threshold"})
+    quick_sizes = default_sizes
+    categories = 0  # batched_nms draws this many categories
+
+    def parse_size(self, text: str) -> Size:
+        match = re.fullmatch(r"(\d+)(?::(\d+)(?::([0-9.]+))?)?", text)
+        threshold = float(match[3]) if match and match[3] else 0.1
+        if not match or int(match[1]) < 1 or not 0.0 <= threshold <= 1.0:
+            raise ValueError(
+                f"expected N[:max_output[:iou_threshold]] (e.g. 4096:128:0.1), got {text!r}"
+            )
+        n, max_output = int(match[1]), int(match[2] or 128)
+        label = f"N={n} out={max_output} iou>{threshold:g}"
+        return Size(label, {"n": n, "max_output_size": max_output, "iou_threshold": threshold})
+
+    def work(self, size: Size) -> float:
+        return float(size.params["n"] * max(size.params["max_output_size"], 1))
+
+    def _case(
+        self,
+        name: str,
+        boxes: np.ndarray,
+        scores: np.ndarray,
+        rng: np.random.Generator,
+        iou_threshold: float,
+        max_output_size: int,
+        score_threshold: float | None = None,
+    ) -> Case:
+        arrays: tuple[np.ndarray, ...] = (boxes, scores)
+        if self.categories:
+            arrays += (rng.integers(0, self.categories, scores.shape).astype(np.int32),)
+        static = {
+            "iou_threshold": iou_threshold,
+            "max_output_size": max_output_size,
+            "score_threshold": score_threshold,
+        }
+        return Case(name, arrays, static)
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        boxes, scores = seed_style_boxes(rng, size.params["n"])
+        return self._case(
+            size.label,
+            boxes,
+            scores,
+            rng,
+            size.params["iou_threshold"],
+            size.params["max_output_size"],
+        )
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        # Few cases, each a different rule: every distinct shape compiles anew (~1 s each).
+        def grid(shape: tuple[int, ...]) -> np.ndarray:
+            return grid_boxes(rng, shape, span=40, side=16)
+
+        cases = [
+            self._case(
+                "ragged_130_ties_iou0.5", grid((130,)), _tied_scores(rng, (130,)), rng, 0.5, 16
+            ),
+            self._case("ragged_257_iou0", grid((257,)), _tied_scores(rng, (257,)), rng, 0.0, 16),
+            self._case(
+                "n7_iou1_max_output_over_n", grid((7,)), _tied_scores(rng, (7,)), rng, 1.0, 16
+            ),
+            self._case(
+                "batch_2x3x57", grid((2, 3, 57)), _tied_scores(rng, (2, 3, 57)), rng, 0.4, 12
+            ),
+        ]
+        scores = _tied_scores(rng, (40,))
+        scores[::5], scores[1], scores[2] = np.nan, np.inf, -np.inf
+        cases.append(self._case("nan_inf_scores", grid((40,)), scores, rng, 0.3, 40))
+        boxes = grid((20,))
+        boxes[3], boxes[7, 2] = np.nan, np.inf
+        cases.append(self._case("non_finite_boxes", boxes, _tied_scores(rng, (20,)), rng, 0.2, 20))
+        scores = _tied_scores(rng, (130,))
+        cases.append(self._case("score_threshold", grid((130,)), scores, rng, 0.5, 64, 0.5))
+        half = np.array([[0, 0, 4, 2], [0, 0, 4, 1]], np.float32)  # IoU exactly 0.5: kept
+        cases.append(
+            self._case("iou_equals_threshold", half, np.array([0.9, 0.8], np.float32), rng, 0.5, 2)
+        )
+        return cases
+
+    def expected(self, case: Case) -> Any:
+        boxes, scores = case.arrays[0], case.arrays[1]
+        categories = case.arrays[2] if len(case.arrays) > 2 else None
+        batch_shape, n = scores.shape[:-1], scores.shape[-1]
+        batch = math.prod(batch_shape)
+        score_threshold = case.static["score_threshold"]
+        indices, num_valid = reference.nms(
+            boxes.reshape(batch, n, 4),
+            scores.reshape(batch, n),
+            None if categories is None else categories.reshape(batch, n),
+            iou_threshold=case.static["iou_threshold"],
+            max_output_size=case.static["max_output_size"],
+            score_threshold=-math.inf if score_threshold is None else score_threshold,
+        )
+        return indices.reshape((*batch_shape, -1)), num_valid.reshape(batch_shape)
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        mismatches = sum(
+            int(np.sum(np.asarray(g).reshape(w.shape) != w)) if np.size(g) == w.size else w.size + 1
+            for g, w in zip(got, expected, strict=True)
+        )
+        return Comparison(float(mismatches), 0.0, mismatches == 0)
+
+
+class BatchedNmsOp(NmsOp):
+    """Per-category NMS (``torchvision.ops.batched_nms``), 16 categories."""
+
+    name = "batched_nms"
+    default_sizes: tuple[str, ...] = ("256", "1024")
+    quick_sizes = ("1024",)
+    categories = 16
+
+
+# -- int8 matmul ---------------------------------------------------------------------------
+
+# Beyond this many multiply-adds the whole-output float64 check costs more than the kernel:
+# compare a sample of rows instead (every element of those rows, exactly).
+_FULL_CHECK_MACS = 2048**3
+_SAMPLED_ROWS = 128
+
+
+class Int8MatmulOp(Op):
+    name = "int8_matmul"
+    registry_op = "int8_matmul"
+    size_syntax = "S (S x S x S) or MxKxN"
+    default_sizes: tuple[str, ...] = ("256", "512", "1024", "2048", "4096", "8192")
+    error_unit = "abs (int32) / rel (scaled)"
+    quick_cases = frozenset({"7x130x257", "scaled_rows_cols"})
+    quick_sizes = default_sizes[:4]
+    scaled_rtol = 1e-6
+
+    def parse_size(self, text: str) -> Size:
+        match = re.fullmatch(r"(\d+)(?:x(\d+)x(\d+))?", text)
+        if not match:
+            raise ValueError(f"expected S or MxKxN (e.g. 1024 or 512x4096x256), got {text!r}")
+        m, k, n = (
+            (int(match[1]),) * 3 if not match[2] else (int(match[1]), int(match[2]), int(match[3]))
+        )
+        if min(m, k, n) < 1 or k > asickernels.INT8_MATMUL_MAX_K:
+            raise ValueError(
+                f"M, K, N must be >= 1 and K <= {asickernels.INT8_MATMUL_MAX_K}, got {text!r}"
+            )
+        label = f"{m}^3" if m == k == n else f"{m}x{k}x{n}"
+        return Size(label, {"m": m, "k": k, "n": n})
+
+    def work(self, size: Size) -> float:
+        return float(size.params["m"] * size.params["k"] * size.params["n"])
+
+    @staticmethod
+    def _int8(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+        return rng.integers(-128, 128, shape, dtype=np.int8)
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        m, k, n = size.params["m"], size.params["k"], size.params["n"]
+        return Case(size.label, (self._int8(rng, (m, k)), self._int8(rng, (k, n))))
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        cases = [
+            Case(f"{m}x{k}x{n}", (self._int8(rng, (m, k)), self._int8(rng, (k, n))))
+            for m, k, n in ((1, 1, 1), (7, 130, 257), (130, 257, 7), (257, 7, 130))
+        ]
+        extreme = np.full((9, 4100), -128, np.int8)  # the largest products, summed
+        cases.append(Case("all_minus_128_k4100", (extreme, extreme.T.copy())))
+        x, y = self._int8(rng, (33, 300)), self._int8(rng, (300, 65))
+        rows = rng.uniform(0.001, 0.1, 33).astype(np.float32)
+        cols = rng.uniform(0.001, 0.1, 65).astype(np.float32)
+        cases.append(Case("scaled_rows_cols", (x, y), {"x_scale": rows, "y_scale": cols}))
+        return cases
+
+    def expected(self, case: Case) -> Any:
+        x, y = case.arrays
+        rows = None
+        if x.shape[0] * x.shape[1] * y.shape[1] > _FULL_CHECK_MACS:
+            rows = np.unique(np.random.default_rng(0).integers(0, x.shape[0], _SAMPLED_ROWS))
+            x = x[rows]
+        # float64 BLAS is exact here: |sum| <= K * 2**14 < 2**53.
+        exact = x.astype(np.float64) @ y.astype(np.float64)
+        x_scale, y_scale = case.static.get("x_scale"), case.static.get("y_scale")
+        if x_scale is not None:
+            exact = (
+                exact * np.asarray(x_scale, np.float64)[:, None] * np.asarray(y_scale, np.float64)
+            )
+        return rows, exact
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        rows, want = expected
+        sample = got if rows is None else got[rows]
+        checked = "all" if rows is None else f"{len(rows)} sampled rows of {got.shape[0]}"
+        if np.issubdtype(sample.dtype, np.integer):
+            error = float(np.max(np.abs(sample.astype(np.float64) - want), initial=0.0))
+            return Comparison(error, 0.0, error == 0.0, checked)
+        relative = np.abs(sample.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30)
+        error = float(np.max(relative, initial=0.0))
+        return Comparison(error, self.scaled_rtol, error <= self.scaled_rtol, checked)
+
+
+OPS: dict[str, Op] = {
+    op.name: op for op in (GiouOp(), GiouVjpOp(), NmsOp(), BatchedNmsOp(), Int8MatmulOp())
+}

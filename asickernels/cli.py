@@ -1,0 +1,402 @@
+"""The ``asickernels`` command (also ``python -m asickernels``).
+
+``info``, ``check``, ``bench`` and ``run`` live here; other modules add commands through
+``register_cli(subparsers)`` (listed in :data:`PLUGINS`, imported only when used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asickernels
+from asickernels.benchmarking import harness, report
+from asickernels.benchmarking.harness import BenchRow, BenchSettings, CheckRow
+from asickernels.benchmarking.progress import Progress
+from asickernels.benchmarking.workloads import OPS, Size
+
+# Commands other modules provide: name -> (module with register_cli, one-line help).
+PLUGINS: dict[str, tuple[str, str]] = {
+    "compile": (
+        "asickernels.simulate.tpu_compile",
+        "compile every Pallas kernel for real TPU generations with libtpu (no TPU needed)",
+    ),
+    "estimate": (
+        "asickernels.simulate.tpu_cost",
+        "estimate TPU kernel times from the compiler's schedule (estimates, not measurements)",
+    ),
+    "spmd-plan": (
+        "asickernels.backends.xla_spmd.plan",
+        "compile sharded programs for TPU pod slices: inserted collectives, per-device memory",
+    ),
+}
+
+# `run` is the main job: it must finish in a few minutes on a 2-core machine.
+BENCH_DEFAULTS = {"repeats": 20, "warmup": 1, "budget": 2.0, "max_call_seconds": 10.0}
+RUN_DEFAULTS = {"repeats": 5, "warmup": 1, "budget": 0.3, "max_call_seconds": 0.5}
+
+
+class PluginUnavailableError(RuntimeError):
+    """A plug-in command's module is missing or broken."""
+
+
+class UsageError(ValueError):
+    """Arguments that parse one by one but do not fit together."""
+
+
+# -- argument types ------------------------------------------------------------------------
+
+
+def _name_list(choices: Callable[[], Sequence[str]], what: str) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in choices()]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(unknown) or repr(text)}; choose from {', '.join(choices())}"
+            )
+        return names
+
+    return parse
+
+
+def _size_spec(text: str) -> tuple[str, list[Size]]:
+    op, separator, specs = text.partition("=")
+    if not separator or op not in OPS:
+        raise argparse.ArgumentTypeError(
+            f"expected OP=SIZE[,SIZE...] with OP one of {', '.join(OPS)}, got {text!r}"
+        )
+    try:
+        return op, [OPS[op].parse_size(spec.strip()) for spec in specs.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{op}: {error}") from None
+
+
+def _number(kind: type, low: float, *, strict: bool = False) -> Callable[[str], Any]:
+    """A ``kind`` number >= ``low`` (> ``low`` if ``strict``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    return parse
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def _info(args: argparse.Namespace) -> int:
+    described = report.machine()
+    versions = report.versions()
+    print(
+        f"asickernels {versions['asickernels']}  python {described['python']}  jax {versions['jax']}  "
+        f"numpy {versions['numpy']}"
+    )
+    print(
+        f"machine: {described['cpu_model']}, {described['cores']} cores; JAX platform "
+        f"{described['jax_backend']} ({', '.join(described['devices'])})"
+    )
+    print()
+    lines, hints = [], []
+    for name in harness.implementation_names():
+        status = harness.availability_of(name)
+        lines.append(
+            [
+                name,
+                harness.role_of(name),
+                status.mode,
+                ",".join(harness.ops_of(name)),
+                status.detail,
+            ]
+        )
+        if status.install_hint:
+            hints.append(f"  {name}: {status.install_hint}")
+    print(report.text_table(("backend", "role", "runs here", "ops", "detail"), lines))
+    if hints:
+        print("\nTo install or enable:\n" + "\n".join(hints))
+    print()
+    plugin_lines = [
+        [name, module, _plugin_state(module), text] for name, (module, text) in PLUGINS.items()
+    ]
+    print(report.text_table(("command", "module", "state", "what it does"), plugin_lines))
+    return 0
+
+
+def _plugin_state(module: str) -> str:
+    try:
+        return "available" if importlib.util.find_spec(module) is not None else "not installed"
+    except ImportError:
+        return "not installed"
+
+
+def _selection(args: argparse.Namespace) -> tuple[list[str], frozenset[str] | None]:
+    ops = args.ops or list(OPS)
+    return ops, frozenset(args.backends) if args.backends else None
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    return Progress(enabled=not args.quiet)
+
+
+def _run_check(args: argparse.Namespace) -> tuple[list[CheckRow], bool]:
+    ops, selected = _selection(args)
+    progress = _progress(args)
+    try:
+        rows = harness.check(ops, selected, seed=args.seed, quick=args.quick, progress=progress)
+    finally:
+        progress.close()
+    print(report.text_table(report.CHECK_HEADERS, report.check_table(rows)))
+    _print_missing(rows)
+    bad = [row for row in rows if row.status in ("fail", "error")]
+    ran = [row for row in rows if row.status != "missing"]
+    print(
+        f"\ncheck: {len(ran) - len(bad)}/{len(ran)} runs match the float64 reference"
+        + (f"; {len(bad)} FAILED" if bad else "")
+    )
+    return rows, not bad
+
+
+def _print_missing(rows: Sequence[BenchRow | CheckRow]) -> None:
+    missing = report.missing_lines(rows)
+    if missing:
+        print("\nNot run (cannot run here):\n" + "\n".join(f"  {line}" for line in missing))
+
+
+def _bench_settings(args: argparse.Namespace) -> BenchSettings:
+    ops, selected = _selection(args)
+    chosen = dict(args.size or [])
+    stray = sorted(set(chosen) - set(ops))
+    if stray:
+        raise UsageError(f"--size given for {', '.join(stray)}, which --ops leaves out")
+    defaults = {op: OPS[op].quick_sizes if args.quick else OPS[op].default_sizes for op in ops}
+    sizes = {op: chosen.get(op) or [OPS[op].parse_size(s) for s in defaults[op]] for op in ops}
+    return BenchSettings(
+        sizes=sizes,
+        selected=selected,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        min_repeats=min(3, args.repeats),
+        budget_s=args.budget,
+        max_call_s=args.max_call_seconds,
+        force=args.force,
+        seed=args.seed,
+    )
+
+
+def _run_bench(args: argparse.Namespace, settings: BenchSettings) -> tuple[list[BenchRow], bool]:
+    progress = _progress(args)
+    try:
+        rows = harness.bench(settings, progress)
+    finally:
+        progress.close()
+    print(report.text_table(report.BENCH_HEADERS, report.bench_table(rows)))
+    print("\n" + report.BENCH_LEGEND)
+    _print_missing(rows)
+    bad = [row for row in rows if row.status in ("fail", "error")]
+    if bad:
+        print(f"bench: {len(bad)} rows FAILED or raised (see result and notes)")
+    if args.plot:
+        report.plot(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    return rows, not bad
+
+
+def _write_json(args: argparse.Namespace, **parts: Any) -> None:
+    if args.json:
+        doc = report.document(args.command_line, **parts)
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=1)
+            handle.write("\n")
+        print(f"results written to {args.json}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    rows, ok = _run_check(args)
+    _write_json(args, checks=rows)
+    return 0 if ok else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    settings = _bench_settings(args)
+    rows, ok = _run_bench(args, settings)
+    _write_json(args, results=rows, settings=settings)
+    return 0 if ok else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _bench_settings(args)
+    print("== check: every op on every backend against the float64 reference ==\n")
+    checks, checks_ok = _run_check(args)
+    print("\n== bench: quick timings (`asickernels bench` for the full run) ==\n")
+    results, bench_ok = _run_bench(args, settings)
+    _write_json(args, checks=checks, results=results, settings=settings)
+    return 0 if checks_ok and bench_ok else 1
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def _add_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ops",
+        type=_name_list(lambda: list(OPS), "op"),
+        metavar="OP[,OP...]",
+        help=f"ops to run (default: all: {', '.join(OPS)})",
+    )
+    parser.add_argument(
+        "--backends",
+        type=_name_list(harness.implementation_names, "backend"),
+        metavar="NAME[,NAME...]",
+        help="backends and peers to run (default: all; `asickernels info` lists them)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the results as JSON (schema: asickernels.benchmarking.schema)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
+def _add_timing(parser: argparse.ArgumentParser, defaults: dict[str, float]) -> None:
+    sizes = "; ".join(
+        f"{op}: {o.size_syntax}, default {','.join(o.default_sizes)}" for op, o in OPS.items()
+    )
+    parser.add_argument(
+        "--size",
+        action="append",
+        type=_size_spec,
+        metavar="OP=SIZE[,SIZE...]",
+        help=f"sizes of one op (repeatable). {sizes}",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_number(int, 1),
+        default=defaults["repeats"],
+        help="timed calls per row, at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_number(int, 0),
+        default=defaults["warmup"],
+        help="untimed calls after the first, compiling one (default %(default)s)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=_number(float, 0, strict=True),
+        default=defaults["budget"],
+        metavar="SECONDS",
+        help="time for one row's timed calls; fewer repeats when slow, never fewer than 3 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-call-seconds",
+        type=_number(float, 0, strict=True),
+        default=defaults["max_call_seconds"],
+        metavar="SECONDS",
+        help="skip a size whose per-call time, extrapolated from a smaller size, exceeds this (default %(default)s)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="run every size, however long it takes"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH", help="also draw the timings as a PNG (matplotlib)"
+    )
+
+
+def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
+    """The command-line parser; ``plugin`` names the plug-in command to load for real (the
+    others are listed with their help line only)."""
+    parser = argparse.ArgumentParser(
+        prog="asickernels",
+        description="GIOU, NMS and int8 matmul kernels for TPUs and AWS Neuron: check them, time them.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"asickernels {asickernels.__version__}"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    commands.add_parser(
+        "info", help="platform, devices, and how each backend runs here"
+    ).set_defaults(handler=_info)
+    check = commands.add_parser(
+        "check",
+        help="every op on every backend against the float64 reference (exit 1 on any failure)",
+    )
+    _add_selection(check)
+    check.add_argument(
+        "--quick", action="store_true", help="only a few cases per op (the ones `run` uses)"
+    )
+    check.set_defaults(handler=_check)
+    for name, text, handler, defaults, quick in (
+        (
+            "bench",
+            "check, then time every op on every backend and peer",
+            _bench,
+            BENCH_DEFAULTS,
+            False,
+        ),
+        (
+            "run",
+            "the main job: quick check, then quick bench (a few minutes)",
+            _run,
+            RUN_DEFAULTS,
+            True,
+        ),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        _add_selection(sub)
+        _add_timing(sub, defaults)
+        sub.set_defaults(handler=handler, quick=quick)
+
+    for name, (module, text) in PLUGINS.items():
+        if name != plugin:
+            commands.add_parser(name, help=text, add_help=False)
+            continue
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError as error:
+            raise PluginUnavailableError(
+                f"this command is not available: {module} does not import ({error})"
+            ) from None
+        if not hasattr(loaded, "register_cli"):
+            raise PluginUnavailableError(
+                f"this command is not available: {module} has no register_cli"
+            )
+        loaded.register_cli(commands)
+        if name not in commands.choices:
+            raise PluginUnavailableError(f"{module}.register_cli did not add the {name!r} command")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # libtpu: do not query a cloud metadata server
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    try:
+        parser = build_parser(command if command in PLUGINS else None)
+    except PluginUnavailableError as error:
+        print(f"asickernels {command}: {error}", file=sys.stderr)
+        return 2
+    try:
+        args = parser.parse_args(argv)
+        args.command_line = shlex.join(["asickernels", *argv])
+        return int(args.handler(args))
+    except SystemExit as stop:  # argparse: --help, --version, usage errors
+        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
+    except UsageError as error:
+        parser.print_usage(sys.stderr)
+        print(f"asickernels: error: {error}", file=sys.stderr)
+        return 2

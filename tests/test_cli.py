@@ -1,0 +1,511 @@
+"""The `asickernels` command and the benchmarking harness behind it: argument errors,
+plug-in commands, `info`, `check` exit codes, a tiny bench with its JSON and plot, and
+BENCHMARKS.md rendering."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import io
+import json
+import pathlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from asickernels import cli, reference
+from asickernels.benchmarking import device, harness, markdown, peers, schema, workloads
+from asickernels.benchmarking.progress import Progress, render_bar
+from asickernels.benchmarking.timing import Timing
+from asickernels.kernels import registry
+from asickernels.kernels.registry import Availability, Backend
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- argument errors and plug-ins ----------------------------------------------------------
+
+
+def test_help_lists_every_command_including_plugins(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for command in ("info", "check", "bench", "run", *cli.PLUGINS):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "required"),
+        (["bench", "--ops", "giou,nope"], "unknown op nope"),
+        (["check", "--backends", "nonsense"], "unknown backend nonsense"),
+        (["bench", "--size", "nms=abc"], "nms: expected N"),
+        (["bench", "--size", "giou=0x3"], "giou: expected P or AxB"),
+        (["bench", "--size", "int8_matmul=8x999999x8"], "K <="),
+        (["bench", "--size", "nothing=3"], "expected OP=SIZE"),
+        (["bench", "--repeats", "0"], "must be >= 1"),
+        (["run", "--budget", "-1"], "must be > 0"),
+        (["bench", "--ops", "giou", "--size", "nms=64"], "--ops leaves out"),
+    ],
+)
+def test_argument_errors_exit_2_with_a_message(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_missing_plugin_module_exits_2_and_stays_listed(capsys, monkeypatch):
+    monkeypatch.setitem(cli.PLUGINS, "ghost", ("asickernels.no_such_module", "a future command"))
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "ghost" in out and "a future command" in out
+    code, _, err = run(capsys, "ghost", "--flag")
+    assert code == 2
+    assert "asickernels.no_such_module does not import" in err
+
+
+def test_plugin_is_imported_only_when_used_and_runs_its_handler(capsys, monkeypatch):
+    module = types.ModuleType("fake_plugin")
+
+    def register_cli(subparsers):
+        parser = subparsers.add_parser("ghost", help="a test command")
+        parser.add_argument("--value", type=int, required=True)
+        parser.set_defaults(handler=lambda args: args.value)
+
+    module.register_cli = register_cli
+    monkeypatch.setitem(sys.modules, "fake_plugin", module)
+    monkeypatch.setitem(cli.PLUGINS, "ghost", ("fake_plugin", "a test command"))
+    assert run(capsys, "ghost", "--value", "7")[0] == 7
+    assert run(capsys, "ghost")[0] == 2  # its own argument error
+
+    del module.register_cli
+    code, _, err = run(capsys, "ghost")
+    assert code == 2 and "has no register_cli" in err
+
+
+# -- info ----------------------------------------------------------------------------------
+
+
+def test_info_lists_every_backend_and_peer_with_its_mode(capsys):
+    code, out, _ = run(capsys, "info")
+    assert code == 0
+    for name in harness.implementation_names():
+        status = harness.availability_of(name)
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert status.mode in line
+    assert "cores" in out and "compile" in out
+
+
+# -- check exit codes (a planted backend) --------------------------------------------------
+
+
+def _off_by_one_matmul(x, y, *, x_scale, y_scale, out_dtype, config=None):
+    return reference.int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype) + 1
+
+
+def _raising_matmul(x, y, **kwargs):
+    raise RuntimeError("kernel exploded")
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """Registers test backends in a copy of the registry, restored afterwards."""
+    for table in ("_BACKENDS", "_IMPLEMENTATIONS", "_LOADED", "_AVAILABILITY"):
+        monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
+
+    def plant(name, target, counters=None):
+        probe = lambda: Availability("native", "planted by a test")  # noqa: E731
+        registry.register_backend(Backend(name, "numpy", probe, "test backend", counters=counters))
+        registry.register("int8_matmul", name, target)
+
+    return plant
+
+
+@pytest.mark.parametrize(
+    ("target", "status", "shown"),
+    [
+        (f"{__name__}:_off_by_one_matmul", "fail", "FAIL"),
+        (f"{__name__}:_raising_matmul", "error", "kernel exploded"),
+        ("asickernels.backends.not_landed_yet:int8_matmul", "error", "ModuleNotFoundError"),
+    ],
+)
+def test_check_exits_1_when_a_backend_is_wrong_or_raises(
+    capsys, planted, tmp_path, target, status, shown
+):
+    planted("planted", target)
+    path = tmp_path / "check.json"
+    code, out, _ = run(
+        capsys,
+        "check",
+        "--ops",
+        "int8_matmul",
+        "--backends",
+        "planted",
+        "--quiet",
+        "--json",
+        str(path),
+    )
+    assert code == 1
+    assert shown in out
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    assert {row["status"] for row in document["checks"]} == {status}
+
+
+def test_check_exits_0_when_every_backend_matches(capsys, planted):
+    planted("planted", "asickernels.reference:int8_matmul")
+    code, out, _ = run(
+        capsys, "check", "--ops", "int8_matmul", "--backends", "planted,reference", "--quiet"
+    )
+    cases = workloads.OPS["int8_matmul"].check_cases(np.random.default_rng(0))
+    assert code == 0
+    assert f"{len(cases)}/{len(cases)} runs match" in out  # every case, on planted only
+    assert "FAIL" not in out
+
+
+def test_missing_backend_is_listed_not_failed(capsys, planted, monkeypatch):
+    planted("absent", "asickernels.reference:int8_matmul")
+    monkeypatch.setitem(
+        registry._AVAILABILITY, "absent", Availability("missing", "no such device", "buy one")
+    )
+    code, out, _ = run(capsys, "check", "--ops", "int8_matmul", "--backends", "absent", "--quiet")
+    assert code == 0
+    assert "absent (int8_matmul): no such device (install: buy one)" in out
+
+
+# -- bench ---------------------------------------------------------------------------------
+
+
+def test_tiny_bench_writes_schema_json_and_a_plot(capsys, tmp_path):
+    path, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "--ops",
+        "giou,nms",
+        "--backends",
+        "reference,xla,numpy",
+        "--size",
+        "giou=8x8",
+        "--size",
+        "nms=64:8",
+        "--repeats",
+        "2",
+        "--budget",
+        "0.01",
+        "--quiet",
+        "--json",
+        str(path),
+        "--plot",
+        str(png),
+    )
+    assert code == 0, out
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    assert document["command"].startswith("asickernels bench --ops giou,nms")
+    rows = {(r["op"], r["implementation"]): r for r in document["results"]}
+    assert set(rows) == {
+        ("giou", "reference"),
+        ("giou", "xla"),
+        ("nms", "reference"),
+        ("nms", "xla"),
+        ("nms", "numpy"),
+    }
+    for row in rows.values():
+        assert row["status"] == "ok" and row["timing"]["repeats"] >= 2
+        assert row["max_error"] <= row["tolerance"]
+    peer_ratios = [
+        r["ratio_to_fastest_peer"]
+        for (op, _), r in rows.items()
+        if op == "nms" and r["role"] == "peer"
+    ]
+    assert min(peer_ratios) == pytest.approx(1.0)
+    assert rows[("nms", "reference")]["role"] == "reference"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "vs fastest peer" in out
+
+
+def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted, tmp_path):
+    planted("counted", "asickernels.reference:int8_matmul", counters=lambda: {"instructions": 12.0})
+    path = tmp_path / "bench.json"
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "--ops",
+        "int8_matmul",
+        "--backends",
+        "counted",
+        "--size",
+        "int8_matmul=4,128",
+        "--max-call-seconds",
+        "1e-9",
+        "--repeats",
+        "2",
+        "--quiet",
+        "--json",
+        str(path),
+    )
+    assert code == 0
+    small, large = json.loads(path.read_text())["results"]
+    assert small["status"] == "ok" and small["counters"] == {"instructions": 12.0}
+    assert large["status"] == "skipped" and "--max-call-seconds" in large["detail"]
+    assert "instructions=12" in out
+
+
+def test_failing_bench_row_is_not_timed(planted):
+    planted("planted", f"{__name__}:_off_by_one_matmul")
+    op = workloads.OPS["int8_matmul"]
+    settings = harness.BenchSettings(
+        sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"planted"})
+    )
+    (row,) = harness.bench(settings)
+    assert row.status == "fail" and row.timing is None and row.max_error == 1.0
+
+
+def test_run_checks_then_benches(capsys, planted, tmp_path):
+    planted("planted", "asickernels.reference:int8_matmul")
+    path = tmp_path / "run.json"
+    code, out, _ = run(
+        capsys,
+        "run",
+        "--ops",
+        "int8_matmul",
+        "--backends",
+        "planted",
+        "--size",
+        "int8_matmul=8",
+        "--quiet",
+        "--json",
+        str(path),
+    )
+    assert code == 0
+    assert out.index("== check") < out.index("== bench")
+    document = json.loads(path.read_text())
+    assert document["checks"] and document["results"]
+    assert {row["case"] for row in document["checks"]} == workloads.OPS["int8_matmul"].quick_cases
+
+
+# -- pieces --------------------------------------------------------------------------------
+
+
+def test_schema_rejects_malformed_documents():
+    good = {
+        "schema": schema.SCHEMA,
+        "command": "x",
+        "created": "now",
+        "settings": None,
+        "machine": {
+            "cpu_model": "c",
+            "cores": 2,
+            "platform": "p",
+            "python": "3",
+            "jax_backend": "cpu",
+            "devices": [],
+            "load_average": [],
+        },
+        "versions": {},
+        "checks": [],
+        "results": [],
+    }
+    schema.validate(good)
+    row = {
+        "op": "giou",
+        "size": "s",
+        "params": {},
+        "implementation": "xla",
+        "role": "peer",
+        "mode": "native",
+        "status": "ok",
+        "detail": "",
+        "max_error": 0.0,
+        "tolerance": 0.0,
+        "checked": "all",
+        "timing": None,
+        "ratio_to_fastest_peer": None,
+        "counters": {},
+    }
+    for broken, message in (
+        ({**good, "schema": "other/1"}, "schema"),
+        ({k: v for k, v in good.items() if k != "machine"}, "missing fields"),
+        ({**good, "results": [row]}, "timing must be present"),
+        ({**good, "results": [{**row, "role": "boss"}]}, "role"),
+        ({**good, "results": [{**row, "max_error": "0"}]}, "max_error"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            schema.validate(broken)
+
+
+def test_timing_statistics():
+    timing = Timing.from_samples([4.0, 1.0, 3.0, 2.0, 5.0], first_call_s=9.0)
+    assert (timing.median_s, timing.min_s, timing.max_s, timing.repeats) == (3.0, 1.0, 5.0, 5)
+    assert timing.p10_s == pytest.approx(1.4) and timing.p90_s == pytest.approx(4.6)
+    assert timing.spread == pytest.approx((4.6 - 1.4) / 2 / 3)
+
+
+def test_progress_bar_writes_lines_when_not_a_terminal():
+    stream = io.StringIO()
+    progress = Progress(stream=stream)
+    progress.start(2)
+    progress.step("first")
+    progress.step("second")
+    assert stream.getvalue().splitlines() == [render_bar(0, 2, "first"), render_bar(1, 2, "second")]
+    assert render_bar(1, 2, "x", width=4) == "[##..] 1/2  x"
+    quiet = io.StringIO()
+    Progress(enabled=False, stream=quiet).step("nothing")
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("categories", [False, True])
+def test_numpy_nms_peer_agrees_with_the_reference(categories):
+    rng = np.random.default_rng(5)
+    boxes, scores = workloads.seed_style_boxes(rng, 300)
+    cats = rng.integers(0, 4, 300) if categories else None
+    kept = peers.numpy_nms(boxes, scores, 0.3, 50, cats)
+    want, count = reference.nms(
+        boxes[None],
+        scores[None],
+        None if cats is None else cats[None],
+        iou_threshold=0.3,
+        max_output_size=50,
+        score_threshold=-np.inf,
+    )
+    assert kept == list(want[0, : count[0]])
+
+
+def test_big_int8_outputs_are_checked_on_sampled_rows(monkeypatch):
+    monkeypatch.setattr(workloads, "_FULL_CHECK_MACS", 1000)
+    op = workloads.OPS["int8_matmul"]
+    x, y = np.ones((512, 8), np.int8), np.ones((8, 8), np.int8)
+    rows, want = op.expected(workloads.Case("big", (x, y)))
+    assert rows is not None and 0 < len(rows) < 512 and want.shape == (len(rows), 8)
+    got = np.full((512, 8), 8, np.int32)
+    assert op.compare(got, (rows, want)).passed
+    got[rows[0], 0] = 2
+    comparison = op.compare(got, (rows, want))
+    assert not comparison.passed and "sampled rows" in comparison.checked
+
+
+# -- BENCHMARKS.md -------------------------------------------------------------------------
+
+
+def test_benchmarks_md_is_rendered_from_json_with_extra_sections(capsys, tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    assert (
+        cli.main(
+            [
+                "bench",
+                "--ops",
+                "nms",
+                "--backends",
+                "reference,numpy",
+                "--size",
+                "nms=1024:128:0.1",
+                "--repeats",
+                "2",
+                "--quiet",
+                "--json",
+                str(results / "cpu.json"),
+            ]
+        )
+        == 0
+    )
+    (results / "tpu_estimates.md").write_text(
+        "## TPU estimates\n\n| kernel | v5e |\n| --- | --- |\n| nms | 1 µs |\n"
+    )
+    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    out = tmp_path / "BENCHMARKS.md"
+    assert render.main(["--results", str(results), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| nms | 1 µs |" in text and "## TPU estimates" in text
+    assert "asickernels bench --ops nms" in text and "cores" in text
+    assert "different hardware" in text and "2.99 ms" in text  # the seed's numpy NMS figure
+    # our numpy row sits beside the seed's numpy figure
+    seed_line = next(line for line in text.splitlines() if "numpy NMS" in line)
+    assert "not measured" not in seed_line and "native" in seed_line
+    capsys.readouterr()
+
+
+def test_markdown_reading_compares_ours_with_the_fastest_peer():
+    def row(name, role, median):
+        timing = Timing.from_samples([median], None)
+        return harness.BenchRow("nms", "N=8", {}, name, role, "native", "ok", timing=timing)
+
+    rows = [
+        row("xla", "peer", 2.0),
+        row("numpy", "peer", 4.0),
+        row("fast", "ours", 1.0),
+        row("slow", "ours", 8.0),
+    ]
+    harness._set_ratios(rows)
+    (line,) = markdown._reading(rows)
+    assert (
+        "fastest peer xla 2 s" in line
+        and "fast (native) 2× faster" in line
+        and "slow (native) 4× slower" in line
+    )
+
+
+# -- device timing paths (no device here: a planted timer and a stand-in SDK) --------------
+
+
+def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
+    @dataclasses.dataclass(frozen=True)
+    class DeviceBackend(Backend):
+        device_timer: object = None
+
+    def timer(op, case, warmup, iters):
+        assert op == "int8_matmul" and case.arrays[0].shape == (16, 16)
+        return Timing(2e-6, 1e-6, 1e-6, 3e-6, 4e-6, iters, None, "planted device timer")
+
+    probe = lambda: Availability("native", "a planted device")  # noqa: E731
+    registry.register_backend(DeviceBackend("device", "numpy", probe, "test", device_timer=timer))
+    registry.register("int8_matmul", "device", "asickernels.reference:int8_matmul")
+    op = workloads.OPS["int8_matmul"]
+    settings = harness.BenchSettings(
+        sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"device"}), repeats=7
+    )
+    (row,) = harness.bench(settings)
+    assert row.status == "ok" and row.timing.method == "planted device timer"
+    assert row.timing.repeats == 7 and row.timing.median_s == 2e-6
+
+
+def test_nki_latency_reads_the_sdk_percentiles(monkeypatch):
+    calls = []
+
+    class Latency:
+        def get_latency_percentile(self, p):
+            return {0: 10.0, 10: 11.0, 50: 12.0, 90: 15.0, 100: 20.0}[p]  # microseconds
+
+    def benchmark(warmup, iters):
+        def wrap(kernel):
+            def run(*args):
+                calls.append((warmup, iters, kernel(*args)))
+
+            run.benchmark_result = types.SimpleNamespace(nc_latency=Latency())
+            return run
+
+        return wrap
+
+    sdk = types.ModuleType("neuronxcc")
+    sdk.nki = types.SimpleNamespace(benchmark=benchmark)
+    monkeypatch.setitem(sys.modules, "neuronxcc", sdk)
+    timing = device.nki_latency(lambda a: a + 1, (1,), warmup=2, iters=9)
+    assert calls == [(2, 9, 2)]
+    assert (
+        timing.min_s,
+        timing.p10_s,
+        timing.median_s,
+        timing.p90_s,
+        timing.max_s,
+    ) == pytest.approx((10e-6, 11e-6, 12e-6, 15e-6, 20e-6))
+    assert timing.repeats == 9 and "nki.benchmark" in timing.method
