@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
-.PHONY: run test lint test-main
+.PHONY: run test lint test-main test-torch-xla
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,4 +26,21 @@ lint: $(STAMP)
 test-main: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"
 
-test: lint test-main
+# The second environment: torch_xla 2.9.0 pins torch 2.9.0 and jax 0.7.1 (~7.6 GB).
+TX_VENV := .venv-torch-xla
+TX_PY := $(TX_VENV)/bin/python
+TX_STAMP := $(TX_VENV)/.installed
+
+$(TX_STAMP): requirements-torch-xla.txt pyproject.toml
+	test -x $(TX_PY) || $(PYTHON) -m venv $(TX_VENV)
+	$(TX_PY) -m pip install --quiet --upgrade pip
+	$(TX_PY) -m pip install --quiet -r requirements-torch-xla.txt
+	$(TX_PY) -m pip install --quiet -e . --no-deps
+	touch $(TX_STAMP)
+
+# The PyTorch frontend, the SPMD wrappers and the conformance suite on torch_xla + jax 0.7.1.
+test-torch-xla: $(TX_STAMP)
+	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/test_torch_frontend.py \
+		tests/test_spmd_torch_xla.py tests/test_spmd_jax.py tests/test_conformance.py
+
+test: lint test-main test-torch-xla

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -83,7 +84,12 @@ def interpret_param(mode: InterpretMode) -> Any:
 
         # Two simulated TensorCores (as on v4/v5p megacore chips): "parallel" grid axes are
         # split between them, so a kernel that wrongly claims independence shows up as a race.
-        return pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2)
+        # The option's name changed after jax 0.7 (num_cores_per_device -> num_cores_or_threads).
+        options = inspect.signature(pltpu.InterpretParams).parameters
+        cores = (
+            "num_cores_or_threads" if "num_cores_or_threads" in options else "num_cores_per_device"
+        )
+        return pltpu.InterpretParams(detect_races=True, **{cores: 2})
     return target_generation() is None
 
 
@@ -123,17 +129,38 @@ def compiler_params(semantics: tuple[GridSemantics, ...], vmem_bytes: int) -> An
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
 
 
+def tpu_interpret_traceable() -> bool:
+    """Whether TPU interpret mode works under ``jit``/``vmap``/``grad`` with this JAX: before
+    0.8 its ordered callbacks fail to lower inside transformations (``KeyError:
+    OrderedIOEffect``)."""
+    import jax
+
+    return tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 8)
+
+
 def batchable(kernel_call: Callable[..., Any], mode: InterpretMode) -> Callable[..., Any]:
     """``kernel_call`` (a ``pallas_call``), made safe to ``vmap`` in every mode.
 
     Mosaic and the generic interpreter batch a ``pallas_call`` by adding a grid dimension;
     TPU interpret mode then rejects the grid semantics (one fewer than grid dimensions), so
-    there a vmapped call runs once per batch element instead."""
-    if mode == "tpu_interpret":
-        import jax
+    there a vmapped call runs once per batch element instead. With a JAX too old to trace
+    TPU interpret mode at all, a traced call is refused with the reason."""
+    if mode != "tpu_interpret":
+        return kernel_call
+    import jax
 
+    if tpu_interpret_traceable():
         return jax.custom_batching.sequential_vmap(kernel_call)
-    return kernel_call
+
+    def eager_only(*args: Any) -> Any:
+        if any(isinstance(arg, jax.core.Tracer) for arg in args):
+            raise NotImplementedError(
+                f"TPU interpret mode cannot run under jit/vmap/grad with jax {jax.__version__} "
+                "(fixed in newer JAX); call it eagerly, or use backend='pallas_tpu'"
+            )
+        return kernel_call(*args)
+
+    return eager_only
 
 
 @dataclasses.dataclass(frozen=True)
