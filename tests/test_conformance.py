@@ -7,7 +7,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from cases import giou_cases, matmul_cases, nms_cases
+from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 from conftest import backends_under_test, require
 
 import asickernels

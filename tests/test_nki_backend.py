@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from cases import grid_boxes, random_boxes
+from asickernels.testing.cases import grid_boxes, random_boxes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cases import random_boxes
+from asickernels.testing.cases import random_boxes
 from jax.experimental import pallas as pl
 
 import asickernels

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from cases import grid_boxes, random_boxes
+from asickernels.testing.cases import grid_boxes, random_boxes
 from jax.sharding import Mesh, PartitionSpec
 
 import asickernels

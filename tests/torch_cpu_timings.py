@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision.ops
-from cases import grid_boxes, random_boxes
+from asickernels.testing.cases import grid_boxes, random_boxes
 
 import asickernels.torch as at
 

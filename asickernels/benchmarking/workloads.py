@@ -31,6 +31,7 @@ import numpy as np
 import asickernels
 from asickernels import reference
 from asickernels.kernels import registry
+from asickernels.testing import cases as shared_cases
 
 Canonical = Any  # numpy array or tuple of numpy arrays
 
@@ -123,43 +124,15 @@ class Op:
 # -- boxes ---------------------------------------------------------------------------------
 
 
-def random_boxes(
-    rng: np.random.Generator, shape: tuple[int, ...], extent: float = 1024.0
-) -> np.ndarray:
-    """``shape + (4,)`` float32 boxes with corners in ``[0, extent)`` and sides up to a quarter
-    of it."""
-    corner = rng.uniform(0.0, extent, (*shape, 2))
-    side = rng.uniform(1.0, extent / 4, (*shape, 2))
-    return np.concatenate([corner, corner + side], axis=-1).astype(np.float32)
+def random_boxes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Benchmark boxes: ``shape + (4,)`` float32, corners and sides up to 256."""
+    return shared_cases.random_boxes(rng, shape, scale=256.0)
 
 
 def jittered(rng: np.random.Generator, boxes: np.ndarray, amount: float = 0.2) -> np.ndarray:
     """Boxes moved by up to ``amount`` of their size: predictions near their targets."""
     wh = np.concatenate([boxes[..., 2:] - boxes[..., :2]] * 2, axis=-1)
     return (boxes + rng.uniform(-amount, amount, boxes.shape) * wh).astype(boxes.dtype)
-
-
-def grid_boxes(
-    rng: np.random.Generator, shape: tuple[int, ...], span: int, side: int
-) -> np.ndarray:
-    """Integer-coordinate float32 boxes: exact areas in float32 and float64 alike, so an IoU
-    compared with a threshold decides the same way in a kernel and in the reference."""
-    corner = rng.integers(0, span, (*shape, 2))
-    extent = rng.integers(0, side, (*shape, 2))
-    return np.concatenate([corner, corner + extent], axis=-1).astype(np.float32)
-
-
-_EDGE_PAIRS = {
-    "identical": ([0, 0, 4, 4], [0, 0, 4, 4]),
-    "disjoint": ([0, 0, 4, 4], [10, 10, 12, 12]),
-    "touching": ([0, 0, 4, 4], [4, 0, 8, 4]),
-    "nested": ([0, 0, 4, 4], [1, 1, 2, 2]),
-    "zero_area": ([1, 1, 1, 1], [1, 1, 1, 1]),
-    "line": ([0, 1, 4, 1], [0, 0, 4, 4]),
-    "far_apart": ([0, 0, 1, 1], [5e3, 5e3, 5e3 + 1, 5e3 + 1]),
-    "large_coordinates": ([1e4, 1e4, 2e4, 2e4], [1.25e4, 1.25e4, 2.25e4, 2.25e4]),
-    "tiny": ([0, 0, 4e-3, 4e-3], [5e-4, 5e-4, 4.5e-3, 4.5e-3]),
-}
 
 
 def _pairs_size(text: str) -> Size:
@@ -170,17 +143,9 @@ def _pairs_size(text: str) -> Size:
     return Size("x".join(map(str, shape)) + " pairs", {"shape": list(shape)})
 
 
-def _giou_check_arrays(rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    cases = []
-    for n in (1, 7, 130, 257):
-        boxes = random_boxes(rng, (n,))
-        cases.append((f"random_{n}", boxes, jittered(rng, boxes)))
-    batch = random_boxes(rng, (3, 5, 7))
-    cases.append(("batch_3x5x7", batch, random_boxes(rng, (3, 5, 7))))
-    first = np.array([pair[0] for pair in _EDGE_PAIRS.values()], np.float32)
-    second = np.array([pair[1] for pair in _EDGE_PAIRS.values()], np.float32)
-    cases.append(("edge_pairs", first, second))
-    return cases
+def _checked(cases: list[Any]) -> list[Any]:
+    """The conformance suite's cases, less its slow tier."""
+    return [case for case in cases if not getattr(case, "slow", False)]
 
 
 class GiouOp(Op):
@@ -189,7 +154,7 @@ class GiouOp(Op):
     size_syntax = "P or AxB box pairs"
     default_sizes: tuple[str, ...] = ("64x64", "1024x256")
     error_unit = "abs"
-    quick_cases = frozenset({"random_130", "edge_pairs"})
+    quick_cases = frozenset({"random_130", "adversarial"})
     quick_sizes = default_sizes
     tolerance = 2e-5
 
@@ -204,11 +169,7 @@ class GiouOp(Op):
         return Case(size.label, (boxes, jittered(rng, boxes)))
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        cases = [Case(name, (a, b)) for name, a, b in _giou_check_arrays(rng)]
-        boxes = random_boxes(rng, (130,))
-        bf16 = ml_dtypes.bfloat16
-        cases.append(Case("bfloat16_130", (boxes.astype(bf16), jittered(rng, boxes).astype(bf16))))
-        return cases
+        return [Case(c.name, (c.boxes1, c.boxes2)) for c in _checked(shared_cases.giou_cases())]
 
     def expected(self, case: Case) -> Any:
         return reference.giou(*case.arrays)
@@ -257,7 +218,11 @@ class GiouVjpOp(Op):
         return self._with_cotangent(size.label, boxes, jittered(rng, boxes), rng)
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        return [self._with_cotangent(n, a, b, rng) for n, a, b in _giou_check_arrays(rng)]
+        return [
+            self._with_cotangent(c.name, c.boxes1, c.boxes2, rng)
+            for c in _checked(shared_cases.giou_cases())
+            if c.boxes1.dtype != ml_dtypes.bfloat16
+        ]
 
     def expected(self, case: Case) -> Any:
         return reference.giou_vjp(*case.arrays)
@@ -285,17 +250,15 @@ def seed_style_boxes(
     return boxes.astype(np.float32), rng.uniform(0.0, 1.0, n).astype(np.float32)
 
 
-def _tied_scores(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    return (rng.integers(0, 8, shape) / 8).astype(np.float32)  # many ties, decided by index
-
-
 class NmsOp(Op):
     name = "nms"
     registry_op = "nms"
     size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
     default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
     error_unit = "mismatches"
-    quick_cases = frozenset({"ragged_130_ties_iou0.5", "nan_inf_scores", "iou_equals_threshold"})
+    quick_cases = frozenset(
+        {"grid_n130_t0.3", "nan_inf_signed_zero_scores", "iou_equals_threshold"}
+    )
     quick_sizes = default_sizes
     categories = 0  # batched_nms draws this many categories
 
@@ -345,35 +308,13 @@ class NmsOp(Op):
         )
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        # Few cases, each a different rule: every distinct shape compiles anew (~1 s each).
-        def grid(shape: tuple[int, ...]) -> np.ndarray:
-            return grid_boxes(rng, shape, span=40, side=16)
-
-        cases = [
-            self._case(
-                "ragged_130_ties_iou0.5", grid((130,)), _tied_scores(rng, (130,)), rng, 0.5, 16
-            ),
-            self._case("ragged_257_iou0", grid((257,)), _tied_scores(rng, (257,)), rng, 0.0, 16),
-            self._case(
-                "n7_iou1_max_output_over_n", grid((7,)), _tied_scores(rng, (7,)), rng, 1.0, 16
-            ),
-            self._case(
-                "batch_2x3x57", grid((2, 3, 57)), _tied_scores(rng, (2, 3, 57)), rng, 0.4, 12
-            ),
+        return [
+            Case(c.name, (c.boxes, c.scores), c.kwargs())
+            if c.categories is None
+            else Case(c.name, (c.boxes, c.scores, c.categories.astype(np.int32)), c.kwargs())
+            for c in _checked(shared_cases.nms_cases())
+            if (c.categories is not None) == bool(self.categories)
         ]
-        scores = _tied_scores(rng, (40,))
-        scores[::5], scores[1], scores[2] = np.nan, np.inf, -np.inf
-        cases.append(self._case("nan_inf_scores", grid((40,)), scores, rng, 0.3, 40))
-        boxes = grid((20,))
-        boxes[3], boxes[7, 2] = np.nan, np.inf
-        cases.append(self._case("non_finite_boxes", boxes, _tied_scores(rng, (20,)), rng, 0.2, 20))
-        scores = _tied_scores(rng, (130,))
-        cases.append(self._case("score_threshold", grid((130,)), scores, rng, 0.5, 64, 0.5))
-        half = np.array([[0, 0, 4, 2], [0, 0, 4, 1]], np.float32)  # IoU exactly 0.5: kept
-        cases.append(
-            self._case("iou_equals_threshold", half, np.array([0.9, 0.8], np.float32), rng, 0.5, 2)
-        )
-        return cases
 
     def expected(self, case: Case) -> Any:
         boxes, scores = case.arrays[0], case.arrays[1]
@@ -404,6 +345,7 @@ class BatchedNmsOp(NmsOp):
 
     name = "batched_nms"
     default_sizes: tuple[str, ...] = ("256", "1024")
+    quick_cases = frozenset({"categories"})
     quick_sizes = ("1024",)
     categories = 16
 
@@ -422,9 +364,11 @@ class Int8MatmulOp(Op):
     size_syntax = "S (S x S x S) or MxKxN"
     default_sizes: tuple[str, ...] = ("256", "512", "1024", "2048", "4096", "8192")
     error_unit = "abs (int32) / rel (scaled)"
-    quick_cases = frozenset({"7x130x257", "scaled_rows_cols"})
+    quick_cases = frozenset({"7x130x257", "scales_rows_cols"})
     quick_sizes = default_sizes[:4]
+    # Dequantized results are rounded once to out_dtype: 16-bit floats keep ~3 digits.
     scaled_rtol = 1e-6
+    half_precision_rtol = 1e-2
 
     def parse_size(self, text: str) -> Size:
         match = re.fullmatch(r"(\d+)(?:x(\d+)x(\d+))?", text)
@@ -452,43 +396,45 @@ class Int8MatmulOp(Op):
         return Case(size.label, (self._int8(rng, (m, k)), self._int8(rng, (k, n))))
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        cases = [
-            Case(f"{m}x{k}x{n}", (self._int8(rng, (m, k)), self._int8(rng, (k, n))))
-            for m, k, n in ((1, 1, 1), (7, 130, 257), (130, 257, 7), (257, 7, 130))
+        return [
+            Case(c.name, (c.x, c.y), {k: v for k, v in c.kwargs().items() if v is not None})
+            for c in _checked(shared_cases.matmul_cases())
         ]
-        extreme = np.full((9, 4100), -128, np.int8)  # the largest products, summed
-        cases.append(Case("all_minus_128_k4100", (extreme, extreme.T.copy())))
-        x, y = self._int8(rng, (33, 300)), self._int8(rng, (300, 65))
-        rows = rng.uniform(0.001, 0.1, 33).astype(np.float32)
-        cols = rng.uniform(0.001, 0.1, 65).astype(np.float32)
-        cases.append(Case("scaled_rows_cols", (x, y), {"x_scale": rows, "y_scale": cols}))
-        return cases
 
     def expected(self, case: Case) -> Any:
         x, y = case.arrays
         rows = None
         if x.shape[0] * x.shape[1] * y.shape[1] > _FULL_CHECK_MACS:
             rows = np.unique(np.random.default_rng(0).integers(0, x.shape[0], _SAMPLED_ROWS))
-            x = x[rows]
-        # float64 BLAS is exact here: |sum| <= K * 2**14 < 2**53.
-        exact = x.astype(np.float64) @ y.astype(np.float64)
-        x_scale, y_scale = case.static.get("x_scale"), case.static.get("y_scale")
-        if x_scale is not None:
-            exact = (
-                exact * np.asarray(x_scale, np.float64)[:, None] * np.asarray(y_scale, np.float64)
-            )
-        return rows, exact
+        scaled = any(
+            case.static.get(key) is not None for key in ("x_scale", "y_scale", "out_dtype")
+        )
+        if not scaled:
+            want = reference.int8_matmul(x if rows is None else x[rows], y)
+            return rows, want, None
+        m, n = x.shape[0], y.shape[1]
+        scales = [
+            np.broadcast_to(np.float32(1) if scale is None else scale, (size,))
+            for scale, size in ((case.static.get("x_scale"), m), (case.static.get("y_scale"), n))
+        ]
+        if rows is not None:
+            x, scales[0] = x[rows], scales[0][rows]
+        want = reference.int8_matmul(
+            x, y, x_scale=scales[0], y_scale=scales[1], out_dtype=np.float64
+        )
+        return rows, want, np.dtype(case.static.get("out_dtype") or np.float32)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        rows, want = expected
+        rows, want, out_dtype = expected
         sample = got if rows is None else got[rows]
         checked = "all" if rows is None else f"{len(rows)} sampled rows of {got.shape[0]}"
-        if np.issubdtype(sample.dtype, np.integer):
+        if out_dtype is None:
             error = float(np.max(np.abs(sample.astype(np.float64) - want), initial=0.0))
             return Comparison(error, 0.0, error == 0.0, checked)
         relative = np.abs(sample.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30)
         error = float(np.max(relative, initial=0.0))
-        return Comparison(error, self.scaled_rtol, error <= self.scaled_rtol, checked)
+        tolerance = self.half_precision_rtol if out_dtype.itemsize == 2 else self.scaled_rtol
+        return Comparison(error, tolerance, error <= tolerance, checked)
 
 
 OPS: dict[str, Op] = {

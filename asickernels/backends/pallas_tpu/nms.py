@@ -115,22 +115,20 @@ def _kernel(
 
 
 def _kernel_rows(
-    boxes: jax.Array, eligible: jax.Array, categories: jax.Array, padded: int
+    boxes: jax.Array, eligible: jax.Array, categories: jax.Array | None, padded: int
 ) -> jax.Array:
     """Sorted ``boxes [N, 4]`` etc. -> ``[8, padded]`` float32 kernel rows."""
-    # Categories as dense ranks: exact in float32 for any int32 ids (ranks < N < 2^24).
-    ranks = jnp.searchsorted(jnp.sort(categories), categories).astype(jnp.float32)
+    if categories is None:
+        ranks = jnp.zeros(eligible.shape, jnp.float32)
+    else:
+        # Dense ranks: exact in float32 for any int32 ids (ranks < N < 2^24).
+        ranks = jnp.searchsorted(jnp.sort(categories), categories, method="sort")
+        ranks = ranks.astype(jnp.float32)
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    fields = [
-        boxes[:, 0],
-        boxes[:, 1],
-        boxes[:, 2],
-        boxes[:, 3],
-        area,
-        eligible.astype(jnp.float32),
-        ranks,
-    ]
-    rows = jnp.stack(fields + [jnp.zeros_like(area)])
+    coordinates = [boxes[:, i] for i in range(4)]
+    rows = jnp.stack(
+        [*coordinates, area, eligible.astype(jnp.float32), ranks, jnp.zeros_like(area)]
+    )
     return jnp.pad(rows, ((0, 0), (0, padded - boxes.shape[0])))
 
 
@@ -154,7 +152,8 @@ def nms(
 
     def prepare(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
         cand = sort_candidates(b, s, c, score_threshold)
-        return cand.order, _kernel_rows(cand.boxes, cand.eligible, cand.categories, padded)
+        sorted_categories = None if c is None else cand.categories
+        return cand.order, _kernel_rows(cand.boxes, cand.eligible, sorted_categories, padded)
 
     if categories is None:
         order, rows = jax.vmap(lambda b, s: prepare(b, s, None))(boxes, scores)

@@ -1,0 +1,309 @@
+"""TPU kernel time estimates from the real TPU compiler's schedule (no TPU needed).
+
+libtpu compiles our kernels on this machine for a TPU topology and, when asked, dumps each
+compiled program's final VLIW schedule. :mod:`asickernels.simulate.tpu_cost_schedule` walks
+that schedule (trip counts, predicated regions, DMA waits against the HBM bandwidth);
+this module compiles a kernel for a generation in a subprocess with the dump flags, turns
+the walk into seconds with the generation's clock, calibrates the two effects a schedule
+cannot show against the seeds' TPU v5e timings, and uses the estimate to tune block sizes.
+
+These are compiler-schedule estimates, not measurements. What the walk does not model: MXU
+or VMEM bank stalls the static schedule does not show, DMA engine concurrency beyond one
+HBM queue, and the second TensorCore's traffic on v5p (its HBM share is halved instead).
+Two calibrated constants stand in for what no schedule shows: a fixed latency per DMA and
+the per-call host overhead the seeds' wall-clock timings include.
+
+Commands: ``asickernels estimate`` (estimates for v5e/v6e/v5p), ``--tune`` (block-size
+sweeps), ``--markdown PATH`` (calibration, estimates and tuning as markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from asickernels.simulate import tpu_cost_schedule as schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What the estimate needs of a TPU generation (per TensorCore unless noted).
+
+    ``clock_hz`` is not published; it is the clock at which the datasheet's bf16 peak equals
+    the TensorCore's MXU MACs per cycle (v5e: 4 MXUs of 128x128 -> 1.50 GHz; v5p: 2 cores x
+    4 x 128x128 -> 1.75 GHz; v6e: 256x256 MXUs, 918 TFLOP/s -> 1.75 GHz taking the four
+    256x256 arrays of Google's v6e page). HBM bandwidth is per chip, shared by its cores.
+    """
+
+    name: str
+    clock_hz: float
+    hbm_bytes_per_s: float
+    cores_per_chip: int
+
+    @property
+    def hbm_bytes_per_cycle(self) -> float:
+        """One TensorCore's share of the chip's HBM bandwidth, in bytes per cycle."""
+        return self.hbm_bytes_per_s / self.cores_per_chip / self.clock_hz
+
+
+# HBM bandwidth per chip and bf16 peaks (197, 918, 459 TFLOP/s): cloud.google.com/tpu/docs/
+# v5e, v6e, v5p.
+GENERATIONS: dict[str, Generation] = {
+    "v5e": Generation("v5e", 1.50e9, 819e9, 1),
+    "v6e": Generation("v6e", 1.75e9, 1640e9, 1),
+    "v5p": Generation("v5p", 1.75e9, 2765e9, 2),
+}
+DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
+
+# Calibrated on the seeds' two NMS timings on TPU v5e (`asickernels estimate --markdown`
+# prints the fit from the current compiler next to these). A schedule cannot show either:
+# DMA_LATENCY_S: issue-to-completion time of one DMA on top of its bytes / bandwidth; it
+#   dominates loops that fetch a small block and wait for it (jitted-JAX NMS).
+# CALL_OVERHEAD_S: per-call time outside the device program (host dispatch, launch,
+#   synchronisation) that the seeds' wall-clock timings include; added to "per call" only.
+DMA_LATENCY_S = 0.33e-6
+CALL_OVERHEAD_S = 116e-6
+
+DUMP_PASSES = "final_bundles|deduplication-map|final_hlo-static"
+COMPILE_TIMEOUT_S = 900
+
+
+class EstimateError(RuntimeError):
+    """A kernel could not be compiled or its schedule could not be walked."""
+
+
+# --------------------------------------------------------------------------------------
+# What to compile
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A function to compile: ``builder`` (``"module:function"``) called with ``kwargs``
+    returns ``(function, [(shape, dtype), ...])``.
+
+    ``loop_trips`` gives trip counts for loops whose exit depends on data (the walk cannot
+    compute them): ``(program, ((loop number, trips), ...))`` pairs, the loop numbered in
+    preorder of :func:`~asickernels.simulate.tpu_cost_schedule.loop_tree` and ``trips`` an
+    int or a tuple taken in turn on successive entries of that loop.
+    """
+
+    name: str
+    builder: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    loop_trips: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def build(self) -> tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]:
+        module, _, function = self.builder.partition(":")
+        built: tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]
+        built = getattr(importlib.import_module(module), function)(**dict(self.kwargs))
+        return built
+
+
+# --------------------------------------------------------------------------------------
+# Compiling with dumps (in a subprocess: libtpu reads its flags once per process)
+# --------------------------------------------------------------------------------------
+
+
+def compile_with_dumps(case: Case, generation: str, directory: Path) -> Path:
+    """Compiles ``case`` for ``generation`` in a fresh process with libtpu's schedule dumps
+    in ``directory``; returns the folder holding the listings."""
+    if generation not in GENERATIONS:
+        raise ValueError(f"unknown generation {generation!r}; known: {sorted(GENERATIONS)}")
+    listings = Path(directory) / "jf"
+    env = dict(os.environ)
+    flags = f"--xla_jf_dump_to={listings} --xla_jf_dump_llo_pass_label_regex={DUMP_PASSES}"
+    env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {flags}".strip()
+    env.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # libtpu takes a machine-wide lock meant for real TPUs; compiling needs none.
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    request = json.dumps(
+        {"builder": case.builder, "kwargs": dict(case.kwargs), "generation": generation}
+    )
+    command = [sys.executable, "-m", "asickernels.simulate.tpu_cost", "--compile-child", request]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise EstimateError(f"{case.name} on {generation}: compile timed out") from None
+    if done.returncode != 0:
+        tail = [line for line in done.stderr.splitlines() if line.strip()][-6:]
+        raise EstimateError(f"{case.name} on {generation}: compile failed:\n" + "\n".join(tail))
+    if not listings.is_dir():
+        raise EstimateError(f"{case.name} on {generation}: libtpu wrote no schedule dumps")
+    return listings
+
+
+def _compile_child(request_json: str) -> int:
+    """The subprocess side of :func:`compile_with_dumps`."""
+    from asickernels.simulate import tpu_compile
+
+    request = json.loads(request_json)
+    function, specs = Case("child", request["builder"], tuple(request["kwargs"].items())).build()
+    tpu_compile.lower_for_tpu(function, specs, request["generation"]).compile()
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Estimating
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Estimate:
+    """One compiled function on one generation.
+
+    ``device_s`` is the whole jitted function's device program (all fusions and kernels);
+    ``kernel_s`` the Pallas kernels (custom calls) in it; ``per_call_s`` adds the calibrated
+    per-call overhead. ``utilization`` is issued slots / capacity per unit over the kernels'
+    (else the whole program's) estimated cycles.
+    """
+
+    case: str
+    generation: str
+    device_s: float
+    kernel_s: float
+    per_call_s: float
+    schedule_cycles: float
+    dma_wait_cycles: float
+    hbm_bytes: float
+    utilization: dict[str, float]
+    programs: dict[str, tuple[int, float]]  # name -> (calls, seconds)
+    kernels: tuple[str, ...]
+    unresolved: tuple[str, ...]
+    loops: tuple[str, ...]
+
+
+def estimate_dump(
+    dump: schedule.Dump,
+    generation: str,
+    *,
+    case: str = "",
+    loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
+    dma_latency_s: float = DMA_LATENCY_S,
+    call_overhead_s: float = CALL_OVERHEAD_S,
+) -> Estimate:
+    """Walks a loaded dump for ``generation``; see :class:`Estimate`."""
+    gen = GENERATIONS[generation]
+    walker = schedule.Walker(
+        dump,
+        bytes_per_cycle=gen.hbm_bytes_per_cycle,
+        dma_latency_cycles=dma_latency_s * gen.clock_hz,
+        loop_trips=loop_trips or {},
+    )
+    cycles = walker.run()
+    kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
+    kernel_cycles = sum(walker.stats[name].cycles for name in kernels)
+    measured = kernels or tuple(walker.stats)
+    span = kernel_cycles if kernels else cycles
+    busy = walker.unit_busy(measured)
+    utilization = {
+        unit: busy.get(unit, 0.0) / (capacity * span)
+        for unit, capacity in walker.capacity().items()
+        if capacity and span
+    }
+    machine = walker.machine
+    return Estimate(
+        case=case,
+        generation=generation,
+        device_s=cycles / gen.clock_hz,
+        kernel_s=kernel_cycles / gen.clock_hz,
+        per_call_s=cycles / gen.clock_hz + call_overhead_s,
+        schedule_cycles=cycles - machine.dma_wait_cycles,
+        dma_wait_cycles=machine.dma_wait_cycles,
+        hbm_bytes=machine.hbm_bytes,
+        utilization=utilization,
+        programs={
+            name: (stats.calls, stats.cycles / gen.clock_hz) for name, stats in walker.stats.items()
+        },
+        kernels=kernels,
+        unresolved=tuple(machine.unresolved_loops)
+        + (
+            (f"{machine.unresolved_branches} data-dependent branch(es) assumed not taken",)
+            if machine.unresolved_branches
+            else ()
+        )
+        + tuple(f"no listing for {name}" for name in sorted(machine.missing_programs)),
+        loops=tuple(walker.describe_loops(kernels or None)),
+    )
+
+
+def estimate_case(case: Case, generation: str, **options: Any) -> Estimate:
+    """Compiles ``case`` for ``generation`` with dumps in a temporary folder and walks it."""
+    with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
+        listings = compile_with_dumps(case, generation, Path(directory))
+        try:
+            dump = schedule.load_dump(listings)
+        except schedule.ScheduleError as error:
+            raise EstimateError(f"{case.name} on {generation}: {error}") from None
+    trips = {program: dict(entries) for program, entries in case.loop_trips}
+    try:
+        return estimate_dump(dump, generation, case=case.name, loop_trips=trips, **options)
+    except schedule.ScheduleError as error:
+        raise EstimateError(f"{case.name} on {generation}: {error}") from None
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    from asickernels.simulate import tpu_compile, tpu_cost_report
+
+    missing = tpu_compile.libtpu_status()
+    if missing:
+        print(f"cannot compile for TPU here: {missing}")
+        return 2
+    return tpu_cost_report.run(
+        args.generation or DEFAULT_GENERATIONS,
+        tune_blocks=args.tune,
+        markdown=args.markdown,
+        verbose=args.verbose,
+    )
+
+
+def register_cli(subparsers: Any) -> None:
+    """Adds ``asickernels estimate``."""
+    parser = subparsers.add_parser(
+        "estimate",
+        help="estimate TPU kernel times from the compiler's schedule (estimates, not measurements)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--generation",
+        action="append",
+        choices=sorted(GENERATIONS),
+        help=f"TPU generation (repeatable; default: {', '.join(DEFAULT_GENERATIONS)})",
+    )
+    parser.add_argument(
+        "--tune", action="store_true", help="also sweep int8 matmul blocks and NMS tiles (slow)"
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="write calibration, estimates and tuning (implies --tune) as markdown",
+    )
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="show loops, assumptions, costliest programs"
+    )
+    parser.set_defaults(handler=_run_cli)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asickernels.simulate.tpu_cost --compile-child REQUEST`` (internal)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "--compile-child":
+        return _compile_child(args[1])
+    print("internal entry point; use `asickernels estimate`", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""``asickernels estimate``: the estimate table, the calibration against the seeds' TPU v5e
+figures, and the block-size sweeps, as text or markdown.
+
+Everything here compiles with libtpu (one subprocess per kernel and generation, seconds
+each on a small machine), so it is a command, never part of the fast tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from asickernels.simulate import tpu_cost as cost
+from asickernels.simulate import tpu_cost_cases as cases
+from asickernels.simulate import tpu_cost_schedule as schedule
+from asickernels.simulate import tpu_seed_kernels as seeds
+
+LATENCY_PROBE_S = 1e-6
+KEPT_DUMPS = 3
+UNITS = ("MXU", "VALU", "XLU", "VLOAD", "VSTORE")
+DISCLAIMER = (
+    "These are **compiler-schedule estimates, not measurements**: libtpu compiled each "
+    "kernel for the named TPU on a CPU machine, and the time is the walk of its final VLIW "
+    "schedule (bundles x trip counts, plus waits on DMAs at the chip's HBM bandwidth and a "
+    "calibrated per-DMA latency). No TPU ran anything."
+)
+
+
+class Runner:
+    """Compiles and walks cases, remembering results, and reports progress on stderr."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.progress = progress or (lambda message: print(message, file=sys.stderr, flush=True))
+        # Parsed dumps are large: keep the last few (calibration walks one several times).
+        self._dumps: dict[tuple[cost.Case, str], schedule.Dump] = {}
+        self._estimates: dict[tuple[cost.Case, str, float], cost.Estimate] = {}
+        self._failed: set[tuple[cost.Case, str]] = set()
+        self.errors: list[str] = []
+
+    def dump(self, case: cost.Case, generation: str) -> schedule.Dump | None:
+        key = (case, generation)
+        if key in self._failed:
+            return None
+        if key not in self._dumps:
+            while len(self._dumps) >= KEPT_DUMPS:
+                del self._dumps[next(iter(self._dumps))]
+            start = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
+                try:
+                    listings = cost.compile_with_dumps(case, generation, Path(directory))
+                    self._dumps[key] = schedule.load_dump(listings)
+                except (cost.EstimateError, schedule.ScheduleError) as error:
+                    self._failed.add(key)
+                    self.errors.append(str(error))
+                    self.progress(f"  {case.name} on {generation}: FAILED")
+                    return None
+            self.progress(
+                f"  compiled {case.name} for {generation} ({time.perf_counter() - start:.0f}s)"
+            )
+        return self._dumps[key]
+
+    def estimate(
+        self, case: cost.Case, generation: str, dma_latency_s: float = cost.DMA_LATENCY_S
+    ) -> cost.Estimate | None:
+        key = (case, generation, dma_latency_s)
+        if key in self._estimates:
+            return self._estimates[key]
+        dump = self.dump(case, generation)
+        if dump is None:
+            return None
+        trips = {program: dict(entries) for program, entries in case.loop_trips}
+        try:
+            estimate = cost.estimate_dump(
+                dump, generation, case=case.name, loop_trips=trips, dma_latency_s=dma_latency_s
+            )
+        except schedule.ScheduleError as error:
+            self.errors.append(f"{case.name} on {generation}: {error}")
+            return None
+        self._estimates[key] = estimate
+        return estimate
+
+
+# -- calibration -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationRow:
+    what: str
+    seed: float
+    unit: str
+    raw: float  # schedule only: no DMA latency, no per-call overhead
+    calibrated: float  # with the stored constants
+    fitted: bool  # whether this figure was used to fit the constants
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    rows: tuple[CalibrationRow, ...]
+    fit_latency_s: float
+    fit_overhead_s: float
+
+
+def calibrate(runner: Runner) -> Calibration | None:
+    """Compares the seed-equivalent kernels on v5e with the seeds' figures, and fits the DMA
+    latency and per-call overhead to the two NMS timings."""
+    device: dict[str, tuple[float, float, float]] = {}  # case -> device s at L = 0, probe, stored
+    for case in (cases.SEED_NMS_PALLAS, cases.SEED_NMS_JAX):
+        walks = [
+            runner.estimate(case, "v5e", dma_latency_s=latency)
+            for latency in (0.0, LATENCY_PROBE_S, cost.DMA_LATENCY_S)
+        ]
+        if any(walk is None for walk in walks):
+            return None
+        device[case.name] = tuple(walk.device_s for walk in walks if walk is not None)  # type: ignore[assignment]
+    bf16 = runner.estimate(cases.SEED_MATMUL_BF16, "v5e")
+    int8 = runner.estimate(cases.SEED_MATMUL_INT8, "v5e")
+    bf16_raw = runner.estimate(cases.SEED_MATMUL_BF16, "v5e", dma_latency_s=0.0)
+    int8_raw = runner.estimate(cases.SEED_MATMUL_INT8, "v5e", dma_latency_s=0.0)
+    if bf16 is None or int8 is None or bf16_raw is None or int8_raw is None:
+        return None
+
+    # device(L) is linear in L over this range: device(0) + slope * L. Solve
+    #   device_p(L) + D = seed_p and device_j(L) + D = seed_j for (L, D).
+    (p0, p1, p_stored), (j0, j1, j_stored) = (
+        device[cases.SEED_NMS_PALLAS.name],
+        device[cases.SEED_NMS_JAX.name],
+    )
+    slope_p, slope_j = (p1 - p0) / LATENCY_PROBE_S, (j1 - j0) / LATENCY_PROBE_S
+    seed_p, seed_j = seeds.SEED_NMS_PALLAS_MS * 1e-3, seeds.SEED_NMS_JAX_MS * 1e-3
+    latency = (
+        ((seed_j - j0) - (seed_p - p0)) / (slope_j - slope_p) if slope_j != slope_p else math.nan
+    )
+    overhead = seed_p - p0 - slope_p * latency
+    rows = (
+        CalibrationRow(
+            "NMS 1024 boxes / 128 outputs, Pallas",
+            seeds.SEED_NMS_PALLAS_MS,
+            "ms",
+            p0 * 1e3,
+            (p_stored + cost.CALL_OVERHEAD_S) * 1e3,
+            True,
+        ),
+        CalibrationRow(
+            "NMS 1024 boxes / 128 outputs, jitted JAX",
+            seeds.SEED_NMS_JAX_MS,
+            "ms",
+            j0 * 1e3,
+            (j_stored + cost.CALL_OVERHEAD_S) * 1e3,
+            True,
+        ),
+        CalibrationRow(
+            "int8 over bf16 Pallas matmul 8192^3 (speedup)",
+            seeds.SEED_INT8_OVER_BF16_SPEEDUP,
+            "x",
+            bf16_raw.device_s / int8_raw.device_s,
+            bf16.device_s / int8.device_s,
+            False,
+        ),
+    )
+    return Calibration(rows, latency, overhead)
+
+
+def calibration_markdown(calibration: Calibration) -> list[str]:
+    lines = [
+        "| seed figure (TPU v5e) | seed | schedule only | ratio | calibrated | ratio | used in fit |",
+        "|---|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for row in calibration.rows:
+        lines.append(
+            f"| {row.what} | {row.seed:.3f} {row.unit} | {row.raw:.3f} {row.unit} | "
+            f"{row.raw / row.seed:.2f} | {row.calibrated:.3f} {row.unit} | "
+            f"{row.calibrated / row.seed:.2f} | {'yes' if row.fitted else 'no'} |"
+        )
+    lines += [
+        "",
+        f"Fit from this compiler: DMA latency {calibration.fit_latency_s * 1e6:.3f} us, per-call overhead "
+        f"{calibration.fit_overhead_s * 1e6:.1f} us (stored in `tpu_cost.py`: "
+        f"{cost.DMA_LATENCY_S * 1e6:.3f} us, {cost.CALL_OVERHEAD_S * 1e6:.1f} us).",
+    ]
+    return lines
+
+
+# -- estimates -------------------------------------------------------------------------------
+
+
+def estimate_cases(generation: str) -> tuple[cost.Case, ...]:
+    """What the estimate table shows for ``generation``: the seed-equivalent kernels and ours
+    at the seeds' workloads (ours with the generation's table block sizes)."""
+    return (
+        *cases.SEED_CASES,
+        cases.nms_case(cases.table_nms_tile(generation)),
+        cases.int8_matmul_case(),
+        cases.GIOU_CASE,
+    )
+
+
+def _util(estimate: cost.Estimate) -> str:
+    return " ".join(f"{unit} {estimate.utilization.get(unit, 0.0):.0%}" for unit in UNITS)
+
+
+def _loops_note(estimate: cost.Estimate) -> str:
+    """How the walk settled loops it could not count: trips from the case, or assumed."""
+    given = sum("trips given" in note for note in estimate.unresolved)
+    assumed = sum("assumed 1 trip" in note for note in estimate.unresolved)
+    parts = [f"{given} loop(s) from the workload"] if given else []
+    parts += [f"{assumed} loop(s) assumed 1 trip"] if assumed else []
+    return ", ".join(parts) or "none"
+
+
+def estimates_markdown(estimates: Sequence[cost.Estimate]) -> list[str]:
+    lines = [
+        "| kernel | TPU | device program | Pallas kernel | per call | HBM moved | DMA wait | unit utilisation (kernel) | data-dependent |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for e in estimates:
+        total = e.schedule_cycles + e.dma_wait_cycles
+        kernel = f"{e.kernel_s * 1e3:.4f} ms" if e.kernels else "(none)"
+        lines.append(
+            f"| {e.case} | {e.generation} | {e.device_s * 1e3:.4f} ms | {kernel} | {e.per_call_s * 1e3:.4f} ms | "
+            f"{e.hbm_bytes / 1e6:.1f} MB | {e.dma_wait_cycles / total:.0%} | {_util(e)} | {_loops_note(e)} |"
+        )
+    return lines
+
+
+def estimates_text(estimates: Sequence[cost.Estimate], verbose: bool) -> list[str]:
+    lines = [
+        f"{'kernel':<40} {'TPU':<4} {'device ms':>10} {'kernel ms':>10} {'per call ms':>11}  utilisation"
+    ]
+    for e in estimates:
+        lines.append(
+            f"{e.case:<40} {e.generation:<4} {e.device_s * 1e3:>10.4f} {e.kernel_s * 1e3:>10.4f} "
+            f"{e.per_call_s * 1e3:>11.4f}  {_util(e)}"
+        )
+        if verbose:
+            lines += [f"    {line}" for line in (*e.loops, *e.unresolved)]
+            top = sorted(e.programs.items(), key=lambda item: -item[1][1])[1:6]
+            lines += [
+                f"    {name}: {calls} call(s), {seconds * 1e3:.4f} ms"
+                for name, (calls, seconds) in top
+            ]
+    return lines
+
+
+# -- tuning ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningRow:
+    generation: str
+    config: str
+    device_s: float
+    kernel_s: float
+    mxu: float
+    note: str  # loops the walk could not count
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """One sweep: our kernel under several configs against a seed-equivalent baseline,
+    compared kernel to kernel (Pallas custom calls) and program to program (all of the
+    jitted function). The winner is the fastest Pallas kernel: block sizes change nothing
+    else."""
+
+    op: str
+    baseline: str
+    baseline_s: dict[str, tuple[float, float]]  # generation -> (device s, kernel s)
+    rows: tuple[TuningRow, ...]
+
+    def best(self, generation: str) -> TuningRow | None:
+        rows = [row for row in self.rows if row.generation == generation]
+        return min(rows, key=lambda row: row.kernel_s, default=None)
+
+
+def _tuning_row(generation: str, config: str, estimate: cost.Estimate) -> TuningRow:
+    return TuningRow(
+        generation,
+        config,
+        estimate.device_s,
+        estimate.kernel_s,
+        estimate.utilization.get("MXU", 0.0),
+        _loops_note(estimate),
+    )
+
+
+def _sweep(
+    runner: Runner,
+    generations: Sequence[str],
+    op: str,
+    baseline: cost.Case,
+    configs: Sequence[tuple[str, cost.Case]],
+) -> Tuning:
+    base, rows = {}, []
+    for generation in generations:
+        if seed := runner.estimate(baseline, generation):
+            base[generation] = (seed.device_s, seed.kernel_s)
+        for config, case in configs:
+            if estimate := runner.estimate(case, generation):
+                rows.append(_tuning_row(generation, config, estimate))
+    return Tuning(op, baseline.name, base, tuple(rows))
+
+
+def tune(runner: Runner, generations: Sequence[str]) -> list[Tuning]:
+    """Sweeps our int8 matmul blocks (8192^3, the seed's size, and 2048^3) and NMS tiles (the
+    seed's workload)."""
+    tunings = [
+        _sweep(
+            runner,
+            generations,
+            f"int8 matmul {size}^3 (block_m x block_n x block_k)",
+            cases.seed_int8_matmul_case(size),
+            [
+                ("{}x{}x{}".format(*blocks), cases.int8_matmul_case(blocks, size))
+                for blocks in cases.INT8_MATMUL_SWEEP
+            ],
+        )
+        for size in cases.INT8_MATMUL_SWEEP_SIZES
+    ]
+    tunings.append(
+        _sweep(
+            runner,
+            generations,
+            "NMS 1024 boxes / 128 outputs (tile)",
+            cases.SEED_NMS_PALLAS,
+            [(f"tile {tile}", cases.nms_case(tile)) for tile in cases.NMS_TILE_SWEEP],
+        )
+    )
+    return tunings
+
+
+def tuning_markdown(tunings: Sequence[Tuning]) -> list[str]:
+    lines: list[str] = []
+    for tuning in tunings:
+        lines += [
+            f"#### {tuning.op}",
+            "",
+            f"Baseline: {tuning.baseline}. Gains are baseline time / this time.",
+            "",
+            "| TPU | config | Pallas kernel | gain (kernel) | device program | gain (program) "
+            "| MXU | data-dependent loops |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for row in tuning.rows:
+            device, kernel = tuning.baseline_s.get(row.generation, (math.nan, math.nan))
+            mark = " **(best)**" if tuning.best(row.generation) == row else ""
+            lines.append(
+                f"| {row.generation} | {row.config}{mark} | {row.kernel_s * 1e3:.4f} ms | "
+                f"{kernel / row.kernel_s:.2f}x | {row.device_s * 1e3:.4f} ms | "
+                f"{device / row.device_s:.2f}x | {row.mxu:.0%} | {row.note} |"
+            )
+        lines.append("")
+    return lines
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def run(
+    generations: Sequence[str], *, tune_blocks: bool, markdown: str | None, verbose: bool
+) -> int:
+    runner = Runner()
+    runner.progress("compiling with libtpu (a few seconds per kernel and generation)...")
+    # Calibration first: it walks the seed NMS dumps several times while they are cached.
+    calibration = calibrate(runner) if "v5e" in generations else None
+    estimates = [
+        e
+        for generation in generations
+        for case in estimate_cases(generation)
+        if (e := runner.estimate(case, generation))
+    ]
+    print(DISCLAIMER.replace("**", ""))
+    print()
+    print("\n".join(estimates_text(estimates, verbose)))
+    if calibration:
+        print()
+        print("\n".join(calibration_markdown(calibration)))
+    tunings = tune(runner, list(generations)) if tune_blocks or markdown else []
+    if tunings:
+        print()
+        print("\n".join(tuning_markdown(tunings)))
+    if markdown:
+        Path(markdown).write_text(
+            "\n".join(markdown_document(generations, estimates, calibration, tunings)) + "\n"
+        )
+        print(f"wrote {markdown}")
+    for error in runner.errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 1 if runner.errors else 0
+
+
+def markdown_document(
+    generations: Sequence[str],
+    estimates: Sequence[cost.Estimate],
+    calibration: Calibration | None,
+    tunings: Sequence[Tuning],
+) -> list[str]:
+    gens = ", ".join(
+        f"{g} ({cost.GENERATIONS[g].clock_hz / 1e9:.2f} GHz, {cost.GENERATIONS[g].hbm_bytes_per_s / 1e9:.0f} GB/s HBM"
+        f"{' shared by 2 TensorCores' if cost.GENERATIONS[g].cores_per_chip == 2 else ''})"
+        for g in generations
+    )
+    lines = [
+        "## TPU time estimates from the compiler's schedule",
+        "",
+        DISCLAIMER,
+        "",
+        f"Generations: {gens}. Generated by `asickernels estimate --markdown PATH`.",
+        "",
+        LIMITS_NOTE,
+        "",
+    ]
+    if calibration:
+        lines += [
+            "### Calibration against the seeds' TPU v5e figures",
+            "",
+            *calibration_markdown(calibration),
+            "",
+        ]
+        lines += [CALIBRATION_NOTE, ""]
+    lines += [
+        "### Estimates per kernel",
+        "",
+        "*Device program*: the whole jitted function (XLA fusions and Pallas kernels); "
+        "*per call* adds the calibrated per-call overhead; *data-dependent*: loops whose trips "
+        "the walk cannot compute (given from the seed workload, or assumed).",
+        "",
+        *estimates_markdown(estimates),
+        "",
+    ]
+    if tunings:
+        lines += ["### Block-size tuning (estimated)", "", *tuning_markdown(tunings)]
+    return lines
+
+
+CALIBRATION_NOTE = (
+    "The schedule alone underestimates the seeds' NMS timings several-fold, for two reasons a "
+    "schedule cannot show: each DMA has a fixed latency on top of its bytes over bandwidth "
+    "(the jitted-JAX NMS waits on ~6 small row fetches per selected box, 128 times), and the "
+    "seeds timed whole calls from Python (`timeit` around `block_until_ready`), which adds "
+    "host dispatch and launch to every call. Both constants are fitted to the two NMS figures, "
+    "so those two ratios are 1.00 by construction; the int8/bf16 matmul ratio is not fitted "
+    "and checks the schedule and clock model independently."
+)
+LIMITS_NOTE = (
+    "Not modelled: stalls the static schedule does not show (MXU result FIFOs, VMEM bank "
+    "conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
+    "TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), and loops "
+    "whose exit depends on data (their trips come from the workload where the table says so, "
+    "else they run once). The v6e clock is an assumption (see `tpu_cost.Generation`)."
+)

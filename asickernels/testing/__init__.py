@@ -1,0 +1,1 @@
+"""What the conformance suite and ``asickernels check`` run every backend on."""
