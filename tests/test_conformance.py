@@ -7,13 +7,13 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 from conftest import backends_under_test, require
 
 import asickernels
 from asickernels import reference
 from asickernels.backends.pallas_tpu import tuning
 from asickernels.kernels import registry
+from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 
 GIOU_ATOL = 2e-5
 GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5

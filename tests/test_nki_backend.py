@@ -6,7 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from asickernels.testing.cases import grid_boxes, random_boxes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +15,7 @@ from asickernels.backends.nki import giou as nki_giou
 from asickernels.backends.nki import nms as nki_nms
 from asickernels.backends.nki import sdk
 from asickernels.kernels import registry
+from asickernels.testing.cases import grid_boxes, random_boxes
 
 # Counters and the "simulated" report come from asickernels' simulator, not the Neuron SDK.
 our_simulator = pytest.mark.skipif(sdk.USING_SDK, reason="the Neuron SDK runs the kernels here")

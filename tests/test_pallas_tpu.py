@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from asickernels.testing.cases import random_boxes
 from jax.experimental import pallas as pl
 
 import asickernels
 from asickernels import reference
 from asickernels.backends.pallas_tpu import tuning
+from asickernels.testing.cases import random_boxes
 
 
 def _copy_blocks(out_index_map):

@@ -13,11 +13,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from asickernels.testing.cases import grid_boxes, random_boxes
 from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
 from asickernels.backends.xla_spmd import jax_spmd, plan
+from asickernels.testing.cases import grid_boxes, random_boxes
 
 P = PartitionSpec
 BACKEND = "xla"  # the per-shard kernel; Pallas (interpret mode) is covered by a slow test

@@ -15,6 +15,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 import ml_dtypes
 import numpy as np
 import pytest
+
 from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, nms_cases, random_boxes
 
 torch = pytest.importorskip("torch")

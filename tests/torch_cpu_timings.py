@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision.ops
-from asickernels.testing.cases import grid_boxes, random_boxes
 
 import asickernels.torch as at
+from asickernels.testing.cases import grid_boxes, random_boxes
 
 
 def median_ms(fn: Callable[[], Any], repeats: int) -> float:
