@@ -4,7 +4,6 @@ BENCHMARKS.md rendering."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import io
 import json
@@ -460,16 +459,12 @@ def test_markdown_reading_compares_ours_with_the_fastest_peer():
 
 
 def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
-    @dataclasses.dataclass(frozen=True)
-    class DeviceBackend(Backend):
-        device_timer: object = None
-
     def timer(op, case, warmup, iters):
         assert op == "int8_matmul" and case.arrays[0].shape == (16, 16)
         return Timing(2e-6, 1e-6, 1e-6, 3e-6, 4e-6, iters, None, "planted device timer")
 
     probe = lambda: Availability("native", "a planted device")  # noqa: E731
-    registry.register_backend(DeviceBackend("device", "numpy", probe, "test", device_timer=timer))
+    registry.register_backend(Backend("device", "numpy", probe, "test", device_timer=timer))
     registry.register("int8_matmul", "device", "asickernels.reference:int8_matmul")
     op = workloads.OPS["int8_matmul"]
     settings = harness.BenchSettings(
@@ -489,8 +484,8 @@ def test_nki_latency_reads_the_sdk_percentiles(monkeypatch):
 
     def benchmark(warmup, iters):
         def wrap(kernel):
-            def run(*args):
-                calls.append((warmup, iters, kernel(*args)))
+            def run(*args, **kwargs):
+                calls.append((warmup, iters, kernel(*args, **kwargs)))
 
             run.benchmark_result = types.SimpleNamespace(nc_latency=Latency())
             return run
@@ -510,3 +505,22 @@ def test_nki_latency_reads_the_sdk_percentiles(monkeypatch):
         timing.max_s,
     ) == pytest.approx((10e-6, 11e-6, 12e-6, 15e-6, 20e-6))
     assert timing.repeats == 9 and "nki.benchmark" in timing.method
+
+
+@pytest.mark.parametrize("op_name", ["giou", "nms", "int8_matmul"])
+def test_the_nki_backend_times_every_kernel_its_op_launches(monkeypatch, op_name):
+    """On a Neuron host `bench` asks the nki backend's device timer; it runs the public op as
+    on CPU and has each kernel launch timed by nki.benchmark (stood in for here)."""
+    launched = []
+
+    def fake_latency(kernel, args, *, warmup, iters, kwargs=None):
+        launched.append(kernel.__name__)
+        return Timing(1e-6, 1e-6, 1e-6, 1e-6, 1e-6, iters, None, "fake")
+
+    monkeypatch.setattr(device, "nki_latency", fake_latency)
+    op = workloads.OPS[op_name]
+    case = op.bench_case(op.parse_size(op.default_sizes[0]), np.random.default_rng(0))
+    timing = registry.backend("nki").device_timer(op_name, case, 2, 5)
+    assert launched and all(name.endswith("_kernel") for name in launched)
+    assert timing.median_s == pytest.approx(1e-6 * len(launched)) and timing.repeats == 5
+    assert f"{len(launched)} kernel launch" in timing.method

@@ -58,7 +58,7 @@ def giou(boxes1: Any, boxes2: Any, *, backend: str | None = None, config: Any = 
     """
     boxes1, boxes2 = _check_pair(boxes1, boxes2)
     chosen = registry.resolve("giou", backend, [boxes1, boxes2])
-    return registry.to_jax(_run_giou(chosen, boxes1, boxes2, config)).astype(jnp.float32)
+    return registry.to_jax(_run_giou(chosen, boxes1, boxes2, config), jnp.float32)
 
 
 def giou_vjp(
@@ -89,7 +89,7 @@ def giou_vjp(
         impl = registry.implementation("giou_vjp", chosen.name)
         d1, d2 = impl(b1.reshape(-1, 4), b2.reshape(-1, 4), ct.reshape(-1), config=config)
         d1, d2 = d1.reshape(boxes1.shape), d2.reshape(boxes1.shape)
-    return registry.to_jax(d1).astype(jnp.float32), registry.to_jax(d2).astype(jnp.float32)
+    return registry.to_jax(d1, jnp.float32), registry.to_jax(d2, jnp.float32)
 
 
 def _registered_vjps() -> set[tuple[str, str]]:
@@ -143,4 +143,4 @@ def giou_loss(
     elif reduction == "mean":
         count = valid.sum()
         loss = loss.sum() / xp.maximum(count, 1)
-    return registry.to_jax(loss).astype(jnp.float32)
+    return registry.to_jax(loss, jnp.float32)

@@ -85,7 +85,7 @@ def int8_matmul(
     x, y, x_scale, y_scale = registry.to_backend_arrays(chosen, [x, y, x_scale, y_scale])
     if k <= INT8_MATMUL_MAX_K:
         result = impl(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out, config=config)
-        return registry.to_jax(result).astype(out)
+        return registry.to_jax(result, out)
     total = None
     for start in range(0, k, INT8_MATMUL_MAX_K):
         stop = min(start + INT8_MATMUL_MAX_K, k)
@@ -97,9 +97,9 @@ def int8_matmul(
             out_dtype=np.dtype(np.float32),
             config=config,
         )
-        part = registry.to_jax(part)
+        part = registry.to_jax(part, np.float32)
         total = part if total is None else total + part
-    return registry.to_jax(total).astype(out)
+    return registry.to_jax(total, out)
 
 
 def _scale(scale: Any, length: int, name: str, dim: str) -> Any:

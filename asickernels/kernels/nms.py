@@ -122,8 +122,7 @@ def _nms(
         score_threshold=threshold,
         config=config,
     )
-    indices, num_valid = registry.to_jax((indices, num_valid))
     return (
-        indices.astype(jnp.int32).reshape(batch_shape + (max_output_size,)),
-        num_valid.astype(jnp.int32).reshape(batch_shape),
+        registry.to_jax(indices, jnp.int32, batch_shape + (max_output_size,)),
+        registry.to_jax(num_valid, jnp.int32, batch_shape),
     )

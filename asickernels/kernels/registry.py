@@ -60,6 +60,9 @@ class Backend:
         ``backend=None`` picks this backend, in order of preference across backends.
       counters: optional; returns counters of the backend's most recent kernel run (e.g.
         simulated instructions per engine, bytes moved), reported beside timings by ``bench``.
+      device_timer: optional; ``(op, case, warmup, iters) -> Timing`` timing ``op`` on the
+        device with the vendor's profiler, used by ``bench`` instead of wall clock when the
+        backend runs natively (see :mod:`asickernels.benchmarking.device`).
     """
 
     name: str
@@ -68,6 +71,7 @@ class Backend:
     description: str
     default_on: tuple[str, ...] = ()
     counters: Callable[[], dict[str, float]] | None = None
+    device_timer: Callable[[str, Any, int, int], Any] | None = None
 
 
 class BackendUnavailableError(RuntimeError):
@@ -200,10 +204,17 @@ def to_backend_arrays(chosen: Backend, arrays: Sequence[Any]) -> list[Any]:
     return converted
 
 
-def to_jax(value: Any) -> Any:
-    """Backend outputs (numpy or jax, possibly nested in tuples) as JAX arrays."""
+def to_jax(value: Any, dtype: Any, shape: tuple[int, ...] | None = None) -> Any:
+    """A backend output (numpy or jax) as a JAX array of ``dtype`` (and ``shape``).
+
+    The cast and reshape happen before the transfer, in the output's own array library, so a
+    host backend's result costs one transfer instead of a device op per step."""
+    import jax
     import jax.numpy as jnp
 
-    if isinstance(value, tuple):
-        return tuple(to_jax(v) for v in value)
+    if not isinstance(value, jax.Array):
+        value = np.asarray(value)
+    value = value.astype(dtype)
+    if shape is not None:
+        value = value.reshape(shape)
     return jnp.asarray(value)

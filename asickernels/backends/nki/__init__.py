@@ -3,6 +3,8 @@ and otherwise in a strict CPU simulator (:mod:`asickernels.simulate.nki`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from asickernels.kernels.registry import Availability, Backend
 
 
@@ -29,6 +31,12 @@ def _counters() -> dict[str, float]:
     return sdk.last_counters()
 
 
+def _device_timer(op: str, case: Any, warmup: int, iters: int) -> Any:
+    from asickernels.benchmarking import device
+
+    return device.time_nki_op(op, case, warmup, iters)
+
+
 BACKEND = Backend(
     name="nki",
     array_kind="numpy",
@@ -36,4 +44,5 @@ BACKEND = Backend(
     description="NKI kernels for AWS Trainium/Inferentia (a strict CPU simulator without a device)",
     default_on=("neuron",),
     counters=_counters,
+    device_timer=_device_timer,
 )

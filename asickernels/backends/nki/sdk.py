@@ -4,9 +4,11 @@ names and signatures. The kernel modules import ``nki``, ``nl`` and ``nisa`` fro
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import glob
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
@@ -63,9 +65,29 @@ def has_device() -> bool:
     return bool(glob.glob("/dev/neuron*"))
 
 
+KernelObserver = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
+_observer: contextvars.ContextVar[KernelObserver | None] = contextvars.ContextVar(
+    "nki_kernel_observer", default=None
+)
+
+
+@contextlib.contextmanager
+def observing_kernels(observer: KernelObserver) -> Iterator[None]:
+    """Within this block, every kernel :func:`run` launches is first shown to ``observer``
+    as ``(kernel, args, kwargs)`` (how ``bench`` times the kernels with ``nki.benchmark``)."""
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
+
+
 def run(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Runs an ``nki.jit`` kernel on numpy arrays: on the device when there is one, else in
     the SDK's simulator (when the SDK is installed) or ours."""
+    observer = _observer.get()
+    if observer is not None:
+        observer(kernel, args, kwargs)
     if USING_SDK and not has_device():
         return nki.simulate(kernel)(*args, **kwargs)
     return kernel(*args, **kwargs)
