@@ -7,13 +7,18 @@ line per op below. Implementations are imported only when first used.
 
 from __future__ import annotations
 
-from asickernels.backends import pallas_tpu, reference_backend, xla
+from asickernels.backends import gpsimd, nki, pallas_tpu, reference_backend, xla
 from asickernels.kernels.registry import register, register_backend
 
-register_backend(reference_backend.BACKEND)
-register_backend(xla.BACKEND)
-register_backend(pallas_tpu.BACKEND)
-register_backend(pallas_tpu.INTERPRET_BACKEND)
+for backend in (
+    reference_backend.BACKEND,
+    xla.BACKEND,
+    pallas_tpu.BACKEND,
+    pallas_tpu.INTERPRET_BACKEND,
+    gpsimd.BACKEND,
+    nki.BACKEND,
+):
+    register_backend(backend)
 
 register("giou", "reference", "asickernels.reference:giou")
 register("giou_vjp", "reference", "asickernels.reference:giou_vjp")
@@ -24,34 +29,22 @@ register("giou", "xla", "asickernels.backends.xla.giou:giou")
 register("nms", "xla", "asickernels.backends.xla.nms:nms")
 register("int8_matmul", "xla", "asickernels.backends.xla.int8_matmul:int8_matmul")
 
-register("giou", "pallas_tpu", "asickernels.backends.pallas_tpu.giou:giou")
-register("nms", "pallas_tpu", "asickernels.backends.pallas_tpu.nms:nms")
-register("int8_matmul", "pallas_tpu", "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul")
-register(
-    "giou",
-    "pallas_tpu_interpret",
-    "asickernels.backends.pallas_tpu.giou:giou",
-    mode="tpu_interpret",
-)
-register(
-    "nms", "pallas_tpu_interpret", "asickernels.backends.pallas_tpu.nms:nms", mode="tpu_interpret"
-)
+_PALLAS = "asickernels.backends.pallas_tpu"
+register("giou", "pallas_tpu", f"{_PALLAS}.giou:giou")
+register("nms", "pallas_tpu", f"{_PALLAS}.nms:nms")
+register("int8_matmul", "pallas_tpu", f"{_PALLAS}.int8_matmul:int8_matmul")
+register("giou", "pallas_tpu_interpret", f"{_PALLAS}.giou:giou", mode="tpu_interpret")
+register("nms", "pallas_tpu_interpret", f"{_PALLAS}.nms:nms", mode="tpu_interpret")
 register(
     "int8_matmul",
     "pallas_tpu_interpret",
-    "asickernels.backends.pallas_tpu.int8_matmul:int8_matmul",
+    f"{_PALLAS}.int8_matmul:int8_matmul",
     mode="tpu_interpret",
 )
 
-from asickernels.backends import gpsimd  # noqa: E402
-
-register_backend(gpsimd.BACKEND)
 register("giou", "gpsimd", "asickernels.backends.gpsimd.giou:giou")
 register("nms", "gpsimd", "asickernels.backends.gpsimd.nms:nms")
 
-from asickernels.backends import nki  # noqa: E402
-
-register_backend(nki.BACKEND)
 register("giou", "nki", "asickernels.backends.nki.giou:giou")
 register("giou_vjp", "nki", "asickernels.backends.nki.giou:giou_vjp")
 register("nms", "nki", "asickernels.backends.nki.nms:nms")
