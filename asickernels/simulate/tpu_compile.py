@@ -147,8 +147,11 @@ def lower_for_tpu(
         return jax.jit(fn).lower(*args)
 
 
-# In the tpu_custom_call backend config: \22vmem_limit_bytes\22: 123 (\22 is a quote).
-_VMEM_LIMIT = re.compile(r"vmem_limit_bytes(?:\\22|\")?\s*:\s*(\d+)")
+# In the tpu_custom_call backend config a raised scoped-VMEM limit reads
+# \22scoped_memory_configs\22: [{\22memory_space\22:1, \22offset\22: 0, \22size\22: N}] (\22 is ").
+_VMEM_LIMIT = re.compile(
+    r"scoped_memory_configs\\22: \[\{\\22memory_space\\22: ?1, \\22offset\\22: ?\d+, \\22size\\22: ?(\d+)"
+)
 
 
 def compile_one(target: KernelShape, generation: str) -> CompileResult:
