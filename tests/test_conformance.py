@@ -13,6 +13,7 @@ import asickernels
 from asickernels import reference
 from asickernels.backends.pallas_tpu import tuning
 from asickernels.kernels import registry
+from asickernels.kernels.giou import differentiable_backends
 from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 
 GIOU_ATOL = 2e-5
@@ -58,18 +59,7 @@ def test_giou(backend, case):
     _assert_unchanged(before, [case.boxes1, case.boxes2])
 
 
-def _differentiable_backends():
-    """JAX backends (differentiated through their ``giou``) and host backends with a
-    ``giou_vjp`` kernel."""
-    with_vjp = set(backends_under_test("giou_vjp"))
-    return [
-        b
-        for b in backends_under_test("giou")
-        if b in with_vjp or registry.backend(b).array_kind == "jax"
-    ]
-
-
-@pytest.mark.parametrize("backend", _differentiable_backends())
+@pytest.mark.parametrize("backend", [b for b in differentiable_backends() if b != "reference"])
 @pytest.mark.parametrize(
     "case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16])
 )

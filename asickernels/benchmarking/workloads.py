@@ -30,6 +30,7 @@ import numpy as np
 
 import asickernels
 from asickernels import reference
+from asickernels.kernels import giou as giou_ops
 from asickernels.kernels import registry
 from asickernels.testing import cases as shared_cases
 
@@ -198,14 +199,7 @@ class GiouVjpOp(Op):
         return float(math.prod(size.params["shape"]))
 
     def backends(self) -> list[str]:
-        # JAX backends are differentiated through their forward kernel; host backends need
-        # a registered giou_vjp kernel.
-        with_vjp = set(registry.backends_for("giou_vjp"))
-        return [
-            name
-            for name in registry.backends_for("giou")
-            if name in with_vjp or registry.backend(name).array_kind == "jax"
-        ]
+        return giou_ops.differentiable_backends()
 
     def _with_cotangent(
         self, name: str, a: np.ndarray, b: np.ndarray, rng: np.random.Generator

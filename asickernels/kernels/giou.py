@@ -78,7 +78,7 @@ def giou_vjp(
             f"cotangent must have shape {tuple(boxes1.shape[:-1])}, got {tuple(cotangent.shape)}"
         )
     chosen = registry.resolve("giou", backend, [boxes1, boxes2])
-    if chosen.array_kind == "jax" and ("giou_vjp", chosen.name) not in _registered_vjps():
+    if chosen.array_kind == "jax" and chosen.name not in registry.backends_for("giou_vjp"):
         b1, b2, ct = registry.to_backend_arrays(chosen, [boxes1, boxes2, cotangent])
         _, pullback = jax.vjp(lambda a, b: _run_giou(chosen, a, b, config), b1, b2)
         d1, d2 = pullback(ct.astype(jnp.float32))
@@ -92,8 +92,15 @@ def giou_vjp(
     return registry.to_jax(d1, jnp.float32), registry.to_jax(d2, jnp.float32)
 
 
-def _registered_vjps() -> set[tuple[str, str]]:
-    return {("giou_vjp", name) for name in registry.backends_for("giou_vjp")}
+def differentiable_backends() -> list[str]:
+    """Backends :func:`giou_vjp` can run on: JAX backends, differentiated through their
+    ``giou``, and host backends that register a ``giou_vjp`` kernel."""
+    with_vjp = set(registry.backends_for("giou_vjp"))
+    return [
+        name
+        for name in registry.backends_for("giou")
+        if name in with_vjp or registry.backend(name).array_kind == "jax"
+    ]
 
 
 def giou_loss(
