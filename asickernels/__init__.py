@@ -9,6 +9,9 @@ from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quan
 from asickernels.kernels.nms import batched_nms, nms
 from asickernels.kernels.registry import Availability, BackendUnavailableError
 
+# Every public op, each an asickernels.kernels.declaration.Op: the frontends derive from these.
+OPS = (giou, giou_vjp, giou_loss, nms, batched_nms, int8_matmul, quantize_int8)
+
 
 def available_backends() -> dict[str, Availability]:
     """Every registered backend and how it runs here: ``native``, ``simulated`` or
@@ -20,6 +23,7 @@ def available_backends() -> dict[str, Availability]:
 
 __all__ = [
     "INT8_MATMUL_MAX_K",
+    "OPS",
     "Availability",
     "BackendUnavailableError",
     "available_backends",

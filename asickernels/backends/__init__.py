@@ -1,14 +1,17 @@
 """The registration table: which backend implements which op, one line each.
 
 Adding a backend: a subpackage here whose ``__init__`` defines ``BACKEND`` (a
-:class:`~asickernels.kernels.registry.Backend`), one module per op, and one ``register``
-line per op below. Implementations are imported only when first used.
+:class:`~asickernels.kernels.registry.Backend`), one module per kernel, and one ``register``
+line per kernel below, stating what it supports (:class:`~asickernels.kernels.registry.Support`).
+Where it stands among the others is :data:`asickernels.kernels.policy.PREFERENCE`.
+Implementations are imported only when first used.
 """
 
 from __future__ import annotations
 
+from asickernels import tpu_generations
 from asickernels.backends import gpsimd, nki, pallas_tpu, reference_backend, xla
-from asickernels.kernels.registry import register, register_backend
+from asickernels.kernels.registry import FLOAT32_AND_64, Support, register, register_backend
 
 for backend in (
     reference_backend.BACKEND,
@@ -20,27 +23,28 @@ for backend in (
 ):
     register_backend(backend)
 
-register("giou", "reference", "asickernels.reference:giou")
-register("giou_vjp", "reference", "asickernels.reference:giou_vjp")
-register("nms", "reference", "asickernels.reference:nms")
+FLOAT64 = Support(dtypes=FLOAT32_AND_64)
+_AUTODIFF = "asickernels.backends.autodiff:giou_vjp"
+
+register("giou", "reference", "asickernels.reference:giou", support=FLOAT64)
+register("giou_vjp", "reference", "asickernels.reference:giou_vjp", support=FLOAT64)
+register("nms", "reference", "asickernels.reference:nms", support=FLOAT64)
 register("int8_matmul", "reference", "asickernels.reference:int8_matmul")
 
-register("giou", "xla", "asickernels.backends.xla.giou:giou")
-register("nms", "xla", "asickernels.backends.xla.nms:nms")
-register("int8_matmul", "xla", "asickernels.backends.xla.int8_matmul:int8_matmul")
+_XLA = "asickernels.backends.xla"
+register("giou", "xla", f"{_XLA}.giou:giou", support=FLOAT64)
+register("giou_vjp", "xla", _AUTODIFF, support=FLOAT64, forward=f"{_XLA}.giou:giou")
+register("nms", "xla", f"{_XLA}.nms:nms", support=FLOAT64)
+register("int8_matmul", "xla", f"{_XLA}.int8_matmul:int8_matmul")
 
 _PALLAS = "asickernels.backends.pallas_tpu"
-register("giou", "pallas_tpu", f"{_PALLAS}.giou:giou")
-register("nms", "pallas_tpu", f"{_PALLAS}.nms:nms")
-register("int8_matmul", "pallas_tpu", f"{_PALLAS}.int8_matmul:int8_matmul")
-register("giou", "pallas_tpu_interpret", f"{_PALLAS}.giou:giou", mode="tpu_interpret")
-register("nms", "pallas_tpu_interpret", f"{_PALLAS}.nms:nms", mode="tpu_interpret")
-register(
-    "int8_matmul",
-    "pallas_tpu_interpret",
-    f"{_PALLAS}.int8_matmul:int8_matmul",
-    mode="tpu_interpret",
-)
+# v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
+PALLAS_INT8 = Support(generations=tpu_generations.INT8_MXU)
+for name, mode in (("pallas_tpu", {}), ("pallas_tpu_interpret", {"mode": "tpu_interpret"})):
+    register("giou", name, f"{_PALLAS}.giou:giou", **mode)
+    register("giou_vjp", name, _AUTODIFF, forward=f"{_PALLAS}.giou:giou", **mode)
+    register("nms", name, f"{_PALLAS}.nms:nms", **mode)
+    register("int8_matmul", name, f"{_PALLAS}.int8_matmul:int8_matmul", support=PALLAS_INT8, **mode)
 
 register("giou", "gpsimd", "asickernels.backends.gpsimd.giou:giou")
 register("nms", "gpsimd", "asickernels.backends.gpsimd.nms:nms")

@@ -1,5 +1,5 @@
-"""Input checks shared by the op modules: they run on shapes, dtypes and Python scalars
-only, so they work the same eagerly and under ``jit``, before any kernel runs."""
+"""Input checks shared by the op declarations: they run on shapes, dtypes and Python scalars
+only (a :class:`~asickernels.kernels.declaration.Spec` or an array), before any kernel runs."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def check_float(array: Any, name: str) -> None:
 
 def check_boxes(array: Any, name: str, min_ndim: int = 1) -> None:
     check_float(array, name)
-    if array.ndim < min_ndim or array.shape[-1] != 4:
+    if len(array.shape) < min_ndim or array.shape[-1:] != (4,):
         raise ValueError(
             f"{name} must have shape [..., 4] (x1, y1, x2, y2)"
             + (f" with at least {min_ndim} dims" if min_ndim > 1 else "")
@@ -63,15 +63,16 @@ def static_float(value: Any, name: str, low: float = -math.inf, high: float = ma
     return number
 
 
-def static_int(value: Any, name: str, low: int = 0) -> int:
+def static_int(value: Any, name: str, low: int = 0, high: int | None = None) -> int:
     if isinstance(value, (bool, jax.core.Tracer)):
         raise TypeError(f"{name} must be a static Python int, got {value!r}")
     try:
         number = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if number < low:
-        raise ValueError(f"{name} must be >= {low}, got {number}")
+    if number < low or (high is not None and number > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {number}")
     return number
 
 

@@ -1,118 +1,280 @@
-"""GIOU of paired boxes, its gradient, and the masked GIOU loss."""
+"""GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from asickernels import reference
 from asickernels.kernels import _checks, registry
+from asickernels.kernels.declaration import (
+    Op,
+    Plan,
+    Runner,
+    Spec,
+    array,
+    float_compute_dtype,
+    is_64bit,
+    static,
+)
 
 Reduction = Literal["none", "sum", "mean"]
+REDUCTIONS = ("none", "sum", "mean")
 # Padding boxes are replaced by this box on both sides before GIOU runs, so that whatever
 # the padding holds (zeros, NaN) the loss and its gradient there are exactly 0.
 _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 
-def _check_pair(boxes1: Any, boxes2: Any) -> tuple[Any, Any]:
-    boxes1 = _checks.as_array(boxes1, "boxes1")
-    boxes2 = _checks.as_array(boxes2, "boxes2")
-    _checks.check_boxes(boxes1, "boxes1")
-    _checks.check_boxes(boxes2, "boxes2")
-    if boxes1.shape != boxes2.shape:
+def check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
+    """Two float ``[..., 4]`` box arrays of one shape (paired boxes)."""
+    a, b = specs[first], specs[second]
+    assert a is not None and b is not None
+    _checks.check_boxes(a, first)
+    _checks.check_boxes(b, second)
+    if a.shape != b.shape:
         raise ValueError(
-            f"boxes1 and boxes2 must have the same shape (paired boxes), got "
-            f"{tuple(boxes1.shape)} and {tuple(boxes2.shape)}"
+            f"{first} and {second} must have the same shape (paired boxes), got "
+            f"{a.shape} and {b.shape}"
         )
-    return boxes1, boxes2
+    return a, b
 
 
-def _run_giou(chosen: registry.Backend, boxes1: Any, boxes2: Any, config: Any) -> Any:
-    """Flattens ``[..., 4]`` to ``[P, 4]``, runs the backend, restores the batch shape.
-    Returns the backend's own array kind (numpy or jax)."""
-    batch_shape = tuple(boxes1.shape[:-1])
-    xp = jnp if chosen.array_kind == "jax" else np
-    if _checks.size(batch_shape) == 0:
-        return xp.zeros(batch_shape, xp.float32)
-    flat1, flat2 = registry.to_backend_arrays(chosen, [boxes1, boxes2])
-    impl = registry.implementation("giou", chosen.name)
-    out = impl(flat1.reshape(-1, 4), flat2.reshape(-1, 4), config=config)
-    return out.reshape(batch_shape)
+def _out_dtype(*specs: Spec | None) -> np.dtype:
+    return np.dtype(float_compute_dtype(*specs))
 
 
-def giou(boxes1: Any, boxes2: Any, *, backend: str | None = None, config: Any = None) -> jax.Array:
-    """Generalized IoU of paired boxes.
+def _paired(runner: Runner, kernel: str, dtype: str, *arrays: Any) -> Any:
+    """Runs a paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` arrays (``[...]``
+    arrays, such as cotangents, are flattened to ``[P]``)."""
+    flat = [a.reshape(-1, 4) if a.shape[-1:] == (4,) else a.reshape(-1) for a in arrays]
+    if dtype == "float64":
+        flat = [a.astype(np.float64) for a in flat]
+    return runner.kernel(kernel)(*flat)
+
+
+# giou ---------------------------------------------------------------------------------------
+
+
+def _check_giou(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    a, b = check_pair(specs, "boxes1", "boxes2")
+    dtype = float_compute_dtype(a, b)
+    batch = a.shape[:-1]
+    return Plan(
+        "giou",
+        dtype,
+        Spec(batch, np.dtype(dtype)),
+        (),
+        trivial=_checks.size(batch) == 0,
+        x64=is_64bit(a, b),
+    )
+
+
+def _compute_giou(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+    out = _paired(runner, "giou", plan.dtype or "float32", boxes1, boxes2)
+    return out.astype(plan.outputs.dtype).reshape(boxes1.shape[:-1])  # type: ignore[union-attr]
+
+
+def _giou_vjp_of_giou(
+    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
+) -> tuple[Any, Any]:
+    return giou_vjp(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)
+
+
+giou = Op(
+    "giou",
+    [array("boxes1", 1), array("boxes2", 1)],
+    check=_check_giou,
+    compute=_compute_giou,
+    reference=reference.giou,
+    vjp=_giou_vjp_of_giou,
+    differentiable=("boxes1", "boxes2"),
+    doc="""Generalized IoU of paired boxes.
 
     Args:
-      boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32 or
-        bfloat16 (float16/float64 accepted), computed in float32.
-      backend: a name from :func:`asickernels.available_backends`, or None for the best one
-        for where the inputs live.
+      boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32, bfloat16
+        or float16 (computed in float32), or float64 (computed in float64).
+      backend: a name from :func:`asickernels.available_backends`, or None for the first
+        backend of the selection policy that runs natively where the inputs live.
       config: backend-specific tuning (e.g. block sizes); None uses the backend's defaults.
 
     Returns:
-      ``[...]`` float32 GIOU in ``[-1, 1]``, equal to ``1 - torchvision.ops.
-      generalized_box_iou_loss``. Differentiable with ``jax.grad`` on the JAX backends.
-    """
-    boxes1, boxes2 = _check_pair(boxes1, boxes2)
-    chosen = registry.resolve("giou", backend, [boxes1, boxes2])
-    return registry.to_jax(_run_giou(chosen, boxes1, boxes2, config), jnp.float32)
+      ``[...]`` GIOU in ``[-1, 1]``, float32 (float64 for float64 inputs), equal to
+      ``1 - torchvision.ops.generalized_box_iou_loss``. Differentiable with ``jax.grad`` on
+      the JAX backends.
+    """,
+)
 
 
-def giou_vjp(
-    boxes1: Any, boxes2: Any, cotangent: Any, *, backend: str | None = None, config: Any = None
-) -> tuple[jax.Array, jax.Array]:
-    """Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
+# giou_vjp -----------------------------------------------------------------------------------
 
-    ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)``, float32
-    ``[..., 4]``. Backends that register a ``giou_vjp`` kernel (the host backends) use it;
-    the JAX backends differentiate their ``giou`` (a ``custom_vjp`` kernel on Pallas).
-    """
-    boxes1, boxes2 = _check_pair(boxes1, boxes2)
-    cotangent = _checks.as_array(cotangent, "cotangent")
+
+def _check_giou_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    a, b = check_pair(specs, "boxes1", "boxes2")
+    cotangent = specs["cotangent"]
+    assert cotangent is not None
     _checks.check_float(cotangent, "cotangent")
-    if tuple(cotangent.shape) != tuple(boxes1.shape[:-1]):
-        raise ValueError(
-            f"cotangent must have shape {tuple(boxes1.shape[:-1])}, got {tuple(cotangent.shape)}"
-        )
-    chosen = registry.resolve("giou", backend, [boxes1, boxes2])
-    if chosen.array_kind == "jax" and chosen.name not in registry.backends_for("giou_vjp"):
-        b1, b2, ct = registry.to_backend_arrays(chosen, [boxes1, boxes2, cotangent])
-        _, pullback = jax.vjp(lambda a, b: _run_giou(chosen, a, b, config), b1, b2)
-        d1, d2 = pullback(ct.astype(jnp.float32))
-    elif _checks.size(tuple(boxes1.shape[:-1])) == 0:
-        d1 = d2 = jnp.zeros(boxes1.shape, jnp.float32)
-    else:
-        b1, b2, ct = registry.to_backend_arrays(chosen, [boxes1, boxes2, cotangent])
-        impl = registry.implementation("giou_vjp", chosen.name)
-        d1, d2 = impl(b1.reshape(-1, 4), b2.reshape(-1, 4), ct.reshape(-1), config=config)
-        d1, d2 = d1.reshape(boxes1.shape), d2.reshape(boxes1.shape)
-    return registry.to_jax(d1, jnp.float32), registry.to_jax(d2, jnp.float32)
+    if cotangent.shape != a.shape[:-1]:
+        raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
+    dtype = float_compute_dtype(a, b)
+    out = Spec(a.shape, np.dtype(dtype))
+    return Plan(
+        "giou_vjp",
+        dtype,
+        (out, out),
+        (),
+        trivial=_checks.size(a.shape[:-1]) == 0,
+        x64=is_64bit(a, b, cotangent),
+    )
+
+
+def _compute_giou_vjp(
+    runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
+) -> tuple[Any, Any]:
+    dtype = plan.dtype or "float32"
+    d1, d2 = _paired(runner, "giou_vjp", dtype, boxes1, boxes2, cotangent.astype(dtype))
+    return d1.astype(dtype).reshape(boxes1.shape), d2.astype(dtype).reshape(boxes1.shape)
+
+
+giou_vjp = Op(
+    "giou_vjp",
+    [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
+    check=_check_giou_vjp,
+    compute=_compute_giou_vjp,
+    reference=reference.giou_vjp,
+    doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
+
+    ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
+    float32 (float64 for float64 boxes). JAX backends differentiate their GIOU kernel
+    (a ``custom_vjp`` kernel on Pallas); host backends run their own backward kernel.
+    """,
+)
 
 
 def differentiable_backends() -> list[str]:
-    """Backends :func:`giou_vjp` can run on: JAX backends, differentiated through their
-    ``giou``, and host backends that register a ``giou_vjp`` kernel."""
-    with_vjp = set(registry.backends_for("giou_vjp"))
-    return [
-        name
-        for name in registry.backends_for("giou")
-        if name in with_vjp or registry.backend(name).array_kind == "jax"
-    ]
+    """Backends :func:`giou_vjp` can run on (the backends with a ``giou_vjp`` kernel)."""
+    return registry.backends_for("giou_vjp")
 
 
-def giou_loss(
+# giou_loss ----------------------------------------------------------------------------------
+
+
+def check_mask_and_reduction(
+    specs: Mapping[str, Spec | None], statics: Mapping[str, Any], batch: tuple[int, ...]
+) -> str:
+    """A ``[...]`` bool or numeric mask (or None) and a known reduction."""
+    reduction = statics["reduction"]
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
+    mask = specs["mask"]
+    if mask is not None:
+        if mask.shape != batch:
+            raise ValueError(f"mask must have shape {batch}, got {mask.shape}")
+        if not (np.issubdtype(mask.dtype, np.number) or mask.dtype == np.bool_):
+            raise TypeError(f"mask must be bool or numeric, got dtype {mask.dtype}")
+    return str(reduction)
+
+
+def _check_giou_loss(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    a, b = check_pair(specs, "preds", "targets")
+    reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
+    dtype = float_compute_dtype(a, b)
+    shape = a.shape[:-1] if reduction == "none" else ()
+    return Plan(
+        "giou",
+        dtype,
+        Spec(shape, np.dtype(dtype)),
+        (("reduction", reduction),),
+        trivial=_checks.size(a.shape[:-1]) == 0,
+        x64=is_64bit(a, b),
+    )
+
+
+def masked_loss(
+    runner: Runner,
+    plan: Plan,
+    metric: str,
     preds: Any,
     targets: Any,
-    *,
-    mask: Any = None,
-    reduction: Reduction = "mean",
-    backend: str | None = None,
-    config: Any = None,
-) -> jax.Array:
-    """``1 - giou(preds, targets)`` over the valid (non-padding) boxes.
+    mask: Any,
+) -> Any:
+    """``1 - metric(preds, targets)`` over valid boxes, reduced as ``plan`` says; padding
+    boxes are replaced by a safe box first, so they contribute exactly 0 (no NaN)."""
+    xp = runner.xp
+    dtype = plan.dtype or "float32"
+    if mask is None:
+        valid = xp.ones(preds.shape[:-1], bool)
+    else:
+        valid = mask != 0
+        safe = xp.asarray(_SAFE_BOX, preds.dtype)
+        preds = xp.where(valid[..., None], preds, safe)
+        targets = xp.where(valid[..., None], targets, safe)
+    value = _paired(runner, metric, dtype, preds, targets).astype(dtype)
+    loss = xp.where(valid, 1.0 - value.reshape(valid.shape), 0.0).astype(dtype)
+    reduction = plan.static("reduction")
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / xp.maximum(valid.sum(), 1).astype(dtype)
+    return loss.astype(dtype)
+
+
+def _compute_giou_loss(runner: Runner, plan: Plan, preds: Any, targets: Any, mask: Any) -> Any:
+    return masked_loss(runner, plan, "giou", preds, targets, mask)
+
+
+def masked_loss_vjp(
+    metric_vjp: Op,
+    arrays: Mapping[str, Any],
+    statics: Mapping[str, Any],
+    backend: str | None,
+    cotangent: Any,
+) -> tuple[Any, Any]:
+    """The gradient of a masked loss ``sum(-metric * weight)`` (``weight`` 0 at padding,
+    ``1 / count`` for "mean"): the metric's VJP with ``-weight * cotangent``. Padding is
+    zeroed first so that NaN there cannot leak through ``0 * NaN``."""
+    import jax
+    import jax.numpy as jnp
+
+    preds, targets, mask = arrays["preds"], arrays["targets"], arrays["mask"]
+    # numpy for host inputs keeps float64 float64 whatever JAX's x64 setting.
+    on_device = any(isinstance(a, jax.Array) for a in (preds, targets, mask, cotangent))
+    xp: Any = jnp if on_device else np
+    preds, targets = xp.asarray(preds), xp.asarray(targets)
+    valid = xp.ones(preds.shape[:-1], bool) if mask is None else xp.asarray(mask) != 0
+    dtype = xp.result_type(preds, targets, np.float32)
+    weight = valid.astype(dtype)
+    if statics["reduction"] == "mean":
+        weight = weight / xp.maximum(valid.sum(), 1).astype(dtype)
+    local = -(weight * xp.asarray(cotangent).astype(dtype))
+    inside = valid[..., None]
+    return metric_vjp(
+        xp.where(inside, preds, 0), xp.where(inside, targets, 0), local, backend=backend
+    )
+
+
+def _giou_loss_vjp(
+    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
+) -> tuple[Any, Any]:
+    return masked_loss_vjp(giou_vjp, arrays, statics, backend, cotangent)
+
+
+giou_loss = Op(
+    "giou_loss",
+    [
+        array("preds", 1),
+        array("targets", 1),
+        array("mask", 0, optional=True),
+        static("reduction", "str", "mean"),
+    ],
+    check=_check_giou_loss,
+    compute=_compute_giou_loss,
+    reference=reference.giou_loss,
+    vjp=_giou_loss_vjp,
+    differentiable=("preds", "targets"),
+    partition="loss",
+    doc="""``1 - giou(preds, targets)`` over the valid (non-padding) boxes.
 
     Args:
       preds, targets: ``[..., 4]`` boxes, same shape (see :func:`giou`).
@@ -120,34 +282,9 @@ def giou_loss(
         boxes may hold anything (even NaN): their loss and gradient are exactly 0.
       reduction: ``"none"`` -> ``[...]`` per-box loss (0 at padding); ``"sum"``; ``"mean"``
         over valid boxes, 0 (not NaN) when there are none.
+      backend, config: see :func:`giou`.
 
     Returns:
-      float32 loss: ``[...]`` for ``"none"``, else a scalar.
-    """
-    preds, targets = _check_pair(preds, targets)
-    if reduction not in ("none", "sum", "mean"):
-        raise ValueError(f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
-    batch_shape = tuple(preds.shape[:-1])
-    if mask is not None:
-        mask = _checks.as_array(mask, "mask")
-        if tuple(mask.shape) != batch_shape:
-            raise ValueError(f"mask must have shape {batch_shape}, got {tuple(mask.shape)}")
-        if not (np.issubdtype(mask.dtype, np.number) or mask.dtype == np.bool_):
-            raise TypeError(f"mask must be bool or numeric, got dtype {mask.dtype}")
-    chosen = registry.resolve("giou", backend, [preds, targets])
-    xp: Any = jnp if chosen.array_kind == "jax" else np
-    preds, targets, mask = registry.to_backend_arrays(chosen, [preds, targets, mask])
-    if mask is None:
-        valid = xp.ones(batch_shape, bool)
-    else:
-        valid = mask != 0
-        safe = xp.asarray(_SAFE_BOX, preds.dtype)
-        preds = xp.where(valid[..., None], preds, safe)
-        targets = xp.where(valid[..., None], targets, safe)
-    loss = xp.where(valid, 1.0 - _run_giou(chosen, preds, targets, config).astype(xp.float32), 0.0)
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        count = valid.sum()
-        loss = loss.sum() / xp.maximum(count, 1)
-    return registry.to_jax(loss, jnp.float32)
+      float32 loss (float64 for float64 boxes): ``[...]`` for ``"none"``, else a scalar.
+    """,
+)

@@ -1,32 +1,128 @@
 """int8 x int8 matmul with exact int32 accumulation, optional dequantization scales, and
-symmetric int8 quantization."""
+symmetric int8 quantization: the declarations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asickernels.kernels import _checks, registry
+from asickernels import reference
+from asickernels.kernels import _checks
+from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, is_64bit, static
 
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
 _OUT_DTYPES = (np.dtype(np.int32),) + _checks.FLOAT_DTYPES
 
 
-def int8_matmul(
-    x: Any,
-    y: Any,
-    *,
-    x_scale: Any = None,
-    y_scale: Any = None,
-    out_dtype: Any = None,
-    backend: str | None = None,
-    config: Any = None,
-) -> jax.Array:
-    """``x @ y`` for int8 ``x [M, K]`` and ``y [K, N]``, accumulated exactly in int32.
+def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
+    if spec is None:
+        return
+    _checks.check_float(spec, name)
+    if spec.shape not in ((), (length,)):
+        raise ValueError(
+            f"{name} must be a scalar or have shape [{dim}] = ({length},), got {spec.shape}"
+        )
+
+
+def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    x, y = specs["x"], specs["y"]
+    assert x is not None and y is not None
+    for name, spec in (("x", x), ("y", y)):
+        if spec.dtype != np.int8:
+            raise TypeError(f"{name} must be int8, got dtype {spec.dtype}")
+        if len(spec.shape) != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {spec.shape}")
+    (m, k), (k2, n) = x.shape, y.shape
+    if k != k2:
+        raise ValueError(f"x [M, K] and y [K, N] disagree on K: {x.shape} @ {y.shape}")
+    x_scale, y_scale, out_dtype = specs["x_scale"], specs["y_scale"], statics["out_dtype"]
+    try:
+        requested = None if out_dtype is None else np.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"out_dtype must be a dtype, got {out_dtype!r}") from None
+    scaled = x_scale is not None or y_scale is not None or requested not in (None, np.int32)
+    out = requested or np.dtype(np.float32 if scaled else np.int32)
+    if out not in _OUT_DTYPES or (scaled and out == np.int32):
+        raise TypeError(
+            f"out_dtype must be int32 (unscaled) or a float dtype, got {out}"
+            + (" with scales" if scaled and out == np.int32 else "")
+        )
+    _check_scale(x_scale, m, "x_scale", "M")
+    _check_scale(y_scale, n, "y_scale", "N")
+    if not scaled and k > INT8_MATMUL_MAX_K:
+        raise ValueError(
+            f"K = {k} exceeds {INT8_MATMUL_MAX_K}, beyond which an int32 accumulator can "
+            "overflow; pass scales (or a float out_dtype) to have K split into exact chunks"
+        )
+    return Plan(
+        "int8_matmul",
+        None,
+        Spec((m, n), out),
+        (("out_dtype", out), ("scaled", scaled)),
+        trivial=m == 0 or n == 0 or k == 0,
+        x64=is_64bit(x_scale, y_scale) or out.itemsize == 8,
+    )
+
+
+def _scale_vector(xp: Any, scale: Any, length: int) -> Any:
+    """A float32 ``[length]`` scale from None (ones), a scalar or a ``[length]`` array."""
+    if scale is None:
+        return xp.ones((length,), np.float32)
+    return xp.broadcast_to(scale.astype(np.float32), (length,))
+
+
+def _compute_int8_matmul(
+    runner: Runner, plan: Plan, x: Any, y: Any, x_scale: Any, y_scale: Any
+) -> Any:
+    xp, out = runner.xp, plan.static("out_dtype")
+    kernel = runner.kernel("int8_matmul")
+    (m, k), n = x.shape, y.shape[1]
+    if not plan.static("scaled"):
+        return kernel(x, y, x_scale=None, y_scale=None, out_dtype=out)
+    xs, ys = _scale_vector(xp, x_scale, m), _scale_vector(xp, y_scale, n)
+    if k <= INT8_MATMUL_MAX_K:
+        return kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out).astype(out)
+    # Exact int32 chunks of K, their dequantized partial products summed in float32.
+    total = None
+    for start in range(0, k, INT8_MATMUL_MAX_K):
+        stop = min(start + INT8_MATMUL_MAX_K, k)
+        part = kernel(
+            x[:, start:stop], y[start:stop], x_scale=xs, y_scale=ys, out_dtype=np.dtype(np.float32)
+        ).astype(np.float32)
+        total = part if total is None else total + part
+    return total.astype(out)
+
+
+def _reference_int8_matmul(
+    x: Any, y: Any, *, x_scale: Any = None, y_scale: Any = None, out_dtype: Any = None
+) -> np.ndarray:
+    m, n = np.shape(x)[0], np.shape(y)[1]
+    scaled = x_scale is not None or y_scale is not None or out_dtype not in (None, np.int32)
+    if not scaled:
+        return reference.int8_matmul(x, y)
+    xs = np.broadcast_to(np.float64(1) if x_scale is None else np.asarray(x_scale), (m,))
+    ys = np.broadcast_to(np.float64(1) if y_scale is None else np.asarray(y_scale), (n,))
+    return reference.int8_matmul(x, y, x_scale=xs, y_scale=ys, out_dtype=np.float64)
+
+
+int8_matmul = Op(
+    "int8_matmul",
+    [
+        array("x", 2),
+        array("y", 2),
+        array("x_scale", optional=True),
+        array("y_scale", optional=True),
+        static("out_dtype", "ScalarType?", None),
+    ],
+    check=_check_int8_matmul,
+    compute=_compute_int8_matmul,
+    reference=_reference_int8_matmul,
+    partition="matmul",
+    doc="""``x @ y`` for int8 ``x [M, K]`` and ``y [K, N]``, accumulated exactly in int32.
 
     Args:
       x_scale: None, a scalar, or ``[M]`` per-row scales of ``x``.
@@ -43,86 +139,79 @@ def int8_matmul(
       ValueError: for an int32 result with ``K > INT8_MATMUL_MAX_K`` (131071), where the
         int32 sum could overflow. With scales, larger K is split into exact int32 chunks
         whose dequantized partial products are summed in float32.
-    """
-    x = _checks.as_array(x, "x")
-    y = _checks.as_array(y, "y")
-    for name, array in (("x", x), ("y", y)):
-        if array.dtype != np.int8:
-            raise TypeError(f"{name} must be int8, got dtype {array.dtype}")
-        if array.ndim != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(array.shape)}")
-    (m, k), (k2, n) = x.shape, y.shape
-    if k != k2:
-        raise ValueError(
-            f"x [M, K] and y [K, N] disagree on K: {tuple(x.shape)} @ {tuple(y.shape)}"
-        )
-    scaled = (
-        x_scale is not None
-        or y_scale is not None
-        or (out_dtype is not None and np.dtype(out_dtype) != np.int32)
+    """,
+)
+
+
+# quantize_int8 ------------------------------------------------------------------------------
+
+
+def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    x = specs["x"]
+    assert x is not None
+    _checks.check_float(x, "x")
+    axis = statics["axis"]
+    ndim = len(x.shape)
+    if axis is not None:
+        axis = _checks.static_int(axis, "axis", low=-ndim)
+        if axis >= ndim:
+            raise ValueError(f"axis {axis} is out of range for an array of rank {ndim}")
+        axis %= ndim
+    scale_shape = () if axis is None else (x.shape[axis],)
+    return Plan(
+        None,
+        None,
+        (Spec(x.shape, np.dtype(np.int8)), Spec(scale_shape, np.dtype(np.float32))),
+        (("axis", axis),),
+        x64=is_64bit(x),
     )
-    out = (
-        np.dtype(out_dtype)
-        if out_dtype is not None
-        else np.dtype(np.float32 if scaled else np.int32)
-    )
-    if out not in _OUT_DTYPES or (scaled and out == np.int32):
-        raise TypeError(
-            f"out_dtype must be int32 (unscaled) or a float dtype, got {out}"
-            + (" with scales" if scaled and out == np.int32 else "")
-        )
-    x_scale = _scale(x_scale, m, "x_scale", "M") if scaled else None
-    y_scale = _scale(y_scale, n, "y_scale", "N") if scaled else None
-    if not scaled and k > INT8_MATMUL_MAX_K:
-        raise ValueError(
-            f"K = {k} exceeds {INT8_MATMUL_MAX_K}, beyond which an int32 accumulator can "
-            "overflow; pass scales (or a float out_dtype) to have K split into exact chunks"
-        )
-    chosen = registry.resolve("int8_matmul", backend, [x, y])
-    if m == 0 or n == 0 or k == 0:
-        return jnp.zeros((m, n), out)
-    impl = registry.implementation("int8_matmul", chosen.name)
-    x, y, x_scale, y_scale = registry.to_backend_arrays(chosen, [x, y, x_scale, y_scale])
-    if k <= INT8_MATMUL_MAX_K:
-        result = impl(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out, config=config)
-        return registry.to_jax(result, out)
-    total = None
-    for start in range(0, k, INT8_MATMUL_MAX_K):
-        stop = min(start + INT8_MATMUL_MAX_K, k)
-        part = impl(
-            x[:, start:stop],
-            y[start:stop],
-            x_scale=x_scale,
-            y_scale=y_scale,
-            out_dtype=np.dtype(np.float32),
-            config=config,
-        )
-        part = registry.to_jax(part, np.float32)
-        total = part if total is None else total + part
-    return registry.to_jax(total, out)
 
 
-def _scale(scale: Any, length: int, name: str, dim: str) -> Any:
-    """A ``[length]`` float32 scale from None (ones), a scalar, or a ``[length]`` array."""
-    if scale is None:
-        return np.ones((length,), np.float32)
-    scale = _checks.as_array(scale, name)
-    _checks.check_float(scale, name)
-    if scale.ndim == 0:
-        return jnp.broadcast_to(scale.astype(jnp.float32), (length,))
-    if tuple(scale.shape) != (length,):
-        raise ValueError(
-            f"{name} must be a scalar or have shape [{dim}] = ({length},), got {tuple(scale.shape)}"
-        )
-    return scale.astype(np.float32)
+def _check_quantize_values(x: Any, **_: Any) -> None:
+    if not np.all(np.isfinite(np.asarray(x))):
+        raise ValueError("quantize_int8: x holds NaN or infinite values, which have no int8 scale")
 
 
-def quantize_int8(x: Any, axis: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """Symmetric int8 quantization.
+def _compute_quantize(runner: Runner, plan: Plan, x: Any) -> tuple[Any, Any]:
+    axis = plan.static("axis")
+    values = jnp.asarray(x).astype(jnp.float32)
+    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
+    amax = jnp.max(jnp.abs(values), axis=reduce_axes, initial=0.0)
+    # amax / 127 underflows to 0 in float32 for amax below ~1.5e-36: keep it a normal float.
+    scale = jnp.where(amax > 0, jnp.maximum(amax / 127.0, jnp.finfo(jnp.float32).tiny), 1.0)
+    # Under jit values cannot be refused: a channel with NaN or inf gets a NaN scale, so
+    # anything dequantized with it is NaN rather than silently wrong.
+    finite = jnp.all(jnp.isfinite(values), axis=reduce_axes)
+    scale = jnp.where(finite, scale, jnp.nan)
+    broadcast = scale if axis is None else jnp.expand_dims(scale, reduce_axes)
+    q = jnp.clip(jnp.round(jnp.where(jnp.isfinite(values), values, 0.0) / broadcast), -127, 127)
+    return jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8), scale.astype(jnp.float32)
+
+
+def _reference_quantize(x: Any, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(x, np.float64)
+    if axis is not None:
+        axis %= values.ndim
+    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
+    amax = np.max(np.abs(values), axis=reduce_axes, initial=0.0)
+    scale = np.where(amax > 0, np.maximum(amax / 127.0, np.finfo(np.float32).tiny), 1.0)
+    broadcast = scale if axis is None else np.expand_dims(scale, reduce_axes)
+    q = np.clip(np.round(values / broadcast), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+quantize_int8 = Op(
+    "quantize_int8",
+    [array("x", 0), static("axis", "int?", None, positional=True)],
+    check=_check_quantize,
+    compute=_compute_quantize,
+    reference=_reference_quantize,
+    check_values=_check_quantize_values,
+    doc="""Symmetric int8 quantization.
 
     Args:
-      x: float array of finite values (a non-finite value makes its channel's result
-        meaningless; it is not checked, so that this works under ``jit``).
+      x: float array of finite values. Eagerly, NaN or inf raises ``ValueError``; under
+        ``jit`` (where values cannot be checked) such a channel gets a NaN scale.
       axis: the channel axis that keeps its own scale (``0`` for per-row scales of an
         ``[M, K]`` matrix, ``1`` for per-column scales of a ``[K, N]`` one); None for one
         scale for the whole tensor.
@@ -132,19 +221,5 @@ def quantize_int8(x: Any, axis: int | None = None) -> tuple[jax.Array, jax.Array
       ``[x.shape[axis]]`` (or ``()``) with ``x ~= q * scale`` along ``axis``;
       ``scale = max|x| / 127`` over the other axes (1 where that maximum is 0), and
       ``q = round_half_even(x / scale)``. Feed the scales to :func:`int8_matmul`.
-    """
-    x = _checks.as_array(x, "x")
-    _checks.check_float(x, "x")
-    if axis is not None:
-        axis = _checks.static_int(axis, "axis", low=-x.ndim)
-        if axis >= x.ndim:
-            raise ValueError(f"axis {axis} is out of range for an array of rank {x.ndim}")
-        axis %= x.ndim
-    values = jnp.asarray(x).astype(jnp.float32)
-    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
-    amax = jnp.max(jnp.abs(values), axis=reduce_axes, initial=0.0)
-    # amax / 127 underflows to 0 in float32 for amax below ~1.5e-36: keep it a normal float.
-    scale = jnp.where(amax > 0, jnp.maximum(amax / 127.0, jnp.finfo(jnp.float32).tiny), 1.0)
-    broadcast = scale if axis is None else jnp.expand_dims(scale, reduce_axes)
-    q = jnp.clip(jnp.round(values / broadcast), -127, 127).astype(jnp.int8)
-    return q, scale.astype(jnp.float32)
+    """,
+)

@@ -1,39 +1,155 @@
-"""Greedy non-maximum suppression with static output shapes, per image and per category."""
+"""Greedy non-maximum suppression with static output shapes, per image and per category:
+the declarations."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from asickernels.kernels import _checks, registry
+from asickernels import reference
+from asickernels.kernels import _checks
+from asickernels.kernels.declaration import (
+    Op,
+    Plan,
+    Runner,
+    Spec,
+    array,
+    float_compute_dtype,
+    is_64bit,
+    static,
+)
+
+# Indices are int32: an output position or a box index must fit.
+_MAX_INT32 = 2**31 - 1
 
 
-def nms(
+def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    boxes, scores, idxs = specs["boxes"], specs["scores"], specs.get("idxs")
+    assert boxes is not None and scores is not None
+    _checks.check_boxes(boxes, "boxes", min_ndim=2)
+    _checks.check_float(scores, "scores")
+    if scores.shape != boxes.shape[:-1]:
+        raise ValueError(
+            f"scores must have shape boxes.shape[:-1] = {boxes.shape[:-1]}, got {scores.shape}"
+        )
+    if idxs is not None:
+        if idxs.shape != scores.shape:
+            raise ValueError(f"idxs must have the shape of scores {scores.shape}, got {idxs.shape}")
+        if not np.issubdtype(idxs.dtype, np.integer):
+            raise TypeError(f"idxs must be an integer array, got dtype {idxs.dtype}")
+    iou_threshold = _checks.static_float(statics["iou_threshold"], "iou_threshold", 0.0, 1.0)
+    max_output_size = _checks.static_int(
+        statics["max_output_size"], "max_output_size", high=_MAX_INT32
+    )
+    score_threshold = statics["score_threshold"]
+    threshold = (
+        -math.inf
+        if score_threshold is None
+        else _checks.static_float(score_threshold, "score_threshold")
+    )
+    batch, n = scores.shape[:-1], scores.shape[-1]
+    if n > _MAX_INT32:
+        raise ValueError(f"N = {n} boxes exceeds the int32 index range")
+    int32 = np.dtype(np.int32)
+    return Plan(
+        "nms",
+        float_compute_dtype(boxes, scores),
+        (Spec(batch + (max_output_size,), int32), Spec(batch, int32)),
+        (
+            ("iou_threshold", iou_threshold),
+            ("max_output_size", max_output_size),
+            ("score_threshold", threshold),
+        ),
+        trivial=_checks.size(batch) == 0 or n == 0 or max_output_size == 0,
+        fill=-1,
+        x64=is_64bit(boxes, scores, idxs),
+    )
+
+
+def dense_ranks(xp: Any, ids: Any) -> Any:
+    """int32 ranks of integer ids: equal ids get equal ranks, distinct ids distinct ones,
+    so category identity survives over the whole int64 range (ranks < ``ids.size``)."""
+    flat = ids.reshape(-1)
+    return xp.searchsorted(xp.sort(flat), flat).astype(np.int32).reshape(ids.shape)
+
+
+def _compute_nms(
+    runner: Runner, plan: Plan, boxes: Any, scores: Any, idxs: Any = None
+) -> tuple[Any, Any]:
+    batch_shape = scores.shape[:-1]
+    n = scores.shape[-1]
+    batch = _checks.size(batch_shape)
+    dtype = plan.dtype or "float32"
+    if dtype == "float64":
+        boxes, scores = boxes.astype(np.float64), scores.astype(np.float64)
+    categories = None if idxs is None else dense_ranks(runner.xp, idxs).reshape(batch, n)
+    max_output_size = plan.static("max_output_size")
+    indices, num_valid = runner.kernel("nms")(
+        boxes.reshape(batch, n, 4),
+        scores.reshape(batch, n),
+        categories,
+        iou_threshold=plan.static("iou_threshold"),
+        max_output_size=max_output_size,
+        score_threshold=plan.static("score_threshold"),
+    )
+    return (
+        indices.astype(np.int32).reshape(batch_shape + (max_output_size,)),
+        num_valid.astype(np.int32).reshape(batch_shape),
+    )
+
+
+_NMS_STATICS = [
+    static("iou_threshold", "float"),
+    static("max_output_size", "int"),
+    static("score_threshold", "float?", None),
+]
+
+
+def _reference_nms(
     boxes: Any,
     scores: Any,
+    idxs: Any = None,
     *,
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float | None = None,
-    backend: str | None = None,
-    config: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Greedy NMS (torchvision's rule), with a static output shape.
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference over the public signature (any batch shape)."""
+    boxes, scores = np.asarray(boxes), np.asarray(scores)
+    batch_shape, n = scores.shape[:-1], scores.shape[-1]
+    batch = _checks.size(batch_shape)
+    if batch == 0 or n == 0 or max_output_size == 0:
+        return (
+            np.full(batch_shape + (max_output_size,), -1, np.int32),
+            np.zeros(batch_shape, np.int32),
+        )
+    indices, num_valid = reference.nms(
+        boxes.reshape(batch, n, 4),
+        scores.reshape(batch, n),
+        None if idxs is None else np.asarray(idxs).reshape(batch, n),
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=-math.inf if score_threshold is None else score_threshold,
+    )
+    return indices.reshape(batch_shape + (max_output_size,)), num_valid.reshape(batch_shape)
+
+
+_NMS_DOC = """Greedy NMS (torchvision's rule), with a static output shape.
 
     Boxes are visited by descending score (equal scores: lower index first); a box is
     suppressed when its IoU with an already kept box is strictly greater than
     ``iou_threshold``. Boxes with NaN scores or scores below ``score_threshold`` are never
-    kept. Every leading batch element is independent.
+    kept. Every leading batch element is independent. float64 boxes and scores are decided
+    in float64.
 
     Args:
       boxes: ``[..., N, 4]`` float boxes ``(x1, y1, x2, y2)``; any N >= 0.
       scores: ``[..., N]`` float scores.
       iou_threshold: Python float in ``[0, 1]``.
-      max_output_size: Python int >= 0; the output length.
+      max_output_size: Python int in ``[0, 2**31 - 1]``; the output length.
       score_threshold: Python float or None (no threshold).
       backend, config: see :func:`asickernels.giou`.
 
@@ -41,88 +157,24 @@ def nms(
       ``(indices, num_valid)``: ``indices [..., max_output_size]`` int32 box indices in
       selection order, padded with -1; ``num_valid [...]`` int32 count of real entries.
     """
-    return _nms(
-        boxes, scores, None, iou_threshold, max_output_size, score_threshold, backend, config
-    )
 
+nms = Op(
+    "nms",
+    [array("boxes", 2), array("scores", 1), *_NMS_STATICS],
+    check=_check_nms,
+    compute=_compute_nms,
+    reference=_reference_nms,
+    doc=_NMS_DOC,
+)
 
-def batched_nms(
-    boxes: Any,
-    scores: Any,
-    idxs: Any,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-    config: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only suppress
-    boxes of the same category (``idxs [..., N]``, integer). Output as :func:`nms`: kept
-    boxes of all categories in descending score order."""
-    return _nms(
-        boxes, scores, idxs, iou_threshold, max_output_size, score_threshold, backend, config
-    )
-
-
-def _nms(
-    boxes: Any,
-    scores: Any,
-    categories: Any,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None,
-    backend: str | None,
-    config: Any,
-) -> tuple[jax.Array, jax.Array]:
-    boxes = _checks.as_array(boxes, "boxes")
-    scores = _checks.as_array(scores, "scores")
-    _checks.check_boxes(boxes, "boxes", min_ndim=2)
-    _checks.check_float(scores, "scores")
-    if tuple(scores.shape) != tuple(boxes.shape[:-1]):
-        raise ValueError(
-            f"scores must have shape boxes.shape[:-1] = {tuple(boxes.shape[:-1])}, "
-            f"got {tuple(scores.shape)}"
-        )
-    if categories is not None:
-        categories = _checks.as_array(categories, "idxs")
-        if tuple(categories.shape) != tuple(scores.shape):
-            raise ValueError(
-                f"idxs must have the shape of scores {tuple(scores.shape)}, "
-                f"got {tuple(categories.shape)}"
-            )
-        if not np.issubdtype(categories.dtype, np.integer):
-            raise TypeError(f"idxs must be an integer array, got dtype {categories.dtype}")
-    iou_threshold = _checks.static_float(iou_threshold, "iou_threshold", 0.0, 1.0)
-    max_output_size = _checks.static_int(max_output_size, "max_output_size")
-    threshold = (
-        -math.inf
-        if score_threshold is None
-        else _checks.static_float(score_threshold, "score_threshold")
-    )
-
-    batch_shape = tuple(scores.shape[:-1])
-    n = scores.shape[-1]
-    batch = _checks.size(batch_shape)
-    chosen = registry.resolve("nms", backend, [boxes, scores])
-    if batch == 0 or n == 0 or max_output_size == 0:
-        return (
-            jnp.full(batch_shape + (max_output_size,), -1, jnp.int32),
-            jnp.zeros(batch_shape, jnp.int32),
-        )
-    boxes, scores, categories = registry.to_backend_arrays(chosen, [boxes, scores, categories])
-    if categories is not None:
-        categories = categories.reshape(batch, n).astype(np.int32)
-    indices, num_valid = registry.implementation("nms", chosen.name)(
-        boxes.reshape(batch, n, 4),
-        scores.reshape(batch, n),
-        categories,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=threshold,
-        config=config,
-    )
-    return (
-        registry.to_jax(indices, jnp.int32, batch_shape + (max_output_size,)),
-        registry.to_jax(num_valid, jnp.int32, batch_shape),
-    )
+batched_nms = Op(
+    "batched_nms",
+    [array("boxes", 2), array("scores", 1), array("idxs", 1), *_NMS_STATICS],
+    check=_check_nms,
+    compute=_compute_nms,
+    reference=_reference_nms,
+    doc="""Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only
+    suppress boxes of the same category (``idxs [..., N]``, any integer dtype; ids keep
+    their identity over the whole int64 range). Output as :func:`nms`: kept boxes of all
+    categories in descending score order.""",
+)

@@ -1,32 +1,42 @@
-"""Where backends and their per-op implementations are registered and looked up.
+"""Where backends and their per-kernel implementations are registered and looked up.
 
-An *op* (``"giou"``, ``"nms"``, ...) is defined once in ``asickernels/kernels/<op>.py``: its
-signature, validation and dispatch. A *backend* (``"xla"``, ``"pallas_tpu"``, ...) declares
-itself with :func:`register_backend` and adds one implementation module per op, registered
-with one :func:`register` line in ``asickernels/backends/__init__.py``. Implementations are
-imported lazily, so a backend whose dependencies are missing costs nothing until it is used.
+A public op (``asickernels.giou``, ``nms``, ...) is declared once in
+``asickernels/kernels/<op>.py`` (:mod:`asickernels.kernels.declaration`); it runs one or more
+*kernels* (``"giou"``, ``"giou_vjp"``, ``"nms"``, ``"int8_matmul"``). A *backend* (``"xla"``,
+``"pallas_tpu"``, ...) declares itself with :func:`register_backend` and adds one
+implementation module per kernel, registered with one :func:`register` line in
+``asickernels/backends/__init__.py`` that also states what the implementation supports
+(:class:`Support`). Which backend runs is decided in one place,
+:mod:`asickernels.kernels.policy`. Implementations are imported lazily, so a backend whose
+dependencies are missing costs nothing until it is used.
 
 Implementation calling conventions (the op layer validates, flattens and converts first):
 
-* ``giou(boxes1 [P, 4], boxes2 [P, 4]) -> [P] float``; P >= 1, float32/bfloat16/float64 in.
+* ``giou(boxes1 [P, 4], boxes2 [P, 4]) -> [P] float``; P >= 1; float32 (or float64 where the
+  implementation's :class:`Support` lists it: then the result is float64). bfloat16/float16
+  inputs arrive upcast to float32.
 * ``giou_vjp(boxes1 [P, 4], boxes2 [P, 4], cotangent [P]) -> (d_boxes1, d_boxes2)``.
 * ``nms(boxes [B, N, 4], scores [B, N], categories [B, N] int32 | None, *, iou_threshold,
   max_output_size, score_threshold) -> (indices [B, max_output_size] int32, num_valid [B] int32)``;
-  B, N, max_output_size >= 1, ``score_threshold`` a float (``-inf`` when the caller gave none).
+  B, N, max_output_size >= 1, ``score_threshold`` a float (``-inf`` when the caller gave none);
+  boxes and scores float32 or float64 as for ``giou``; categories are dense int32 ranks
+  (equal ids, equal ranks), whatever integer ids the caller gave.
 * ``int8_matmul(x [M, K] int8, y [K, N] int8, *, x_scale [M] | None, y_scale [N] | None,
   out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
 
-Every implementation also takes ``config=None``: a backend-specific tuning object.
+Every implementation also takes ``config=None``: a backend-specific tuning object. A JAX
+backend may also register a *host* implementation of the same kernel (numpy in, numpy out)
+that eager calls on host arrays use instead of a compiled JAX call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
 
 ArrayKind = Literal["numpy", "jax"]
 Mode = Literal["native", "simulated", "missing"]
@@ -56,8 +66,12 @@ class Backend:
         arrays (which makes it usable under ``jit``/``vmap``/``grad``).
       probe: returns this backend's :class:`Availability` here; called lazily.
       description: one line for ``asickernels info`` and the README table.
-      default_on: platforms (``jax`` device platforms, e.g. ``"tpu"``, ``"cpu"``) on which
-        ``backend=None`` picks this backend, in order of preference across backends.
+      platforms: the device platforms it runs natively on (``"cpu"``, ``"tpu"``,
+        ``"neuron"``, ...; ``"*"`` for any JAX device). :mod:`~asickernels.kernels.policy`
+        picks a backend for ``backend=None`` only where it is native.
+      embeddable: its JAX implementations lower to plain HLO (no host callbacks or custom
+        calls registered in this process), so they can be spliced into another XLA
+        program (torch_xla's ``call_jax``).
       counters: optional; returns counters of the backend's most recent kernel run (e.g.
         simulated instructions per engine, bytes moved), reported beside timings by ``bench``.
       device_timer: optional; ``(op, case, warmup, iters) -> Timing`` timing ``op`` on the
@@ -69,9 +83,36 @@ class Backend:
     array_kind: ArrayKind
     probe: Callable[[], Availability]
     description: str
-    default_on: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    embeddable: bool = False
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
+
+
+FLOAT32_ONLY = frozenset({"float32"})
+FLOAT32_AND_64 = frozenset({"float32", "float64"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Support:
+    """What one implementation can compute, stated on its registration line.
+
+    Attributes:
+      dtypes: the compute dtypes it decides in (``"float32"``, ``"float64"``); float
+        inputs narrower than float32 are upcast before it runs. Integer kernels ignore this.
+      generations: TPU generations it compiles for (None: any); elsewhere ignored.
+    """
+
+    dtypes: frozenset[str] = FLOAT32_ONLY
+    generations: frozenset[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    target: str
+    bound: dict[str, Any]
+    support: Support
+    host_target: str | None
 
 
 class BackendUnavailableError(RuntimeError):
@@ -79,8 +120,8 @@ class BackendUnavailableError(RuntimeError):
 
 
 _BACKENDS: dict[str, Backend] = {}
-_IMPLEMENTATIONS: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
-_LOADED: dict[tuple[str, str], Callable[..., Any]] = {}
+_IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {}
+_LOADED: dict[tuple[str, str, bool], Callable[..., Any]] = {}
 _AVAILABILITY: dict[str, Availability] = {}
 
 
@@ -91,15 +132,25 @@ def register_backend(backend: Backend) -> None:
     _BACKENDS[backend.name] = backend
 
 
-def register(op: str, backend: str, target: str, **bound: Any) -> None:
-    """Registers ``target`` (``"package.module:function"``) as ``backend``'s ``op``.
+def register(
+    op: str,
+    backend: str,
+    target: str,
+    *,
+    support: Support = Support(),
+    host: str | None = None,
+    **bound: Any,
+) -> None:
+    """Registers ``target`` (``"package.module:function"``) as ``backend``'s kernel ``op``.
 
-    ``bound`` keyword arguments are passed on every call (e.g. an interpret mode), so one
-    implementation module can serve two backend names.
+    ``support`` states what the implementation computes (dtypes, TPU generations); ``host``
+    optionally names a numpy-in, numpy-out twin of a JAX implementation, used for eager calls
+    on host arrays. ``bound`` keyword arguments are passed on every call (e.g. an interpret
+    mode), so one implementation module can serve two backend names.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"register the backend {backend!r} before its implementations")
-    _IMPLEMENTATIONS[(op, backend)] = (target, bound)
+    _IMPLEMENTATIONS[(op, backend)] = Implementation(target, bound, support, host)
 
 
 def backend(name: str) -> Backend:
@@ -128,8 +179,20 @@ def availability(name: str) -> Availability:
     return _AVAILABILITY[name]
 
 
-def implementation(op: str, name: str) -> Callable[..., Any]:
-    """The callable for (op, backend), imported on first use.
+def support(op: str, name: str) -> Support:
+    """What ``name``'s implementation of kernel ``op`` supports (it must be registered)."""
+    return _IMPLEMENTATIONS[(op, name)].support
+
+
+def has_host_implementation(op: str, name: str) -> bool:
+    entry = _IMPLEMENTATIONS.get((op, name))
+    return entry is not None and (
+        backend(name).array_kind == "numpy" or entry.host_target is not None
+    )
+
+
+def check_runs_here(op: str, name: str) -> None:
+    """Raises unless ``name`` is a known backend implementing ``op`` that can run here.
 
     Raises:
       ValueError: unknown backend, or the backend does not implement ``op``.
@@ -144,77 +207,22 @@ def implementation(op: str, name: str) -> Callable[..., Any]:
     if status.mode == "missing":
         hint = f" ({status.install_hint})" if status.install_hint else ""
         raise BackendUnavailableError(f"backend {name!r} cannot run here: {status.detail}{hint}")
-    if (op, name) not in _LOADED:
-        target, bound = _IMPLEMENTATIONS[(op, name)]
+
+
+def implementation(op: str, name: str, *, host: bool = False) -> Callable[..., Any]:
+    """The callable for (kernel ``op``, backend), imported on first use: its host (numpy)
+    twin with ``host=True`` (the implementation itself for a numpy backend)."""
+    check_runs_here(op, name)
+    key = (op, name, host and backend(name).array_kind == "jax")
+    if key not in _LOADED:
+        entry = _IMPLEMENTATIONS[(op, name)]
+        target = entry.host_target if key[2] else entry.target
+        if target is None:
+            raise ValueError(f"backend {name!r} has no host implementation of {op!r}")
         module_name, _, function_name = target.partition(":")
         function = getattr(importlib.import_module(module_name), function_name)
-        if bound:
-            original = function
-
-            def function(*args: Any, **kwargs: Any) -> Any:
-                return original(*args, **bound, **kwargs)
-
-        _LOADED[(op, name)] = function
-    return _LOADED[(op, name)]
-
-
-def _platform_of(arrays: Sequence[Any]) -> str:
-    import jax
-
-    for array in arrays:
-        if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
-            return next(iter(array.devices())).platform
-    return jax.default_backend()
-
-
-def resolve(op: str, name: str | None, arrays: Sequence[Any]) -> Backend:
-    """The backend to run ``op`` on: ``name``, or for ``None`` the preferred backend for the
-    platform the inputs live on (falling back to ``"xla"``)."""
-    if name is not None:
-        chosen = backend(name)
-        implementation(op, name)  # fail early with the reason
-        return chosen
-    platform = _platform_of(arrays)
-    for candidate in _BACKENDS.values():
-        if (
-            platform in candidate.default_on
-            and (op, candidate.name) in _IMPLEMENTATIONS
-            and availability(candidate.name).mode == "native"
-        ):
-            return candidate
-    return backend("xla")
-
-
-def to_backend_arrays(chosen: Backend, arrays: Sequence[Any]) -> list[Any]:
-    """Converts inputs to the array kind ``chosen`` takes (``None`` passes through)."""
-    if chosen.array_kind == "jax":
-        import jax.numpy as jnp
-
-        return [None if a is None else jnp.asarray(a) for a in arrays]
-    import jax
-
-    converted = []
-    for array in arrays:
-        if isinstance(array, jax.core.Tracer):
-            raise TypeError(
-                f"backend {chosen.name!r} runs on host numpy arrays and cannot be traced by "
-                "jit/vmap/grad; call it outside jit, or use a JAX backend ('xla', 'pallas_tpu')"
-            )
-        converted.append(None if array is None else np.asarray(array))
-    return converted
-
-
-def to_jax(value: Any, dtype: Any, shape: tuple[int, ...] | None = None) -> Any:
-    """A backend output (numpy or jax) as a JAX array of ``dtype`` (and ``shape``).
-
-    The cast and reshape happen before the transfer, in the output's own array library, so a
-    host backend's result costs one transfer instead of a device op per step."""
-    import jax
-    import jax.numpy as jnp
-
-    if not isinstance(value, jax.Array):
-        value = np.asarray(value)
-    value = value.astype(dtype)
-    if shape is not None:
-        value = value.reshape(shape)
-    return jnp.asarray(value)
+        if entry.bound:
+            _LOADED[key] = functools.partial(function, **entry.bound)
+        else:
+            _LOADED[key] = function
+    return _LOADED[key]

@@ -42,7 +42,7 @@ BACKEND = Backend(
     array_kind="numpy",
     probe=_probe,
     description="NKI kernels for AWS Trainium/Inferentia (a strict CPU simulator without a device)",
-    default_on=("neuron",),
+    platforms=("neuron",),
     counters=_counters,
     device_timer=_device_timer,
 )

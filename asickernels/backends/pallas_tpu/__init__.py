@@ -31,7 +31,8 @@ BACKEND = Backend(
     array_kind="jax",
     probe=_probe_compiled,
     description="Pallas/Mosaic TPU kernels (interpret mode where there is no TPU)",
-    default_on=("tpu",),
+    platforms=("tpu",),
+    embeddable=True,
 )
 INTERPRET_BACKEND = Backend(
     name="pallas_tpu_interpret",

@@ -16,5 +16,6 @@ BACKEND = Backend(
     array_kind="jax",
     probe=_probe,
     description="plain jax.numpy, compiled by XLA for whatever device JAX has",
-    default_on=("cpu", "gpu", "tpu"),
+    platforms=("*",),
+    embeddable=True,
 )

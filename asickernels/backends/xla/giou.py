@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from asickernels.backends.xla.nms import compute_dtype
 from asickernels.reference import GIOU_EPS
 
 
@@ -20,7 +21,7 @@ def giou_from_planes(
     u2: jax.Array,
     v2: jax.Array,
 ) -> jax.Array:
-    """GIOU from coordinate planes (any equal shapes, float32).
+    """GIOU from coordinate planes (any equal shapes, float32 or float64).
 
     Written with ``where`` rather than ``maximum``/``minimum`` so that autodiff follows the
     reference's tie rule (the gradient goes to the first box) instead of splitting it.
@@ -36,7 +37,7 @@ def giou_from_planes(
 
 
 def giou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-    """``[P, 4]`` x2 -> ``[P]`` float32."""
-    a = boxes1.astype(jnp.float32)
-    b = boxes2.astype(jnp.float32)
+    """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
+    dtype = compute_dtype(boxes1, boxes2)
+    a, b = boxes1.astype(dtype), boxes2.astype(dtype)
     return giou_from_planes(*(a[:, i] for i in range(4)), *(b[:, i] for i in range(4)))

@@ -14,7 +14,7 @@ class Candidates(NamedTuple):
     """One image's boxes in visiting order (descending score, ties by index).
 
     order: ``[N]`` int32 original index of each sorted position.
-    boxes: ``[N, 4]`` float32 sorted boxes; non-finite boxes replaced by ``(0, 0, 0, 0)``,
+    boxes: ``[N, 4]`` sorted boxes (float32, or float64 for float64 inputs); non-finite boxes replaced by ``(0, 0, 0, 0)``,
       which has IoU 0 with every box, as the reference defines for them.
     eligible: ``[N]`` bool, score not NaN and ``>= score_threshold``.
     categories: ``[N]`` int32 sorted categories (zeros for plain NMS).
@@ -26,24 +26,30 @@ class Candidates(NamedTuple):
     categories: jax.Array
 
 
+def compute_dtype(*arrays: jax.Array) -> Any:
+    """float32 for narrower floats, float64 kept (decided in float64 under x64)."""
+    return jnp.result_type(jnp.float32, *(a.dtype for a in arrays))
+
+
 def sort_candidates(
     boxes: jax.Array, scores: jax.Array, categories: jax.Array | None, score_threshold: float
 ) -> Candidates:
     """Sorts one image's ``boxes [N, 4]``, ``scores [N]`` for greedy NMS."""
     n = scores.shape[0]
-    scores = scores.astype(jnp.float32)
+    dtype = compute_dtype(boxes, scores)
+    scores = scores.astype(dtype)
     eligible = ~jnp.isnan(scores) & (scores >= score_threshold)
     # + 0.0 folds -0.0 into 0.0: XLA's sort orders -0.0 before 0.0, the reference does not.
     key = jnp.where(eligible, -(scores + 0.0), jnp.inf)
     _, order = lax.sort((key, jnp.arange(n, dtype=jnp.int32)), num_keys=1, is_stable=True)
-    sorted_boxes = boxes.astype(jnp.float32)[order]
+    sorted_boxes = boxes.astype(dtype)[order]
     finite = jnp.all(jnp.isfinite(sorted_boxes), axis=1, keepdims=True)
     cats = jnp.zeros((n,), jnp.int32) if categories is None else categories.astype(jnp.int32)
     return Candidates(order, jnp.where(finite, sorted_boxes, 0.0), eligible[order], cats[order])
 
 
 def iou_with(box: jax.Array, boxes: jax.Array) -> jax.Array:
-    """NMS IoU of ``box [4]`` with ``boxes [N, 4]`` (float32; 0 where the union is not > 0)."""
+    """NMS IoU of ``box [4]`` with ``boxes [N, 4]`` (0 where the union is not > 0)."""
     iw = jnp.maximum(jnp.minimum(box[2], boxes[:, 2]) - jnp.maximum(box[0], boxes[:, 0]), 0.0)
     ih = jnp.maximum(jnp.minimum(box[3], boxes[:, 3]) - jnp.maximum(box[1], boxes[:, 1]), 0.0)
     inter = iw * ih

@@ -1,0 +1,368 @@
+"""Op declarations: each public op is declared once, and everything else derives from it.
+
+An :class:`Op` holds an op's parameters (arrays and static values, with their defaults and
+PyTorch schema types), its validation (:attr:`Op.check`: shapes, dtypes and static values
+only, so it runs once per signature, outside any trace), its output shapes and dtypes (the
+:class:`Plan` that validation returns), its computation over backend kernels
+(:attr:`Op.compute`, written once against ``xp`` = numpy or ``jax.numpy``), its float64
+reference and, for differentiable ops, its vector-Jacobian product. The JAX API is the
+:class:`Op` object itself; the ``torch.library`` operators (with fake implementations and
+autograd), the torch_xla kernels and the SPMD wrappers are generated from it
+(:mod:`asickernels.torch.ops`, :mod:`asickernels.backends.xla_spmd`).
+
+A call runs in one of three ways, chosen per call:
+
+* inside a trace (``jit``/``vmap``/``grad``): the computation is traced inline;
+* eagerly on host arrays with a backend that has a host implementation: straight to it,
+  numpy in and out, no XLA dispatch;
+* otherwise eagerly through a compiled function cached per (backend, plan, config), where
+  the plan encodes the static arguments, shapes and dtypes.
+
+64-bit inputs (float64 boxes, int64 category ids) are kept 64-bit: their calls run with
+JAX's x64 mode switched on for that call only (:func:`x64_scope`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asickernels.kernels import _checks, policy, registry
+
+REQUIRED: Any = inspect.Parameter.empty
+
+
+class Spec(NamedTuple):
+    """The shape and dtype of an array argument: all validation looks at."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter of an op.
+
+    Attributes:
+      name: its name in every frontend.
+      kind: ``"array"`` (traced; a tensor in PyTorch) or ``"static"`` (a Python value).
+      torch_type: its type in the ``torch.library`` schema (``"Tensor"``, ``"Tensor?"``,
+        ``"float"``, ``"float?"``, ``"int"``, ``"int?"``, ``"str"``, ``"ScalarType?"``).
+      default: REQUIRED, or the default value.
+      positional: may be passed by position (else keyword-only).
+      core_ndim: for arrays, how many trailing dims are not batch dims (SPMD wrappers
+        partition the leading ones).
+    """
+
+    name: str
+    kind: Literal["array", "static"]
+    torch_type: str
+    default: Any = REQUIRED
+    positional: bool = False
+    core_ndim: int = 0
+
+
+def array(name: str, core_ndim: int = 0, *, optional: bool = False) -> Param:
+    """An array parameter; optional ones default to None and are keyword-only."""
+    if optional:
+        return Param(name, "array", "Tensor?", None, False, core_ndim)
+    return Param(name, "array", "Tensor", REQUIRED, True, core_ndim)
+
+
+def static(
+    name: str, torch_type: str, default: Any = REQUIRED, *, positional: bool = False
+) -> Param:
+    return Param(name, "static", torch_type, default, positional)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What validation decided, from shapes, dtypes and static values alone.
+
+    Attributes:
+      kernel: the registry kernel whose backends run the op (None: plain JAX, no backend).
+      dtype: the compute dtype the backend must support (``"float32"``, ``"float64"``), or
+        None for integer kernels.
+      outputs: the output shapes and dtypes (one :class:`Spec`, or a tuple for tuple outputs).
+      statics: the static arguments after validation (normalized, hashable).
+      trivial: the outputs are known without running anything (empty inputs): zeros, or for
+        integer outputs ``fill``.
+      fill: the value of trivial integer outputs (e.g. -1 for NMS padding).
+      x64: some input or output is 64-bit, so the call runs in JAX's x64 mode.
+    """
+
+    kernel: str | None
+    dtype: str | None
+    outputs: Spec | tuple[Spec, ...]
+    statics: tuple[tuple[str, Any], ...]
+    trivial: bool = False
+    fill: int = 0
+    x64: bool = False
+
+    def static(self, name: str) -> Any:
+        return dict(self.statics)[name]
+
+    def output_list(self) -> tuple[Spec, ...]:
+        return self.outputs if isinstance(self.outputs, tuple) else (self.outputs,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """What :attr:`Op.compute` calls kernels through: the chosen backend, whether its
+    arrays are host numpy arrays (``xp`` is numpy) or JAX arrays, and the tuning config."""
+
+    backend: str
+    host: bool
+    config: Any
+
+    @property
+    def xp(self) -> Any:
+        return np if self.host else jnp
+
+    def kernel(self, name: str) -> Callable[..., Any]:
+        function = registry.implementation(name, self.backend, host=self.host)
+        return functools.partial(function, config=self.config)
+
+
+Check = Callable[[Mapping[str, Spec | None], Mapping[str, Any]], Plan]
+Compute = Callable[..., Any]
+
+
+class Op:
+    """A public op, declared once. Calling it runs it (see the module docstring).
+
+    Args:
+      name: the public name (``asickernels.<name>``, ``torch.ops.asickernels.<name>``).
+      params: the parameters in signature order (``backend`` and ``config`` are added).
+      check: ``(array specs, static values) -> Plan``; raises TypeError/ValueError.
+      compute: ``(runner, plan, **arrays) -> outputs``, written with ``runner.xp``.
+      reference: the float64 definition, called with the public arguments (no backend).
+      doc: the docstring.
+      vjp: for differentiable ops, ``(arrays, statics, backend, cotangent) -> gradients``
+        of the array parameters named in ``differentiable``, written with public ops.
+      differentiable: the array parameters ``vjp`` returns gradients for.
+      partition: how the SPMD wrappers split the op (``"batch"``: every array along its
+        leading batch dims; other rules are named by the op and live in the SPMD modules).
+      check_values: optional checks of concrete input values, run on eager calls only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        params: Sequence[Param],
+        *,
+        check: Check,
+        compute: Compute,
+        reference: Callable[..., Any],
+        doc: str,
+        vjp: Callable[..., tuple[Any, ...]] | None = None,
+        differentiable: tuple[str, ...] = (),
+        partition: str = "batch",
+        check_values: Callable[..., None] | None = None,
+    ) -> None:
+        self.name = name
+        self.params = tuple(params)
+        self.check = check
+        self.compute = compute
+        self.reference = reference
+        self.vjp = vjp
+        self.differentiable = differentiable
+        self.partition = partition
+        self.check_values = check_values
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = doc
+        self.__module__ = "asickernels"
+        self.array_names = tuple(p.name for p in self.params if p.kind == "array")
+        self.static_names = tuple(p.name for p in self.params if p.kind == "static")
+        parameters = []
+        for p in self.params:
+            kind = (
+                inspect.Parameter.POSITIONAL_OR_KEYWORD
+                if p.positional
+                else inspect.Parameter.KEYWORD_ONLY
+            )
+            parameters.append(inspect.Parameter(p.name, kind, default=p.default))
+        parameters += [
+            inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None),
+            inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None),
+        ]
+        self.__signature__ = inspect.Signature(parameters)
+        self._plans: dict[Any, Plan] = {}
+        self._compiled: dict[Any, Callable[..., Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<asickernels op {self.name}{self.__signature__}>"
+
+    # Binding and validation ---------------------------------------------------------------
+
+    def bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], str | None, Any]:
+        """``(arrays, statics, backend, config)`` from a call's arguments; arrays are made
+        array-like (lists become numpy) but not moved or converted."""
+        try:
+            bound = self.__signature__.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self.name}(): {error}") from None
+        bound.apply_defaults()
+        values = bound.arguments
+        arrays = {
+            n: None if values[n] is None else _checks.as_array(values[n], n)
+            for n in self.array_names
+        }
+        statics = {n: values[n] for n in self.static_names}
+        return arrays, statics, values["backend"], values["config"]
+
+    def plan(self, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Plan:
+        """Validates shapes, dtypes and static values (cached per signature)."""
+        specs = {
+            n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
+            for n, a in arrays.items()
+        }
+        try:
+            key: Any = (tuple(specs.items()), tuple(statics.items()))
+            hash(key)
+        except TypeError:
+            return self.check(specs, statics)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self.check(specs, statics)
+        return plan
+
+    def choose(self, plan: Plan, backend: str | None, arrays: Mapping[str, Any]) -> str | None:
+        """The backend this call runs on (None for ops without a kernel)."""
+        if plan.kernel is None:
+            if backend is not None:
+                raise TypeError(f"{self.name} takes no backend (it is plain JAX)")
+            return None
+        where = policy.where_arrays_live([a for a in arrays.values() if a is not None])
+        return policy.select(plan.kernel, backend, where, plan.dtype)
+
+    # Running ------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arrays, statics, backend, config = self.bind(args, kwargs)
+        plan = self.plan(arrays, statics)
+        chosen = self.choose(plan, backend, arrays)
+        return self.run(chosen, plan, config, arrays, want="jax")
+
+    def run(
+        self,
+        backend: str | None,
+        plan: Plan,
+        config: Any,
+        arrays: Mapping[str, Any],
+        want: Literal["jax", "numpy"],
+    ) -> Any:
+        """Runs a validated call on ``backend``; ``want`` is the array kind returned when the
+        call is eager (inside a trace the outputs are always traced JAX values)."""
+        traced = any(isinstance(a, jax.core.Tracer) for a in arrays.values())
+        if self.check_values is not None and not traced:
+            self.check_values(**arrays)
+        if plan.trivial:
+            xp = np if want == "numpy" and not traced else jnp
+            outs = tuple(
+                xp.full(s.shape, plan.fill if s.dtype.kind in "iu" else 0, s.dtype)
+                for s in plan.output_list()
+            )
+            return _as_single(plan, outs)
+        if traced:
+            return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
+        if backend is not None and _runs_on_host(plan.kernel, backend, arrays):
+            host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
+            with x64_scope(plan.x64):
+                out = self.compute(Runner(backend, True, config), plan, **host)
+            return out if want == "numpy" else jax.tree.map(lambda o: to_jax(o, plan.x64), out)
+        compiled = self._compiled_for(backend, plan, config)
+        present = {n: a for n, a in arrays.items() if a is not None}
+        with x64_scope(plan.x64):
+            out = compiled(**present)
+        return jax.tree.map(np.asarray, out) if want == "numpy" else out
+
+    def _compiled_for(self, backend: str | None, plan: Plan, config: Any) -> Callable[..., Any]:
+        key = (backend, plan, config)
+        try:
+            hash(key)
+        except TypeError:
+            key = None
+        compiled = self._compiled.get(key) if key is not None else None
+        if compiled is None:
+            runner = Runner(backend or "xla", False, config)
+            absent = {n: None for n in self.array_names}
+
+            def body(**present: Any) -> Any:
+                return self.compute(runner, plan, **{**absent, **present})
+
+            compiled = jax.jit(body)
+            if key is not None:
+                self._compiled[key] = compiled
+        return compiled
+
+
+def _as_single(plan: Plan, outs: tuple[Any, ...]) -> Any:
+    return outs if isinstance(plan.outputs, tuple) else outs[0]
+
+
+def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any]) -> bool:
+    """Whether an eager call goes to the backend's host implementation: always for numpy
+    backends; for JAX backends with a host twin, when every input is already on the host
+    (numpy, or a JAX array on the CPU, which numpy views without a copy)."""
+    if kernel is None or not registry.has_host_implementation(kernel, backend):
+        return False
+    if registry.backend(backend).array_kind == "numpy":
+        return True
+    return all(
+        a is None or not isinstance(a, jax.Array) or all(d.platform == "cpu" for d in a.devices())
+        for a in arrays.values()
+    )
+
+
+def x64_scope(enabled: bool) -> Any:
+    """JAX's x64 mode for one call (a no-op context when not ``enabled``)."""
+    if not enabled:
+        import contextlib
+
+        return contextlib.nullcontext()
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # jax < 0.8
+
+    return enable_x64()
+
+
+_ALIGNMENT = 64  # XLA's CPU client wraps host buffers aligned to this without a copy
+
+
+def to_jax(value: Any, x64: bool = False) -> jax.Array:
+    """A host result as a JAX array, keeping 64-bit dtypes (``x64``); a C-contiguous,
+    64-byte aligned numpy array becomes a JAX CPU array without a copy."""
+    if isinstance(value, jax.Array):
+        return value
+    with x64_scope(x64):
+        return jax.device_put(np.asarray(value))
+
+
+def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised numpy array aligned for a copy-free hand-over to JAX (see
+    :func:`to_jax`); host kernels allocate their outputs with it."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def float_compute_dtype(*specs: Spec | None) -> str:
+    """The compute dtype of float inputs: float64 if any is float64, else float32."""
+    return "float64" if any(s is not None and s.dtype == np.float64 for s in specs) else "float32"
+
+
+def is_64bit(*specs: Spec | None) -> bool:
+    return any(s is not None and s.dtype.itemsize == 8 for s in specs)

@@ -1,0 +1,169 @@
+"""Which backend runs a kernel: the one selection policy of the library.
+
+Every kernel has one ordered preference (:data:`PREFERENCE`). For ``backend=None`` the
+first backend in that order is chosen that implements the kernel, runs *natively* on the
+platform the inputs live on (its :attr:`~asickernels.kernels.registry.Backend.platforms`),
+and supports the call (the compute dtype, the TPU generation; see
+:class:`~asickernels.kernels.registry.Support`), and, inside a trace, takes JAX arrays. A
+native backend passed over for the dtype or generation is a *fallback*: it warns once, and
+``asickernels info`` lists it. A backend named by the caller is used as named, or refused
+with the reason; nothing falls back silently, and no backend falls back inside itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from asickernels.kernels import registry
+
+# One ordered preference per kernel: fastest first, the portable XLA implementation last.
+# The native CPU backend leads on CPU hosts; on TPUs the Pallas kernels; on Neuron devices
+# GpSimd before NKI where both exist (the seed's inf2 figures: 0.061 against 0.211 ms for
+# GIOU). The reference and TPU interpret mode are never picked: they are asked for by name.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "giou": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
+    "giou_vjp": ("cpu", "pallas_tpu", "nki", "xla"),
+    "nms": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
+    "int8_matmul": ("cpu", "pallas_tpu", "nki", "xla"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """Where a call runs: the inputs' platform (a JAX platform name, or ``"neuron"``), the
+    TPU generation when it is a TPU, whether the call is being traced, and whether a
+    simulated backend may stand in for a native one (torch_xla on a CPU PJRT device runs
+    the TPU kernels in interpret mode, so that a CPU run checks the kernels a TPU runs)."""
+
+    platform: str
+    generation: str | None = None
+    traced: bool = False
+    simulated_ok: bool = False
+
+
+def where_arrays_live(arrays: Sequence[Any]) -> Where:
+    """The :class:`Where` of a call on ``arrays`` (JAX arrays, tracers or host arrays)."""
+    import jax
+
+    traced = any(isinstance(a, jax.core.Tracer) for a in arrays)
+    device = None
+    for array in arrays:
+        if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
+            device = next(iter(array.devices()))
+            break
+    if device is None:
+        device = jax.devices()[0]
+    generation = None
+    if device.platform == "tpu":
+        from asickernels import tpu_generations
+
+        generation = tpu_generations.generation_of(device)
+    return Where(device.platform, generation, traced)
+
+
+def _native_on(name: str, platform: str) -> bool:
+    platforms = registry.backend(name).platforms
+    return "*" in platforms or platform in platforms
+
+
+def _why_not(kernel: str, name: str, where: Where, dtype: str | None) -> str | None:
+    """Why ``name`` cannot run this call (None: it can), beyond being registered."""
+    chosen = registry.backend(name)
+    if where.traced and chosen.array_kind != "jax":
+        return (
+            f"backend {name!r} runs on host numpy arrays and cannot be traced by "
+            "jit/vmap/grad; call it outside jit, or use a JAX backend"
+        )
+    support = registry.support(kernel, name)
+    if dtype is not None and dtype not in support.dtypes:
+        return (
+            f"backend {name!r} computes {kernel} in {'/'.join(sorted(support.dtypes))}, not "
+            f"{dtype}; pass {sorted(support.dtypes)[0]} inputs or a backend that has {dtype} "
+            f"({', '.join(b for b in registry.backends_for(kernel) if dtype in registry.support(kernel, b).dtypes)})"
+        )
+    if (
+        where.platform == "tpu"
+        and where.generation is not None
+        and support.generations is not None
+        and where.generation not in support.generations
+    ):
+        return f"backend {name!r} has no {kernel} kernel for TPU {where.generation}"
+    return None
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def select(kernel: str, requested: str | None, where: Where, dtype: str | None) -> str:
+    """The backend that runs ``kernel`` for a call (``dtype``: the compute dtype, or None
+    for integer kernels).
+
+    Raises:
+      ValueError / BackendUnavailableError: ``requested`` is unknown, lacks the kernel or
+        cannot run here.
+      TypeError: ``requested`` cannot run this call (dtype, tracing), or no backend can.
+    """
+    if requested is not None:
+        registry.check_runs_here(kernel, requested)
+        reason = _why_not(kernel, requested, where, dtype)
+        if reason is not None:
+            raise TypeError(reason)
+        return requested
+    for name in candidates(kernel, where):
+        reason = _why_not(kernel, name, where, dtype)
+        if reason is None:
+            return name
+        key = (kernel, name, reason)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"{reason}: falling back to the next backend", stacklevel=4)
+    raise TypeError(
+        f"no backend can run {kernel} here ({where.platform}"
+        + (", traced" if where.traced else "")
+        + (f", {dtype}" if dtype else "")
+        + ")"
+    )
+
+
+def candidates(kernel: str, where: Where) -> list[str]:
+    """Backends in preference order that implement ``kernel`` and run here, natively on
+    ``where.platform`` (or simulated, where ``where.simulated_ok``)."""
+    names = []
+    for name in PREFERENCE[kernel]:
+        if name not in registry.backend_names() or name not in registry.backends_for(kernel):
+            continue
+        mode = registry.availability(name).mode
+        if mode == "missing":
+            continue
+        native = mode == "native" and _native_on(name, where.platform)
+        if native or (where.simulated_ok and registry.backend(name).embeddable):
+            names.append(name)
+    return names
+
+
+def describe(platform: str, generation: str | None = None) -> dict[str, dict[str, str]]:
+    """For ``asickernels info``: per kernel and compute dtype, the backend ``backend=None``
+    picks on ``platform`` (and TPU ``generation``), with each fallback it takes."""
+    table: dict[str, dict[str, str]] = {}
+    where = Where(platform, generation)
+    for kernel in PREFERENCE:
+        row: dict[str, str] = {}
+        dtypes: tuple[str | None, ...] = (
+            (None,) if kernel == "int8_matmul" else ("float32", "float64")
+        )
+        for dtype in dtypes:
+            skipped = []
+            chosen = "none"
+            for name in candidates(kernel, where):
+                reason = _why_not(kernel, name, where, dtype)
+                if reason is None:
+                    chosen = name
+                    break
+                skipped.append(name)
+            label = dtype or "int8"
+            row[label] = chosen + (f" (falls back from {', '.join(skipped)})" if skipped else "")
+        table[kernel] = row
+    return table
