@@ -1,0 +1,155 @@
+"""The native CPU library: building and loading it, its ctypes signatures (host path) and
+its XLA FFI targets (JAX path)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asickernels import _native_build
+
+_CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(sorted(_CSRC.glob("*.cpp")))
+HEADERS = tuple(sorted(_CSRC.glob("*.h")))
+# FMA contraction off: NMS must round exactly as the float64 reference does.
+_FLAGS = (
+    "-std=c++17", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-ffp-contract=off",
+    "-DNDEBUG",
+)  # fmt: skip
+# "1" selects the AddressSanitizer + UBSan build; the process needs LD_PRELOAD set to
+# sanitizer_preload() (see tests/test_cpu_backend.py).
+SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
+
+FFI_TARGETS = (
+    "giou_f32", "giou_f64", "giou_vjp_f32", "giou_vjp_f64", "nms_f32", "nms_f64",
+    "batched_nms_f32", "batched_nms_f64", "int8_matmul", "int8_matmul_scaled_f32",
+    "int8_matmul_scaled_f64",
+)  # fmt: skip
+_FFI_PREFIX = "asickernels_cpu_ffi_"
+_ERRORS = {1: "unsupported dtype code", 2: "out of memory"}
+
+FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+OUT_KIND = {np.dtype(np.int32): 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+
+
+class NativeCpuError(RuntimeError):
+    """A native CPU kernel failed (out of memory) or the library could not be built."""
+
+
+def compiler_name() -> str:
+    return _native_build.compiler() or "no compiler"
+
+
+def unavailable_reason() -> str | None:
+    """None when the library can be built here, else why not (cheap: builds nothing)."""
+    if _native_build.compiler() is None:
+        return "no C++ compiler to build the native CPU kernels ($CXX or g++ not found)"
+    try:
+        import jax.ffi  # noqa: F401
+    except ImportError as error:
+        return f"this JAX has no jax.ffi: {error}"
+    return None
+
+
+def _ffi_include_dir() -> Path:
+    import jax
+
+    return Path(jax.ffi.include_dir())
+
+
+def sanitizer_preload() -> str:
+    return _native_build.sanitizer_preload(_native_build.require_compiler("sanitizer preload"))
+
+
+def library_path(sanitize: bool = False) -> Path:
+    """Builds (or finds in the cache) the library for this JAX's FFI headers."""
+    include = _ffi_include_dir()
+    try:
+        return _native_build.build(
+            "cpu-kernels",
+            SOURCES,
+            flags=_FLAGS,
+            headers=(*HEADERS, *sorted((include / "xla" / "ffi" / "api").glob("*.h"))),
+            include_dirs=(include,),
+            sanitize=sanitize,
+        )
+    except _native_build.NativeBuildError as error:
+        raise NativeCpuError(str(error)) from None
+
+
+def _pointer_args(count: int) -> list[Any]:
+    return [ctypes.c_void_p] * count
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded library (built on first use), its thread count set to the CPU count."""
+    sanitize = os.environ.get(SANITIZE_ENV) == "1"
+    if sanitize and "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        raise NativeCpuError(
+            "the sanitized native CPU build needs the ASan runtime preloaded: run Python with "
+            f"LD_PRELOAD='{sanitizer_preload()}' ASAN_OPTIONS=detect_leaks=0"
+        )
+    lib = ctypes.CDLL(str(library_path(sanitize)))
+    i64, c_int, c_double = ctypes.c_int64, ctypes.c_int, ctypes.c_double
+    lib.asickernels_cpu_giou.argtypes = [c_int, *_pointer_args(2), i64, ctypes.c_void_p]
+    lib.asickernels_cpu_giou_vjp.argtypes = [c_int, *_pointer_args(3), i64, *_pointer_args(2)]
+    lib.asickernels_cpu_nms.argtypes = [
+        c_int, *_pointer_args(3), i64, i64, c_double, i64, c_double, *_pointer_args(2)
+    ]  # fmt: skip
+    lib.asickernels_cpu_int8_matmul.argtypes = [
+        *_pointer_args(2), i64, i64, i64, *_pointer_args(2), c_int, ctypes.c_void_p
+    ]  # fmt: skip
+    lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
+    lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
+    if bool(lib.asickernels_cpu_sanitized()) != sanitize:
+        raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
+    lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
+    return lib
+
+
+def check(status: int) -> None:
+    """Raises for a non-zero status of a host entry point."""
+    if status != 0:
+        raise NativeCpuError(f"native CPU kernel failed: {_ERRORS.get(status, status)}")
+
+
+def int8_matmul_path() -> str:
+    """``"avx512-vnni"`` or ``"portable"``: the int8 microkernel this machine's build has."""
+    return str(library().asickernels_cpu_int8_matmul_path().decode())
+
+
+@functools.cache
+def ffi_targets() -> None:
+    """Registers every FFI handler of the library with XLA (once per process)."""
+    import jax
+
+    lib = library()
+    for name in FFI_TARGETS:
+        symbol = getattr(lib, _FFI_PREFIX + name)
+        jax.ffi.register_ffi_target(ffi_name(name), jax.ffi.pycapsule(symbol), platform="cpu")
+
+
+def ffi_name(target: str) -> str:
+    return _FFI_PREFIX + target
+
+
+def address(array: np.ndarray | None) -> int | None:
+    """The data pointer of a C-contiguous array (None for None): the zero-copy hand-over."""
+    return None if array is None else array.__array_interface__["data"][0]
+
+
+def float_kernel_dtype(*dtypes: Any) -> np.dtype:
+    """float64 if any input is float64, else float32 (bfloat16/float16 are upcast)."""
+    wide = any(np.dtype(d) == np.float64 for d in dtypes)
+    return np.dtype(np.float64 if wide else np.float32)
+
+
+def check_config(config: Any) -> None:
+    if config is not None:
+        raise ValueError(f"the cpu backend has no tuning config, got {config!r}")

@@ -1,0 +1,233 @@
+// int8 x int8 -> int32 matmul, exact.
+//
+// AVX-512 VNNI path (chosen at build time by -march=native): vpdpbusd multiplies unsigned by
+// signed bytes, so x is stored as x + 128 (x ^ 0x80 as uint8) and the sum is corrected by
+// -128 * column sums of y. The arithmetic wraps modulo 2^32 (the instruction, and uint32 for
+// the correction); the true result fits int32 (K <= 131071), so the wrapped one equals it.
+// Goto-style blocking: y is packed once into panels of 32 columns x 4-byte K groups (two
+// zmm per K group), x into uint8 rows; a 6 x 32 microkernel keeps 12 accumulators; tasks of
+// (192 rows x 256 columns) run on the thread pool.
+//
+// Portable path (any other CPU): row-times-matrix loops the compiler vectorizes.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define ASICKERNELS_CPU_VNNI 1
+#endif
+
+namespace asickernels_cpu {
+namespace {
+
+// Below this many multiply-adds the call stays on one thread.
+constexpr int64_t kParallelMacs = int64_t{1} << 22;
+
+struct AlignedFree {
+  void operator()(void* pointer) const { std::free(pointer); }
+};
+template <typename T>
+using Buffer = std::unique_ptr<T[], AlignedFree>;
+
+template <typename T>
+Buffer<T> allocate(int64_t count) {
+  const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
+  return Buffer<T>(static_cast<T*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+}
+
+#ifdef ASICKERNELS_CPU_VNNI
+
+constexpr int64_t kMR = 6;    // microkernel rows
+constexpr int64_t kNR = 32;   // microkernel columns: two zmm of int32
+constexpr int64_t kKC = 512;  // K bytes per block (multiple of 4)
+constexpr int64_t kMC = 192;  // rows per task (multiple of kMR)
+constexpr int64_t kNC = 256;  // columns per task (multiple of kNR)
+
+struct Packed {
+  int64_t m, k, n, k_padded, panels;
+  Buffer<uint8_t> x;     // [m][k_padded] x ^ 0x80, zero padded
+  Buffer<int8_t> y;      // [panels][k_padded / 4][kNR][4], zero padded
+  Buffer<uint32_t> bias; // [panels * kNR] -128 * column sums of y, modulo 2^32
+};
+
+void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
+  p.k_padded = (p.k + 3) / 4 * 4;
+  p.panels = (p.n + kNR - 1) / kNR;
+  p.x = allocate<uint8_t>(p.m * p.k_padded);
+  p.y = allocate<int8_t>(p.panels * p.k_padded * kNR);
+  p.bias = allocate<uint32_t>(p.panels * kNR);
+  auto pack_rows = [&](int64_t row) {
+    uint8_t* out = p.x.get() + row * p.k_padded;
+    const int8_t* in = x + row * p.k;
+    for (int64_t kk = 0; kk < p.k; ++kk) out[kk] = static_cast<uint8_t>(in[kk]) ^ 0x80u;
+    for (int64_t kk = p.k; kk < p.k_padded; ++kk) out[kk] = 0;
+  };
+  auto pack_panel = [&](int64_t panel) {
+    int8_t* out = p.y.get() + panel * p.k_padded * kNR;
+    uint32_t* bias = p.bias.get() + panel * kNR;
+    std::memset(out, 0, static_cast<size_t>(p.k_padded * kNR));
+    const int64_t col0 = panel * kNR, cols = std::min(kNR, p.n - col0);
+    uint32_t sums[kNR] = {};
+    for (int64_t kk = 0; kk < p.k; ++kk) {
+      const int8_t* row = y + kk * p.n + col0;
+      int8_t* group = out + (kk / 4) * kNR * 4 + (kk % 4);
+      for (int64_t c = 0; c < cols; ++c) {
+        group[c * 4] = row[c];
+        sums[c] += static_cast<uint32_t>(static_cast<int32_t>(row[c]));
+      }
+    }
+    for (int64_t c = 0; c < kNR; ++c) bias[c] = 0u - 128u * sums[c];
+  };
+  if (parallel) {
+    parallel_for(p.m, pack_rows);
+    parallel_for(p.panels, pack_panel);
+  } else {
+    for (int64_t row = 0; row < p.m; ++row) pack_rows(row);
+    for (int64_t panel = 0; panel < p.panels; ++panel) pack_panel(panel);
+  }
+}
+
+// c[rows, 32] (+)= x'[rows, k0:k0+kc] . y_panel[k0:k0+kc, 32]; the first K block starts from
+// the bias. Columns beyond the matrix are masked off.
+template <int kRows>
+void microkernel(const uint8_t* x, int64_t ldx, const int8_t* y_panel, int64_t k_groups,
+                 const uint32_t* bias, bool first, int32_t* c, int64_t ldc, __mmask16 mask0,
+                 __mmask16 mask1) {
+  __m512i acc[kRows][2];
+  for (int r = 0; r < kRows; ++r) {
+    if (first) {
+      acc[r][0] = _mm512_loadu_si512(bias);
+      acc[r][1] = _mm512_loadu_si512(bias + 16);
+    } else {
+      acc[r][0] = _mm512_maskz_loadu_epi32(mask0, c + r * ldc);
+      acc[r][1] = _mm512_maskz_loadu_epi32(mask1, c + r * ldc + 16);
+    }
+  }
+  for (int64_t g = 0; g < k_groups; ++g) {
+    const __m512i y0 = _mm512_loadu_si512(y_panel + g * 128);
+    const __m512i y1 = _mm512_loadu_si512(y_panel + g * 128 + 64);
+    for (int r = 0; r < kRows; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, x + r * ldx + 4 * g, sizeof(quad));
+      const __m512i xv = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xv, y0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xv, y1);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    _mm512_mask_storeu_epi32(c + r * ldc, mask0, acc[r][0]);
+    _mm512_mask_storeu_epi32(c + r * ldc + 16, mask1, acc[r][1]);
+  }
+}
+
+using Microkernel = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const uint32_t*,
+                             bool, int32_t*, int64_t, __mmask16, __mmask16);
+constexpr Microkernel kMicrokernels[kMR + 1] = {nullptr,         microkernel<1>, microkernel<2>,
+                                                microkernel<3>,  microkernel<4>, microkernel<5>,
+                                                microkernel<6>};
+
+__mmask16 column_mask(int64_t columns) {
+  return columns >= 16 ? __mmask16(0xffff)
+                       : columns <= 0 ? __mmask16(0) : __mmask16((1u << columns) - 1u);
+}
+
+void matmul_int32(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t n,
+                  int32_t* c) {
+  const bool parallel = m * k * n >= kParallelMacs;
+  Packed p{m, k, n, 0, 0, nullptr, nullptr, nullptr};
+  pack(x, y, p, parallel);
+  const int64_t row_blocks = (m + kMC - 1) / kMC, col_blocks = (n + kNC - 1) / kNC;
+  auto task = [&](int64_t t) {
+    const int64_t row0 = (t / col_blocks) * kMC, rows = std::min(kMC, m - row0);
+    const int64_t col0 = (t % col_blocks) * kNC, cols = std::min(kNC, n - col0);
+    for (int64_t k0 = 0; k0 < p.k_padded; k0 += kKC) {
+      const int64_t groups = std::min(kKC, p.k_padded - k0) / 4;
+      for (int64_t j = col0; j < col0 + cols; j += kNR) {
+        const int64_t panel = j / kNR;
+        const int8_t* y_panel = p.y.get() + panel * p.k_padded * kNR + k0 * kNR;
+        const __mmask16 mask0 = column_mask(n - j), mask1 = column_mask(n - j - 16);
+        for (int64_t i = row0; i < row0 + rows; i += kMR) {
+          const int64_t r = std::min(kMR, row0 + rows - i);
+          kMicrokernels[r](p.x.get() + i * p.k_padded + k0, p.k_padded, y_panel, groups,
+                           p.bias.get() + panel * kNR, k0 == 0, c + i * n + j, n, mask0, mask1);
+        }
+      }
+    }
+  };
+  if (parallel) {
+    parallel_for(row_blocks * col_blocks, task);
+  } else {
+    for (int64_t t = 0; t < row_blocks * col_blocks; ++t) task(t);
+  }
+}
+
+#else  // portable
+
+void matmul_int32(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t n,
+                  int32_t* c) {
+  auto row = [&](int64_t i) {
+    int32_t* __restrict out = c + i * n;
+    std::fill(out, out + n, 0);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const int32_t a = x[i * k + kk];
+      const int8_t* __restrict b = y + kk * n;
+      for (int64_t j = 0; j < n; ++j) out[j] += a * static_cast<int32_t>(b[j]);
+    }
+  };
+  if (m * k * n >= kParallelMacs) {
+    parallel_for(m, row);
+  } else {
+    for (int64_t i = 0; i < m; ++i) row(i);
+  }
+}
+
+#endif
+
+template <typename Out>
+void dequantize(const int32_t* acc, int64_t m, int64_t n, const float* x_scale,
+                const float* y_scale, Out* out) {
+  auto row = [&](int64_t i) {
+    const double xs = x_scale ? static_cast<double>(x_scale[i]) : 1.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double ys = y_scale ? static_cast<double>(y_scale[j]) : 1.0;
+      out[i * n + j] = static_cast<Out>(static_cast<double>(acc[i * n + j]) * xs * ys);
+    }
+  };
+  if (m * n >= kParallelMacs / 16) {
+    parallel_for(m, row);
+  } else {
+    for (int64_t i = 0; i < m; ++i) row(i);
+  }
+}
+
+}  // namespace
+
+void int8_matmul(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t n,
+                 const float* x_scale, const float* y_scale, MatmulOut out_kind, void* out) {
+  if (out_kind == MatmulOut::kInt32) {
+    matmul_int32(x, y, m, k, n, static_cast<int32_t*>(out));
+    return;
+  }
+  Buffer<int32_t> acc = allocate<int32_t>(m * n);
+  matmul_int32(x, y, m, k, n, acc.get());
+  if (out_kind == MatmulOut::kFloat32) {
+    dequantize(acc.get(), m, n, x_scale, y_scale, static_cast<float*>(out));
+  } else {
+    dequantize(acc.get(), m, n, x_scale, y_scale, static_cast<double*>(out));
+  }
+}
+
+const char* int8_matmul_path() {
+#ifdef ASICKERNELS_CPU_VNNI
+  return "avx512-vnni";
+#else
+  return "portable";
+#endif
+}
+
+}  // namespace asickernels_cpu

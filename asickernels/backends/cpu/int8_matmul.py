@@ -1,0 +1,86 @@
+"""int8 x int8 matmul with exact int32 accumulation on the native CPU kernel (AVX-512 VNNI
+where the CPU has it): JAX (FFI) and host (numpy) entry points. Dequantization multiplies
+in float64 and rounds once to the output dtype (float32 for bfloat16/float16 first)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asickernels.backends.cpu import _library
+
+
+def _kernel_out_dtype(out_dtype: Any, scaled: bool) -> np.dtype:
+    """What the kernel writes: int32 unscaled; float64 for a float64 result, else float32."""
+    if not scaled:
+        return np.dtype(np.int32)
+    return np.dtype(np.float64 if np.dtype(out_dtype) == np.float64 else np.float32)
+
+
+def int8_matmul(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    x_scale: jax.Array | None,
+    y_scale: jax.Array | None,
+    out_dtype: Any,
+    config: Any = None,
+) -> jax.Array:
+    """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` with scales."""
+    _library.check_config(config)
+    _library.ffi_targets()
+    m, n = x.shape[0], y.shape[1]
+    scaled = x_scale is not None
+    kernel_dtype = _kernel_out_dtype(out_dtype, scaled)
+    if kernel_dtype == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
+        kernel_dtype = np.dtype(np.float32)  # float64 is off (jax_enable_x64): JAX's float
+    result = jax.ShapeDtypeStruct((m, n), kernel_dtype)
+    if not scaled:
+        call = jax.ffi.ffi_call(
+            _library.ffi_name("int8_matmul"), result, vmap_method="broadcast_all"
+        )
+        return call(x, y)
+    suffix = "f64" if kernel_dtype == np.float64 else "f32"
+    call = jax.ffi.ffi_call(
+        _library.ffi_name(f"int8_matmul_scaled_{suffix}"), result, vmap_method="broadcast_all"
+    )
+    scales = [jnp.asarray(s).astype(jnp.float32) for s in (x_scale, y_scale)]
+    return call(x, y, *scales).astype(out_dtype)
+
+
+def int8_matmul_host(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    x_scale: np.ndarray | None,
+    y_scale: np.ndarray | None,
+    out_dtype: Any,
+    config: Any = None,
+) -> np.ndarray:
+    """Host twin of :func:`int8_matmul`: numpy in, numpy out."""
+    _library.check_config(config)
+    x = np.ascontiguousarray(x, np.int8)
+    y = np.ascontiguousarray(y, np.int8)
+    (m, k), n = x.shape, y.shape[1]
+    scaled = x_scale is not None
+    kernel_dtype = _kernel_out_dtype(out_dtype, scaled)
+    scales = [
+        None if s is None else np.ascontiguousarray(s, np.float32) for s in (x_scale, y_scale)
+    ]
+    out = np.empty((m, n), kernel_dtype)
+    _library.check(
+        _library.library().asickernels_cpu_int8_matmul(
+            _library.address(x),
+            _library.address(y),
+            m,
+            k,
+            n,
+            *map(_library.address, scales),
+            _library.OUT_KIND[kernel_dtype],
+            _library.address(out),
+        )
+    )
+    return out if not scaled else out.astype(out_dtype, copy=False)
