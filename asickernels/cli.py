@@ -29,7 +29,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
         "compile every Pallas kernel for real TPU generations with libtpu (no TPU needed)",
     ),
     "estimate": (
-        "asickernels.simulate.tpu_cost",
+        "asickernels.simulate.tpu_estimate.estimate",
         "estimate TPU kernel times from the compiler's schedule (estimates, not measurements)",
     ),
     "spmd-plan": (

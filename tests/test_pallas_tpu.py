@@ -3,8 +3,6 @@ generation handling. Numerical agreement is the conformance suite's job."""
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import asickernels
-from asickernels import reference
+from asickernels import reference, tpu_generations
 from asickernels.backends.pallas_tpu import tuning
 from asickernels.testing.cases import random_boxes
 
@@ -29,7 +27,7 @@ def _copy_blocks(out_index_map):
             in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
             out_specs=pl.BlockSpec((8, 128), out_index_map),
             compiler_params=tuning.compiler_params(("parallel",), 0),
-            interpret=tuning.interpret_param("tpu_interpret"),
+            interpret=tuning.tpu_interpret_params(),
         )
         return call(x)
 
@@ -108,21 +106,41 @@ def test_config_of_the_wrong_kind_is_refused():
         ("TPU v5", "v5p"),
         ("TPU v6 lite", "v6e"),
         ("TPU7x", "v7x"),
+        ("cpu", None),
+        ("TPU v9000", None),
     ],
 )
 def test_generation_from_device_kind(kind, generation):
-    assert tuning.generation_of(kind) == generation
+    assert tpu_generations.generation_of(kind) == generation
 
 
-def test_unknown_generation_is_refused():
-    with pytest.raises(ValueError, match="unknown TPU generation"), tuning.compile_for("v9"):
-        pass
+def test_a_cpu_device_has_no_generation():
+    assert tpu_generations.generation_of(jax.devices("cpu")[0]) is None
 
 
-def test_int8_matmul_on_a_generation_without_int8_mxu_warns_and_uses_xla():
-    x = np.full((4, 8), 3, np.int8)
-    with tuning.compile_for("v4"), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = asickernels.int8_matmul(x, x.T.copy(), backend="pallas_tpu")
-    np.testing.assert_array_equal(np.asarray(got), np.full((4, 4), 72))
-    assert any("no int8 MXU" in str(w.message) for w in caught)
+def test_generation_table_is_consistent():
+    for name, facts in tpu_generations.GENERATIONS.items():
+        assert facts.name == name
+        assert all(tpu_generations.generation_of(kind) == name for kind in facts.device_kinds)
+        assert facts.peak_bf16_ops_per_s > 0 and facts.hbm_bytes_per_s > 0
+    assert frozenset({"v5e", "v5p", "v6e"}) == tpu_generations.INT8_MXU
+    with pytest.raises(ValueError, match="unknown TPU generation"):
+        tpu_generations.get("v9")
+
+
+def test_on_cpu_a_jitted_kernel_lowers_to_interpret_mode():
+    x = jnp.ones((64, 128), jnp.int8)
+    text = (
+        jax.jit(lambda a, b: asickernels.int8_matmul(a, b, backend="pallas_tpu"))
+        .lower(x, x.T)
+        .as_text()
+    )
+    assert "tpu_custom_call" not in text
+
+
+def test_vmapped_kernel_matches_the_reference():
+    rng = np.random.default_rng(2)
+    a, b = random_boxes(rng, (3, 200)), random_boxes(rng, (3, 200))
+    got = jax.vmap(lambda p, q: asickernels.giou(p, q, backend="pallas_tpu"))(a, b)
+    want = np.stack([reference.giou(p, q) for p, q in zip(a, b, strict=True)])
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)

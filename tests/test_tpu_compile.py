@@ -4,7 +4,6 @@ libtpu, for v5e, v6e and v5p topologies, on this CPU-only machine."""
 from __future__ import annotations
 
 import functools
-import warnings
 
 import pytest
 
@@ -51,26 +50,40 @@ def test_kernels_compile_at_benchmark_shapes(generation):
     assert big.vmem_bytes and big.vmem_limit_bytes and big.vmem_limit_bytes >= big.vmem_bytes
 
 
-def test_int8_kernel_fails_on_v4_and_the_public_op_falls_back():
-    """v4's MXU has no int8 x int8: the raw kernel is refused by the real compiler, so the
-    op warns and uses XLA's int8 dot there."""
-    from asickernels.backends.pallas_tpu.int8_matmul import pallas_int8_matmul
+def test_int8_kernel_is_refused_on_v4_with_a_clear_error():
+    """v4's MXU has no int8 x int8: the kernel says so when lowered for it (choosing XLA
+    there is the selection policy's job, never the backend's)."""
+    result = tpu_compile.compile_all(["v4"], ["int8_matmul"], targets=SMALL_SHAPES)
+    assert not any(r.ok for r in result)
+    assert all("no int8 MXU path" in r.error for r in result)
 
-    raw = tpu_compile.KernelShape(
-        "int8_matmul",
-        "raw kernel",
-        lambda: (
-            lambda x, y: pallas_int8_matmul(x, y, x_scale=None, y_scale=None, out_dtype="int32"),
-            [((256, 256), "int8"), ((256, 256), "int8")],
-        ),
+
+def test_a_kernel_lowered_for_a_topology_device_is_mosaic_with_no_context_manager():
+    import jax
+    import jax.numpy as jnp
+
+    import asickernels
+
+    device = tpu_compile.topology_device("v6e")
+    arg = jax.ShapeDtypeStruct(
+        (1000, 4), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device)
     )
-    result = tpu_compile.compile_one(raw, "v4")
-    assert not result.ok and result.error
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fallback = tpu_compile.compile_all(["v4"], ["int8_matmul"], targets=SMALL_SHAPES)
-    assert all(r.ok for r in fallback)
-    assert any("no int8 MXU" in str(w.message) for w in caught)
+    lowered = jax.jit(lambda a, b: asickernels.giou(a, b, backend="pallas_tpu")).lower(arg, arg)
+    assert "tpu_custom_call" in lowered.as_text()
+    lowered.compile()
+
+
+def test_block_tables_follow_the_generation_of_the_arguments_device():
+    """v5e and v6e have different int8 tables: the VMEM the kernel asks for differs."""
+    from asickernels.backends.pallas_tpu import tuning
+
+    requests = {}
+    for generation in ("v5e", "v6e"):
+        fn, specs = tpu_compile._matmul(4096, 4096, 4096, False)
+        with tuning.record_vmem() as requests[generation]:
+            tpu_compile.lower_for_tpu(fn, specs, generation)
+    assert tuning.INT8_MATMUL_CONFIGS["v5e"] != tuning.INT8_MATMUL_CONFIGS["v6e"]
+    assert requests["v5e"] and requests["v6e"] and requests["v5e"] != requests["v6e"]
 
 
 def test_compile_errors_are_reported_not_raised():

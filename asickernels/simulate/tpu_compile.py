@@ -18,7 +18,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+from asickernels import tpu_generations as generations
+
+TOPOLOGIES = {
+    name: topology
+    for name, facts in generations.GENERATIONS.items()
+    if (topology := facts.topology) is not None
+}
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
 
 
@@ -127,24 +133,21 @@ def topology_device(generation: str) -> Any:
 
     if generation not in TOPOLOGIES:
         raise ValueError(f"no topology for {generation!r}; known: {sorted(TOPOLOGIES)}")
-    return topologies.get_topology_desc(
-        platform="tpu", topology_name=TOPOLOGIES[generation]
-    ).devices[0]
+    topology = TOPOLOGIES[generation]
+    return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[0]
 
 
 def lower_for_tpu(
     fn: Callable[..., Any], arg_specs: Sequence[tuple[tuple[int, ...], Any]], generation: str
 ) -> Any:
-    """``jax.jit(fn).lower(...)`` for one TPU device of ``generation``, with the Pallas
-    kernels built for that generation (not interpret mode)."""
+    """``jax.jit(fn).lower(...)`` with the arguments on one TPU device of ``generation``:
+    the Pallas kernels lower to Mosaic with that generation's blocks (they follow the
+    lowering, see :mod:`asickernels.backends.pallas_tpu.tuning`)."""
     import jax
-
-    from asickernels.backends.pallas_tpu import tuning
 
     sharding = jax.sharding.SingleDeviceSharding(topology_device(generation))
     args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in arg_specs]
-    with tuning.compile_for(generation):
-        return jax.jit(fn).lower(*args)
+    return jax.jit(fn).lower(*args)
 
 
 # In the tpu_custom_call backend config a raised scoped-VMEM limit reads

@@ -10,6 +10,7 @@ kernel), so forward and gradient can never disagree on the formula.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -52,60 +53,111 @@ def _vmem_bytes(block_rows: int, itemsize: int, backward: bool) -> int:
     return 2 * (2 * plane_block * itemsize + row_block)
 
 
+def _layout(count: int, dtype: Any, block_rows: int) -> tuple[int, int]:
+    """(block rows, padded rows) for ``count`` boxes: whole blocks of ``block_rows`` x 128,
+    shrunk to the native sublane tiling of ``dtype`` for small inputs."""
+    sublanes = 8 if dtype == jnp.float32 else 16
+    rows_needed = pl.cdiv(count, LANES)
+    block = min(block_rows, pl.cdiv(rows_needed, sublanes) * sublanes)
+    return block, pl.cdiv(rows_needed, block) * block
+
+
+def _to_planes(boxes: jax.Array, rows: int) -> jax.Array:
+    padded = jnp.pad(boxes.T, ((0, 0), (0, rows * LANES - boxes.shape[0])))
+    return padded.reshape(4, rows, LANES)
+
+
+def _forward(
+    config: tuning.GiouConfig | None, target: tuning.Target
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, target.generation)
+
+    def forward(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+        count = boxes1.shape[0]
+        block_rows, rows = _layout(count, boxes1.dtype, cfg.block_rows)
+        planes_spec, rows_spec = _specs(block_rows)
+        call = pl.pallas_call(
+            _forward_kernel,
+            out_shape=jax.ShapeDtypeStruct((rows, LANES), jnp.float32),
+            grid=(rows // block_rows,),
+            in_specs=[planes_spec, planes_spec],
+            out_specs=rows_spec,
+            compiler_params=tuning.compiler_params(
+                ("parallel",),
+                _vmem_bytes(block_rows, boxes1.dtype.itemsize, backward=False),
+                target.generation,
+            ),
+            interpret=target.interpret,
+            name="giou_forward",
+        )
+        return call(_to_planes(boxes1, rows), _to_planes(boxes2, rows)).reshape(-1)[:count]
+
+    return forward
+
+
+def _backward(
+    config: tuning.GiouConfig | None, target: tuning.Target
+) -> Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, target.generation)
+
+    def backward(boxes1: jax.Array, boxes2: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+        count = boxes1.shape[0]
+        block_rows, rows = _layout(count, boxes1.dtype, cfg.block_rows)
+        planes_spec, rows_spec = _specs(block_rows)
+        grad_shape = jax.ShapeDtypeStruct((4, rows, LANES), jnp.float32)
+        call = pl.pallas_call(
+            _backward_kernel,
+            out_shape=(grad_shape, grad_shape),
+            grid=(rows // block_rows,),
+            in_specs=[planes_spec, planes_spec, rows_spec],
+            out_specs=(planes_spec, planes_spec),
+            compiler_params=tuning.compiler_params(
+                ("parallel",),
+                _vmem_bytes(block_rows, boxes1.dtype.itemsize, backward=True),
+                target.generation,
+            ),
+            interpret=target.interpret,
+            name="giou_backward",
+        )
+        g_rows = jnp.pad(g.astype(jnp.float32), (0, rows * LANES - count)).reshape(rows, LANES)
+        d1, d2 = call(_to_planes(boxes1, rows), _to_planes(boxes2, rows), g_rows)
+        return tuple(  # type: ignore[return-value]
+            d.reshape(4, -1)[:, :count].T.astype(b.dtype) for d, b in ((d1, boxes1), (d2, boxes2))
+        )
+
+    return backward
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _giou_planes(
-    planes1: jax.Array, planes2: jax.Array, block_rows: int, mode: tuning.InterpretMode
+def _giou(
+    boxes1: jax.Array,
+    boxes2: jax.Array,
+    config: tuning.GiouConfig | None,
+    mode: tuning.InterpretMode,
 ) -> jax.Array:
-    """``[4, R, 128]`` x2 -> ``[R, 128]`` float32; R a multiple of ``block_rows``."""
-    planes_spec, rows_spec = _specs(block_rows)
-    rows = planes1.shape[1]
-    forward = pl.pallas_call(
-        _forward_kernel,
-        out_shape=jax.ShapeDtypeStruct((rows, LANES), jnp.float32),
-        grid=(rows // block_rows,),
-        in_specs=[planes_spec, planes_spec],
-        out_specs=rows_spec,
-        compiler_params=tuning.compiler_params(
-            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=False)
-        ),
-        interpret=tuning.interpret_param(mode),
-        name="giou_forward",
-    )
-    return tuning.batchable(forward, mode)(planes1, planes2)
+    return tuning.run(tuning.Build(_forward, (config,)), mode, boxes1, boxes2)  # type: ignore[no-any-return]
 
 
-def _giou_planes_fwd(
-    planes1: jax.Array, planes2: jax.Array, block_rows: int, mode: tuning.InterpretMode
+def _giou_fwd(
+    boxes1: jax.Array,
+    boxes2: jax.Array,
+    config: tuning.GiouConfig | None,
+    mode: tuning.InterpretMode,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _giou_planes(planes1, planes2, block_rows, mode), (planes1, planes2)
+    return _giou(boxes1, boxes2, config, mode), (boxes1, boxes2)
 
 
-def _giou_planes_bwd(
-    block_rows: int,
+def _giou_bwd(
+    config: tuning.GiouConfig | None,
     mode: tuning.InterpretMode,
     residuals: tuple[jax.Array, jax.Array],
     g: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    planes1, planes2 = residuals
-    planes_spec, rows_spec = _specs(block_rows)
-    grad_shape = jax.ShapeDtypeStruct(planes1.shape, jnp.float32)
-    backward = pl.pallas_call(
-        _backward_kernel,
-        out_shape=(grad_shape, grad_shape),
-        grid=(planes1.shape[1] // block_rows,),
-        in_specs=[planes_spec, planes_spec, rows_spec],
-        out_specs=(planes_spec, planes_spec),
-        compiler_params=tuning.compiler_params(
-            ("parallel",), _vmem_bytes(block_rows, planes1.dtype.itemsize, backward=True)
-        ),
-        interpret=tuning.interpret_param(mode),
-        name="giou_backward",
-    )
-    d1, d2 = tuning.batchable(backward, mode)(planes1, planes2, g.astype(jnp.float32))
-    return d1.astype(planes1.dtype), d2.astype(planes2.dtype)
+    boxes1, boxes2 = residuals
+    return tuning.run(tuning.Build(_backward, (config,)), mode, boxes1, boxes2, g)  # type: ignore[no-any-return]
 
 
-_giou_planes.defvjp(_giou_planes_fwd, _giou_planes_bwd)
+_giou.defvjp(_giou_fwd, _giou_bwd)
 
 
 def giou(
@@ -116,20 +168,7 @@ def giou(
     mode: tuning.InterpretMode = None,
 ) -> jax.Array:
     """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, tuning.GiouConfig)
+    tuning.check_config(config, tuning.GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16):
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
-    count = boxes1.shape[0]
-    sublanes = 8 if boxes1.dtype == jnp.float32 else 16  # native sublane tiling of the dtype
-    rows_needed = pl.cdiv(count, LANES)
-    block_rows = min(cfg.block_rows, pl.cdiv(rows_needed, sublanes) * sublanes)
-    rows = pl.cdiv(rows_needed, block_rows) * block_rows
-
-    def to_planes(boxes: jax.Array) -> jax.Array:
-        padded = jnp.pad(boxes.T, ((0, 0), (0, rows * LANES - count)))
-        return padded.reshape(4, rows, LANES)
-
-    out = _giou_planes(to_planes(boxes1), to_planes(boxes2), block_rows, mode)
-    if not isinstance(out, jax.core.Tracer):
-        tuning.check_no_races(mode)
-    return out.reshape(-1)[:count]
+    return _giou(boxes1, boxes2, config, mode)

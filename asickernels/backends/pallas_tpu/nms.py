@@ -19,6 +19,7 @@ boxes plus O(tile^2) for one mask, instead of the N x N masks of the seed design
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -132,6 +133,50 @@ def _kernel_rows(
     return jnp.pad(rows, ((0, 0), (0, padded - boxes.shape[0])))
 
 
+def _build(
+    config: tuning.NmsConfig | None,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
+    target: tuning.Target,
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    cfg = tuning.config_for(tuning.NMS_CONFIGS, tuning.NmsConfig(), config, target.generation)
+
+    def run(
+        boxes: jax.Array, scores: jax.Array, *categories: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        batch, n = scores.shape
+        tile = min(cfg.tile, pl.cdiv(n, 128) * 128)
+        padded = pl.cdiv(n, tile) * tile
+
+        def prepare(b: jax.Array, s: jax.Array, *c: jax.Array) -> tuple[jax.Array, jax.Array]:
+            cand = sort_candidates(b, s, c[0] if c else None, score_threshold)
+            sorted_categories = cand.categories if c else None
+            return cand.order, _kernel_rows(cand.boxes, cand.eligible, sorted_categories, padded)
+
+        order, rows = jax.vmap(prepare)(boxes, scores, *categories)
+        # Double-buffered rows and flags (flags pad to 8 sublanes), plus ~4 [tile, tile]
+        # temporaries.
+        vmem = 2 * (ROWS * padded * 4) * 2 + 4 * tile * tile * 4
+        call = pl.pallas_call(
+            functools.partial(
+                _kernel, tile=tile, iou_threshold=iou_threshold, max_output_size=max_output_size
+            ),
+            out_shape=jax.ShapeDtypeStruct((batch, 1, padded), jnp.float32),
+            grid=(batch,),
+            in_specs=[pl.BlockSpec((None, ROWS, padded), lambda b: (b, 0, 0))],
+            out_specs=pl.BlockSpec((None, 1, padded), lambda b: (b, 0, 0)),
+            compiler_params=tuning.compiler_params(("parallel",), vmem, target.generation),
+            interpret=target.interpret,
+            name="nms_tiled",
+        )
+        flags = call(rows)[:, 0, :n] > 0
+        select = functools.partial(indices_from_keep, max_output_size=max_output_size)
+        return jax.vmap(select)(order, flags)  # type: ignore[no-any-return]
+
+    return run
+
+
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
@@ -145,38 +190,8 @@ def nms(
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]`` -> (``[B, max_output_size]`` int32 indices
     padded with -1, ``[B]`` int32 counts)."""
-    cfg = tuning.config_for(tuning.NMS_CONFIGS, tuning.NmsConfig(), config, tuning.NmsConfig)
-    batch, n = scores.shape
-    tile = min(cfg.tile, pl.cdiv(n, 128) * 128)
-    padded = pl.cdiv(n, tile) * tile
-
-    def prepare(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-        cand = sort_candidates(b, s, c, score_threshold)
-        sorted_categories = None if c is None else cand.categories
-        return cand.order, _kernel_rows(cand.boxes, cand.eligible, sorted_categories, padded)
-
-    if categories is None:
-        order, rows = jax.vmap(lambda b, s: prepare(b, s, None))(boxes, scores)
-    else:
-        order, rows = jax.vmap(prepare)(boxes, scores, categories)
-    # Double-buffered rows and flags (flags pad to 8 sublanes), plus ~4 [tile, tile] temporaries.
-    vmem = 2 * (ROWS * padded * 4) * 2 + 4 * tile * tile * 4
-    kernel_call = pl.pallas_call(
-        functools.partial(
-            _kernel, tile=tile, iou_threshold=iou_threshold, max_output_size=max_output_size
-        ),
-        out_shape=jax.ShapeDtypeStruct((batch, 1, padded), jnp.float32),
-        grid=(batch,),
-        in_specs=[pl.BlockSpec((None, ROWS, padded), lambda b: (b, 0, 0))],
-        out_specs=pl.BlockSpec((None, 1, padded), lambda b: (b, 0, 0)),
-        compiler_params=tuning.compiler_params(("parallel",), vmem),
-        interpret=tuning.interpret_param(mode),
-        name="nms_tiled",
-    )
-    keep = tuning.batchable(kernel_call, mode)(rows)
-    if not isinstance(keep, jax.core.Tracer):
-        tuning.check_no_races(mode)
-    flags = keep[:, 0, :n] > 0
-    return jax.vmap(functools.partial(indices_from_keep, max_output_size=max_output_size))(
-        order, flags
-    )
+    tuning.check_config(config, tuning.NmsConfig)
+    static = (config, float(iou_threshold), int(max_output_size), float(score_threshold))
+    build = tuning.Build(_build, static)
+    extra = () if categories is None else (categories,)
+    return tuning.run(build, mode, boxes, scores, *extra)  # type: ignore[no-any-return]

@@ -1,5 +1,16 @@
-"""TPU generations, per-generation block sizes, and how a Pallas call runs (compiled or
-interpreted).
+"""How a Pallas call runs (Mosaic or interpreted), and per-generation block sizes.
+
+A kernel is written as ``build(target) -> function`` and called through :func:`run`. The
+target is decided when JAX *lowers* the computation, not when it traces it: lowered for a
+TPU (a TPU host, or a TPU topology device from ``jax.experimental.topologies`` on any host)
+it is Mosaic with that generation's block tables; lowered for anything else, Pallas
+interpret mode. So ``jax.jit(f).lower(args on a TPU device).compile()`` builds Mosaic
+kernels with no context manager, and the same ``f`` on CPU interprets them.
+
+Limits: the generation comes from the lowering's XLA client (its devices' ``device_kind``);
+a lowering for the TPU platform without a TPU client (``jax.export(...,
+platforms=("tpu", ...))`` on a CPU host) uses :data:`asickernels.tpu_generations.DEFAULT`'s
+tables. Eager calls jit one primitive per (kernel, static arguments), cached.
 
 Block sizes come from tables per generation, checked with the real compiler by the compile
 gate (``asickernels compile``) and tuned with the schedule estimate (``asickernels
@@ -11,86 +22,142 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
-GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
-DEFAULT_GENERATION = "v5e"
-# Generations whose MXU has no int8 x int8 path (int8 matmul falls back to XLA there).
-NO_INT8_MXU = frozenset({"v4", "v7x"})
-# Physical VMEM per TensorCore, bytes.
-VMEM_BYTES = {"v4": 16 << 20, "v5e": 128 << 20, "v5p": 64 << 20, "v6e": 128 << 20, "v7x": 64 << 20}
-# Default scoped-VMEM limit Mosaic grants a kernel unless vmem_limit_bytes raises it.
-DEFAULT_SCOPED_VMEM_BYTES = 16 << 20
+import jax
+import jax.extend
+from jax.interpreters import batching, mlir
+
+from asickernels import tpu_generations as generations
 
 InterpretMode = Literal["tpu_interpret"] | None
 GridSemantics = Literal["parallel", "arbitrary"]
 
-_target: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpu_target", default=None)
 _vmem_requests: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "vmem_requests", default=None
 )
 
 
-@contextlib.contextmanager
-def compile_for(generation: str) -> Iterator[None]:
-    """Within this block, Pallas kernels are built for a real TPU of ``generation`` (Mosaic,
-    not interpret mode), with that generation's block sizes, whatever device JAX runs on.
-    Used to compile for TPU topologies from a CPU machine."""
-    if generation not in GENERATIONS:
-        raise ValueError(f"unknown TPU generation {generation!r}; known: {GENERATIONS}")
-    token = _target.set(generation)
-    try:
-        yield
-    finally:
-        _target.reset(token)
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a kernel is being built for: ``generation`` picks the block tables and VMEM
+    limits; ``interpret`` is ``pallas_call``'s ``interpret=`` (False: Mosaic)."""
+
+    generation: str
+    interpret: Any
+
+    @property
+    def mosaic(self) -> bool:
+        return self.interpret is False
 
 
-def generation_of(device_kind: str) -> str:
-    """``jax.Device.device_kind`` -> generation name (``"TPU v5 lite"`` -> ``"v5e"``)."""
-    kind = device_kind.lower().replace("tpu", "").strip()
-    if kind.startswith(("v5 lite", "v5e", "v5litepod")):
-        return "v5e"
-    if kind.startswith(("v6 lite", "v6e", "v6")):
-        return "v6e"
-    if kind.startswith(("v5p", "v5")):
-        return "v5p"
-    if kind.startswith(("7", "v7")):
-        return "v7x"
-    if kind.startswith("v4"):
-        return "v4"
-    raise ValueError(f"unrecognised TPU device kind {device_kind!r}")
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """``make(*static, target)``: a kernel's builder with its static arguments, compared by
+    value so that equal calls share one compiled function."""
+
+    make: Callable[..., Callable[..., Any]]
+    static: tuple[Any, ...] = ()
+
+    def __call__(self, target: Target) -> Callable[..., Any]:
+        return self.make(*self.static, target)
 
 
-def target_generation() -> str | None:
-    """The generation kernels are being built for: :func:`compile_for`'s, else the default
-    device's when JAX runs on a TPU, else None (no TPU: interpret mode)."""
-    generation = _target.get()
-    if generation is not None:
-        return generation
-    import jax
+def run(build: Build, mode: InterpretMode, *args: Any) -> Any:
+    """``build(target)(*args)``, with the target decided where it can be known.
 
-    if jax.default_backend() == "tpu":
-        return generation_of(jax.devices()[0].device_kind)
-    return None
-
-
-def interpret_param(mode: InterpretMode) -> Any:
-    """The ``interpret=`` argument for ``pallas_call``: False when building for a TPU, TPU
-    interpret mode with race detection for ``"tpu_interpret"``, else generic interpret."""
+    For ``mode="tpu_interpret"`` that is now: TPU interpret mode, default tables. Otherwise
+    the choice is made when the computation is *lowered* (see :func:`lowered_for`): Mosaic
+    with the tables of the TPU generation being lowered for, else Pallas interpret mode.
+    The built function's outputs may be any pytree of arrays."""
     if mode == "tpu_interpret":
-        from jax.experimental.pallas import tpu as pltpu
+        out = batchable(build(Target(generations.DEFAULT, tpu_interpret_params())), mode)(*args)
+        if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(out)):
+            check_no_races(mode)
+        return out
+    tree = jax.tree.structure(jax.eval_shape(build(Target(generations.DEFAULT, True)), *args))
+    flat = _by_platform_p.bind(*args, build=_FlatBuild(build))
+    return jax.tree.unflatten(tree, flat)
 
-        # Two simulated TensorCores (as on v4/v5p megacore chips): "parallel" grid axes are
-        # split between them, so a kernel that wrongly claims independence shows up as a race.
-        # The option's name changed after jax 0.7 (num_cores_per_device -> num_cores_or_threads).
-        options = inspect.signature(pltpu.InterpretParams).parameters
-        cores = (
-            "num_cores_or_threads" if "num_cores_or_threads" in options else "num_cores_per_device"
-        )
-        return pltpu.InterpretParams(detect_races=True, **{cores: 2})  # type: ignore[arg-type]
-    return target_generation() is None
+
+@dataclasses.dataclass(frozen=True)
+class _FlatBuild:
+    """``build`` with flat list outputs (what a primitive returns)."""
+
+    build: Build
+    batch_dims: tuple[int | None, ...] | None = None
+
+    def __call__(self, target: Target) -> Callable[..., list[Any]]:
+        function = self.build(target)
+        if self.batch_dims is not None:
+            function = jax.vmap(function, in_axes=self.batch_dims)
+        return lambda *args: jax.tree.leaves(function(*args))
+
+
+# A Pallas call whose Mosaic-or-interpret choice (and block tables) is made at lowering:
+# JAX exposes no device at trace time (tracers carry an abstract mesh without devices), but a
+# lowering rule sees the platform it lowers for and the client it lowers with, whose devices
+# name the TPU generation (a compile-only topology client or the TPU host's own).
+_by_platform_p = jax.extend.core.Primitive("asickernels_pallas_by_platform")
+_by_platform_p.multiple_results = True
+
+
+def _abstract_eval(*avals: Any, build: _FlatBuild) -> list[Any]:
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    outs = jax.eval_shape(build(Target(generations.DEFAULT, True)), *specs)
+    return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
+
+
+@functools.cache
+def _eager(build: _FlatBuild) -> Callable[..., Any]:
+    return jax.jit(lambda *args: _by_platform_p.bind(*args, build=build))
+
+
+def _batch(args: Any, dims: Any, *, build: _FlatBuild) -> tuple[list[Any], list[int]]:
+    batched = dataclasses.replace(build, batch_dims=tuple(dims))
+    outs = _by_platform_p.bind(*args, build=batched)
+    return outs, [0] * len(outs)
+
+
+def lowered_for(backend: Any) -> Target:
+    """The target for a lowering on the TPU platform with ``backend`` (the lowering's XLA
+    client): that client's TPU generation, else (e.g. ``jax.export`` for several platforms
+    from a CPU host) :data:`generations.DEFAULT`'s tables."""
+    devices = backend.devices() if backend is not None else []
+    generation = generations.generation_of(devices[0]) if devices else None
+    return Target(generation or generations.DEFAULT, False)
+
+
+def _lower_tpu(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
+    target = lowered_for(ctx.module_context.backend)
+    return mlir.lower_fun(build(target), multiple_results=True)(ctx, *args)
+
+
+def _lower_elsewhere(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
+    target = Target(generations.DEFAULT, True)
+    return mlir.lower_fun(build(target), multiple_results=True)(ctx, *args)
+
+
+_by_platform_p.def_impl(lambda *args, build: _eager(build)(*args))
+_by_platform_p.def_abstract_eval(_abstract_eval)
+batching.primitive_batchers[_by_platform_p] = _batch
+mlir.register_lowering(_by_platform_p, _lower_elsewhere)
+mlir.register_lowering(_by_platform_p, _lower_tpu, platform="tpu")
+
+
+def tpu_interpret_params() -> Any:
+    """TPU interpret mode with race detection and two simulated TensorCores (as on v4/v5p
+    megacore chips): "parallel" grid axes are split between them, so a kernel that wrongly
+    claims independence shows up as a race."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    # The option's name changed after jax 0.7 (num_cores_per_device -> num_cores_or_threads).
+    options = inspect.signature(pltpu.InterpretParams).parameters
+    cores = "num_cores_or_threads" if "num_cores_or_threads" in options else "num_cores_per_device"
+    return pltpu.InterpretParams(detect_races=True, **{cores: 2})  # type: ignore[arg-type]
 
 
 def check_no_races(mode: InterpretMode) -> None:
@@ -116,16 +183,20 @@ def record_vmem() -> Iterator[list[int]]:
         _vmem_requests.reset(token)
 
 
-def compiler_params(semantics: tuple[GridSemantics, ...], vmem_bytes: int) -> Any:
-    """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it."""
+def compiler_params(
+    semantics: tuple[GridSemantics, ...], vmem_bytes: int, generation: str = generations.DEFAULT
+) -> Any:
+    """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it, up to
+    what ``generation``'s VMEM allows."""
     from jax.experimental.pallas import tpu as pltpu
 
     requests = _vmem_requests.get()
     if requests is not None:
         requests.append(vmem_bytes)
+    facts = generations.get(generation)
     limit = None
-    if vmem_bytes > DEFAULT_SCOPED_VMEM_BYTES * 3 // 4:
-        limit = min(int(vmem_bytes * 1.25) + (1 << 20), 100 << 20)
+    if vmem_bytes > facts.default_scoped_vmem_bytes * 3 // 4:
+        limit = min(int(vmem_bytes * 1.25) + (1 << 20), facts.max_vmem_limit_bytes)
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
 
 
@@ -133,8 +204,6 @@ def tpu_interpret_traceable() -> bool:
     """Whether TPU interpret mode works under ``jit``/``vmap``/``grad`` with this JAX: before
     0.8 its ordered callbacks fail to lower inside transformations (``KeyError:
     OrderedIOEffect``)."""
-    import jax
-
     return tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 8)
 
 
@@ -147,8 +216,6 @@ def batchable(kernel_call: Callable[..., Any], mode: InterpretMode) -> Callable[
     TPU interpret mode at all, a traced call is refused with the reason."""
     if mode != "tpu_interpret":
         return kernel_call
-    import jax
-
     if tpu_interpret_traceable():
         return jax.custom_batching.sequential_vmap(kernel_call)
 
@@ -203,7 +270,7 @@ class NmsConfig:
             raise ValueError(f"tile must be a positive multiple of 128, got {self.tile}")
 
 
-GIOU_CONFIGS = {gen: GiouConfig() for gen in GENERATIONS}
+GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}
 # `asickernels estimate --tune`: tile 256 is best or within 3% on v5e, v6e and v5p.
 # Chosen with `asickernels estimate --tune` (compiler-schedule estimates at 8192^3 and 2048^3;
 # benchmarks/results/tpu_estimates.md): larger K blocks amortise the accumulator traffic.
@@ -212,15 +279,19 @@ INT8_MATMUL_CONFIGS = {
     "v5p": Int8MatmulConfig(1024, 1024, 2048),
     "v6e": Int8MatmulConfig(1024, 2048, 2048),
 }
-NMS_CONFIGS = {gen: NmsConfig() for gen in GENERATIONS}
+NMS_CONFIGS = {gen: NmsConfig() for gen in generations.NAMES}
 
 Config = TypeVar("Config")
 
 
-def config_for(table: dict[str, Config], default: Config, override: Any, kind: type) -> Config:
-    """``override`` when given (checked to be a ``kind``), else the target generation's entry."""
+def check_config(override: Any, kind: type) -> None:
+    """Refuses a ``config=`` of the wrong kind before anything is traced."""
+    if override is not None and not isinstance(override, kind):
+        raise TypeError(f"config must be a {kind.__name__}, got {type(override).__name__}")
+
+
+def config_for(table: dict[str, Config], default: Config, override: Any, generation: str) -> Config:
+    """``override`` when given, else ``generation``'s entry of ``table``."""
     if override is not None:
-        if not isinstance(override, kind):
-            raise TypeError(f"config must be a {kind.__name__}, got {type(override).__name__}")
-        return override  # type: ignore[no-any-return,return-value]
-    return table.get(target_generation() or DEFAULT_GENERATION, default)
+        return override  # type: ignore[no-any-return]
+    return table.get(generation, default)

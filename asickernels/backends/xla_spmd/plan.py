@@ -166,8 +166,6 @@ def spmd_plan(topology: str, backend: str = "pallas_tpu") -> TopologyPlan:
     ``backend`` is the per-shard kernel: ``"pallas_tpu"`` builds the Mosaic kernels for
     the topology's TPU generation; ``"xla"`` the plain XLA ops.
     """
-    import contextlib
-
     from jax.experimental import topologies
 
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -181,18 +179,13 @@ def spmd_plan(topology: str, backend: str = "pallas_tpu") -> TopologyPlan:
             'pip install "jax[tpu]" provides libtpu'
         ) from error
     devices: list[Any] = list(description.devices)
-    building: Any = contextlib.nullcontext()
-    if backend == "pallas_tpu":
-        from asickernels.backends.pallas_tpu import tuning
-
-        building = tuning.compile_for(topology.split(":")[0])
     programs = []
-    with building:
-        for name, text, function, args in _programs(devices, backend):
-            compiled = jax.jit(function).lower(*args).compile()
-            programs.append(
-                ProgramPlan(name, text, collectives_in(compiled.as_text() or ""), _memory(compiled))
-            )
+    # Pallas kernels lower to Mosaic for the devices' generation by themselves.
+    for name, text, function, args in _programs(devices, backend):
+        compiled = jax.jit(function).lower(*args).compile()
+        programs.append(
+            ProgramPlan(name, text, collectives_in(compiled.as_text() or ""), _memory(compiled))
+        )
     return TopologyPlan(topology, devices[0].device_kind, len(devices), backend, tuple(programs))
 
 

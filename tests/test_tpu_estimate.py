@@ -13,10 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asickernels import reference
-from asickernels.simulate import tpu_compile, tpu_cost, tpu_cost_cases, tpu_cost_report
-from asickernels.simulate import tpu_cost_schedule as schedule
-from asickernels.simulate import tpu_seed_kernels as seeds
+from asickernels import reference, tpu_generations
+from asickernels.simulate import tpu_compile
+from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
+from asickernels.simulate.tpu_estimate import estimate as tpu_cost
+from asickernels.simulate.tpu_estimate import parsing
+from asickernels.simulate.tpu_estimate import report as tpu_cost_report
+from asickernels.simulate.tpu_estimate import seed_kernels as seeds
+from asickernels.simulate.tpu_estimate import walk as walking
 
 DUMPS = Path(__file__).parent / "data" / "tpu_dumps"
 STREAM_BYTES = 2 * 1024 * 512 * 4  # the stored stream kernel reads and writes 1024x512 f32
@@ -50,9 +54,9 @@ def counted_loop(trips: int) -> str:
     )  # fmt: skip
 
 
-def walk(text: str, **options: object) -> schedule.Walker:
-    dump = schedule.Dump({"TLP": schedule.parse_program("TLP", text)}, {})
-    walker = schedule.Walker(dump, bytes_per_cycle=options.pop("bytes_per_cycle", 32.0), **options)  # type: ignore[arg-type]
+def walk(text: str, **options: object) -> walking.Walker:
+    dump = parsing.Dump({"TLP": parsing.parse_program("TLP", text)}, {})
+    walker = walking.Walker(dump, bytes_per_cycle=options.pop("bytes_per_cycle", 32.0), **options)  # type: ignore[arg-type]
     walker.run()
     return walker
 
@@ -61,7 +65,7 @@ def test_counted_loop_runs_its_trips_with_delay_slots() -> None:
     walker = walk(counted_loop(3))
     # 1 bundle, 3 x (3 body bundles + 4 delay slots), 1 exit bundle.
     assert walker.machine.now == 1 + 3 * 7 + 1
-    (loop,) = schedule.loop_tree(walker.dump.programs["TLP"])
+    (loop,) = walking.loop_tree(walker.dump.programs["TLP"])
     assert (loop.start, loop.end) == (1, 7)
     (walked,) = walker.loops["TLP"]
     assert walked.entries == 1 and walked.trips == 3
@@ -69,10 +73,10 @@ def test_counted_loop_runs_its_trips_with_delay_slots() -> None:
 
 
 def test_long_loop_is_extrapolated_exactly_for_a_uniform_body() -> None:
-    trips = 5 * schedule.LOOP_SAMPLE_END
+    trips = 5 * walking.LOOP_SAMPLE_END
     walker = walk(counted_loop(trips))
     assert walker.machine.now == pytest.approx(1 + trips * 7 + 1)
-    assert walker.machine.walked < 2 * schedule.LOOP_SAMPLE_END * 7
+    assert walker.machine.walked < 2 * walking.LOOP_SAMPLE_END * 7
     assert walker.loops["TLP"][0].trips == pytest.approx(trips)
 
 
@@ -129,7 +133,7 @@ def dma_then_wait(granules: int) -> str:
 
 def test_dma_wait_stalls_for_bytes_over_bandwidth_plus_latency() -> None:
     granules = 1024
-    nbytes = granules * schedule.GRANULE_BYTES
+    nbytes = granules * walking.GRANULE_BYTES
     walker = walk(dma_then_wait(granules), bytes_per_cycle=32.0, dma_latency_cycles=100.0)
     # Issued at cycle 1, done at 1 + bytes/32 + 100, then the wait bundle itself.
     assert walker.machine.now == pytest.approx(1 + nbytes / 32 + 100 + 1)
@@ -160,11 +164,11 @@ def test_calls_walk_the_callee_every_time() -> None:
         ("", "%2 = inlined_call /* %k.2 = custom-call(%x) */", ""),
     )
     callee = listing(("", "", ""), ("", "", ""), ("", "", ""))
-    dump = schedule.Dump(
-        {"TLP": schedule.parse_program("TLP", top), "k.1": schedule.parse_program("k.1", callee)},
+    dump = parsing.Dump(
+        {"TLP": parsing.parse_program("TLP", top), "k.1": parsing.parse_program("k.1", callee)},
         {"k.2": "k.1"},
     )
-    walker = schedule.Walker(dump, bytes_per_cycle=1.0)
+    walker = walking.Walker(dump, bytes_per_cycle=1.0)
     assert walker.run() == 2 + 2 * 3
     assert walker.stats["k.1"].calls == 2
 
@@ -184,17 +188,17 @@ def test_remaining_iterations(
 ) -> None:
     # The back-edge is taken while the compare says "continue": not (counter >= bound) etc.
     continue_when = condition in ("lt", "ne")
-    test = schedule._ExitTest(condition, True, "s0", bound, continue_when)
-    assert schedule._remaining_iterations(test, counter, step) == expected
+    test = walking._ExitTest(condition, True, "s0", bound, continue_when)
+    assert walking._remaining_iterations(test, counter, step) == expected
 
 
 def test_parse_errors_are_clear() -> None:
-    with pytest.raises(schedule.ScheduleError, match="no bundles"):
-        schedule.parse_bundles("nothing here")
-    with pytest.raises(schedule.ScheduleError, match="gaps"):
-        schedule.parse_bundles(listing(DELAY).replace("     0   :", "   0x1   :"))
-    with pytest.raises(schedule.ScheduleError, match="no top-level program"):
-        schedule.load_dump(DUMPS)
+    with pytest.raises(parsing.ScheduleError, match="no bundles"):
+        parsing.parse_bundles("nothing here")
+    with pytest.raises(parsing.ScheduleError, match="gaps"):
+        parsing.parse_bundles(listing(DELAY).replace("     0   :", "   0x1   :"))
+    with pytest.raises(parsing.ScheduleError, match="no top-level program"):
+        parsing.load_dump(DUMPS)
 
 
 # -- stored real dumps -------------------------------------------------------------------------
@@ -214,7 +218,7 @@ def analysis_total(folder: Path, program: str) -> int:
 
 def test_stored_dump_parses_to_the_compilers_bundle_counts(tmp_path: Path) -> None:
     folder = stored_dump("stream_v5e", tmp_path)
-    dump = schedule.load_dump(folder)
+    dump = parsing.load_dump(folder)
     assert set(dump.programs) == {
         "TLP",
         "function.1",
@@ -237,19 +241,19 @@ def test_stored_dump_parses_to_the_compilers_bundle_counts(tmp_path: Path) -> No
 
 
 def test_stream_kernel_grid_loop_and_bandwidth_bound(tmp_path: Path) -> None:
-    dump = schedule.load_dump(stored_dump("stream_v5e", tmp_path))
+    dump = parsing.load_dump(stored_dump("stream_v5e", tmp_path))
     estimate = tpu_cost.estimate_dump(dump, "v5e", dma_latency_s=0.0)
     # Grid of 4 row blocks, software-pipelined over 2 extra stages.
     assert any("loop #0" in line and "6.0 trips" in line for line in estimate.loops)
     assert estimate.hbm_bytes == STREAM_BYTES
-    bound = STREAM_BYTES / tpu_cost.GENERATIONS["v5e"].hbm_bytes_per_s
+    bound = STREAM_BYTES / tpu_generations.get("v5e").hbm_bytes_per_s
     assert bound <= estimate.kernel_s <= 1.15 * bound
     assert estimate.dma_wait_cycles > estimate.schedule_cycles  # memory-bound
     assert 0 < estimate.utilization["VSTORE"] < 1
 
 
 def test_seed_nms_dump_counts_one_grid_step_per_output(tmp_path: Path) -> None:
-    dump = schedule.load_dump(stored_dump("seed_nms_256_v5e", tmp_path))
+    dump = parsing.load_dump(stored_dump("seed_nms_256_v5e", tmp_path))
     estimate = tpu_cost.estimate_dump(dump, "v5e")
     assert estimate.kernels == ("nms_pallas.1",)
     assert any(
@@ -262,7 +266,7 @@ def test_seed_nms_dump_counts_one_grid_step_per_output(tmp_path: Path) -> None:
 
 
 def test_markdown_says_estimates_not_measurements(tmp_path: Path) -> None:
-    dump = schedule.load_dump(stored_dump("stream_v5e", tmp_path))
+    dump = parsing.load_dump(stored_dump("stream_v5e", tmp_path))
     estimate = tpu_cost.estimate_dump(dump, "v5e", case="stream")
     text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [estimate], None, []))
     assert "not measurements" in text
@@ -360,6 +364,6 @@ def test_real_compile_of_the_stream_kernel_is_bandwidth_bound() -> None:
     if missing:
         pytest.skip(missing)
     estimate = tpu_cost.estimate_case(tpu_cost_cases.stream_case(), "v5e")
-    bound = STREAM_BYTES / tpu_cost.GENERATIONS["v5e"].hbm_bytes_per_s
+    bound = STREAM_BYTES / tpu_generations.get("v5e").hbm_bytes_per_s
     assert bound <= estimate.kernel_s <= 1.3 * bound
     assert estimate.kernels

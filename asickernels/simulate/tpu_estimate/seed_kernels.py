@@ -3,7 +3,7 @@
 The seeds report the only TPU timings we have (TPU v5e): a Pallas NMS over 1024 boxes with
 128 outputs (0.139 ms) and the same algorithm as a jitted JAX function (0.416 ms), and an int8
 Pallas matmul at 8192^3 that ran 71% faster than the bf16 one. These functions reproduce
-those designs (written here, not copied) so :mod:`asickernels.simulate.tpu_cost` can compile
+those designs (written here, not copied) so :mod:`.estimate` can compile
 them with the real TPU compiler and compare its estimate with the seeds' figures:
 
 * NMS: an ``N x N`` "IoU above threshold" mask and a copy without the diagonal, both held
@@ -17,7 +17,7 @@ They are calibration fixtures, not library kernels: they keep the seeds' restric
 divisible by the blocks, no padding, the seed NMS output convention) on purpose.
 
 Each ``*_case`` function returns ``(function, argument shapes)`` for
-:func:`asickernels.simulate.tpu_cost.compile_with_dumps`.
+:func:`.estimate.compile_with_dumps`.
 """
 
 from __future__ import annotations

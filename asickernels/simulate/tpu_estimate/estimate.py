@@ -1,7 +1,7 @@
 """TPU kernel time estimates from the real TPU compiler's schedule (no TPU needed).
 
 libtpu compiles our kernels on this machine for a TPU topology and, when asked, dumps each
-compiled program's final VLIW schedule. :mod:`asickernels.simulate.tpu_cost_schedule` walks
+compiled program's final VLIW schedule. :mod:`.walk` walks
 that schedule (trip counts, predicated regions, DMA waits against the HBM bandwidth);
 this module compiles a kernel for a generation in a subprocess with the dump flags, turns
 the walk into seconds with the generation's clock, calibrates the two effects a schedule
@@ -31,37 +31,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from asickernels.simulate import tpu_cost_schedule as schedule
+from asickernels import tpu_generations as generations
+from asickernels.simulate.tpu_estimate import parsing, walk
+
+# Generations the estimate covers: those libtpu compiles for whose clock is known.
+GENERATIONS = tuple(
+    name for name in generations.COMPILABLE if generations.GENERATIONS[name].clock_hz
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    """What the estimate needs of a TPU generation (per TensorCore unless noted).
-
-    ``clock_hz`` is not published; it is the clock at which the datasheet's bf16 peak equals
-    the TensorCore's MXU MACs per cycle (v5e: 4 MXUs of 128x128 -> 1.50 GHz; v5p: 2 cores x
-    4 x 128x128 -> 1.75 GHz; v6e: 256x256 MXUs, 918 TFLOP/s -> 1.75 GHz taking the four
-    256x256 arrays of Google's v6e page). HBM bandwidth is per chip, shared by its cores.
-    """
-
-    name: str
-    clock_hz: float
-    hbm_bytes_per_s: float
-    cores_per_chip: int
-
-    @property
-    def hbm_bytes_per_cycle(self) -> float:
-        """One TensorCore's share of the chip's HBM bandwidth, in bytes per cycle."""
-        return self.hbm_bytes_per_s / self.cores_per_chip / self.clock_hz
+def hbm_bytes_per_cycle(generation: str) -> float:
+    """One TensorCore's share of the chip's HBM bandwidth, in bytes per cycle."""
+    facts = generations.get(generation)
+    assert facts.clock_hz is not None
+    return facts.hbm_bytes_per_s / facts.cores_per_chip / facts.clock_hz
 
 
-# HBM bandwidth per chip and bf16 peaks (197, 918, 459 TFLOP/s): cloud.google.com/tpu/docs/
-# v5e, v6e, v5p.
-GENERATIONS: dict[str, Generation] = {
-    "v5e": Generation("v5e", 1.50e9, 819e9, 1),
-    "v6e": Generation("v6e", 1.75e9, 1640e9, 1),
-    "v5p": Generation("v5p", 1.75e9, 2765e9, 2),
-}
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
 
 # Calibrated on the seeds' two NMS timings on TPU v5e (`asickernels estimate --markdown`
@@ -93,7 +78,7 @@ class Case:
 
     ``loop_trips`` gives trip counts for loops whose exit depends on data (the walk cannot
     compute them): ``(program, ((loop number, trips), ...))`` pairs, the loop numbered in
-    preorder of :func:`~asickernels.simulate.tpu_cost_schedule.loop_tree` and ``trips`` an
+    preorder of :func:`~asickernels.simulate.tpu_estimate.walk.loop_tree` and ``trips`` an
     int or a tuple taken in turn on successive entries of that loop.
     """
 
@@ -129,7 +114,7 @@ def compile_with_dumps(case: Case, generation: str, directory: Path) -> Path:
     request = json.dumps(
         {"builder": case.builder, "kwargs": dict(case.kwargs), "generation": generation}
     )
-    command = [sys.executable, "-m", "asickernels.simulate.tpu_cost", "--compile-child", request]
+    command = [sys.executable, "-m", __name__, "--compile-child", request]
     try:
         done = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
@@ -185,7 +170,7 @@ class Estimate:
 
 
 def estimate_dump(
-    dump: schedule.Dump,
+    dump: parsing.Dump,
     generation: str,
     *,
     case: str = "",
@@ -194,11 +179,12 @@ def estimate_dump(
     call_overhead_s: float = CALL_OVERHEAD_S,
 ) -> Estimate:
     """Walks a loaded dump for ``generation``; see :class:`Estimate`."""
-    gen = GENERATIONS[generation]
-    walker = schedule.Walker(
+    clock = generations.get(generation).clock_hz
+    assert clock is not None
+    walker = walk.Walker(
         dump,
-        bytes_per_cycle=gen.hbm_bytes_per_cycle,
-        dma_latency_cycles=dma_latency_s * gen.clock_hz,
+        bytes_per_cycle=hbm_bytes_per_cycle(generation),
+        dma_latency_cycles=dma_latency_s * clock,
         loop_trips=loop_trips or {},
     )
     cycles = walker.run()
@@ -216,15 +202,15 @@ def estimate_dump(
     return Estimate(
         case=case,
         generation=generation,
-        device_s=cycles / gen.clock_hz,
-        kernel_s=kernel_cycles / gen.clock_hz,
-        per_call_s=cycles / gen.clock_hz + call_overhead_s,
+        device_s=cycles / clock,
+        kernel_s=kernel_cycles / clock,
+        per_call_s=cycles / clock + call_overhead_s,
         schedule_cycles=cycles - machine.dma_wait_cycles,
         dma_wait_cycles=machine.dma_wait_cycles,
         hbm_bytes=machine.hbm_bytes,
         utilization=utilization,
         programs={
-            name: (stats.calls, stats.cycles / gen.clock_hz) for name, stats in walker.stats.items()
+            name: (stats.calls, stats.cycles / clock) for name, stats in walker.stats.items()
         },
         kernels=kernels,
         unresolved=tuple(machine.unresolved_loops)
@@ -243,24 +229,25 @@ def estimate_case(case: Case, generation: str, **options: Any) -> Estimate:
     with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
         listings = compile_with_dumps(case, generation, Path(directory))
         try:
-            dump = schedule.load_dump(listings)
-        except schedule.ScheduleError as error:
+            dump = parsing.load_dump(listings)
+        except parsing.ScheduleError as error:
             raise EstimateError(f"{case.name} on {generation}: {error}") from None
     trips = {program: dict(entries) for program, entries in case.loop_trips}
     try:
         return estimate_dump(dump, generation, case=case.name, loop_trips=trips, **options)
-    except schedule.ScheduleError as error:
+    except parsing.ScheduleError as error:
         raise EstimateError(f"{case.name} on {generation}: {error}") from None
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from asickernels.simulate import tpu_compile, tpu_cost_report
+    from asickernels.simulate import tpu_compile
+    from asickernels.simulate.tpu_estimate import report
 
     missing = tpu_compile.libtpu_status()
     if missing:
         print(f"cannot compile for TPU here: {missing}")
         return 2
-    return tpu_cost_report.run(
+    return report.run(
         args.generation or DEFAULT_GENERATIONS,
         tune_blocks=args.tune,
         markdown=args.markdown,
@@ -297,7 +284,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m asickernels.simulate.tpu_cost --compile-child REQUEST`` (internal)."""
+    """``python -m asickernels.simulate.tpu_estimate.estimate --compile-child REQUEST`` (internal)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 2 and args[0] == "--compile-child":
         return _compile_child(args[1])

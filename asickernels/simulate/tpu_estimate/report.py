@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from asickernels.simulate import tpu_cost as cost
-from asickernels.simulate import tpu_cost_cases as cases
-from asickernels.simulate import tpu_cost_schedule as schedule
-from asickernels.simulate import tpu_seed_kernels as seeds
+from asickernels import tpu_generations
+from asickernels.simulate.tpu_estimate import cases, parsing
+from asickernels.simulate.tpu_estimate import estimate as cost
+from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
 LATENCY_PROBE_S = 1e-6
 KEPT_DUMPS = 3
@@ -37,12 +37,12 @@ class Runner:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.progress = progress or (lambda message: print(message, file=sys.stderr, flush=True))
         # Parsed dumps are large: keep the last few (calibration walks one several times).
-        self._dumps: dict[tuple[cost.Case, str], schedule.Dump] = {}
+        self._dumps: dict[tuple[cost.Case, str], parsing.Dump] = {}
         self._estimates: dict[tuple[cost.Case, str, float], cost.Estimate] = {}
         self._failed: set[tuple[cost.Case, str]] = set()
         self.errors: list[str] = []
 
-    def dump(self, case: cost.Case, generation: str) -> schedule.Dump | None:
+    def dump(self, case: cost.Case, generation: str) -> parsing.Dump | None:
         key = (case, generation)
         if key in self._failed:
             return None
@@ -53,8 +53,8 @@ class Runner:
             with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
                 try:
                     listings = cost.compile_with_dumps(case, generation, Path(directory))
-                    self._dumps[key] = schedule.load_dump(listings)
-                except (cost.EstimateError, schedule.ScheduleError) as error:
+                    self._dumps[key] = parsing.load_dump(listings)
+                except (cost.EstimateError, parsing.ScheduleError) as error:
                     self._failed.add(key)
                     self.errors.append(str(error))
                     self.progress(f"  {case.name} on {generation}: FAILED")
@@ -78,7 +78,7 @@ class Runner:
             estimate = cost.estimate_dump(
                 dump, generation, case=case.name, loop_trips=trips, dma_latency_s=dma_latency_s
             )
-        except schedule.ScheduleError as error:
+        except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")
             return None
         self._estimates[key] = estimate
@@ -179,7 +179,7 @@ def calibration_markdown(calibration: Calibration) -> list[str]:
     lines += [
         "",
         f"Fit from this compiler: DMA latency {calibration.fit_latency_s * 1e6:.3f} us, per-call overhead "
-        f"{calibration.fit_overhead_s * 1e6:.1f} us (stored in `tpu_cost.py`: "
+        f"{calibration.fit_overhead_s * 1e6:.1f} us (stored in `tpu_estimate/estimate.py`: "
         f"{cost.DMA_LATENCY_S * 1e6:.3f} us, {cost.CALL_OVERHEAD_S * 1e6:.1f} us).",
     ]
     return lines
@@ -399,10 +399,11 @@ def markdown_document(
     calibration: Calibration | None,
     tunings: Sequence[Tuning],
 ) -> list[str]:
+    facts = [tpu_generations.get(g) for g in generations]
     gens = ", ".join(
-        f"{g} ({cost.GENERATIONS[g].clock_hz / 1e9:.2f} GHz, {cost.GENERATIONS[g].hbm_bytes_per_s / 1e9:.0f} GB/s HBM"
-        f"{' shared by 2 TensorCores' if cost.GENERATIONS[g].cores_per_chip == 2 else ''})"
-        for g in generations
+        f"{g.name} ({(g.clock_hz or 0) / 1e9:.2f} GHz, {g.hbm_bytes_per_s / 1e9:.0f} GB/s HBM"
+        f"{' shared by 2 TensorCores' if g.cores_per_chip == 2 else ''})"
+        for g in facts
     )
     lines = [
         "## TPU time estimates from the compiler's schedule",
@@ -451,5 +452,5 @@ LIMITS_NOTE = (
     "conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
     "TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), and loops "
     "whose exit depends on data (their trips come from the workload where the table says so, "
-    "else they run once). The v6e clock is an assumption (see `tpu_cost.Generation`)."
+    "else they run once). The v6e clock is an assumption (see `asickernels/tpu_generations.py`)."
 )

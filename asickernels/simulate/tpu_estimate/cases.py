@@ -2,7 +2,7 @@
 the seeds' workloads, and the block-size sweeps.
 
 Every builder returns ``(function, [(shape, dtype), ...])`` for
-:func:`asickernels.simulate.tpu_cost.compile_with_dumps`, which calls it in a subprocess.
+:func:`asickernels.simulate.tpu_estimate.estimate.compile_with_dumps`, which calls it in a subprocess.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.simulate import tpu_seed_kernels as seeds
-from asickernels.simulate.tpu_cost import Case
+from asickernels.simulate.tpu_estimate import seed_kernels as seeds
+from asickernels.simulate.tpu_estimate.estimate import Case
 
 Built = tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]
 

@@ -1,0 +1,133 @@
+"""Scalar semantics of the schedule: the TPU scalar unit's registers, SMEM spill slots,
+ALU and compare ops, and the DMA/HBM clock shared by all programs of a walk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Op, Operand, Value
+
+
+def as_signed(value: int) -> int:
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+_ALU: dict[str, Callable[[int, int], int]] = {
+    "sadd": lambda a, b: a + b,
+    "ssub": lambda a, b: a - b,
+    "smul": lambda a, b: a * b,
+    "sand": lambda a, b: a & b,
+    "sor": lambda a, b: a | b,
+    "sxor": lambda a, b: a ^ b,
+    "sshll": lambda a, b: a << (b & 31),
+    "sshrl": lambda a, b: a >> (b & 31),
+    "sshra": lambda a, b: as_signed(a) >> (b & 31),
+}
+COMPARE: dict[str, Callable[[int, int], bool]] = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+}
+_PREDICATE_LOGIC: dict[str, Callable[[bool, bool], bool]] = {
+    "por": lambda a, b: a or b,
+    "pand": lambda a, b: a and b,
+    "pnand": lambda a, b: not (a and b),
+    "pnor": lambda a, b: not (a or b),
+    "pxor": lambda a, b: a != b,
+}
+
+
+class Machine:
+    """Register file, SMEM spill slots and DMA/HBM timing shared by all programs."""
+
+    def __init__(self, bytes_per_cycle: float, dma_latency_cycles: float) -> None:
+        self.registers: dict[str, Value] = {}
+        self.smem: dict[Addr, Value] = {}
+        self.now = 0.0
+        self.hbm_free = 0.0
+        self.flags: dict[Any, float] = {}
+        self.bytes_per_cycle = bytes_per_cycle
+        self.dma_latency = dma_latency_cycles
+        self.dma_wait_cycles = 0.0
+        self.hbm_bytes = 0.0
+        self.walked = 0
+        self.unresolved_branches = 0
+        self.unresolved_loops: list[str] = []
+        self.missing_programs: set[str] = set()
+
+    def read(self, operand: Operand) -> Value:
+        if operand.register is not None:
+            return self.registers.get(operand.register)
+        if operand.constant is not None:
+            return operand.constant
+        return operand.address
+
+    def address(self, op: Op) -> Addr | None:
+        """The SMEM address of an sld/sst: one allocation plus integer terms."""
+        base, offset = None, 0
+        for term in (self.read(operand) for operand in op.memory):
+            if isinstance(term, Addr) and base is None:
+                base, offset = term.base, offset + term.offset
+            elif type(term) is int:
+                offset += term
+            else:
+                return None
+        return None if base is None else Addr(base, offset)
+
+    def predicate(self, op: Op) -> bool | None:
+        """Whether a predicated op executes (None: unknown)."""
+        if op.predicate is None:
+            return True
+        value = self.registers.get(op.predicate[0])
+        if not isinstance(value, bool):
+            return None
+        return value != op.predicate[1]
+
+    def evaluate(self, op: Op) -> Value:
+        """The value a register-writing op produces (None when not computable)."""
+        family, _, kind = op.opcode.partition(".")
+        values = [self.read(operand) for operand in op.operands]
+        if family in ("smov", "pmov") or family.startswith("int_to_ptr"):
+            return values[-1] if values else None
+        if family == "scalar_lea" and len(values) == 2:
+            base, offset = values
+            if isinstance(base, Addr) and isinstance(offset, int):
+                return Addr(base.base, base.offset + offset)
+            return None
+        if family == "sld":
+            address = self.address(op)
+            return None if address is None else self.smem.get(address)
+        if family == "scalar_select" and len(values) == 3:
+            chosen, on_true, on_false = values
+            return None if not isinstance(chosen, bool) else (on_true if chosen else on_false)
+        if family == "pneg" and values and isinstance(values[0], bool):
+            return not values[0]
+        if len(values) != 2:
+            return None
+        a, b = values
+        if family in _PREDICATE_LOGIC:
+            return (
+                _PREDICATE_LOGIC[family](a, b)
+                if isinstance(a, bool) and isinstance(b, bool)
+                else None
+            )
+        if type(a) is not int or type(b) is not int:
+            return None
+        if family in _ALU:
+            return _ALU[family](a, b) & U32
+        if family in ("smin", "smax"):
+            signed = kind.startswith("s")
+            x, y = (as_signed(a), as_signed(b)) if signed else (a, b)
+            return (min(x, y) if family == "smin" else max(x, y)) & U32
+        if family == "scmp":
+            condition, number_type = [*kind.split("."), "", ""][:2]
+            if number_type not in ("s32", "u32") or condition not in COMPARE:
+                return None
+            if number_type == "s32":
+                a, b = as_signed(a), as_signed(b)
+            return COMPARE[condition](a, b)
+        return None

@@ -1,0 +1,511 @@
+"""Walks the TPU compiler's final VLIW schedule to count cycles.
+
+libtpu writes, per compiled program (the top-level program ``TLP``, each XLA fusion, each
+Mosaic kernel), a listing of its final bundles (``*-final_bundles.txt``: one VLIW bundle per
+cycle, with loop-body / predicated-region markers, branches, DMA descriptors and calls to
+other programs) and a per-bundle unit utilisation table
+(``*-final_hlo-static-per-bundle-utilization.txt``). This module parses those listings and
+*walks* them from the top-level program like the TPU's scalar unit would:
+
+* scalar and predicate registers are tracked where they are computable (grid counters, loop
+  bounds, spills to static SMEM slots), so loop trip counts and which ``pl.when`` regions run
+  come out of the schedule itself; a branch that depends on data (e.g. a value popped from
+  the vector unit) is *unresolved*: a forward branch is assumed not taken (its region runs)
+  and a loop runs the trips the caller gives for it (``loop_trips``), else once; both are
+  counted in the result;
+* each bundle costs one cycle (``vdelay n`` adds ``n``), branches have 4 delay slots;
+* DMAs go through one HBM queue of the generation's bandwidth; a ``dma.done.wait`` stalls
+  until its DMAs are done, which is where HBM time enters the estimate;
+* long counted loops (Mosaic grid loops) are walked for :data:`LOOP_SAMPLE_END` iterations
+  and the rest extrapolated from the average of the last half of those.
+
+It needs no JAX or libtpu: only the text files, so it also runs on stored dumps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from asickernels.simulate.tpu_estimate.parsing import (
+    KEYWORD_OPERAND,
+    TOP_LEVEL_PROGRAM,
+    U32,
+    Addr,
+    Bundle,
+    Dump,
+    Op,
+    Operand,
+    Program,
+    ScheduleError,
+    Value,
+    call_target,
+    parse_operand,
+)
+from asickernels.simulate.tpu_estimate.scalar import COMPARE, Machine, as_signed
+
+BRANCH_DELAY_SLOTS = 4
+GRANULE_BYTES = 32  # DMA sizes are in 32-byte granules (checked against window shapes).
+LOOP_SAMPLE_START = 512
+LOOP_SAMPLE_END = 1024
+MAX_WALKED_BUNDLES = 60_000_000
+
+
+@dataclasses.dataclass
+class ProgramStats:
+    """What one program contributed (summed over all its calls)."""
+
+    calls: int = 0
+    cycles: float = 0.0
+    counts: list[float] = dataclasses.field(default_factory=list)  # executions per bundle
+
+
+@dataclasses.dataclass
+class Loop:
+    """A loop of a program's schedule: bundles ``[start, end]`` (the back-edge's delay slots
+    included), how often it was entered and how many iterations it ran in total."""
+
+    program: str
+    start: int
+    end: int
+    entries: int = 0
+    iterations: float = 0.0
+    children: list[Loop] = dataclasses.field(default_factory=list)
+
+    @property
+    def bundles(self) -> int:
+        return self.end - self.start + 1
+
+    @property
+    def trips(self) -> float:
+        """Average iterations per entry."""
+        return self.iterations / self.entries if self.entries else 0.0
+
+
+def loop_tree(program: Program) -> list[Loop]:
+    """The program's loops (from its back-edges), nested by containment."""
+    loops = []
+    for index, bundle in enumerate(program.bundles):
+        for op in bundle.ops:
+            if op.opcode == "sbr.rel" and op.target_region is not None:
+                start = program.target(op.target_region, index)
+                if start <= index:
+                    loops.append(Loop(program.name, start, index + BRANCH_DELAY_SLOTS))
+    loops.sort(key=lambda loop: (loop.start, -loop.end))
+    roots: list[Loop] = []
+    stack: list[Loop] = []
+    for loop in loops:
+        while stack and not (stack[-1].start <= loop.start and loop.end <= stack[-1].end):
+            stack.pop()
+        (stack[-1].children if stack else roots).append(loop)
+        stack.append(loop)
+    return roots
+
+
+@dataclasses.dataclass
+class _LoopRun:
+    iterations: int = 0
+    planned: int | None = None  # trips decided for a data-dependent loop
+    sample_now: float = 0.0
+    sample_counts: list[float] | None = None
+    sample_counter: int | None = None
+    last_counter: int | None = None
+
+
+@dataclasses.dataclass
+class _ExitTest:
+    """A loop's exit compare ``scmp.<condition> counter, bound`` (the back-edge branch is
+    taken while the compare's result equals ``continue_when``)."""
+
+    condition: str
+    signed: bool
+    counter: str
+    bound: int
+    continue_when: bool
+
+
+def _exit_test(program: Program, branch_index: int, branch: Op, start: int) -> _ExitTest | None:
+    if branch.predicate is None:
+        return None
+    register, negated = branch.predicate
+    for index in range(branch_index, start - 1, -1):
+        for op in program.bundles[index].ops:
+            if op.dest != register:
+                continue
+            family, _, kind = op.opcode.partition(".")
+            condition, number_type = [*kind.split("."), "", ""][:2]
+            if (
+                family == "scmp"
+                and number_type in ("s32", "u32")
+                and len(op.operands) == 2
+                and op.operands[0].register is not None
+                and op.operands[1].constant is not None
+            ):
+                return _ExitTest(
+                    condition,
+                    number_type == "s32",
+                    op.operands[0].register,
+                    op.operands[1].constant,
+                    not negated,
+                )
+            return None
+    return None
+
+
+def _remaining_iterations(test: _ExitTest, counter: int, step: int) -> int | None:
+    """Iterations still to run after one whose compare saw ``counter`` (the counter moving by
+    ``step`` per iteration), or None if the loop would not end."""
+
+    def continues(value: int) -> bool:
+        bound = as_signed(test.bound) if test.signed else test.bound
+        return COMPARE[test.condition](value, bound) == test.continue_when
+
+    value = as_signed(counter) if test.signed else counter
+    if step == 0:
+        return None
+    if test.condition in ("eq", "ne"):
+        bound = as_signed(test.bound) if test.signed else test.bound
+        distance = bound - value
+        if distance % step or distance // step < 1:
+            return None
+        steps = distance // step
+        return steps if not continues(value + steps * step) else None
+    high = 1
+    while continues(value + high * step):
+        high *= 2
+        if high > 1 << 40:
+            return None
+    low = high // 2 if high > 1 else 0
+    while high - low > 1:  # smallest m >= 1 with the loop exiting after iteration m
+        middle = (low + high) // 2
+        if continues(value + middle * step):
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+class Walker:
+    """Walks a :class:`Dump` from its top-level program; see the module docstring."""
+
+    def __init__(
+        self,
+        dump: Dump,
+        *,
+        bytes_per_cycle: float,
+        dma_latency_cycles: float = 0.0,
+        loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
+    ) -> None:
+        """``loop_trips``: for loops whose exit depends on data, program name (or its name
+        before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
+        or a list taken in turn on successive entries. Unlisted data-dependent loops run
+        once."""
+        if bytes_per_cycle <= 0:
+            raise ValueError("bytes_per_cycle must be > 0")
+        self.dump = dump
+        self.machine = Machine(bytes_per_cycle, dma_latency_cycles)
+        self.loop_trips = loop_trips or {}
+        self.stats: dict[str, ProgramStats] = {}
+        self.loops: dict[str, list[Loop]] = {}
+        self._depth = 0
+
+    def run(self) -> float:
+        """Walks the executable once; returns its cycles."""
+        top = self.dump.program(TOP_LEVEL_PROGRAM)
+        if top is None:
+            raise ScheduleError("the dump has no top-level program")
+        self._walk(top)
+        return self.machine.now
+
+    # The walk proper.
+    def _walk(self, program: Program) -> None:
+        self._depth += 1
+        if self._depth > 16:
+            raise ScheduleError(f"calls nested too deeply at {program.name}")
+        machine = self.machine
+        stats = self.stats.setdefault(
+            program.name, ProgramStats(counts=[0.0] * (len(program.bundles) + 1))
+        )
+        if program.name not in self.loops:
+            self.loops[program.name] = loop_tree(program)
+        loops = {loop.start: loop for loop in _flatten(self.loops[program.name])}
+        diff = stats.counts  # a difference array: executions per bundle = prefix sums
+        start_now = machine.now
+        runs: dict[int, _LoopRun] = {}
+        exit_tests: dict[int, _ExitTest | None] = {}
+        size = len(program.bundles)
+        pc, jump_to, delay_left = 0, -1, 0
+        while pc < size:
+            if jump_to < 0 and not program.interesting[pc]:
+                stop = program.next_interesting[pc]
+                machine.now += stop - pc
+                diff[pc] += 1
+                diff[stop] -= 1
+                machine.walked += stop - pc
+                pc = stop
+                continue
+            bundle = program.bundles[pc]
+            taken_target = self._execute(program, pc, bundle, stats, runs, exit_tests, loops)
+            machine.now += bundle.cost
+            machine.walked += 1
+            diff[pc] += 1
+            diff[pc + 1] -= 1
+            if machine.walked > MAX_WALKED_BUNDLES:
+                raise ScheduleError(f"walk exceeded {MAX_WALKED_BUNDLES} bundles in {program.name}")
+            if jump_to >= 0:
+                delay_left -= 1
+                if delay_left == 0:
+                    pc, jump_to = jump_to, -1
+                    continue
+            elif taken_target is not None:
+                jump_to, delay_left = taken_target, BRANCH_DELAY_SLOTS
+            pc += 1
+        stats.calls += 1
+        stats.cycles += machine.now - start_now
+        self._depth -= 1
+
+    def _execute(
+        self,
+        program: Program,
+        pc: int,
+        bundle: Bundle,
+        stats: ProgramStats,
+        runs: dict[int, _LoopRun],
+        exit_tests: dict[int, _ExitTest | None],
+        loops: dict[int, Loop],
+    ) -> int | None:
+        """Executes one bundle's ops (reads before writes); returns a taken branch's target."""
+        machine = self.machine
+        writes: list[tuple[str, Value]] = []
+        stores: list[tuple[Addr, Value]] = []
+        taken: int | None = None
+        for op in bundle.ops:
+            runs_op = machine.predicate(op)
+            if op.opcode == "sbr.rel":
+                taken = self._branch(program, pc, op, runs_op, runs, exit_tests, loops, stats)
+            elif op.dest is not None:
+                if runs_op is False:
+                    if op.fallback is not None:
+                        writes.append((op.dest, machine.read(op.fallback)))
+                    continue
+                value = machine.evaluate(op) if runs_op else None
+                if op.dest[0] == "p" and type(value) is int:
+                    value = value != 0
+                writes.append((op.dest, value))
+            elif op.opcode == "sst" and runs_op is not False and op.operands:
+                address = machine.address(op)
+                if address is not None:
+                    stores.append((address, machine.read(op.operands[0]) if runs_op else None))
+            elif op.opcode == "inlined_call" and runs_op is not False:
+                self._call(op)
+            elif op.opcode == "dma.done.wait" and runs_op is not False:
+                self._dma_wait(op)
+            elif op.opcode.startswith("dma.") and runs_op is not False:
+                self._dma_issue(op)
+        for register, value in writes:
+            machine.registers[register] = value
+        for address, value in stores:
+            machine.smem[address] = value
+        return taken
+
+    def _branch(
+        self,
+        program: Program,
+        pc: int,
+        op: Op,
+        decision: bool | None,
+        runs: dict[int, _LoopRun],
+        exit_tests: dict[int, _ExitTest | None],
+        loops: dict[int, Loop],
+        stats: ProgramStats,
+    ) -> int | None:
+        if op.target_region is None:
+            raise ScheduleError(f"{program.name}: branch without target at bundle {pc:#x}")
+        target = program.target(op.target_region, pc)
+        machine = self.machine
+        if target > pc:  # forward: skips a predicated region
+            if decision is None:
+                machine.unresolved_branches += 1
+                return None
+            return target if decision else None
+        loop = loops.get(target)
+        run = runs.setdefault(pc, _LoopRun())
+        if loop is not None and run.iterations == 0:
+            loop.entries += 1
+        if decision is None:
+            if run.planned is None:
+                run.planned = self._planned_trips(program, loop)
+            decision = run.iterations + 1 < run.planned
+        if not decision:
+            if loop is not None:
+                loop.iterations += run.iterations + 1
+            runs[pc] = _LoopRun()
+            return None
+        run.iterations += 1
+        if pc not in exit_tests:
+            exit_tests[pc] = _exit_test(program, pc, op, target)
+        test = exit_tests[pc]
+        counter = machine.registers.get(test.counter) if test else None
+        if run.iterations == LOOP_SAMPLE_START and type(counter) is int:
+            run.sample_now = machine.now
+            run.sample_counts = _prefix_sums(stats.counts)
+            run.sample_counter = counter
+        if (
+            run.iterations == LOOP_SAMPLE_END
+            and test
+            and run.sample_counts
+            and type(counter) is int
+        ):
+            sampled = LOOP_SAMPLE_END - LOOP_SAMPLE_START
+            assert run.sample_counter is not None
+            step_total = (as_signed(counter) if test.signed else counter) - (
+                as_signed(run.sample_counter) if test.signed else run.sample_counter
+            )
+            if step_total % sampled == 0:
+                remaining = _remaining_iterations(test, counter, step_total // sampled)
+                if remaining is not None:
+                    self._extrapolate(stats, run, remaining / sampled)
+                    machine.registers[test.counter] = (
+                        counter + remaining * (step_total // sampled)
+                    ) & U32
+                    if loop is not None:
+                        loop.iterations += run.iterations + remaining
+                    runs[pc] = _LoopRun()
+                    return None
+        return target
+
+    def _planned_trips(self, program: Program, loop: Loop | None) -> int:
+        """Trips for an entry of a data-dependent loop: the caller's figure, else 1."""
+        number = -1 if loop is None else _flatten(self.loops[program.name]).index(loop)
+        base = program.name.rsplit(".", 1)[0]
+        table = self.loop_trips.get(program.name, self.loop_trips.get(base, {}))
+        given = table.get(number)
+        if isinstance(given, (list, tuple)):
+            trips = int(given[(loop.entries - 1) % len(given)]) if loop and given else 1
+        else:
+            trips = int(given) if given is not None else 1
+        note = f"{program.name} loop #{number}: data-dependent exit, " + (
+            "trips given by the case" if given is not None else "assumed 1 trip"
+        )
+        if note not in self.machine.unresolved_loops:
+            self.machine.unresolved_loops.append(note)
+        return max(trips, 1)
+
+    def _extrapolate(self, stats: ProgramStats, run: _LoopRun, factor: float) -> None:
+        """Adds ``factor`` times what the sampled iterations cost."""
+        machine = self.machine
+        extra = (machine.now - run.sample_now) * factor
+        machine.now += extra
+        machine.hbm_free += extra
+        machine.flags = {key: done + extra for key, done in machine.flags.items()}
+        assert run.sample_counts is not None
+        current = _prefix_sums(stats.counts)
+        for index, (now_count, then_count) in enumerate(
+            zip(current, run.sample_counts, strict=True)
+        ):
+            delta = (now_count - then_count) * factor
+            if delta:
+                stats.counts[index] += delta
+                stats.counts[index + 1] -= delta
+
+    def _call(self, op: Op) -> None:
+        name = call_target(op)
+        callee = self.dump.program(name) if name else None
+        if callee is None:
+            self.machine.missing_programs.add(name or op.text[:60])
+            return
+        self._walk(callee)
+
+    def _flag(self, operand: Operand) -> Any:
+        value = self.machine.read(operand)
+        return value if isinstance(value, Addr) else None
+
+    def _dma_issue(self, op: Op) -> None:
+        machine = self.machine
+        keywords = dict(KEYWORD_OPERAND.findall(op.text))
+        size = parse_operand(keywords.get("size_in_granules", "").strip())
+        granules = machine.read(size)
+        nbytes = granules * GRANULE_BYTES if type(granules) is int else 0
+        flag = self._flag(parse_operand(keywords.get("dst_syncflagno", "").strip()))
+        kind = op.opcode.split(".", 1)[1]
+        start = machine.now
+        if "hbm" in kind and nbytes:
+            start = max(machine.now, machine.hbm_free)
+            machine.hbm_free = start + nbytes / machine.bytes_per_cycle
+            machine.hbm_bytes += nbytes
+            done = machine.hbm_free + machine.dma_latency
+        else:
+            done = start
+        machine.flags[flag] = max(machine.flags.get(flag, 0.0), done)
+
+    def _dma_wait(self, op: Op) -> None:
+        machine = self.machine
+        flag = self._flag(op.operands[0]) if op.operands else None
+        done = machine.flags.pop(flag, None)
+        if done is not None and done > machine.now:
+            machine.dma_wait_cycles += done - machine.now
+            machine.now = done
+
+    # Results.
+    def executions(self, program: str) -> list[float]:
+        """How many times each bundle of ``program`` ran."""
+        return _prefix_sums(self.stats[program].counts)[:-1]
+
+    def describe_loops(self, programs: Iterable[str] | None = None) -> list[str]:
+        """One line per executed loop: program, number, bundles, entries, trips per entry."""
+        lines = []
+        for name in programs or self.stats:
+            for number, loop in enumerate(_flatten(self.loops.get(name, []))):
+                if loop.entries:
+                    lines.append(
+                        f"{name} loop #{number} [{loop.start:#x}-{loop.end:#x}]: {loop.bundles} "
+                        f"bundles, {loop.entries} entr{'y' if loop.entries == 1 else 'ies'}, "
+                        f"{loop.trips:.1f} trips each"
+                    )
+        return lines
+
+    def unit_busy(self, programs: Iterable[str] | None = None) -> dict[str, float]:
+        """Issued slots per unit, summed over the executed bundles of ``programs`` (all)."""
+        busy: dict[str, float] = {}
+        for name in programs or self.stats:
+            program = self.dump.programs.get(name)
+            if program is None or not program.utilization:
+                continue
+            for count, row in zip(self.executions(name), program.utilization, strict=True):
+                if count:
+                    for unit, used in zip(program.units, row, strict=True):
+                        busy[unit] = busy.get(unit, 0.0) + count * used
+        return busy
+
+    def capacity(self) -> dict[str, int]:
+        for program in self.dump.programs.values():
+            if program.capacity:
+                return dict(zip(program.units, program.capacity, strict=True))
+        return {}
+
+
+def _flatten(loops: Iterable[Loop]) -> list[Loop]:
+    out = []
+    for loop in loops:
+        out.append(loop)
+        out.extend(_flatten(loop.children))
+    return out
+
+
+def _prefix_sums(diff: list[float]) -> list[float]:
+    total, out = 0.0, []
+    for value in diff:
+        total += value
+        out.append(total)
+    return out
+
+
+def walk_dump(dump: Dump, **options: Any) -> Walker:
+    """Convenience: a :class:`Walker` that has walked ``dump`` once."""
+    walker = Walker(dump, **options)
+    walker.run()
+    return walker
+
+
+__all__ = ["Loop", "ProgramStats", "Walker", "loop_tree", "walk_dump"]
