@@ -1,0 +1,405 @@
+"""The native CPU backend (asickernels.backends.cpu) against the float64 reference: both entry
+points of every kernel (JAX through XLA's FFI, and the numpy host twin) on the conformance
+cases, float64 and hidden-size/adversarial inputs, jit/vmap/grad, and an ASan + UBSan build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from asickernels import reference
+from asickernels.backends import cpu
+from asickernels.backends.cpu import _library
+from asickernels.backends.cpu import giou as cpu_giou
+from asickernels.backends.cpu import int8_matmul as cpu_matmul
+from asickernels.backends.cpu import nms as cpu_nms
+from asickernels.kernels.declaration import x64_scope
+from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, nms_cases
+
+REPO = Path(__file__).resolve().parent.parent
+GIOU_ATOL = 2e-5
+GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5
+
+pytestmark = pytest.mark.skipif(
+    _library.unavailable_reason() is not None, reason=str(_library.unavailable_reason())
+)
+
+
+def _params(cases):
+    return [
+        pytest.param(c, id=c.name, marks=[pytest.mark.slow] if getattr(c, "slow", False) else [])
+        for c in cases
+    ]
+
+
+def _entry_points(jax_fn, host_fn):
+    """Both entry points as ``(name, fn)``; the JAX one jitted, its outputs as numpy."""
+
+    def run_jax(*args, **kwargs):
+        out = jax.jit(lambda *a: jax_fn(*a, **kwargs))(*args)
+        return jax.tree.map(np.asarray, out)
+
+    return pytest.mark.parametrize("entry", [run_jax, host_fn], ids=["jax", "host"])
+
+
+def _copies(*arrays):
+    return [None if a is None else np.array(a, copy=True) for a in arrays]
+
+
+def _assert_unchanged(before, arrays):
+    for old, new in zip(before, arrays, strict=True):
+        if old is not None:
+            np.testing.assert_array_equal(np.asarray(new), old)
+
+
+# -- GIOU ----------------------------------------------------------------------------------
+
+
+_GIOU_CASES = [c for c in giou_cases() if c.boxes1.size]
+
+
+@_entry_points(cpu_giou.giou, cpu_giou.giou_host)
+@pytest.mark.parametrize("case", _params(_GIOU_CASES))
+def test_giou(entry, case):
+    b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
+    before = _copies(b1, b2)
+    got = entry(b1, b2)
+    assert got.dtype == np.float32 and got.shape == b1.shape[:-1]
+    np.testing.assert_allclose(got, reference.giou(b1, b2), atol=GIOU_ATOL, rtol=0)
+    _assert_unchanged(before, [b1, b2])
+
+
+@_entry_points(cpu_giou.giou_vjp, cpu_giou.giou_vjp_host)
+@pytest.mark.parametrize("case", _params([c for c in _GIOU_CASES if c.boxes1.dtype == np.float32]))
+def test_giou_vjp(entry, case):
+    b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
+    cotangent = np.random.default_rng(7).normal(size=b1.shape[0]).astype(np.float32)
+    d1, d2 = entry(b1, b2, cotangent)
+    want1, want2 = reference.giou_vjp(b1, b2, cotangent)
+    np.testing.assert_allclose(d1, want1, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    np.testing.assert_allclose(d2, want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def test_giou_grad_under_jit_and_vmap():
+    """``jax.grad`` goes through the custom_vjp (the native backward kernel); vmap adds a
+    batch dimension the kernels flatten."""
+    case = next(c for c in giou_cases() if c.name == "random_257")
+    grad = jax.jit(jax.grad(lambda a, b: cpu_giou.giou(a, b).sum(), argnums=(0, 1)))
+    d1, d2 = grad(case.boxes1, case.boxes2)
+    want1, want2 = reference.giou_vjp(case.boxes1, case.boxes2, np.ones(257))
+    np.testing.assert_allclose(np.asarray(d1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    stacked1 = np.stack([case.boxes1, case.boxes2])
+    stacked2 = np.stack([case.boxes2, case.boxes1])
+    got = jax.jit(jax.vmap(cpu_giou.giou))(stacked1, stacked2)
+    np.testing.assert_allclose(
+        np.asarray(got), reference.giou(stacked1, stacked2), atol=GIOU_ATOL, rtol=0
+    )
+
+
+def test_giou_float64_is_computed_in_float64():
+    rng = np.random.default_rng(5)
+    b1 = grid_boxes(rng, (130,)).astype(np.float64) * 1.000001 + 1e6
+    b2 = b1 + rng.uniform(-1, 1, b1.shape)
+    cotangent = rng.normal(size=130)
+    want = reference.giou(b1, b2)
+    want1, want2 = reference.giou_vjp(b1, b2, cotangent)
+    host = cpu_giou.giou_host(b1, b2)
+    assert host.dtype == np.float64
+    np.testing.assert_allclose(host, want, rtol=0, atol=1e-9)
+    # float32 cannot: the 1e6 offset leaves about 0.06 of resolution on each coordinate.
+    assert (
+        np.abs(cpu_giou.giou_host(b1.astype(np.float32), b2.astype(np.float32)) - want).max() > 1e-4
+    )
+    d1, d2 = cpu_giou.giou_vjp_host(b1, b2, cotangent)
+    np.testing.assert_allclose(d1, want1, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(d2, want2, rtol=1e-9, atol=1e-12)
+    with x64_scope(True):
+        got = jax.jit(cpu_giou.giou)(b1, b2)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-9)
+        grads = jax.jit(jax.grad(lambda a, b: (cpu_giou.giou(a, b) * cotangent).sum(), (0, 1)))
+        g1, g2 = grads(b1, b2)
+        np.testing.assert_allclose(np.asarray(g1), want1, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(g2), want2, rtol=1e-9, atol=1e-12)
+
+
+# -- NMS -----------------------------------------------------------------------------------
+
+
+def _reference_nms(boxes, scores, categories, **kwargs):
+    with np.errstate(invalid="ignore"):  # infinite boxes: the reference masks them after
+        return reference.nms(boxes, scores, categories, **kwargs)
+
+
+def _nms_inputs(case):
+    n = case.scores.shape[-1]
+    batch = int(np.prod(case.scores.shape[:-1]))
+    categories = None if case.categories is None else case.categories.reshape(batch, n)
+    kwargs = {
+        "iou_threshold": case.iou_threshold,
+        "max_output_size": case.max_output_size,
+        "score_threshold": -np.inf if case.score_threshold is None else case.score_threshold,
+    }
+    return case.boxes.reshape(batch, n, 4), case.scores.reshape(batch, n), categories, kwargs
+
+
+_NMS_CASES = [c for c in nms_cases() if c.scores.size and c.max_output_size]
+
+
+@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+@pytest.mark.parametrize("case", _params(_NMS_CASES))
+def test_nms(entry, case):
+    boxes, scores, categories, kwargs = _nms_inputs(case)
+    if categories is not None:
+        categories = categories.astype(np.int32)
+    before = _copies(boxes, scores, categories)
+    indices, num_valid = entry(boxes, scores, categories, **kwargs)
+    want_indices, want_count = _reference_nms(boxes, scores, categories, **kwargs)
+    assert indices.dtype == np.int32 and num_valid.dtype == np.int32
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_array_equal(num_valid, want_count)
+    _assert_unchanged(before, [boxes, scores, categories])
+
+
+def _random_nms_problem(seed: int, n: int, dtype=np.float32):
+    """Off-grid boxes (IoUs are not exact in float32: the kernel must decide in float64 as
+    the reference does), many tied scores, some NaN scores and non-finite boxes, and sizes
+    that exercise the sorted blocks and the sweeps (dense or sparse, small max_output)."""
+    rng = np.random.default_rng(seed)
+    spread = [50.0, 400.0, 5000.0][seed % 3]  # dense to sparse
+    xy = rng.uniform(0, spread, (n, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(1, 60, (n, 2))], axis=1).astype(dtype)
+    scores = (rng.integers(0, 40, n) / 40).astype(dtype)
+    scores[rng.uniform(size=n) < 0.03] = np.nan
+    boxes[rng.uniform(size=n) < 0.02, rng.integers(0, 4)] = np.inf
+    categories = rng.integers(0, 3, n).astype(np.int32) if seed % 2 else None
+    kwargs = {
+        "iou_threshold": float(rng.choice([0.0, 0.1, 0.3, 0.5, 0.7, 1.0])),
+        "max_output_size": int(rng.choice([1, 5, 64, 300, n])),
+        "score_threshold": float(rng.choice([-np.inf, 0.25])),
+    }
+    return boxes[None], scores[None], None if categories is None else categories[None], kwargs
+
+
+@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+@pytest.mark.parametrize("n", [1, 7, 130, 257, 1500])
+@pytest.mark.parametrize("seed", range(6))
+def test_nms_random_off_grid(entry, n, seed):
+    boxes, scores, categories, kwargs = _random_nms_problem(seed, n)
+    got = entry(boxes, scores, categories, **kwargs)
+    want = _reference_nms(boxes, scores, categories, **kwargs)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_nms_empty_image_and_batch_under_vmap():
+    empty = cpu_nms.nms_host(
+        np.zeros((2, 0, 4), np.float32),
+        np.zeros((2, 0), np.float32),
+        None,
+        iou_threshold=0.5,
+        max_output_size=3,
+        score_threshold=-np.inf,
+    )
+    np.testing.assert_array_equal(empty[0], np.full((2, 3), -1))
+    np.testing.assert_array_equal(empty[1], [0, 0])
+    case = next(c for c in nms_cases() if c.name == "batch_2x3")
+    kwargs = case.kwargs() | {"score_threshold": -np.inf}
+    run = jax.jit(jax.vmap(lambda b, s: cpu_nms.nms(b, s, None, **kwargs)))
+    indices, num_valid = run(case.boxes, case.scores)
+    for v in range(2):
+        want = _reference_nms(case.boxes[v], case.scores[v], None, **kwargs)
+        np.testing.assert_array_equal(np.asarray(indices[v]), want[0])
+        np.testing.assert_array_equal(np.asarray(num_valid[v]), want[1])
+
+
+def _float64_only_decisions():
+    """Boxes 1e6 from the origin whose IoU is 0.5 + ~1e-10 in float64: the second box is
+    suppressed at threshold 0.5; rounded to float32 the two boxes coincide (IoU 1) or not,
+    but the decision differs from the float64 one on at least one pair."""
+    base = 1e6
+    boxes = np.array(
+        [
+            [base, base, base + 4.0, base + 2.0],
+            [base, base, base + 4.0, base + 1.0000000002],
+            [base + 0.3, base, base + 4.3, base + 2.0],
+            [base + 0.30000001, base, base + 4.30000001, base + 2.0],
+        ],
+        np.float64,
+    )
+    scores = np.array([0.9, 0.8, 0.7, 0.6], np.float64)
+    return boxes[None], scores[None]
+
+
+@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+def test_nms_float64_decided_in_float64(entry):
+    boxes, scores = _float64_only_decisions()
+    kwargs = {"iou_threshold": 0.5, "max_output_size": 4, "score_threshold": -np.inf}
+    want = _reference_nms(boxes, scores, None, **kwargs)
+    rounded = _reference_nms(boxes.astype(np.float32), scores, None, **kwargs)
+    assert not np.array_equal(want[0], rounded[0]), "the case must need float64"
+    with x64_scope(True):
+        got = entry(boxes, scores, None, **kwargs)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nms_float64_random_matches_reference(seed):
+    boxes, scores, categories, kwargs = _random_nms_problem(seed, 700, np.float64)
+    boxes = boxes + 1e6
+    got = cpu_nms.nms_host(boxes, scores, categories, **kwargs)
+    want = _reference_nms(boxes, scores, categories, **kwargs)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+# -- int8 matmul ---------------------------------------------------------------------------
+
+
+def _matmul_args(case):
+    m, n = case.x.shape[0], case.y.shape[1]
+    scaled = case.x_scale is not None or case.y_scale is not None or case.out_dtype is not None
+    if not scaled:
+        return {"x_scale": None, "y_scale": None, "out_dtype": np.dtype(np.int32)}
+    ones = np.float32(1)
+    return {
+        "x_scale": np.broadcast_to(ones if case.x_scale is None else case.x_scale, (m,)),
+        "y_scale": np.broadcast_to(ones if case.y_scale is None else case.y_scale, (n,)),
+        "out_dtype": np.dtype(case.out_dtype or np.float32),
+    }
+
+
+_BLOCKED = [  # beyond one K block (512), one row block (192) and one column block (256)
+    ("blocked_401x1100x300", 401, 1100, 300),
+    ("ragged_5x3x33", 5, 3, 33),
+]
+
+
+def _matmul_cases():
+    rng = np.random.default_rng(11)
+    cases = matmul_cases()
+    for name, m, k, n in _BLOCKED:
+        x = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        y = rng.integers(-128, 128, (k, n), dtype=np.int8)
+        cases.append(type(cases[0])(name, x, y))
+    return cases
+
+
+@_entry_points(cpu_matmul.int8_matmul, cpu_matmul.int8_matmul_host)
+@pytest.mark.parametrize("case", _params(_matmul_cases()))
+def test_int8_matmul(entry, case):
+    args = _matmul_args(case)
+    before = _copies(case.x, case.y)
+    got = entry(case.x, case.y, **args)
+    out_dtype = args["out_dtype"]
+    assert got.dtype == out_dtype and got.shape == (case.x.shape[0], case.y.shape[1])
+    if out_dtype == np.int32:
+        np.testing.assert_array_equal(got, reference.int8_matmul(case.x, case.y))
+    else:
+        want = reference.int8_matmul(
+            case.x, case.y, x_scale=args["x_scale"], y_scale=args["y_scale"], out_dtype=np.float64
+        )
+        rtol = 1e-2 if out_dtype == ml_dtypes.bfloat16 else 1e-6
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=1e-6)
+    _assert_unchanged(before, [case.x, case.y])
+
+
+def test_int8_matmul_float64_out_and_vmap():
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (2, 37, 70), dtype=np.int8)
+    y = rng.integers(-128, 128, (2, 70, 19), dtype=np.int8)
+    xs, ys = rng.uniform(0, 1, (2, 37)), rng.uniform(0, 1, (2, 19))
+    want = [
+        reference.int8_matmul(
+            x[b], y[b], x_scale=xs[b].astype(np.float32), y_scale=ys[b].astype(np.float32),
+            out_dtype=np.float64,
+        )
+        for b in range(2)
+    ]  # fmt: skip
+    host = cpu_matmul.int8_matmul_host(
+        x[0], y[0], x_scale=xs[0], y_scale=ys[0], out_dtype=np.float64
+    )
+    assert host.dtype == np.float64
+    np.testing.assert_array_equal(host, want[0])  # rounded once from the exact product
+    with x64_scope(True):
+        run = jax.jit(
+            jax.vmap(
+                lambda a, b, s, t: cpu_matmul.int8_matmul(
+                    a, b, x_scale=s, y_scale=t, out_dtype=jnp.float64
+                )
+            )
+        )
+        got = run(x, y, xs.astype(np.float32), ys.astype(np.float32))
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(np.asarray(got), np.stack(want))
+    unscaled = jax.jit(
+        jax.vmap(
+            lambda a, b: cpu_matmul.int8_matmul(
+                a, b, x_scale=None, y_scale=None, out_dtype=jnp.int32
+            )
+        )
+    )
+    np.testing.assert_array_equal(
+        np.asarray(unscaled(x, y)), np.stack([reference.int8_matmul(x[b], y[b]) for b in range(2)])
+    )
+
+
+# -- backend -------------------------------------------------------------------------------
+
+
+def test_config_is_refused():
+    boxes = np.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="no tuning config"):
+        cpu_giou.giou_host(boxes, boxes, config=object())
+
+
+def test_probe_reports_missing_compiler(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    status = cpu.BACKEND.probe()
+    assert status.mode == "missing" and "no C++ compiler" in status.detail
+    monkeypatch.delenv("CXX")
+    assert cpu.BACKEND.probe().mode == "native"
+
+
+def test_build_without_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(_library.NativeCpuError, match="no C\\+\\+ compiler"):
+        _library.library_path()
+
+
+@pytest.mark.slow
+def test_under_address_and_undefined_behaviour_sanitizers():
+    """This file's fast tests against the ASan + UBSan build, in a child process (Python can
+    load an ASan library only with the runtime preloaded); any finding aborts the child."""
+    env = {
+        **os.environ,
+        _library.SANITIZE_ENV: "1",
+        "LD_PRELOAD": _library.sanitizer_preload(),
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+    }
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+        "-k", "not probe and not without_compiler", "tests/test_cpu_backend.py",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "AddressSanitizer" not in output and "runtime error:" not in output, output[-6000:]
+    summary = re.search(r"(\d+) passed", output)
+    assert summary and int(summary.group(1)) >= 150, output[-3000:]
+    assert not re.search(r"\d+ (failed|skipped|error)", output), output[-3000:]
