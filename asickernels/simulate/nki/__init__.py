@@ -28,37 +28,48 @@ NaN (integers: 4), as in the SDK's simulator.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import errors, isa, language, runtime
+from asickernels.simulate.nki import errors, isa, language, runtime, typing
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, wrap_argument
 
-__all__ = ["Kernel", "errors", "isa", "jit", "language", "last_counters", "simulate"]
+__all__ = [
+    "Kernel",
+    "errors",
+    "isa",
+    "jit",
+    "language",
+    "last_counters",
+    "simulate",
+    "typing",
+]
 
 
 class Kernel:
-    """A kernel function made callable on numpy arrays (see :func:`jit`)."""
+    """A kernel function made callable on numpy arrays (see :func:`jit`); ``kernel[2]``
+    launches it on two logical NeuronCores (LNC=2)."""
 
-    def __init__(self, function: Callable[..., Any]) -> None:
+    def __init__(self, function: Callable[..., Any], lnc: int = 1) -> None:
         self.function = function
+        self.lnc = lnc
         functools.update_wrapper(self, function)
 
     def __getitem__(self, lnc: int) -> Kernel:
-        """``kernel[lnc]``: only LNC=1 (one NeuronCore) is simulated."""
-        if lnc != 1:
-            raise NotImplementedError(
-                f"the simulator runs kernels on one NeuronCore, not lnc={lnc}"
-            )
-        return self
+        """``kernel[lnc]`` with lnc 1 or 2: the only launch grids of the current API
+        (nki/api/nki/__init__.py, ``jit``)."""
+        if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in (1, 2):
+            raise ValueError(f"kernel[{lnc!r}]: the launch grid is the LNC degree, 1 or 2")
+        return Kernel(self.function, lnc)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if runtime.in_kernel():  # a kernel calling a kernel: inline it in the same run
             return self.function(*args, **kwargs)
-        return _run(self.function, args, kwargs)
+        return _launch(self.function, self.lnc, args, kwargs)
 
 
 def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
@@ -71,28 +82,74 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
 
 
 def simulate(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """``nki.simulate(kernel)(*arrays)``: runs ``kernel`` (a :func:`jit` kernel or a plain
-    function) on numpy arrays and returns numpy arrays."""
+    """``nki.simulate(kernel)(*arrays)``: runs ``kernel`` (a :func:`jit` kernel, possibly
+    ``kernel[2]``, or a plain function) on numpy arrays and returns numpy arrays."""
     function = kernel.function if isinstance(kernel, Kernel) else kernel
-    return lambda *args, **kwargs: _run(function, args, kwargs)
+    lnc = kernel.lnc if isinstance(kernel, Kernel) else 1
+    return lambda *args, **kwargs: _launch(function, lnc, args, kwargs)
 
 
-def _run(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Runs one kernel: numpy arguments become HBM tensors (written in place if the kernel
-    writes them); returned HBM tensors come back as new numpy arrays."""
-    run = runtime.start_run()
-    try:
-        wrapped_args = [_wrap(value, f"#{i}") for i, value in enumerate(args)]
-        wrapped_kwargs = {key: _wrap(value, key) for key, value in kwargs.items()}
-        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as the engines give them
-            result = function(*wrapped_args, **wrapped_kwargs)
-        return _unwrap(result)
-    finally:
-        runtime.finish_run(run)
+def _launch(
+    function: Callable[..., Any], lnc: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Runs one kernel launch: numpy arguments become HBM tensors (written in place if the
+    kernel writes them); returned HBM tensors come back as new numpy arrays. With ``lnc=2``
+    two threads run the kernel, one per logical core, each with its own ``program_id``, SBUF
+    and PSUM, sharing the HBM arguments (nki/guides/nki_simulator.rst, "Execution"); the
+    launch returns logical core 0's result."""
+    buffer = MemoryRegion.shared_hbm if lnc > 1 else MemoryRegion.private_hbm
+    copies: list[tuple[np.ndarray, np.ndarray]] = []  # (caller's array, contiguous copy)
+    wrapped_args = [_wrap(value, f"#{i}", buffer, copies) for i, value in enumerate(args)]
+    wrapped_kwargs = {key: _wrap(value, key, buffer, copies) for key, value in kwargs.items()}
+    launch = runtime.Launch(lnc)
+    results: list[Any] = [None] * lnc
+    failures: list[BaseException | None] = [None] * lnc
+    runs: list[runtime.Run | None] = [None] * lnc
+
+    def core(program_id: int) -> None:
+        run = runtime.start_run(program_id, launch)
+        runs[program_id] = run
+        try:
+            with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as the engines give them
+                results[program_id] = function(*wrapped_args, **wrapped_kwargs)
+        except BaseException as error:  # reported by the launching thread below
+            failures[program_id] = error
+            launch.barrier.abort()  # a core waiting at nisa.core_barrier stops waiting
+        finally:
+            runtime.finish_run()
+
+    if lnc == 1:
+        core(0)
+    else:
+        threads = [threading.Thread(target=core, args=(i,)) for i in range(lnc)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    runtime.publish_counters([run for run in runs if run is not None])
+    for original, contiguous in copies:
+        original[...] = contiguous
+    failure = next((f for f in failures if f is not None), None)
+    if failure is not None:
+        raise failure
+    return _unwrap(results[0])  # after every core finished writing the shared outputs
 
 
-def _wrap(value: Any, position: str) -> Any:
-    return wrap_argument(value, position) if isinstance(value, np.ndarray) else value
+def _wrap(
+    value: Any,
+    position: str,
+    buffer: MemoryRegion,
+    copies: list[tuple[np.ndarray, np.ndarray]],
+) -> Any:
+    """A numpy argument as an HBM tensor. Access patterns address storage row-major, so a
+    non-contiguous array runs on a contiguous copy that is written back afterwards."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if not value.flags.c_contiguous:
+        contiguous = np.ascontiguousarray(value)
+        copies.append((value, contiguous))
+        value = contiguous
+    return wrap_argument(value, position, buffer)
 
 
 def _unwrap(value: Any) -> Any:

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import errors
-from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, is_float, is_hbm
+from asickernels.simulate.nki.tensor import (
+    MemoryRegion,
+    NkiTensor,
+    dtype_name,
+    is_float,
+    is_hbm,
+    is_packed,
+)
 
 Operand = NkiTensor | float | int
 HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
@@ -40,7 +47,17 @@ def require(
 
 
 def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """``values`` in ``dtype``, rounding as the engines do."""
+    """``values`` in ``dtype``, rounding as the engines do (tfloat32: float32 with the mantissa
+    rounded to 10 bits, nearest even)."""
+    if is_packed(dtype) or is_packed(values.dtype):
+        if values.dtype != dtype:
+            raise errors.UnsupportedDtype(
+                f"packed MX data ({dtype_name(dtype)}) is only produced by nisa.quantize_mx and "
+                "copied bit for bit, not converted"
+            )
+        return values
+    if dtype_name(dtype) == "tfloat32":
+        return _round_to_tfloat32(values.astype(np.float32))
     if values.dtype == dtype:
         return values
     if dtype == np.bool_:
@@ -52,17 +69,31 @@ def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     return values.astype(dtype)
 
 
+def _round_to_tfloat32(values: np.ndarray) -> np.ndarray:
+    bits = values.view(np.uint32).copy()
+    finite = np.isfinite(values)
+    lsb = (bits >> 13) & 1
+    bits[finite] = (bits[finite] + 0xFFF + lsb[finite]) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
 def as_f32(value: Operand) -> Any:
     """An operand's values in float32 (scalars as numpy float32, so arrays stay float32)."""
     if isinstance(value, NkiTensor):
+        if is_packed(value.dtype):
+            raise errors.UnsupportedDtype(
+                f"{value!r} holds packed MX data: only nisa.nc_matmul_mx reads it"
+            )
         return value.data.astype(np.float32, copy=False)
     return np.float32(value)
 
 
 def dma_values(src: NkiTensor, dtype: np.dtype[Any]) -> np.ndarray:
     """What a DMA from ``src`` delivers as ``dtype``: a bit copy, or a cast via float32."""
-    if src.dtype == dtype:
+    if src.dtype == dtype and dtype_name(src.dtype) == dtype_name(dtype):
         return src.data
+    if is_packed(src.dtype):
+        return cast(src.data, dtype)  # raises unless dtype is the same packed type
     return cast(src.data.astype(np.float32), dtype)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from asickernels.simulate.nki import alu, errors, language, runtime
 from asickernels.simulate.nki.errors import NkiValidationError
-from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor
+from asickernels.simulate.nki.tensor import PACKED_X4, MemoryRegion, NkiTensor, dtype_name
 
 __all__ = [
     "NkiValidationError",
@@ -71,6 +71,15 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
+class reduce_cmd(enum.Enum):
+    """What an instruction does with its engine's reduction registers."""
+
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+
+
 class nc_version(enum.Enum):
     """NeuronCore generations: gen2 = trn1/inf2, gen3 = trn2, gen4 = trn3."""
 
@@ -85,9 +94,18 @@ def get_nc_version() -> nc_version:
 
 
 _INTEGER_32 = (np.dtype(np.int32), np.dtype(np.uint32))
-_MATMUL_INPUT_DTYPES = (language.bfloat16, language.float16, language.float32)
-_REDUCE_OPS = (language.add, language.maximum, language.minimum, language.multiply)
-_PARTITION_REDUCE_OPS = (language.add, language.maximum)
+# nki.isa.nc_matmul, "Data types"; float8_e4m3fn from NeuronCore-v4.
+_MATMUL_INPUT_DTYPES = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
+_FP32_LIKE = ("float32", "tfloat32")
+_FP8 = ("float8_e4m3", "float8_e5m2", "float8_e4m3fn")
+# tensor_partition_reduce's docstring: add, average, max, bitwise_or, bitwise_and.
+_PARTITION_REDUCE_OPS = (
+    language.add,
+    language.average,
+    language.maximum,
+    language.bitwise_or,
+    language.bitwise_and,
+)
 
 
 def _engine(api: str, requested: engine, default: str, allowed: tuple[str, ...]) -> str:
@@ -133,11 +151,19 @@ def dma_copy(
 
 
 def tensor_copy(
-    dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: Any = None
+    dst: NkiTensor,
+    src: NkiTensor,
+    engine: engine = engine.unknown,
+    name: Any = None,
+    dtype: Any = None,
 ) -> None:
-    """``dst = src`` on chip (bit copy for equal dtypes, else through float32)."""
+    """``dst = src`` on chip (bit copy for equal dtypes, else through float32). ``dtype``
+    is the older beta's spelling of the output type (nki-samples@6905a68 tutorials): when
+    given it must be ``dst``'s dtype."""
     api = "tensor_copy"
     run = runtime.active_run(api)
+    if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
+        raise errors.UnsupportedDtype(f"'{api}' dtype={dtype} differs from dst {dst!r}")
     tiles = [alu.require(api, "dst", dst, alu.ON_CHIP), alu.require(api, "src", src, alu.ON_CHIP)]
     alu.check_elements(api, {"dst": dst, "src": src})
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
@@ -147,7 +173,8 @@ def tensor_copy(
         raise errors.UnsupportedEngine(
             f"'{api}' cannot run on the Scalar engine of NeuronCore-v2; use nisa.activation"
         )
-    alu.write(dst, src.data if src.dtype == dst.dtype else alu.as_f32(src), api)
+    same = src.dtype == dst.dtype and dtype_name(src.dtype) == dtype_name(dst.dtype)
+    alu.write(dst, src.data if same else alu.as_f32(src), api)
     run.count(chosen)
 
 
@@ -216,24 +243,54 @@ def nc_matmul(
     matmul wrote (accumulation is float32, as in PSUM)."""
     api = "nc_matmul"
     run = runtime.active_run(api)
-    if tile_position or tile_size or perf_mode is not matmul_perf_mode.none:
-        raise NotImplementedError("Tensor Engine tiling and performance modes are not simulated")
+    version = runtime.current_target().version
     operands = {
         "dst": alu.require(api, "dst", dst, alu.PSUM),
         "stationary": alu.require(api, "stationary", stationary, alu.SBUF),
         "moving": alu.require(api, "moving", moving, alu.SBUF),
     }
-    for operand, tile in operands.items():
-        if tile.ndim != 2:
-            raise errors.ExceedMaxSupportedDimension(
-                f"parameter '{operand}' {tile!r} of '{api}' exceeds max supported number of "
-                "dimensions of 2"
+    double_row = perf_mode is matmul_perf_mode.double_row
+    rows, columns = _tiling(api, tile_position, tile_size, version)
+    if double_row:
+        # nki.isa.nc_matmul, "Performance mode" and "Layout": NeuronCore-v3+, fp8 inputs,
+        # contraction over the partition and a first free axis of 2, no column tiling.
+        if version < 3 or columns < 128:
+            raise errors.UnsupportedOperator(
+                f"'{api}' perf_mode=double_row needs NeuronCore-v3+ and no column tiling"
             )
+        for operand, tile in (("stationary", stationary), ("moving", moving)):
+            if tile.ndim != 3 or tile.shape[1] != 2:
+                raise errors.ShapeMismatch(
+                    f"'{api}' double_row needs {operand} [K, 2, free], got {tile!r}"
+                )
+            if dtype_name(tile.dtype) not in _FP8 or (
+                dtype_name(tile.dtype) == "float8_e4m3fn" and version < 4
+            ):
+                raise errors.UnsupportedDtype(
+                    f"'{api}' double_row takes fp8 {operand}, got {tile!r}"
+                )
+        contraction = (stationary.shape[0] * 2, moving.shape[0] * 2)
+        stationary_2d = stationary.data.transpose(1, 0, 2).reshape(contraction[0], -1)
+        moving_2d = moving.data.transpose(1, 0, 2).reshape(contraction[1], -1)
+    else:
+        for operand, tile in operands.items():
+            if tile.ndim != 2:
+                raise errors.ExceedMaxSupportedDimension(
+                    f"parameter '{operand}' {tile!r} of '{api}' exceeds max supported number of "
+                    "dimensions of 2"
+                )
+        stationary_2d, moving_2d = stationary.data, moving.data
     alu.check_partitions(api, {"stationary": stationary, "moving": moving})
-    (_, m), (_, n) = stationary.shape, moving.shape
+    m, n = stationary_2d.shape[1], moving_2d.shape[1]
+    # v4 streams a moving tile across all 8 PSUM banks: 4096 fp32 or 8192 bf16 (nc_matmul,
+    # "Tile size").
+    moving_limit = language.tile_size.gemm_moving_fmax
+    if version >= 4:
+        moving_limit = 8 * runtime.PSUM_BANK_BYTES // dst.dtype.itemsize
     for operand, size, limit in (
-        ("stationary", m, language.tile_size.gemm_stationary_fmax),
-        ("moving", n, language.tile_size.gemm_moving_fmax),
+        ("stationary partitions", stationary.shape[0], rows),
+        ("stationary", m, columns),
+        ("moving", n, moving_limit),
     ):
         if size > limit:
             raise errors.SizeOfDimensionExceedArchLimit(
@@ -243,22 +300,52 @@ def nc_matmul(
         raise errors.ShapeMismatch(
             f"'{api}' of {stationary!r}.T @ {moving!r} needs dst [{m}, {n}], got {dst!r}"
         )
+    names = {}
     for operand, tile in (("stationary", stationary), ("moving", moving)):
-        if tile.dtype not in _MATMUL_INPUT_DTYPES:
+        names[operand] = dtype_name(tile.dtype)
+        if names[operand] not in _MATMUL_INPUT_DTYPES + (
+            ("float8_e4m3fn",) if version >= 4 else ()
+        ):
             raise errors.UnsupportedDtype(
-                f"'{operand}' of '{api}' is {tile.dtype}; the Tensor Engine takes bfloat16, "
-                "float16, float32 (and fp8), not integers: cast int8 to bfloat16 (exact)"
+                f"'{operand}' of '{api}' is {names[operand]}; the Tensor Engine takes fp8, "
+                "bfloat16, float16, tfloat32 or float32, not integers: cast int8 to bfloat16 (exact)"
             )
-    if (stationary.dtype == language.float32) != (moving.dtype == language.float32):
+    if (names["stationary"] in _FP32_LIKE) != (names["moving"] in _FP32_LIKE):
         raise errors.UnsupportedDtype(
-            f"'{api}' mixes {stationary.dtype} and {moving.dtype}: if one input is float32 the "
-            "other must be too"
+            f"'{api}' mixes {names['stationary']} and {names['moving']}: if one input is "
+            "float32/tfloat32 the other must be too"
         )
-    if dst.dtype != language.float32 and not (
-        dst.dtype == language.bfloat16 and runtime.current_target().version >= 4
-    ):
+    if {"float8_e4m3", "float8_e4m3fn"} <= set(names.values()):
+        raise errors.UnsupportedDtype(f"'{api}' cannot mix float8_e4m3 and float8_e4m3fn")
+    if dst.dtype != language.float32 and not (dst.dtype == language.bfloat16 and version >= 4):
         raise errors.UnsupportedDtype(f"'{api}' writes a float32 PSUM tile, got dst {dst.dtype}")
-    product = alu.as_f32(stationary).T @ alu.as_f32(moving)
+    _accumulate(
+        dst, stationary_2d.astype(np.float32).T @ moving_2d.astype(np.float32), accumulate, api
+    )
+    run.count("tensor")
+
+
+def _tiling(api: str, tile_position: Any, tile_size: Any, version: int) -> tuple[int, int]:
+    """The (rows, columns) of the systolic array an ``nc_matmul`` may use: all 128x128
+    unless ``tile_position``/``tile_size`` pick a tile (nki.isa.nc_matmul, "Tiling mode":
+    both or neither; sizes 64, or 32 from NeuronCore-v3; starts on multiples of the size)."""
+    if not tile_position and not tile_size:
+        return 128, 128
+    if not tile_position or not tile_size or len(tile_position) != 2 or len(tile_size) != 2:
+        raise TypeError(f"'{api}' tiling needs both tile_position and tile_size as 2-tuples")
+    allowed = (32, 64, 128) if version >= 3 else (64, 128)
+    for start, size in zip(tile_position, tile_size, strict=True):
+        if int(size) not in allowed or int(start) % int(size) or not 0 <= int(start) < 128:
+            raise errors.UnsupportedOperator(
+                f"'{api}' tile_position={tuple(tile_position)} tile_size={tuple(tile_size)}: "
+                f"sizes in {allowed} on NeuronCore-v{version}, positions multiples of the size"
+            )
+    return int(tile_size[0]), int(tile_size[1])
+
+
+def _accumulate(dst: NkiTensor, product: np.ndarray, accumulate: bool | None, api: str) -> None:
+    """Writes a matmul ``product`` into PSUM: False overwrites, True adds, None adds where an
+    earlier matmul wrote (accumulation is float32, as in PSUM)."""
     written = _matmul_written(dst)
     if accumulate is None:
         product = np.where(written, alu.as_f32(dst) + product, product)
@@ -266,7 +353,6 @@ def nc_matmul(
         product = alu.as_f32(dst) + product
     written[...] = True
     alu.write(dst, product, api)
-    run.count("tensor")
 
 
 def _matmul_written(dst: NkiTensor) -> np.ndarray:
@@ -317,6 +403,8 @@ def tensor_tensor(
     if chosen == "gpsimd":
         alu.check_no_psum_on_gpsimd(api, tiles)
     read = _exact_integers if chosen == "gpsimd" and integers else alu.as_f32
+    if op in language.BITVEC_OPS:
+        read = language.read_bits
     alu.write(dst, np.asarray(function(read(data1), read(data2).reshape(data1.shape))), api)
     run.count(chosen)
 
@@ -338,8 +426,8 @@ def tensor_scalar(
     sides of its operator."""
     api = "tensor_scalar"
     run = runtime.active_run(api)
-    if (op1 is None) != (operand1 is None):
-        raise TypeError(f"'{api}': give op1 and operand1 together")
+    if op1 is None and operand1 is not None:
+        raise TypeError(f"'{api}': operand1 without op1")
     operands = {
         "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
         "data": alu.require(api, "data", data, alu.ON_CHIP),
@@ -348,8 +436,19 @@ def tensor_scalar(
     alu.check_elements(api, operands)
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
     if chosen == "gpsimd":
+        # nki.isa.tensor_scalar, ``engine``: "gpsimd (only allowed for rsqrt)".
+        if op0 is not language.rsqrt or op1 not in (None, language.rsqrt):
+            raise errors.UnsupportedEngine(
+                f"'{api}' runs on the GpSimd engine only for op0=nl.rsqrt, not {op0!r}/{op1!r}"
+            )
         alu.check_no_psum_on_gpsimd(api, tiles)
-    values = alu.as_f32(data)
+    bitvec = op0 in language.BITVEC_OPS
+    if op1 is not None and (op1 in language.BITVEC_OPS) != bitvec:
+        raise errors.UnsupportedOperator(f"'{api}' op0 and op1 must both be bitvec or arithmetic")
+    if bitvec and chosen != "vector":
+        raise errors.UnsupportedEngine(f"'{api}' with bitvec operators runs on the Vector engine")
+    read = language.read_bits if bitvec else alu.as_f32
+    values = read(data)
     steps: list[tuple[Any, Any, bool, str]] = [(op0, operand0, reverse0, "operand0")]
     if op1 is not None:
         steps.append((op1, operand1, reverse1, "operand1"))
@@ -361,15 +460,15 @@ def tensor_scalar(
                 raise errors.ShapeMismatch(
                     f"'{api}' {operand_name} must be [partitions, 1], got {operand!r}"
                 )
-            if operand.dtype != language.float32:
+            if operand.dtype != language.float32 and not bitvec:
                 raise errors.UnsupportedDtype(
                     f"'{api}' {operand_name} must be float32, got {operand.dtype}"
                 )
-            scalar = alu.as_f32(operand).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+            scalar = read(operand).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
         else:
-            scalar = alu.as_f32(operand)
+            scalar = read(0 if operand is None else operand)
         result = function(scalar, values) if reverse else function(values, scalar)
-        values = np.asarray(result, np.float32)
+        values = np.asarray(result, np.int64 if bitvec else np.float32)
     alu.write(dst, values, api)
     run.count(chosen)
 
@@ -392,8 +491,12 @@ def tensor_reduce(
     }
     alu.check_partitions(api, operands)
     axes = language.reduce_axes(api, data, axis)
-    function = _alu(api, op, _REDUCE_OPS)
-    values = function.reduce(alu.as_f32(data), axis=axes, keepdims=keepdims)
+    function = _alu(api, op, tuple(language.REDUCE_OPS))
+    bitvec = op in language.BITVEC_OPS
+    if bitvec and negate:
+        raise errors.UnsupportedOperator(f"'{api}' negate applies to arithmetic operators only")
+    read = language.read_bits if bitvec else alu.as_f32
+    values = function.reduce(read(data), axis=axes, keepdims=keepdims)
     if alu.per_partition(dst) != values.size // data.shape[0]:
         raise errors.ShapeMismatch(f"'{api}' of {data!r} over {axes} does not fit {dst!r}")
     alu.write(dst, -values if negate else values, api)
@@ -406,12 +509,22 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
     run = runtime.active_run(api)
     tiles = [alu.require(api, "dst", dst, alu.ON_CHIP), alu.require(api, "data", data, alu.ON_CHIP)]
     alu.check_no_psum_on_gpsimd(api, tiles)
-    function = _alu(api, op, _PARTITION_REDUCE_OPS)
+    if op not in _PARTITION_REDUCE_OPS:
+        names = ", ".join(
+            repr(o) if o is language.average else f"nl.{o.__name__}" for o in _PARTITION_REDUCE_OPS
+        )
+        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}; it takes {names}")
     if dst.shape[0] != 1 or alu.per_partition(dst) != alu.per_partition(data):
         raise errors.ShapeMismatch(
             f"'{api}' of {data!r} needs dst [1, {data.shape[1:]}], got {dst!r}"
         )
-    alu.write(dst, np.asarray(function.reduce(_exact_integers(data), axis=0, keepdims=True)), api)
+    if op is language.average:
+        values = alu.as_f32(data).mean(axis=0, keepdims=True)
+    elif op in language.BITVEC_OPS:
+        values = language.ALU_OPS[op].reduce(language.read_bits(data), axis=0, keepdims=True)
+    else:
+        values = language.ALU_OPS[op].reduce(_exact_integers(data), axis=0, keepdims=True)
+    alu.write(dst, np.asarray(values), api)
     run.count("gpsimd")
 
 
@@ -438,3 +551,396 @@ def iota(
         values += (np.arange(int(count)) * int(step)).reshape(shape)
     alu.write(dst, values.astype(np.int32), api)
     run.count("gpsimd")
+
+
+# -- Scalar engine: activations ----------------------------------------------------------
+def _per_partition_operand(api: str, name: str, value: Any, data: NkiTensor) -> Any:
+    """A scalar, or a ``[partitions, 1]`` tile broadcast along ``data``'s free axes."""
+    if not isinstance(value, NkiTensor):
+        return alu.as_f32(value)
+    alu.require(api, name, value, alu.ON_CHIP)
+    if value.shape[0] != data.shape[0] or alu.per_partition(value) != 1:
+        raise errors.ShapeMismatch(f"'{api}' {name} must be [{data.shape[0]}, 1], got {value!r}")
+    return alu.as_f32(value).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+
+
+def _reduce_registers(run: runtime.Run) -> np.ndarray:
+    """The Scalar engine's 128 per-lane reduction registers (they persist across calls)."""
+    if run.scalar_reduce_registers is None:
+        run.scalar_reduce_registers = np.zeros(runtime.PMAX, np.float32)
+    return np.asarray(run.scalar_reduce_registers)
+
+
+def activation(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    bias: float | NkiTensor | None = None,
+    scale: float | NkiTensor = 1.0,
+    reduce_op: Any = None,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    name: Any = None,
+) -> None:
+    """``dst = op(data * scale + bias)`` on the Scalar engine (float32 math), optionally
+    adding the result along the free axes into the engine's reduction registers
+    (``reduce_op=nl.add``, ``reduce_cmd``) and reading them into ``reduce_res [P, 1]``."""
+    api = "activation"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    if op not in language.ACTIVATIONS:
+        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
+    if isinstance(scale, NkiTensor) and scale.dtype != language.float32:
+        raise errors.UnsupportedDtype(f"'{api}' scale must be float32, got {scale!r}")
+    if (
+        bias is not None
+        and not isinstance(bias, NkiTensor)
+        and runtime.current_target().version < 3
+    ):
+        # nki.isa.activation, "Layout": a scalar bias needs NeuronCore-v3.
+        raise errors.UnsupportedOperator(f"'{api}' bias must be a [P, 1] tile on NeuronCore-v2")
+    values = alu.as_f32(data) * _per_partition_operand(api, "scale", scale, data)
+    if bias is not None:
+        values = values + _per_partition_operand(api, "bias", bias, data)
+    result = np.asarray(language.ACTIVATIONS[op](values), np.float32)
+    alu.write(dst, result, api)
+    _scalar_reduce(api, run, result, reduce_op, reduce_res, reduce_cmd)
+    run.count("scalar")
+
+
+def _scalar_reduce(
+    api: str,
+    run: runtime.Run,
+    result: np.ndarray,
+    reduce_op: Any,
+    reduce_res: NkiTensor | None,
+    command: reduce_cmd,
+) -> None:
+    """The optional reduction stage of the Scalar engine (pseudo code in nki.isa.activation)."""
+    if reduce_op is None and reduce_res is None and command is reduce_cmd.idle:
+        return
+    if reduce_op not in (None, language.add):
+        raise errors.UnsupportedOperator(f"'{api}' reduce_op must be nl.add")
+    registers = _reduce_registers(run)
+    lanes = result.shape[0]
+    if command in (reduce_cmd.reset, reduce_cmd.reset_reduce):
+        registers[:lanes] = 0.0
+    if command in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
+        registers[:lanes] += result.reshape(lanes, -1).sum(axis=1)
+    if reduce_res is not None:
+        alu.require(api, "reduce_res", reduce_res, alu.ON_CHIP)
+        if reduce_res.shape[0] != lanes or alu.per_partition(reduce_res) != 1:
+            raise errors.ShapeMismatch(
+                f"'{api}' reduce_res must be [{lanes}, 1], got {reduce_res!r}"
+            )
+        alu.write(reduce_res, registers[:lanes], api)
+
+
+def activation_reduce(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    reduce_op: Any,
+    reduce_res: NkiTensor,
+    bias: float | NkiTensor | None = None,
+    scale: float | NkiTensor = 1.0,
+    name: Any = None,
+) -> None:
+    """:func:`activation` that also writes the free-axis ``reduce_op`` (nl.add) of its result
+    into ``reduce_res [P, 1]``."""
+    activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd.reset_reduce, name)
+
+
+# -- Vector engine: scans, statistics, transposes -----------------------------------------
+def tensor_tensor_scan(
+    dst: NkiTensor,
+    data0: NkiTensor,
+    data1: NkiTensor,
+    initial: float | NkiTensor,
+    op0: Any,
+    op1: Any,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    name: Any = None,
+) -> None:
+    """Per partition, ``dst[:, i] = op1(op0(data0[:, i], dst[:, i-1]), data1[:, i])`` along
+    the flattened free axes, starting from ``initial`` (a scalar or a [P, 1] tile); float32
+    math; ``data0`` and ``data1`` not both in PSUM."""
+    api = "tensor_tensor_scan"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data0": alu.require(api, "data0", data0, alu.ON_CHIP),
+        "data1": alu.require(api, "data1", data1, alu.ON_CHIP),
+    }
+    alu.check_not_both_psum(api, data0, data1)
+    alu.check_elements(api, operands)
+    first, second = _alu(api, op0), _alu(api, op1)
+    lanes = data0.shape[0]
+    a = alu.as_f32(data0).reshape(lanes, -1)
+    b = alu.as_f32(data1).reshape(lanes, -1)
+    state = np.broadcast_to(_per_partition_operand(api, "initial", initial, a), (lanes, 1))[:, 0]
+    result = np.empty_like(a)
+    for i in range(a.shape[1]):
+        partial = first(state, a[:, i]) if reverse0 else first(a[:, i], state)
+        state = np.asarray(
+            second(b[:, i], partial) if reverse1 else second(partial, b[:, i]), np.float32
+        )
+        result[:, i] = state
+    alu.write(dst, result, api)
+    run.count("vector")
+
+
+def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
+    """``dst = 1 / data`` on the Vector engine (float32 math)."""
+    api = "reciprocal"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    alu.write(dst, 1.0 / alu.as_f32(data), api)
+    run.count("vector")
+
+
+def nc_transpose(
+    dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown, name: Any = None
+) -> None:
+    """``dst = data.T`` of a 2-D tile: on the Tensor engine (SBUF [<=128, <=128] -> PSUM) or
+    the Vector engine (<= 32x32, SBUF or PSUM); default Tensor unless it fits 32x32."""
+    api = "nc_transpose"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    alu.require(api, "data", data, alu.ON_CHIP)
+    if data.ndim != 2 or dst.shape != data.shape[::-1]:
+        raise errors.ShapeMismatch(f"'{api}' of {data!r} needs a 2-D dst {list(data.shape[::-1])}")
+    fits_vector = max(data.shape) <= 32
+    chosen = _engine(api, engine, "vector" if fits_vector else "tensor", ("tensor", "vector"))
+    limit = 32 if chosen == "vector" else runtime.PMAX
+    if max(data.shape) > limit:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' on the {chosen} engine takes tiles up to {limit}x{limit}, got {data!r}"
+        )
+    if chosen == "tensor":
+        alu.require(api, "dst", dst, alu.PSUM)
+        alu.require(api, "data", data, alu.SBUF)
+    alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
+    run.count(chosen)
+
+
+def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
+    """Per partition, ``dst [P, 6] = (count, mean, variance*count)`` of the even and then the
+    odd elements of ``data``'s (<= 512) free elements (Vector engine, float32 math)."""
+    api = "bn_stats"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    alu.require(api, "data", data, alu.ON_CHIP)
+    alu.check_partitions(api, {"dst": dst, "data": data})
+    if alu.per_partition(data) > language.tile_size.bn_stats_fmax:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' takes up to {language.tile_size.bn_stats_fmax} elements per partition, got {data!r}"
+        )
+    if alu.per_partition(dst) != 6:
+        raise errors.ShapeMismatch(f"'{api}' writes 6 elements per partition, dst is {dst!r}")
+    values = alu.as_f32(data).reshape(data.shape[0], -1)
+    stats = []
+    for half in (values[:, 0::2], values[:, 1::2]):
+        count = half.shape[1]
+        mean = half.mean(axis=1) if count else np.zeros(half.shape[0], np.float32)
+        spread = ((half - mean[:, None]) ** 2).sum(axis=1)
+        stats += [np.full(half.shape[0], count, np.float32), mean, spread]
+    alu.write(dst, np.stack(stats, axis=1), api)
+    run.count("vector")
+
+
+def bn_aggr(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
+    """Per partition, ``dst [P, 2] = (mean, variance)`` of the ``(count, mean,
+    variance*count)`` triples in ``data`` (outputs of :func:`bn_stats`)."""
+    api = "bn_aggr"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    alu.require(api, "data", data, alu.ON_CHIP)
+    alu.check_partitions(api, {"dst": dst, "data": data})
+    if alu.per_partition(data) % 3 or alu.per_partition(dst) != 2:
+        raise errors.ShapeMismatch(
+            f"'{api}' reads (count, mean, variance*count) triples into [P, 2]: {data!r} -> {dst!r}"
+        )
+    triples = alu.as_f32(data).reshape(data.shape[0], -1, 3).astype(np.float64)
+    counts, means, spreads = triples[..., 0], triples[..., 1], triples[..., 2]
+    total = counts.sum(axis=1)
+    mean = (counts * means).sum(axis=1) / total
+    variance = (spreads + counts * (means - mean[:, None]) ** 2).sum(axis=1) / total
+    alu.write(dst, np.stack([mean, variance], axis=1), api)
+    run.count("vector")
+
+
+def core_barrier(
+    data: NkiTensor, cores: Any, engine: engine = engine.gpsimd, name: Any = None
+) -> None:
+    """Waits until every logical core of the launch reaches this barrier (``kernel[2]``)."""
+    api = "core_barrier"
+    run = runtime.active_run(api)
+    run.launch.barrier.wait()
+    run.count("gpsimd")
+
+
+# -- MX (microscaling) on NeuronCore-v4 --------------------------------------------------
+def _require_v4(api: str) -> None:
+    version = runtime.current_target().version
+    if version < 4:
+        raise errors.UnsupportedOperator(
+            f"'{api}' needs NeuronCore-v4 (trn3); the target is NeuronCore-v{version} "
+            f"(set {runtime.TARGET_ENV}=trn3)"
+        )
+
+
+def _scale_rows(api: str, scale: NkiTensor, partitions: int) -> np.ndarray:
+    """The per-group scale rows of an MX tile with ``partitions`` partitions: one row per 8
+    partitions; beyond one 32-partition quadrant, group g's row sits at partition
+    ``32 * (g // 4) + g % 4`` of ``scale`` (nki.isa.quantize_mx, "Layout")."""
+    groups = partitions // 8
+    rows = (
+        [32 * (g // 4) + g % 4 for g in range(groups)] if partitions > 32 else list(range(groups))
+    )
+    if rows[-1] >= scale.shape[0]:
+        raise errors.ShapeMismatch(
+            f"'{api}' scales for {partitions} partitions need {rows[-1] + 1} partitions, got {scale!r}"
+        )
+    if dtype_name(scale.dtype) not in ("uint8", "float8_e8m0fnu"):
+        raise errors.UnsupportedDtype(f"'{api}' scales are float8_e8m0fnu or uint8, got {scale!r}")
+    return np.asarray(rows)
+
+
+def _scale_exponents(scale: NkiTensor) -> np.ndarray:
+    return scale.data.reshape(scale.shape[0], -1).view(np.uint8).astype(np.int32)
+
+
+def _unpack_mx(tile: NkiTensor) -> np.ndarray:
+    """``tile [P, F]`` of a packed type as float32 values ``[P, F, 4]`` (element 0 in the low
+    bits, as little-endian packing gives)."""
+    element, nbytes = PACKED_X4[dtype_name(tile.dtype)]
+    raw = np.ascontiguousarray(tile.data).view(np.uint8).reshape(*tile.shape, nbytes)
+    if nbytes == 4:
+        return raw.view(element).astype(np.float32)
+    nibbles = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*tile.shape, 4)
+    return nibbles.astype(np.uint8).view(element).astype(np.float32)
+
+
+def nc_matmul_mx(
+    dst: NkiTensor,
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    stationary_scale: NkiTensor,
+    moving_scale: NkiTensor,
+    tile_position: Any = None,
+    tile_size: Any = None,
+    accumulate: bool | None = None,
+    name: Any = None,
+) -> None:
+    """MX matmul on the Tensor engine (NeuronCore-v4): ``stationary [K, M]`` and ``moving
+    [K, N]`` of packed x4 types contract over K partitions and the 4 packed values; every 8
+    partitions x 4 values share one power-of-two scale ``2**(e - 127)``. ``dst [M, N]`` is a
+    float32 or bfloat16 PSUM tile."""
+    api = "nc_matmul_mx"
+    run = runtime.active_run(api)
+    _require_v4(api)
+    for operand, tile in (
+        ("stationary", stationary),
+        ("moving", moving),
+        ("stationary_scale", stationary_scale),
+        ("moving_scale", moving_scale),
+    ):
+        alu.require(api, operand, tile, alu.SBUF)
+    alu.require(api, "dst", dst, alu.PSUM)
+    rows, _ = _tiling(api, tile_position or (), tile_size or (), 4)
+    for operand, tile in (("stationary", stationary), ("moving", moving)):
+        if dtype_name(tile.dtype) not in PACKED_X4 or tile.ndim != 2:
+            raise errors.UnsupportedDtype(
+                f"'{api}' {operand} must be a 2-D packed x4 tile, got {tile!r}"
+            )
+    alu.check_partitions(api, {"stationary": stationary, "moving": moving})
+    partitions, m = stationary.shape
+    n = moving.shape[1]
+    moving_limit = 8 * runtime.PSUM_BANK_BYTES // dst.dtype.itemsize
+    if partitions % 32 or partitions > rows or m % 2 or m > 128 or n > moving_limit:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}': partitions a multiple of 32 up to {rows}, stationary free even and "
+            f"<= 128, moving free <= {moving_limit}; got {stationary!r}, {moving!r}"
+        )
+    if dst.shape != (m, n) or dst.dtype not in (language.float32, language.bfloat16):
+        raise errors.ShapeMismatch(f"'{api}' needs a float32/bfloat16 dst [{m}, {n}], got {dst!r}")
+
+    def dequantized(tile: NkiTensor, scale: NkiTensor) -> np.ndarray:
+        exponents = _scale_exponents(scale)[_scale_rows(api, scale, partitions), : tile.shape[1]]
+        factors = np.repeat(np.exp2(exponents.astype(np.float64) - 127.0), 8, axis=0)
+        return _unpack_mx(tile) * factors[:, :, None]
+
+    product = np.einsum(
+        "kiq,kjq->ij", dequantized(stationary, stationary_scale), dequantized(moving, moving_scale)
+    )
+    _accumulate(dst, product.astype(np.float32), accumulate, api)
+    run.count("tensor")
+
+
+# Largest unbiased exponent of each MX element type (nki.isa.quantize_mx, "Scale calculation").
+_MX_MAX_EXPONENT = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
+
+
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any = None) -> None:
+    """Quantizes ``src [P, 4F]`` (float16/bfloat16, SBUF) to MXFP8 ``dst [P, F]``
+    (float8_e5m2_x4 / float8_e4m3fn_x4) and one scale per 8 partitions x 4 values in
+    ``dst_scale`` (Vector engine, NeuronCore-v4). The block scale is
+    ``2**(floor(log2(amax)) - (Emax - 1))``, ``2**-127`` for an all-zero group."""
+    api = "quantize_mx"
+    run = runtime.active_run(api)
+    _require_v4(api)
+    for operand, tile in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
+        alu.require(api, operand, tile, alu.SBUF)
+    kind = dtype_name(dst.dtype)
+    if kind not in _MX_MAX_EXPONENT or src.dtype not in (language.float16, language.bfloat16):
+        raise errors.UnsupportedDtype(
+            f"'{api}' quantizes float16/bfloat16 into float8_e5m2_x4/float8_e4m3fn_x4, got "
+            f"{src!r} -> {dst!r}"
+        )
+    partitions = src.shape[0]
+    if (
+        partitions % 32
+        or src.ndim != 2
+        or dst.shape != (partitions, src.shape[1] // 4)
+        or src.shape[1] % 4
+    ):
+        raise errors.ShapeMismatch(
+            f"'{api}' needs src [32k, 4F] and dst [32k, F], got {src!r}, {dst!r}"
+        )
+    columns = dst.shape[1]
+    groups = alu.as_f32(src).astype(np.float64).reshape(partitions // 8, 8, columns, 4)
+    amax = np.abs(groups).max(axis=(1, 3))
+    with np.errstate(divide="ignore"):
+        exponent = np.where(amax > 0, np.floor(np.log2(amax)) - (_MX_MAX_EXPONENT[kind] - 1), -127)
+    exponent = np.clip(exponent, -127, 127)
+    scaled = groups / np.exp2(exponent)[:, None, :, None]
+    element, _ = PACKED_X4[kind]
+    values = scaled.reshape(partitions, columns * 4).astype(element)
+    alu.write(
+        dst,
+        values.view(np.uint8)
+        .reshape(partitions, columns, 4)
+        .copy()
+        .view(dst.dtype)
+        .reshape(dst.shape),
+        api,
+    )
+    rows = _scale_rows(api, dst_scale, partitions)
+    if alu.per_partition(dst_scale) < columns:
+        raise errors.ShapeMismatch(
+            f"'{api}' dst_scale needs {columns} elements per partition, got {dst_scale!r}"
+        )
+    if dst_scale.ndim != 2:
+        raise errors.ShapeMismatch(f"'{api}' dst_scale must be 2-D, got {dst_scale!r}")
+    dst_scale.data.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
+    run.count("vector")

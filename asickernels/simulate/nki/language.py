@@ -7,6 +7,8 @@ double as the ALU operators ``nki.isa`` instructions take (``op=nl.add``).
 
 from __future__ import annotations
 
+import math
+import random as _random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +36,14 @@ uint32 = DTYPES["uint32"]
 float16 = DTYPES["float16"]
 bfloat16 = DTYPES["bfloat16"]
 float32 = DTYPES["float32"]
+tfloat32 = DTYPES["tfloat32"]
+float8_e4m3 = DTYPES["float8_e4m3"]
+float8_e5m2 = DTYPES["float8_e5m2"]
+float8_e4m3fn = DTYPES["float8_e4m3fn"]
+float8_e8m0fnu = DTYPES["float8_e8m0fnu"]
+float8_e5m2_x4 = DTYPES["float8_e5m2_x4"]
+float8_e4m3fn_x4 = DTYPES["float8_e4m3fn_x4"]
+float4_e2m1fn_x4 = DTYPES["float4_e2m1fn_x4"]
 
 sbuf = MemoryRegion.sbuf
 psum = MemoryRegion.psum
@@ -101,10 +111,32 @@ def ndarray(
     name: str = "",
     address: Any = None,
 ) -> NkiTensor:
-    """A new tensor; its contents read as NaN (integers: 4) until written."""
+    """A new tensor; its contents read as NaN (integers: 4) until written. ``address``
+    ``(partition_offset, free_offset)`` (bytes) places an on-chip tensor by hand; like the
+    SDK's simulator, the simulator then checks that it fits but keeps its storage separate
+    (nki/guides/nki_simulator.rst, "Memory Model")."""
+    tensor = allocate(shape, dtype, buffer, name, "ndarray")
     if address is not None:
-        raise NotImplementedError("the simulator allocates automatically; address= is not modelled")
-    return allocate(shape, dtype, buffer, name, "ndarray")
+        _check_address(tensor, address)
+    return tensor
+
+
+def _check_address(tensor: NkiTensor, address: Any) -> None:
+    partition_offset, free_offset = (int(a) for a in address)
+    if not tensor.on_chip:
+        raise errors.UnsupportedMemory(f"address= places SBUF/PSUM tensors, not {tensor!r}")
+    capacity = (
+        runtime.PSUM_BANKS * runtime.PSUM_BANK_BYTES
+        if tensor.buffer is MemoryRegion.psum
+        else runtime.current_target().sbuf_bytes_per_partition
+    )
+    end = free_offset + alu.per_partition(tensor) * tensor.dtype.itemsize
+    if partition_offset < 0 or free_offset < 0 or partition_offset + tensor.shape[0] > runtime.PMAX:
+        raise errors.TensorAccessOutOfBound(f"address {address} for {tensor!r}")
+    if end > capacity:
+        raise errors.TensorAccessOutOfBound(
+            f"address {address} for {tensor!r} ends at byte {end} of a {capacity}-byte partition"
+        )
 
 
 def full(
@@ -177,9 +209,14 @@ def _result_dtype(tiles: list[NkiTensor]) -> np.dtype[Any]:
 
 
 def _elementwise(
-    api: str, function: Callable[..., Any], operands: dict[str, Any], dtype: Any
+    api: str,
+    function: Callable[..., Any],
+    operands: dict[str, Any],
+    dtype: Any,
+    read: Callable[[Any], Any] = alu.as_f32,
 ) -> NkiTensor:
-    """One Vector-engine instruction: float32 math on same-shaped tiles (and scalars)."""
+    """One Vector-engine instruction: float32 math (``read``: how operands are read) on
+    same-shaped tiles (and scalars)."""
     run = runtime.active_run(api)
     tiles = alu.check_on_chip(api, operands)
     if not tiles:
@@ -193,19 +230,52 @@ def _elementwise(
         raise errors.ShapeMismatch(f"'{api}' needs tiles of one shape, got {listed}")
     out_dtype = nki_dtype(dtype) if dtype is not None else _result_dtype(tiles)
     out = new_tile(tiles[0].shape, out_dtype, api)
-    alu.write(out, np.asarray(function(*(alu.as_f32(v) for v in operands.values()))), api)
+    alu.write(out, np.asarray(function(*(read(v) for v in operands.values()))), api)
     run.count("vector")
     return out
 
 
+def read_bits(value: alu.Operand) -> Any:
+    """An operand of a bitvec operator: integer bit patterns, never converted (nki.api.shared,
+    "Supported Math Operators": bitvec operators expect integer data types)."""
+    if isinstance(value, NkiTensor):
+        if value.dtype.kind not in "iub":
+            raise errors.UnsupportedDtype(f"bitvec operators take integer tiles, got {value!r}")
+        return value.data.astype(np.int64)
+    if isinstance(value, float) and not value.is_integer():
+        raise errors.UnsupportedDtype(f"bitvec operators take integer scalars, got {value}")
+    return np.int64(value)
+
+
 # The ALU operators ``nki.isa`` instructions accept (``op=nl.add``), with their numpy
-# functions (applied to float32 values, or exact integers on GpSimd).
-ALU_OPS: dict[Callable[..., Any], Any] = {}
+# functions (applied to float32 values, or exact integers on GpSimd); unary ones ignore their
+# second operand. BITVEC_OPS read bit patterns; REDUCE_OPS may reduce (nki.api.shared.rst,
+# "Legal Reduction op"); ACTIVATIONS are the Scalar Engine's functions ("Supported Activation
+# Functions").
+ALU_OPS: dict[Any, Any] = {}
+BITVEC_OPS: set[Any] = set()
+REDUCE_OPS: set[Any] = set()
+ACTIVATIONS: dict[Any, Callable[[Any], Any]] = {copy: lambda x: x}  # identity
 
 
-def _binary(api: str, function: Callable[[Any, Any], Any]) -> Callable[..., NkiTensor]:
+class Operator:
+    """An operator constant that is not a function (``nl.prelu``, ``nl.bypass``,
+    ``nl.average``)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __repr__(self) -> str:
+        return f"nl.{self.__name__}"
+
+
+def _binary(
+    api: str, function: Callable[[Any, Any], Any], bitvec: bool = False, reduce: bool = False
+) -> Callable[..., NkiTensor]:
+    read = read_bits if bitvec else alu.as_f32
+
     def op(x: alu.Operand, y: alu.Operand, dtype: Any = None) -> NkiTensor:
-        return _elementwise(api, function, {"x": x, "y": y}, dtype)
+        return _elementwise(api, function, {"x": x, "y": y}, dtype, read)
 
     op.__name__ = op.__qualname__ = api
     op.__doc__ = (
@@ -213,21 +283,130 @@ def _binary(api: str, function: Callable[[Any, Any], Any]) -> Callable[..., NkiT
         "comparisons give 1 or 0 in the input dtype unless ``dtype`` says otherwise."
     )
     ALU_OPS[op] = function
+    if bitvec:
+        BITVEC_OPS.add(op)
+    if reduce:
+        REDUCE_OPS.add(op)
     return op
 
 
-add = _binary("add", np.add)
-subtract = _binary("subtract", np.subtract)
-multiply = _binary("multiply", np.multiply)
+add = _binary("add", np.add, reduce=True)
+subtract = _binary("subtract", np.subtract, reduce=True)
+multiply = _binary("multiply", np.multiply, reduce=True)
 divide = _binary("divide", np.divide)
-maximum = _binary("maximum", np.maximum)
-minimum = _binary("minimum", np.minimum)
+maximum = _binary("maximum", np.maximum, reduce=True)
+minimum = _binary("minimum", np.minimum, reduce=True)
 equal = _binary("equal", np.equal)
 not_equal = _binary("not_equal", np.not_equal)
 greater = _binary("greater", np.greater)
 greater_equal = _binary("greater_equal", np.greater_equal)
 less = _binary("less", np.less)
 less_equal = _binary("less_equal", np.less_equal)
+power = _binary("power", np.power)
+abs_max = _binary("abs_max", lambda x, y: np.maximum(np.abs(x), np.abs(y)))
+abs_min = _binary("abs_min", lambda x, y: np.minimum(np.abs(x), np.abs(y)))
+fmod = _binary("fmod", np.fmod)
+mod = _binary("mod", np.mod)
+logical_and = _binary("logical_and", np.logical_and, reduce=True)
+logical_or = _binary("logical_or", np.logical_or, reduce=True)
+logical_xor = _binary("logical_xor", np.logical_xor, reduce=True)
+bitwise_and = _binary("bitwise_and", np.bitwise_and, bitvec=True, reduce=True)
+bitwise_or = _binary("bitwise_or", np.bitwise_or, bitvec=True, reduce=True)
+bitwise_xor = _binary("bitwise_xor", np.bitwise_xor, bitvec=True, reduce=True)
+left_shift = _binary("left_shift", np.left_shift, bitvec=True)
+right_shift = _binary("right_shift", np.right_shift, bitvec=True)  # logical (the docs)
+
+
+def _unary(
+    api: str, function: Callable[[Any], Any], alu_op: bool = False, activation: bool = True
+) -> Callable[..., NkiTensor]:
+    def op(x: alu.Operand, dtype: Any = None) -> NkiTensor:
+        return _elementwise(api, function, {"x": x}, dtype)
+
+    op.__name__ = op.__qualname__ = api
+    op.__doc__ = f"``{api}(x)`` element-wise on a tile, in float32 math."
+    if alu_op:
+        ALU_OPS[op] = lambda x, _unused: function(x)
+    if activation:
+        ACTIVATIONS[op] = function
+    return op
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x: Any) -> Any:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _gelu_dx(x: Any) -> Any:
+    return 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(
+        2 * math.pi
+    )
+
+
+def _silu_dx(x: Any) -> Any:
+    return _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x)))
+
+
+# The sigmoid approximation of GELU uses the usual constant 1.702 (the docs name the
+# approximation only).
+_GELU_SIGMOID = 1.702
+
+exp = _unary("exp", np.exp)
+log = _unary("log", np.log)
+sqrt = _unary("sqrt", np.sqrt)
+rsqrt = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), alu_op=True)
+reciprocal = _unary("reciprocal", lambda x: 1.0 / x, alu_op=True)
+abs = _unary("abs", np.abs, alu_op=True)
+square = _unary("square", np.square, alu_op=True)
+relu = _unary("relu", lambda x: np.maximum(x, 0.0), alu_op=True)
+tanh = _unary("tanh", np.tanh)
+sigmoid = _unary("sigmoid", _sigmoid)
+silu = _unary("silu", lambda x: x * _sigmoid(x))
+silu_dx = _unary("silu_dx", _silu_dx)
+gelu = _unary("gelu", lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))))
+gelu_dx = _unary("gelu_dx", _gelu_dx)
+gelu_apprx_tanh = _unary(
+    "gelu_apprx_tanh",
+    lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+)
+gelu_apprx_sigmoid = _unary("gelu_apprx_sigmoid", lambda x: x * _sigmoid(_GELU_SIGMOID * x))
+gelu_apprx_sigmoid_dx = _unary(
+    "gelu_apprx_sigmoid_dx",
+    lambda x: (
+        _sigmoid(_GELU_SIGMOID * x)
+        * (1.0 + _GELU_SIGMOID * x * (1.0 - _sigmoid(_GELU_SIGMOID * x)))
+    ),
+)
+softplus = _unary("softplus", lambda x: np.logaddexp(0.0, x))
+mish = _unary("mish", lambda x: x * np.tanh(np.logaddexp(0.0, x)))
+erf = _unary("erf", _erf)
+erf_dx = _unary("erf_dx", lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x * x))
+sin = _unary("sin", np.sin)
+cos = _unary("cos", np.cos, activation=False)
+tan = _unary("tan", np.tan, activation=False)
+arctan = _unary("arctan", np.arctan)
+sign = _unary("sign", np.sign)
+ceil = _unary("ceil", np.ceil, activation=False)
+floor = _unary("floor", np.floor, activation=False)
+trunc = _unary("trunc", np.trunc, activation=False)
+negative = _unary("negative", np.negative, activation=False)
+logical_not = _unary("logical_not", np.logical_not, activation=False)
+
+
+def invert(x: alu.Operand, dtype: Any = None) -> NkiTensor:
+    """Bitwise NOT of an integer tile."""
+    return _elementwise("invert", np.invert, {"x": x}, dtype, read_bits)
+
+
+ALU_OPS[invert] = lambda x, _unused: np.invert(x)
+BITVEC_OPS.add(invert)
+# Operator constants: PReLU (its slope is ``relu_param`` of the activation instructions),
+# bypass (skip a stage), average (tensor_partition_reduce).
+prelu = Operator("prelu")
+bypass = Operator("bypass")
+average = Operator("average")
 
 
 def where(condition: NkiTensor, x: alu.Operand, y: alu.Operand, dtype: Any = None) -> NkiTensor:
@@ -259,10 +438,12 @@ def reduce_axes(api: str, tile: NkiTensor, axis: Any) -> tuple[int, ...]:
 def _reduce(
     api: str, function: Any, x: NkiTensor, axis: Any, dtype: Any, keepdims: bool
 ) -> NkiTensor:
+    """``function``: a numpy ufunc (its ``reduce``) or ``f(values, axis=, keepdims=)``."""
     run = runtime.active_run(api)
     alu.check_on_chip(api, {"x": x})
     axes = reduce_axes(api, x, axis)
-    values = function.reduce(alu.as_f32(x), axis=axes, keepdims=keepdims)
+    reduce = function.reduce if isinstance(function, np.ufunc) else function
+    values = np.asarray(reduce(alu.as_f32(x), axis=axes, keepdims=keepdims))
     if values.ndim < 2:
         raise errors.LeadingDimensionOfTensorMustBePartition(
             f"'{api}' over every free axis of {x!r} leaves no free axis; pass keepdims=True"
@@ -288,13 +469,274 @@ def min(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> N
     return _reduce("min", np.minimum, x, axis, dtype, keepdims)
 
 
-# -- loops, indexing, debugging -------------------------------------------------------------
+def mean(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
+    """Arithmetic mean over the trailing free ``axis``."""
+    return _reduce("mean", np.mean, x, axis, dtype, keepdims)
+
+
+def prod(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
+    """Product over the trailing free ``axis``."""
+    return _reduce("prod", np.multiply, x, axis, dtype, keepdims)
+
+
+def var(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
+    """Population variance over the trailing free ``axis``."""
+    return _reduce("var", np.var, x, axis, dtype, keepdims)
+
+
+def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:
+    """1 where every element along the trailing free ``axis`` is nonzero, else 0."""
+    return _reduce("all", np.logical_and, x, axis, dtype, False)
+
+
+def softmax(x: NkiTensor, axis: Any = -1, dtype: Any = None) -> NkiTensor:
+    """``exp(x - max) / sum(exp(x - max))`` along the trailing free ``axis``."""
+    axes = reduce_axes("softmax", x, axis)
+
+    def function(values: Any) -> Any:
+        shifted = np.exp(values - values.max(axis=axes, keepdims=True))
+        return shifted / shifted.sum(axis=axes, keepdims=True)
+
+    return _elementwise("softmax", function, {"x": x}, dtype)
+
+
+def rms_norm(
+    x: NkiTensor,
+    w: NkiTensor,
+    axis: Any,
+    n: int,
+    epsilon: float = 1e-06,
+    dtype: Any = None,
+    compute_dtype: Any = None,
+) -> NkiTensor:
+    """``x / sqrt(sum(x**2, axis) / n + epsilon) * w`` (``w`` shaped like ``x``)."""
+    axes = reduce_axes("rms_norm", x, axis)
+
+    def function(values: Any, weights: Any) -> Any:
+        mean_square = np.square(values).sum(axis=axes, keepdims=True) / n
+        return values / np.sqrt(mean_square + epsilon) * weights
+
+    return _elementwise("rms_norm", function, {"x": x, "w": w}, dtype)
+
+
+def broadcast_to(x: NkiTensor, shape: Sequence[int], dtype: Any = None) -> NkiTensor:
+    """A new tile of ``shape`` (same rank as ``x``; size-1 axes repeat, the partition axis
+    included), or ``x`` itself when the shape and dtype already match."""
+    shape = tuple(int(s) for s in shape)
+    alu.require("broadcast_to", "x", x, alu.ON_CHIP)
+    if shape == x.shape and (dtype is None or nki_dtype(dtype) == x.dtype):
+        return x
+    if len(shape) != x.ndim or any(a not in (1, b) for a, b in zip(x.shape, shape, strict=True)):
+        raise errors.ShapeMismatch(f"cannot broadcast {x!r} to {list(shape)}")
+    out = new_tile(shape, nki_dtype(dtype) if dtype is not None else x.dtype, "broadcast_to")
+    alu.write(out, np.broadcast_to(alu.as_f32(x), shape), "broadcast_to")
+    runtime.active_run("broadcast_to").count("vector")
+    return out
+
+
+def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
+    """A view of ``x`` with a size-1 axis inserted at ``axis`` (see ``NkiTensor.expand_dim``)."""
+    return x.expand_dim(axis)
+
+
+def _psum_result(shape: tuple[int, ...], api: str) -> NkiTensor:
+    return allocate(shape, float32, psum, "", api)
+
+
+def transpose(x: NkiTensor, dtype: Any = None) -> NkiTensor:
+    """A new PSUM tile ``x.T`` of the 2-D SBUF tile ``x`` (both sizes <= 128), by a Tensor
+    Engine transpose."""
+    alu.require("transpose", "x", x, alu.SBUF)
+    if x.ndim != 2 or x.shape[1] > runtime.PMAX:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'transpose' takes a 2-D tile <= 128x128, got {x!r}"
+        )
+    out = allocate(
+        x.shape[::-1], nki_dtype(dtype) if dtype is not None else x.dtype, psum, "", "transpose"
+    )
+    alu.write(out, alu.as_f32(x).T, "transpose")
+    runtime.active_run("transpose").count("tensor")
+    return out
+
+
+def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
+    """A new float32 PSUM tile ``x @ y`` (``x.T @ y`` with ``transpose_x``): ``x``
+    [<=128, <=128] and ``y`` [<=128, <=512] in SBUF."""
+    from asickernels.simulate.nki import isa  # isa builds on this module
+
+    stationary = x if transpose_x else transpose_in_sbuf(x)
+    out = _psum_result((stationary.shape[1], y.shape[1]), "matmul")
+    isa.nc_matmul(out, stationary, y)
+    return out
+
+
+def transpose_in_sbuf(x: NkiTensor) -> NkiTensor:
+    """``x.T`` as a new SBUF tile (a Tensor Engine transpose and a PSUM -> SBUF copy)."""
+    return copy(transpose(x))
+
+
+def zeros_like(
+    x: NkiTensor, dtype: Any = None, buffer: MemoryRegion | None = None, name: str = ""
+) -> NkiTensor:
+    """A new zero tensor shaped like ``x`` (its dtype and buffer unless given)."""
+    return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer or x.buffer, name)
+
+
+def empty_like(
+    x: NkiTensor, dtype: Any = None, buffer: MemoryRegion | None = None, name: str = ""
+) -> NkiTensor:
+    """A new uninitialised tensor shaped like ``x`` (its dtype and buffer unless given)."""
+    return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer or x.buffer, name)
+
+
+def shared_constant(constant: Any) -> NkiTensor:
+    """A shared HBM tensor holding ``constant`` (a numpy array or a ``.npy`` path)."""
+    values = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    out = allocate(values.shape, values.dtype, shared_hbm, "", "shared_constant")
+    alu.write(out, values, "shared_constant")
+    return out
+
+
+def shared_identity_matrix(n: int, dtype: Any = uint8, dst: NkiTensor | None = None) -> NkiTensor:
+    """An ``n x n`` identity matrix in SBUF (written into ``dst`` when given)."""
+    out = dst if dst is not None else allocate((n, n), dtype, sbuf, "", "shared_identity_matrix")
+    alu.write(out, np.eye(n), "shared_identity_matrix")
+    return out
+
+
+_RANDOM = _random.Random(0)
+
+
+def random_seed(seed: Any) -> None:
+    """Seeds :func:`rand` and :func:`dropout` (an int, or a tile holding one)."""
+    value = seed.data.reshape(-1)[0] if isinstance(seed, NkiTensor) else seed
+    _RANDOM.seed(int(value))
+
+
+def _uniform(shape: tuple[int, ...]) -> np.ndarray:
+    return np.random.default_rng(_RANDOM.getrandbits(64)).random(shape)
+
+
+def rand(
+    shape: Sequence[int], dtype: Any, buffer: MemoryRegion = sbuf, name: str = ""
+) -> NkiTensor:
+    """A new tensor of uniform random values in [0, 1)."""
+    out = allocate(shape, dtype, buffer, name, "rand")
+    alu.write(out, _uniform(out.shape), "rand")
+    runtime.active_run("rand").count("gpsimd")
+    return out
+
+
+def dropout(x: NkiTensor, rate: alu.Operand, dtype: Any = None) -> NkiTensor:
+    """``x`` with each element zeroed with probability ``rate`` (a scalar or a
+    ``[partitions, 1]`` tile)."""
+    keep = _uniform(x.shape)
+    return _elementwise(
+        "dropout",
+        lambda v, r: np.where(keep >= r, v, 0.0),
+        {"x": x, "rate": _per_partition(rate, x)},
+        dtype,
+    )
+
+
+def _per_partition(value: alu.Operand, like: NkiTensor) -> alu.Operand:
+    """A ``[partitions, 1]`` tile operand broadcast along ``like``'s free axes."""
+    if isinstance(value, NkiTensor) and value.shape != like.shape:
+        return broadcast_to(value.reshape((value.shape[0],) + (1,) * (like.ndim - 1)), like.shape)
+    return value
+
+
+def gather_flattened(
+    data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: Any = None
+) -> NkiTensor:
+    """``out[p, i...] = data[p].flat[indices[p, i...]]``: each partition gathers from its own
+    flattened free elements."""
+    count = alu.per_partition(data)
+    flat = indices.data.reshape(indices.shape[0], -1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= count):
+        raise errors.TensorAccessOutOfBound(f"'gather_flattened' index outside 0..{count - 1}")
+
+    def function(values: Any, _indices: Any) -> Any:
+        rows = values.reshape(values.shape[0], -1)
+        return np.take_along_axis(rows, flat, axis=1).reshape(indices.shape)
+
+    out = new_tile(
+        indices.shape, nki_dtype(dtype) if dtype is not None else data.dtype, "gather_flattened"
+    )
+    alu.check_partitions("gather_flattened", {"data": data, "indices": indices})
+    alu.write(out, function(alu.as_f32(data), None), "gather_flattened")
+    runtime.active_run("gather_flattened").count("gpsimd")
+    return out
+
+
+def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
+    """A new SBUF tile ``src.T`` of the 2-D HBM tensor ``src`` (a transposing DMA)."""
+    alu.require("load_transpose2d", "src", src, alu.HBM)
+    if src.ndim != 2:
+        raise errors.ShapeMismatch(f"'load_transpose2d' takes a 2-D tensor, got {src!r}")
+    out = new_tile(
+        src.shape[::-1], nki_dtype(dtype) if dtype is not None else src.dtype, "load_transpose2d"
+    )
+    alu.write(out, alu.dma_values(src, out.dtype).T, "load_transpose2d")
+    runtime.active_run("load_transpose2d").count_dma(True, False, src.size * src.dtype.itemsize)
+    return out
+
+
+# -- loops, indexing, control flow, debugging ---------------------------------------------------
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
     return range(start, stop, step) if stop is not None else range(start)
 
 
 sequential_range = affine_range
 static_range = affine_range
+dynamic_range = affine_range
+
+
+def fori_loop(lower: int, upper: int, body_fun: Callable[[int], Any], step: int = 1) -> None:
+    """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)``."""
+    for i in range(lower, upper, step):
+        body_fun(i)
+
+
+def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> Any:
+    """Repeats ``state = body_fun(state)`` from ``init`` while the state (a register or tile
+    holding one value) is nonzero; returns the final state."""
+    state = init
+    while _scalar_value(state):
+        state = body_fun(state)
+    return state
+
+
+def _scalar_value(value: Any) -> float:
+    data = getattr(value, "data", value)
+    return float(np.asarray(data).reshape(-1)[0])
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keeps program order, which the simulator always does."""
+
+    def __enter__(self) -> no_reorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def program_id(axis: int = 0) -> int:
+    """Index of this logical core in the ``kernel[lnc]`` launch (0 without a grid)."""
+    if axis != 0:
+        raise ValueError(f"program_id({axis}): the launch grid has one axis")
+    return runtime.active_run("program_id").program_id
+
+
+def num_programs(axes: Any = 0) -> int:
+    """Number of logical cores in the launch (``kernel[2]``: 2)."""
+    return runtime.active_run("num_programs").launch.cores
+
+
+def program_ndim() -> int:
+    """Dimensions of the launch grid: 1 under ``kernel[2]``, else 0."""
+    return 1 if runtime.active_run("program_ndim").launch.cores > 1 else 0
 
 
 def ds(start: int, size: int) -> slice:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any
 
 from asickernels.simulate.nki import errors
@@ -31,13 +32,14 @@ TARGETS = {
     4: Target(4, "trn3", 256 * 1024),
 }
 _TARGET_NAMES = {"trn1": 2, "inf2": 2, "gen2": 2, "trn2": 3, "gen3": 3, "trn3": 4, "gen4": 4}
-# Unset: NeuronCore-v2, the smallest SBUF (and the seed's inf2 hardware).
-DEFAULT_TARGET = 2
+# Unset: trn3 (NeuronCore-v4), as the SDK's own simulator defaults off-device
+# (nki/guides/nki_simulator.rst, "Target Platform": "otherwise defaults to trn3").
+DEFAULT_TARGET = 4
 
 
 def target_from_env() -> Target:
     """The target named by ``NEURON_PLATFORM_TARGET_OVERRIDE`` (as the SDK reads it), or
-    NeuronCore-v2 when it is unset."""
+    trn3 (NeuronCore-v4) when it is unset, as in the SDK's simulator off-device."""
     value = os.environ.get(TARGET_ENV, "").strip().lower()
     if not value:
         return TARGETS[DEFAULT_TARGET]
@@ -46,6 +48,25 @@ def target_from_env() -> Target:
             f"{TARGET_ENV}={value!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
         )
     return TARGETS[_TARGET_NAMES[value]]
+
+
+class Launch:
+    """What the logical cores of one launch share: a barrier (``nisa.core_barrier``) and the
+    kernel's ``shared_hbm`` tensors. Every core runs the same program, so the n-th
+    ``shared_hbm`` tensor a core creates is the n-th of every core: one storage, as on device."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.barrier = threading.Barrier(cores)
+        self._lock = threading.Lock()
+        self._shared: list[Any] = []
+
+    def shared_tensor(self, index: int, create: Any) -> Any:
+        """The launch's ``index``-th shared HBM storage, made by ``create()`` on first use."""
+        with self._lock:
+            if index == len(self._shared):
+                self._shared.append(create())
+            return self._shared[index]
 
 
 class Allocation:
@@ -69,8 +90,17 @@ class Allocation:
 class Run:
     """One kernel execution: memory in use and instruction/DMA counters."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(
+        self,
+        target: Target,
+        program_id: int = 0,
+        launch: Launch | None = None,
+    ) -> None:
         self.target = target
+        self.program_id = program_id  # the logical core running this instance (kernel[2])
+        self.launch = launch or Launch(1)
+        self.shared_hbm_created = 0
+        self.scalar_reduce_registers: Any = None  # nisa.activation's per-lane accumulators
         self.instructions = dict.fromkeys(ENGINES, 0)
         self.dma_transfers = 0
         self.hbm_to_sbuf_bytes = 0
@@ -82,17 +112,20 @@ class Run:
 
     def allocate(self, in_psum: bool, bytes_per_partition: int, what: str) -> Allocation:
         if in_psum:
-            if bytes_per_partition > PSUM_BANK_BYTES:
+            banks = -(-bytes_per_partition // PSUM_BANK_BYTES)
+            # NeuronCore-v4 matmuls write up to all 8 banks at once (nki.isa.nc_matmul, "Tile
+            # size"); earlier cores keep a PSUM tile within one 2 KiB bank.
+            if banks > 1 and self.target.version < 4:
                 raise errors.SizeOfDimensionExceedArchLimit(
                     f"{what} needs {bytes_per_partition} bytes per partition; a PSUM tile must fit "
-                    f"one bank of {PSUM_BANK_BYTES} bytes (512 fp32)"
+                    f"one bank of {PSUM_BANK_BYTES} bytes (512 fp32) before NeuronCore-v4"
                 )
-            if self.psum_banks_in_use + 1 > PSUM_BANKS:
+            if self.psum_banks_in_use + banks > PSUM_BANKS:
                 raise errors.PsumCapacityExceeded(
-                    f"{what} needs a PSUM bank but all {PSUM_BANKS} banks (16 KiB per partition) "
-                    "hold live tiles"
+                    f"{what} needs {banks} PSUM bank(s) but {self.psum_banks_in_use} of "
+                    f"{PSUM_BANKS} banks (16 KiB per partition) hold live tiles"
                 )
-            self.psum_banks_in_use += 1
+            self.psum_banks_in_use += banks
             self.peak_psum_banks = max(self.peak_psum_banks, self.psum_banks_in_use)
         else:
             capacity = self.target.sbuf_bytes_per_partition
@@ -108,7 +141,7 @@ class Run:
 
     def release(self, allocation: Allocation) -> None:
         if allocation.in_psum:
-            self.psum_banks_in_use -= 1
+            self.psum_banks_in_use -= -(-allocation.bytes_per_partition // PSUM_BANK_BYTES)
         else:
             self.sbuf_in_use -= allocation.bytes_per_partition
 
@@ -136,43 +169,63 @@ class Run:
         return report
 
 
-_active: Run | None = None
+# Each logical core (a thread under ``kernel[2]``) has its own run: its own SBUF and PSUM.
+_local = threading.local()
 _last_counters: dict[str, float] = {}
+
+
+def _active() -> Run | None:
+    return getattr(_local, "run", None)
 
 
 def active_run(api: str) -> Run:
     """The run in progress; NKI APIs exist only inside a kernel."""
-    if _active is None:
+    run = _active()
+    if run is None:
         raise errors.NkiApiOutsideOfNkiKernel(
             f"'{api}' was called outside an NKI kernel; decorate the kernel with nki.jit and "
             "call it (or nki.simulate(kernel))"
         )
-    return _active
+    return run
 
 
 def current_target() -> Target:
-    return _active.target if _active is not None else target_from_env()
+    run = _active()
+    return run.target if run is not None else target_from_env()
 
 
-def start_run() -> Run:
-    global _active
-    _active = Run(target_from_env())
-    return _active
+def start_run(
+    program_id: int = 0, launch: Launch | None = None, target: Target | None = None
+) -> Run:
+    """A new run on ``target`` (default: :func:`target_from_env`)."""
+    run = Run(target or target_from_env(), program_id, launch)
+    _local.run = run
+    return run
 
 
-def finish_run(run: Run) -> None:
-    global _active, _last_counters
-    _active = None
-    _last_counters = run.counters()
+def finish_run() -> None:
+    _local.run = None
+
+
+def publish_counters(runs: list[Run]) -> None:
+    """Makes the finished ``runs`` (one per logical core) the last run's counters: summed
+    instructions and bytes, the largest peaks."""
+    global _last_counters
+    reports = [run.counters() for run in runs]
+    _last_counters = {
+        key: (max if key.startswith("peak_") else sum)(r[key] for r in reports)
+        for key in reports[0]
+    }
 
 
 def in_kernel() -> bool:
-    return _active is not None
+    return _active() is not None
 
 
 def last_counters() -> dict[str, float]:
-    """Counters of the most recent finished kernel run: instructions per engine
-    (``tensor``/``vector``/``scalar``/``gpsimd_instructions``), ``dma_transfers``, bytes moved
-    ``hbm_to_sbuf_bytes`` / ``sbuf_to_hbm_bytes``, and peak on-chip use
-    (``peak_sbuf_bytes_per_partition``, ``peak_psum_banks``). Empty before any run."""
+    """Counters of the most recent finished kernel run (summed over its logical cores):
+    instructions per engine (``tensor``/``vector``/``scalar``/``gpsimd_instructions``),
+    ``dma_transfers``, bytes moved ``hbm_to_sbuf_bytes`` / ``sbuf_to_hbm_bytes``, and peak
+    on-chip use (``peak_sbuf_bytes_per_partition``, ``peak_psum_banks``). Empty before any
+    run."""
     return dict(_last_counters)

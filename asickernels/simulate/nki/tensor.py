@@ -23,7 +23,17 @@ class MemoryRegion(enum.Enum):
     shared_hbm = "shared_hbm"
 
 
-# The NKI dtypes the simulator models, as numpy dtypes (bfloat16 from ml_dtypes).
+# The NKI dtypes the simulator models, as numpy dtypes (nki/api/nki.api.shared.rst, "Supported
+# Data Types"): bfloat16 and the fp8 formats from ml_dtypes (``float8_e4m3`` is the IEEE-style
+# format with inf, max 240; ``float8_e4m3fn`` the OCP one, max 448); tfloat32 as float32 storage
+# tagged so writes round to its 10-bit mantissa; the 4x-packed MX types as opaque records of their
+# bytes (4 for the fp8 pairs, 2 for fp4), decoded only by nc_matmul_mx / quantize_mx.
+TFLOAT32 = np.dtype(np.float32, metadata={"nki_dtype": "tfloat32"})
+PACKED_X4: dict[str, tuple[Any, int]] = {  # name: (element dtype, bytes per packed element)
+    "float8_e5m2_x4": (ml_dtypes.float8_e5m2, 4),
+    "float8_e4m3fn_x4": (ml_dtypes.float8_e4m3fn, 4),
+    "float4_e2m1fn_x4": (ml_dtypes.float4_e2m1fn, 2),
+}
 DTYPES: dict[str, np.dtype[Any]] = {
     "bool_": np.dtype(np.bool_),
     "int8": np.dtype(np.int8),
@@ -35,8 +45,18 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32),
+    "tfloat32": TFLOAT32,
+    "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    **{name: np.dtype([(name, f"<u{nbytes}")]) for name, (_, nbytes) in PACKED_X4.items()},
 }
 _SUPPORTED = frozenset(DTYPES.values())
+_FLOATS = frozenset(
+    DTYPES[n]
+    for n in ("float16", "bfloat16", "float32", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
+) | {DTYPES["float8_e8m0fnu"]}
 # What new storage holds before anything writes it, as the SDK's simulator fills it.
 UNINITIALISED_FLOAT = np.nan
 UNINITIALISED_INT = 4
@@ -48,6 +68,12 @@ def nki_dtype(dtype: Any) -> np.dtype[Any]:
         resolved = np.dtype(dtype)
     except TypeError:
         raise errors.UnsupportedDtype(f"{dtype!r} is not a dtype") from None
+    if resolved.names is not None or resolved.metadata is not None:
+        # packed / tagged types compare by structure: resolve them by name instead
+        match = next((d for d in DTYPES.values() if dtype_name(d) == dtype_name(resolved)), None)
+        if match is None:
+            raise errors.UnsupportedDtype(f"{resolved} is not an NKI dtype")
+        return match
     if resolved not in _SUPPORTED:
         raise errors.UnsupportedDtype(
             f"{resolved} is not an NKI dtype; supported: {', '.join(sorted(DTYPES))}"
@@ -55,8 +81,22 @@ def nki_dtype(dtype: Any) -> np.dtype[Any]:
     return resolved
 
 
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The NKI name of ``dtype`` (``tfloat32`` and the ``_x4`` types included)."""
+    if dtype.metadata is not None and "nki_dtype" in dtype.metadata:
+        return str(dtype.metadata["nki_dtype"])
+    if dtype.names is not None:
+        return dtype.names[0]
+    return next((n for n, d in DTYPES.items() if d == dtype and d.metadata is None), str(dtype))
+
+
 def is_float(dtype: np.dtype[Any]) -> bool:
-    return dtype.kind == "f" or dtype == DTYPES["bfloat16"]
+    return dtype in _FLOATS and dtype.names is None
+
+
+def is_packed(dtype: np.dtype[Any]) -> bool:
+    """One of the 4x-packed MX types."""
+    return dtype.names is not None
 
 
 def is_hbm(buffer: MemoryRegion) -> bool:
@@ -67,7 +107,17 @@ class NkiTensor:
     """A tensor in HBM, SBUF or PSUM. Indexing and the view methods return views sharing
     storage; on-chip tensors keep their partition axis (axis 0) first and whole."""
 
-    __slots__ = ("_data", "allocation", "buffer", "dtype", "is_argument", "is_broadcast", "name")
+    __slots__ = (
+        "_data",
+        "allocation",
+        "buffer",
+        "dtype",
+        "is_argument",
+        "is_broadcast",
+        "is_indirect_view",
+        "name",
+        "root",
+    )
 
     def __init__(
         self,
@@ -78,8 +128,13 @@ class NkiTensor:
         name: str = "",
         is_argument: bool = False,
         broadcast: bool = False,
+        root: np.ndarray | None = None,
+        indirect: bool = False,
     ) -> None:
         self._data = data
+        # The whole allocation (C-contiguous) this tensor views: what ``.ap`` addresses.
+        self.root = data if root is None else root
+        self.is_indirect_view = indirect
         self.dtype = dtype
         self.buffer = buffer
         self.allocation = alloc  # on-chip: its SBUF/PSUM accounting
@@ -123,15 +178,38 @@ class NkiTensor:
     def __iter__(self) -> Any:
         raise TypeError("NKI tensors are not iterable; index them with slices")
 
-    def _view(self, data: np.ndarray, broadcast: bool = False) -> NkiTensor:
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Element strides of this view into its storage (partition stride included)."""
+        return tuple(stride // self.dtype.itemsize for stride in self._data.strides)
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view's first element in its storage."""
+        return self._byte_offset() // self.dtype.itemsize
+
+    def _byte_offset(self) -> int:
+        return int(
+            self._data.__array_interface__["data"][0] - self.root.__array_interface__["data"][0]
+        )
+
+    def _view(
+        self,
+        data: np.ndarray,
+        broadcast: bool = False,
+        dtype: np.dtype[Any] | None = None,
+        indirect: bool = False,
+    ) -> NkiTensor:
         return NkiTensor(
             data,
-            self.dtype,
+            self.dtype if dtype is None else dtype,
             self.buffer,
             self.allocation,
             self.name,
             self.is_argument,
             broadcast or self.is_broadcast,
+            self.root,
+            indirect or self.is_indirect_view,
         )
 
     # -- indexing -----------------------------------------------------------------------
@@ -235,6 +313,202 @@ class NkiTensor:
         self._check_partition_axis_kept(dim == 0, f"expand_dim({dim})")
         return self._view(np.expand_dims(self._data, dim))
 
+    def squeeze_dim(self, dim: int) -> NkiTensor:
+        """Removes the size-1 dimension ``dim`` (not the partition axis)."""
+        if self.shape[dim] != 1:
+            raise errors.ShapeMismatch(f"squeeze_dim({dim}) on {self!r}: its size is not 1")
+        self._check_partition_axis_kept(dim % self.ndim == 0, f"squeeze_dim({dim})")
+        return self._view(np.squeeze(self._data, dim))
+
+    def reshape_dim(self, dim: int, shape: Sequence[int]) -> NkiTensor:
+        """Splits dimension ``dim`` into ``shape`` (one entry may be -1)."""
+        dim %= self.ndim
+        sizes = [int(s) for s in shape]
+        if sizes.count(-1) == 1:
+            known = math.prod(s for s in sizes if s != -1)
+            sizes[sizes.index(-1)] = self.shape[dim] // known if known else 0
+        if math.prod(sizes) != self.shape[dim]:
+            raise errors.ShapeMismatch(f"reshape_dim({dim}, {tuple(shape)}) on {self!r}")
+        self._check_partition_axis_kept(dim == 0 and len(sizes) != 1, f"reshape_dim(0, {shape})")
+        return self.reshape((*self.shape[:dim], *sizes, *self.shape[dim + 1 :]))
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
+        """Merges dimensions ``start_dim..end_dim`` (inclusive), which must be contiguous in
+        memory."""
+        start, end = start_dim % self.ndim, end_dim % self.ndim
+        self._check_partition_axis_kept(start == 0, f"flatten_dims({start_dim}, {end_dim})")
+        merged = math.prod(self.shape[start : end + 1])
+        return self.reshape((*self.shape[:start], merged, *self.shape[end + 1 :]))
+
+    def rearrange(
+        self,
+        src_pattern: tuple[Any, ...],
+        dst_pattern: tuple[Any, ...],
+        fixed_sizes: dict[str, int] | None = None,
+    ) -> NkiTensor:
+        """einops-style split / reorder / merge of dimensions (a view). Names grouped in a
+        tuple are split (``src_pattern``) or merged (``dst_pattern``)."""
+        if len(src_pattern) != self.ndim:
+            raise errors.ShapeMismatch(f"rearrange source {src_pattern} for {self!r}")
+        sizes = dict(fixed_sizes or {})
+        split_shape: list[int] = []
+        names: list[str] = []
+        for entry, size in zip(src_pattern, self.shape, strict=True):
+            group = list(entry) if isinstance(entry, tuple) else [entry]
+            unknown = [n for n in group if n not in sizes]
+            if len(unknown) > 1:
+                raise errors.ShapeMismatch(f"rearrange: give sizes for {unknown[1:]}")
+            if unknown:
+                sizes[unknown[0]] = size // math.prod(sizes[n] for n in group if n in sizes)
+            if math.prod(sizes[n] for n in group) != size:
+                raise errors.ShapeMismatch(f"rearrange: group {entry} does not make size {size}")
+            split_shape += [sizes[n] for n in group]
+            names += group
+        flat_dst = [n for e in dst_pattern for n in (e if isinstance(e, tuple) else (e,))]
+        if sorted(flat_dst) != sorted(names):
+            raise errors.ShapeMismatch(f"rearrange: {dst_pattern} names differ from {src_pattern}")
+        permuted = self.reshape(split_shape).permute([names.index(n) for n in flat_dst])
+        merged = [
+            math.prod(sizes[n] for n in e) if isinstance(e, tuple) else sizes[e]
+            for e in dst_pattern
+        ]
+        return permuted.reshape(merged)
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
+        """``[start, end)`` with ``step`` along ``dim``."""
+        key: list[Any] = [slice(None)] * self.ndim
+        key[dim] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim: int, index: int | NkiTensor) -> NkiTensor:
+        """Element ``index`` of ``dim``, removing the dimension. A tensor ``index`` (dynamic
+        selection) is read now: the simulator knows device values as it runs."""
+        indirect = isinstance(index, NkiTensor)
+        if isinstance(index, NkiTensor):
+            if self.is_indirect_view:
+                raise errors.NkiValidationError(f"{self!r} is already an indirect view")
+            if self.on_chip and dim % self.ndim == 0:
+                raise errors.LeadingDimensionOfTensorMustBePartition(
+                    f"dynamic select on the partition axis of {self!r}"
+                )
+            index = int(np.asarray(index.data).reshape(-1)[0])
+        dim %= self.ndim
+        self._check_partition_axis_kept(dim == 0, f"select({dim}, {index})")
+        key: list[Any] = [slice(None)] * self.ndim
+        key[dim] = index
+        picked = self[tuple(key)]  # an integer off the partition axis removes the dimension
+        return picked._view(picked._data, indirect=indirect)
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguity of the view (for on-chip tensors, of the free axes only)."""
+        expected = self.dtype.itemsize
+        axes = range(self.ndim - 1, 0 if self.on_chip else -1, -1)
+        for axis in axes:
+            if self.shape[axis] != 1 and self._data.strides[axis] != expected:
+                return False
+            expected *= self.shape[axis]
+        return True
+
+    def get_pattern(self) -> list[list[int]]:
+        """The view as an access pattern ``[[stride, count], ...]`` (see :meth:`ap`)."""
+        return [[stride, size] for stride, size in zip(self.strides, self.shape, strict=True)]
+
+    def is_indirect(self) -> bool:
+        """Whether this view was made by a dynamic :meth:`select` or ``ap(scalar_offset=)``."""
+        return self.is_indirect_view
+
+    def ap(
+        self,
+        pattern: Sequence[Sequence[int]],
+        offset: int | None = None,
+        scalar_offset: NkiTensor | None = None,
+        vector_offset: NkiTensor | None = None,
+        indirect_dim: int = 0,
+        dtype: Any = None,
+    ) -> NkiTensor:
+        """An explicit access pattern ``[[stride, count], ...]`` over this tensor's storage
+        (like ``torch.as_strided``), starting at this view's offset plus ``offset`` elements
+        (of ``dtype``, default this tensor's). On-chip, the first pair walks partitions, so its
+        stride must be a whole number of partitions and the rest must stay in one partition.
+        ``scalar_offset`` adds its (runtime) value times the stride of ``indirect_dim``."""
+        if vector_offset is not None:
+            raise NotImplementedError("per-partition vector_offset access patterns")
+        new_dtype = self.dtype if dtype is None else nki_dtype(dtype)
+        itemsize = new_dtype.itemsize
+        pairs = [(int(step), int(count)) for step, count in pattern]
+        if not pairs or any(count < 1 for _, count in pairs):
+            raise errors.ShapeMismatch(f"access pattern {pattern} needs positive counts")
+        start = self._byte_offset() + (offset or 0) * itemsize
+        if scalar_offset is not None:
+            if self.is_indirect_view:
+                raise errors.NkiValidationError(f"{self!r} is already an indirect view")
+            start += (
+                int(np.asarray(scalar_offset.data).reshape(-1)[0])
+                * self._data.strides[indirect_dim]
+            )
+        total = self.root.nbytes
+        low = start + sum(min(0, step * (count - 1)) for step, count in pairs) * itemsize
+        high = start + (sum(max(0, step * (count - 1)) for step, count in pairs) + 1) * itemsize
+        if low < 0 or high > total or start % itemsize:
+            raise errors.TensorAccessOutOfBound(
+                f"access pattern {pattern} at element offset {start // itemsize} reaches bytes "
+                f"[{low}, {high}) of {self!r}'s {total}-byte storage"
+            )
+        if self.on_chip:
+            self._check_on_chip_pattern(pairs, start, itemsize)
+        data = np.ndarray(
+            [count for _, count in pairs],
+            new_dtype,
+            buffer=self.root.reshape(-1).view(np.uint8),
+            offset=start,
+            strides=[step * itemsize for step, _ in pairs],
+        )
+        return self._view(data, dtype=new_dtype, indirect=scalar_offset is not None)
+
+    def _check_on_chip_pattern(
+        self, pairs: list[tuple[int, int]], start: int, itemsize: int
+    ) -> None:
+        """Partitions are separate memories: an on-chip pattern moves between them only with
+        its first pair."""
+        row_bytes = self.root.nbytes // self.root.shape[0]
+        (partition_step, partitions), free = pairs[0], pairs[1:]
+        within = start % row_bytes + (sum(max(0, s * (c - 1)) for s, c in free) + 1) * itemsize
+        if partitions > runtime.PMAX:
+            raise errors.NumPartitionExceedArchLimit(
+                f"access pattern with {partitions} partitions exceeds architecture limitation of "
+                f"{runtime.PMAX}"
+            )
+        if (partitions > 1 and (partition_step * itemsize) % row_bytes) or within > row_bytes:
+            raise errors.LeadingDimensionOfTensorMustBePartition(
+                f"access pattern {[list(p) for p in pairs]} on {self!r} crosses partitions "
+                "outside its first (partition) pair"
+            )
+
+    def view(self, dtype: Any) -> NkiTensor:
+        """The same bytes as ``dtype``; the last dimension scales by the size ratio and must be
+        contiguous."""
+        new_dtype = nki_dtype(dtype)
+        if self.shape[-1] > 1 and self._data.strides[-1] != self.dtype.itemsize:
+            raise errors.ShapeMismatch(
+                f"view({dtype_name(new_dtype)}) of {self!r}: last dimension is not contiguous"
+            )
+        if (self.shape[-1] * self.dtype.itemsize) % new_dtype.itemsize:
+            raise errors.ShapeMismatch(
+                f"view({dtype_name(new_dtype)}) of {self!r}: last dimension of "
+                f"{self.shape[-1] * self.dtype.itemsize} bytes does not divide"
+            )
+        count = self.shape[-1] * self.dtype.itemsize // new_dtype.itemsize
+        data = np.ndarray(
+            (*self.shape[:-1], count),
+            new_dtype,
+            buffer=self.root.reshape(-1).view(np.uint8),
+            offset=self._byte_offset(),
+            strides=(*self._data.strides[:-1], new_dtype.itemsize),
+        )
+        return self._view(data, dtype=new_dtype)
+
+    reinterpret_cast = view
+
 
 def allocate(
     shape: Sequence[int],
@@ -267,10 +541,27 @@ def allocate(
             )
         per_partition = math.prod(shape[1:]) * dtype.itemsize
         alloc = run.allocate(buffer is MemoryRegion.psum, per_partition, what)
+    if buffer is MemoryRegion.shared_hbm:  # one storage for all logical cores of the launch
+        run.shared_hbm_created += 1
+        data = run.launch.shared_tensor(
+            run.shared_hbm_created - 1, lambda: _new_storage(shape, dtype, fill)
+        )
+        if data.shape != shape or data.dtype != dtype:
+            raise errors.ShapeMismatch(
+                f"logical core {run.program_id} creates shared_hbm tensor {list(shape)} {dtype} "
+                f"where another core created {list(data.shape)} {data.dtype}"
+            )
+    else:
+        data = _new_storage(shape, dtype, fill)
+    return NkiTensor(data, dtype, buffer, alloc, name)
+
+
+def _new_storage(shape: tuple[int, ...], dtype: np.dtype[Any], fill: float | None) -> np.ndarray:
+    if is_packed(dtype):  # packed MX data starts as all-ones bytes (NaN in both fp8 formats)
+        return np.full((*shape, dtype.itemsize), 0xFF, np.uint8).view(dtype).reshape(shape)
     if fill is None:
         fill = UNINITIALISED_FLOAT if is_float(dtype) else UNINITIALISED_INT
-    data = np.full(shape, fill, dtype)
-    return NkiTensor(data, dtype, buffer, alloc, name)
+    return np.full(shape, fill, dtype)
 
 
 def new_tile(shape: tuple[int, ...], dtype: np.dtype[Any], api: str) -> NkiTensor:
@@ -287,7 +578,9 @@ def new_tile(shape: tuple[int, ...], dtype: np.dtype[Any], api: str) -> NkiTenso
     return NkiTensor(np.empty(shape, dtype), dtype, MemoryRegion.sbuf, alloc)
 
 
-def wrap_argument(array: np.ndarray, position: str) -> NkiTensor:
+def wrap_argument(
+    array: np.ndarray, position: str, buffer: MemoryRegion = MemoryRegion.private_hbm
+) -> NkiTensor:
     """A kernel argument: the caller's array, in HBM (writes go back to it)."""
     try:
         dtype = nki_dtype(array.dtype)
@@ -295,4 +588,4 @@ def wrap_argument(array: np.ndarray, position: str) -> NkiTensor:
         raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
     if array.ndim == 0 or array.size == 0:
         raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
-    return NkiTensor(array, dtype, MemoryRegion.private_hbm, None, position, is_argument=True)
+    return NkiTensor(array, dtype, buffer, None, position, is_argument=True)
