@@ -1,0 +1,163 @@
+"""The legacy ``neuronxcc.nki`` API (Neuron SDK 2.20-2.27) on the strict CPU simulator.
+
+Kernels written for that generation run unchanged: ``nki.jit``/``nki.trace``/
+``nki.baremetal`` decorators, ``nki.simulate_kernel(kernel, *arrays)``, SPMD launch grids
+``kernel[gx, gy]`` with ``nl.program_id``, index grids from ``nl.arange``/``nl.mgrid``,
+``mask=``, ``nl.par_dim`` block dimensions, and high-level ``nl`` ops that return tiles::
+
+    import asickernels.simulate.nki.legacy as nki
+    from asickernels.simulate.nki.legacy import language as nl
+
+    @nki.jit
+    def double(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        nl.store(out, tile + tile)
+        return out
+
+(or ``python -m asickernels.simulate.nki script.py`` to run a script that imports
+``neuronxcc.nki`` unchanged). Both output conventions work: returning ``shared_hbm`` tensors
+(since the December 2024 beta) and writing output arguments in place (Neuron 2.20).
+
+Memory accounting, capacity checks, error classes and counters are the core simulator's
+(:mod:`asickernels.simulate.nki`): ``nki.last_counters()`` after a run. Bfloat16 values are
+stored as bfloat16 (the SDK's simulator computes them at fp32 precision,
+general/nki/nki_known_issues.rst).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typing
+from asickernels.simulate.nki.legacy.tile import Tensor, argument
+from asickernels.simulate.nki.runtime import last_counters
+from asickernels.simulate.nki.tensor import MemoryRegion
+
+__all__ = [
+    "Kernel",
+    "baremetal",
+    "compiler",
+    "errors",
+    "isa",
+    "jit",
+    "language",
+    "last_counters",
+    "simulate_kernel",
+    "trace",
+    "typing",
+]
+
+
+class Kernel:
+    """A legacy kernel: callable on NumPy arrays, ``kernel[g0, g1, ...]`` for a launch grid."""
+
+    def __init__(self, function: Callable[..., Any], grid: tuple[int, ...] = ()) -> None:
+        self.function = function
+        self.grid = grid
+        functools.update_wrapper(self, function)
+
+    def __getitem__(self, grid: Any) -> Kernel:
+        """``kernel[g0, g1, ...]``: an SPMD launch grid of any rank and sizes."""
+        sizes = grid if isinstance(grid, tuple) else (grid,)
+        if not all(isinstance(s, (int, np.integer)) and s >= 1 for s in sizes):
+            raise ValueError(f"SPMD launch grid sizes must be positive integers, got {grid!r}")
+        return Kernel(self.function, tuple(int(s) for s in sizes))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if runtime.in_kernel():  # a sub-kernel: inline it in the same program
+            if self.grid:
+                raise TypeError("a kernel launched with a grid cannot be called inside a kernel")
+            return self.function(*args, **kwargs)
+        return _run(self, args, kwargs)
+
+
+def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **kwargs: Any) -> Any:
+    """Decorates a kernel. Without a Neuron device every mode (``auto``, ``simulation``,
+    ``baremetal``, ...) simulates it on NumPy arrays; other options have no effect here."""
+    if func is None:
+        return lambda function: Kernel(function)
+    return Kernel(func)
+
+
+def trace(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """The Neuron 2.20 decorator used with :func:`simulate_kernel` (same as :func:`jit`)."""
+    return jit(func, **kwargs)
+
+
+def baremetal(kernel: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """``nki.baremetal``: NumPy in, NumPy out; runs on the simulator here (``save_neff_name``
+    and the other artifact options have no effect)."""
+    return jit(kernel, **kwargs)
+
+
+def simulate_kernel(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs ``kernel`` (decorated or not, possibly ``kernel[grid]``) on NumPy arrays and
+    returns its return value as NumPy arrays. Output arguments are written in place."""
+    launched = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    return _run(launched, args, kwargs)
+
+
+def legacy_target() -> runtime.Target:
+    """``NEURON_PLATFORM_TARGET_OVERRIDE`` if set, else NeuronCore-v2 (trn1/inf2). The
+    neuronxcc.nki generation targets Inf2, Trn1 and Trn2 ("This document is relevant for:
+    Inf2, Trn1, Trn2" in its API reference); v2 has the smallest SBUF of those, so a kernel
+    that fits here fits each of them (and v2 is the seed's inf2 hardware)."""
+    if not os.environ.get(runtime.TARGET_ENV, "").strip():
+        return runtime.TARGETS[2]
+    target = runtime.target_from_env()
+    if target.version not in (2, 3):
+        raise ValueError(
+            f"{runtime.TARGET_ENV}: neuronxcc.nki targets trn1/inf2 and trn2, not "
+            f"NeuronCore-v{target.version} ({target.platforms}); use the current nki API"
+        )
+    return target
+
+
+def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    run = runtime.start_run(target=legacy_target())
+    written_back: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def wrap(value: Any, position: str) -> Any:
+        if not isinstance(value, np.ndarray):
+            return value
+        if value.flags.c_contiguous and value.flags.writeable:
+            return argument(value, position)
+        contiguous = np.ascontiguousarray(value)  # copied back after the run
+        if value.flags.writeable:
+            written_back.append((value, contiguous))
+        return argument(contiguous, position)
+
+    try:
+        wrapped_args = [wrap(value, f"#{i}") for i, value in enumerate(args)]
+        wrapped_kwargs = {key: wrap(value, key) for key, value in kwargs.items()}
+        result = None
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as the engines give them
+            for _ in spmd.programs(kernel.function.__code__, kernel.grid):
+                result = kernel.function(*wrapped_args, **wrapped_kwargs)
+        for original, contiguous in written_back:
+            original[...] = contiguous
+        return _unwrap(result)
+    finally:
+        runtime.finish_run()
+        runtime.publish_counters([run])
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap(v) for v in value)
+    if isinstance(value, Tensor):
+        storage = value.storage
+        if storage.buffer is not MemoryRegion.shared_hbm and not storage.is_argument:
+            raise errors.UnsupportedMemory(
+                f"a kernel returns {value!r}; outputs must be created with "
+                "buffer=nl.shared_hbm (or be kernel arguments)"
+            )
+        return np.array(value.read())
+    return value

@@ -1,0 +1,545 @@
+"""``neuronxcc.nki.isa`` (``nisa``) of Neuron SDK 2.2x: one instruction per call, each
+*returning* its result tile (the current API passes ``dst`` first instead). Signatures and
+rules follow general/nki/api/nki/isa/__init__.py at aws-neuron-sdk 0521004c (Neuron 2.26).
+Engines compute in float32 and cast the result to ``dtype`` (default: the input's dtype, or
+the promoted dtype of two inputs)."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki.legacy import language as nl
+from asickernels.simulate.nki.legacy.tile import IndexGrid, Tensor, check_in_bounds, mask_values
+from asickernels.simulate.nki.tensor import MemoryRegion, nki_dtype
+
+NkiValidationError = errors.NkiValidationError
+
+
+# The enums keep the SDK's names and values (general/nki/api/nki/isa/__init__.py).
+class engine(IntEnum):
+    tensor = 1
+    vector = 5
+    scalar = 2
+    gpsimd = 3
+    sync = 6
+    unknown = 0
+
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+class reduce_cmd(IntEnum):
+    """The Scalar engine's accumulation registers (only ``idle`` is simulated)."""
+
+    idle = 0
+    reset = 1
+    reset_reduce = 3
+    reduce = 2
+
+
+class nc_version(IntEnum):
+    """gen2 = trn1/inf2, gen3 = trn2."""
+
+    gen2 = 2
+    gen3 = 3
+
+
+class oob_mode(IntEnum):
+    error = 0
+    skip = 1
+
+
+class dge_mode(IntEnum):
+    none = 0
+    swdge = 1
+    hwdge = 2
+    unknown = 3
+
+
+def get_nc_version() -> nc_version:
+    """The simulated target (``NEURON_PLATFORM_TARGET_OVERRIDE``); trn3 is not a target of
+    this generation."""
+    version = runtime.current_target().version
+    if version not in (2, 3):
+        raise errors.UnsupportedEngine(f"neuronxcc.nki has no NeuronCore-v{version} target")
+    return nc_version(version)
+
+
+def _alu(api: str, op: Any) -> Any:
+    if op not in nl.ALU_OPS:
+        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
+    return nl.ALU_OPS[op]
+
+
+def _engine(api: str, requested: Any, default: str, allowed: tuple[str, ...]) -> str:
+    chosen = engine(requested)
+    if chosen is engine.unknown:
+        return default
+    if chosen.name not in allowed:
+        raise errors.UnsupportedEngine(f"'{api}' runs on {'/'.join(allowed)}, not {chosen.name}")
+    return chosen.name
+
+
+def _same_layout(api: str, operands: dict[str, Tensor]) -> None:
+    """Equal partitions and equal elements per partition (err_num_partition_mismatch)."""
+    nl.check_partitions(api, operands)
+    if len({math.prod(t.shape[1:]) for t in operands.values()}) > 1:
+        listed = ", ".join(f"{n}{list(t.shape)}" for n, t in operands.items())
+        raise errors.ShapeMismatch(f"'{api}' needs equal elements per partition, got {listed}")
+
+
+def _per_partition_scalar(api: str, name: str, value: Any, data: Tensor) -> Any:
+    """A scalar, or a ``[P, 1]`` (or ``[P]``) tile's values shaped to broadcast on ``data``."""
+    if not isinstance(value, Tensor):
+        return np.float32(value)
+    nl.require_tile(api, name, value, nl.ON_CHIP)
+    if value.shape[0] != data.shape[0] or math.prod(value.shape[1:]) != 1:
+        raise errors.ShapeMismatch(
+            f"'{api}' {name} must be a scalar or a [{data.shape[0]}, 1] tile, got {value!r}"
+        )
+    check_in_bounds(api, value, None)
+    return nl.as_f32(value).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+
+
+def _result(
+    api: str,
+    values: np.ndarray,
+    dtype: Any,
+    default: np.dtype[Any],
+    where: np.ndarray | None,
+    engine_name: str,
+    buffer: MemoryRegion = MemoryRegion.sbuf,
+) -> Tensor:
+    out = nl.new_tile(tuple(values.shape), nki_dtype(dtype) if dtype else default, api, buffer)
+    out.write(values, where, api)
+    runtime.active_run(api).count(engine_name)
+    return out
+
+
+_ReduceCmd = reduce_cmd
+_ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def _free_reduction(api: str, op: Any, values: np.ndarray, tile: Tensor) -> np.ndarray:
+    """``op``-reduction of ``values`` (shaped like ``tile``) over all its free axes."""
+    return np.asarray(_alu(api, op).reduce(values.reshape(tile.shape[0], -1), axis=1))
+
+
+def _write_reduction(api: str, reduce_res: Tensor, reduced: np.ndarray) -> None:
+    """Writes one value per partition into ``reduce_res`` ``[P, 1]``."""
+    nl.require_tile(api, "reduce_res", reduce_res, nl.ON_CHIP)
+    if reduce_res.shape[0] != reduced.shape[0] or math.prod(reduce_res.shape[1:]) != 1:
+        raise errors.ShapeMismatch(
+            f"'{api}' reduce_res must be [{reduced.shape[0]}, 1], got {reduce_res!r}"
+        )
+    reduce_res.write(reduced.reshape(reduce_res.shape), None, api)
+
+
+def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarray | None]:
+    """An on-chip input tile and the mask over its shape (its reads checked in bounds)."""
+    runtime.active_run(api)
+    tile = nl.require_tile(api, name, data, nl.ON_CHIP)
+    where = mask_values(api, mask, tile.shape)
+    check_in_bounds(api, tile, where)
+    return tile, where
+
+
+# -- Scalar engine -----------------------------------------------------------------------
+def activation(
+    op: Any,
+    data: Tensor,
+    *,
+    bias: Tensor | None = None,
+    scale: Any = 1.0,
+    reduce_op: Any = None,
+    reduce_res: Tensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``op(data * scale + bias)`` on the Scalar engine; ``scale`` a scalar or a float32
+    ``[P, 1]`` vector, ``bias`` a ``[P, 1]`` vector. With ``reduce_cmd`` idle and
+    ``reduce_op``/``reduce_res``, the results reduced over the free axes go to
+    ``reduce_res`` ``[P, 1]``; otherwise ``reduce_cmd`` drives the engine's 128 accumulation
+    registers (reset to zero / reduce into / both) and ``reduce_res`` reads them out."""
+    api = "activation"
+    tile, where = _input(api, "data", data, mask)
+    if op not in nl.ACTIVATIONS:
+        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
+    if isinstance(scale, Tensor) and scale.dtype != nl.float32:
+        raise errors.UnsupportedDtype(f"'{api}' scale must be float32, got {scale.dtype}")
+    values = nl.as_f32(tile) * _per_partition_scalar(api, "scale", scale, tile)
+    if bias is not None:
+        if not isinstance(bias, Tensor):
+            raise TypeError(f"'{api}' bias must be a [P, 1] tile")
+        values = values + _per_partition_scalar(api, "bias", bias, tile)
+    values = np.asarray(nl.ACTIVATIONS[op](values), np.float32)
+    out = _result(api, values, dtype, tile.dtype, where, "scalar")
+    command = _ReduceCmd(reduce_cmd)
+    if command is _ReduceCmd.idle:
+        if (reduce_op is None) != (reduce_res is None):
+            raise TypeError(f"'{api}': give reduce_op and reduce_res together")
+        if reduce_res is not None:
+            _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
+        return out
+    # The 128 accumulation registers of the Scalar engine, kept per run.
+    registers = _ACCUMULATORS.setdefault(
+        runtime.active_run(api), np.zeros(runtime.PMAX, np.float32)
+    )
+    partitions = tile.shape[0]
+    if command in (_ReduceCmd.reset, _ReduceCmd.reset_reduce):
+        registers[:] = 0
+    if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce):
+        if reduce_op is None:
+            raise TypeError(f"'{api}': reduce_cmd={command.name} needs reduce_op")
+        part = _free_reduction(api, reduce_op, values, tile)
+        registers[:partitions] = _alu(api, reduce_op)(registers[:partitions], part)
+    if reduce_res is not None:
+        _write_reduction(api, reduce_res, registers[:partitions].copy())
+    return out
+
+
+# -- Vector engine -----------------------------------------------------------------------
+def tensor_tensor(
+    data1: Tensor,
+    data2: Tensor,
+    op: Any,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    engine: Any = engine.unknown,
+    **kwargs: Any,
+) -> Tensor:
+    """``op(data1, data2)`` element-wise: equal partitions and elements per partition, not
+    both inputs in PSUM (Vector engine, or GpSimd)."""
+    api = "tensor_tensor"
+    first, where = _input(api, "data1", data1, mask)
+    second, _ = _input(api, "data2", data2, mask)
+    _same_layout(api, {"data1": first, "data2": second})
+    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read both data1 and data2 from PSUM")
+    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
+    if chosen == "gpsimd" and MemoryRegion.psum in (first.buffer, second.buffer):
+        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
+    function = _alu(api, op)
+    values = function(nl.as_f32(first), nl.as_f32(second).reshape(first.shape))
+    return _result(api, np.asarray(values), dtype, nl.promote([first, second]), where, chosen)
+
+
+def tensor_scalar(
+    data: Tensor,
+    op0: Any,
+    operand0: Any,
+    reverse0: bool = False,
+    op1: Any = None,
+    operand1: Any = None,
+    reverse1: bool = False,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    engine: Any = engine.unknown,
+    **kwargs: Any,
+) -> Tensor:
+    """``(data op0 operand0) op1 operand1``; each operand a scalar or a ``[P, 1]`` vector
+    broadcast along the free axes; ``reverse`` swaps an operator's sides."""
+    api = "tensor_scalar"
+    tile, where = _input(api, "data", data, mask)
+    if (op1 is None) != (operand1 is None):
+        raise TypeError(f"'{api}': op1 and operand1 must both be given or both be None")
+    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
+    values = nl.as_f32(tile)
+    for op, operand, reverse, name in (
+        (op0, operand0, reverse0, "operand0"),
+        (op1, operand1, reverse1, "operand1"),
+    ):
+        if op is None:
+            continue
+        function = _alu(api, op)
+        scalar = _per_partition_scalar(api, name, operand, tile)
+        values = np.asarray(function(scalar, values) if reverse else function(values, scalar))
+    return _result(api, values.astype(np.float32), dtype, tile.dtype, where, chosen)
+
+
+def tensor_scalar_reduce(
+    *,
+    data: Tensor,
+    op0: Any,
+    operand0: Any,
+    reduce_op: Any,
+    reduce_res: Tensor,
+    reverse0: bool = False,
+    dtype: Any = None,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``data op0 operand0`` (as :func:`tensor_scalar`), also reduced with ``reduce_op``
+    over all free axes into ``reduce_res`` ``[P, 1]`` (Vector engine)."""
+    api = "tensor_scalar_reduce"
+    out = tensor_scalar(data, op0, operand0, reverse0, dtype=dtype, mask=mask)
+    tile = nl.require_tile(api, "data", data, nl.ON_CHIP)
+    values = nl.as_f32(out).reshape(tile.shape)
+    _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
+    return out
+
+
+def tensor_reduce(
+    op: Any,
+    data: Tensor,
+    axis: Any,
+    *,
+    mask: Any = None,
+    dtype: Any = None,
+    negate: bool = False,
+    keepdims: bool = False,
+    **kwargs: Any,
+) -> Tensor:
+    """``op``-reduction of ``data`` over its trailing free ``axis`` (Vector engine);
+    ``negate`` multiplies the result by -1."""
+    function = _alu("tensor_reduce", op)
+    return nl.reduce(
+        "tensor_reduce", function, data, axis, dtype, mask, keepdims, negate, trailing=True
+    )
+
+
+def tensor_tensor_scan(
+    data0: Tensor,
+    data1: Tensor,
+    initial: Any,
+    op0: Any,
+    op1: Any,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """Per partition, ``result[:, i] = op1(op0(data0[:, i], result[:, i-1]), data1[:, i])``
+    with ``result[:, -1] = initial`` (a scalar or a ``[P, 1]`` tile), over the flattened free
+    elements (Vector engine)."""
+    api = "tensor_tensor_scan"
+    first, where = _input(api, "data0", data0, mask)
+    second, _ = _input(api, "data1", data1, mask)
+    _same_layout(api, {"data0": first, "data1": second})
+    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read both data0 and data1 from PSUM")
+    combine0, combine1 = _alu(api, op0), _alu(api, op1)
+    a = nl.as_f32(first).reshape(first.shape[0], -1)
+    b = nl.as_f32(second).reshape(first.shape[0], -1)
+    state = np.broadcast_to(_per_partition_scalar(api, "initial", initial, first), a.shape)
+    carried = np.asarray(state[:, 0], np.float32)
+    result = np.empty_like(a)
+    for i in range(a.shape[1]):
+        step = combine0(carried, a[:, i]) if reverse0 else combine0(a[:, i], carried)
+        carried = np.asarray(combine1(b[:, i], step) if reverse1 else combine1(step, b[:, i]))
+        carried = carried.astype(np.float32)
+        result[:, i] = carried
+    default = nl.promote([first, second])
+    return _result(api, result.reshape(first.shape), dtype, default, where, "vector")
+
+
+def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """Per partition, 6 statistics of ``data`` (<= 512 elements per partition): count,
+    mean and variance*count of the even elements, then of the odd elements (Vector
+    engine). Masked-out elements are left out."""
+    api = "bn_stats"
+    tile, where = _input(api, "data", data, mask)
+    free = math.prod(tile.shape[1:])
+    if free > nl.tile_size.bn_stats_fmax:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' of {tile!r}: {free} elements per partition exceed the architecture "
+            f"limitation of {nl.tile_size.bn_stats_fmax}"
+        )
+    values = nl.as_f32(tile).reshape(tile.shape[0], free).astype(np.float64)
+    included = np.ones(values.shape, np.bool_)
+    if where is not None:
+        included = np.broadcast_to(where, tile.shape).reshape(values.shape)
+    stats = []
+    for parity in (0, 1):
+        part, keep = values[:, parity::2], included[:, parity::2]
+        count = keep.sum(axis=1)
+        mean = np.where(keep, part, 0).sum(axis=1) / np.maximum(count, 1)
+        m2 = np.where(keep, (part - mean[:, None]) ** 2, 0).sum(axis=1)
+        stats += [count, mean, m2]
+    result = np.stack(stats, axis=1).astype(np.float32)
+    return _result(api, result, dtype, tile.dtype, None, "vector")
+
+
+def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """Per partition, the mean and (population) variance from ``bn_stats`` outputs: a
+    multiple of 3 elements per partition, ``(count, mean, variance*count)`` tuples."""
+    api = "bn_aggr"
+    tile, where = _input(api, "data", data, mask)
+    free = math.prod(tile.shape[1:])
+    if free % 3:
+        raise errors.ShapeMismatch(
+            f"'{api}' takes (count, mean, variance*count) triples; {tile!r} has {free} elements "
+            "per partition"
+        )
+    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3).astype(np.float64)
+    if where is not None:
+        keep: Any = np.broadcast_to(where, tile.shape).reshape(values.shape).all(axis=2)
+        values = np.where(keep[..., None], values, 0)
+    count, mean, m2 = values[..., 0], values[..., 1], values[..., 2]
+    total = count.sum(axis=1)
+    overall = (count * mean).sum(axis=1) / np.maximum(total, 1)
+    variance = (m2 + count * (mean - overall[:, None]) ** 2).sum(axis=1) / np.maximum(total, 1)
+    result = np.stack([overall, variance], axis=1).astype(np.float32)
+    return _result(api, result, dtype, tile.dtype, None, "vector")
+
+
+def tensor_copy(
+    src: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
+) -> Tensor:
+    """A copy of the on-chip tile ``src`` (Vector, Scalar or GpSimd engine)."""
+    api = "tensor_copy"
+    tile, where = _input(api, "src", src, mask)
+    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
+    if chosen == "gpsimd" and tile.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    values = tile.read() if out_dtype == tile.dtype else nl.as_f32(tile)
+    return _result(api, values, out_dtype, out_dtype, where, chosen)
+
+
+def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """``1 / data`` element-wise (Vector engine)."""
+    tile, where = _input("reciprocal", "data", data, mask)
+    values = np.reciprocal(nl.as_f32(tile))
+    return _result("reciprocal", values, dtype, tile.dtype, where, "vector")
+
+
+def tensor_partition_reduce(
+    op: Any, data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any
+) -> Tensor:
+    """``op``-reduction across the partitions of ``data`` into a ``[1, ...]`` tile (GpSimd
+    engine; ``op`` one of add, max, bitwise_or, bitwise_and)."""
+    api = "tensor_partition_reduce"
+    tile, where = _input(api, "data", data, mask)
+    if tile.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
+    function = _PARTITION_REDUCE.get(op)
+    if function is None:
+        raise errors.UnsupportedOperator(f"'{api}' takes add, max, bitwise_or, bitwise_and")
+    bitwise = function in (np.bitwise_or, np.bitwise_and)
+    values = tile.read().astype(np.int64) if bitwise else nl.as_f32(tile)
+    if where is not None:  # masked-out elements take no part
+        identity = {np.add: 0, np.maximum: -np.inf, np.bitwise_or: 0, np.bitwise_and: -1}
+        values = np.where(where, values, identity[function])
+    result = function.reduce(values, axis=0, keepdims=True)
+    return _result(api, np.asarray(result), dtype, tile.dtype, None, "gpsimd")
+
+
+_PARTITION_REDUCE: dict[Any, Any] = {
+    **dict.fromkeys((nl.add, np.add), np.add),
+    **dict.fromkeys((nl.maximum, nl.max, np.maximum, np.max, np.amax), np.maximum),
+    **dict.fromkeys((nl.bitwise_or, np.bitwise_or), np.bitwise_or),
+    **dict.fromkeys((nl.bitwise_and, np.bitwise_and), np.bitwise_and),
+}
+
+
+# -- Tensor engine -----------------------------------------------------------------------
+def nc_matmul(
+    stationary: Tensor,
+    moving: Tensor,
+    *,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    is_transpose: bool = False,
+    tile_position: tuple[int, ...] = (),
+    tile_size: tuple[int, ...] = (),
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``stationary.T @ moving`` on the Tensor engine: ``stationary [K, M]`` and ``moving
+    [K, N]`` in SBUF (K <= 128 partitions, M <= 128, N <= 512); a new float32 PSUM tile.
+    ``is_*_onezero`` and ``is_transpose`` (``moving`` is an identity matrix) are performance
+    hints; PE tiling (``tile_position``/``tile_size``) is checked against its documented
+    requirements and computes the same product."""
+    if tile_position or tile_size:
+        _check_pe_tiling(tuple(tile_position), tuple(tile_size), stationary)
+    return nl.tensor_engine_matmul("nc_matmul", stationary, moving, mask)
+
+
+def _check_pe_tiling(position: tuple[int, ...], size: tuple[int, ...], stationary: Any) -> None:
+    """The requirements the nc_matmul reference lists for ``tile_position``/``tile_size``."""
+    api = "nc_matmul"
+    if len(position) != 2 or len(size) != 2:
+        raise ValueError(f"'{api}': set both tile_position and tile_size as (row, column)")
+    if any(int(v) % 32 for v in (*position, *size)):
+        raise ValueError(f"'{api}': tile_position {position} and tile_size {size} must be "
+                         "multiples of 32")  # fmt: skip
+    if isinstance(stationary, Tensor) and (
+        size[0] < stationary.shape[0] or size[1] < math.prod(stationary.shape[1:])
+    ):
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}': tile_size {size} is smaller than the stationary tile {stationary!r}"
+        )
+    if tuple(size) == (32, 32) and runtime.current_target().version == 2:
+        raise ValueError(f"'{api}': a 32x32 PE tile is not supported on NeuronCore-v2")
+    if any(int(p) + int(z) > runtime.PMAX for p, z in zip(position, size, strict=True)):
+        raise ValueError(f"'{api}': PE tile {position}+{size} exceeds the 128x128 array")
+
+
+def nc_transpose(
+    data: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
+) -> Tensor:
+    """Swaps the partition axis and the (flattened) free axes: on the Tensor engine up to
+    128x128 from SBUF into PSUM, on the Vector engine up to 32x32 (the default engine
+    follows the size)."""
+    api = "nc_transpose"
+    tile, _ = _input(api, "data", data, None)
+    partitions, free = tile.shape[0], math.prod(tile.shape[1:])
+    default = "vector" if partitions <= 32 and free <= 32 else "tensor"
+    chosen = _engine(api, engine, default, ("tensor", "vector"))
+    limit = 128 if chosen == "tensor" else 32
+    if partitions > limit or free > limit:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' of {tile!r} on the {chosen} engine: at most {limit}x{limit}"
+        )
+    if chosen == "tensor":
+        nl.require_tile(api, "data", tile, (MemoryRegion.sbuf,))
+    values = nl.as_f32(tile).reshape(partitions, free).T
+    where = mask_values(api, mask, (free, partitions))
+    buffer = MemoryRegion.psum if chosen == "tensor" else MemoryRegion.sbuf
+    return _result(api, values, dtype, tile.dtype, where, chosen, buffer)
+
+
+# -- GpSimd engine ----------------------------------------------------------------------
+def iota(expr: Any, dtype: Any, *, mask: Any = None, **kwargs: Any) -> Tensor:
+    """A tile holding the values of the affine index expression ``expr`` (of
+    ``nl.arange`` grids), computed in int32 and cast to ``dtype`` (GpSimd engine)."""
+    api = "iota"
+    runtime.active_run(api)
+    if not isinstance(expr, IndexGrid):
+        raise TypeError(f"'{api}' takes an affine expression of nl.arange, got {expr!r}")
+    values = np.asarray(expr.values, np.int64).astype(np.int32)
+    if values.ndim < 2:
+        raise errors.LeadingDimensionOfTensorMustBePartition(
+            f"'{api}' needs a 2-D expression (partition, free), got shape {values.shape}"
+        )
+    where = mask_values(api, mask, values.shape)
+    return _result(api, values, dtype, nki_dtype(dtype), where, "gpsimd")
+
+
+def memset(
+    shape: Any, value: Any, dtype: Any, *, mask: Any = None, engine: Any = engine.unknown, **kw: Any
+) -> Tensor:
+    """A new SBUF tile of ``shape`` filled with ``value`` (Vector or GpSimd engine)."""
+    api = "memset"
+    runtime.active_run(api)
+    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
+    dims = tuple(int(s) for s in shape)
+    where = mask_values(api, mask, dims)
+    return _result(api, np.full(dims, value), dtype, nki_dtype(dtype), where, chosen)

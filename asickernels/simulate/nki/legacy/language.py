@@ -1,0 +1,836 @@
+"""``neuronxcc.nki.language`` (``nl``) of Neuron SDK 2.2x: high-level tile operations that
+*return* new tiles, index grids (``arange``/``mgrid``), ``mask=`` predicates and the SPMD
+program-id queries. Signatures follow general/nki/api/nki/language/__init__.py at
+aws-neuron-sdk 0521004c (Neuron 2.26).
+
+Numerics: the engines compute in float32 and cast to the result dtype (integer bitwise
+operators act on the integers); results of the default dtype follow the "NKI Type Promotion"
+rules of general/nki/api/nki.api.shared.rst, with weakly typed Python scalars counting as
+int32/float32. Tile operands broadcast partition-first: the partition axes must be equal or
+one of them 1, and the free axes broadcast as in NumPy, so a reduction result ``[P]`` (the
+reduced axes removed, as ``nl.sum`` documents) broadcasts along the free axes of ``[P, F]``
+as the rmsnorm and layernorm tutorials rely on.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.special
+
+from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki.language import tile_size
+from asickernels.simulate.nki.legacy import spmd
+from asickernels.simulate.nki.legacy.tile import (
+    ErrSharedHbmMustInKernelLevel,
+    IndexGrid,
+    Mask,
+    Tensor,
+    allocate,
+    arange,
+    check_in_bounds,
+    mask_values,
+    mgrid,
+    par_dim,
+)
+from asickernels.simulate.nki.tensor import DTYPES, MemoryRegion, is_float, is_hbm, nki_dtype
+
+__all__ = [
+    "IndexGrid",
+    "Mask",
+    "arange",
+    "mgrid",
+    "par_dim",
+    "tile_size",
+]
+
+bool_ = DTYPES["bool_"]
+int8 = DTYPES["int8"]
+int16 = DTYPES["int16"]
+int32 = DTYPES["int32"]
+uint8 = DTYPES["uint8"]
+uint16 = DTYPES["uint16"]
+uint32 = DTYPES["uint32"]
+float16 = DTYPES["float16"]
+bfloat16 = DTYPES["bfloat16"]
+float32 = DTYPES["float32"]
+
+sbuf = MemoryRegion.sbuf
+psum = MemoryRegion.psum
+hbm = MemoryRegion.private_hbm
+private_hbm = MemoryRegion.private_hbm
+shared_hbm = MemoryRegion.shared_hbm
+
+Operand = Tensor | float | int
+
+
+# -- dtypes ---------------------------------------------------------------------------------
+def _operand_dtype(value: Any) -> np.dtype[Any]:
+    """A tile's dtype; a Python scalar is weakly typed: bool -> uint8, int -> int32, float ->
+    float32 (nki.api.shared.rst, "Weakly Typed Scalar Type Inference")."""
+    if isinstance(value, Tensor):
+        return value.dtype
+    if isinstance(value, np.generic):
+        return nki_dtype(value.dtype)
+    if isinstance(value, bool):
+        return uint8
+    return int32 if isinstance(value, int) else float32
+
+
+def _promote_pair(a: np.dtype[Any], b: np.dtype[Any]) -> np.dtype[Any]:
+    a, b = (uint8 if d == bool_ else d for d in (a, b))
+    if a == b:
+        return a
+    a_float, b_float = is_float(a), is_float(b)
+    if a_float != b_float:  # (float, integer): the float type
+        return a if a_float else b
+    if a_float:  # (float16, bfloat16) widen to float32; otherwise the wider type
+        return float32 if a.itemsize == b.itemsize else (a if a.itemsize > b.itemsize else b)
+    if a.kind == b.kind:
+        return a if a.itemsize > b.itemsize else b
+    signed, unsigned = (a, b) if a.kind == "i" else (b, a)
+    if signed.itemsize > unsigned.itemsize:
+        return signed
+    widened = {1: int16, 2: int32}
+    return widened.get(builtins.max(signed.itemsize, unsigned.itemsize), float32)
+
+
+def promote(values: Sequence[Any]) -> np.dtype[Any]:
+    """The dtype of an arithmetic result on ``values`` (nki.api.shared.rst,
+    "NKI Type Promotion")."""
+    dtypes = [_operand_dtype(v) for v in values]
+    result = dtypes[0]
+    for dtype in dtypes[1:]:
+        result = _promote_pair(result, dtype)
+    return result
+
+
+# -- operands ------------------------------------------------------------------------------
+def require_tile(api: str, name: str, value: Any, regions: tuple[MemoryRegion, ...]) -> Tensor:
+    """``value``, a tensor in one of ``regions`` (with its block dimensions indexed)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"operand '{name}' of '{api}' must be a tile, got {type(value).__name__}")
+    if value.buffer not in regions:
+        spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
+        raise errors.UnsupportedMemory(
+            f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
+            f"a tile in '{value.buffer.value}' instead"
+        )
+    if value.block_dims:
+        raise TypeError(f"'{api}': index the block dimensions of {value!r} to get a tile")
+    if value.on_chip and value.ndim and value.shape[0] > runtime.PMAX:
+        raise errors.NumPartitionExceedArchLimit(
+            f"operand '{name}' of '{api}': size of partition dimension {value.shape[0]} exceeds "
+            f"architecture limitation of {runtime.PMAX}"
+        )
+    return value
+
+
+ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
+HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
+
+
+def broadcast_shape(api: str, shapes: Sequence[tuple[int, ...]], free_only: bool = False) -> Any:
+    """The common shape of tile operands: partition axes equal or 1, free axes broadcast as
+    in NumPy. ``free_only``: partition axes must be equal (operator overloads,
+    nki_known_issues.rst; ``nisa`` instructions, err_num_partition_mismatch)."""
+    partitions = {s[0] for s in shapes if s}
+    if len(partitions - {1}) > 1 or (free_only and len(partitions) > 1):
+        listed = ", ".join(str(list(s)) for s in shapes)
+        raise errors.NumPartitionMismatch(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
+            f"({listed}) of '{api}'"
+        )
+    try:
+        free = np.broadcast_shapes(*(s[1:] for s in shapes))
+    except ValueError:
+        listed = ", ".join(str(list(s)) for s in shapes)
+        raise errors.ShapeMismatch(f"'{api}': shapes {listed} do not broadcast") from None
+    return (builtins.max(partitions, default=1), *free)
+
+
+def check_partitions(api: str, operands: dict[str, Tensor]) -> None:
+    """Every operand spans the same partitions (err_num_partition_mismatch)."""
+    if len({t.shape[0] for t in operands.values()}) > 1:
+        listed = ", ".join(f"{n}{list(t.shape)}" for n, t in operands.items())
+        raise errors.NumPartitionMismatch(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
+            f"({listed}) of '{api}'"
+        )
+
+
+def expand(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` (a tile's values) broadcast partition-first to ``shape``."""
+    if array.ndim < len(shape):
+        array = array.reshape(array.shape[:1] + (1,) * (len(shape) - array.ndim) + array.shape[1:])
+    return np.broadcast_to(array, shape)
+
+
+def as_f32(value: Operand) -> Any:
+    if isinstance(value, Tensor):
+        return value.read().astype(np.float32)
+    return np.float32(value)
+
+
+def checked_inputs(
+    api: str, operands: dict[str, Any], shape: tuple[int, ...], where: np.ndarray | None
+) -> None:
+    """Each tile operand read under ``where`` (over ``shape``) stays inside its tensor."""
+    for value in operands.values():
+        if isinstance(value, Tensor) and value.out_of_bounds is not None:
+            reads = where
+            if where is not None and value.shape != shape:
+                reads = _reduce_to(where, value.shape)
+            check_in_bounds(api, value, reads)
+
+
+def _reduce_to(where: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The elements of an operand of ``shape`` that some executed element reads."""
+    expanded_shape = shape[:1] + (1,) * (where.ndim - len(shape)) + shape[1:]
+    axes = tuple(
+        i for i, (a, b) in enumerate(zip(expanded_shape, where.shape, strict=True)) if a != b
+    )
+    return np.any(where, axis=axes, keepdims=True).reshape(shape)
+
+
+def new_tile(
+    shape: tuple[int, ...], dtype: np.dtype[Any], api: str, buffer: MemoryRegion = sbuf
+) -> Tensor:
+    """An instruction's result tile (a partition-only ``[P]`` result takes ``[P, 1]``)."""
+    stored = shape if len(shape) >= 2 else (*shape, 1)
+    tile = allocate(stored, dtype, buffer, "", api)
+    return tile if stored == shape else tile.reshape(shape)
+
+
+def compute(
+    api: str,
+    function: Callable[..., Any],
+    operands: dict[str, Any],
+    dtype: Any,
+    mask: Any,
+    engine: str = "vector",
+    free_only: bool = False,
+    default_dtype: Any = None,
+) -> Tensor:
+    """One element-wise instruction on tiles (and scalars): float32 math, a new SBUF tile."""
+    run = runtime.active_run(api)
+    tiles = [require_tile(api, n, v, ON_CHIP) for n, v in operands.items() if isinstance(v, Tensor)]
+    if not tiles:
+        raise TypeError(f"'{api}' needs at least one tile operand")
+    if builtins.sum(t.buffer is MemoryRegion.psum for t in tiles) > 1:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read two inputs from PSUM")
+    shape = broadcast_shape(api, [t.shape for t in tiles], free_only)
+    where = mask_values(api, mask, shape)
+    checked_inputs(api, operands, shape, where)
+    values = [
+        expand(as_f32(v), shape) if isinstance(v, Tensor) else as_f32(v) for v in operands.values()
+    ]
+    if dtype is not None:
+        out_dtype = nki_dtype(dtype)
+    else:
+        out_dtype = nki_dtype(default_dtype) if default_dtype is not None else promote(tiles)
+    out = new_tile(shape, out_dtype, api)
+    out.write(np.asarray(function(*values)), where, api)
+    run.count(engine)
+    return out
+
+
+# -- ALU operators: the binary functions double as ``op=`` for nki.isa ---------------------
+ALU_OPS: dict[Any, Callable[..., Any]] = {}
+_BITWISE = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+_COMPARISONS = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal"}
+_LOGICAL = {"logical_and", "logical_or", "logical_xor"}
+
+
+def _integer_math(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Bitvec operators work on the integers' bits, not on float32 values."""
+    return lambda x, y: function(np.asarray(x).astype(np.int64), np.asarray(y).astype(np.int64))
+
+
+def _binary(name: str, function: Callable[..., Any]) -> Callable[..., Tensor]:
+    numeric = _integer_math(function) if name in _BITWISE else function
+    default = bool_ if name in _COMPARISONS | _LOGICAL else None
+
+    def op(
+        x: Operand, y: Operand, *, dtype: Any = default, mask: Any = None, **kwargs: Any
+    ) -> Tensor:
+        return compute(name, numeric, {"x": x, "y": y}, dtype, mask)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (
+        f"``{name}(x, y)`` element-wise on tiles or scalars (shapes broadcast; see the module "
+        "docstring); ``dtype`` overrides the promoted result type; ``mask`` predicates it."
+    )
+    ALU_OPS[op] = numeric
+    ALU_OPS[function] = numeric
+    return op
+
+
+add = _binary("add", np.add)
+subtract = _binary("subtract", np.subtract)
+multiply = _binary("multiply", np.multiply)
+divide = _binary("divide", np.divide)
+maximum = _binary("maximum", np.maximum)
+minimum = _binary("minimum", np.minimum)
+power = _binary("power", np.power)
+fmod = _binary("fmod", np.fmod)
+mod = _binary("mod", np.mod)
+equal = _binary("equal", np.equal)
+not_equal = _binary("not_equal", np.not_equal)
+greater = _binary("greater", np.greater)
+greater_equal = _binary("greater_equal", np.greater_equal)
+less = _binary("less", np.less)
+less_equal = _binary("less_equal", np.less_equal)
+logical_and = _binary("logical_and", np.logical_and)
+logical_or = _binary("logical_or", np.logical_or)
+logical_xor = _binary("logical_xor", np.logical_xor)
+bitwise_and = _binary("bitwise_and", np.bitwise_and)
+bitwise_or = _binary("bitwise_or", np.bitwise_or)
+bitwise_xor = _binary("bitwise_xor", np.bitwise_xor)
+left_shift = _binary("left_shift", np.left_shift)
+right_shift = _binary("right_shift", np.right_shift)
+ALU_OPS[np.true_divide] = np.divide
+
+
+def overloaded_operator(name: str, x: Any, y: Any) -> Tensor:
+    """``x <op> y`` through Python operators: no partition broadcasting
+    (nki_known_issues.rst: "use nki.language APIs instead")."""
+    function = globals()[name]
+    return compute(name, ALU_OPS[function], {"x": x, "y": y}, None, None, free_only=True,
+                   default_dtype=bool_ if name in _COMPARISONS else None)  # fmt: skip
+
+
+# -- unary functions ------------------------------------------------------------------------
+# Activation functions run on the Scalar engine, simple arithmetic on the Vector engine.
+ACTIVATIONS: dict[Any, Callable[[Any], Any]] = {}
+
+
+def _sigmoid(x: Any) -> Any:
+    return scipy.special.expit(x)
+
+
+def _gelu(x: Any) -> Any:
+    return 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(np.float32(2))))
+
+
+def _gelu_apprx_tanh(x: Any) -> Any:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(np.float32(2 / np.pi)) * (x + 0.044715 * x**3)))
+
+
+def _softplus(x: Any) -> Any:
+    return np.logaddexp(np.float32(0), x)
+
+
+_UNARY: dict[str, tuple[Callable[[Any], Any], str, Any]] = {
+    # name: (float32 function, engine, the NumPy function accepted as the same op)
+    "abs": (np.abs, "vector", np.abs),
+    "negative": (np.negative, "vector", np.negative),
+    "exp": (np.exp, "scalar", np.exp),
+    "log": (np.log, "scalar", np.log),
+    "sqrt": (np.sqrt, "scalar", np.sqrt),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), "scalar", None),
+    "reciprocal": (np.reciprocal, "vector", np.reciprocal),
+    "square": (np.square, "scalar", np.square),
+    "sign": (np.sign, "scalar", np.sign),
+    "sin": (np.sin, "scalar", np.sin),
+    "cos": (np.cos, "scalar", np.cos),
+    "tan": (np.tan, "scalar", np.tan),
+    "tanh": (np.tanh, "scalar", np.tanh),
+    "arctan": (np.arctan, "scalar", np.arctan),
+    "ceil": (np.ceil, "vector", np.ceil),
+    "floor": (np.floor, "vector", np.floor),
+    "trunc": (np.trunc, "vector", np.trunc),
+    "sigmoid": (_sigmoid, "scalar", None),
+    "relu": (lambda x: np.maximum(x, np.float32(0)), "scalar", None),
+    "gelu": (_gelu, "scalar", None),
+    "gelu_apprx_tanh": (_gelu_apprx_tanh, "scalar", None),
+    "silu": (lambda x: x * _sigmoid(x), "scalar", None),
+    "softplus": (_softplus, "scalar", None),
+    "mish": (lambda x: x * np.tanh(_softplus(x)), "scalar", None),
+    "erf": (scipy.special.erf, "scalar", None),
+}
+
+
+def _unary(name: str) -> Callable[..., Tensor]:
+    function, engine, numpy_alias = _UNARY[name]
+
+    def op(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+        return compute(name, function, {"x": x}, dtype, mask, engine)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``{name}(x)`` element-wise (float32 math, ``{engine}`` engine)."
+    ACTIVATIONS[op] = function
+    if numpy_alias is not None:
+        ACTIVATIONS[numpy_alias] = function
+    return op
+
+
+abs = _unary("abs")
+negative = _unary("negative")
+exp = _unary("exp")
+log = _unary("log")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+reciprocal = _unary("reciprocal")
+square = _unary("square")
+sign = _unary("sign")
+sin = _unary("sin")
+cos = _unary("cos")
+tan = _unary("tan")
+tanh = _unary("tanh")
+arctan = _unary("arctan")
+ceil = _unary("ceil")
+floor = _unary("floor")
+trunc = _unary("trunc")
+sigmoid = _unary("sigmoid")
+relu = _unary("relu")
+gelu = _unary("gelu")
+gelu_apprx_tanh = _unary("gelu_apprx_tanh")
+silu = _unary("silu")
+softplus = _unary("softplus")
+mish = _unary("mish")
+erf = _unary("erf")
+
+
+def logical_not(x: Tensor, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:
+    """``not x`` element-wise (1 where ``x`` is 0)."""
+    return compute("logical_not", np.logical_not, {"x": x}, dtype, mask)
+
+
+def invert(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """Bitwise NOT of an integer tile."""
+    if is_float(x.dtype):
+        raise errors.UnsupportedDtype(f"'invert' takes integer tiles, got {x.dtype}")
+    return compute("invert", lambda v: ~v.astype(np.int64), {"x": x}, dtype, mask)
+
+
+bitwise_not = invert
+
+
+def where(
+    condition: Tensor, x: Operand, y: Operand, *, dtype: Any = None, mask: Any = None, **kw: Any
+) -> Tensor:
+    """``x`` where ``condition`` is nonzero, else ``y`` (``y`` may be a scalar)."""
+    if dtype is None:
+        dtype = promote([v for v in (x, y) if isinstance(v, Tensor)] or [x])
+    return compute(
+        "where",
+        lambda c, a, b: np.where(c != 0, a, b),
+        {"condition": condition, "x": x, "y": y},
+        dtype,
+        mask,
+    )
+
+
+# -- reductions ----------------------------------------------------------------------------
+def reduce_axes(api: str, tile: Tensor, axis: Any, trailing: bool) -> tuple[int, ...]:
+    """``axis`` normalised: free axes only; with ``trailing``, a contiguous run ending at
+    the last axis ([1], [1, 2], ...), as the instruction (``nisa.tensor_reduce``) requires.
+    The ``nl`` reductions take any free axes: the average_pool2d tutorial
+    (general/nki/tutorials/average_pool2d.rst) sums ``axis=[2, 4]`` of a 5-D access
+    pattern, which the compiler reorders."""
+    listed = axis if isinstance(axis, (tuple, list)) else [axis]
+    axes = tuple(sorted({int(a) % tile.ndim for a in listed}))
+    contiguous = axes == tuple(range(axes[0], tile.ndim)) if axes else False
+    if not axes or axes[0] == 0 or (trailing and not contiguous):
+        raise errors.UnsupportedReduceAxis(
+            f"'{api}' over axis {axis} of {tile!r}: reductions run over free axes only"
+            + (", a contiguous run ending at the last axis ([1], [1, 2], ...)" if trailing else "")
+        )
+    return axes
+
+
+def reduce(
+    api: str,
+    function: Any,
+    x: Tensor,
+    axis: Any,
+    dtype: Any,
+    mask: Any,
+    keepdims: bool,
+    negate: bool = False,
+    trailing: bool = False,
+) -> Tensor:
+    """One reduction over the free ``axis`` of ``x`` (Vector engine). Masked-out
+    inputs take no part; a result element whose inputs are all masked out is not written."""
+    run = runtime.active_run(api)
+    require_tile(api, "x", x, ON_CHIP)
+    axes = reduce_axes(api, x, axis, trailing)
+    where = mask_values(api, mask, x.shape)
+    check_in_bounds(api, x, where)
+    values: Any = as_f32(x)
+    if function == "mean":
+        adder: Any = np.add
+        total = adder.reduce(values, axis=axes, keepdims=keepdims, where=_full(where, x.shape))
+        count = np.sum(_full(where, x.shape), axis=axes, keepdims=keepdims)
+        result = total / np.maximum(count, 1)
+    else:
+        initial = {np.add: 0.0, np.multiply: 1.0, np.maximum: -np.inf, np.minimum: np.inf}
+        result = function.reduce(
+            values,
+            axis=axes,
+            keepdims=keepdims,
+            where=_full(where, x.shape),
+            initial=initial.get(function),
+        )
+    if negate:
+        result = -result
+    written = None if where is None else np.any(where, axis=axes, keepdims=keepdims)
+    out_dtype = nki_dtype(dtype) if dtype is not None else x.dtype
+    out = new_tile(tuple(result.shape), out_dtype, api)
+    out.write(result, written, api)
+    run.count("vector")
+    return out
+
+
+def _full(where: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """The executed elements of an operand of ``shape``."""
+    return np.broadcast_to(np.True_ if where is None else where, shape)
+
+
+def _reduction(name: str, function: Any, doc: str) -> Callable[..., Tensor]:
+    def op(
+        x: Tensor,
+        axis: Any,
+        *,
+        dtype: Any = None,
+        mask: Any = None,
+        keepdims: bool = False,
+        **kwargs: Any,
+    ) -> Tensor:
+        return reduce(name, function, x, axis, dtype, mask, keepdims)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (
+        f"{doc} over the free ``axis`` (int or list); the result has those axes removed "
+        "unless ``keepdims``."
+    )
+    return op
+
+
+sum = _reduction("sum", np.add, "Sum")
+prod = _reduction("prod", np.multiply, "Product")
+max = _reduction("max", np.maximum, "Maximum")
+min = _reduction("min", np.minimum, "Minimum")
+mean = _reduction("mean", "mean", "Arithmetic mean (float32)")
+ALU_OPS[max] = ALU_OPS[np.max] = ALU_OPS[np.amax] = np.maximum
+ALU_OPS[min] = ALU_OPS[np.min] = ALU_OPS[np.amin] = np.minimum
+ALU_OPS[sum] = np.add
+
+
+def all(x: Tensor, axis: Any, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:
+    """Whether every element along the trailing free ``axis`` is nonzero."""
+    return reduce("all", np.logical_and, x, axis, dtype, mask, False)
+
+
+# -- creation ------------------------------------------------------------------------------
+def ndarray(
+    shape: Sequence[int], dtype: Any, *, buffer: Any = None, name: str = "", **kwargs: Any
+) -> Tensor:
+    """A new tensor (``buffer`` defaults to SBUF); its values read as NaN (integers: 4) until
+    written. ``shared_hbm`` tensors are created at the kernel's top level
+    (err_shared_hbm_must_in_kernel_level) and shared by every SPMD program."""
+    buffer = sbuf if buffer is None else buffer
+    if buffer is MemoryRegion.shared_hbm:
+        caller = sys._getframe(1).f_code
+        if caller is not spmd.kernel_code():
+            raise ErrSharedHbmMustInKernelLevel(
+                f"shared_hbm tensor {name or list(shape)} created in {caller.co_name}, not at "
+                "the top level of the kernel"
+            )
+        return spmd.shared_output(lambda: allocate(shape, dtype, buffer, name, "ndarray"))
+    return allocate(shape, dtype, buffer, name, "ndarray")
+
+
+def full(
+    shape: Sequence[int],
+    fill_value: Any,
+    dtype: Any,
+    *,
+    buffer: Any = None,
+    name: str = "",
+    **kwargs: Any,
+) -> Tensor:
+    """A new on-chip tensor holding ``fill_value`` (one memset)."""
+    buffer = sbuf if buffer is None else buffer
+    if is_hbm(buffer):
+        raise errors.HbmTensorWithInitValueNotSupported(
+            f"cannot create an HBM tensor with an initial value ({name or list(shape)})"
+        )
+    tile = allocate(shape, dtype, buffer, name, "full", fill=fill_value)
+    runtime.active_run("full").count("vector")
+    return tile
+
+
+def zeros(
+    shape: Sequence[int], dtype: Any, *, buffer: Any = None, name: str = "", **kwargs: Any
+) -> Tensor:
+    return full(shape, 0, dtype, buffer=buffer, name=name)
+
+
+def ones(
+    shape: Sequence[int], dtype: Any, *, buffer: Any = None, name: str = "", **kwargs: Any
+) -> Tensor:
+    return full(shape, 1, dtype, buffer=buffer, name=name)
+
+
+def zeros_like(
+    a: Tensor, dtype: Any = None, *, buffer: Any = None, name: str = "", **kwargs: Any
+) -> Tensor:
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer, name=name)
+
+
+def empty_like(
+    a: Tensor, dtype: Any = None, *, buffer: Any = None, name: str = "", **kwargs: Any
+) -> Tensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
+
+
+def shared_constant(constant: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """A constant HBM tensor holding ``constant`` (cast to ``dtype``), e.g. to ``nl.load``."""
+    runtime.active_run("shared_constant")
+    values = np.asarray(constant)
+    out_dtype = nki_dtype(dtype if dtype is not None else values.dtype)
+    tile = allocate(values.shape, out_dtype, MemoryRegion.shared_hbm, "constant", "shared_constant")
+    tile.storage.array[...] = alu.cast(values, out_dtype)
+    return tile
+
+
+def shared_identity_matrix(n: int, dtype: Any = uint8, **kwargs: Any) -> Tensor:
+    """A constant ``[n, n]`` identity matrix in HBM."""
+    return shared_constant(np.identity(int(n)), dtype)
+
+
+# -- data movement -------------------------------------------------------------------------
+def load(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """A new SBUF tile with the values of the HBM view ``src`` (a DMA)."""
+    run = runtime.active_run("load")
+    require_tile("load", "src", src, HBM)
+    where = mask_values("load", mask, src.shape)
+    check_in_bounds("load", src, where)
+    out_dtype = nki_dtype(dtype) if dtype is not None else src.dtype
+    out = new_tile(src.shape, out_dtype, "load")
+    if out.shape[0] > runtime.PMAX:
+        raise errors.NumPartitionExceedArchLimit(
+            f"'load' of {src!r}: size of partition dimension {out.shape[0]} exceeds "
+            f"architecture limitation of {runtime.PMAX}"
+        )
+    out.write(_dma(src, out_dtype), where, "load")
+    run.count_dma(True, False, src.size * src.itemsize)
+    return out
+
+
+def _dma(src: Tensor, dtype: np.dtype[Any]) -> np.ndarray:
+    values = src.read()
+    return values if values.dtype == dtype else values.astype(np.float32)
+
+
+def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
+    """Writes ``value`` (an SBUF or PSUM tile, or a scalar) into the HBM view ``dst``; a tile
+    broadcasts partition-first to ``dst``'s shape."""
+    run = runtime.active_run("store")
+    require_tile("store", "dst", dst, HBM)
+    where = mask_values("store", mask, dst.shape)
+    if isinstance(value, Tensor):
+        require_tile("store", "value", value, ON_CHIP)
+        shape = broadcast_shape("store", [dst.shape, value.shape])
+        if shape != dst.shape:
+            raise errors.StoreDstShapeSmallerThanOtherShape(
+                f"'store' of {value!r} into {dst!r}: the destination is smaller"
+            )
+        checked_inputs("store", {"value": value}, shape, where)
+        values = expand(_dma(value, dst.dtype), shape)
+    else:
+        values = np.full(dst.shape, value)
+    dst.write(values, where, "store")
+    run.count_dma(False, True, dst.size * dst.itemsize)
+
+
+def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """A new SBUF tile with the values of the on-chip tile ``src``."""
+    dtype = dtype if dtype is not None else getattr(src, "dtype", None)
+    return compute("copy", lambda v: v, {"src": src}, dtype, mask)
+
+
+def assign(dst: Tensor, value: Any) -> None:
+    """``dst[...] = value``: writes a tile (broadcast from source to destination) or a scalar
+    into an on-chip view (a Vector-engine copy)."""
+    api = "assign"
+    run = runtime.active_run(api)
+    require_tile(api, "dst", dst, ON_CHIP)
+    if isinstance(value, Tensor):
+        require_tile(api, "value", value, ON_CHIP)
+        shape = broadcast_shape(api, [dst.shape, value.shape])
+        if shape != dst.shape:
+            raise errors.StoreDstShapeSmallerThanOtherShape(
+                f"Illegal assignment destination shape in 'a = b': shape {list(dst.shape)} of "
+                f"parameter 'a' is smaller than other parameter shapes b{list(value.shape)}"
+            )
+        checked_inputs(api, {"value": value}, shape, None)
+        same = value.dtype == dst.dtype
+        values = expand(value.read() if same else as_f32(value), shape)
+    else:
+        values = np.full(dst.shape, value)
+    dst.write(values, None, api)
+    run.count("vector")
+
+
+def accumulate(dst: Tensor, value: Tensor) -> None:
+    """``dst += value`` for PSUM tiles: matmul results accumulate in PSUM, in float32,
+    without another instruction. Elements nothing has written yet take ``value`` (the first
+    matmul of an accumulation group overwrites, as the attention tutorial's ``nl.ndarray``
+    PSUM accumulators rely on; the current API's ``nc_matmul(accumulate=None)`` alike)."""
+    api = "accumulate"
+    runtime.active_run(api)
+    require_tile(api, "dst", dst, (MemoryRegion.psum,))
+    require_tile(api, "value", value, (MemoryRegion.psum,))
+    shape = broadcast_shape(api, [dst.shape, value.shape])
+    if shape != dst.shape:
+        raise errors.StoreDstShapeSmallerThanOtherShape(
+            f"'{api}' of {value!r} into the smaller {dst!r}"
+        )
+    checked_inputs(api, {"value": value}, shape, None)
+    added = expand(as_f32(value), shape)
+    assert dst.storage.written is not None
+    written = dst.storage.written[dst.offsets]
+    dst.write(np.where(written, as_f32(dst) + added, added), None, api)
+
+
+def broadcast_to(src: Tensor, *, shape: Sequence[int], **kwargs: Any) -> Tensor:
+    """A read-only view of ``src`` repeated to ``shape`` (NumPy rules, partition axis
+    included: a one-partition tile is repeated across partitions)."""
+    require_tile("broadcast_to", "src", src, ON_CHIP)
+    target = tuple(int(s) for s in shape)
+    if src.shape == target:
+        return src
+    try:
+        offsets = np.broadcast_to(src.offsets, target)
+    except ValueError:
+        raise errors.ShapeMismatch(f"cannot broadcast {src!r} to {list(target)}") from None
+    oob = None if src.out_of_bounds is None else np.broadcast_to(src.out_of_bounds, target)
+    if target[0] != src.shape[0]:  # the partition broadcast is a TensorE instruction
+        runtime.active_run("broadcast_to").count("tensor")
+    return Tensor(src.storage, offsets, 0, oob, repeats=True)
+
+
+# -- Tensor engine -------------------------------------------------------------------------
+_MATMUL_DTYPES = (bfloat16, float16, float32)
+
+
+def tensor_engine_matmul(api: str, stationary: Tensor, moving: Tensor, mask: Any) -> Tensor:
+    """``stationary.T @ moving`` ([K, M], [K, N] in SBUF) into a new float32 PSUM tile."""
+    run = runtime.active_run(api)
+    for name, tile in (("stationary", stationary), ("moving", moving)):
+        require_tile(api, name, tile, (MemoryRegion.sbuf,))
+        if tile.ndim != 2:
+            raise errors.ExceedMaxSupportedDimension(
+                f"parameter '{name}' {tile!r} of '{api}' exceeds max supported number of "
+                "dimensions of 2"
+            )
+        if tile.dtype not in _MATMUL_DTYPES:
+            raise errors.UnsupportedDtype(
+                f"'{name}' of '{api}' is {tile.dtype}; the Tensor Engine takes bfloat16, "
+                "float16, float32 (and fp8), not integers"
+            )
+    check_partitions(api, {"stationary": stationary, "moving": moving})
+    (_, m), (_, n) = stationary.shape, moving.shape
+    for name, size, limit in (
+        ("stationary", m, tile_size.gemm_stationary_fmax),
+        ("moving", n, tile_size.gemm_moving_fmax),
+    ):
+        if size > limit:
+            raise errors.SizeOfDimensionExceedArchLimit(
+                f"free size {size} of '{name}' of '{api}' exceeds architecture limitation of "
+                f"{limit}"
+            )
+    where = mask_values(api, mask, (m, n))
+    checked_inputs(api, {"stationary": stationary, "moving": moving}, stationary.shape, None)
+    out = new_tile((m, n), float32, api, psum)
+    out.write(as_f32(stationary).T @ as_f32(moving), where, api)
+    run.count("tensor")
+    return out
+
+
+def matmul(
+    x: Tensor, y: Tensor, *, transpose_x: bool = False, mask: Any = None, **kwargs: Any
+) -> Tensor:
+    """``x @ y`` (or ``x.T @ y`` with ``transpose_x``) on the Tensor engine, a float32 PSUM
+    tile: ``x`` partition <= 128 and free <= 128, ``y`` partition <= 128 and free <= 512.
+    Without ``transpose_x`` an extra transpose of ``x`` runs first, as the SDK lowers it."""
+    stationary = x if transpose_x else transpose(x)
+    return tensor_engine_matmul("matmul", stationary, y, mask)
+
+
+def transpose(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """Swaps the partition and free dimension of a 2-D tile (each <= 128), a new SBUF tile
+    (Tensor engine)."""
+    api = "transpose"
+    run = runtime.active_run(api)
+    require_tile(api, "x", x, ON_CHIP)
+    if x.ndim != 2:
+        raise errors.ExceedMaxSupportedDimension(f"'{api}' takes a 2-D tile, got {x!r}")
+    for axis, size in enumerate(x.shape):
+        if size > runtime.PMAX:
+            raise errors.SizeOfDimensionExceedArchLimit(
+                f"size of dimension {axis} in 'x{list(x.shape)}' of '{api}' exceed architecture "
+                f"limitation of {runtime.PMAX}"
+            )
+    shape = (x.shape[1], x.shape[0])
+    where = mask_values(api, mask, shape)
+    checked_inputs(api, {"x": x}, x.shape, None)
+    out = new_tile(shape, nki_dtype(dtype) if dtype is not None else x.dtype, api)
+    out.write(as_f32(x).T, where, api)
+    run.count("tensor")
+    return out
+
+
+# -- loops, SPMD, indexing, debugging ------------------------------------------------------
+def affine_range(*args: int, **kwargs: Any) -> range:
+    """Loop iterations without carried dependencies (run in order here)."""
+    return range(*args)
+
+
+def sequential_range(*args: int, **kwargs: Any) -> range:
+    """Loop iterations with carried dependencies (run in order)."""
+    return range(*args)
+
+
+def static_range(*args: int) -> range:
+    """A fully unrolled loop (run in order)."""
+    return range(*args)
+
+
+def ds(start: int, size: int) -> slice:
+    """The index range ``[start, start + size)``."""
+    return slice(start, start + size)
+
+
+def program_id(axis: int) -> int:
+    """This program's index along ``axis`` of the SPMD launch grid."""
+    return spmd.program_id(axis)
+
+
+def num_programs(axes: Any = None) -> int:
+    """Programs along ``axes`` of the launch grid (``None``: all of them)."""
+    return spmd.num_programs(axes)
+
+
+def program_ndim() -> int:
+    """Number of dimensions of the launch grid."""
+    return spmd.program_ndim()
+
+
+def device_print(prefix: str, x: Any, *, mask: Any = None, **kwargs: Any) -> None:
+    """Prints ``prefix`` and the values of ``x`` now (the simulator runs eagerly; the SDK
+    prints only under ``nki.simulate_kernel``)."""
+    runtime.active_run("device_print")
+    print(prefix, x.read() if isinstance(x, Tensor) else x)
+
+
+def static_cast(input_data: np.ndarray, dtype: Any) -> np.ndarray:
+    """Host-side conversion of NumPy data to an NKI dtype (e.g. bfloat16)."""
+    return np.asarray(input_data).astype(nki_dtype(dtype))

@@ -1,0 +1,86 @@
+"""The SPMD launch of a legacy kernel: ``kernel[g0, g1, ...]`` runs one program per grid
+point, serially as nested loops on one NeuronCore (general/nki/programming_model.rst, "SPMD
+programming model"), each reading its coordinates with ``nl.program_id``. ``shared_hbm``
+outputs are shared by all programs: the n-th one a program creates is the n-th the first
+program created."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from asickernels.simulate.nki import errors
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch in progress."""
+
+    code: types.CodeType  # the kernel function's code: its frames are the top-level scope
+    grid: tuple[int, ...]
+    program: tuple[int, ...] = ()
+    shared: list[Any] = dataclasses.field(default_factory=list)
+    created: int = 0  # shared_hbm tensors the current program has created
+
+
+_launch: Launch | None = None
+
+
+def _active(api: str) -> Launch:
+    if _launch is None:
+        raise errors.NkiApiOutsideOfNkiKernel(f"'{api}' was called outside an NKI kernel")
+    return _launch
+
+
+def programs(code: types.CodeType, grid: tuple[int, ...]) -> Iterator[None]:
+    """Sets up the launch and steps through its programs (row-major grid order)."""
+    global _launch
+    for size in grid:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"SPMD launch grid sizes must be positive integers, got {grid}")
+    _launch = Launch(code, grid)
+    try:
+        for program in itertools.product(*(range(size) for size in grid)):
+            _launch.program = program
+            _launch.created = 0
+            yield
+    finally:
+        _launch = None
+
+
+def kernel_code() -> types.CodeType | None:
+    return None if _launch is None else _launch.code
+
+
+def shared_output(create: Callable[[], Any]) -> Any:
+    """The next ``shared_hbm`` tensor of this program: new in the first program, the same
+    tensor in the others."""
+    launch = _active("ndarray")
+    index = launch.created
+    launch.created += 1
+    if index == len(launch.shared):
+        launch.shared.append(create())
+    return launch.shared[index]
+
+
+def program_id(axis: int) -> int:
+    launch = _active("program_id")
+    if not 0 <= int(axis) < len(launch.grid):
+        raise ValueError(f"program_id({axis}) in a launch grid of {len(launch.grid)} dimension(s)")
+    return launch.program[int(axis)]
+
+
+def num_programs(axes: Any = None) -> int:
+    launch = _active("num_programs")
+    if axes is None:
+        return math.prod(launch.grid)
+    listed = axes if isinstance(axes, (tuple, list)) else [axes]
+    return math.prod(launch.grid[int(a)] for a in listed)
+
+
+def program_ndim() -> int:
+    return len(_active("program_ndim").grid)

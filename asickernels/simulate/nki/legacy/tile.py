@@ -1,0 +1,662 @@
+"""The data model of the legacy ``neuronxcc.nki`` API (Neuron SDK 2.2x): index grids from
+``nl.arange``/``nl.mgrid``, masks, and :class:`Tensor`, a view of HBM, SBUF or PSUM storage.
+
+A view is its storage plus, for every element, the element's flat offset into the storage:
+slices, integers, index grids (NumPy advanced indexing) and ``broadcast_to`` all reduce to
+indexing that offset array. Accesses an index grid takes outside the tensor are recorded
+rather than refused at once, because a ``mask=`` may exclude them ("out-of-bound access can
+be avoided by providing a proper mask", general/nki/api/nki.errors.rst,
+err_tensor_access_out_of_bound); the instruction that uses the view checks that.
+Storage is accounted in the core simulator's run (SBUF/PSUM capacity, counters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki.tensor import (
+    UNINITIALISED_FLOAT,
+    UNINITIALISED_INT,
+    MemoryRegion,
+    is_float,
+    is_hbm,
+    nki_dtype,
+)
+
+
+class Err1dArangeNotSupported(errors.NkiValidationError):
+    """A 1-D ``nl.arange`` used as an index: lift it with ``[:, None]`` or ``[None, :]``."""
+
+    code = "err_1d_arange_not_supported"
+
+
+class ErrSharedHbmMustInKernelLevel(errors.NkiValidationError):
+    """``shared_hbm`` tensors can only be created at the kernel's top-level scope."""
+
+    code = "err_shared_hbm_must_in_kernel_level"
+
+
+class par_dim(int):  # the SDK's (lowercase) name
+    """Marks the partition dimension in a shape: ``(blocks, nl.par_dim(128), free)``; the
+    dimensions before it are block dimensions."""
+
+
+# -- index grids and masks ---------------------------------------------------------------
+def _values(operand: Any) -> Any:
+    return operand.values if isinstance(operand, IndexGrid) else operand
+
+
+class IndexGrid:
+    """An affine index expression over ``nl.arange``/``nl.mgrid`` values (an int array that
+    broadcasts against the other indices of the same access)."""
+
+    __slots__ = ("lifted", "values")
+
+    def __init__(self, values: np.ndarray, lifted: bool = True) -> None:
+        self.values = values
+        self.lifted = lifted
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    def __getitem__(self, key: Any) -> IndexGrid:
+        """``[:, None]`` / ``[None, :]``: lifts the grid to its axis of a tile."""
+        return IndexGrid(self.values[key])
+
+    def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> IndexGrid:
+        if not isinstance(other, (IndexGrid, int, np.integer)) or isinstance(other, bool):
+            raise TypeError(
+                f"index expressions must be affine in nl.arange/nl.mgrid values, loop "
+                f"variables and nl.program_id, got {type(other).__name__}"
+            )
+        lifted = self.lifted and (not isinstance(other, IndexGrid) or other.lifted)
+        return IndexGrid(np.asarray(function(self.values, _values(other))), lifted)
+
+    def __add__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.add)
+
+    def __radd__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.add)
+
+    def __sub__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.subtract)
+
+    def __rsub__(self, other: Any) -> IndexGrid:
+        return self._combine(other, lambda a, b: b - a)
+
+    def __mul__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.multiply)
+
+    def __rmul__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.multiply)
+
+    def __floordiv__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.floor_divide)
+
+    def __mod__(self, other: Any) -> IndexGrid:
+        return self._combine(other, np.mod)
+
+    def __neg__(self) -> IndexGrid:
+        return IndexGrid(-self.values, self.lifted)
+
+    def _compare(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
+        return Mask(np.asarray(function(self.values, _values(other))))
+
+    def __lt__(self, other: Any) -> Mask:
+        return self._compare(other, np.less)
+
+    def __le__(self, other: Any) -> Mask:
+        return self._compare(other, np.less_equal)
+
+    def __gt__(self, other: Any) -> Mask:
+        return self._compare(other, np.greater)
+
+    def __ge__(self, other: Any) -> Mask:
+        return self._compare(other, np.greater_equal)
+
+    def __eq__(self, other: object) -> Mask:  # type: ignore[override]
+        return self._compare(other, np.equal)
+
+    def __ne__(self, other: object) -> Mask:  # type: ignore[override]
+        return self._compare(other, np.not_equal)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IndexGrid(shape={self.shape})"
+
+
+class Mask:
+    """A compile-time predicate over index values (general/nki/api/nki.api.shared.rst,
+    "NKI API Masking"): comparisons of affine index expressions, combined with ``&``."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values.astype(np.bool_)
+
+    def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
+        other_values = other.values if isinstance(other, Mask) else np.bool_(other)
+        return Mask(np.asarray(function(self.values, other_values)))
+
+    def __and__(self, other: Any) -> Mask:
+        return self._combine(other, np.logical_and)
+
+    __rand__ = __and__
+
+    def __or__(self, other: Any) -> Mask:
+        return self._combine(other, np.logical_or)
+
+    __ror__ = __or__
+
+    def __invert__(self) -> Mask:
+        return Mask(~self.values)
+
+    def __bool__(self) -> bool:
+        # nki_known_issues.rst: "Use & to combine masks. We do not support using and".
+        raise TypeError("masks are combined with '&', not 'and'/'or'/'if'")
+
+
+class _MGrid:
+    """``nl.mgrid[0:128, 0:512]``: one open index grid per axis (``i_p, i_f = ...`` or
+    ``.p``/``.x``)."""
+
+    def __getitem__(self, key: Any) -> MGridResult:
+        keys = key if isinstance(key, tuple) else (key,)
+        grids: Any = np.ogrid[keys]
+        listed = list(grids) if isinstance(grids, (list, tuple)) else [grids]
+        return MGridResult([IndexGrid(np.asarray(g, np.int64)) for g in listed])
+
+
+class MGridResult(tuple):  # type: ignore[type-arg]
+    """The grids ``nl.mgrid`` returns: iterable, with ``.p`` (axis 0) and ``.x`` (axis 1)."""
+
+    def __new__(cls, grids: list[IndexGrid]) -> MGridResult:
+        return super().__new__(cls, grids)
+
+    @property
+    def p(self) -> IndexGrid:
+        return self[0]  # type: ignore[no-any-return]
+
+    @property
+    def x(self) -> IndexGrid:
+        return self[1]  # type: ignore[no-any-return]
+
+
+mgrid = _MGrid()
+
+
+def arange(*args: int) -> IndexGrid:
+    """``arange(stop)`` or ``arange(start, stop)``: index values, to be lifted to an axis."""
+    if not 1 <= len(args) <= 2:
+        raise TypeError("nl.arange takes (stop) or (start, stop)")
+    return IndexGrid(np.arange(*(int(a) for a in args), dtype=np.int64), lifted=False)
+
+
+def mask_values(api: str, mask: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``mask`` as a boolean array over ``shape`` (the instruction's iteration space), or
+    None when every element executes."""
+    if mask is None:
+        return None
+    if isinstance(mask, (bool, np.bool_)):
+        return None if mask else np.zeros(shape, np.bool_)
+    if not isinstance(mask, Mask):
+        raise TypeError(f"'{api}': mask must be a comparison of index expressions, got {mask!r}")
+    try:
+        return np.broadcast_to(mask.values, shape)
+    except ValueError:
+        raise errors.ShapeMismatch(
+            f"'{api}': mask of shape {mask.values.shape} does not fit the instruction's "
+            f"shape {list(shape)}"
+        ) from None
+
+
+# -- storage and views --------------------------------------------------------------------
+class Storage:
+    """The memory behind a tensor and all its views."""
+
+    __slots__ = (
+        "allocations",
+        "array",
+        "block_dims",
+        "buffer",
+        "dtype",
+        "flat",
+        "is_argument",
+        "name",
+        "written",
+    )
+
+    def __init__(
+        self,
+        array: np.ndarray,
+        buffer: MemoryRegion,
+        name: str,
+        block_dims: int = 0,
+        allocations: Sequence[runtime.Allocation] = (),
+        is_argument: bool = False,
+    ) -> None:
+        self.array = array
+        self.flat = array.reshape(-1)  # a view: storage is created C-contiguous
+        self.dtype = array.dtype
+        self.buffer = buffer
+        self.name = name
+        self.block_dims = block_dims  # on-chip: leading dims before the partition dim
+        self.allocations = tuple(allocations)  # released when the storage is collected
+        self.is_argument = is_argument
+        # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
+        self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
+
+
+def allocate(
+    shape: Sequence[int], dtype: Any, buffer: MemoryRegion, name: str, api: str, fill: Any = None
+) -> Tensor:
+    """New storage of ``shape`` (``par_dim`` marks the partition dim; the SBUF/PSUM bytes per
+    partition are counted against the target's capacity)."""
+    run = runtime.active_run(api)
+    dtype = nki_dtype(dtype)
+    if not isinstance(buffer, MemoryRegion):
+        raise TypeError(f"'{api}': buffer must be nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+    dims = tuple(int(s) for s in shape)
+    if not dims or any(s < 1 for s in dims):
+        raise errors.ShapeMismatch(f"'{api}' needs a shape of positive sizes, got {dims}")
+    marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
+    block_dims = marked[0] if marked else 0
+    allocations: list[runtime.Allocation] = []
+    if not is_hbm(buffer):
+        what = f"{name or 'tensor'} {list(dims)} {dtype} in {buffer.value}"
+        tile = dims[block_dims:]
+        if len(tile) < 2:
+            # nki_known_issues.rst: "Tile on SBUF/PSUM must have at least 2 dimensions".
+            raise errors.LeadingDimensionOfTensorMustBePartition(
+                f"{what}: an on-chip tile needs a partition axis and at least one free axis"
+            )
+        if tile[0] > runtime.PMAX:
+            raise errors.NumPartitionExceedArchLimit(
+                f"{what}: size of partition dimension {tile[0]} exceeds architecture "
+                f"limitation of {runtime.PMAX}"
+            )
+        # Block dimensions are logical: "the physical tiles may not be alive in the memory
+        # simultaneously ... at the very minimum, only 1 physical tile needs to be alive"
+        # (general/nki/nki_block_dimension_migration_guide.rst). One tile is counted.
+        per_tile = math.prod(tile[1:]) * dtype.itemsize
+        allocations = [run.allocate(buffer is MemoryRegion.psum, per_tile, what)]
+    initialised = fill is not None
+    if not initialised:
+        fill = UNINITIALISED_FLOAT if is_float(dtype) else UNINITIALISED_INT
+    storage = Storage(np.full(dims, fill, dtype), buffer, name, block_dims, allocations)
+    if storage.written is not None and initialised:
+        storage.written[:] = True
+    return Tensor.whole(storage)
+
+
+def argument(array: np.ndarray, position: str) -> Tensor:
+    """A kernel argument in HBM viewing the caller's (C-contiguous) array."""
+    try:
+        nki_dtype(array.dtype)
+    except errors.UnsupportedDtype as error:
+        raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
+    if array.ndim == 0 or array.size == 0:
+        raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
+    return Tensor.whole(Storage(array, MemoryRegion.private_hbm, position, is_argument=True))
+
+
+class Tensor:
+    """A tensor or tile of the legacy API (``nt.tensor``): a view of a :class:`Storage`.
+
+    On-chip, axis 0 is the partition axis (after any block dimensions); a 1-D on-chip view is
+    a partition-only vector ``[P]``, as reductions return (``nl.sum``: "the input tile's
+    shape with the specified axes removed")."""
+
+    __slots__ = ("block_dims", "offsets", "out_of_bounds", "repeats", "storage")
+
+    def __init__(
+        self,
+        storage: Storage,
+        offsets: np.ndarray,
+        block_dims: int,
+        out_of_bounds: np.ndarray | None = None,
+        repeats: bool = False,
+    ) -> None:
+        self.storage = storage
+        self.offsets = offsets
+        self.block_dims = block_dims
+        self.out_of_bounds = out_of_bounds  # elements outside the tensor (need a mask)
+        self.repeats = repeats  # may name one element twice: not writable as a whole
+
+    @classmethod
+    def whole(cls, storage: Storage) -> Tensor:
+        offsets = np.arange(storage.array.size, dtype=np.int64).reshape(storage.array.shape)
+        return cls(storage, offsets, storage.block_dims)
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.offsets.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.offsets.ndim
+
+    @property
+    def size(self) -> int:
+        return int(self.offsets.size)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.storage.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.storage.dtype.itemsize)
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        return self.storage.buffer
+
+    @property
+    def on_chip(self) -> bool:
+        return not is_hbm(self.storage.buffer)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tensor({self.storage.name or '?'}: {list(self.shape)} {self.dtype} in "
+            f"{self.buffer.value})"
+        )
+
+    def __bool__(self) -> bool:
+        raise errors.AmbiguousTensorTruthValue(
+            f"the truth value of {self!r} is only known on device; use mask= or nl.where"
+        )
+
+    def __iter__(self) -> Any:
+        raise TypeError("NKI tensors are not iterable; index them")
+
+    # -- values --------------------------------------------------------------------------
+    def read(self) -> np.ndarray:
+        """The view's values (elements outside the tensor read as the uninitialised
+        sentinel; an instruction may only read them under a mask that excludes them)."""
+        offsets = self.offsets
+        values = self.storage.flat[offsets]
+        if self.out_of_bounds is not None and self.out_of_bounds.any():
+            fill = UNINITIALISED_FLOAT if is_float(self.dtype) else UNINITIALISED_INT
+            values[self.out_of_bounds] = fill
+        return values
+
+    def write(self, values: np.ndarray, where: np.ndarray | None, api: str) -> None:
+        """Stores ``values`` (this view's shape) where ``where`` holds (everywhere if None)."""
+        selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
+        if self.out_of_bounds is not None:
+            check_in_bounds(api, self, where)
+        offsets = self.offsets[selected]
+        if self.repeats and np.unique(offsets).size != offsets.size:
+            raise errors.StoreDstShapeSmallerThanOtherShape(
+                f"'{api}' would write several values into one element of {self!r}"
+            )
+        cast = alu.cast(np.asarray(values), self.dtype)
+        self.storage.flat[offsets] = np.broadcast_to(cast, self.shape)[selected]
+        if self.storage.written is not None:
+            self.storage.written[offsets] = True
+
+    # -- indexing ------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Tensor:
+        keys = list(key) if isinstance(key, tuple) else [key]
+        view = self
+        if self.block_dims:
+            view = self._select_blocks(keys[: self.block_dims])
+            keys = keys[self.block_dims :]
+        return view._index(keys)
+
+    def _select_blocks(self, keys: list[Any]) -> Tensor:
+        if not all(isinstance(k, (int, np.integer)) for k in keys) or len(keys) < self.block_dims:
+            raise TypeError(
+                f"index the {self.block_dims} block dimension(s) of {self!r} with integers first"
+            )
+        index = tuple(int(k) for k in keys)
+        for axis, (i, size) in enumerate(zip(index, self.shape, strict=False)):
+            if not 0 <= i < size:
+                raise errors.TensorAccessOutOfBound(
+                    f"block index {i} on dimension {axis} of {self!r} (size {size})"
+                )
+        oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
+        return Tensor(self.storage, self.offsets[index], 0, oob, self.repeats)
+
+    def _index(self, keys: list[Any]) -> Tensor:
+        ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: grids compare
+        if len(ellipses) > 1:
+            raise TypeError("an index can have only one Ellipsis")
+        explicit = len(keys) - len(ellipses)
+        if explicit > self.ndim:
+            raise errors.TensorAccessOutOfBound(
+                f"{explicit} indices for {self!r} with {self.ndim} dimensions"
+            )
+        if ellipses:
+            at = ellipses[0]
+            keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        grids = any(isinstance(k, IndexGrid) for k in keys)
+        if grids and (len(keys) < self.ndim or any(isinstance(k, slice) for k in keys)):
+            raise TypeError(
+                f"index {self!r} either with slices/integers or with index grids "
+                "(nl.arange/nl.mgrid) on every dimension, not a mix"
+            )
+        keys += [slice(None)] * (self.ndim - len(keys))
+        numpy_key: list[Any] = []
+        bounds: list[np.ndarray] = []
+        for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
+            if isinstance(k, IndexGrid):
+                if not k.lifted:
+                    raise Err1dArangeNotSupported(
+                        f"a 1-D nl.arange indexes dimension {axis} of {self!r}; lift it with "
+                        "[:, None] (partition) or [None, :] (free)"
+                    )
+                bounds.append((k.values < 0) | (k.values >= size))
+                numpy_key.append(np.clip(k.values, 0, size - 1))
+            elif isinstance(k, slice):
+                numpy_key.append(_checked_slice(self, axis, k, size))
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                i = int(k) + size if int(k) < 0 else int(k)
+                if not 0 <= i < size:
+                    raise errors.TensorAccessOutOfBound(
+                        f"index {int(k)} on dimension {axis} of {self!r} (size {size})"
+                    )
+                keep_partition = axis == 0 and self.on_chip and not grids
+                numpy_key.append(slice(i, i + 1) if keep_partition else i)
+            else:
+                raise TypeError(
+                    f"unsupported index {k!r} for {self!r}: use ints, slices, nl.ds or "
+                    "nl.arange/nl.mgrid grids"
+                )
+        if not self.on_chip and all(isinstance(k, int) for k in numpy_key):
+            numpy_key[-1] = slice(numpy_key[-1], numpy_key[-1] + 1)  # HBM views stay >= 1-D
+        offsets = self.offsets[tuple(numpy_key)]
+        oob = None if self.out_of_bounds is None else self.out_of_bounds[tuple(numpy_key)]
+        for outside in bounds:
+            outside = np.broadcast_to(outside, offsets.shape)
+            oob = outside.copy() if oob is None else oob | outside
+        return Tensor(self.storage, offsets, 0, oob, self.repeats or grids)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``tile[idx] = value``: a copy of ``value`` (a tile, broadcast from source to
+        destination as general/nki/api/nki.errors.rst err_store_dst_shape_smaller_than_other_shape
+        allows, or a scalar) into the view (one Vector-engine instruction)."""
+        from asickernels.simulate.nki.legacy import language
+
+        language.assign(self[key], value)
+
+    # -- view methods --------------------------------------------------------------------
+    def broadcast_to(self, shape: Sequence[int]) -> Tensor:
+        """A view repeating this tile to ``shape`` (NumPy broadcasting; on the partition axis
+        a tile with one partition is repeated across partitions)."""
+        from asickernels.simulate.nki.legacy import language
+
+        return language.broadcast_to(self, shape=shape)
+
+    def reshape(self, shape: Sequence[int]) -> Tensor:
+        """The same elements in ``shape`` (row-major); on-chip the partition size stays."""
+        dims = tuple(int(s) for s in shape)
+        if math.prod(dims) != self.size:
+            raise errors.ShapeMismatch(f"cannot reshape {self!r} to {dims}")
+        if self.on_chip and dims[0] != self.shape[0]:
+            raise errors.LeadingDimensionOfTensorMustBePartition(
+                f"reshape of {self!r} to {dims} would change its partition axis"
+            )
+        oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
+        return Tensor(self.storage, self.offsets.reshape(dims), 0, oob, self.repeats)
+
+    def expand_dims(self, axis: int) -> Tensor:
+        """Inserts a size-1 dimension at ``axis`` (not in front of an on-chip partition axis)."""
+        if self.on_chip and axis == 0:
+            raise errors.LeadingDimensionOfTensorMustBePartition(
+                f"expand_dims(0) on {self!r} would move its partition axis"
+            )
+        oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
+        return Tensor(self.storage, np.expand_dims(self.offsets, axis), 0, oob, self.repeats)
+
+    def assert_shape(self, shape: Sequence[int]) -> Tensor:
+        if self.shape != tuple(shape):
+            raise errors.ShapeMismatch(f"{self!r} does not have shape {tuple(shape)}")
+        return self
+
+    def astype(self, dtype: Any) -> Tensor:
+        """A copy in ``dtype`` (always a copy, as the SDK documents)."""
+        from asickernels.simulate.nki.legacy import language
+
+        return language.copy(self, dtype=dtype)
+
+    # -- operators (nki_known_issues.rst: no partition broadcasting on overloads) ---------
+    def _operator(self, name: str, other: Any, reflected: bool = False) -> Tensor:
+        from asickernels.simulate.nki.legacy import language
+
+        x, y = (other, self) if reflected else (self, other)
+        return language.overloaded_operator(name, x, y)
+
+    def __add__(self, other: Any) -> Tensor:
+        return self._operator("add", other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return self._operator("add", other, True)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return self._operator("subtract", other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return self._operator("subtract", other, True)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return self._operator("multiply", other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return self._operator("multiply", other, True)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return self._operator("divide", other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return self._operator("divide", other, True)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return self._operator("power", other)
+
+    def __and__(self, other: Any) -> Tensor:
+        return self._operator("bitwise_and", other)
+
+    def __or__(self, other: Any) -> Tensor:
+        return self._operator("bitwise_or", other)
+
+    def __xor__(self, other: Any) -> Tensor:
+        return self._operator("bitwise_xor", other)
+
+    def __lshift__(self, other: Any) -> Tensor:
+        return self._operator("left_shift", other)
+
+    def __rshift__(self, other: Any) -> Tensor:
+        return self._operator("right_shift", other)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return self._operator("less", other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return self._operator("less_equal", other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return self._operator("greater", other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return self._operator("greater_equal", other)
+
+    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
+        return self._operator("equal", other)
+
+    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
+        return self._operator("not_equal", other)
+
+    __hash__ = object.__hash__
+
+    def __neg__(self) -> Tensor:
+        return self._operator("multiply", -1)
+
+    def __invert__(self) -> Tensor:
+        from asickernels.simulate.nki.legacy import language
+
+        return language.invert(self)
+
+    def _in_place(self, name: str, other: Any) -> Tensor:
+        """``t += x``: the result is written back into ``t``. ``psum_tile += <matmul result
+        in PSUM>`` is the Tensor engine accumulating into PSUM (nl.affine_range, Example 2)."""
+        from asickernels.simulate.nki.legacy import language
+
+        psum = MemoryRegion.psum
+        if name == "add" and self.buffer is psum and getattr(other, "buffer", None) is psum:
+            language.accumulate(self, other)
+        else:
+            self[...] = self._operator(name, other)
+        return self
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._in_place("add", other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._in_place("subtract", other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._in_place("multiply", other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._in_place("divide", other)
+
+
+def _checked_slice(tensor: Tensor, axis: int, k: slice, size: int) -> slice:
+    step = 1 if k.step is None else int(k.step)
+    start = 0 if k.start is None else int(k.start)
+    stop = size if k.stop is None else int(k.stop)
+    start += size if start < 0 else 0
+    stop += size if stop < 0 else 0
+    if step < 1:
+        raise errors.TensorAccessOutOfBound(f"slice step {step} on {tensor!r}: steps must be >= 1")
+    if not 0 <= start < stop <= size:
+        raise errors.TensorAccessOutOfBound(
+            f"index range [{start}, {stop - 1}] on dimension {axis} of {tensor!r} exceeds its "
+            f"size {size}"
+        )
+    return slice(start, stop, step)
+
+
+def check_in_bounds(api: str, tensor: Tensor, where: np.ndarray | None) -> None:
+    """Elements of ``tensor`` outside its storage must be excluded by the mask ``where``."""
+    if tensor.out_of_bounds is None:
+        return
+    outside = tensor.out_of_bounds
+    if where is not None:
+        outside = outside & np.broadcast_to(where, outside.shape)
+    if outside.any():
+        first = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise errors.TensorAccessOutOfBound(
+            f"'{api}' accesses {tensor!r} outside its bounds (first at tile position {first}); "
+            "fix the indices or exclude those elements with mask="
+        )
