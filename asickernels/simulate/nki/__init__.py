@@ -1,7 +1,8 @@
-"""A strict CPU simulator of the NKI subset asickernels' kernels use.
+"""A strict CPU simulator of the current NKI API (Neuron SDK 2.27+, ``import nki``).
 
-Mirrors the current ``nki`` package (``nki.jit``, ``nki.simulate``, ``nki.language``,
-``nki.isa``) so the same kernel source runs here and on a Neuron device::
+Mirrors the ``nki`` package (``nki.jit``, ``nki.simulate``, ``nki.language``, ``nki.isa``,
+``nki.typing``) of the 2.32 API reference so the same kernel source runs here and on a
+Neuron device::
 
     from asickernels.simulate import nki
     from asickernels.simulate.nki import isa as nisa, language as nl
@@ -14,15 +15,22 @@ Mirrors the current ``nki`` package (``nki.jit``, ``nki.simulate``, ``nki.langua
         return out
 
     double(np.ones((128, 4), np.float32))       # runs on the CPU
+    double[2](np.ones((128, 4), np.float32))    # two logical cores (LNC=2), two threads
     nki.last_counters()                         # instructions per engine, DMA bytes
 
-Kernels run eagerly on numpy (bfloat16 via ml_dtypes). Unlike the SDK's simulator, this
-one enforces the hardware's limits and raises the errors in :mod:`.errors`: partitions
-<= 128, PSUM banks (2 KiB per partition, 8 live), SBUF capacity of the target across live
-allocations (``NEURON_PLATFORM_TARGET_OVERRIDE``: trn1/inf2 192 KiB, trn2 224 KiB, trn3
-256 KiB per partition; default trn1/inf2), matmul tile sizes and dtypes, memory spaces of
-every operand, reductions over free axes only, out-of-bound indexing. New memory reads as
-NaN (integers: 4), as in the SDK's simulator.
+Kernels run eagerly on numpy (bfloat16, fp8 and fp4 via ml_dtypes). Unlike the SDK's
+simulator, this one enforces the hardware's limits and raises the errors in :mod:`.errors`:
+partitions <= 128, PSUM banks (2 KiB per partition, 8 live), SBUF capacity of the target
+across live allocations, matmul tile sizes and dtypes, memory spaces of every operand,
+reductions over free axes only, out-of-bound indexing and access patterns. New memory reads
+as NaN (integers: 4), as in the SDK's simulator.
+
+The target is ``NEURON_PLATFORM_TARGET_OVERRIDE`` (trn1/inf2/gen2: 192 KiB of SBUF per
+partition, trn2/gen3: 224 KiB, trn3/gen4: 256 KiB). Unset, it is trn3, as in the SDK's own
+simulator off a Neuron machine (nki/guides/nki_simulator.rst, "Target Platform"): a kernel
+that runs in the SDK's simulator runs here, and trn3-only instructions (``nc_matmul_mx``,
+``quantize_mx``) work without configuration. Set ``trn1`` to check a kernel against the
+smallest SBUF.
 """
 
 from __future__ import annotations

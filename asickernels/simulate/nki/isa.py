@@ -1,6 +1,7 @@
-"""``nki.isa`` (``nisa``): the instructions our kernels use, with the SDK's names and
-signatures (the destination first). Each call is one instruction on one engine, counted
-per run; DMAs are counted with the bytes they move."""
+"""``nki.isa`` (``nisa``): instructions of the 2.32 API reference
+(nki/api/nki/isa/__init__.py) with its names and signatures (the destination first). Each
+call is one instruction on one engine, counted per run; DMAs are counted with the bytes
+they move."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class dge_mode(enum.Enum):
 
 
 class matmul_perf_mode(enum.Enum):
-    """Tensor Engine performance modes (only ``none`` is simulated)."""
+    """Tensor Engine performance modes."""
 
     none = "none"
     double_row = "double_row"
@@ -78,6 +79,14 @@ class reduce_cmd(enum.Enum):
     reset = 1
     reduce = 2
     reset_reduce = 3
+    load_reduce = 4
+
+
+class dma_engine(enum.Enum):
+    """The engine a ``sendrecv`` transfer uses."""
+
+    dma = 1
+    gpsimd_dma = 2
 
 
 class nc_version(enum.Enum):
@@ -86,6 +95,14 @@ class nc_version(enum.Enum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+
+# Deprecated module constants the API reference still lists (use ``engine.<name>``).
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
 
 
 def get_nc_version() -> nc_version:
@@ -238,9 +255,12 @@ def nc_matmul(
     name: Any = None,
 ) -> None:
     """``dst = stationary.T @ moving`` on the Tensor engine: ``stationary [K, M]`` and
-    ``moving [K, N]`` in SBUF (K <= 128 partitions, M <= 128, N <= 512), ``dst [M, N]``
-    float32 in PSUM. ``accumulate``: False overwrites, True adds, None adds where an earlier
-    matmul wrote (accumulation is float32, as in PSUM)."""
+    ``moving [K, N]`` in SBUF (K <= 128 partitions, M <= 128, N <= 512; on NeuronCore-v4 N
+    up to 8 PSUM banks), ``dst [M, N]`` float32 (or bfloat16 on v4) in PSUM; fp8, bf16,
+    fp16, tf32 or fp32 inputs. ``tile_position``/``tile_size`` restrict the systolic array
+    used; ``perf_mode=double_row`` takes fp8 ``[K, 2, free]`` tiles contracting over K and
+    the 2. ``accumulate``: False overwrites, True adds, None adds where an earlier matmul
+    wrote (accumulation is float32, as in PSUM)."""
     api = "nc_matmul"
     run = runtime.active_run(api)
     version = runtime.current_target().version
@@ -423,9 +443,27 @@ def tensor_scalar(
 ) -> None:
     """``dst = (data op0 operand0) op1 operand1`` in float32; each operand a scalar or a
     float32 ``[partitions, 1]`` tile broadcast along the free axes; ``reverse`` swaps the
-    sides of its operator."""
-    api = "tensor_scalar"
-    run = runtime.active_run(api)
+    sides of its operator. Bitvec operators read integer bit patterns (Vector engine only)."""
+    run = runtime.active_run("tensor_scalar")
+    chosen = _tensor_scalar(
+        "tensor_scalar", dst, data, op0, operand0, reverse0, op1, operand1, reverse1, engine
+    )
+    run.count(chosen)
+
+
+def _tensor_scalar(
+    api: str,
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: float | NkiTensor,
+    reverse0: bool,
+    op1: Any,
+    operand1: float | NkiTensor | None,
+    reverse1: bool,
+    engine: engine,
+) -> str:
+    """Computes :func:`tensor_scalar` into ``dst``; returns the engine that ran it."""
     if op1 is None and operand1 is not None:
         raise TypeError(f"'{api}': operand1 without op1")
     operands = {
@@ -470,7 +508,7 @@ def tensor_scalar(
         result = function(scalar, values) if reverse else function(values, scalar)
         values = np.asarray(result, np.int64 if bitvec else np.float32)
     alu.write(dst, values, api)
-    run.count(chosen)
+    return chosen
 
 
 def tensor_reduce(
@@ -528,6 +566,23 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
     run.count("gpsimd")
 
 
+def _affine_values(
+    api: str, dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int
+) -> np.ndarray:
+    """``offset + p * channel_multiplier + sum(i_k * step_k)`` (int64) for every element of
+    ``dst``, for ``pattern = [[step, count], ...]`` covering its free elements."""
+    counts = [int(count) for _, count in pattern]
+    if math.prod(counts) != alu.per_partition(dst):
+        raise errors.ShapeMismatch(f"'{api}' pattern {pattern} does not cover {dst!r}")
+    values = np.full([dst.shape[0], *counts], int(offset), np.int64)
+    values += (np.arange(dst.shape[0]) * int(channel_multiplier)).reshape([-1] + [1] * len(counts))
+    for axis, (step, count) in enumerate(pattern):
+        shape = [1] * (len(counts) + 1)
+        shape[axis + 1] = int(count)
+        values += (np.arange(int(count)) * int(step)).reshape(shape)
+    return values
+
+
 def iota(
     dst: NkiTensor,
     pattern: list[list[int]],
@@ -540,15 +595,7 @@ def iota(
     api = "iota"
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, alu.SBUF)
-    counts = [int(count) for _, count in pattern]
-    if math.prod(counts) != alu.per_partition(dst):
-        raise errors.ShapeMismatch(f"'{api}' pattern {pattern} does not cover {dst!r}")
-    values = np.full([dst.shape[0], *counts], int(offset), np.int64)
-    values += (np.arange(dst.shape[0]) * int(channel_multiplier)).reshape([-1] + [1] * len(counts))
-    for axis, (step, count) in enumerate(pattern):
-        shape = [1] * (len(counts) + 1)
-        shape[axis + 1] = int(count)
-        values += (np.arange(int(count)) * int(step)).reshape(shape)
+    values = _affine_values(api, dst, pattern, offset, channel_multiplier)
     alu.write(dst, values.astype(np.int32), api)
     run.count("gpsimd")
 
@@ -943,4 +990,578 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
     if dst_scale.ndim != 2:
         raise errors.ShapeMismatch(f"'{api}' dst_scale must be 2-D, got {dst_scale!r}")
     dst_scale.data.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
+    run.count("vector")
+
+
+def affine_select(
+    dst: NkiTensor,
+    pattern: Any,
+    channel_multiplier: int,
+    on_true_tile: NkiTensor,
+    on_false_value: float,
+    cmp_op: Any = language.equal,
+    offset: int = 0,
+    name: Any = None,
+) -> None:
+    """``dst = on_true_tile`` where ``cmp_op(affine value, 0)`` holds, else
+    ``on_false_value``; the affine value is :func:`iota`'s (GpSimd engine, SBUF only)."""
+    api = "affine_select"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.SBUF),
+        "on_true_tile": alu.require(api, "on_true_tile", on_true_tile, alu.SBUF),
+    }
+    alu.check_elements(api, operands)
+    predicate = _alu(api, cmp_op)(_affine_values(api, dst, pattern, offset, channel_multiplier), 0)
+    values = alu.as_f32(on_true_tile).reshape(predicate.shape)
+    alu.write(dst, np.where(predicate, values, np.float32(on_false_value)), api)
+    run.count("gpsimd")
+
+
+def scalar_tensor_tensor(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: float | NkiTensor,
+    op1: Any,
+    operand1: NkiTensor,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    name: Any = None,
+) -> None:
+    """``dst = (data op0 operand0) op1 operand1``: ``operand0`` a scalar or [P, 1] tile,
+    ``operand1`` a tile shaped like ``data`` (Vector engine, arithmetic operators only)."""
+    api = "scalar_tensor_tensor"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+        "operand1": alu.require(api, "operand1", operand1, alu.ON_CHIP),
+    }
+    alu.check_not_both_psum(api, data, operand1)
+    alu.check_elements(api, operands)
+    if op0 in language.BITVEC_OPS or op1 in language.BITVEC_OPS:
+        raise errors.UnsupportedOperator(f"'{api}' takes arithmetic operators only")
+    first, second = _alu(api, op0), _alu(api, op1)
+    values = alu.as_f32(data)
+    scalar = _per_partition_operand(api, "operand0", operand0, data)
+    values = first(scalar, values) if reverse0 else first(values, scalar)
+    other = alu.as_f32(operand1).reshape(data.shape)
+    alu.write(dst, np.asarray(second(other, values) if reverse1 else second(values, other)), api)
+    run.count("vector")
+
+
+# -- Vector engine accumulators ----------------------------------------------------------
+# The reductions the accumulating Vector instructions take, with their identities
+# (nki.isa.tensor_scalar_reduce, "Accumulator behavior"); nl.max / nl.min name the same.
+_ACCUMULATE: dict[Any, tuple[Any, float]] = {
+    language.add: (np.add, 0.0),
+    language.subtract: (np.subtract, 0.0),
+    language.multiply: (np.multiply, 1.0),
+    language.maximum: (np.maximum, -np.inf),
+    language.max: (np.maximum, -np.inf),
+    language.minimum: (np.minimum, np.inf),
+    language.min: (np.minimum, np.inf),
+}
+
+
+def _vector_registers(run: runtime.Run) -> np.ndarray:
+    """The Vector engine's 128 per-lane accumulators, shared by its accumulating
+    instructions (exponential, range_select, select_reduce, tensor_scalar_reduce,
+    tensor_scalar_cumulative)."""
+    if run.vector_reduce_registers is None:
+        run.vector_reduce_registers = np.zeros(runtime.PMAX, np.float32)
+    return np.asarray(run.vector_reduce_registers)
+
+
+def _accumulator_start(
+    api: str,
+    run: runtime.Run,
+    lanes: int,
+    op: Any,
+    command: reduce_cmd,
+    initial: Any,
+    data: NkiTensor,
+) -> tuple[np.ndarray, Any]:
+    """The accumulator lanes after ``command`` (reset to ``op``'s identity, loaded from
+    ``initial``, or kept) and ``op``'s numpy function."""
+    if op not in _ACCUMULATE:
+        raise errors.UnsupportedOperator(f"'{api}' does not reduce with {op!r}")
+    function, identity = _ACCUMULATE[op]
+    registers = _vector_registers(run)
+    if command in (reduce_cmd.reset, reduce_cmd.reset_reduce):
+        registers[:lanes] = identity
+    elif command is reduce_cmd.load_reduce:
+        if initial is None:
+            raise TypeError(f"'{api}' reduce_cmd.load_reduce needs an initial value")
+        registers[:lanes] = np.broadcast_to(
+            _per_partition_operand(api, "init", initial, data), (lanes, 1)
+        )[:, 0]
+    return registers, function
+
+
+def _write_reduce_result(api: str, reduce_res: NkiTensor | None, values: np.ndarray) -> None:
+    if reduce_res is None:
+        return
+    alu.require(api, "reduce_res", reduce_res, alu.ON_CHIP)
+    if reduce_res.shape[0] != values.shape[0] or alu.per_partition(reduce_res) != 1:
+        raise errors.ShapeMismatch(
+            f"'{api}' reduce_res must be [{values.shape[0]}, 1], got {reduce_res!r}"
+        )
+    alu.write(reduce_res, values, api)
+
+
+def tensor_scalar_reduce(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: float | NkiTensor,
+    reduce_op: Any,
+    reduce_res: NkiTensor | None = None,
+    reverse0: bool = False,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    reduce_init: float | NkiTensor | None = None,
+    reduce_res_negate: bool = False,
+    name: Any = None,
+) -> None:
+    """``dst = data op0 operand0`` and its free-axis ``reduce_op`` (add, multiply, max, min)
+    accumulated per partition into the Vector accumulators, read into ``reduce_res [P, 1]``."""
+    api = "tensor_scalar_reduce"
+    run = runtime.active_run(api)
+    if op0 in language.BITVEC_OPS:
+        raise errors.UnsupportedOperator(f"'{api}' takes an arithmetic op0")
+    if reverse0:
+        raise errors.UnsupportedOperator(
+            f"'{api}' reverse0 is not supported yet (the API reference)"
+        )
+    _tensor_scalar(api, dst, data, op0, operand0, False, None, None, False, engine.vector)
+    lanes = data.shape[0]
+    registers, function = _accumulator_start(
+        api, run, lanes, reduce_op, reduce_cmd, reduce_init, data
+    )
+    result = alu.as_f32(dst).reshape(lanes, -1)
+    registers[:lanes] = function(registers[:lanes], function.reduce(result, axis=1))
+    _write_reduce_result(
+        api, reduce_res, -registers[:lanes] if reduce_res_negate else registers[:lanes]
+    )
+    run.count("vector")
+
+
+def tensor_scalar_cumulative(
+    dst: NkiTensor,
+    src: NkiTensor,
+    op0: Any,
+    op1: Any,
+    imm0: float | NkiTensor,
+    imm1: float | NkiTensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    name: Any = None,
+) -> None:
+    """Per partition, ``reg = op1(op0(src[i], imm0), reg); dst[i] = reg`` along the free
+    elements, ``reg`` starting from ``op1``'s identity (``reset_reduce``), ``imm1``
+    (``load_reduce``) or its last value (``reduce``)."""
+    api = "tensor_scalar_cumulative"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "src": alu.require(api, "src", src, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    for tile in (dst, src):
+        if tile.dtype.kind in "iu" and tile.dtype.itemsize == 4:
+            raise errors.UnsupportedDtype(f"'{api}' does not take 32-bit integers ({tile!r})")
+    if op1 not in (
+        language.add,
+        language.subtract,
+        language.multiply,
+        language.maximum,
+        language.minimum,
+    ):
+        raise errors.UnsupportedOperator(f"'{api}' op1 must be add, subtract, multiply, max or min")
+    lanes = src.shape[0]
+    registers, function = _accumulator_start(api, run, lanes, op1, reduce_cmd, imm1, src)
+    values = _alu(api, op0)(alu.as_f32(src), _per_partition_operand(api, "imm0", imm0, src))
+    values = np.asarray(values, np.float32).reshape(lanes, -1)
+    result = np.empty_like(values)
+    state = registers[:lanes].copy()
+    for i in range(values.shape[1]):
+        state = np.asarray(function(values[:, i], state), np.float32)
+        result[:, i] = state
+    registers[:lanes] = state
+    alu.write(dst, result, api)
+    run.count("vector")
+
+
+def exponential(
+    dst: NkiTensor,
+    src: NkiTensor,
+    max_value: float | NkiTensor = 0.0,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    reduce_init: float | NkiTensor = 0.0,
+    name: Any = None,
+) -> None:
+    """``dst = exp(src - max_value)`` (``max_value`` a scalar or [P, 1] tile) on the Vector
+    engine (NeuronCore-v4), summing the results into the accumulators unless ``idle``."""
+    api = "exponential"
+    run = runtime.active_run(api)
+    _require_v4(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "src": alu.require(api, "src", src, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    result = np.exp(alu.as_f32(src) - _per_partition_operand(api, "max_value", max_value, src))
+    alu.write(dst, result, api)
+    if reduce_cmd is not reduce_cmd.idle:
+        lanes = src.shape[0]
+        registers, _ = _accumulator_start(
+            api, run, lanes, language.add, reduce_cmd, reduce_init, src
+        )
+        registers[:lanes] += np.asarray(result, np.float32).reshape(lanes, -1).sum(axis=1)
+        _write_reduce_result(api, reduce_res, registers[:lanes])
+    run.count("vector")
+
+
+def select_reduce(
+    dst: NkiTensor,
+    predicate: NkiTensor,
+    on_true: NkiTensor,
+    on_false: float | NkiTensor,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    reduce_op: Any = language.maximum,
+    reverse_pred: bool = False,
+    name: Any = None,
+) -> None:
+    """``dst = where(predicate, on_true, on_false)`` (``on_false`` a scalar or [P, 1] tile),
+    with its free-axis maximum accumulated unless ``idle`` (Vector engine)."""
+    api = "select_reduce"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "predicate": alu.require(api, "predicate", predicate, alu.ON_CHIP),
+        "on_true": alu.require(api, "on_true", on_true, alu.ON_CHIP),
+    }
+    alu.check_not_both_psum(api, predicate, on_true)
+    alu.check_elements(api, operands)
+    if predicate.dtype.kind not in "iu" or predicate.dtype.itemsize > 2:
+        raise errors.UnsupportedDtype(
+            f"'{api}' predicate must be int8/uint8/int16/uint16, got {predicate!r}"
+        )
+    if reduce_op not in (language.maximum, language.max):
+        raise errors.UnsupportedOperator(f"'{api}' reduces with nl.maximum only")
+    chosen = predicate.data.reshape(on_true.shape) != 0
+    if reverse_pred:
+        chosen = ~chosen
+    result = np.where(
+        chosen, alu.as_f32(on_true), _per_partition_operand(api, "on_false", on_false, on_true)
+    )
+    alu.write(dst, result, api)
+    if reduce_cmd is not reduce_cmd.idle:
+        lanes = on_true.shape[0]
+        registers, function = _accumulator_start(
+            api, run, lanes, reduce_op, reduce_cmd, None, on_true
+        )
+        registers[:lanes] = function(registers[:lanes], result.reshape(lanes, -1).max(axis=1))
+        _write_reduce_result(api, reduce_res, registers[:lanes])
+    run.count("vector")
+
+
+_FP32_MIN = float(np.finfo(np.float32).min)
+
+
+def range_select(
+    dst: NkiTensor,
+    on_true_tile: NkiTensor,
+    comp_op0: Any,
+    comp_op1: Any,
+    bound0: NkiTensor,
+    bound1: NkiTensor,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    reduce_res: NkiTensor | None = None,
+    reduce_op: Any = language.maximum,
+    range_start: int = 0,
+    on_false_value: float = _FP32_MIN,
+    name: Any = None,
+) -> None:
+    """``dst = on_true_tile`` where ``comp_op0(range_start + i, bound0)`` and
+    ``comp_op1(range_start + i, bound1)`` hold for free index ``i``, else ``on_false_value``
+    (which must be FP32_MIN); the free-axis maximum is accumulated (Vector engine, v3+)."""
+    api = "range_select"
+    run = runtime.active_run(api)
+    if runtime.current_target().version < 3:
+        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "on_true_tile": alu.require(api, "on_true_tile", on_true_tile, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    comparisons = (
+        language.equal,
+        language.less,
+        language.less_equal,
+        language.greater,
+        language.greater_equal,
+    )
+    if comp_op0 not in comparisons or comp_op1 not in comparisons:
+        raise errors.UnsupportedOperator(
+            f"'{api}' compares with equal/less/less_equal/greater/greater_equal"
+        )
+    if on_false_value != _FP32_MIN:
+        raise errors.UnsupportedOperator(f"'{api}' on_false_value must be FP32_MIN ({_FP32_MIN})")
+    for bound_name, bound in (("bound0", bound0), ("bound1", bound1)):
+        if bound.dtype != language.float32:
+            raise errors.UnsupportedDtype(f"'{api}' {bound_name} must be float32, got {bound!r}")
+    lanes = on_true_tile.shape[0]
+    values = alu.as_f32(on_true_tile).reshape(lanes, -1)
+    index = np.float32(range_start) + np.arange(values.shape[1], dtype=np.float32)[None, :]
+    low = _per_partition_operand(api, "bound0", bound0, values)
+    high = _per_partition_operand(api, "bound1", bound1, values)
+    mask = _alu(api, comp_op0)(index, low) & _alu(api, comp_op1)(index, high)
+    result = np.where(mask, values, np.float32(on_false_value))
+    alu.write(dst, result, api)
+    registers, function = _accumulator_start(
+        api, run, lanes, reduce_op, reduce_cmd, None, on_true_tile
+    )
+    if reduce_cmd is not reduce_cmd.idle:
+        registers[:lanes] = function(registers[:lanes], result.max(axis=1))
+        _write_reduce_result(api, reduce_res, registers[:lanes])
+    run.count("vector")
+
+
+# -- Vector engine: top-8 search ---------------------------------------------------------
+def max8(dst: NkiTensor, src: NkiTensor, name: Any = None) -> None:
+    """``dst [P, 8]`` = the 8 largest of each partition's 8..16384 elements, descending."""
+    api = "max8"
+    run = runtime.active_run(api)
+    values = _top8_source(api, dst, src)
+    alu.write(dst, -np.sort(-values, axis=1)[:, :8], api)
+    run.count("vector")
+
+
+def _top8_source(api: str, dst: NkiTensor, src: NkiTensor) -> np.ndarray:
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    alu.require(api, "src", src, alu.ON_CHIP)
+    alu.check_partitions(api, {"dst": dst, "src": src})
+    if not 8 <= alu.per_partition(src) <= 16384 or alu.per_partition(dst) != 8:
+        raise errors.ShapeMismatch(
+            f"'{api}' reads 8..16384 elements per partition into [P, 8]: {src!r} -> {dst!r}"
+        )
+    return alu.as_f32(src).reshape(src.shape[0], -1)
+
+
+def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: Any = None) -> None:
+    """``dst [P, 8]`` (uint16/uint32) = the index of the first occurrence of each of the 8
+    ``vals`` in each partition of ``data``; all-ones where a value is absent. Duplicate
+    ``vals`` take successive occurrences, in ascending order (nki.isa.nc_match_replace8)."""
+    api = "nc_find_index8"
+    run = runtime.active_run(api)
+    values = _top8_source(api, dst, data)
+    if dst.dtype not in (language.uint16, language.uint32):
+        raise errors.UnsupportedDtype(f"'{api}' writes uint16 or uint32 indices, got {dst!r}")
+    wanted = _eight_values(api, vals, data)
+    indices = np.full(wanted.shape, np.iinfo(dst.dtype).max, np.int64)
+    for lane in range(values.shape[0]):
+        taken: set[int] = set()
+        for slot in range(8):
+            matches = [
+                i for i in np.flatnonzero(values[lane] == wanted[lane, slot]) if i not in taken
+            ]
+            if matches:
+                indices[lane, slot] = matches[0]
+                taken.add(matches[0])
+    alu.write(dst, indices, api)
+    run.count("vector")
+
+
+def _eight_values(api: str, vals: NkiTensor, data: NkiTensor) -> np.ndarray:
+    alu.require(api, "vals", vals, alu.ON_CHIP)
+    if vals.shape[0] != data.shape[0] or alu.per_partition(vals) != 8:
+        raise errors.ShapeMismatch(f"'{api}' vals must hold 8 values per partition, got {vals!r}")
+    return alu.as_f32(vals).reshape(vals.shape[0], 8)
+
+
+def nc_match_replace8(
+    dst: NkiTensor,
+    data: NkiTensor,
+    vals: NkiTensor,
+    imm: float,
+    dst_idx: NkiTensor | None = None,
+    name: Any = None,
+) -> None:
+    """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` replaced by
+    ``imm``; ``dst_idx [P, 8]`` gets the matched positions. Duplicate ``vals`` are processed
+    from slot 7 down, so the first occurrence lands in the highest duplicate slot."""
+    api = "nc_match_replace8"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    lanes = data.shape[0]
+    values = alu.as_f32(data).reshape(lanes, -1).copy()
+    wanted = _eight_values(api, vals, data)
+    positions = np.full((lanes, 8), np.iinfo(np.uint32).max, np.int64)
+    for lane in range(lanes):
+        matched = np.zeros(values.shape[1], np.bool_)
+        for slot in range(7, -1, -1):
+            hits = np.flatnonzero((values[lane] == wanted[lane, slot]) & ~matched)
+            if hits.size:
+                positions[lane, slot] = hits[0]
+                matched[hits[0]] = True
+        values[lane, matched] = np.float32(imm)
+    alu.write(dst, values, api)
+    if dst_idx is not None:
+        alu.require(api, "dst_idx", dst_idx, alu.ON_CHIP)
+        if dst_idx.shape[0] != lanes or alu.per_partition(dst_idx) != 8:
+            raise errors.ShapeMismatch(f"'{api}' dst_idx must be [{lanes}, 8], got {dst_idx!r}")
+        alu.write(dst_idx, positions, api)
+    run.count("vector")
+
+
+# -- GpSimd engine: gathers and scans ----------------------------------------------------
+def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any = None) -> None:
+    """Per partition, ``dst[p].flat[i] = data[p].flat[indices[p].flat[i]]`` (SBUF; uint32
+    indices; ``dst`` in ``data``'s dtype; GpSimd engine)."""
+    api = "nc_n_gather"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.SBUF),
+        "data": alu.require(api, "data", data, alu.SBUF),
+        "indices": alu.require(api, "indices", indices, alu.SBUF),
+    }
+    alu.check_partitions(api, operands)
+    if indices.dtype != language.uint32 or dst.dtype != data.dtype:
+        raise errors.UnsupportedDtype(f"'{api}' needs uint32 indices and dst in {data.dtype}")
+    if alu.per_partition(dst) != alu.per_partition(indices):
+        raise errors.ShapeMismatch(f"'{api}' writes one element per index: {indices!r} -> {dst!r}")
+    flat = indices.data.reshape(indices.shape[0], -1).astype(np.int64)
+    count = alu.per_partition(data)
+    if flat.size and flat.max() >= count:
+        raise errors.TensorAccessOutOfBound(f"'{api}' index {flat.max()} outside 0..{count - 1}")
+    rows = data.data.reshape(data.shape[0], -1)
+    alu.write(dst, np.take_along_axis(rows, flat, axis=1), api)
+    run.count("gpsimd")
+
+
+def nonzero_with_count(
+    dst: NkiTensor, src: NkiTensor, index_offset: int = 0, padding_val: int = -1, name: Any = None
+) -> None:
+    """On partitions 0, 16, ..., 112 only: the indices (plus ``index_offset``) of ``src``'s
+    nonzero elements, then ``padding_val``, then their count (GpSimd engine, v3+)."""
+    api = "nonzero_with_count"
+    run = runtime.active_run(api)
+    if runtime.current_target().version < 3:
+        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    alu.require(api, "dst", dst, alu.SBUF)
+    alu.require(api, "src", src, alu.SBUF)
+    alu.check_partitions(api, {"dst": dst, "src": src})
+    if src.dtype not in (language.float32, language.int32) or dst.dtype != language.int32:
+        raise errors.UnsupportedDtype(
+            f"'{api}' reads float32/int32 into int32, got {src!r} -> {dst!r}"
+        )
+    if src.ndim != 2 or dst.shape != (src.shape[0], src.shape[1] + 1):
+        raise errors.ShapeMismatch(
+            f"'{api}' needs dst [P, F + 1] for src [P, F]: {src!r} -> {dst!r}"
+        )
+    for lane in range(0, src.shape[0], 16):
+        found = np.flatnonzero(src.data[lane] != 0) + int(index_offset)
+        row = np.full(src.shape[1] + 1, int(padding_val), np.int64)
+        row[: found.size] = found
+        row[-1] = found.size
+        dst.data[lane] = row.astype(np.int32)
+    run.count("gpsimd")
+
+
+# -- DMA: transposes ----------------------------------------------------------------------
+# nki.isa.dma_transpose: the permutation of each rank.
+_DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(
+    dst: NkiTensor,
+    src: NkiTensor,
+    axes: Any = None,
+    priority: Any = None,
+    dge_mode: dge_mode = dge_mode.unknown,
+    oob_mode: oob_mode = oob_mode.error,
+    name: Any = None,
+) -> None:
+    """``dst = src`` transposed by a DMA: 2-D [1, 0], 3-D [2, 1, 0], 4-D [3, 1, 2, 0] (or
+    ``axes``); 2-byte dtypes, ``src.shape[-1] <= 128``."""
+    api = "dma_transpose"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
+    alu.require(api, "src", src, (*alu.HBM, *alu.SBUF))
+    permutation = tuple(axes) if axes is not None else _DMA_TRANSPOSE_AXES.get(src.ndim)
+    if permutation is None or sorted(permutation) != list(range(src.ndim)):
+        raise errors.ShapeMismatch(
+            f"'{api}' transposes 2-D to 4-D tensors, got {src!r} axes={axes}"
+        )
+    if src.dtype.itemsize != 2 or src.shape[-1] > 128:
+        raise errors.UnsupportedDtype(
+            f"'{api}' moves 2-byte dtypes with src.shape[-1] <= 128, got {src!r}"
+        )
+    values = alu.dma_values(src, dst.dtype).transpose(permutation)
+    if values.shape != dst.shape:
+        raise errors.ShapeMismatch(f"'{api}' of {src!r} gives {list(values.shape)}, dst is {dst!r}")
+    alu.write(dst, values, api)
+    run.count_dma(not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize)
+
+
+# -- randomness ---------------------------------------------------------------------------
+def _random_generator(run: runtime.Run) -> np.random.Generator:
+    if run.random is None:
+        run.random = np.random.default_rng(0)
+    return run.random  # type: ignore[no-any-return]
+
+
+def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any = None) -> None:
+    """``dst = data`` with each element zeroed with probability ``prob`` (a scalar or a
+    [P, 1] tile); ``dst`` keeps ``data``'s dtype (Vector engine)."""
+    api = "dropout"
+    run = runtime.active_run(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    if dst.dtype != data.dtype:
+        raise errors.UnsupportedDtype(f"'{api}' dst must have data's dtype {data.dtype}")
+    drop = _per_partition_operand(api, "prob", prob, data)
+    keep = _random_generator(run).random(data.shape) >= drop
+    alu.write(dst, np.where(keep, data.data, 0), api)
+    run.count("vector")
+
+
+def rng(dst: NkiTensor, engine: engine = engine.vector, name: Any = None) -> None:
+    """32 random bits per element of the integer tile ``dst``, truncated to its width."""
+    api = "rng"
+    run = runtime.active_run(api)
+    tiles = [alu.require(api, "dst", dst, alu.ON_CHIP)]
+    allowed = ("vector", "gpsimd") if runtime.current_target().version >= 3 else ("vector",)
+    chosen = _engine(api, engine, "vector", allowed)
+    if chosen == "gpsimd":
+        alu.check_no_psum_on_gpsimd(api, tiles)
+    if dst.dtype.kind not in "iu":
+        raise errors.UnsupportedDtype(f"'{api}' writes integer tiles, got {dst!r}")
+    bits = _random_generator(run).integers(0, 2**32, dst.shape, dtype=np.uint32)
+    unsigned = np.dtype(f"u{dst.dtype.itemsize}")  # keep the least significant bits
+    dst.data[...] = bits.astype(unsigned).view(dst.dtype)
+    run.count(chosen)
+
+
+def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: Any = None) -> None:
+    """Uniform random values in ``[min, max]`` (scalars or [P, 1] tiles), NeuronCore-v4."""
+    api = "rand2"
+    run = runtime.active_run(api)
+    _require_v4(api)
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    low = _per_partition_operand(api, "min", min, dst)
+    high = _per_partition_operand(api, "max", max, dst)
+    if np.any(np.asarray(low) >= np.asarray(high)):
+        raise ValueError(f"'{api}' needs min < max")
+    alu.write(dst, low + (high - low) * _random_generator(run).random(dst.shape), api)
     run.count("vector")

@@ -1,8 +1,10 @@
-"""``nki.language`` (``nl``): the subset our kernels use, with the SDK's names and signatures.
+"""``nki.language`` (``nl``), with the names and signatures of the 2.32 API reference
+(nki/api/nki/language/__init__.py).
 
 Compute functions here allocate their result in SBUF and run on the Vector engine (one
-instruction each); ``load``/``store`` are DMAs between HBM and SBUF. The binary functions
-double as the ALU operators ``nki.isa`` instructions take (``op=nl.add``).
+instruction each, float32 math); ``load``/``store`` are DMAs between HBM and SBUF. The
+functions double as the ALU operators and activation functions ``nki.isa`` instructions
+take (``op=nl.add``, ``op=nl.exp``).
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ class Run:
         self.launch = launch or Launch(1)
         self.shared_hbm_created = 0
         self.scalar_reduce_registers: Any = None  # nisa.activation's per-lane accumulators
+        self.vector_reduce_registers: Any = None  # the Vector engine's accumulators
+        self.random: Any = None  # nisa.dropout / rng / rand2 (a numpy Generator, seed 0)
         self.instructions = dict.fromkeys(ENGINES, 0)
         self.dma_transfers = 0
         self.hbm_to_sbuf_bytes = 0
