@@ -9,7 +9,6 @@ TCM buffer never freed, a batch assumed divisible by 8).
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import re
 
 import numpy as np
@@ -24,14 +23,14 @@ from asickernels.simulate import gpsimd as shim
 
 pytestmark = pytest.mark.skipif(shim.compiler() is None, reason="no C++ compiler for the shim")
 
-# Every op copies x [rows, cols] float32 to the output, one row per TCM round trip.
+# Every kernel copies x [rows, cols] float32 to the output, one row per TCM round trip; each
+# faulty one breaks one device rule. They run in multicore mode (all 8 cores).
 FAULTY_KERNELS = r"""
 #include <stdint.h>
+#include <stdio.h>
 #include <algorithm>
 #include <neuron/neuron-utils.hpp>
 #include <torch/torch.h>
-#include "asickernels_shim/runner.hpp"
-#include "torchneuron/register.h"
 
 namespace {
 void copy_rows(const torch::Tensor& x, torch::Tensor& out, size_t begin, size_t end) {
@@ -74,31 +73,6 @@ torch::Tensor assumes_divisible(const torch::Tensor& x) {
   return out;
 }
 
-// The seed's offset: partition * cpu_id + i * row_size adds rows to elements.
-torch::Tensor seed_offset(const torch::Tensor& x) {
-  torch::Tensor out = get_dst_tensor();
-  const size_t cols = x.sizes()[1];
-  const size_t partition = x.sizes()[0] / get_cpu_count();
-  float* row = static_cast<float*>(torch::neuron::tcm_malloc(sizeof(float) * cols));
-  auto in = x.tcm_accessor();
-  auto result = out.tcm_accessor();
-  for (size_t i = 0; i < partition; ++i) {
-    in.tensor_to_tcm<float>(row, partition * get_cpu_id() + i * cols, cols);
-    result.tcm_to_tensor<float>(row, partition * get_cpu_id() + i * cols, cols);
-  }
-  torch::neuron::tcm_free(row);
-  return out;
-}
-
-torch::Tensor tcm_hog(const torch::Tensor& x) {
-  torch::Tensor out = get_dst_tensor();
-  void* first = torch::neuron::tcm_malloc(10 * 1024);
-  void* second = torch::neuron::tcm_malloc(10 * 1024);
-  torch::neuron::tcm_free(second);
-  torch::neuron::tcm_free(first);
-  return correct(x);
-}
-
 torch::Tensor tcm_leak(const torch::Tensor& x) {
   torch::neuron::tcm_malloc(64);
   return correct(x);
@@ -107,11 +81,10 @@ torch::Tensor tcm_leak(const torch::Tensor& x) {
 // One tensor_to_tcm<T> of `count` elements at `offset` into a TCM buffer of `capacity`.
 template <typename T>
 torch::Tensor one_read(const torch::Tensor& x, size_t capacity, size_t offset, size_t count) {
-  torch::Tensor out = get_dst_tensor();
   T* buffer = static_cast<T*>(torch::neuron::tcm_malloc(sizeof(T) * capacity));
   x.tcm_accessor().tensor_to_tcm<T>(buffer, offset, count);
   torch::neuron::tcm_free(buffer);
-  return out;
+  return correct(x);
 }
 
 torch::Tensor tcm_overrun(const torch::Tensor& x) { return one_read<float>(x, 1, 0, 2); }
@@ -120,87 +93,77 @@ torch::Tensor out_of_bounds(const torch::Tensor& x) { return one_read<float>(x, 
 
 torch::Tensor wrong_dtype(const torch::Tensor& x) { return one_read<int32_t>(x, 1, 0, 1); }
 
-torch::Tensor writes_input(const torch::Tensor& x) {
-  torch::Tensor alias = x;
-  torch::Tensor out = get_dst_tensor();
+torch::Tensor writes_input(torch::Tensor x) {
   float* value = static_cast<float*>(torch::neuron::tcm_malloc(sizeof(float)));
-  alias.tcm_accessor().tcm_to_tensor<float>(value, 0, 1);
+  x.tcm_accessor().tcm_to_tensor<float>(value, 0, 1);
   torch::neuron::tcm_free(value);
-  return out;
+  return correct(x);
 }
 
 torch::Tensor no_dst(const torch::Tensor& x) { return torch::zeros(x.sizes(), torch::kFloat); }
 
-torch::Tensor misregistered(const torch::Tensor& x) { return correct(x); }
-
-torch::Tensor same_shape(const torch::Tensor& x) { return torch::zeros(x.sizes(), torch::kFloat); }
-
-torch::Tensor one_row_shape(const torch::Tensor& x) {
-  return torch::zeros({1, x.sizes()[1]}, torch::kFloat);
+torch::Tensor standard_accessor(const torch::Tensor& x) {
+  auto values = x.accessor<float, 2>();
+  (void)values;
+  return correct(x);
 }
 
-NEURON_LIBRARY(faulty, m) {
-  m.def("correct", &same_shape, "correct");
-  m.def("overlapping", &same_shape, "overlapping");
-  m.def("assumes_divisible", &same_shape, "assumes_divisible");
-  m.def("seed_offset", &same_shape, "seed_offset");
-  m.def("tcm_hog", &same_shape, "tcm_hog");
-  m.def("tcm_leak", &same_shape, "tcm_leak");
-  m.def("tcm_overrun", &same_shape, "tcm_overrun");
-  m.def("out_of_bounds", &same_shape, "out_of_bounds");
-  m.def("wrong_dtype", &same_shape, "wrong_dtype");
-  m.def("writes_input", &same_shape, "writes_input");
-  m.def("no_dst", &same_shape, "no_dst");
-  m.def("misregistered", &same_shape, "another_kernel");
-  m.def("wrong_shape", &one_row_shape, "correct");
+torch::Tensor prints_everywhere(const torch::Tensor& x) {
+  printf("core %u of %u\n", get_cpu_id(), get_cpu_count());
+  return correct(x);
 }
 
-#define ENTRY(op, kernel)                                                                   \
-  extern "C" int run_##op(const float* x, int64_t rows, int64_t cols, float* out,           \
-                          char* error, size_t error_size) {                                 \
-    return asickernels_shim::guarded(error, error_size, [&] {                               \
-      asickernels_shim::run_op(#op, #kernel, &kernel,                                       \
-                               asickernels_shim::output(out, {rows, cols}),                 \
-                               asickernels_shim::input(x, {rows, cols}));                   \
-    });                                                                                     \
-  }
-ENTRY(correct, correct)
-ENTRY(overlapping, overlapping)
-ENTRY(assumes_divisible, assumes_divisible)
-ENTRY(seed_offset, seed_offset)
-ENTRY(tcm_hog, tcm_hog)
-ENTRY(tcm_leak, tcm_leak)
-ENTRY(tcm_overrun, tcm_overrun)
-ENTRY(out_of_bounds, out_of_bounds)
-ENTRY(wrong_dtype, wrong_dtype)
-ENTRY(writes_input, writes_input)
-ENTRY(no_dst, no_dst)
-ENTRY(misregistered, misregistered)
-ENTRY(wrong_shape, correct)
-ENTRY(unregistered, correct)
+torch::Tensor asserts(const torch::Tensor& x) {
+  assert(x.dim() == 3);
+  return correct(x);
+}
+
+// The pool is 16 KB: the second allocation fails and the kernel copes with it.
+torch::Tensor checks_tcm_malloc(const torch::Tensor& x) {
+  void* first = torch::neuron::tcm_malloc(10 * 1024);
+  void* second = torch::neuron::tcm_malloc(10 * 1024);
+  torch::neuron::tcm_free(second);
+  torch::neuron::tcm_free(first);
+  return second == nullptr ? correct(x) : torch::Tensor();
+}
+
+torch::Tensor long_tensor(const torch::Tensor& x) {
+  torch::Tensor scratch = torch::zeros({2}, torch::kLong);
+  (void)scratch;
+  return correct(x);
+}
 """
 
-# A read-only accessor (from a const Tensor) has no tcm_to_tensor, on the device as here.
-WRITE_THROUGH_CONST = r"""
-#include <torch/torch.h>
-void write(const torch::Tensor& x, float* tcm) { x.tcm_accessor().tcm_to_tensor<float>(tcm, 0, 1); }
+SAME_SHAPE = """
+torch::Tensor same_shape(torch::Tensor x) { return torch::zeros(x.sizes(), torch::kFloat); }
 """
+SHAPE_PREAMBLE = '#include <torch/torch.h>\n#include "torchneuron/register.h"\n'
+
+# Libraries hold at most 10 ops, so the faulty ones are split in two.
+FAULTY_OPS = (
+    ("correct", "overlapping", "assumes_divisible", "tcm_leak", "tcm_overrun", "out_of_bounds",
+     "wrong_dtype", "writes_input", "no_dst", "standard_accessor"),
+    ("prints_everywhere", "asserts", "checks_tcm_malloc", "long_tensor"),
+)  # fmt: skip
+
+
+def shape_source(library: str, ops: tuple[str, ...], shape_fn: str = "same_shape") -> str:
+    definitions = "".join(f'  m.def("{op}", &{shape_fn}, "{op}");\n' for op in ops)
+    return f"{SHAPE_PREAMBLE}{SAME_SHAPE}NEURON_LIBRARY({library}, m) {{\n{definitions}}}\n"
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    source = tmp_path_factory.mktemp("gpsimd") / "faulty_kernels.cpp"
-    source.write_text(FAULTY_KERNELS)
-    return shim.load([source])
-
-
-def run_faulty(library: ctypes.CDLL, op: str, x: np.ndarray) -> np.ndarray:
-    out = np.full(x.shape, np.nan, np.float32)
-    entry = getattr(library, f"run_{op}")
-    entry.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    entry.argtypes += shim.ERROR_ARGTYPES
-    shim.call(entry, x.ctypes.data, x.shape[0], x.shape[1], out.ctypes.data)
-    return out
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> dict[str, shim.CustomOp]:
+    directory = tmp_path_factory.mktemp("gpsimd")
+    compute = directory / "faulty_kernels.cpp"
+    compute.write_text(FAULTY_KERNELS)
+    ops: dict[str, shim.CustomOp] = {}
+    for index, names in enumerate(FAULTY_OPS):
+        shape = directory / f"faulty_shape_{index}.cpp"
+        shape.write_text(shape_source(f"faulty{index}", names))
+        library = shim.load(f"faulty{index}", [compute], [shape], multicore=True)
+        ops.update(library.ops)
+    return ops
 
 
 def rows_of(rows: int, cols: int = 5) -> np.ndarray:
@@ -210,8 +173,8 @@ def rows_of(rows: int, cols: int = 5) -> np.ndarray:
 @pytest.mark.parametrize("rows", [1, 7, 8, 13, 64])
 def test_a_correct_kernel_passes(faulty, rows):
     x = rows_of(rows)
-    np.testing.assert_array_equal(run_faulty(faulty, "correct", x), x)
-    stats = shim.last_run_stats(faulty)
+    np.testing.assert_array_equal(faulty["correct"](x), x)
+    stats = faulty["correct"].library.stats()
     assert stats["active_cores"] == min(rows, shim.CORE_COUNT)
     assert stats["bytes_to_tcm"] == stats["bytes_from_tcm"] == x.nbytes
 
@@ -220,67 +183,138 @@ def test_a_correct_kernel_passes(faulty, rows):
     ("op", "rows", "message"),
     [
         ("overlapping", 16, r"cores 0 and 1 both wrote output elements \[5, 10\)"),
-        ("seed_offset", 16, r"cores 0 and 1 both wrote output elements"),
-        ("assumes_divisible", 13, r"25 of 65 output elements were written by no core .*\[40, 65\)"),
-        ("tcm_hog", 8, r"tcm_malloc\(10240\) does not fit the 16384-byte TCM pool \(10240 bytes"),
-        ("tcm_leak", 8, r"1 TCM buffer\(s\) \(64 pool bytes\) never passed to tcm_free"),
+        ("assumes_divisible", 13, r"25 of 65 output elements were written by no core: \[40, 65\)"),
+        ("tcm_leak", 8, r"1 TCM buffer\(s\) \(64 bytes\) never passed to tcm_free"),
         ("tcm_overrun", 8, r"tensor_to_tcm: 8 bytes at offset 0 overrun the 4-byte TCM buffer"),
         ("out_of_bounds", 8, r"elements \[40, 41\) is out of bounds of a tensor of 40 elements"),
         ("wrong_dtype", 8, r"tensor_to_tcm<kInt> on a kFloat tensor"),
         ("writes_input", 8, r"tcm_to_tensor into an input tensor"),
         ("no_dst", 8, r"never called get_dst_tensor\(\)"),
-        ("misregistered", 8, r"registered with kernel \"another_kernel\", not \"misregistered\""),
-        ("wrong_shape", 8, r"shape function gives \[1, 5\] kFloat, the output buffer is \[8, 5\]"),
-        ("unregistered", 8, r"op \"unregistered\" has no m.def"),
+        ("standard_accessor", 8, r"a standard tensor accessor in multicore mode"),
+        ("prints_everywhere", 8, r"core 3: called printf 1 time\(s\): printf is only supported"),
+        ("asserts", 8, r"assertion failed: x.dim\(\) == 3"),
+        ("long_tensor", 8, r"kLong \(64-bit\) tensors are not supported"),
     ],
 )
 def test_the_shim_catches_a_broken_rule(faulty, op, rows, message):
     with pytest.raises(shim.ShimError, match=message):
-        run_faulty(faulty, op, rows_of(rows))
+        faulty[op](rows_of(rows))
     # The shim is still usable afterwards.
-    np.testing.assert_array_equal(run_faulty(faulty, "correct", rows_of(9)), rows_of(9))
+    np.testing.assert_array_equal(faulty["correct"](rows_of(9)), rows_of(9))
 
 
 def test_every_core_reports_its_own_violation(faulty):
     with pytest.raises(shim.ShimError) as error:
-        run_faulty(faulty, "tcm_leak", rows_of(8))
+        faulty["tcm_leak"](rows_of(8))
     assert [f"core {i}:" for i in range(8)] == re.findall(r"core \d:", str(error.value))
+
+
+def test_printf_on_core_0_is_kept_and_a_failed_tcm_malloc_returns_null(faulty):
+    with pytest.raises(shim.ShimError) as error:
+        faulty["prints_everywhere"](rows_of(8))
+    assert len(re.findall(r"called printf", str(error.value))) == 7  # cores 1..7
+    assert faulty["prints_everywhere"].library.last_stdout == "core 0 of 8\n"
+    x = rows_of(8)
+    np.testing.assert_array_equal(faulty["checks_tcm_malloc"](x), x)
+    assert faulty["checks_tcm_malloc"].library.stats()["failed_tcm_mallocs"] == 8
+
+
+def test_library_rules_are_all_reported_at_load(tmp_path):
+    compute = tmp_path / "kernels.cpp"
+    compute.write_text(
+        "#include <torch/torch.h>\n"
+        "torch::Tensor takes_long(const torch::Tensor& x, int64_t n) { return x; }\n"
+        "torch::Tensor two_tensors(const torch::Tensor& x, const torch::Tensor& y) { return x; }\n"
+        "torch::Tensor nothing() { return torch::zeros({1}, torch::kFloat); }\n"
+    )
+    shape = tmp_path / "shape.cpp"
+    shape.write_text(
+        SHAPE_PREAMBLE
+        + "torch::Tensor s_long(torch::Tensor x, int64_t n) { return x; }\n"
+        + "torch::Tensor s_one(torch::Tensor x) { return x; }\n"
+        + "torch::Tensor s_none() { return torch::zeros({1}, torch::kFloat); }\n"
+        + "NEURON_LIBRARY(lib_a, m) {\n"
+        + '  m.def("takes_long", &s_long, "takes_long");\n'
+        + '  m.def("mismatch", &s_one, "two_tensors");\n'
+        + '  m.def("nothing", &s_none, "nothing");\n'
+        + '  m.def("missing", &s_one, "not_defined_anywhere");\n'
+        + "}\n"
+        + "NEURON_LIBRARY(lib_b, m) {\n"
+        + "".join(f'  m.def("extra{i}", &s_one, "two_tensors");\n' for i in range(7))
+        + "}\n"
+    )
+    with pytest.raises(shim.ShimError) as error:
+        shim.load("bad", [compute], [shape])
+    message = str(error.value)
+    for expected in [
+        r"several NEURON_LIBRARY names \(lib_a, lib_b\): each model can only have one",
+        r"11 functions registered: a CustomOp library can have 10",
+        r'op "takes_long" shape function: parameter 2 has type long; .* double',
+        r"kernel takes_long\(torch::Tensor const&, long\): parameter 2 has type long",
+        r'op "mismatch": kernel two_tensors\(torch::Tensor const&, torch::Tensor const&\) does '
+        r"not take the arguments of its shape function \(torch::Tensor\)",
+        r'op "nothing" has no inputs',
+        r'op "missing": no kernel function "not_defined_anywhere"',
+    ]:
+        assert re.search(expected, message), (expected, message)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "builtin"}, "reserved keyword"),
+        ({"extra_cflags": ["-DSTACK_SIZE=500000"]}, "maximum supported stack size is 400KB"),
+    ],
+)
+def test_load_refuses_documented_limits(tmp_path, kwargs, message):
+    source = tmp_path / "empty.cpp"
+    source.write_text("")
+    with pytest.raises(ValueError, match=message):
+        shim.load(**{"name": "ok", "compute_srcs": [source], "shape_srcs": [source], **kwargs})
 
 
 def test_tensor_shapes_beyond_the_device_limits_are_rejected(faulty):
     tall = rows_of(70000, cols=1)  # 2 dims of <= 2^32-1: allowed
-    np.testing.assert_array_equal(run_faulty(faulty, "correct", tall), tall)
-    boxes, out = np.zeros((1, 4), np.float32), np.zeros(1, np.float32)
-    with pytest.raises(shim.ShimError, match=r"\[4294967296, 4\] exceeds the device limits"):
-        # The claimed pair count is checked against the device limits before any access.
-        giou_entry = _library.host_library().asickernels_gpsimd_giou
-        shim.call(giou_entry, boxes, boxes, 2**32, out)
+    np.testing.assert_array_equal(faulty["correct"](tall), tall)
+    five_dims = np.zeros((70000, 1, 1, 1, 1), np.float32)
+    with pytest.raises(shim.ShimError, match=r"\[70000, 1, 1, 1, 1\] exceeds the device limits"):
+        faulty["correct"](five_dims)
+    with pytest.raises(TypeError, match=r"int64.*not supported"):
+        faulty["correct"](np.zeros((2, 2), np.int64))
+
+
+# A read-only accessor (from a const Tensor) has no tcm_to_tensor, on the device as here.
+WRITE_THROUGH_CONST = r"""
+#include <torch/torch.h>
+void write(const torch::Tensor& x, float* tcm) { x.tcm_accessor().tcm_to_tensor<float>(tcm, 0, 1); }
+"""
 
 
 def test_writing_through_a_const_tensor_does_not_compile(tmp_path):
     source = tmp_path / "write_through_const.cpp"
     source.write_text(WRITE_THROUGH_CONST)
     with pytest.raises(shim.ShimError, match="tcm_to_tensor"):
-        shim.build([source])
+        shim.load("const_write", [source], [source])
 
 
-def test_builds_are_cached_by_content_and_safe_to_race(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    source = tmp_path / "tiny.cpp"
-    source.write_text('extern "C" int tiny() { return 7; }\n')
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        paths = list(pool.map(lambda _: shim.build([source]), range(2)))
-    assert paths[0] == paths[1] and paths[0].parent == tmp_path / "cache" / "asickernels"
-    assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]  # no temp files
-    assert ctypes.CDLL(str(paths[0])).tiny() == 7
-    source.write_text('extern "C" int tiny() { return 8; }\n')
-    assert shim.cached_path([source]) != paths[0]
+def test_builds_are_cached_by_content(tmp_path, faulty):
+    compute, shape = tmp_path / "copy.cpp", tmp_path / "shape.cpp"
+    compute.write_text(FAULTY_KERNELS)
+    shape.write_text(shape_source("cached", ("correct",)))
+    first = shim.load("cached", [compute], [shape], multicore=True)
+    assert shim.load("cached", [compute], [shape], multicore=True).path == first.path
+    shape.write_text(shape_source("cached", ("correct", "tcm_leak")))
+    assert shim.load("cached", [compute], [shape], multicore=True).path != first.path
+    shim.load("cached", [compute], [shape], build_directory=tmp_path / "build")
+    assert (tmp_path / "build" / "libcached.so").is_file()
 
 
 def test_a_sanitized_build_needs_the_asan_runtime_preloaded(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "")
     with pytest.raises(shim.ShimError, match=r"LD_PRELOAD=.*libasan"):
-        shim.load([*_library.COMPUTE_SOURCES], sanitize=True)
+        shim.load(
+            _library.LIBRARY_NAME, _library.COMPUTE_SOURCES, _library.SHAPE_SOURCES, sanitize=True
+        )
 
 
 def test_probe(monkeypatch):

@@ -1,13 +1,14 @@
 """The asickernels GpSimd operator library: its C++ sources, the host build (through the
-GpSimd shim, on any machine with g++) and the Neuron build (torch-neuronx on trn1/inf2).
+GpSimd shim's user entry point, on any machine with g++) and the Neuron build (torch-neuronx
+on trn1/inf2).
 
 The same ``csrc/*.cpp`` serve both: ``giou.cpp`` and ``nms.cpp`` are the compute sources,
-``shape.cpp`` the shape source with the ``NEURON_LIBRARY`` registration.
+``shape.cpp`` the shape source with the ``NEURON_LIBRARY`` registration. Both ops run in
+multicore mode (all 8 GpSimd cores).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import glob
 import os
@@ -16,29 +17,21 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.kernels import registry
 from asickernels.simulate import gpsimd as shim
 
 _HERE = Path(__file__).parent
 COMPUTE_SOURCES = (_HERE / "csrc" / "giou.cpp", _HERE / "csrc" / "nms.cpp")
 SHAPE_SOURCES = (_HERE / "csrc" / "shape.cpp",)
-HOST_ENTRY_POINTS = _HERE / "host_entry_points.cpp"
 # The NEURON_LIBRARY name in shape.cpp: the ops are torch.ops.asickernels_gpsimd.<op>.
 LIBRARY_NAME = "asickernels_gpsimd"
 # "1" selects the AddressSanitizer + UBSan host build (the process needs LD_PRELOAD, see
 # asickernels.simulate.gpsimd.load).
 SANITIZE_ENV = "ASICKERNELS_GPSIMD_SANITIZE"
 
-_host: ctypes.CDLL | None = None
+_host: shim.CustomOpLibrary | None = None
 
 
-def _array(dtype: Any, writable: bool = False) -> Any:
-    if writable:
-        return np.ctypeslib.ndpointer(dtype=dtype, flags=("C_CONTIGUOUS", "WRITEABLE"))
-    return np.ctypeslib.ndpointer(dtype=dtype, flags="C_CONTIGUOUS")
-
-
-def host_library() -> ctypes.CDLL:
+def host_library() -> shim.CustomOpLibrary:
     """The host build of the library (built on first use, then cached on disk)."""
     global _host
     _host = _load_host_library(os.environ.get(SANITIZE_ENV) == "1")
@@ -46,28 +39,16 @@ def host_library() -> ctypes.CDLL:
 
 
 @functools.cache
-def _load_host_library(sanitize: bool) -> ctypes.CDLL:
-    library = shim.load([*COMPUTE_SOURCES, *SHAPE_SOURCES, HOST_ENTRY_POINTS], sanitize=sanitize)
-    f32, i32 = np.float32, np.int32
-    library.asickernels_gpsimd_giou.argtypes = [
-        _array(f32),
-        _array(f32),
-        ctypes.c_int64,
-        _array(f32, writable=True),
-        *shim.ERROR_ARGTYPES,
-    ]
-    library.asickernels_gpsimd_nms.argtypes = [
-        _array(f32), _array(f32), _array(i32), ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_double, ctypes.c_int64, ctypes.c_double, _array(i32, writable=True),
-        *shim.ERROR_ARGTYPES,
-    ]  # fmt: skip
-    return library
+def _load_host_library(sanitize: bool) -> shim.CustomOpLibrary:
+    return shim.load(
+        LIBRARY_NAME, COMPUTE_SOURCES, SHAPE_SOURCES, multicore=True, sanitize=sanitize
+    )
 
 
 def host_counters() -> dict[str, float]:
-    """Counters of the last host run (see :func:`asickernels.simulate.gpsimd.last_run_stats`);
-    empty before the first."""
-    return {} if _host is None else shim.last_run_stats(_host)
+    """Counters of the last host run (see
+    :meth:`asickernels.simulate.gpsimd.CustomOpLibrary.stats`); empty before the first."""
+    return {} if _host is None else _host.stats()
 
 
 def neuron_unavailable_reason() -> str | None:
@@ -81,8 +62,10 @@ def neuron_unavailable_reason() -> str | None:
     return None
 
 
+@functools.cache
 def on_neuron() -> bool:
-    return registry.availability("gpsimd").mode == "native"
+    """Whether the ops run on a NeuronCore here (probed once per process)."""
+    return neuron_unavailable_reason() is None
 
 
 def build_neuron_library(build_directory: str | os.PathLike[str] | None = None) -> Path:

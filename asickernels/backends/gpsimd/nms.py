@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from asickernels.backends.gpsimd import _library
-from asickernels.simulate import gpsimd as shim
 
 # float32 represents every integer up to 2**24 exactly.
 _MAX_EXACT_RANKS = 2**24
@@ -57,14 +56,11 @@ def nms(
         if categories is None
         else np.ascontiguousarray(categories, dtype=np.int32)
     )
+    # Scalars go to the device as doubles, the only scalar dtype custom operators take;
+    # max_output_size is an integer, exact in a double.
+    scalars = (float(iou_threshold), float(max_output_size), float(threshold))
     if _library.on_neuron():
-        out = _library.run_on_neuron(
-            "nms", boxes32, scores32, cats, iou_threshold, max_output_size, threshold
-        )
+        out = _library.run_on_neuron("nms", boxes32, scores32, cats, *scalars)
     else:
-        out = np.empty((batch, max_output_size + 1), np.int32)
-        shim.call(
-            _library.host_library().asickernels_gpsimd_nms,
-            boxes32, scores32, cats, batch, n, iou_threshold, max_output_size, threshold, out,
-        )  # fmt: skip
+        out = _library.host_library().nms(boxes32, scores32, cats, *scalars)
     return np.ascontiguousarray(out[:, 1:]), np.ascontiguousarray(out[:, 0])

@@ -1,8 +1,14 @@
-// The shim's runtime: tensors over host buffers, the per-core TCM pool, the checked TCM
-// copies, the op registry filled by NEURON_LIBRARY, and the multicore runner.
+// The shim's runtime: tensors over host buffers, the tensor library, the per-core TCM pool,
+// the checked accessors, the op registry filled by NEURON_LIBRARY and the glue, printf, and
+// the runner that executes an op on 1 core (single-core mode) or 8 (multicore mode) and
+// reports every finding of the run. Python drives it through the extern "C" functions at
+// the end (see __init__.py).
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
@@ -11,24 +17,53 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
-#include "asickernels_shim/runner.hpp"
+#include <neuron/neuron-utils.hpp>
+#include <torch/torch.h>
+
+#include "asickernels_shim/ops.hpp"
 
 namespace asickernels_shim {
+
+constexpr uint32_t kCoreCount = 8;
+// custom-ops-ref-guide "TCM Accessor": "Users have access to a 16KB pool of TCM memory. Note
+// the streaming accessors also allocate from this pool (4KB each)."
+constexpr size_t kTcmPoolBytes = 16 * 1024;
+constexpr size_t kStreamTcmBytes = 4 * 1024;
+// custom-c++-operators-devguide: "the library can have 10 functions registered".
+constexpr size_t kMaxOpsPerLibrary = 10;
+constexpr size_t kMaxDims = 8;
+
+// A kernel broke a device rule (fatal for its core), or the host glue was misused.
+class ShimError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Init { Sentinel, Value, Identity };
 
 struct Storage {
   void* data = nullptr;
   std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
   int64_t numel = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
-  bool writable = false;
-  // Factory tensors own zeroed memory, allocated on first data access: a shape function
-  // only reads their shape, as on the host at trace time.
+  bool writable = true;
+  // An operator input as a shape function sees it: an XLA tensor with no storage yet.
+  bool shape_only = false;
+  // Factory tensors own their memory, allocated and initialized on first data access.
   bool owns_memory = false;
+  Init init = Init::Sentinel;
+  c10::Scalar init_value;
   std::vector<unsigned char> owned;
   std::once_flag materialized;
+  torch::CoherencyEnforcer::Policy policy = torch::CoherencyEnforcer::COHERENT;
+  int active_read_streams = 0;
+  int active_write_streams = 0;
 
   void* ensure_data();
 };
@@ -60,7 +95,7 @@ const char* dtype_name(c10::ScalarType dtype) {
     case c10::ScalarType::Float: return "kFloat";
     case c10::ScalarType::BFloat16: return "kBFloat16";
   }
-  return "unknown dtype";
+  return "an unknown dtype";
 }
 
 size_t element_size(c10::ScalarType dtype) {
@@ -77,6 +112,23 @@ size_t element_size(c10::ScalarType dtype) {
   return 0;
 }
 
+bool is_integral(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Byte || dtype == c10::ScalarType::Char ||
+         dtype == c10::ScalarType::Short || dtype == c10::ScalarType::Int ||
+         dtype == c10::ScalarType::Long;
+}
+
+// custom-ops-ref-guide "Tensor Factory Functions" lists the supported dtypes; kLong was
+// removed from that list ("we are unable to support 64-bit custom ops").
+void check_supported_dtype(c10::ScalarType dtype) {
+  if (dtype == c10::ScalarType::Long) {
+    throw ShimError("kLong (64-bit) tensors are not supported by the custom operator toolchain; "
+                    "use kInt (supported dtypes: kFloat, kBFloat16, kHalf, kInt, kChar, kShort, "
+                    "kByte)");
+  }
+  if (element_size(dtype) == 0) throw ShimError("unsupported tensor dtype");
+}
+
 std::string shape_text(const std::vector<int64_t>& sizes) {
   std::string text = "[";
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -85,9 +137,10 @@ std::string shape_text(const std::vector<int64_t>& sizes) {
   return text + "]";
 }
 
-// The device's limits: up to 8 dimensions of at most 65535, or up to 4 of at most 2^32-1.
+// The device's limits: up to 8 dimensions of at most 65535, or up to 4 of at most 2^32-1
+// (custom-ops-ref-guide "Library Limitations").
 int64_t checked_numel(const std::vector<int64_t>& sizes) {
-  bool narrow = sizes.size() <= 8;
+  bool narrow = sizes.size() <= kMaxDims;
   bool wide = sizes.size() <= 4;
   int64_t numel = 1;
   for (int64_t size : sizes) {
@@ -107,36 +160,175 @@ int64_t checked_numel(const std::vector<int64_t>& sizes) {
   return numel;
 }
 
-std::shared_ptr<Storage> make_storage(c10::ScalarType dtype, std::vector<int64_t> sizes,
-                                      bool writable) {
+std::shared_ptr<Storage> make_storage(c10::ScalarType dtype, std::vector<int64_t> sizes) {
+  check_supported_dtype(dtype);
   auto storage = std::make_shared<Storage>();
   storage->numel = checked_numel(sizes);
+  storage->strides.assign(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;) storage->strides[i - 1] = storage->strides[i] * sizes[i];
   storage->sizes = std::move(sizes);
   storage->dtype = dtype;
-  storage->writable = writable;
   return storage;
 }
 
+// ---- element values, as double (or int64 for integral dtypes) -------------------------
+
+uint16_t float_to_half(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t exponent = (bits >> 23) & 0xffu;
+  uint32_t mantissa = bits & 0x7fffffu;
+  if (exponent == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
+  const int32_t half_exponent = static_cast<int32_t>(exponent) - 127 + 15;
+  if (half_exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  uint32_t shift = 13;
+  uint32_t base = sign | (static_cast<uint32_t>(std::max(half_exponent, 0)) << 10);
+  if (half_exponent <= 0) {  // subnormal: round the implicit-one mantissa into 10 bits
+    if (half_exponent < -10) return static_cast<uint16_t>(sign);
+    mantissa |= 0x800000u;
+    shift = static_cast<uint32_t>(14 - half_exponent);
+    base = sign;
+  }
+  uint32_t half = base | (mantissa >> shift);
+  const uint32_t remainder = mantissa & ((1u << shift) - 1);
+  const uint32_t midpoint = 1u << (shift - 1);
+  if (remainder > midpoint || (remainder == midpoint && (half & 1u))) ++half;  // to even
+  return static_cast<uint16_t>(half);
+}
+
+float half_to_float(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
+  const uint32_t exponent = (half >> 10) & 0x1fu;
+  const uint32_t mantissa = half & 0x3ffu;
+  if (exponent == 0) {
+    const float value = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -value : value;
+  }
+  const uint32_t bits = exponent == 31 ? (sign | 0x7f800000u | (mantissa << 13))
+                                       : (sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+uint16_t float_to_bfloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // to even
+}
+
+float bfloat16_to_float(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+double load_double(c10::ScalarType dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case c10::ScalarType::Byte: return static_cast<const uint8_t*>(data)[i];
+    case c10::ScalarType::Char: return static_cast<const int8_t*>(data)[i];
+    case c10::ScalarType::Short: return static_cast<const int16_t*>(data)[i];
+    case c10::ScalarType::Int: return static_cast<const int32_t*>(data)[i];
+    case c10::ScalarType::Long: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case c10::ScalarType::Half: return half_to_float(static_cast<const uint16_t*>(data)[i]);
+    case c10::ScalarType::Float: return static_cast<const float*>(data)[i];
+    case c10::ScalarType::BFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.0;
+}
+
+int64_t load_integral(c10::ScalarType dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case c10::ScalarType::Byte: return static_cast<const uint8_t*>(data)[i];
+    case c10::ScalarType::Char: return static_cast<const int8_t*>(data)[i];
+    case c10::ScalarType::Short: return static_cast<const int16_t*>(data)[i];
+    case c10::ScalarType::Int: return static_cast<const int32_t*>(data)[i];
+    case c10::ScalarType::Long: return static_cast<const int64_t*>(data)[i];
+    default: return static_cast<int64_t>(load_double(dtype, data, i));
+  }
+}
+
+// Integral stores wrap like C++ conversions (bitwise ops rely on it).
+void store(c10::ScalarType dtype, void* data, size_t i, double value, int64_t integral) {
+  switch (dtype) {
+    case c10::ScalarType::Byte: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(integral); break;
+    case c10::ScalarType::Char: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(integral); break;
+    case c10::ScalarType::Short: static_cast<int16_t*>(data)[i] = static_cast<int16_t>(integral); break;
+    case c10::ScalarType::Int: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(integral); break;
+    case c10::ScalarType::Long: static_cast<int64_t*>(data)[i] = integral; break;
+    case c10::ScalarType::Half:
+      static_cast<uint16_t*>(data)[i] = float_to_half(static_cast<float>(value));
+      break;
+    case c10::ScalarType::Float: static_cast<float*>(data)[i] = static_cast<float>(value); break;
+    case c10::ScalarType::BFloat16:
+      static_cast<uint16_t*>(data)[i] = float_to_bfloat16(static_cast<float>(value));
+      break;
+  }
+}
+
+void store_scalar(c10::ScalarType dtype, void* data, size_t i, const c10::Scalar& value) {
+  store(dtype, data, i, value.toDouble(), value.toLong());
+}
+
+// What `empty` memory holds: NaN for floating dtypes (unwritten results stand out), a
+// recognizable pattern for integral ones. The device leaves garbage there.
+void fill_sentinel(c10::ScalarType dtype, void* data, size_t numel) {
+  if (is_integral(dtype)) {
+    std::memset(data, 0xA5, numel * element_size(dtype));
+    return;
+  }
+  for (size_t i = 0; i < numel; ++i) store(dtype, data, i, std::nan(""), 0);
+}
+
+// ---- cores and runs -------------------------------------------------------------------
+
 struct CoreContext {
   uint32_t id = 0;
+  uint32_t count = 1;
+  bool multicore = false;
   const torch::Tensor* dst = nullptr;
   bool used_dst = false;
+  torch::Tensor returned;
   std::map<uintptr_t, size_t> tcm_blocks;  // start -> requested bytes
-  size_t tcm_in_use = 0;                   // pool bytes charged (16-byte granules)
+  size_t tcm_in_use = 0;                   // pool bytes charged (16-byte granules + streams)
   size_t tcm_peak = 0;
+  std::vector<size_t> failed_tcm_mallocs;
   std::vector<std::pair<size_t, size_t>> dst_writes;  // [begin, end) flattened elements
   uint64_t bytes_to_tcm = 0;
   uint64_t bytes_from_tcm = 0;
-  std::string error;
+  uint64_t denied_printfs = 0;
+  std::vector<std::string> findings;
 };
 
 thread_local CoreContext* t_core = nullptr;
 
+// Output of printf on the cores that may print, in order (the runtime prints it after the
+// run, as the device's runtime does).
+std::mutex g_stdout_mutex;
+std::string g_stdout;
+
 CoreContext& current_core(const char* api) {
   if (t_core == nullptr) {
-    throw ShimError(format("%s() called outside a kernel run by the shim's multicore runner", api));
+    throw ShimError(format("%s() called outside a kernel run by the shim", api));
   }
   return *t_core;
+}
+
+// Data of a tensor for direct (non-TCM) access by `api`.
+void* direct_data(Storage& storage, const char* api) {
+  if (t_core != nullptr && t_core->multicore) {
+    throw ShimError(format(
+        "%s in multicore mode: tensors can only be accessed through TCM accessors there "
+        "(custom-ops-ref-guide \"Using multiple GPSIMD cores\"; other access races)", api));
+  }
+  void* data = storage.ensure_data();
+  if (t_core != nullptr && t_core->dst != nullptr && &storage == t_core->dst->shim_storage().get()) {
+    t_core->dst_writes.emplace_back(0, static_cast<size_t>(storage.numel));
+  }
+  return data;
 }
 
 size_t pool_charge(size_t nbytes) { return (std::max<size_t>(nbytes, 1) + 15) / 16 * 16; }
@@ -160,27 +352,36 @@ struct RunStats {
   uint64_t tcm_peak_bytes = 0;
   uint64_t bytes_to_tcm = 0;
   uint64_t bytes_from_tcm = 0;
+  uint64_t failed_tcm_mallocs = 0;
 };
 
 std::mutex g_stats_mutex;
 RunStats g_last_stats;
 
-void run_core(CoreContext& core, const std::function<void()>& kernel) {
+void run_core(CoreContext& core, const std::function<torch::Tensor()>& kernel) {
   t_core = &core;
   try {
-    kernel();
+    core.returned = kernel();
   } catch (const std::exception& e) {
-    core.error = e.what();
+    core.findings.push_back(e.what());
   } catch (...) {
-    core.error = "unknown C++ exception";
+    core.findings.push_back("unknown C++ exception");
   }
-  if (core.error.empty() && !core.used_dst) {
-    core.error = "never called get_dst_tensor(), which multicore mode requires (the kernel's "
-                 "return value is ignored)";
+  if (core.multicore && !core.used_dst) {
+    core.findings.push_back("never called get_dst_tensor(), which multicore mode requires (the "
+                            "kernel's return value is ignored)");
   }
-  if (core.error.empty() && !core.tcm_blocks.empty()) {
-    core.error = format("returned with %zu TCM buffer(s) (%zu pool bytes) never passed to "
-                        "tcm_free", core.tcm_blocks.size(), core.tcm_in_use);
+  if (!core.tcm_blocks.empty()) {
+    size_t bytes = 0;
+    for (const auto& block : core.tcm_blocks) bytes += block.second;
+    core.findings.push_back(format("returned with %zu TCM buffer(s) (%zu bytes) never passed to "
+                                   "tcm_free", core.tcm_blocks.size(), bytes));
+  }
+  if (core.denied_printfs > 0) {
+    core.findings.push_back(format(
+        "called printf %llu time(s): printf is only supported in single core mode or on GPSIMD "
+        "core 0 when using multiple cores (custom-ops-ref-guide \"printf()\" Limitations)",
+        static_cast<unsigned long long>(core.denied_printfs)));
   }
   for (const auto& block : core.tcm_blocks) std::free(reinterpret_cast<void*>(block.first));
   core.tcm_blocks.clear();
@@ -201,14 +402,15 @@ class CorePool {
     return *pool;
   }
 
-  void run(std::vector<CoreContext>& cores, const std::function<void()>& kernel) {
+  // Runs `kernel` once on each of cores[0 .. cores.size()).
+  void run(std::vector<CoreContext>& cores, const std::function<torch::Tensor()>& kernel) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     start_missing_threads();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       cores_ = &cores;
       kernel_ = &kernel;
-      remaining_ = kCoreCount;
+      remaining_ = static_cast<uint32_t>(cores.size());
       ++generation_;
     }
     start_.notify_all();
@@ -235,11 +437,11 @@ class CorePool {
     }
   }
 
-  // Runs core `id` of every run after generation `seen`.
+  // Runs core `id` of every run after generation `seen` that uses that many cores.
   void serve(uint32_t id, uint64_t seen) {
     for (;;) {
       std::vector<CoreContext>* cores;
-      const std::function<void()>* kernel;
+      const std::function<torch::Tensor()>* kernel;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         start_.wait(lock, [&] { return generation_ != seen; });
@@ -247,6 +449,7 @@ class CorePool {
         cores = cores_;
         kernel = kernel_;
       }
+      if (id >= cores->size()) continue;
       run_core((*cores)[id], *kernel);
       std::lock_guard<std::mutex> lock(mutex_);
       if (--remaining_ == 0) done_.notify_one();
@@ -262,12 +465,14 @@ class CorePool {
   uint64_t generation_ = 0;
   uint32_t remaining_ = 0;
   std::vector<CoreContext>* cores_ = nullptr;
-  const std::function<void()>* kernel_ = nullptr;
+  const std::function<torch::Tensor()>* kernel_ = nullptr;
 };
 
-// Every output element must be written by exactly one core: no synchronization exists
-// between cores, and what no core writes is garbage on the device.
-void check_disjoint_cover(const std::vector<CoreContext>& cores, int64_t numel) {
+// In multicore mode every output element must be written by exactly one core: there is no
+// synchronization between cores, and what no core writes is garbage on the device
+// (custom-ops-ref-guide "Return Value Handling"). Returns one finding per problem.
+std::vector<std::string> check_disjoint_cover(const std::vector<CoreContext>& cores,
+                                              int64_t numel) {
   struct Span {
     size_t begin, end;
     uint32_t core;
@@ -280,42 +485,54 @@ void check_disjoint_cover(const std::vector<CoreContext>& cores, int64_t numel) 
   }
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  std::vector<std::string> findings;
+  std::set<std::pair<uint32_t, uint32_t>> reported_pairs;
+  std::vector<std::pair<size_t, size_t>> gaps;
   size_t covered = 0;
-  size_t unwritten = 0;
-  size_t first_gap_begin = 0, first_gap_end = 0;
   Span furthest{0, 0, 0};
   for (const Span& span : spans) {
-    if (span.begin < furthest.end && span.core != furthest.core) {
-      throw ShimError(format(
+    if (span.begin < furthest.end && span.core != furthest.core &&
+        reported_pairs.insert({furthest.core, span.core}).second) {
+      findings.push_back(format(
           "cores %u and %u both wrote output elements [%zu, %zu) (flattened offsets): in "
           "multicore mode each core must write a disjoint slice of get_dst_tensor()",
           furthest.core, span.core, span.begin, std::min(span.end, furthest.end)));
     }
-    if (span.begin > covered) {
-      if (unwritten == 0) first_gap_begin = covered, first_gap_end = span.begin;
-      unwritten += span.begin - covered;
-    }
+    if (span.begin > covered) gaps.emplace_back(covered, span.begin);
     covered = std::max(covered, span.end);
     if (span.end > furthest.end) furthest = span;
   }
   const auto total = static_cast<size_t>(numel);
-  if (covered < total) {
-    if (unwritten == 0) first_gap_begin = covered, first_gap_end = total;
-    unwritten += total - covered;
+  if (covered < total) gaps.emplace_back(covered, total);
+  if (!gaps.empty()) {
+    size_t unwritten = 0;
+    std::string ranges;
+    for (size_t i = 0; i < gaps.size(); ++i) {
+      unwritten += gaps[i].second - gaps[i].first;
+      if (i < 4) ranges += format("%s[%zu, %zu)", i ? ", " : "", gaps[i].first, gaps[i].second);
+    }
+    if (gaps.size() > 4) ranges += format(", ... (%zu ranges)", gaps.size());
+    findings.push_back(format("%zu of %zu output elements were written by no core: %s; the "
+                              "device would leave garbage there", unwritten, total,
+                              ranges.c_str()));
   }
-  if (unwritten > 0) {
-    throw ShimError(format("%zu of %zu output elements were written by no core (first: [%zu, "
-                           "%zu)); the device would leave garbage there",
-                           unwritten, total, first_gap_begin, first_gap_end));
-  }
+  return findings;
 }
 
-struct ShapeEntry {
+// ---- the op registry ------------------------------------------------------------------
+
+struct OpEntry {
   std::string library;
   std::string kernel_name;
-  std::type_index signature;
-  ErasedFunction function;
+  std::vector<Parameter> parameters;
+  Invoker shape_fn;
   int definitions;
+};
+
+struct KernelEntry {
+  std::string signature;
+  std::vector<Parameter> parameters;
+  Invoker function;
 };
 
 std::mutex& registry_mutex() {
@@ -323,18 +540,349 @@ std::mutex& registry_mutex() {
   return mutex;
 }
 
-std::map<std::string, ShapeEntry>& shape_registry() {
-  static std::map<std::string, ShapeEntry> registry;
+std::map<std::string, OpEntry>& op_registry() {
+  static std::map<std::string, OpEntry> registry;
   return registry;
+}
+
+std::multimap<std::string, KernelEntry>& kernel_registry() {
+  static std::multimap<std::string, KernelEntry> registry;
+  return registry;
+}
+
+std::string kinds_text(const std::vector<Parameter>& parameters) {
+  std::string text;
+  for (const Parameter& p : parameters) {
+    text += p.kind == ParamKind::Tensor ? 'T' : p.kind == ParamKind::Double ? 'D'
+            : p.kind == ParamKind::Scalar ? 'S' : '?';
+  }
+  return text;
+}
+
+std::string parameter_list(const std::vector<Parameter>& parameters) {
+  std::string text = "(";
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    text += (i ? ", " : "") + parameters[i].type_name;
+  }
+  return text + ")";
+}
+
+void check_parameters(const std::string& what, const std::vector<Parameter>& parameters,
+                      std::vector<std::string>& problems) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (parameters[i].kind == ParamKind::Unsupported) {
+      problems.push_back(format(
+          "%s: parameter %zu has type %s; arguments may be torch::Tensor, torch::Scalar or "
+          "double (\"double is the only supported\" scalar dtype, custom-c++-operators-devguide)",
+          what.c_str(), i + 1, parameters[i].type_name.c_str()));
+    }
+  }
+}
+
+// Every reason the registered library cannot be built by the toolchain.
+std::vector<std::string> library_problems() {
+  std::vector<std::string> problems;
+  const auto& ops = op_registry();
+  const auto& kernels = kernel_registry();
+  std::set<std::string> libraries;
+  for (const auto& item : ops) libraries.insert(item.second.library);
+  if (ops.empty()) {
+    problems.push_back("no operator: the shape sources define no NEURON_LIBRARY(lib, m) { "
+                       "m.def(\"op\", &shape_fn, \"kernel_fn\"); }");
+  }
+  if (libraries.size() > 1) {
+    std::string names;
+    for (const auto& name : libraries) names += (names.empty() ? "" : ", ") + name;
+    problems.push_back("several NEURON_LIBRARY names (" + names + "): each model can only have "
+                       "one CustomOp library (custom-c++-operators-devguide)");
+  }
+  if (ops.size() > kMaxOpsPerLibrary) {
+    problems.push_back(format("%zu functions registered: a CustomOp library can have %zu "
+                              "(custom-c++-operators-devguide)", ops.size(), kMaxOpsPerLibrary));
+  }
+  for (const auto& item : ops) {
+    const std::string& op = item.first;
+    const OpEntry& entry = item.second;
+    const std::string shape = "op \"" + op + "\" shape function";
+    if (entry.definitions > 1) {
+      problems.push_back(format("op \"%s\" is defined %d times", op.c_str(), entry.definitions));
+    }
+    if (entry.parameters.empty()) {
+      problems.push_back("op \"" + op + "\" has no inputs: an operator's output shape comes "
+                         "from its inputs (the shape function), so it needs at least one");
+    }
+    check_parameters(shape, entry.parameters, problems);
+    const auto range = kernels.equal_range(entry.kernel_name);
+    const auto found = std::distance(range.first, range.second);
+    if (found == 0) {
+      problems.push_back(format("op \"%s\": no kernel function \"%s\" is defined in the compute "
+                                "sources (as a global function returning torch::Tensor)",
+                                op.c_str(), entry.kernel_name.c_str()));
+      continue;
+    }
+    if (found > 1) {
+      problems.push_back(format("op \"%s\": the compute sources define %ld overloads of \"%s\"",
+                                op.c_str(), static_cast<long>(found), entry.kernel_name.c_str()));
+      continue;
+    }
+    const KernelEntry& kernel = range.first->second;
+    check_parameters("kernel " + kernel.signature, kernel.parameters, problems);
+    if (kinds_text(kernel.parameters) != kinds_text(entry.parameters)) {
+      problems.push_back(format(
+          "op \"%s\": kernel %s does not take the arguments of its shape function %s (the "
+          "schema comes from the shape function)", op.c_str(), kernel.signature.c_str(),
+          parameter_list(entry.parameters).c_str()));
+    }
+  }
+  return problems;
+}
+
+struct ResolvedOp {
+  const OpEntry* op;
+  const KernelEntry* kernel;
+};
+
+ResolvedOp resolve(const char* name) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const auto found = op_registry().find(name);
+  if (found == op_registry().end()) throw ShimError(format("no op \"%s\" in this library", name));
+  const auto kernel = kernel_registry().find(found->second.kernel_name);
+  if (kernel == kernel_registry().end() || !found->second.shape_fn || !kernel->second.function) {
+    throw ShimError(format("op \"%s\" cannot run: the library has problems", name));
+  }
+  return {&found->second, &kernel->second};
 }
 
 }  // namespace
 
+// ---- the C ABI that Python calls ---------------------------------------------------------
+
+// One argument as Python passes it (mirrored by a ctypes Structure in __init__.py).
+struct ArgumentSpec {
+  int32_t is_tensor;
+  int32_t dtype;  // c10::ScalarType
+  int32_t ndim;
+  int32_t reserved;
+  int64_t sizes[kMaxDims];
+  void* data;
+  double number;
+};
+
+namespace {
+
+std::vector<Argument> make_arguments(const ResolvedOp& op, const ArgumentSpec* specs,
+                                     size_t count, bool shape_only) {
+  const auto& parameters = op.op->parameters;
+  if (count != parameters.size()) {
+    throw ShimError(format("%zu arguments for %zu parameters", count, parameters.size()));
+  }
+  std::vector<Argument> arguments(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ArgumentSpec& spec = specs[i];
+    const bool wants_tensor = parameters[i].kind == ParamKind::Tensor;
+    if (wants_tensor != (spec.is_tensor != 0)) {
+      throw ShimError(format("argument %zu must be %s", i + 1, wants_tensor ? "a tensor" : "a number"));
+    }
+    if (!wants_tensor) {
+      arguments[i].number = spec.number;
+      continue;
+    }
+    if (spec.ndim < 0 || spec.ndim > static_cast<int32_t>(kMaxDims)) {
+      throw ShimError(format("argument %zu has %d dimensions: the device allows up to 8", i + 1,
+                             spec.ndim));
+    }
+    auto storage = make_storage(static_cast<c10::ScalarType>(spec.dtype),
+                                std::vector<int64_t>(spec.sizes, spec.sizes + spec.ndim));
+    storage->shape_only = shape_only;
+    if (!shape_only) {
+      // The kernel works on a copy: the caller's array is never modified, and a kernel that
+      // writes into an input is reported.
+      storage->writable = false;
+      const size_t bytes = static_cast<size_t>(storage->numel) * element_size(storage->dtype);
+      storage->owned.assign(static_cast<const unsigned char*>(spec.data),
+                            static_cast<const unsigned char*>(spec.data) + bytes);
+      storage->data = storage->owned.data();
+    }
+    arguments[i].tensor = torch::Tensor(std::move(storage));
+  }
+  return arguments;
+}
+
+// The output the shape function declares (run on the host, on data-less inputs).
+torch::Tensor declared_output(const ResolvedOp& op, const ArgumentSpec* specs, size_t count) {
+  std::vector<Argument> arguments = make_arguments(op, specs, count, true);
+  torch::Tensor output = op.op->shape_fn(arguments);
+  if (!output.defined()) throw ShimError("the shape function returned an undefined tensor");
+  return output;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const auto& line : lines) text += (text.empty() ? "" : "\n") + line;
+  return text;
+}
+
+void run_op(const char* name, bool multicore, const ArgumentSpec* specs, size_t count, void* out) {
+  const ResolvedOp op = resolve(name);
+  const torch::Tensor declared = declared_output(op, specs, count);
+  const Storage& want = *declared.shim_storage();
+  std::vector<Argument> arguments = make_arguments(op, specs, count, false);
+
+  auto output_storage = make_storage(want.dtype, want.sizes);
+  output_storage->data = out;
+  fill_sentinel(want.dtype, out, static_cast<size_t>(want.numel));
+  const torch::Tensor dst(output_storage);
+
+  const uint32_t cores_in_run = multicore ? kCoreCount : 1;
+  std::vector<CoreContext> cores(cores_in_run);
+  for (uint32_t id = 0; id < cores_in_run; ++id) {
+    cores[id].id = id;
+    cores[id].count = cores_in_run;
+    cores[id].multicore = multicore;
+    cores[id].dst = &dst;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_stdout_mutex);
+    g_stdout.clear();
+  }
+  const Invoker& kernel = op.kernel->function;
+  // Each core gets its own copy of the arguments, as each core runs the whole function.
+  CorePool::get().run(cores, [&]() {
+    std::vector<Argument> own = arguments;
+    return kernel(own);
+  });
+
+  std::vector<std::string> findings;
+  std::vector<std::string> notes;
+  for (const CoreContext& core : cores) {
+    const std::string prefix = multicore ? format("core %u: ", core.id) : "";
+    for (const auto& finding : core.findings) findings.push_back(prefix + finding);
+    for (size_t bytes : core.failed_tcm_mallocs) {
+      notes.push_back(prefix + format("note: tcm_malloc(%zu) returned nullptr (the 16 KB pool "
+                                      "was full)", bytes));
+    }
+  }
+  if (multicore) {
+    for (auto& finding : check_disjoint_cover(cores, want.numel)) findings.push_back(finding);
+  } else if (!cores[0].used_dst && cores[0].findings.empty()) {
+    const torch::Tensor& returned = cores[0].returned;
+    if (!returned.defined()) {
+      findings.push_back("the kernel returned an undefined tensor and never called "
+                         "get_dst_tensor()");
+    } else {
+      Storage& got = *returned.shim_storage();
+      if (got.sizes != want.sizes || got.dtype != want.dtype) {
+        findings.push_back(format(
+            "the kernel returned %s %s, but the shape function declares %s %s",
+            shape_text(got.sizes).c_str(), dtype_name(got.dtype), shape_text(want.sizes).c_str(),
+            dtype_name(want.dtype)));
+      } else {
+        std::memcpy(out, got.ensure_data(), static_cast<size_t>(want.numel) * element_size(want.dtype));
+      }
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (!specs[i].is_tensor) continue;
+    const Storage& input = *arguments[i].tensor.shim_storage();
+    if (!input.owned.empty() && std::memcmp(input.data, specs[i].data, input.owned.size()) != 0) {
+      findings.push_back(format("the kernel wrote into input %zu (operator inputs are read-only)",
+                                i + 1));
+    }
+  }
+  if (!findings.empty()) {
+    for (auto& note : notes) findings.push_back(note);
+    throw ShimError(join_lines(findings));
+  }
+
+  RunStats stats;
+  for (const CoreContext& core : cores) {
+    stats.active_cores += (!core.dst_writes.empty() || !multicore) ? 1 : 0;
+    stats.tcm_peak_bytes = std::max<uint64_t>(stats.tcm_peak_bytes, core.tcm_peak);
+    stats.bytes_to_tcm += core.bytes_to_tcm;
+    stats.bytes_from_tcm += core.bytes_from_tcm;
+    stats.failed_tcm_mallocs += core.failed_tcm_mallocs.size();
+  }
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  g_last_stats = stats;
+}
+
+void write_error(char* error, size_t error_size, const char* message) noexcept {
+  if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", message);
+}
+
+// 0 on success, else 1 with the message in `error`.
+template <typename Body>
+int guarded(char* error, size_t error_size, Body&& body) noexcept {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    write_error(error, error_size, e.what());
+  } catch (...) {
+    write_error(error, error_size, "unknown C++ exception");
+  }
+  return 1;
+}
+
+size_t copy_text(const std::string& text, char* buffer, size_t size) noexcept {
+  if (buffer != nullptr && size > 0) std::snprintf(buffer, size, "%s", text.c_str());
+  return text.size();
+}
+
+}  // namespace
+
+// ---- definitions of the header's declarations ---------------------------------------------
+
+std::string demangle(const char* mangled) {
+  int status = 0;
+  char* text = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string result = status == 0 && text != nullptr ? text : mangled;
+  std::free(text);
+  return result;
+}
+
+void register_op(const char* library, const char* op, const char* kernel_name,
+                 std::vector<Parameter> parameters, Invoker shape_fn) noexcept {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& registry = op_registry();
+  auto found = registry.find(op);
+  if (found != registry.end()) {
+    ++found->second.definitions;
+    return;
+  }
+  registry.emplace(op, OpEntry{library, kernel_name, std::move(parameters), std::move(shape_fn), 1});
+}
+
+void register_kernel(const char* name, const char* signature, std::vector<Parameter> parameters,
+                     Invoker kernel) noexcept {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  kernel_registry().emplace(name, KernelEntry{signature, std::move(parameters), std::move(kernel)});
+}
+
+[[noreturn]] void assertion_failed(const char* expression, const char* file, int line) {
+  throw ShimError(format("assertion failed: %s (%s:%d)", expression, file, line));
+}
+
 void* Storage::ensure_data() {
+  if (shape_only) {
+    throw ShimError("a shape function read tensor data: it runs at trace time on XLA tensors "
+                    "that have no storage; only shape information such as numel() and sizes() "
+                    "may be used (custom-c++-operators-devguide \"Shape Function\")");
+  }
   if (owns_memory) {
     std::call_once(materialized, [this] {
       owned.assign(static_cast<size_t>(numel) * element_size(dtype), 0);
       data = owned.data();
+      const size_t count = static_cast<size_t>(numel);
+      if (init == Init::Sentinel) fill_sentinel(dtype, data, count);
+      if (init == Init::Value) {
+        for (size_t i = 0; i < count; ++i) store_scalar(dtype, data, i, init_value);
+      }
+      if (init == Init::Identity) {
+        for (int64_t r = 0; r < sizes[0] && r < sizes[1]; ++r) {
+          store(dtype, data, static_cast<size_t>(r * sizes[1] + r), 1.0, 1);
+        }
+      }
     });
   }
   return data;
@@ -372,99 +920,128 @@ void tcm_transfer(Storage& storage, c10::ScalarType element_type, size_t element
   }
 }
 
-torch::Tensor wrap(void* data, c10::ScalarType dtype, std::vector<int64_t> sizes,
-                   bool writable) {
-  auto storage = make_storage(dtype, std::move(sizes), writable);
-  if (data == nullptr && storage->numel > 0) throw ShimError("null data for a non-empty tensor");
-  storage->data = data;
-  return torch::Tensor(std::move(storage));
+void* open_accessor(Storage& storage, c10::ScalarType element_type, size_t dims,
+                    const int64_t** sizes, const int64_t** strides) {
+  if (element_type != storage.dtype) {
+    throw ShimError(format("accessor<%s, %zu> on a %s tensor", dtype_name(element_type), dims,
+                           dtype_name(storage.dtype)));
+  }
+  if (dims != storage.sizes.size()) {
+    throw ShimError(format("accessor<%s, %zu> on a %zu-dimensional tensor %s",
+                           dtype_name(element_type), dims, storage.sizes.size(),
+                           shape_text(storage.sizes).c_str()));
+  }
+  void* data = direct_data(storage, "a standard tensor accessor");
+  *sizes = storage.sizes.data();
+  *strides = storage.strides.data();
+  return data;
 }
 
-void register_shape_function(const char* library, const char* op, const char* kernel_name,
-                             std::type_index signature, ErasedFunction shape_fn) noexcept {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto& registry = shape_registry();
-  auto found = registry.find(op);
-  if (found != registry.end()) {
-    ++found->second.definitions;
-    return;
+struct Stream {
+  Storage* storage;
+  bool write;
+  size_t element_bytes;
+  size_t position = 0;
+  bool open = true;
+  size_t tcm_charge = 0;
+  std::vector<unsigned char> pending;  // written elements not yet flushed
+};
+
+Stream* open_stream(Storage& storage, c10::ScalarType element_type, bool write) {
+  const char* api = write ? "write_stream_accessor" : "read_stream_accessor";
+  if (element_type != storage.dtype) {
+    throw ShimError(format("%s<%s> on a %s tensor", api, dtype_name(element_type),
+                           dtype_name(storage.dtype)));
   }
-  registry.emplace(op, ShapeEntry{library, kernel_name, signature, shape_fn, 1});
+  direct_data(storage, api);
+  // custom-ops-ref-guide "Coherence": no stream may be active while a write stream is.
+  const bool incoherent = write ? storage.active_read_streams + storage.active_write_streams > 0
+                                : storage.active_write_streams > 0;
+  if (incoherent && storage.policy == torch::CoherencyEnforcer::COHERENT) {
+    throw ShimError(format("%s while a %s stream is active on the same tensor: potentially "
+                           "incoherent access under the COHERENT policy", api,
+                           write && storage.active_write_streams == 0 ? "read" : "write"));
+  }
+  if (incoherent && storage.policy == torch::CoherencyEnforcer::INCOHERENT_VERBOSE) {
+    std::lock_guard<std::mutex> lock(g_stdout_mutex);
+    g_stdout += format("warning: %s: potentially incoherent stream access\n", api);
+  }
+  auto* stream = new Stream{&storage, write, element_size(storage.dtype), 0, true, 0, {}};
+  (write ? storage.active_write_streams : storage.active_read_streams) += 1;
+  // Each stream caches 4 KB of TCM from the kernel's pool while it is open; beyond the pool,
+  // streams still work, only slower (custom-ops-ref-guide "Streaming Accessors").
+  CoreContext& core = current_core(api);
+  if (core.tcm_in_use + kStreamTcmBytes <= kTcmPoolBytes) {
+    stream->tcm_charge = kStreamTcmBytes;
+    core.tcm_in_use += kStreamTcmBytes;
+    core.tcm_peak = std::max(core.tcm_peak, core.tcm_in_use);
+  }
+  return stream;
 }
 
-ErasedFunction find_shape_function(const char* op, const char* kernel_name,
-                                   std::type_index signature) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  const auto& registry = shape_registry();
-  const auto found = registry.find(op);
-  if (found == registry.end()) {
-    throw ShimError(format("op \"%s\" has no m.def(...) in a NEURON_LIBRARY shape source", op));
+const void* stream_read(Stream* stream) {
+  if (!stream->open) throw ShimError("read() on a closed read stream");
+  if (stream->position >= static_cast<size_t>(stream->storage->numel)) {
+    throw ShimError(format("read() past the end of a stream over %lld elements",
+                           static_cast<long long>(stream->storage->numel)));
   }
-  const ShapeEntry& entry = found->second;
-  if (entry.definitions > 1) {
-    throw ShimError(format("op \"%s\" is defined %d times", op, entry.definitions));
-  }
-  if (entry.kernel_name != kernel_name) {
-    throw ShimError(format("op \"%s\" is registered with kernel \"%s\", not \"%s\"", op,
-                           entry.kernel_name.c_str(), kernel_name));
-  }
-  if (entry.signature != signature) {
-    throw ShimError(format("the shape function of op \"%s\" does not have the signature of "
-                           "kernel \"%s\"", op, kernel_name));
-  }
-  return entry.function;
+  const auto* data = static_cast<const unsigned char*>(stream->storage->data);
+  return data + stream->element_bytes * stream->position++;
 }
 
-void check_output_shape(const char* op, const torch::Tensor& expected,
-                        const torch::Tensor& dst) {
-  const Storage& want = *expected.shim_storage();
-  const Storage& got = *dst.shim_storage();
-  if (want.sizes != got.sizes || want.dtype != got.dtype) {
-    throw ShimError(format("op \"%s\": the shape function gives %s %s, the output buffer is %s %s",
-                           op, shape_text(want.sizes).c_str(), dtype_name(want.dtype),
-                           shape_text(got.sizes).c_str(), dtype_name(got.dtype)));
+void stream_write(Stream* stream, const void* value) {
+  if (!stream->open) throw ShimError("write() on a closed write stream");
+  if (stream->position >= static_cast<size_t>(stream->storage->numel)) {
+    throw ShimError(format("write() past the end of a stream over %lld elements",
+                           static_cast<long long>(stream->storage->numel)));
   }
+  if (!stream->storage->writable) throw ShimError("write stream into an input tensor (read-only)");
+  const auto* bytes = static_cast<const unsigned char*>(value);
+  stream->pending.insert(stream->pending.end(), bytes, bytes + stream->element_bytes);
+  ++stream->position;
 }
 
-void run_multicore(const torch::Tensor& dst, const std::function<void()>& kernel) {
-  const Storage& output = *dst.shim_storage();
-  std::vector<CoreContext> cores(kCoreCount);
-  for (uint32_t id = 0; id < kCoreCount; ++id) {
-    cores[id].id = id;
-    cores[id].dst = &dst;
+int close_stream(Stream* stream) noexcept {
+  if (stream == nullptr || !stream->open) return 0;
+  stream->open = false;
+  Storage& storage = *stream->storage;
+  if (stream->write) {
+    const size_t first = stream->position * stream->element_bytes - stream->pending.size();
+    std::memcpy(static_cast<unsigned char*>(storage.data) + first, stream->pending.data(),
+                stream->pending.size());
+    stream->pending.clear();
   }
-  CorePool::get().run(cores, kernel);
-
-  std::string errors;
-  for (const CoreContext& core : cores) {
-    if (!core.error.empty()) errors += format("core %u: %s\n", core.id, core.error.c_str());
-  }
-  if (!errors.empty()) throw ShimError(errors.substr(0, errors.size() - 1));
-  check_disjoint_cover(cores, output.numel);
-
-  RunStats stats;
-  for (const CoreContext& core : cores) {
-    stats.active_cores += core.dst_writes.empty() ? 0 : 1;
-    stats.tcm_peak_bytes = std::max<uint64_t>(stats.tcm_peak_bytes, core.tcm_peak);
-    stats.bytes_to_tcm += core.bytes_to_tcm;
-    stats.bytes_from_tcm += core.bytes_from_tcm;
-  }
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
-  g_last_stats = stats;
+  (stream->write ? storage.active_write_streams : storage.active_read_streams) -= 1;
+  if (t_core != nullptr) t_core->tcm_in_use -= stream->tcm_charge;
+  return 0;
 }
 
-void write_error(char* error, size_t error_size, const char* message) noexcept {
-  if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", message);
+void delete_stream(Stream* stream) noexcept {
+  close_stream(stream);
+  delete stream;
 }
 
 }  // namespace asickernels_shim
 
 namespace shim = asickernels_shim;
 
-[[noreturn]] void c10::shim_index_error(size_t index, size_t size) {
-  throw shim::ShimError(shim::format("index %zu out of range for an ArrayRef of size %zu", index,
-                                     size));
+[[noreturn]] void c10::shim_index_error(int64_t index, int64_t size, const char* what) {
+  throw shim::ShimError(shim::format("%s index %lld out of range [0, %lld)", what,
+                                     static_cast<long long>(index), static_cast<long long>(size)));
 }
+
+c10::ScalarType c10::TensorOptions::dtype() const {
+  if (!has_dtype_) {
+    throw shim::ShimError("TensorOptions without a dtype: the dtype must be specified "
+                          "(custom-ops-ref-guide \"Tensor Factory Functions\")");
+  }
+  return dtype_;
+}
+
+c10::Half::Half(float value) : x(shim::float_to_half(value)) {}
+c10::Half::operator float() const { return shim::half_to_float(x); }
+c10::BFloat16::BFloat16(float value) : x(shim::float_to_bfloat16(value)) {}
+c10::BFloat16::operator float() const { return shim::bfloat16_to_float(x); }
 
 namespace torch {
 
@@ -475,9 +1052,26 @@ const std::shared_ptr<shim::Storage>& Tensor::shim_storage() const {
 
 IntArrayRef Tensor::sizes() const { return IntArrayRef(shim_storage()->sizes); }
 
+int64_t Tensor::size(int64_t dim) const {
+  const int64_t dims = this->dim();
+  const int64_t wrapped = dim < 0 ? dim + dims : dim;
+  if (wrapped < 0 || wrapped >= dims) c10::shim_index_error(dim, dims, "Tensor::size dim");
+  return shim_storage()->sizes[static_cast<size_t>(wrapped)];
+}
+
+int64_t Tensor::dim() const { return static_cast<int64_t>(shim_storage()->sizes.size()); }
+
 int64_t Tensor::numel() const { return shim_storage()->numel; }
 
 ScalarType Tensor::scalar_type() const { return shim_storage()->dtype; }
+
+CoherencyEnforcer::Policy Tensor::get_accessor_coherence_policy() const {
+  return shim_storage()->policy;
+}
+
+void Tensor::set_accessor_coherence_policy(CoherencyEnforcer::Policy policy) const {
+  shim_storage()->policy = policy;
+}
 
 TensorTcmAccessor<true> Tensor::tcm_accessor() const& {
   return TensorTcmAccessor<true>(shim_storage());
@@ -487,21 +1081,243 @@ TensorTcmAccessor<false> Tensor::tcm_accessor() & {
   return TensorTcmAccessor<false>(shim_storage());
 }
 
-Tensor empty(IntArrayRef size, TensorOptions options) {
-  auto storage = shim::make_storage(options.dtype(), size.vec(), true);
+Tensor& Tensor::fill_(const Scalar& value) const {
+  shim::Storage& storage = *shim_storage();
+  if (!storage.writable) throw shim::ShimError("fill_ on an input tensor (read-only)");
+  void* data = shim::direct_data(storage, "Tensor::fill_");
+  for (size_t i = 0; i < static_cast<size_t>(storage.numel); ++i) {
+    shim::store_scalar(storage.dtype, data, i, value);
+  }
+  return const_cast<Tensor&>(*this);
+}
+
+namespace {
+
+Tensor factory(IntArrayRef size, TensorOptions options, shim::Init init, Scalar value = 0) {
+  auto storage = shim::make_storage(options.dtype(), size.vec());
   storage->owns_memory = true;
+  storage->init = init;
+  storage->init_value = value;
   return Tensor(std::move(storage));
 }
 
-Tensor zeros(IntArrayRef size, TensorOptions options) { return empty(size, options); }
+// One operand of an element-wise op: a tensor or a scalar.
+struct Operand {
+  const Tensor* tensor;
+  Scalar scalar;
+  Operand(const Tensor& t) : tensor(&t) {}  // NOLINT
+  Operand(const Scalar& s) : tensor(nullptr), scalar(s) {}  // NOLINT
+};
+
+using FloatOp = double (*)(const double*, double);
+using IntegralOp = int64_t (*)(const int64_t*, int64_t);
+
+// result[i] = op(operands[..][i], parameter), computed in int64 when the result and every
+// tensor operand are integral and an integral form exists, else in double.
+Tensor& elementwise(const char* name, Tensor& result, std::initializer_list<Operand> operands,
+                    FloatOp float_op, IntegralOp integral_op, bool integral_only,
+                    const Scalar& parameter = 0) {
+  shim::Storage& out = *result.shim_storage();
+  if (!out.writable) throw shim::ShimError(shim::format("torch::%s into an input tensor", name));
+  bool all_integral = shim::is_integral(out.dtype);
+  for (const Operand& operand : operands) {
+    if (operand.tensor == nullptr) continue;
+    const shim::Storage& in = *operand.tensor->shim_storage();
+    if (in.sizes != out.sizes) {
+      throw shim::ShimError(shim::format(
+          "torch::%s: shapes %s and %s differ; the device's tensor library does not broadcast",
+          name, shim::shape_text(in.sizes).c_str(), shim::shape_text(out.sizes).c_str()));
+    }
+    all_integral = all_integral && shim::is_integral(in.dtype);
+  }
+  if (integral_only && !all_integral) {
+    throw shim::ShimError(shim::format("torch::%s needs tensors of integral types", name));
+  }
+  std::vector<const void*> data;
+  for (const Operand& operand : operands) {
+    data.push_back(operand.tensor == nullptr
+                       ? nullptr
+                       : shim::direct_data(*operand.tensor->shim_storage(), name));
+  }
+  void* out_data = shim::direct_data(out, name);
+  const bool integral = all_integral && integral_op != nullptr;
+  double values[3];
+  int64_t integers[3];
+  for (size_t i = 0; i < static_cast<size_t>(out.numel); ++i) {
+    size_t k = 0;
+    for (const Operand& operand : operands) {
+      if (operand.tensor == nullptr) {
+        values[k] = operand.scalar.toDouble();
+        integers[k] = operand.scalar.toLong();
+      } else {
+        const c10::ScalarType dtype = operand.tensor->shim_storage()->dtype;
+        values[k] = shim::load_double(dtype, data[k], i);
+        integers[k] = shim::load_integral(dtype, data[k], i);
+      }
+      ++k;
+    }
+    if (integral) {
+      const int64_t value = integral_op(integers, parameter.toLong());
+      shim::store(out.dtype, out_data, i, static_cast<double>(value), value);
+    } else {
+      const double value = float_op(values, parameter.toDouble());
+      shim::store(out.dtype, out_data, i, value, static_cast<int64_t>(value));
+    }
+  }
+  return result;
+}
+
+// The dtype op() gives its result: that of its first tensor operand, except that
+// transcendental ops and division of integers give kFloat, as in ATen.
+Tensor result_like(const Tensor& like, bool floating) {
+  const ScalarType dtype = like.scalar_type();
+  return empty(like.sizes(), floating && shim::is_integral(dtype) ? kFloat : dtype);
+}
+
+}  // namespace
+
+Tensor empty(IntArrayRef size, TensorOptions options) {
+  return factory(size, options, shim::Init::Sentinel);
+}
+Tensor zeros(IntArrayRef size, TensorOptions options) {
+  return factory(size, options, shim::Init::Value, 0);
+}
+Tensor ones(IntArrayRef size, TensorOptions options) {
+  return factory(size, options, shim::Init::Value, 1);
+}
+Tensor full(IntArrayRef size, const Scalar& fill_value, TensorOptions options) {
+  return factory(size, options, shim::Init::Value, fill_value);
+}
+Tensor eye(int64_t n, int64_t m, TensorOptions options) {
+  return factory({n, m}, options, shim::Init::Identity);
+}
+
+#define ASICKERNELS_SHIM_UNARY(name, floating, float_expr, integral_expr)                  \
+  Tensor& name##_out(Tensor& result, const Tensor& self) {                                 \
+    return elementwise(#name, result, {self},                                              \
+                       [](const double* v, double) -> double { return float_expr; },       \
+                       integral_expr, false);                                              \
+  }                                                                                        \
+  Tensor name(const Tensor& self) {                                                        \
+    Tensor result = result_like(self, floating);                                           \
+    return name##_out(result, self);                                                       \
+  }
+#define ASICKERNELS_SHIM_SAME [](const int64_t* v, int64_t) -> int64_t { return v[0]; }
+ASICKERNELS_SHIM_UNARY(abs, false, std::fabs(v[0]),
+                       [](const int64_t* v, int64_t) -> int64_t { return v[0] < 0 ? -v[0] : v[0]; })
+ASICKERNELS_SHIM_UNARY(ceil, false, std::ceil(v[0]), ASICKERNELS_SHIM_SAME)
+ASICKERNELS_SHIM_UNARY(floor, false, std::floor(v[0]), ASICKERNELS_SHIM_SAME)
+ASICKERNELS_SHIM_UNARY(sin, true, std::sin(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(cos, true, std::cos(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(tan, true, std::tan(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(log, true, std::log(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(log2, true, std::log2(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(log10, true, std::log10(v[0]), nullptr)
+ASICKERNELS_SHIM_UNARY(exp, true, std::exp(v[0]), nullptr)
+#undef ASICKERNELS_SHIM_SAME
+#undef ASICKERNELS_SHIM_UNARY
+
+Tensor& bitwise_not_out(Tensor& result, const Tensor& self) {
+  return elementwise("bitwise_not", result, {self}, nullptr,
+                     [](const int64_t* v, int64_t) -> int64_t { return ~v[0]; }, true);
+}
+Tensor bitwise_not(const Tensor& self) {
+  Tensor result = result_like(self, false);
+  return bitwise_not_out(result, self);
+}
+Tensor bitwise_not(Tensor& result, const Tensor& self) { return bitwise_not_out(result, self); }
+
+#define ASICKERNELS_SHIM_BINARY_FORMS(name, floating, float_expr, integral_expr, integral_only) \
+  Tensor& name##_out(Tensor& result, const Tensor& self, const Tensor& other) {               \
+    return elementwise(#name, result, {self, other},                                          \
+                       [](const double* v, double) -> double { return float_expr; },          \
+                       integral_expr, integral_only);                                         \
+  }                                                                                           \
+  Tensor& name##_out(Tensor& result, const Tensor& self, const Scalar& other) {               \
+    return elementwise(#name, result, {self, other},                                          \
+                       [](const double* v, double) -> double { return float_expr; },          \
+                       integral_expr, integral_only);                                         \
+  }                                                                                           \
+  Tensor name(const Tensor& self, const Tensor& other) {                                      \
+    Tensor result = result_like(self, floating);                                              \
+    return name##_out(result, self, other);                                                   \
+  }                                                                                           \
+  Tensor name(const Tensor& self, const Scalar& other) {                                      \
+    Tensor result = result_like(self, floating);                                              \
+    return name##_out(result, self, other);                                                   \
+  }
+ASICKERNELS_SHIM_BINARY_FORMS(mul, false, v[0] * v[1],
+                              [](const int64_t* v, int64_t) -> int64_t { return v[0] * v[1]; }, false)
+ASICKERNELS_SHIM_BINARY_FORMS(div, true, v[0] / v[1], nullptr, false)
+ASICKERNELS_SHIM_BINARY_FORMS(pow, false, std::pow(v[0], v[1]), nullptr, false)
+ASICKERNELS_SHIM_BINARY_FORMS(bitwise_and, false, (static_cast<void>(v), 0.0),
+                              [](const int64_t* v, int64_t) -> int64_t { return v[0] & v[1]; }, true)
+ASICKERNELS_SHIM_BINARY_FORMS(bitwise_or, false, (static_cast<void>(v), 0.0),
+                              [](const int64_t* v, int64_t) -> int64_t { return v[0] | v[1]; }, true)
+#undef ASICKERNELS_SHIM_BINARY_FORMS
+
+#define ASICKERNELS_SHIM_SCALED(name, sign)                                                   \
+  Tensor& name##_out(Tensor& result, const Tensor& self, const Tensor& other,                 \
+                     const Scalar& alpha) {                                                   \
+    return elementwise(#name, result, {self, other},                                          \
+                       [](const double* v, double a) { return v[0] sign a * v[1]; },          \
+                       [](const int64_t* v, int64_t a) { return v[0] sign a * v[1]; }, false, \
+                       alpha);                                                                \
+  }                                                                                           \
+  Tensor& name##_out(Tensor& result, const Tensor& self, const Scalar& other,                 \
+                     const Scalar& alpha) {                                                   \
+    return elementwise(#name, result, {self, other},                                          \
+                       [](const double* v, double a) { return v[0] sign a * v[1]; },          \
+                       [](const int64_t* v, int64_t a) { return v[0] sign a * v[1]; }, false, \
+                       alpha);                                                                \
+  }                                                                                           \
+  Tensor name(const Tensor& self, const Tensor& other, const Scalar& alpha) {                 \
+    Tensor result = result_like(self, false);                                                 \
+    return name##_out(result, self, other, alpha);                                            \
+  }                                                                                           \
+  Tensor name(const Tensor& self, const Scalar& other, const Scalar& alpha) {                 \
+    Tensor result = result_like(self, false);                                                 \
+    return name##_out(result, self, other, alpha);                                            \
+  }
+ASICKERNELS_SHIM_SCALED(add, +)
+ASICKERNELS_SHIM_SCALED(sub, -)
+#undef ASICKERNELS_SHIM_SCALED
+
+Tensor& pow_out(Tensor& result, const Scalar& self, const Tensor& exponent) {
+  return elementwise("pow", result, {self, exponent},
+                     [](const double* v, double) { return std::pow(v[0], v[1]); }, nullptr, false);
+}
+Tensor pow(const Scalar& self, const Tensor& exponent) {
+  Tensor result = result_like(exponent, false);
+  return pow_out(result, self, exponent);
+}
+Tensor& bitwise_and_out(Tensor& result, const Scalar& self, const Tensor& other) {
+  return bitwise_and_out(result, other, self);
+}
+Tensor bitwise_and(const Scalar& self, const Tensor& other) { return bitwise_and(other, self); }
+Tensor& bitwise_or_out(Tensor& result, const Scalar& self, const Tensor& other) {
+  return bitwise_or_out(result, other, self);
+}
+Tensor bitwise_or(const Scalar& self, const Tensor& other) { return bitwise_or(other, self); }
+
+Tensor& clamp_out(Tensor& result, const Tensor& self, const Scalar& minval, const Scalar& maxval) {
+  return elementwise("clamp", result, {self, minval, maxval},
+                     [](const double* v, double) { return std::min(std::max(v[0], v[1]), v[2]); },
+                     [](const int64_t* v, int64_t) { return std::min(std::max(v[0], v[1]), v[2]); },
+                     false);
+}
+Tensor clamp(const Tensor& self, const Scalar& minval, const Scalar& maxval) {
+  Tensor result = result_like(self, false);
+  return clamp_out(result, self, minval, maxval);
+}
 
 void* neuron::tcm_malloc(size_t nbytes) {
   shim::CoreContext& core = shim::current_core("tcm_malloc");
   const size_t charge = shim::pool_charge(nbytes);
+  // custom-ops-ref-guide "TCM Management Functions": "Upon failure, returns null."
   if (nbytes > shim::kTcmPoolBytes || core.tcm_in_use + charge > shim::kTcmPoolBytes) {
-    throw shim::ShimError(shim::format(
-        "tcm_malloc(%zu) does not fit the %zu-byte TCM pool (%zu bytes already in use); the "
-        "device would return nullptr", nbytes, shim::kTcmPoolBytes, core.tcm_in_use));
+    core.failed_tcm_mallocs.push_back(nbytes);
+    return nullptr;
   }
   // A separate heap block per buffer, so AddressSanitizer sees overruns in kernel code too.
   void* block = std::malloc(std::max<size_t>(nbytes, 1));
@@ -529,7 +1345,7 @@ void neuron::tcm_free(void* ptr) {
 
 uint32_t get_cpu_id() { return shim::current_core("get_cpu_id").id; }
 
-uint32_t get_cpu_count() { return shim::kCoreCount; }
+uint32_t get_cpu_count() { return shim::current_core("get_cpu_count").count; }
 
 torch::Tensor get_dst_tensor() {
   shim::CoreContext& core = shim::current_core("get_dst_tensor");
@@ -537,12 +1353,92 @@ torch::Tensor get_dst_tensor() {
   return *core.dst;
 }
 
+// Kernels' printf, bound to this definition when the library is linked (-Bsymbolic): on a
+// core that may print, the text is kept for the runtime to print after the run; elsewhere
+// it is a finding. Outside a kernel (a shape function on the host) it prints as usual.
+extern "C" int vprintf(const char* fmt, va_list args) {
+  shim::CoreContext* core = shim::t_core;
+  if (core == nullptr) return std::vfprintf(stdout, fmt, args);
+  if (core->multicore && core->id != 0) {
+    ++core->denied_printfs;
+    return 0;
+  }
+  va_list copy;
+  va_copy(copy, args);
+  const int length = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  if (length <= 0) return length;
+  std::string text(static_cast<size_t>(length), '\0');
+  std::vsnprintf(&text[0], text.size() + 1, fmt, args);
+  std::lock_guard<std::mutex> lock(shim::g_stdout_mutex);
+  shim::g_stdout += text;
+  return length;
+}
+
+extern "C" int printf(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const int length = vprintf(fmt, args);
+  va_end(args);
+  return length;
+}
+
+// ---- entry points for Python (ctypes) ---------------------------------------------------
+
+// Every problem of the loaded library, one per line; empty when it is valid.
+extern "C" size_t asickernels_shim_library_problems(char* buffer, size_t size) {
+  std::lock_guard<std::mutex> lock(shim::registry_mutex());
+  return shim::copy_text(shim::join_lines(shim::library_problems()), buffer, size);
+}
+
+// One line per op: "<library>\t<op>\t<parameter kinds>", kinds T (tensor), D (double),
+// S (torch::Scalar).
+extern "C" size_t asickernels_shim_describe(char* buffer, size_t size) {
+  std::lock_guard<std::mutex> lock(shim::registry_mutex());
+  std::vector<std::string> lines;
+  for (const auto& item : shim::op_registry()) {
+    lines.push_back(item.second.library + "\t" + item.first + "\t" +
+                    shim::kinds_text(item.second.parameters));
+  }
+  return shim::copy_text(shim::join_lines(lines), buffer, size);
+}
+
+// The output the op's shape function declares for these arguments.
+extern "C" int asickernels_shim_output_spec(const char* op, const shim::ArgumentSpec* args,
+                                            size_t count, int32_t* dtype, int32_t* ndim,
+                                            int64_t* sizes, char* error, size_t error_size) {
+  return shim::guarded(error, error_size, [&] {
+    const torch::Tensor output = shim::declared_output(shim::resolve(op), args, count);
+    const shim::Storage& storage = *output.shim_storage();
+    *dtype = static_cast<int32_t>(storage.dtype);
+    *ndim = static_cast<int32_t>(storage.sizes.size());
+    std::copy(storage.sizes.begin(), storage.sizes.end(), sizes);
+  });
+}
+
+// Runs the op on 1 core (single-core mode) or 8 (multicore), writing its output to `out`
+// (laid out as asickernels_shim_output_spec says); every finding goes to `error`.
+extern "C" int asickernels_shim_run(const char* op, int multicore, const shim::ArgumentSpec* args,
+                                    size_t count, void* out, char* error, size_t error_size) {
+  return shim::guarded(error, error_size,
+                       [&] { shim::run_op(op, multicore != 0, args, count, out); });
+}
+
+// What the last run printed (printf on core 0 and coherence warnings).
+extern "C" size_t asickernels_shim_last_stdout(char* buffer, size_t size) {
+  std::lock_guard<std::mutex> lock(shim::g_stdout_mutex);
+  return shim::copy_text(shim::g_stdout, buffer, size);
+}
+
+// Counters of the most recent successful run: cores that wrote output, peak TCM bytes on
+// one core, bytes copied tensor -> TCM and TCM -> tensor, failed tcm_malloc calls.
 extern "C" void asickernels_shim_last_run_stats(uint64_t* out) {
   std::lock_guard<std::mutex> lock(shim::g_stats_mutex);
   out[0] = shim::g_last_stats.active_cores;
   out[1] = shim::g_last_stats.tcm_peak_bytes;
   out[2] = shim::g_last_stats.bytes_to_tcm;
   out[3] = shim::g_last_stats.bytes_from_tcm;
+  out[4] = shim::g_last_stats.failed_tcm_mallocs;
 }
 
 extern "C" int asickernels_shim_sanitized() {

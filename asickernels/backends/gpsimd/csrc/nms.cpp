@@ -6,7 +6,8 @@
 // overlaps an already kept box of its category, stop at max_output_size.
 //
 //   boxes [B, N, 4] kFloat, scores [B, N] kFloat, categories [B, N] kInt (zeros for plain
-//   NMS); iou_threshold, max_output_size (M), score_threshold (-inf for none).
+//   NMS); iou_threshold, max_output_size (M, an integer passed as a double: the only scalar
+//   dtype custom operators take), score_threshold (-inf for none).
 //   Output [B, M + 1] kInt: column 0 the number kept, then the kept indices in selection
 //   order, padded with -1.
 //
@@ -121,11 +122,12 @@ void greedy_select(Workspace& work, size_t max_output_size, double iou_threshold
 
 torch::Tensor nms(const torch::Tensor& boxes, const torch::Tensor& scores,
                   const torch::Tensor& categories, double iou_threshold,
-                  int64_t max_output_size, double score_threshold) {
+                  double max_output_size, double score_threshold) {
   torch::Tensor out = get_dst_tensor();
   const size_t batch = static_cast<size_t>(scores.sizes()[0]);
   const size_t n = static_cast<size_t>(scores.sizes()[1]);
-  const size_t row_length = static_cast<size_t>(max_output_size) + 1;
+  const size_t max_kept = static_cast<size_t>(max_output_size);
+  const size_t row_length = max_kept + 1;
 
   void* stage = torch::neuron::tcm_malloc(kStageBytes);
   if (stage != nullptr) {
@@ -154,7 +156,7 @@ torch::Tensor nms(const torch::Tensor& boxes, const torch::Tensor& scores,
       work.categories.resize(n);
       read_through_tcm(category_reader, stage_ints, kStageInts, image * n, n,
                        work.categories.data());
-      greedy_select(work, static_cast<size_t>(max_output_size), iou_threshold);
+      greedy_select(work, max_kept, iou_threshold);
       const size_t kept = work.selected.size();
       for (size_t first = 0; first < row_length; first += kStageInts) {
         const size_t count = std::min(kStageInts, row_length - first);

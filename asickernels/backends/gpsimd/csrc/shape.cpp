@@ -15,10 +15,12 @@ torch::Tensor giou_shape(const torch::Tensor& boxes1, const torch::Tensor& /*box
 }
 
 // [B, N] scores -> [B, max_output_size + 1] kInt: the count kept, then the indices.
+// max_output_size is a double holding an integer: double is the only scalar dtype a custom
+// operator may take (custom-c++-operators-devguide "Kernel Function").
 torch::Tensor nms_shape(const torch::Tensor& /*boxes*/, const torch::Tensor& scores,
                         const torch::Tensor& /*categories*/, double /*iou_threshold*/,
-                        int64_t max_output_size, double /*score_threshold*/) {
-  return torch::zeros({scores.sizes()[0], max_output_size + 1}, torch::kInt);
+                        double max_output_size, double /*score_threshold*/) {
+  return torch::zeros({scores.sizes()[0], static_cast<int64_t>(max_output_size) + 1}, torch::kInt);
 }
 
 NEURON_LIBRARY(asickernels_gpsimd, m) {

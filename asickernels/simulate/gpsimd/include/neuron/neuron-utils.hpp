@@ -1,5 +1,5 @@
 // Host shim of the GpSimd <neuron/neuron-utils.hpp>: which core is running, how many run,
-// and the operator's output tensor. Valid only inside a kernel run by the shim's runner.
+// and the operator's output tensor. Valid only inside a kernel run by the shim.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,8 @@
 
 // This core's id, in [0, get_cpu_count()).
 uint32_t get_cpu_id();
-// The number of GpSimd cores that each run the whole kernel: 8 on NeuronCore-v2.
+// The GpSimd cores running the kernel: 8 on NeuronCore-v2 in multicore mode, else 1.
 uint32_t get_cpu_count();
-// The operator's output tensor; mandatory in multicore mode (the return value is ignored).
+// The operator's output tensor. Once a kernel calls it, its return value is ignored; in
+// multicore mode it is mandatory (custom-ops-ref-guide "Return Value Handling").
 torch::Tensor get_dst_tensor();

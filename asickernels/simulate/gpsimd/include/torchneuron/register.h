@@ -1,30 +1,30 @@
 // Host shim of "torchneuron/register.h": NEURON_LIBRARY(lib, m) { m.def(op, &shape_fn,
-// "kernel_fn"); } records each op's shape function, which the shim's runner calls to size
-// the output exactly as torch-neuronx does at trace time.
+// "kernel_fn"); } records each op's shape function and the name of its kernel. As in
+// torch-neuronx, the op is matched to its kernel by that name, and the schema comes from the
+// shape function: a shape function taking tensors by value fits a kernel taking
+// `const torch::Tensor&` (custom-c++-operators-devguide "Shape Function").
 #pragma once
-
-#include <typeindex>
-#include <typeinfo>
 
 #include <torch/torch.h>
 
+#include "asickernels_shim/ops.hpp"
+
 namespace asickernels_shim {
-
-using ErasedFunction = void (*)();
-
-// Records one op (runtime.cpp). Never throws: it runs while the library loads, so
-// conflicts are reported when the op is called.
-void register_shape_function(const char* library, const char* op, const char* kernel_name,
-                             std::type_index signature, ErasedFunction shape_fn) noexcept;
 
 class Library {
  public:
   explicit Library(const char* name) : name_(name) {}
 
+  template <typename... P>
+  Library& def(const char* op, torch::Tensor (*shape_fn)(P...), const char* kernel_name) {
+    register_op(name_, op, kernel_name, parameters_of<P...>(), invoker_of(shape_fn));
+    return *this;
+  }
+
   template <typename Fn>
-  Library& def(const char* op, Fn* shape_fn, const char* kernel_name) {
-    register_shape_function(name_, op, kernel_name, std::type_index(typeid(Fn)),
-                            reinterpret_cast<ErasedFunction>(shape_fn));
+  Library& def(const char*, Fn, const char*) {
+    static_assert(sizeof(Fn) == 0, "m.def(op, &shape_fn, \"kernel\"): shape_fn must be a "
+                                   "function returning torch::Tensor");
     return *this;
   }
 
