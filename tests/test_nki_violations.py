@@ -204,7 +204,63 @@ def scalar_engine_copy_on_v2(x):
     )
 
 
+def tensor_scalar_add_on_gpsimd(x):
+    """nki.isa.tensor_scalar: the GpSimd engine is "only allowed for rsqrt"."""
+    nisa.tensor_scalar(
+        dst=nl.ndarray((128, 4), dtype=nl.float32),
+        data=nl.load(x),
+        op0=nl.add,
+        operand0=1.0,
+        engine=nisa.engine.gpsimd,
+    )
+
+
+def _matmul_operands(x, dtype=nl.bfloat16):
+    tile = nl.load(x, dtype=dtype)
+    return nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile
+
+
+def matmul_tile_size_32_on_v2(x):
+    """Row tiles of 32 need NeuronCore-v3 (nki.isa.nc_matmul, "Tiling mode")."""
+    dst, stationary, moving = _matmul_operands(x[0:32])
+    nisa.nc_matmul(dst, stationary, moving, tile_position=(0, 0), tile_size=(32, 128))
+
+
+def matmul_stationary_over_its_row_tile(x):
+    dst, stationary, moving = _matmul_operands(x)
+    nisa.nc_matmul(dst, stationary, moving, tile_position=(64, 0), tile_size=(64, 128))
+
+
+def matmul_double_row_on_v2(x):
+    dst, stationary, moving = _matmul_operands(x.reshape((64, 2, 4)), nl.float8_e4m3)
+    nisa.nc_matmul(dst, stationary, moving, perf_mode=nisa.matmul_perf_mode.double_row)
+
+
+def matmul_mixes_fp8_formats(x):
+    stationary = nl.load(x, dtype=nl.float8_e4m3)
+    moving = nl.load(x, dtype=nl.float8_e4m3fn)
+    nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
+
+
+def matmul_mx_before_v4(x):
+    data = nl.ndarray((32, 4), dtype=nl.float8_e5m2_x4)
+    scale = nl.ndarray((4, 4), dtype=nl.uint8)
+    psum = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(psum, data, data, scale, scale)
+
+
+def access_pattern_past_the_tile(x):
+    nl.load(x).ap([[4, 128], [1, 5]])
+
+
 VIOLATIONS = [
+    (tensor_scalar_add_on_gpsimd, _x(), errors.UnsupportedEngine),
+    (matmul_tile_size_32_on_v2, _x(), errors.UnsupportedOperator),
+    (matmul_stationary_over_its_row_tile, _x(), errors.SizeOfDimensionExceedArchLimit),
+    (matmul_double_row_on_v2, _x(), errors.UnsupportedOperator),
+    (matmul_mixes_fp8_formats, _x(), errors.UnsupportedDtype),
+    (matmul_mx_before_v4, _x(), errors.UnsupportedOperator),
+    (access_pattern_past_the_tile, _x(), errors.TensorAccessOutOfBound),
     (partition_over_128, _x(), errors.NumPartitionExceedArchLimit),
     (load_over_128_partitions, _x((256, 4)), errors.NumPartitionExceedArchLimit),
     (partition_mismatch, _x(), errors.NumPartitionMismatch),

@@ -1370,7 +1370,7 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: Any =
             ]
             if matches:
                 indices[lane, slot] = matches[0]
-                taken.add(matches[0])
+                taken.add(int(matches[0]))
     alu.write(dst, indices, api)
     run.count("vector")
 
