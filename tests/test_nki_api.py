@@ -138,11 +138,14 @@ def test_bitwise_operators_read_bit_patterns(name, expected, rng):
         run(returning(getattr(nl, name)), x.astype(np.float32), y)
 
 
-def test_reductions(rng):
+@pytest.mark.parametrize(
+    ("name", "expected"), [("mean", np.mean), ("prod", np.prod), ("var", np.var)]
+)
+def test_reductions(name, expected, rng):
     x = rng.normal(size=(4, 3, 5)).astype(np.float32)
-    for name, expected in (("mean", np.mean), ("prod", np.prod), ("var", np.var)):
-        result = run(returning(lambda t, f=getattr(nl, name): f(t, axis=[1, 2], keepdims=True)), x)
-        np.testing.assert_allclose(result[:, 0, 0], expected(x, axis=(1, 2)), rtol=1e-5)
+    reduce = getattr(nl, name)
+    result = run(returning(lambda t: reduce(t, axis=[1, 2], keepdims=True)), x)
+    np.testing.assert_allclose(result[:, 0, 0], expected(x, axis=(1, 2)), rtol=1e-5)
     flags = (x > -1.0).astype(np.float32)
     np.testing.assert_array_equal(
         run(returning(lambda t: nl.all(t, axis=2)), flags), flags.all(axis=2)
