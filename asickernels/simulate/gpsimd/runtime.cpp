@@ -410,7 +410,8 @@ class CorePool {
       std::lock_guard<std::mutex> lock(mutex_);
       cores_ = &cores;
       kernel_ = &kernel;
-      remaining_ = static_cast<uint32_t>(cores.size());
+      cores_in_run_ = static_cast<uint32_t>(cores.size());
+      remaining_ = cores_in_run_;
       ++generation_;
     }
     start_.notify_all();
@@ -446,10 +447,11 @@ class CorePool {
         std::unique_lock<std::mutex> lock(mutex_);
         start_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
+        // A core this run does not use must not touch it: the run may be over already.
+        if (id >= cores_in_run_) continue;
         cores = cores_;
         kernel = kernel_;
       }
-      if (id >= cores->size()) continue;
       run_core((*cores)[id], *kernel);
       std::lock_guard<std::mutex> lock(mutex_);
       if (--remaining_ == 0) done_.notify_one();
@@ -464,6 +466,7 @@ class CorePool {
   std::condition_variable done_;
   uint64_t generation_ = 0;
   uint32_t remaining_ = 0;
+  uint32_t cores_in_run_ = 0;
   std::vector<CoreContext>* cores_ = nullptr;
   const std::function<torch::Tensor()>* kernel_ = nullptr;
 };
