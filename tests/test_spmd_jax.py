@@ -51,8 +51,9 @@ def _pairs(shape: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, np.ndarra
 def test_giou_equals_unsharded(meshes, mesh_name, spec):
     b1, b2 = _pairs((8, 12, 3))
     got = jax_spmd.giou(b1, b2, mesh=meshes[mesh_name], batch_spec=spec, backend=BACKEND)
-    np.testing.assert_array_equal(
-        np.asarray(got), np.asarray(asickernels.giou(b1, b2, backend=BACKEND))
+    # Within float32 rounding: the shards and the whole are compiled (and fused) apart.
+    np.testing.assert_allclose(
+        np.asarray(got), np.asarray(asickernels.giou(b1, b2, backend=BACKEND)), rtol=0, atol=3e-7
     )
     assert got.sharding.spec == spec
 

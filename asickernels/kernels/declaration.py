@@ -110,7 +110,7 @@ class Plan:
         return dict(self.statics)[name]
 
     def output_list(self) -> tuple[Spec, ...]:
-        return self.outputs if isinstance(self.outputs, tuple) else (self.outputs,)
+        return (self.outputs,) if isinstance(self.outputs, Spec) else self.outputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +151,7 @@ class Op:
       partition: how the SPMD wrappers split the op (``"batch"``: every array along its
         leading batch dims; other rules are named by the op and live in the SPMD modules).
       check_values: optional checks of concrete input values, run on eager calls only.
+      outputs: the names of the outputs (one name: the op returns an array, not a tuple).
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class Op:
         differentiable: tuple[str, ...] = (),
         partition: str = "batch",
         check_values: Callable[..., None] | None = None,
+        outputs: tuple[str, ...] = ("out",),
     ) -> None:
         self.name = name
         self.params = tuple(params)
@@ -176,6 +178,7 @@ class Op:
         self.differentiable = differentiable
         self.partition = partition
         self.check_values = check_values
+        self.outputs = outputs
         self.__name__ = self.__qualname__ = name
         self.__doc__ = doc
         self.__module__ = "asickernels"
@@ -307,7 +310,7 @@ class Op:
 
 
 def _as_single(plan: Plan, outs: tuple[Any, ...]) -> Any:
-    return outs if isinstance(plan.outputs, tuple) else outs[0]
+    return outs if not isinstance(plan.outputs, Spec) else outs[0]
 
 
 def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any]) -> bool:

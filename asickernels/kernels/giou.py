@@ -143,6 +143,7 @@ giou_vjp = Op(
     check=_check_giou_vjp,
     compute=_compute_giou_vjp,
     reference=reference.giou_vjp,
+    outputs=("d_boxes1", "d_boxes2"),
     doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
 
     ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,

@@ -207,6 +207,7 @@ quantize_int8 = Op(
     compute=_compute_quantize,
     reference=_reference_quantize,
     check_values=_check_quantize_values,
+    outputs=("q", "scale"),
     doc="""Symmetric int8 quantization.
 
     Args:

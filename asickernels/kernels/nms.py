@@ -164,6 +164,7 @@ nms = Op(
     check=_check_nms,
     compute=_compute_nms,
     reference=_reference_nms,
+    outputs=("indices", "num_valid"),
     doc=_NMS_DOC,
 )
 
@@ -173,6 +174,7 @@ batched_nms = Op(
     check=_check_nms,
     compute=_compute_nms,
     reference=_reference_nms,
+    outputs=("indices", "num_valid"),
     doc="""Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only
     suppress boxes of the same category (``idxs [..., N]``, any integer dtype; ids keep
     their identity over the whole int64 range). Output as :func:`nms`: kept boxes of all

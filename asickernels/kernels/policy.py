@@ -28,6 +28,12 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "giou_vjp": ("cpu", "pallas_tpu", "nki", "xla"),
     "nms": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
     "int8_matmul": ("cpu", "pallas_tpu", "nki", "xla"),
+    "box_iou": ("pallas_tpu", "nki", "xla"),
+    "generalized_box_iou": ("pallas_tpu", "nki", "xla"),
+    "diou": ("pallas_tpu", "nki", "xla"),
+    "diou_vjp": ("pallas_tpu", "xla"),
+    "ciou": ("pallas_tpu", "nki", "xla"),
+    "ciou_vjp": ("pallas_tpu", "xla"),
 }
 
 

@@ -37,7 +37,6 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Literal
 
-
 ArrayKind = Literal["numpy", "jax"]
 Mode = Literal["native", "simulated", "missing"]
 

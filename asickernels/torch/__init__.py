@@ -1,21 +1,21 @@
 """PyTorch frontend: the asickernels ops on torch tensors, as ``torch.ops.asickernels.*``.
 
-Importing this module registers the operators with ``torch.library`` (with fake
-implementations, so they trace under ``torch.compile``, and autograd for GIOU and the GIOU
-loss). The functions below take the arguments of the JAX API in :mod:`asickernels` and
-return what it returns, as torch tensors on the inputs' device:
-
-* CPU tensors run the fastest CPU implementation the library has
-  (:data:`asickernels.torch.ops.CPU_BACKEND`, jitted); float64 GIOU and GIOU loss run in
-  float64 on the reference, for ``torch.autograd.gradcheck``.
-* torch_xla tensors run the JAX/Pallas kernels inside the torch_xla graph through
-  ``torch_xla.core.xla_builder.call_jax`` (see :mod:`asickernels.torch.xla`).
+Importing this module registers one ``torch.library`` operator per op declaration (with
+fake implementations, so they trace under ``torch.compile``, and autograd for the
+differentiable ops; :mod:`asickernels.torch.ops`) and their torch_xla kernels
+(:mod:`asickernels.torch.xla`). The functions below take the arguments of the JAX API in
+:mod:`asickernels` (``out_dtype`` as a torch dtype; Python numbers where an array is
+expected become tensors) and return what it returns, as torch tensors on the inputs'
+device. CPU tensors run the JAX API's own path (selection policy included); torch_xla
+tensors run the JAX/Pallas kernels inside the torch_xla graph through ``call_jax``.
 
 ``import asickernels`` never imports torch; ``import asickernels.torch`` needs it.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -25,91 +25,46 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         "asickernels.torch needs PyTorch: pip install torch (and torch_xla for XLA tensors)"
     ) from error
 
-from asickernels.kernels.giou import Reduction
-
-# Registers the operators (asickernels.torch.ops) and their XLA device kernels.
-from asickernels.torch import xla as _xla  # noqa: F401
-
-
-def giou(boxes1: torch.Tensor, boxes2: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
-    """Generalized IoU of paired boxes ``[..., 4]`` -> ``[...]`` float32 (float64 for
-    float64 inputs); ``1 - torchvision.ops.generalized_box_iou_loss``. Differentiable."""
-    return torch.ops.asickernels.giou(boxes1, boxes2, backend)
+import asickernels
+from asickernels.kernels.declaration import Op
+from asickernels.torch import xla as _xla  # noqa: F401  (registers ops and XLA kernels)
 
 
-def giou_loss(
-    preds: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    mask: torch.Tensor | None = None,
-    reduction: Reduction = "mean",
-    backend: str | None = None,
-) -> torch.Tensor:
-    """``1 - giou`` over valid boxes (``mask [...]`` True); padding contributes exactly 0 to
-    the loss and its gradient. ``"mean"`` is over the valid boxes (0 when there are none).
-    See :func:`asickernels.giou_loss`. Differentiable."""
-    return torch.ops.asickernels.giou_loss(preds, targets, mask, reduction, backend)
-
-
-def nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy NMS with torchvision's rule and a static output shape: ``boxes [..., N, 4]``,
-    ``scores [..., N]`` -> (``indices [..., max_output_size]`` int32 padded with -1,
-    ``num_valid [...]`` int32). See :func:`asickernels.nms`."""
-    return torch.ops.asickernels.nms(
-        boxes, scores, iou_threshold, max_output_size, score_threshold, backend
+def _frontend(op: Op) -> Callable[..., Any]:
+    """The torch function of ``op``: its JAX signature without ``config``."""
+    library_op = getattr(torch.ops.asickernels, op.name)
+    signature = op.__signature__.replace(
+        parameters=[p for p in op.__signature__.parameters.values() if p.name != "config"]
     )
+    positional = op.array_names  # custom ops take tensors positionally, the rest by keyword
+    array_names = set(op.array_names)
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        like = next(v for v in values.values() if isinstance(v, torch.Tensor))
+        for name in array_names:
+            value = values[name]
+            if value is not None and not isinstance(value, torch.Tensor):
+                values[name] = torch.as_tensor(value, device=like.device)
+        keyword = {n: v for n, v in values.items() if n not in positional}
+        return library_op(*(values[n] for n in positional), **keyword)
+
+    function.__name__ = function.__qualname__ = op.name
+    function.__doc__ = op.__doc__
+    function.__signature__ = signature  # type: ignore[attr-defined]
+    function.__module__ = __name__
+    return function
 
 
-def batched_nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-category NMS (``torchvision.ops.batched_nms``'s rule), output as :func:`nms`."""
-    return torch.ops.asickernels.batched_nms(
-        boxes, scores, idxs, iou_threshold, max_output_size, score_threshold, backend
-    )
+_FUNCTIONS = {op.name: _frontend(op) for op in asickernels.OPS}
+globals().update(_FUNCTIONS)
+__all__ = sorted(_FUNCTIONS)
 
 
-def int8_matmul(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    x_scale: torch.Tensor | float | None = None,
-    y_scale: torch.Tensor | float | None = None,
-    out_dtype: torch.dtype | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    """``x [M, K] @ y [K, N]`` for int8 tensors, exact in int32, or dequantized with scales
-    (scalar or ``[M]`` / ``[N]``) to ``out_dtype``. See :func:`asickernels.int8_matmul`."""
-    return torch.ops.asickernels.int8_matmul(
-        x, y, _scale_tensor(x_scale, x), _scale_tensor(y_scale, x), out_dtype, backend
-    )
+def __getattr__(name: str) -> Any:  # for type checkers: the generated functions
+    raise AttributeError(name)
 
 
-def quantize_int8(x: torch.Tensor, axis: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 quantization -> ``(q int8, scale float32)``, ``x ~= q * scale``.
-    See :func:`asickernels.quantize_int8`."""
-    return torch.ops.asickernels.quantize_int8(x, axis)
-
-
-def _scale_tensor(scale: Any, like: torch.Tensor) -> torch.Tensor | None:
-    if scale is None or isinstance(scale, torch.Tensor):
-        return scale
-    return torch.tensor(scale, dtype=torch.float32, device=like.device)
-
-
-__all__ = ["batched_nms", "giou", "giou_loss", "int8_matmul", "nms", "quantize_int8"]
+del inspect

@@ -1,18 +1,21 @@
-"""The ``torch.ops.asickernels`` operators: schemas, fake (meta) implementations, the CPU
-implementations and autograd.
+"""The ``torch.ops.asickernels`` operators, generated from the op declarations.
 
-Every operator runs the library's own op (``asickernels.giou`` and so on): the validation,
-the semantics and the dtypes are those of the JAX API. On CPU tensors the op runs on
-:data:`CPU_BACKEND`, jitted when it is a JAX backend. float64 inputs to GIOU and the GIOU
-loss are the exception: they are computed in float64 by the numpy reference (and return
-float64), so that ``torch.autograd.gradcheck`` can check the gradient. Device kernels for
-torch_xla tensors are added by :mod:`asickernels.torch.xla`.
+For every :class:`~asickernels.kernels.declaration.Op` in :data:`asickernels.OPS` this
+defines ``asickernels::<name>`` with a schema built from the op's parameters, a CPU kernel,
+a fake (meta) kernel from the op's own output plan, and, for differentiable ops, a
+companion ``asickernels::<name>_backward`` operator and autograd. The torch_xla kernels are
+added by :mod:`asickernels.torch.xla` from the same declarations.
+
+CPU tensors run the op exactly as the JAX API does (validation, selection policy, dtypes):
+the tensors are handed over as numpy views without a copy, and host backends answer in
+numpy, so nothing passes through JAX dispatch when it does not have to. float64 stays
+float64 (``torch.autograd.gradcheck`` works).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -21,328 +24,236 @@ import numpy as np
 import torch
 
 import asickernels
-from asickernels import reference
-from asickernels.kernels import registry
+from asickernels.kernels.declaration import REQUIRED, Op, Param, Spec
 
-# The fastest CPU implementation the library has, measured at the seed sizes (see the
-# README's "PyTorch" section for the numbers and the command).
-CPU_BACKEND = "xla"
-
-# Arguments of each public op that are Python values rather than arrays (static under jit).
-_STATIC_ARGS = {
-    "giou": ("backend", "config"),
-    "giou_vjp": ("backend", "config"),
-    "giou_loss": ("reduction", "backend", "config"),
-    "nms": ("iou_threshold", "max_output_size", "score_threshold", "backend", "config"),
-    "batched_nms": ("iou_threshold", "max_output_size", "score_threshold", "backend", "config"),
-    "int8_matmul": ("out_dtype", "backend", "config"),
-    "quantize_int8": ("axis",),
+# A table, not a conversion through tensors: fake (meta) kernels run under FakeTensorMode.
+_DTYPES = {
+    torch.bool: np.dtype(np.bool_),
+    torch.int8: np.dtype(np.int8),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
 }
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy (or ml_dtypes) dtype of a torch dtype."""
-    if dtype == torch.bfloat16:
-        return np.dtype(ml_dtypes.bfloat16)
-    return torch.empty((), dtype=dtype).numpy().dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"asickernels has no use for {dtype} tensors") from None
 
 
-def _to_host(tensor: torch.Tensor | None) -> np.ndarray | None:
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return _TORCH_DTYPES[np.dtype(dtype)]
+
+
+def to_host(tensor: torch.Tensor | None) -> np.ndarray | None:
+    """A CPU tensor as a numpy view (bfloat16 through its bits), without a copy."""
     if tensor is None:
         return None
-    tensor = tensor.detach().contiguous()
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
 
 
-def _to_torch(array: Any) -> torch.Tensor:
+def to_torch(array: Any) -> torch.Tensor:
     if isinstance(array, jax.Array):
+        if array.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(np.asarray(array).view(np.int16)).view(torch.bfloat16)
         return torch.from_dlpack(array)
-    return torch.from_numpy(np.array(array))
+    array = np.asarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array)
+
+
+def spec_of(tensor: torch.Tensor | None) -> Spec | None:
+    return None if tensor is None else Spec(tuple(tensor.shape), numpy_dtype(tensor.dtype))
+
+
+def _torch_value(param: Param, value: Any) -> Any:
+    """A static argument as the JAX op takes it (torch dtypes become numpy dtypes)."""
+    if param.torch_type.startswith("ScalarType") and isinstance(value, torch.dtype):
+        return numpy_dtype(value)
+    return value
+
+
+# Schemas ------------------------------------------------------------------------------------
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _param_text(param: Param) -> str:
+    text = f"{param.torch_type} {param.name}"
+    if param.default is not REQUIRED:
+        text += f"={_default_text(param.default)}"
+    return text
+
+
+def schema(op: Op, params: tuple[Param, ...] | None = None, outputs: int | None = None) -> str:
+    """The ``torch.library`` schema of ``op``: its arrays as positional tensors (custom ops
+    take no keyword-only tensors), then its static values and ``str? backend=None`` as
+    keyword-only arguments."""
+    params = op.params if params is None else params
+    positional = [_param_text(p) for p in params if p.kind == "array"]
+    keyword = [_param_text(p) for p in params if p.kind != "array"] + ["str? backend=None"]
+    count = len(op.outputs) if outputs is None else outputs
+    returns = "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+    return "(" + ", ".join([*positional, "*", *keyword]) + f") -> {returns}"
+
+
+def split_values(params: tuple[Param, ...], values: Mapping[str, Any]) -> tuple[dict, dict]:
+    """``(tensors, statics)`` of bound values (torch dtypes as numpy dtypes)."""
+    tensors = {p.name: values[p.name] for p in params if p.kind == "array"}
+    statics = {p.name: _torch_value(p, values[p.name]) for p in params if p.kind == "static"}
+    return tensors, statics
+
+
+# Running on CPU tensors ---------------------------------------------------------------------
+
+
+def run_on_cpu(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], backend: Any) -> Any:
+    """``op`` on CPU tensors through the JAX API's own path; returns torch tensors."""
+    arrays = {name: to_host(t) for name, t in tensors.items()}
+    plan = op.plan(arrays, statics)
+    chosen = op.choose(plan, backend, arrays)
+    out = op.run(chosen, plan, None, arrays, want="numpy")
+    return tuple(map(to_torch, out)) if isinstance(out, tuple) else to_torch(out)
+
+
+def fake_outputs(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any]) -> Any:
+    """Empty tensors of ``op``'s output shapes and dtypes, from its own plan."""
+    like = next(t for t in tensors.values() if t is not None)
+    plan = op.plan({n: spec_of(t) for n, t in tensors.items()}, statics)
+    outs = tuple(like.new_empty(s.shape, dtype=torch_dtype(s.dtype)) for s in plan.output_list())
+    return outs if not isinstance(plan.outputs, Spec) else outs[0]
+
+
+def run_vjp_on_cpu(
+    op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], backend: Any, cotangent: Any
+) -> tuple[torch.Tensor, ...]:
+    assert op.vjp is not None
+    arrays = {name: to_host(t) for name, t in tensors.items()}
+    grads = op.vjp(arrays, statics, backend, to_host(cotangent))
+    return tuple(to_torch(g) for g in grads)
+
+
+def fake_vjp(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any]) -> tuple:
+    wide = any(t is not None and t.dtype == torch.float64 for t in tensors.values())
+    dtype = torch.float64 if wide else torch.float32
+    return tuple(tensors[n].new_empty(tensors[n].shape, dtype=dtype) for n in op.differentiable)
+
+
+# Registration -------------------------------------------------------------------------------
+
+
+def _define(name: str, text: str, cpu: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+    library_op = torch.library.custom_op(f"asickernels::{name}", mutates_args=(), schema=text)(cpu)
+    library_op.register_fake(fake)
+    return library_op
+
+
+def backward_params(op: Op) -> tuple[Param, ...]:
+    """The backward operator's parameters: the cotangent, then the op's (a required tensor
+    cannot follow the optional ones)."""
+    return (Param("cotangent", "array", "Tensor", positional=True), *op.params)
+
+
+def bind_values(params: tuple[Param, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+    """Positional (array) and keyword values by parameter name, with defaults (as the
+    schema)."""
+    names = [p.name for p in params if p.kind == "array"]
+    values = {p.name: p.default for p in params} | {"backend": None}
+    values.update(zip(names, args, strict=False))
+    values.update(kwargs)
+    return values
+
+
+def register(op: Op) -> tuple[Any, Any | None]:
+    """Defines ``asickernels::<op.name>`` (and its backward operator and autograd for a
+    differentiable op); returns the two ``torch.library`` custom ops."""
+
+    def cpu(*args: Any, **kwargs: Any) -> Any:
+        values = bind_values(op.params, args, kwargs)
+        tensors, statics = split_values(op.params, values)
+        return run_on_cpu(op, tensors, statics, values.get("backend"))
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        tensors, statics = split_values(op.params, bind_values(op.params, args, kwargs))
+        return fake_outputs(op, tensors, statics)
+
+    forward = _define(op.name, schema(op), cpu, fake)
+    if op.vjp is None:
+        return forward, None
+    params = backward_params(op)
+
+    def cpu_backward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        values = bind_values(params, args, kwargs)
+        tensors, statics = split_values(op.params, values)
+        return run_vjp_on_cpu(op, tensors, statics, values.get("backend"), values["cotangent"])
+
+    def fake_backward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        tensors, statics = split_values(op.params, bind_values(params, args, kwargs))
+        return fake_vjp(op, tensors, statics)
+
+    backward = _define(
+        f"{op.name}_backward",
+        schema(op, params, outputs=len(op.differentiable)),
+        cpu_backward,
+        fake_backward,
+    )
+    positional = list(op.array_names)
+
+    def setup_context(
+        ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict, output: Any
+    ) -> None:
+        ctx.values = bind_values(op.params, inputs, keyword_only_inputs)
+        ctx.save_for_backward(*(ctx.values[n] for n in op.array_names))
+
+    def grad(ctx: Any, cotangent: torch.Tensor) -> tuple[Any, ...]:
+        saved = dict(zip(op.array_names, ctx.saved_tensors, strict=True))
+        values = {**ctx.values, **saved, "cotangent": cotangent}
+        args = [cotangent] + [values[n] for n in positional]
+        keyword = {n: values[n] for n in op.static_names} | {"backend": values["backend"]}
+        grads = dict(
+            zip(
+                op.differentiable,
+                getattr(torch.ops.asickernels, backward_name)(*args, **keyword),
+                strict=True,
+            )
+        )
+        results = []
+        for name in positional:
+            g = grads.get(name)
+            results.append(None if g is None else g.to(saved[name].dtype))
+        return tuple(results)
+
+    backward_name = f"{op.name}_backward"
+    forward.register_autograd(grad, setup_context=setup_context)
+    return forward, backward
+
+
+OPERATORS: dict[str, tuple[Any, Any | None]] = {op.name: register(op) for op in asickernels.OPS}
 
 
 @functools.cache
-def _jitted(op: str) -> Callable[..., Any]:
-    return jax.jit(getattr(asickernels, op), static_argnames=_STATIC_ARGS[op])
-
-
-def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Keyword arguments -> (tensors, other values)."""
-    arrays = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
-    return arrays, {k: v for k, v in kwargs.items() if k not in arrays}
-
-
-def run_on_cpu(op: str, *tensors: torch.Tensor, **kwargs: Any) -> Any:
-    """Runs the public op ``asickernels.<op>`` on CPU tensors; returns torch tensors.
-
-    Keyword arguments that are tensors are passed as arrays, the rest as static
-    values. ``backend=None`` means :data:`CPU_BACKEND`. A JAX backend runs jitted (one
-    compile per shape and static arguments); a host backend runs eagerly on numpy arrays.
-    """
-    arrays, static = _split(kwargs)
-    if "backend" in _STATIC_ARGS[op]:
-        static["backend"] = static.get("backend") or CPU_BACKEND
-        host = registry.backend(static["backend"]).array_kind == "numpy"
-    else:
-        host = False
-    function = getattr(asickernels, op) if host else _jitted(op)
-    host_arrays = {k: _to_host(v) for k, v in arrays.items()}
-    result = function(*(_to_host(t) for t in tensors), **host_arrays, **static)
-    return jax.tree.map(_to_torch, result)
-
-
-def check_like_jax(op: str, *tensors: torch.Tensor, **kwargs: Any) -> None:
-    """Runs the JAX op's validation on the shapes and dtypes of the tensors (float64 seen
-    as float32), without computing anything: for the paths that do not call the JAX op."""
-
-    def spec(t: torch.Tensor) -> jax.ShapeDtypeStruct:
-        dtype = np.float32 if t.dtype == torch.float64 else numpy_dtype(t.dtype)
-        return jax.ShapeDtypeStruct(tuple(t.shape), dtype)
-
-    arrays, static = _split(kwargs)
-    specs = {k: spec(v) for k, v in arrays.items()}
-    jax.eval_shape(
-        functools.partial(getattr(asickernels, op), **static), *map(spec, tensors), **specs
-    )
-
-
-def _is_float64(*tensors: torch.Tensor | None) -> bool:
-    return any(t is not None and t.dtype == torch.float64 for t in tensors)
-
-
-def _giou_out_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if _is_float64(*tensors) else torch.float32
-
-
-# GIOU -------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("asickernels::giou", mutates_args=(), device_types="cpu")
-def giou(boxes1: torch.Tensor, boxes2: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    if _is_float64(boxes1, boxes2):
-        check_like_jax("giou", boxes1, boxes2)
-        return torch.from_numpy(reference.giou(_to_host(boxes1), _to_host(boxes2)))
-    return run_on_cpu("giou", boxes1, boxes2, backend=backend)
-
-
-@giou.register_fake
-def _(boxes1: torch.Tensor, boxes2: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    return boxes1.new_empty(boxes1.shape[:-1], dtype=_giou_out_dtype(boxes1, boxes2))
-
-
-@torch.library.custom_op("asickernels::giou_backward", mutates_args=(), device_types="cpu")
-def giou_backward(
-    boxes1: torch.Tensor, boxes2: torch.Tensor, grad: torch.Tensor, backend: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradient of ``sum(grad * giou(boxes1, boxes2))`` w.r.t. both boxes (float32, or
-    float64 from the reference for float64 inputs)."""
-    if _is_float64(boxes1, boxes2, grad):
-        check_like_jax("giou_vjp", boxes1, boxes2, grad)
-        d1, d2 = reference.giou_vjp(_to_host(boxes1), _to_host(boxes2), _to_host(grad))
-        return torch.from_numpy(d1), torch.from_numpy(d2)
-    return run_on_cpu("giou_vjp", boxes1, boxes2, grad, backend=backend)
-
-
-@giou_backward.register_fake
-def _(
-    boxes1: torch.Tensor, boxes2: torch.Tensor, grad: torch.Tensor, backend: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = _giou_out_dtype(boxes1, boxes2, grad)
-    return boxes1.new_empty(boxes1.shape, dtype=dtype), boxes2.new_empty(boxes2.shape, dtype=dtype)
-
-
-def _giou_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    boxes1, boxes2, backend = inputs
-    ctx.save_for_backward(boxes1, boxes2)
-    ctx.backend = backend
-
-
-def _giou_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    boxes1, boxes2 = ctx.saved_tensors
-    d1, d2 = torch.ops.asickernels.giou_backward(boxes1, boxes2, grad, ctx.backend)
-    return d1.to(boxes1.dtype), d2.to(boxes2.dtype), None
-
-
-giou.register_autograd(_giou_grad, setup_context=_giou_setup)
-
-
-# GIOU loss --------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("asickernels::giou_loss", mutates_args=(), device_types="cpu")
-def giou_loss(
-    preds: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    reduction: str = "mean",
-    backend: str | None = None,
-) -> torch.Tensor:
-    if _is_float64(preds, targets):
-        check_like_jax("giou_loss", preds, targets, mask=mask, reduction=reduction)
-        loss = reference.giou_loss(
-            _to_host(preds), _to_host(targets), mask=_to_host(mask), reduction=reduction
-        )
-        return torch.from_numpy(np.asarray(loss, np.float64))
-    return run_on_cpu("giou_loss", preds, targets, mask=mask, reduction=reduction, backend=backend)
-
-
-@giou_loss.register_fake
-def _(
-    preds: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    reduction: str = "mean",
-    backend: str | None = None,
-) -> torch.Tensor:
-    shape = preds.shape[:-1] if reduction == "none" else ()
-    return preds.new_empty(shape, dtype=_giou_out_dtype(preds, targets))
-
-
-def _giou_loss_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    preds, targets, mask, reduction, backend = inputs
-    ctx.save_for_backward(preds, targets, mask)
-    ctx.reduction, ctx.backend = reduction, backend
-
-
-def _giou_loss_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    """The loss is ``sum(-giou * weight)`` with ``weight`` 0 at padding (and ``1 / count``
-    for "mean"), so its gradient is ``giou_backward`` with ``-weight * grad`` as the
-    cotangent. Padding boxes are zeroed first so that NaN there cannot leak into 0 * NaN."""
-    preds, targets, mask = ctx.saved_tensors
-    batch_shape = preds.shape[:-1]
-    valid = torch.ones(batch_shape, dtype=torch.bool, device=preds.device)
-    if mask is not None:
-        valid = mask != 0
-    weight = valid.to(grad.dtype)
-    if ctx.reduction == "mean":
-        weight = weight / valid.sum().clamp(min=1).to(grad.dtype)
-    cotangent = -(weight * grad)
-    where_valid = valid.unsqueeze(-1)
-    d_preds, d_targets = torch.ops.asickernels.giou_backward(
-        torch.where(where_valid, preds, 0), torch.where(where_valid, targets, 0), cotangent,
-        ctx.backend,
-    )  # fmt: skip
-    return d_preds.to(preds.dtype), d_targets.to(targets.dtype), None, None, None
-
-
-giou_loss.register_autograd(_giou_loss_grad, setup_context=_giou_loss_setup)
-
-
-# NMS --------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("asickernels::nms", mutates_args=(), device_types="cpu")
-def nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return run_on_cpu(
-        "nms", boxes, scores, iou_threshold=iou_threshold, max_output_size=max_output_size,
-        score_threshold=score_threshold, backend=backend,
-    )  # fmt: skip
-
-
-@torch.library.custom_op("asickernels::batched_nms", mutates_args=(), device_types="cpu")
-def batched_nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return run_on_cpu(
-        "batched_nms", boxes, scores, idxs, iou_threshold=iou_threshold,
-        max_output_size=max_output_size, score_threshold=score_threshold, backend=backend,
-    )  # fmt: skip
-
-
-def _nms_outputs(scores: torch.Tensor, max_output_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    batch_shape = scores.shape[:-1]
-    return (
-        scores.new_empty((*batch_shape, max_output_size), dtype=torch.int32),
-        scores.new_empty(batch_shape, dtype=torch.int32),
-    )
-
-
-@nms.register_fake
-def _(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _nms_outputs(scores, max_output_size)
-
-
-@batched_nms.register_fake
-def _(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _nms_outputs(scores, max_output_size)
-
-
-# int8 matmul and quantization -------------------------------------------------------------
-
-
-@torch.library.custom_op("asickernels::int8_matmul", mutates_args=(), device_types="cpu")
-def int8_matmul(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_scale: torch.Tensor | None = None,
-    y_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    return run_on_cpu(
-        "int8_matmul", x, y, x_scale=x_scale, y_scale=y_scale,
-        out_dtype=None if out_dtype is None else numpy_dtype(out_dtype), backend=backend,
-    )  # fmt: skip
-
-
-@int8_matmul.register_fake
-def _(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_scale: torch.Tensor | None = None,
-    y_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    return x.new_empty(
-        (x.shape[0], y.shape[1]), dtype=matmul_out_dtype(x_scale, y_scale, out_dtype)
-    )
-
-
-def matmul_out_dtype(
-    x_scale: torch.Tensor | None, y_scale: torch.Tensor | None, out_dtype: torch.dtype | None
-) -> torch.dtype:
-    """As :func:`asickernels.int8_matmul`: int32 unless scales or a float dtype are given."""
-    if out_dtype is not None:
-        return out_dtype
-    return torch.int32 if x_scale is None and y_scale is None else torch.float32
-
-
-@torch.library.custom_op("asickernels::quantize_int8", mutates_args=(), device_types="cpu")
-def quantize_int8(x: torch.Tensor, axis: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return run_on_cpu("quantize_int8", x, axis=axis)
-
-
-@quantize_int8.register_fake
-def _(x: torch.Tensor, axis: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    scale_shape = () if axis is None else (x.shape[axis],)
-    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(scale_shape, dtype=torch.float32)
+def op_named(name: str) -> Op:
+    return next(op for op in asickernels.OPS if op.name == name)

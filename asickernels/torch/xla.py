@@ -1,154 +1,121 @@
-"""Kernels of the ``torch.ops.asickernels`` operators for torch_xla tensors (device "xla").
+"""Kernels of the ``torch.ops.asickernels`` operators for torch_xla tensors (device "xla"),
+generated from the op declarations.
 
-The public JAX op is handed to ``torch_xla.core.xla_builder.call_jax``, which traces it to
-HLO once per shape and static arguments and splices it into the lazy torch_xla graph: on a
-TPU the Pallas kernels are compiled by Mosaic as part of the torch_xla program; on CPU
-PJRT the same path runs them simulated (Pallas interpret mode). On Neuron devices
-(torch-neuronx) the NKI and GpSimd kernels run instead; they take host arrays (and move
-them to the NeuronCore themselves), as does any host backend asked for by name. torch_xla
-is imported only when an XLA tensor reaches one of these kernels.
+The JAX op is handed to ``torch_xla.core.xla_builder.call_jax``, which traces it to HLO
+once per shape and static arguments and splices it into the lazy torch_xla graph: on a TPU
+the Pallas kernels are compiled by Mosaic as part of the torch_xla program; on a CPU PJRT
+device the selection policy runs them simulated (interpret mode lowers to plain HLO), so a
+CPU run of a torch_xla program checks the very kernels a TPU run uses. Host backends (the
+NKI and GpSimd kernels on Neuron devices, or any host backend asked for by name) run on
+host copies of the tensors. torch_xla is imported only when an XLA tensor reaches a kernel.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import torch
 
 import asickernels
-from asickernels.kernels import registry
+from asickernels.kernels import policy, registry
+from asickernels.kernels.declaration import Op, x64_scope
 from asickernels.torch import ops
 
-# Where no TPU compiles them, the TPU kernels run in Pallas interpret mode on the XLA CPU
-# device, so a CPU run of a torch_xla program checks the very kernels a TPU run uses.
-SIMULATED_BACKEND = "pallas_tpu"
-# The kernel an op runs, where the op's name is not the kernel's.
-_KERNEL_OF = {"giou_vjp": "giou", "giou_loss": "giou", "batched_nms": "nms"}
 
-
-# On Neuron devices (torch-neuronx), the NKI and GpSimd kernels: host-array backends that
-# move their inputs to the NeuronCore themselves. Per op the faster one on inf2 in the seed
-# measurements (GpSimd GIOU 0.061 ms vs NKI 0.211 ms), NKI where only NKI has the kernel.
-NEURON_BACKENDS = {
-    "giou": "gpsimd",
-    "giou_loss": "gpsimd",
-    "giou_vjp": "nki",
-    "nms": "gpsimd",
-    "batched_nms": "gpsimd",
-    "int8_matmul": "nki",
-}
-
-
-def default_backend(op: str) -> str | None:
-    """The backend for ``op`` on this process's XLA devices when the caller gives none."""
+def where_xla_tensors_live() -> policy.Where:
+    """The selection policy's view of this process's XLA devices: TPU, Neuron, or a CPU
+    PJRT device (on which the TPU kernels run simulated)."""
     import torch_xla.runtime as xr
 
-    kind = xr.device_type()
-    if kind == "NEURON":
-        return NEURON_BACKENDS[op]
-    if kind == "CPU" and SIMULATED_BACKEND in registry.backends_for(_KERNEL_OF.get(op, op)):
-        return SIMULATED_BACKEND
-    return None  # the registry's choice for the platform JAX sees (Pallas on a TPU)
+    kind = xr.device_type().lower()
+    generation = None
+    if kind == "tpu":
+        from asickernels import tpu_generations
+
+        generation = tpu_generations.generation_of(jax.devices()[0])
+    return policy.Where(kind, generation, simulated_ok=kind == "cpu")
 
 
-def call(op: str, *tensors: torch.Tensor | None, **kwargs: Any) -> Any:
-    """``asickernels.<op>`` on XLA tensors: through ``call_jax`` into the torch_xla graph, or
-    for the Neuron kernels (host-array backends) through host arrays."""
-    import torch_xla.runtime as xr
+@functools.cache
+def _jax_function(op: Op, present: tuple[str, ...]) -> Callable[..., Any]:
+    """``op`` over its present arrays by position (one stable function per signature, so
+    ``call_jax`` reuses its trace)."""
+
+    def function(*arrays: Any, **statics: Any) -> Any:
+        return op(**dict(zip(present, arrays, strict=True)), **statics)
+
+    return function
+
+
+@functools.cache
+def _jax_vjp(op: Op, present: tuple[str, ...]) -> Callable[..., Any]:
+    def function(*arrays: Any, backend: str | None, **statics: Any) -> Any:
+        *inputs, cotangent = arrays
+        values = {name: None for name in op.array_names} | dict(zip(present, inputs, strict=True))
+        assert op.vjp is not None
+        return op.vjp(values, statics, backend, cotangent)
+
+    return function
+
+
+def call(
+    op: Op,
+    tensors: Mapping[str, torch.Tensor | None],
+    statics: Mapping[str, Any],
+    backend: str | None,
+    cotangent: torch.Tensor | None = None,
+) -> Any:
+    """``op`` (or its VJP, given a cotangent) on XLA tensors."""
     from torch_xla.core import xla_builder
 
-    if "backend" in kwargs and kwargs["backend"] is None:
-        kwargs["backend"] = default_backend(op)
-    # float64 is computed in float32 on devices (as the JAX API does) but keeps the dtype
-    # that the fake implementation promises.
-    wide = any(t is not None and t.dtype == torch.float64 for t in tensors)
-    if wide:
-        tensors = tuple(None if t is None else t.to(torch.float32) for t in tensors)
-    backend = kwargs.get("backend")
-    if xr.device_type() == "NEURON" or (
-        backend is not None and registry.backend(backend).array_kind == "numpy"
-    ):
-        device = next(t.device for t in tensors if t is not None)
-        on_host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        result = ops.run_on_cpu(op, *(None if t is None else t.cpu() for t in tensors), **on_host)
-        result = jax.tree.map(lambda r: r.to(device), result)
-    else:
-        result = xla_builder.call_jax(getattr(asickernels, op), tensors, kwargs)
-    if wide and op.startswith("giou"):
-        return jax.tree.map(lambda r: r.to(torch.float64), result)
-    return result
+    specs = {n: ops.spec_of(t) for n, t in tensors.items()}
+    plan = op.plan(specs, statics)
+    chosen = None
+    if plan.kernel is not None:
+        chosen = policy.select(plan.kernel, backend, where_xla_tensors_live(), plan.dtype)
+    device = next(t.device for t in tensors.values() if t is not None)
+    if chosen is not None and registry.backend(chosen).array_kind == "numpy":
+        on_host = {n: None if t is None else t.cpu() for n, t in tensors.items()}
+        if cotangent is None:
+            result = ops.run_on_cpu(op, on_host, statics, chosen)
+        else:
+            result = ops.run_vjp_on_cpu(op, on_host, statics, chosen, cotangent.cpu())
+        return jax.tree.map(lambda r: r.to(device), result)
+    present = tuple(n for n, t in tensors.items() if t is not None)
+    arrays = [tensors[n] for n in present]
+    options = dict(statics)
+    if plan.kernel is not None:
+        options["backend"] = chosen
+    with x64_scope(plan.x64):
+        if cotangent is None:
+            return xla_builder.call_jax(_jax_function(op, present), arrays, options)
+        options.setdefault("backend", None)
+        return xla_builder.call_jax(_jax_vjp(op, present), [*arrays, cotangent], options)
 
 
-@ops.giou.register_kernel("xla")
-def _giou(boxes1: torch.Tensor, boxes2: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    return call("giou", boxes1, boxes2, backend=backend)
+def _register(op: Op) -> None:
+    forward, backward = ops.OPERATORS[op.name]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        values = ops.bind_values(op.params, args, kwargs)
+        tensors, statics = ops.split_values(op.params, values)
+        return call(op, tensors, statics, values.get("backend"))
+
+    forward.register_kernel("xla")(kernel)
+    if backward is None:
+        return
+    params = ops.backward_params(op)
+
+    def backward_kernel(*args: Any, **kwargs: Any) -> Any:
+        values = ops.bind_values(params, args, kwargs)
+        tensors, statics = ops.split_values(op.params, values)
+        return call(op, tensors, statics, values.get("backend"), values["cotangent"])
+
+    backward.register_kernel("xla")(backward_kernel)
 
 
-@ops.giou_backward.register_kernel("xla")
-def _giou_backward(
-    boxes1: torch.Tensor, boxes2: torch.Tensor, grad: torch.Tensor, backend: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return call("giou_vjp", boxes1, boxes2, grad, backend=backend)
-
-
-@ops.giou_loss.register_kernel("xla")
-def _giou_loss(
-    preds: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    reduction: str = "mean",
-    backend: str | None = None,
-) -> torch.Tensor:
-    return call("giou_loss", preds, targets, mask=mask, reduction=reduction, backend=backend)
-
-
-@ops.nms.register_kernel("xla")
-def _nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return call(
-        "nms", boxes, scores, iou_threshold=iou_threshold, max_output_size=max_output_size,
-        score_threshold=score_threshold, backend=backend,
-    )  # fmt: skip
-
-
-@ops.batched_nms.register_kernel("xla")
-def _batched_nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return call(
-        "batched_nms", boxes, scores, idxs.to(torch.int32), iou_threshold=iou_threshold,
-        max_output_size=max_output_size, score_threshold=score_threshold, backend=backend,
-    )  # fmt: skip
-
-
-@ops.int8_matmul.register_kernel("xla")
-def _int8_matmul(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_scale: torch.Tensor | None = None,
-    y_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    return call(
-        "int8_matmul", x, y, x_scale=x_scale, y_scale=y_scale,
-        out_dtype=None if out_dtype is None else ops.numpy_dtype(out_dtype), backend=backend,
-    )  # fmt: skip
-
-
-@ops.quantize_int8.register_kernel("xla")
-def _quantize_int8(x: torch.Tensor, axis: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return call("quantize_int8", x, axis=axis)
+for _op in asickernels.OPS:
+    _register(_op)

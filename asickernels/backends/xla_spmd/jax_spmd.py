@@ -5,16 +5,20 @@ written out here: GIOU, the GIOU loss and NMS are data-parallel over their batch
 is sequential along N, which therefore stays whole on each device), and the int8 matmul
 shards M and N, and K with an exact int32 ``psum`` of the partial products.
 
-Every function takes the same inputs as its op in :mod:`asickernels` plus ``mesh`` and the
-partition of the inputs, validates the *global* inputs with the op's own checks, and returns
-what the unsharded op returns (GIOU and NMS bit for bit; the loss up to float32 summation
-order). ``backend`` picks the per-shard kernel and must be a JAX backend (``"xla"``,
-``"pallas_tpu"``, ...).
+Every function is generated from an op declaration (:data:`asickernels.OPS`) by the rule
+its ``partition`` names: ``"batch"`` (every array split along its leading batch dims; the
+op's ``core_ndim`` per array says which dims those are), ``"loss"`` (batch, with the
+reduction finished across shards) and ``"matmul"``. Each takes the op's own arguments plus
+``mesh`` and the partition (``batch_spec``, or ``m_axis``/``k_axis``/``n_axis``),
+validates the *global* inputs with the op's own checks, and returns what the unsharded op
+returns (NMS and int8 exactly; GIOU and the loss up to float32 rounding: the shards and
+the whole are compiled apart). ``backend``
+picks the per-shard kernel and must be a JAX backend (``"xla"``, ``"pallas_tpu"``, ...).
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +29,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
 from asickernels.backends.xla.int8_matmul import dequantize
-from asickernels.kernels.giou import Reduction
+from asickernels.kernels.declaration import Op, Plan, Spec
 
 AxisName = str | tuple[str, ...] | None
 
@@ -62,9 +66,12 @@ def _check_spec(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int], what: str
             )
 
 
-def _validate(op: Callable[..., Any], *arrays: Any, **static: Any) -> Any:
+def _validate(op: Op, arrays: dict[str, Any], statics: dict[str, Any]) -> Plan:
     """Runs the op's own validation on the global shapes, without computing anything."""
-    return jax.eval_shape(functools.partial(op, **static), *arrays)
+    specs = {
+        n: None if a is None else Spec(np.shape(a), np.result_type(a)) for n, a in arrays.items()
+    }
+    return op.plan(specs, statics)
 
 
 def _run(
@@ -75,157 +82,78 @@ def _run(
     )
 
 
-def giou(
-    boxes1: Any,
-    boxes2: Any,
-    *,
-    mesh: Mesh,
-    batch_spec: PartitionSpec,
-    backend: str | None = None,
-    config: Any = None,
-) -> jax.Array:
-    """:func:`asickernels.giou` with the batch dims ``[...]`` partitioned by ``batch_spec``.
+def _batch_rule(
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
+) -> Any:
+    """Each shard runs ``op`` on its slice of the leading batch dims; outputs keep them."""
+    params = {p.name: p for p in op.params}
+    present = {n: a for n, a in arrays.items() if a is not None}
+    first = next(iter(present))
+    batch_shape = np.shape(present[first])[: np.ndim(present[first]) - params[first].core_ndim]
+    _check_spec(mesh, batch_spec, batch_shape, f"{first} (batch dims)")
+    plan = _validate(op, arrays, {k: v for k, v in options.items() if k in op.static_names})
+    # Unlisted trailing dims are whole on every device: one spec serves every array.
+    in_specs = (batch_spec,) * len(present)
+    out_specs = tuple(batch_spec for _ in plan.output_list())
 
-    ``boxes1, boxes2 [..., 4]`` -> ``[...]`` float32, sharded as ``batch_spec``. Differentiable.
-    """
-    options = {"backend": backend, "config": config}
-    _validate(asickernels.giou, boxes1, boxes2, **options)
-    _check_spec(mesh, batch_spec, np.shape(boxes1)[:-1], "boxes")
-    box_spec = PartitionSpec(*batch_spec, *[None] * (np.ndim(boxes1) - len(batch_spec)))
-    body = functools.partial(asickernels.giou, **options)
-    return _run(body, mesh, (box_spec, box_spec), batch_spec, boxes1, boxes2)
+    def body(*local: Any) -> Any:
+        return op(**dict(zip(present, local, strict=True)), **options)
+
+    return _run(
+        body, mesh, in_specs, out_specs if len(out_specs) > 1 else out_specs[0], *present.values()
+    )
 
 
-def giou_loss(
-    preds: Any,
-    targets: Any,
-    *,
-    mesh: Mesh,
-    batch_spec: PartitionSpec,
-    mask: Any = None,
-    reduction: Reduction = "mean",
-    backend: str | None = None,
-    config: Any = None,
-) -> jax.Array:
-    """:func:`asickernels.giou_loss` with the batch dims partitioned by ``batch_spec``.
-
-    ``"mean"`` is the mean over the valid boxes of the whole global batch: each shard sums
-    its loss and counts its valid boxes, and both are ``psum``-ed over the sharded axes
-    before dividing (0 when no box anywhere is valid). ``"none"`` returns the per-box loss
-    sharded as ``batch_spec``; ``"sum"`` and ``"mean"`` a replicated scalar. Differentiable.
-    """
-    options = {"backend": backend, "config": config}
-    _validate(asickernels.giou_loss, preds, targets, mask=mask, reduction=reduction, **options)
-    _check_spec(mesh, batch_spec, np.shape(preds)[:-1], "preds")
-    box_spec = PartitionSpec(*batch_spec, *[None] * (np.ndim(preds) - len(batch_spec)))
+def _loss_rule(
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
+) -> Any:
+    """A masked loss: per-box losses per shard; ``"sum"`` and ``"mean"`` (over the valid
+    boxes of the whole global batch, 0 when there are none) are ``psum``-ed over the
+    sharded axes before dividing. ``"none"`` is sharded as ``batch_spec``."""
+    reduction = options["reduction"]
+    present = {n: a for n, a in arrays.items() if a is not None}
+    first = next(iter(present))
+    batch_shape = np.shape(present[first])[:-1]
+    _check_spec(mesh, batch_spec, batch_shape, first)
     axes = _axes_of(batch_spec)
+    box_spec = PartitionSpec(*batch_spec, *[None] * (len(batch_shape) + 1 - len(batch_spec)))
+    in_specs = tuple(
+        box_spec if np.ndim(a) > len(batch_shape) else batch_spec for a in present.values()
+    )
 
-    def shard_loss(p: jax.Array, t: jax.Array, m: jax.Array | None = None) -> jax.Array:
+    def shard_loss(*local: Any) -> jax.Array:
+        given = dict(zip(present, local, strict=True))
         if reduction == "none":
-            return asickernels.giou_loss(p, t, mask=m, reduction="none", **options)
-        total = jax.lax.psum(asickernels.giou_loss(p, t, mask=m, reduction="sum", **options), axes)
+            return op(**given, **options)
+        total = jax.lax.psum(op(**given, **{**options, "reduction": "sum"}), axes)
         if reduction == "sum":
             return total
-        valid = jnp.full(p.shape[:-1], True) if m is None else m != 0
+        mask = given.get("mask")
+        valid = jnp.full(given[first].shape[:-1], True) if mask is None else mask != 0
         count = jax.lax.psum(valid.sum(dtype=jnp.int32), axes)
-        return total / jnp.maximum(count, 1).astype(jnp.float32)
+        return total / jnp.maximum(count, 1).astype(total.dtype)
 
     out_spec = batch_spec if reduction == "none" else PartitionSpec()
-    if mask is None:
-        return _run(shard_loss, mesh, (box_spec, box_spec), out_spec, preds, targets)
-    in_specs = (box_spec, box_spec, batch_spec)
-    return _run(shard_loss, mesh, in_specs, out_spec, preds, targets, mask)
+    return _run(shard_loss, mesh, in_specs, out_spec, *present.values())
 
 
-def nms(
-    boxes: Any,
-    scores: Any,
-    *,
+def _matmul_rule(
+    op: Op,
     mesh: Mesh,
-    batch_spec: PartitionSpec,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-    config: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`asickernels.nms` with the batch dims of ``scores [..., N]`` partitioned by
-    ``batch_spec`` (N itself stays whole: greedy NMS is sequential along it).
-
-    Returns ``(indices [..., max_output_size], num_valid [...])`` sharded as ``batch_spec``.
-    """
-    return _sharded_nms(
-        asickernels.nms, mesh, batch_spec, (boxes, scores),
-        iou_threshold=iou_threshold, max_output_size=max_output_size,
-        score_threshold=score_threshold, backend=backend, config=config,
-    )  # fmt: skip
-
-
-def batched_nms(
-    boxes: Any,
-    scores: Any,
-    idxs: Any,
-    *,
-    mesh: Mesh,
-    batch_spec: PartitionSpec,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-    config: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`asickernels.batched_nms` (per-category NMS) partitioned as :func:`nms`."""
-    return _sharded_nms(
-        asickernels.batched_nms, mesh, batch_spec, (boxes, scores, idxs),
-        iou_threshold=iou_threshold, max_output_size=max_output_size,
-        score_threshold=score_threshold, backend=backend, config=config,
-    )  # fmt: skip
-
-
-def _sharded_nms(
-    op: Callable[..., tuple[jax.Array, jax.Array]],
-    mesh: Mesh,
-    batch_spec: PartitionSpec,
-    arrays: tuple[Any, ...],
-    **options: Any,
-) -> tuple[jax.Array, jax.Array]:
-    _validate(op, *arrays, **options)
-    batch_shape = np.shape(arrays[1])[:-1]
-    _check_spec(mesh, batch_spec, batch_shape, "scores (batch dims)")
-    per_box = PartitionSpec(*batch_spec, *[None] * (len(batch_shape) + 1 - len(batch_spec)))
-    boxes_spec = PartitionSpec(*per_box, None)
-    in_specs = (boxes_spec, per_box, per_box)[: len(arrays)]
-    return _run(functools.partial(op, **options), mesh, in_specs, (per_box, batch_spec), *arrays)
-
-
-def int8_matmul(
-    x: Any,
-    y: Any,
-    *,
-    mesh: Mesh,
-    m_axis: AxisName = None,
-    k_axis: AxisName = None,
-    n_axis: AxisName = None,
-    x_scale: Any = None,
-    y_scale: Any = None,
-    out_dtype: Any = None,
-    backend: str | None = None,
-    config: Any = None,
+    axes: tuple[AxisName, AxisName, AxisName],
+    arrays: dict[str, Any],
+    options: dict[str, Any],
 ) -> jax.Array:
-    """:func:`asickernels.int8_matmul` of ``x [M, K]`` and ``y [K, N]`` with M, K and N
-    sharded over the mesh axes ``m_axis``, ``k_axis`` and ``n_axis`` (None: not sharded).
+    """int8 matmul with M, K and N sharded over the mesh axes ``(m_axis, k_axis, n_axis)``.
 
     With K sharded, every shard computes its exact int32 partial product and the partials
     are summed with an int32 ``psum`` (exact, because the global K is limited to
     ``INT8_MATMUL_MAX_K``); the scales are applied once, after the sum, as the op does.
-
-    Returns ``[M, N]`` (int32, or ``out_dtype``) sharded as ``P(m_axis, n_axis)``.
-    """
-    options = {"backend": backend, "config": config}
-    out = _validate(
-        asickernels.int8_matmul, x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype,
-        **options,
-    ).dtype  # fmt: skip
+    Returns ``[M, N]`` (int32, or ``out_dtype``) sharded as ``P(m_axis, n_axis)``."""
+    m_axis, k_axis, n_axis = axes
+    x, y, x_scale, y_scale = (arrays[n] for n in ("x", "y", "x_scale", "y_scale"))
+    out_dtype = options.pop("out_dtype")
+    out = _validate(op, arrays, {"out_dtype": out_dtype}).outputs.dtype  # type: ignore[union-attr]
     (m, k), n = np.shape(x), np.shape(y)[1]
     _check_spec(mesh, PartitionSpec(m_axis, k_axis), (m, k), "x")
     _check_spec(mesh, PartitionSpec(k_axis, n_axis), (k, n), "y")
@@ -247,10 +175,8 @@ def int8_matmul(
         xs = next(given) if x_scale is not None else None
         ys = next(given) if y_scale is not None else None
         if k_axis is None:
-            return asickernels.int8_matmul(
-                xb, yb, x_scale=xs, y_scale=ys, out_dtype=out if scaled else None, **options
-            )
-        acc = jax.lax.psum(asickernels.int8_matmul(xb, yb, **options), k_axis)
+            return op(xb, yb, x_scale=xs, y_scale=ys, out_dtype=out if scaled else None, **options)
+        acc = jax.lax.psum(op(xb, yb, **options), k_axis)
         if not scaled:
             return acc
         return dequantize(acc, _vector(xs, xb.shape[0]), _vector(ys, yb.shape[1]), out)
@@ -263,3 +189,53 @@ def _vector(scale: jax.Array | None, length: int) -> jax.Array:
     """A float32 ``[length]`` scale from None (ones), a scalar or a ``[length]`` shard."""
     value = jnp.float32(1.0) if scale is None else jnp.asarray(scale).astype(jnp.float32)
     return jnp.broadcast_to(value, (length,))
+
+
+_PARTITION_PARAMS = {
+    "batch": ("batch_spec",),
+    "loss": ("batch_spec",),
+    "matmul": ("m_axis", "k_axis", "n_axis"),
+}
+
+
+def sharded(op: Op) -> Callable[..., Any]:
+    """The SPMD wrapper of ``op``: the op's signature plus ``mesh`` and its partition
+    parameters (see the module docstring)."""
+    extra = [
+        inspect.Parameter("mesh", inspect.Parameter.KEYWORD_ONLY),
+        *(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=inspect.Parameter.empty if name == "batch_spec" else None,
+            )
+            for name in _PARTITION_PARAMS[op.partition]
+        ),
+    ]
+    parameters = list(op.__signature__.parameters.values())
+    signature = op.__signature__.replace(parameters=[*parameters[:-2], *extra, *parameters[-2:]])
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        mesh = values.pop("mesh")
+        layout = [values.pop(name) for name in _PARTITION_PARAMS[op.partition]]
+        arrays = {n: values.pop(n) for n in op.array_names}
+        if op.partition == "matmul":
+            return _matmul_rule(op, mesh, tuple(layout), arrays, values)  # type: ignore[arg-type]
+        rule = _loss_rule if op.partition == "loss" else _batch_rule
+        return rule(op, mesh, layout[0], arrays, values)
+
+    wrapper.__name__ = wrapper.__qualname__ = op.name
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper.__doc__ = (
+        f":func:`asickernels.{op.name}` over a ``jax.sharding.Mesh`` "
+        f"(partition rule {op.partition!r}; see the module docstring)."
+    )
+    return wrapper
+
+
+_WRAPPERS = {op.name: sharded(op) for op in asickernels.OPS if op.name != "quantize_int8"}
+globals().update(_WRAPPERS)
+__all__ = sorted(_WRAPPERS)

@@ -9,23 +9,26 @@ across shards (the GIOU loss, K-sharded matmul partial products) are ordinary to
 on those global tensors, for which the SPMD partitioner inserts the all-reduce.
 
 Partition specs are torch_xla's: a tuple with one entry per dim, each a mesh axis name or
-index, a tuple of them, or None.
+index, a tuple of them, or None. As in the JAX module, every wrapper is generated from an
+op declaration by the rule its ``partition`` names (``"batch"``, ``"loss"``, ``"matmul"``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 
-import asickernels.torch  # noqa: F401  (registers torch.ops.asickernels)
+import asickernels
+import asickernels.torch
 from asickernels import INT8_MATMUL_MAX_K
-from asickernels.kernels.giou import Reduction
-from asickernels.torch.ops import check_like_jax, matmul_out_dtype, numpy_dtype
+from asickernels.kernels.declaration import Op, Plan
+from asickernels.torch import ops as torch_ops
 
 Spec = tuple[Any, ...]
 AxisName = str | int | tuple[str | int, ...] | None
@@ -125,187 +128,102 @@ class _DifferentiableShardMap(torch.autograd.Function):
         return (None, None, None, None, *by_input)
 
 
-def giou(
-    boxes1: torch.Tensor,
-    boxes2: torch.Tensor,
-    *,
-    mesh: xs.Mesh,
-    batch_spec: Sequence[AxisName],
-    backend: str | None = None,
+def _plan(op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, Any]) -> Plan:
+    """The op's own validation of the global shapes and dtypes."""
+    statics = {
+        k: torch_ops.numpy_dtype(v) if isinstance(v, torch.dtype) else v for k, v in statics.items()
+    }
+    return op.plan({n: torch_ops.spec_of(t) for n, t in tensors.items()}, statics)
+
+
+def _library_call(op: Op, names: Sequence[str], options: Mapping[str, Any]) -> Callable[..., Any]:
+    """``torch.ops.asickernels.<op>`` over the tensors ``names``, by position."""
+    library_op = getattr(torch.ops.asickernels, op.name)
+
+    def call(*local: torch.Tensor) -> Any:
+        given = dict(zip(names, local, strict=True))
+        return library_op(*(given.get(n) for n in op.array_names), **options)
+
+    return call
+
+
+def _batch_rule(
+    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
+) -> Any:
+    """Each device runs the operator on its slice of the leading batch dims (differentiable
+    for ops with a VJP; N of NMS and the box coordinates stay whole)."""
+    params = {p.name: p for p in op.params}
+    present = {n: t for n, t in tensors.items() if t is not None}
+    statics = {k: v for k, v in options.items() if k in op.static_names}
+    plan = _plan(op, tensors, statics)
+    first = next(iter(present))
+    batch_ndim = present[first].dim() - params[first].core_ndim
+    batch = _full_spec(batch_spec, batch_ndim, f"{first} (batch dims)")
+    in_specs = [batch + (None,) * (t.dim() - batch_ndim) for t in present.values()]
+    for (name, t), spec in zip(present.items(), in_specs, strict=True):
+        _check_even(mesh, t, spec, name)
+    out_specs = [batch + (None,) * (len(s.shape) - batch_ndim) for s in plan.output_list()]
+    call = _library_call(op, list(present), options)
+    if op.vjp is not None and len(out_specs) == 1:
+        return _DifferentiableShardMap.apply(call, mesh, in_specs, out_specs[0], *present.values())
+    outputs = _shard_map(call, mesh, in_specs, out_specs, list(present.values()))
+    return tuple(outputs) if len(outputs) > 1 else outputs[0]
+
+
+def _loss_rule(
+    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
 ) -> torch.Tensor:
-    """:func:`asickernels.torch.giou` of XLA tensors ``[..., 4]`` with the batch dims
-    partitioned by ``batch_spec``; the result ``[...]`` is sharded as ``batch_spec``.
-    Differentiable."""
-    check_like_jax("giou", boxes1, boxes2)
-    box_spec = _full_spec(batch_spec, boxes1.dim(), "boxes")
-    _check_even(mesh, boxes1, box_spec, "boxes")
-
-    def kernel(b1: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.asickernels.giou(b1, b2, backend)
-
-    return _DifferentiableShardMap.apply(
-        kernel, mesh, [box_spec, box_spec], box_spec[:-1], boxes1, boxes2
-    )
-
-
-def giou_loss(
-    preds: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    mesh: xs.Mesh,
-    batch_spec: Sequence[AxisName],
-    mask: torch.Tensor | None = None,
-    reduction: Reduction = "mean",
-    backend: str | None = None,
-) -> torch.Tensor:
-    """:func:`asickernels.torch.giou_loss` with the batch dims partitioned by
-    ``batch_spec``. Each shard computes its per-box loss (0 at padding); ``"sum"`` and
-    ``"mean"`` (over the valid boxes of the global batch, 0 when there are none) reduce the
-    global tensor, and the partitioner turns that into an all-reduce. Differentiable."""
-    check_like_jax("giou_loss", preds, targets, mask=mask, reduction=reduction)
-    box_spec = _full_spec(batch_spec, preds.dim(), "preds")
-    _check_even(mesh, preds, box_spec, "preds")
-    tensors = [preds, targets] if mask is None else [preds, targets, mask]
-
-    def kernel(p: torch.Tensor, t: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.asickernels.giou_loss(p, t, m, "none", backend)
-
-    in_specs = [box_spec, box_spec, box_spec[:-1]][: len(tensors)]
-    per_box = _DifferentiableShardMap.apply(kernel, mesh, in_specs, box_spec[:-1], *tensors)
+    """Per-box losses per device (0 at padding); ``"sum"`` and ``"mean"`` (over the valid
+    boxes of the global batch, 0 when there are none) reduce the global tensor, which the
+    partitioner turns into an all-reduce. Differentiable."""
+    reduction = options["reduction"]
+    per_box = _batch_rule(op, mesh, batch_spec, tensors, {**options, "reduction": "none"})
     if reduction == "none":
         return per_box
     if reduction == "sum":
         return per_box.sum()
+    mask = tensors.get("mask")
     count = per_box.numel() if mask is None else (mask != 0).sum()
     return per_box.sum() / torch.clamp(torch.as_tensor(count, device=per_box.device), min=1)
 
 
-def nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    *,
-    mesh: xs.Mesh,
-    batch_spec: Sequence[AxisName],
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`asickernels.torch.nms` with the batch dims of ``scores [..., N]`` partitioned
-    by ``batch_spec`` (N stays whole). Outputs are sharded as ``batch_spec``."""
-    options = (iou_threshold, max_output_size, score_threshold, backend)
-    check_like_jax("nms", boxes, scores, **_nms_static(*options[:3]))
-
-    def kernel(b: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.asickernels.nms(b, s, *options)
-
-    return _sharded_nms(kernel, mesh, batch_spec, [boxes, scores])
-
-
-def batched_nms(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    idxs: torch.Tensor,
-    *,
-    mesh: xs.Mesh,
-    batch_spec: Sequence[AxisName],
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float | None = None,
-    backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`asickernels.torch.batched_nms` partitioned as :func:`nms`."""
-    options = (iou_threshold, max_output_size, score_threshold, backend)
-    check_like_jax("batched_nms", boxes, scores, idxs, **_nms_static(*options[:3]))
-
-    def kernel(
-        b: torch.Tensor, s: torch.Tensor, i: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.ops.asickernels.batched_nms(b, s, i, *options)
-
-    return _sharded_nms(kernel, mesh, batch_spec, [boxes, scores, idxs])
-
-
-def _nms_static(
-    iou_threshold: float, max_output_size: int, score_threshold: float | None
-) -> dict[str, Any]:
-    return {
-        "iou_threshold": iou_threshold,
-        "max_output_size": max_output_size,
-        "score_threshold": score_threshold,
-    }
-
-
-def _sharded_nms(
-    kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    mesh: xs.Mesh,
-    batch_spec: Sequence[AxisName],
-    tensors: list[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = tensors[1]
-    per_box = _full_spec(batch_spec, scores.dim() - 1, "scores (batch dims)") + (None,)
-    _check_even(mesh, scores, per_box, "scores")
-    in_specs = [(*per_box, None), per_box, per_box][: len(tensors)]
-    indices, num_valid = _shard_map(kernel, mesh, in_specs, [per_box, per_box[:-1]], tensors)
-    return indices, num_valid
-
-
-def int8_matmul(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    mesh: xs.Mesh,
-    m_axis: AxisName = None,
-    k_axis: AxisName = None,
-    n_axis: AxisName = None,
-    x_scale: torch.Tensor | None = None,
-    y_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    backend: str | None = None,
+def _matmul_rule(
+    op: Op, mesh: xs.Mesh, axes: tuple[AxisName, AxisName, AxisName], tensors: dict, options: dict
 ) -> torch.Tensor:
-    """:func:`asickernels.torch.int8_matmul` of ``x [M, K]``, ``y [K, N]`` with M, K and N
-    sharded over ``m_axis``, ``k_axis``, ``n_axis``. With K sharded, each shard's exact
-    int32 partial product is summed in int32 across the K shards (exact: K is limited to
-    ``INT8_MATMUL_MAX_K``), and the scales are applied once after the sum.
-    Scales are None, 0-d or ``[M]`` / ``[N]`` tensors on the XLA device."""
-    check_like_jax(
-        "int8_matmul", x, y, x_scale=x_scale, y_scale=y_scale,
-        out_dtype=None if out_dtype is None else numpy_dtype(out_dtype),
-    )  # fmt: skip
+    """int8 matmul of ``x [M, K]``, ``y [K, N]`` with M, K and N sharded over ``m_axis``,
+    ``k_axis``, ``n_axis``. With K sharded, each shard's exact int32 partial product is
+    summed in int32 across the K shards (exact: K is limited to ``INT8_MATMUL_MAX_K``), and
+    the scales are applied once after the sum. Scales are None, 0-d or ``[M]`` / ``[N]``."""
+    m_axis, k_axis, n_axis = axes
+    x, y, x_scale, y_scale = (tensors[n] for n in ("x", "y", "x_scale", "y_scale"))
+    plan = _plan(op, tensors, {"out_dtype": options["out_dtype"]})
     x_spec, y_spec = (m_axis, k_axis), (k_axis, n_axis)
     _check_even(mesh, x, x_spec, "x")
     _check_even(mesh, y, y_spec, "y")
-    out = matmul_out_dtype(x_scale, y_scale, out_dtype)
     if k_axis is None:
-        scales = [s for s in (x_scale, y_scale) if s is not None]
-        scale_specs = [
-            (axis,) if s.dim() else ()
-            for s, axis in ((x_scale, m_axis), (y_scale, n_axis))
-            if s is not None
-        ]
-
-        def product(xb: torch.Tensor, yb: torch.Tensor, *given: torch.Tensor) -> torch.Tensor:
-            it = iter(given)
-            xs_ = next(it) if x_scale is not None else None
-            ys_ = next(it) if y_scale is not None else None
-            return torch.ops.asickernels.int8_matmul(xb, yb, xs_, ys_, out_dtype, backend)
-
-        in_specs = [x_spec, y_spec, *scale_specs]
-        return _shard_map(product, mesh, in_specs, [(m_axis, n_axis)], [x, y, *scales])[0]
+        given = {n: t for n, t in tensors.items() if t is not None}
+        scale_specs = {
+            "x_scale": (m_axis,) if x_scale is not None and x_scale.dim() else (),
+            "y_scale": (n_axis,) if y_scale is not None and y_scale.dim() else (),
+        }
+        specs = [{"x": x_spec, "y": y_spec, **scale_specs}[n] for n in given]
+        call = _library_call(op, list(given), options)
+        return _shard_map(call, mesh, specs, [(m_axis, n_axis)], list(given.values()))[0]
     if x.shape[1] > INT8_MATMUL_MAX_K:
         raise ValueError(
             f"K = {x.shape[1]} exceeds {INT8_MATMUL_MAX_K}: the int32 sum over "
             "the sharded K could overflow; leave K unsharded (the op then splits it exactly)"
         )
+    unscaled = _library_call(op, ["x", "y"], {**options, "out_dtype": None})
 
     def partial_product(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        acc = torch.ops.asickernels.int8_matmul(xb, yb, None, None, None, backend)
-        return acc.unsqueeze(0)  # one [1, M, N] partial per K shard
+        return unscaled(xb, yb).unsqueeze(0)  # one [1, M, N] partial per K shard
 
     partials = _shard_map(
         partial_product, mesh, [x_spec, y_spec], [(k_axis, m_axis, n_axis)], [x, y]
     )[0]
     acc = partials.sum(0, dtype=torch.int32)
+    out = torch_ops.torch_dtype(plan.outputs.dtype)  # type: ignore[union-attr]
     if out == torch.int32:
         return acc
     ones = torch.ones((), dtype=torch.float32, device=acc.device)
@@ -313,3 +231,51 @@ def int8_matmul(
     ys_ = (ones if y_scale is None else y_scale.to(torch.float32)).reshape(1, -1)
     # The op's dequantization: float32 product of the exact sum and both scales, cast once.
     return (acc.to(torch.float32) * xs_ * ys_).to(out)
+
+
+_PARTITION_PARAMS = {
+    "batch": ("batch_spec",),
+    "loss": ("batch_spec",),
+    "matmul": ("m_axis", "k_axis", "n_axis"),
+}
+
+
+def sharded(op: Op) -> Callable[..., Any]:
+    """The torch_xla SPMD wrapper of ``op``: the signature of ``asickernels.torch.<op>``
+    plus ``mesh`` and the partition parameters of its rule."""
+    public = getattr(asickernels.torch, op.name)
+    parameters = list(inspect.signature(public).parameters.values())
+    extra = [inspect.Parameter("mesh", inspect.Parameter.KEYWORD_ONLY)] + [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if name == "batch_spec" else None,
+        )
+        for name in _PARTITION_PARAMS[op.partition]
+    ]
+    signature = inspect.Signature([*parameters[:-1], *extra, parameters[-1]])
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        mesh = values.pop("mesh")
+        layout = [values.pop(name) for name in _PARTITION_PARAMS[op.partition]]
+        tensors = {n: values.pop(n) for n in op.array_names}
+        if op.partition == "matmul":
+            return _matmul_rule(op, mesh, tuple(layout), tensors, values)  # type: ignore[arg-type]
+        rule = _loss_rule if op.partition == "loss" else _batch_rule
+        return rule(op, mesh, layout[0], tensors, values)
+
+    wrapper.__name__ = wrapper.__qualname__ = op.name
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper.__doc__ = (
+        f":func:`asickernels.torch.{op.name}` over a torch_xla SPMD mesh "
+        f"(partition rule {op.partition!r}; see the module docstring)."
+    )
+    return wrapper
+
+
+_WRAPPERS = {op.name: sharded(op) for op in asickernels.OPS if op.name != "quantize_int8"}
+globals().update(_WRAPPERS)
+__all__ = sorted(_WRAPPERS)

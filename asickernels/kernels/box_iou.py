@@ -1,0 +1,300 @@
+"""Pairwise IoU/GIOU, paired DIoU/CIoU with their gradients, and the DIoU/CIoU losses: the
+declarations (semantics: :mod:`asickernels.reference`, torchvision's formulas with
+``eps = 1e-7``).
+
+Kernel calling conventions (beside those in :mod:`asickernels.kernels.registry`):
+
+* ``box_iou``, ``generalized_box_iou``: ``(boxes1 [B, N, 4], boxes2 [B, M, 4]) -> [B, N, M]``;
+  B, N, M >= 1.
+* ``diou``, ``ciou``: as ``giou``, ``[P, 4]`` x2 -> ``[P]``; ``diou_vjp``, ``ciou_vjp``: as
+  ``giou_vjp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from asickernels import reference
+from asickernels.kernels import _checks
+from asickernels.kernels.declaration import (
+    Check,
+    Op,
+    Plan,
+    Runner,
+    Spec,
+    array,
+    float_compute_dtype,
+    is_64bit,
+    static,
+)
+from asickernels.kernels.giou import (
+    _paired,
+    check_mask_and_reduction,
+    check_pair,
+    giou_vjp,
+    masked_loss,
+    masked_loss_vjp,
+)
+
+# Pairwise ------------------------------------------------------------------------------------
+
+
+def _check_pairwise(kernel: str) -> Check:
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = specs["boxes1"], specs["boxes2"]
+        assert a is not None and b is not None
+        _checks.check_boxes(a, "boxes1", min_ndim=2)
+        _checks.check_boxes(b, "boxes2", min_ndim=2)
+        if a.shape[:-2] != b.shape[:-2]:
+            raise ValueError(
+                f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
+                f"got {a.shape} and {b.shape}"
+            )
+        dtype = float_compute_dtype(a, b)
+        shape = a.shape[:-1] + b.shape[-2:-1]
+        return Plan(
+            kernel,
+            dtype,
+            Spec(shape, np.dtype(dtype)),
+            (),
+            trivial=_checks.size(shape) == 0,
+            x64=is_64bit(a, b),
+        )
+
+    return check
+
+
+def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+    """Runs the kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when unbatched)."""
+    out = plan.outputs
+    assert isinstance(out, Spec)
+    flat1 = boxes1.reshape(-1, *boxes1.shape[-2:]).astype(out.dtype)
+    flat2 = boxes2.reshape(-1, *boxes2.shape[-2:]).astype(out.dtype)
+    assert plan.kernel is not None
+    return runner.kernel(plan.kernel)(flat1, flat2).astype(out.dtype).reshape(out.shape)
+
+
+def _pairwise_giou_vjp(
+    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
+) -> tuple[Any, Any]:
+    """The paired :func:`giou_vjp` on every pair, summed over the other side's boxes."""
+    import jax
+    import jax.numpy as jnp
+
+    on_device = any(isinstance(a, jax.Array) for a in (*arrays.values(), cotangent))
+    xp: Any = jnp if on_device else np
+    shape = tuple(cotangent.shape) + (4,)
+    b1 = xp.broadcast_to(xp.asarray(arrays["boxes1"])[..., :, None, :], shape)
+    b2 = xp.broadcast_to(xp.asarray(arrays["boxes2"])[..., None, :, :], shape)
+    d1, d2 = giou_vjp(b1, b2, cotangent, backend=backend)
+    return d1.sum(-2), d2.sum(-3)
+
+
+_PAIRWISE_DOC = """{what} of every pair of boxes, as torchvision's ``{torchvision}`` (with
+    ``eps = 1e-7`` in the denominators: degenerate boxes give finite values).
+
+    Args:
+      boxes1: ``[..., N, 4]`` boxes ``(x1, y1, x2, y2)``; float32, bfloat16 or float16
+        (computed in float32), or float64 (computed in float64).
+      boxes2: ``[..., M, 4]``, the same leading dims.
+      backend, config: see :func:`asickernels.giou`.
+
+    Returns:
+      ``[..., N, M]`` float32 (float64 for float64 boxes).{gradient}
+    """
+
+box_iou = Op(
+    "box_iou",
+    [array("boxes1", 2), array("boxes2", 2)],
+    check=_check_pairwise("box_iou"),
+    compute=_compute_pairwise,
+    reference=reference.box_iou,
+    doc=_PAIRWISE_DOC.format(
+        what="IoU",
+        torchvision="box_iou",
+        gradient=" Differentiable with ``jax.grad`` on the JAX backends.",
+    ),
+)
+
+generalized_box_iou = Op(
+    "generalized_box_iou",
+    [array("boxes1", 2), array("boxes2", 2)],
+    check=_check_pairwise("generalized_box_iou"),
+    compute=_compute_pairwise,
+    reference=reference.generalized_box_iou,
+    vjp=_pairwise_giou_vjp,
+    differentiable=("boxes1", "boxes2"),
+    doc=_PAIRWISE_DOC.format(
+        what="Generalized IoU",
+        torchvision="generalized_box_iou",
+        gradient=" Differentiable (``jax.grad`` on the JAX backends; PyTorch autograd runs the "
+        "paired ``giou_vjp`` on every pair). ``-generalized_box_iou(pred, target)`` is DETR's "
+        "matching cost.",
+    ),
+)
+
+
+# Paired DIoU / CIoU ------------------------------------------------------------------------
+
+
+def _check_metric(kernel: str) -> Check:
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "boxes1", "boxes2")
+        dtype = float_compute_dtype(a, b)
+        batch = a.shape[:-1]
+        return Plan(
+            kernel,
+            dtype,
+            Spec(batch, np.dtype(dtype)),
+            (),
+            trivial=_checks.size(batch) == 0,
+            x64=is_64bit(a, b),
+        )
+
+    return check
+
+
+def _compute_metric(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+    out = plan.outputs
+    assert isinstance(out, Spec) and plan.kernel is not None
+    value = _paired(runner, plan.kernel, str(out.dtype), boxes1, boxes2)
+    return value.astype(out.dtype).reshape(out.shape)
+
+
+def _check_metric_vjp(kernel: str) -> Check:
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "boxes1", "boxes2")
+        cotangent = specs["cotangent"]
+        assert cotangent is not None
+        _checks.check_float(cotangent, "cotangent")
+        if cotangent.shape != a.shape[:-1]:
+            raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
+        dtype = float_compute_dtype(a, b)
+        out = Spec(a.shape, np.dtype(dtype))
+        return Plan(
+            kernel,
+            dtype,
+            (out, out),
+            (),
+            trivial=_checks.size(a.shape[:-1]) == 0,
+            x64=is_64bit(a, b, cotangent),
+        )
+
+    return check
+
+
+def _compute_metric_vjp(
+    runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
+) -> tuple[Any, Any]:
+    dtype = plan.output_list()[0].dtype
+    assert plan.kernel is not None
+    d1, d2 = _paired(runner, plan.kernel, str(dtype), boxes1, boxes2, cotangent.astype(dtype))
+    return d1.astype(dtype).reshape(boxes1.shape), d2.astype(dtype).reshape(boxes1.shape)
+
+
+def _vjp_op(metric: str) -> Op:
+    return Op(
+        f"{metric}_vjp",
+        [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
+        check=_check_metric_vjp(f"{metric}_vjp"),
+        compute=_compute_metric_vjp,
+        reference=getattr(reference, f"{metric}_vjp"),
+        outputs=("d_boxes1", "d_boxes2"),
+        doc=f"""Gradient of ``sum(cotangent * {metric}(boxes1, boxes2))`` with respect to both
+    inputs{" (``alpha`` held constant, as torchvision and the CIoU paper do)" if metric == "ciou" else ""}.
+
+    ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
+    float32 (float64 for float64 boxes). JAX backends differentiate their ``{metric}`` kernel.
+    """,
+    )
+
+
+def _metric_op(metric: str, vjp_op: Op, what: str) -> Op:
+    def vjp(
+        arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
+    ) -> tuple[Any, Any]:
+        return vjp_op(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)  # type: ignore[no-any-return]
+
+    return Op(
+        metric,
+        [array("boxes1", 1), array("boxes2", 1)],
+        check=_check_metric(metric),
+        compute=_compute_metric,
+        reference=getattr(reference, metric),
+        vjp=vjp,
+        differentiable=("boxes1", "boxes2"),
+        doc=f"""{what} of paired boxes.
+
+    Args:
+      boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32, bfloat16
+        or float16 (computed in float32), or float64 (computed in float64).
+      backend, config: see :func:`asickernels.giou`.
+
+    Returns:
+      ``[...]`` float32 (float64 for float64 inputs), equal to ``1 -
+      torchvision.ops.{"distance" if metric == "diou" else "complete"}_box_iou_loss`` (up to
+      ``eps``). Differentiable with ``jax.grad`` on the JAX backends.
+    """,
+    )
+
+
+def _check_loss(kernel: str) -> Check:
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "preds", "targets")
+        reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
+        dtype = float_compute_dtype(a, b)
+        shape = a.shape[:-1] if reduction == "none" else ()
+        return Plan(
+            kernel,
+            dtype,
+            Spec(shape, np.dtype(dtype)),
+            (("reduction", reduction),),
+            trivial=_checks.size(a.shape[:-1]) == 0,
+            x64=is_64bit(a, b),
+        )
+
+    return check
+
+
+def _loss_op(metric: str, vjp_op: Op) -> Op:
+    def compute(runner: Runner, plan: Plan, preds: Any, targets: Any, mask: Any) -> Any:
+        return masked_loss(runner, plan, metric, preds, targets, mask)
+
+    def vjp(
+        arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
+    ) -> tuple[Any, Any]:
+        return masked_loss_vjp(vjp_op, arrays, statics, backend, cotangent)
+
+    return Op(
+        f"{metric}_loss",
+        [
+            array("preds", 1),
+            array("targets", 1),
+            array("mask", 0, optional=True),
+            static("reduction", "str", "mean"),
+        ],
+        check=_check_loss(metric),
+        compute=compute,
+        reference=getattr(reference, f"{metric}_loss"),
+        vjp=vjp,
+        differentiable=("preds", "targets"),
+        partition="loss",
+        doc=f"""``1 - {metric}(preds, targets)`` over the valid (non-padding) boxes, with
+    :func:`asickernels.giou_loss`'s ``mask`` and ``reduction`` (padding may hold anything,
+    even NaN: its loss and gradient are exactly 0; ``"mean"`` is 0 when no box is valid).
+
+    Returns:
+      float32 loss (float64 for float64 boxes): ``[...]`` for ``"none"``, else a scalar.
+    """,
+    )
+
+
+diou_vjp = _vjp_op("diou")
+ciou_vjp = _vjp_op("ciou")
+diou = _metric_op("diou", diou_vjp, "Distance IoU (DIoU)")
+ciou = _metric_op("ciou", ciou_vjp, "Complete IoU (CIoU)")
+diou_loss = _loss_op("diou", diou_vjp)
+ciou_loss = _loss_op("ciou", ciou_vjp)
