@@ -722,3 +722,111 @@ def test_matmul_never_mixes_the_two_e4m3_formats(monkeypatch, rng):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     with pytest.raises(errors.UnsupportedDtype, match="float8_e4m3fn"):
         run(matmul_kernel(nl.float8_e4m3fn, nl.float8_e4m3fn), x, x)
+
+
+def test_registers_drive_dynamic_loops():
+    def kernel(x):
+        bound = nl.ndarray((1, 1), dtype=nl.int32)
+        nisa.memset(bound, 3)
+        count = nisa.register_alloc()
+        nisa.register_load(count, bound)
+        steps = nisa.register_alloc(0)
+        for _ in nl.dynamic_range(count):
+            nisa.register_move(steps, int(steps) + 2)
+        remaining = nisa.register_alloc(2)
+        while remaining:
+            nisa.register_move(remaining, int(remaining) - 1)
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        nisa.register_store(out, steps)
+        return out
+
+    assert run(kernel, np.zeros((1, 1), np.float32))[0, 0] == 6
+
+
+def test_stream_shuffle_and_dma_compute(rng):
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    mask = [31 - i for i in range(32)]
+    out = run(isa_kernel(lambda d, t: nisa.nc_stream_shuffle(d, t, mask), (64, 4)), x)
+    np.testing.assert_array_equal(out, np.concatenate([x[31::-1], x[63:31:-1]]))
+    y = rng.normal(size=(64, 4)).astype(np.float32)
+    out = run(isa_kernel(lambda d, a, b: nisa.dma_compute(d, [a, b], nl.add), (64, 4)), x, y)
+    np.testing.assert_allclose(out, x + y, rtol=1e-6)
+
+
+def test_sendrecv_and_core_barrier_under_lnc2(monkeypatch):
+    """A ring exchange between the two logical cores (the sendrecv docs' example)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+
+    @nki.jit
+    def ring(x):
+        out = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        rank = nl.program_id()
+        mine = nl.full((1, 4), float(rank + 1), nl.float32)
+        received = nl.ndarray((1, 4), dtype=nl.float32)
+        nisa.sendrecv(
+            src=mine,
+            dst=received,
+            send_to_rank=(rank + 1) % 2,
+            recv_from_rank=(rank - 1) % 2,
+            pipe_id=0,
+        )
+        nisa.core_barrier(out, (0, 1))
+        nl.store(out[rank : rank + 1, :], received)
+        return out
+
+    result = ring[2](np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(result, [[2.0] * 4, [1.0] * 4])
+
+
+def test_activate2_stages_prelu_and_reduction(monkeypatch, rng):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+
+    def kernel(data):
+        t = nl.load(data)
+        dst = nl.ndarray((8, 16), dtype=nl.float32)
+        peak = nl.ndarray((8, 1), dtype=nl.float32)
+        nisa.activate2(
+            dst,
+            nl.prelu,
+            t,
+            2.0,
+            0.5,
+            nl.multiply,
+            nl.subtract,
+            relu_param=0.1,
+            reduce_op=nl.maximum,
+            reduce_res=peak,
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        )
+        out = nl.ndarray((8, 17), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:16], dst)
+        nl.store(out[:, 16:17], peak)
+        return out
+
+    out = run(kernel, x)
+    staged = x * 2 - 0.5
+    expected = np.where(staged >= 0, staged, 0.1 * staged)
+    np.testing.assert_allclose(out[:, :16], expected, rtol=1e-6)
+    np.testing.assert_allclose(out[:, 16], expected.max(axis=1), rtol=1e-6)
+
+
+def test_a_failing_core_does_not_leave_its_peer_waiting(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+
+    @nki.jit
+    def lopsided(x):
+        tile = nl.load(x)
+        if nl.program_id() == 1:
+            nl.ndarray((129, 4), dtype=nl.float32)  # core 1 breaks a rule
+        nisa.sendrecv(
+            src=tile,
+            dst=nl.ndarray(tile.shape, dtype=tile.dtype),
+            send_to_rank=1,
+            recv_from_rank=1,
+            pipe_id=0,
+        )
+        nisa.core_barrier(x, (0, 1))
+
+    with pytest.raises(errors.NumPartitionExceedArchLimit):
+        lopsided[2](np.zeros((4, 4), np.float32))

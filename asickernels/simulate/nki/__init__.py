@@ -122,7 +122,8 @@ def _launch(
                 results[program_id] = function(*wrapped_args, **wrapped_kwargs)
         except BaseException as error:  # reported by the launching thread below
             failures[program_id] = error
-            launch.barrier.abort()  # a core waiting at nisa.core_barrier stops waiting
+            launch.failed = True  # a core waiting for this one (core_barrier, sendrecv) stops
+            launch.barrier.abort()
         finally:
             runtime.finish_run()
 
@@ -137,7 +138,11 @@ def _launch(
     runtime.publish_counters([run for run in runs if run is not None])
     for original, contiguous in copies:
         original[...] = contiguous
-    failure = next((f for f in failures if f is not None), None)
+    # the root cause, not a peer's broken wait for the failed core
+    failure = next(
+        (f for f in failures if f is not None and not isinstance(f, threading.BrokenBarrierError)),
+        next((f for f in failures if f is not None), None),
+    )
     if failure is not None:
         raise failure
     return _unwrap(results[0])  # after every core finished writing the shared outputs

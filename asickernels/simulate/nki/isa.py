@@ -17,22 +17,64 @@ from asickernels.simulate.nki.tensor import PACKED_X4, MemoryRegion, NkiTensor, 
 
 __all__ = [
     "NkiValidationError",
+    "VirtualRegister",
+    "activate2",
+    "activation",
+    "activation_reduce",
+    "affine_select",
+    "bn_aggr",
+    "bn_stats",
+    "core_barrier",
     "dge_mode",
+    "dma_compute",
     "dma_copy",
+    "dma_engine",
+    "dma_transpose",
+    "dropout",
     "engine",
+    "exponential",
     "get_nc_version",
+    "gpsimd_engine",
     "iota",
     "matmul_perf_mode",
+    "max8",
     "memset",
+    "nc_find_index8",
+    "nc_match_replace8",
     "nc_matmul",
+    "nc_matmul_mx",
+    "nc_n_gather",
+    "nc_stream_shuffle",
+    "nc_transpose",
     "nc_version",
+    "nonzero_with_count",
     "oob_mode",
+    "quantize_mx",
+    "rand2",
+    "range_select",
+    "reciprocal",
+    "reduce_cmd",
+    "register_alloc",
+    "register_load",
+    "register_move",
+    "register_store",
+    "rng",
+    "scalar_engine",
+    "scalar_tensor_tensor",
+    "select_reduce",
+    "sendrecv",
     "tensor_copy",
     "tensor_copy_predicated",
+    "tensor_engine",
     "tensor_partition_reduce",
     "tensor_reduce",
     "tensor_scalar",
+    "tensor_scalar_cumulative",
+    "tensor_scalar_reduce",
     "tensor_tensor",
+    "tensor_tensor_scan",
+    "unknown_engine",
+    "vector_engine",
 ]
 
 
@@ -1565,3 +1607,239 @@ def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: 
         raise ValueError(f"'{api}' needs min < max")
     alu.write(dst, low + (high - low) * _random_generator(run).random(dst.shape), api)
     run.count("vector")
+
+
+# -- cross-partition movement, DMA compute, core-to-core transfers -------------------------
+def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: Any = None) -> None:
+    """Within each 32-partition quadrant, ``dst`` partition ``i`` takes ``src`` partition
+    ``shuffle_mask[i]`` (255: ``dst`` partition ``i`` unchanged); same dtype and elements per
+    partition (Vector engine)."""
+    api = "nc_stream_shuffle"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, alu.ON_CHIP)
+    alu.require(api, "src", src, alu.ON_CHIP)
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise errors.ShapeMismatch(
+            f"'{api}' shuffle_mask must list 32 partitions (or 255), got {mask}"
+        )
+    if dst.dtype != src.dtype or alu.per_partition(dst) != alu.per_partition(src):
+        raise errors.ShapeMismatch(
+            f"'{api}' needs one dtype and elements per partition: {src!r} -> {dst!r}"
+        )
+    source = src.data.reshape(src.shape[0], -1).copy()  # in-place shuffles read the old values
+    result = dst.data.reshape(dst.shape[0], -1).copy()
+    for partition in range(dst.shape[0]):
+        quadrant, lane = divmod(partition, 32)
+        if mask[lane] != 255:
+            origin = quadrant * 32 + mask[lane]
+            if origin >= src.shape[0]:
+                raise errors.TensorAccessOutOfBound(f"'{api}' reads partition {origin} of {src!r}")
+            result[partition] = source[origin]
+    alu.write(dst, result, api)
+    run.count("vector")
+
+
+def dma_compute(
+    dst: NkiTensor,
+    srcs: list[NkiTensor],
+    reduce_op: Any,
+    scales: Any = None,
+    unique_indices: bool = True,
+    oob_mode: oob_mode = oob_mode.error,
+    name: Any = None,
+) -> None:
+    """``dst = srcs[0] + srcs[1] + ...`` computed by a DMA in float32 (``reduce_op`` nl.add,
+    ``scales`` all 1.0, up to 16 sources of ``dst``'s element count, HBM or SBUF)."""
+    api = "dma_compute"
+    run = runtime.active_run(api)
+    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
+    if reduce_op is not language.add:
+        raise errors.UnsupportedOperator(f"'{api}' reduces with nl.add only")
+    if scales is not None and any(float(scale) != 1.0 for scale in scales):
+        raise errors.UnsupportedOperator(f"'{api}' scales must all be 1.0, got {scales}")
+    if not 1 <= len(srcs) <= 16:
+        raise errors.ShapeMismatch(f"'{api}' takes 1 to 16 sources, got {len(srcs)}")
+    total = np.zeros(dst.size, np.float32)
+    for i, src in enumerate(srcs):
+        alu.require(api, f"srcs[{i}]", src, (*alu.HBM, *alu.SBUF))
+        if src.size != dst.size:
+            raise errors.ShapeMismatch(f"'{api}' srcs[{i}] {src!r} does not match {dst!r}")
+        total += alu.as_f32(src).reshape(-1)
+    alu.write(dst, total, api)
+    run.count_dma(any(not s.on_chip for s in srcs), not dst.on_chip, dst.size * dst.dtype.itemsize)
+
+
+def sendrecv(
+    src: NkiTensor,
+    dst: NkiTensor,
+    send_to_rank: int,
+    recv_from_rank: int,
+    pipe_id: int,
+    dma_engine: dma_engine = dma_engine.dma,
+    name: Any = None,
+) -> None:
+    """Sends the SBUF tile ``src`` to logical core ``send_to_rank`` and receives the tile
+    core ``recv_from_rank`` sends into ``dst`` (``kernel[2]``, NeuronCore-v3+)."""
+    api = "sendrecv"
+    run = runtime.active_run(api)
+    if runtime.current_target().version < 3:
+        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    alu.require(api, "src", src, alu.SBUF)
+    alu.require(api, "dst", dst, alu.SBUF)
+    if src.dtype != dst.dtype or src.shape != dst.shape:
+        raise errors.ShapeMismatch(
+            f"'{api}' needs src and dst of one shape and dtype: {src!r}, {dst!r}"
+        )
+    cores = run.launch.cores
+    if not (0 <= int(send_to_rank) < cores and 0 <= int(recv_from_rank) < cores):
+        raise errors.UnsupportedOperator(
+            f"'{api}' ranks {send_to_rank}/{recv_from_rank} outside this launch's {cores} core(s)"
+        )
+    # gpsimd_dma: at most 1024/512/256 bytes per partition for 32/16/8-bit data, 256 elements
+    if dma_engine is dma_engine.gpsimd_dma and alu.per_partition(src) > 256:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' gpsimd_dma moves at most 256 elements per partition, got {src!r}"
+        )
+    received = run.launch.exchange(
+        int(pipe_id), run.program_id, int(send_to_rank), int(recv_from_rank), np.array(src.data)
+    )
+    alu.write(dst, received, api)
+    run.count_dma(False, False, src.size * src.dtype.itemsize)
+
+
+# -- engine sequencer registers ----------------------------------------------------------
+class VirtualRegister:
+    """A 32-bit integer register of an engine sequencer. ``int(reg)``, ``range(reg)``
+    (``nl.dynamic_range``) and ``while reg:`` read its value, as the parser frontend allows."""
+
+    def __init__(self, state: int | None = None, frozen: bool = False) -> None:
+        self.value = 0 if state is None else int(state)
+        self.frozen = frozen
+
+    def __index__(self) -> int:
+        return self.value
+
+    __int__ = __index__
+
+    def __bool__(self) -> bool:
+        return self.value != 0
+
+    def __repr__(self) -> str:
+        return f"VirtualRegister({self.value})"
+
+
+def register_alloc(x: int | None = None) -> VirtualRegister:
+    """A new register, holding ``x`` (0 when None)."""
+    runtime.active_run("register_alloc")
+    return VirtualRegister(x)
+
+
+def register_move(dst: VirtualRegister, src: int | VirtualRegister) -> None:
+    """``dst = src`` (an integer or another register)."""
+    runtime.active_run("register_move")
+    dst.value = int(src)
+
+
+def _single_element(api: str, tensor: NkiTensor) -> NkiTensor:
+    alu.require(api, "tensor", tensor, (*alu.HBM, *alu.SBUF))
+    if tensor.size != 1 or tensor.dtype.itemsize > 4:
+        raise errors.ShapeMismatch(f"'{api}' moves one value of up to 32 bits, got {tensor!r}")
+    return tensor
+
+
+def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
+    """``dst`` = the single (up to 32-bit) value of ``src`` (HBM or SBUF)."""
+    runtime.active_run("register_load")
+    dst.value = int(_single_element("register_load", src).data.reshape(-1)[0])
+
+
+def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
+    """Writes the register ``src`` into the single-element tensor ``dst`` (HBM or SBUF)."""
+    runtime.active_run("register_store")
+    alu.write(_single_element("register_store", dst), np.array([int(src)]), "register_store")
+
+
+# -- Scalar engine: activate2 (NeuronCore-v4) ---------------------------------------------
+_ACTIVATE2_STAGES = {
+    (language.multiply, language.add),
+    (language.multiply, language.subtract),
+    (language.multiply, language.bypass),
+    (language.add, language.bypass),
+    (language.subtract, language.bypass),
+    (language.bypass, language.bypass),
+}
+# activate2's reductions and their identities.
+_SCALAR_REDUCE: dict[Any, tuple[Any, float]] = {
+    language.add: (np.add, 0.0),
+    language.maximum: (np.maximum, -np.inf),
+    language.minimum: (np.minimum, np.inf),
+    language.abs_max: (lambda a, b: np.maximum(np.abs(a), np.abs(b)), 0.0),
+    language.abs_min: (lambda a, b: np.minimum(np.abs(a), np.abs(b)), np.inf),
+}
+
+
+def activate2(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    imm0: float | NkiTensor,
+    imm1: float | NkiTensor,
+    op0: Any,
+    op1: Any,
+    relu_param: float | NkiTensor = 0.0,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    reduce_op: Any = None,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    name: Any = None,
+) -> None:
+    """``dst = op((data op0 imm0) op1 imm1)`` on the Scalar engine (NeuronCore-v4), ``op0``
+    / ``op1`` one of the six documented pairs (``nl.bypass`` skips a stage), ``relu_param``
+    the negative slope of ``nl.prelu``; optional free-axis reduction into the Scalar
+    accumulators (add, max, min, abs_max, abs_min)."""
+    api = "activate2"
+    run = runtime.active_run(api)
+    _require_v4(api)
+    operands = {
+        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
+        "data": alu.require(api, "data", data, alu.ON_CHIP),
+    }
+    alu.check_elements(api, operands)
+    if (op0, op1) not in _ACTIVATE2_STAGES:
+        raise errors.UnsupportedOperator(f"'{api}' does not take op0={op0!r}, op1={op1!r}")
+    values = alu.as_f32(data)
+    for stage, immediate, reverse in ((op0, imm0, reverse0), (op1, imm1, reverse1)):
+        if stage is language.bypass:
+            continue
+        operand = _per_partition_operand(api, "immediate", immediate, data)
+        function = language.ALU_OPS[stage]
+        values = function(operand, values) if reverse else function(values, operand)
+    if op is language.prelu:
+        slope = _per_partition_operand(api, "relu_param", relu_param, data)
+        result = np.where(values >= 0, values, values * slope)
+    elif op in language.ACTIVATIONS:
+        result = language.ACTIVATIONS[op](values)
+    else:
+        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
+    result = np.asarray(result, np.float32)
+    alu.write(dst, result, api)
+    if reduce_cmd is not reduce_cmd.idle or reduce_res is not None:
+        if reduce_op not in _SCALAR_REDUCE:
+            raise errors.UnsupportedOperator(
+                f"'{api}' reduces with add, maximum, minimum, abs_max or abs_min"
+            )
+        function, identity = _SCALAR_REDUCE[reduce_op]
+        registers = _reduce_registers(run)
+        lanes = data.shape[0]
+        if reduce_cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce):
+            registers[:lanes] = identity
+        if reduce_cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
+            rows = result.reshape(lanes, -1)
+            folded = rows[:, 0]
+            for column in range(1, rows.shape[1]):
+                folded = function(folded, rows[:, column])
+            registers[:lanes] = function(registers[:lanes], folded)
+        _write_reduce_result(api, reduce_res, registers[:lanes])
+    run.count("scalar")

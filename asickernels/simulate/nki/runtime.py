@@ -60,6 +60,9 @@ class Launch:
         self.barrier = threading.Barrier(cores)
         self._lock = threading.Lock()
         self._shared: list[Any] = []
+        self._mail = threading.Condition()
+        self._mailbox: dict[tuple[int, int, int], Any] = {}
+        self.failed = False  # a core raised: peers stop waiting for it
 
     def shared_tensor(self, index: int, create: Any) -> Any:
         """The launch's ``index``-th shared HBM storage, made by ``create()`` on first use."""
@@ -67,6 +70,19 @@ class Launch:
             if index == len(self._shared):
                 self._shared.append(create())
             return self._shared[index]
+
+    def exchange(self, pipe: int, rank: int, send_to: int, receive_from: int, data: Any) -> Any:
+        """``nisa.sendrecv``: posts ``data`` for core ``send_to`` on ``pipe`` and waits for
+        what core ``receive_from`` posted for this core."""
+        with self._mail:
+            self._mailbox[(pipe, rank, send_to)] = data
+            self._mail.notify_all()
+            key = (pipe, receive_from, rank)
+            while key not in self._mailbox:
+                if self.failed:
+                    raise threading.BrokenBarrierError("the sending core failed")
+                self._mail.wait(timeout=0.1)
+            return self._mailbox.pop(key)
 
 
 class Allocation:
