@@ -74,11 +74,11 @@ def _operand_dtype(value: Any) -> np.dtype[Any]:
     float32 (nki.api.shared.rst, "Weakly Typed Scalar Type Inference")."""
     if isinstance(value, Tensor):
         return value.dtype
-    if isinstance(value, np.generic):
-        return nki_dtype(value.dtype)
-    if isinstance(value, bool):
+    if isinstance(value, np.generic) and value.dtype in DTYPES.values():
+        return value.dtype  # an explicitly typed scalar, e.g. np.float16(2)
+    if isinstance(value, (bool, np.bool_)):
         return uint8
-    return int32 if isinstance(value, int) else float32
+    return int32 if isinstance(value, (int, np.integer)) else float32
 
 
 def _promote_pair(a: np.dtype[Any], b: np.dtype[Any]) -> np.dtype[Any]:
@@ -232,7 +232,11 @@ def compute(
     if dtype is not None:
         out_dtype = nki_dtype(dtype)
     else:
-        out_dtype = nki_dtype(default_dtype) if default_dtype is not None else promote(tiles)
+        out_dtype = (
+            nki_dtype(default_dtype)
+            if default_dtype is not None
+            else promote(list(operands.values()))
+        )
     out = new_tile(shape, out_dtype, api)
     out.write(np.asarray(function(*values)), where, api)
     run.count(engine)

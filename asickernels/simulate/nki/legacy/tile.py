@@ -439,6 +439,12 @@ class Tensor:
         if ellipses:
             at = ellipses[0]
             keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        for axis, k in enumerate(keys):
+            if isinstance(k, IndexGrid) and not k.lifted:
+                raise Err1dArangeNotSupported(
+                    f"a 1-D nl.arange indexes dimension {axis} of {self!r}; lift it with "
+                    "[:, None] (partition) or [None, :] (free)"
+                )
         grids = any(isinstance(k, IndexGrid) for k in keys)
         if grids and (len(keys) < self.ndim or any(isinstance(k, slice) for k in keys)):
             raise TypeError(
@@ -450,11 +456,6 @@ class Tensor:
         bounds: list[np.ndarray] = []
         for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
             if isinstance(k, IndexGrid):
-                if not k.lifted:
-                    raise Err1dArangeNotSupported(
-                        f"a 1-D nl.arange indexes dimension {axis} of {self!r}; lift it with "
-                        "[:, None] (partition) or [None, :] (free)"
-                    )
                 bounds.append((k.values < 0) | (k.values >= size))
                 numpy_key.append(np.clip(k.values, 0, size - 1))
             elif isinstance(k, slice):

@@ -1,0 +1,483 @@
+"""The legacy ``neuronxcc.nki`` API of the simulator (asickernels.simulate.nki.legacy),
+function by function, against its documented semantics (aws-neuron-sdk 0521004c,
+general/nki/api/...)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from asickernels.simulate.nki import errors, last_counters
+from asickernels.simulate.nki import legacy as nki
+from asickernels.simulate.nki.legacy import isa as nisa
+from asickernels.simulate.nki.legacy import language as nl
+from asickernels.simulate.nki.legacy import typing as nt
+from asickernels.simulate.nki.legacy.tile import (
+    Err1dArangeNotSupported,
+    ErrSharedHbmMustInKernelLevel,
+)
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape: int, dtype=np.float32) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def run(body, *arrays, **kwargs):
+    """Runs ``body(*tensors)`` as a kernel through ``nki.simulate_kernel``."""
+    return nki.simulate_kernel(body, *arrays, **kwargs)
+
+
+def returning(compute):
+    """A kernel loading its inputs, applying ``compute`` to the tiles and storing the tile
+    it returns into a new shared_hbm output."""
+
+    def kernel(*inputs):
+        tiles = [nl.load(x) for x in inputs]
+        result = compute(*tiles)
+        out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+        nl.store(out, result)
+        return out
+
+    return kernel
+
+
+# -- index grids, masks ----------------------------------------------------------------------
+def test_unlifted_arange_is_rejected():
+    def kernel(x):
+        nl.load(x[nl.arange(4)])
+
+    with pytest.raises(Err1dArangeNotSupported):
+        run(kernel, rand(4, 4))
+
+
+def test_arange_and_mgrid_select_a_strided_tile():
+    def kernel(x):
+        out = nl.ndarray((4, 3), dtype=x.dtype, buffer=nl.shared_hbm)
+        grid = nl.mgrid[0:4, 0:3]
+        nl.store(out[grid.p, grid.x], nl.load(x[grid.p, 2 * grid.x + 1]))
+        return out
+
+    x = rand(4, 8)
+    np.testing.assert_array_equal(run(kernel, x), x[:, 1:7:2])
+
+
+def test_masks_combine_with_ampersand_only():
+    i = nl.arange(4)[:, None]
+    with pytest.raises(TypeError, match="'&'"):
+        bool(i < 2)
+    assert ((i < 3) & (i > 0)).values[:, 0].tolist() == [False, True, True, False]
+
+
+def test_out_of_bounds_access_needs_a_mask():
+    """nki.errors.rst err_tensor_access_out_of_bound: an index grid past the end is an error
+    unless a mask excludes those elements; a masked load leaves them unwritten."""
+
+    def unmasked(x):
+        nl.load(x[nl.arange(128)[:, None], nl.arange(4)[None, :]])
+
+    def masked(x):
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(4)[None, :]
+        out = nl.ndarray((100, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+        tile = nl.load(x[i_p, i_f], mask=i_p < 100)
+        nl.store(out[i_p, i_f], tile, mask=i_p < 100)
+        return out
+
+    x = rand(100, 4)
+    with pytest.raises(errors.TensorAccessOutOfBound):
+        run(unmasked, x)
+    np.testing.assert_array_equal(run(masked, x), x)
+
+
+def test_masked_instruction_leaves_other_elements_unwritten():
+    def kernel(x):
+        _, i_f = nl.mgrid[0:4, 0:6]
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.multiply(nl.load(x), 2.0, mask=(i_f < 3)))
+        return out
+
+    out = run(kernel, rand(4, 6))
+    assert np.isnan(out[:, 3:]).all() and not np.isnan(out[:, :3]).any()
+
+
+# -- SPMD launch grids -------------------------------------------------------------------------
+def test_program_ids_cover_the_grid_and_shared_hbm_is_shared():
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((6, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+        assert nl.program_ndim() == 2 and nl.num_programs() == 6
+        assert nl.num_programs(axes=1) == 3
+        row = nl.program_id(0) * 3 + nl.program_id(1)
+        tile = nl.load(x[row : row + 1, :])
+        nl.store(out[row : row + 1, :], nl.add(tile, row))
+        return out
+
+    x = rand(6, 4)
+    np.testing.assert_allclose(kernel[2, 3](x), x + np.arange(6)[:, None], rtol=1e-6)
+    with pytest.raises(ValueError):
+        kernel[0](x)
+
+
+def test_shared_hbm_only_at_the_kernel_top_level():
+    def helper(shape):
+        return nl.ndarray(shape, dtype=nl.float32, buffer=nl.shared_hbm)
+
+    def kernel(x):
+        return helper(x.shape)
+
+    with pytest.raises(ErrSharedHbmMustInKernelLevel):
+        run(kernel, rand(2, 2))
+
+
+def test_neuron_2_20_style_output_argument_is_written_in_place():
+    @nki.trace
+    def kernel(x, out):
+        nl.store(out, nl.exp(nl.load(x)))
+
+    x = rand(8, 16)
+    out = np.zeros((16, 8), np.float32).T  # a non-contiguous output array
+    before = x.copy()
+    assert nki.simulate_kernel(kernel, x, out) is None
+    np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_returning_an_sbuf_tile_is_rejected():
+    def kernel(x):
+        return nl.load(x)
+
+    with pytest.raises(errors.UnsupportedMemory):
+        run(kernel, rand(2, 2))
+
+
+# -- dtypes and broadcasting -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("left", "right", "expected"),
+    # nki.api.shared.rst, "NKI Type Promotion" and "Weakly Typed Scalar Type Inference"
+    [
+        (np.float16, 1.2, np.float32),
+        (np.float16, 2, np.float16),
+        (np.int8, 2, np.int32),
+        (np.float16, ml_dtypes.bfloat16, np.float32),
+        (np.int8, np.uint8, np.int16),
+        (np.int32, np.uint32, np.float32),
+        (np.uint16, np.int32, np.int32),
+    ],
+)
+def test_type_promotion(left, right, expected):
+    def kernel(x, *rest):
+        other = nl.load(rest[0]) if rest else right
+        result = nl.add(nl.load(x), other)
+        assert result.dtype == np.dtype(expected)
+
+    arrays = [np.ones((2, 2), left)]
+    if not isinstance(right, (int, float)):
+        arrays.append(np.ones((2, 2), right))
+    run(kernel, *arrays)
+
+
+def test_comparisons_default_to_bool():
+    out = run(returning(lambda a, b: nl.greater(a, b)), rand(3, 3), rand(3, 3))
+    assert out.dtype == np.bool_
+
+
+def test_partition_broadcast_in_nl_ops_but_not_in_operators():
+    """nki_known_issues.rst: operator overloads do not broadcast the partition dimension."""
+    x, row = rand(4, 5), rand(1, 5)
+    np.testing.assert_allclose(run(returning(nl.add), x, row), x + row, rtol=1e-6)
+    with pytest.raises(errors.NumPartitionMismatch):
+        run(returning(lambda a, b: a + b), x, row)
+
+
+def test_reduction_result_broadcasts_along_free_axes():
+    x = rand(6, 5)
+    out = run(returning(lambda t: nl.subtract(t, nl.max(t, axis=1))), x)
+    np.testing.assert_allclose(out, x - x.max(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_broadcast_to_is_read_only():
+    def kernel(x):
+        wide = nl.load(x).broadcast_to((4, 3))
+        wide[...] = nl.zeros((4, 3), dtype=nl.float32)
+
+    with pytest.raises(errors.StoreDstShapeSmallerThanOtherShape):
+        run(kernel, rand(1, 3))
+
+
+def test_assignment_broadcasts_from_source_only():
+    """nki.errors.rst err_store_dst_shape_smaller_than_other_shape."""
+
+    def kernel(x):
+        small = nl.ndarray((4, 1), dtype=nl.float32)
+        small[...] = nl.load(x)
+
+    with pytest.raises(errors.StoreDstShapeSmallerThanOtherShape):
+        run(kernel, rand(4, 3))
+
+
+# -- reductions ------------------------------------------------------------------------------
+def test_reductions_remove_axes_unless_keepdims():
+    def kernel(x):
+        t = nl.load(x)
+        assert nl.sum(t, axis=2).shape == (4, 3)
+        assert nl.sum(t, axis=1).shape == (4, 5)  # any free axes (the avgpool tutorial)
+        assert nl.sum(t, axis=[1, 2], keepdims=True).shape == (4, 1, 1)
+        assert nl.mean(t, axis=[1, 2]).shape == (4,)
+        with pytest.raises(errors.UnsupportedReduceAxis):
+            nl.sum(t, axis=0)
+        with pytest.raises(errors.UnsupportedReduceAxis):
+            nisa.tensor_reduce(nl.add, t, axis=1)  # the instruction wants trailing axes
+        out = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.mean(t, axis=[1, 2], keepdims=True).reshape((4, 1)))
+        return out
+
+    x = rand(4, 3, 5)
+    np.testing.assert_allclose(run(kernel, x)[:, 0], x.mean(axis=(1, 2)), rtol=1e-5)
+
+
+def test_tensor_reduce_negate():
+    x = rand(4, 8)
+    out = run(returning(lambda t: nisa.tensor_reduce(np.add, t, axis=1, negate=True,
+                                                     keepdims=True)), x)  # fmt: skip
+    np.testing.assert_allclose(out[:, 0], -x.sum(axis=1), rtol=1e-5)
+
+
+# -- Tensor engine ---------------------------------------------------------------------------
+def test_matmul_and_transpose_x():
+    x, y = rand(64, 32), rand(32, 48)
+    out = run(returning(lambda a, b: nl.matmul(a, b)), x, y)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, x @ y, rtol=1e-4, atol=1e-4)
+    xt = rand(32, 64)
+    out = run(returning(lambda a, b: nl.matmul(a, b, transpose_x=True)), xt, y)
+    np.testing.assert_allclose(out, xt.T @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_limits_and_dtypes():
+    with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
+        run(returning(lambda a, b: nl.matmul(a, b, transpose_x=True)), rand(8, 129), rand(8, 4))
+    with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
+        run(returning(lambda a, b: nisa.nc_matmul(a, b)), rand(8, 4), rand(8, 513))
+    ints = np.ones((8, 4), np.int8)
+    with pytest.raises(errors.UnsupportedDtype):
+        run(returning(lambda a, b: nisa.nc_matmul(a, b)), ints, ints)
+
+
+def test_psum_accumulation_with_plus_equals():
+    def kernel(x, y):
+        acc = nl.zeros((16, 8), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc += nisa.nc_matmul(nl.load(x[k * 32 : (k + 1) * 32, :]),
+                                  nl.load(y[k * 32 : (k + 1) * 32, :]))  # fmt: skip
+        out = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, acc)
+        return out
+
+    x, y = rand(64, 16), rand(64, 8)
+    np.testing.assert_allclose(run(kernel, x, y), x.T @ y, rtol=1e-4, atol=1e-4)
+    assert last_counters()["tensor_instructions"] == 2
+
+
+def test_transpose_limits():
+    x = rand(16, 24)
+    np.testing.assert_array_equal(run(returning(nl.transpose), x), x.T)
+    with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
+        run(returning(nl.transpose), rand(4, 200))
+
+
+def test_nc_transpose_engines():
+    def kernel(x):
+        tile = nl.load(x)
+        assert nisa.nc_transpose(tile).buffer is nl.sbuf  # <= 32x32: the Vector engine
+        assert nisa.nc_transpose(tile, engine=nisa.tensor_engine).buffer is nl.psum
+        out = nl.ndarray((16, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nisa.nc_transpose(tile))
+        return out
+
+    x = rand(8, 16)
+    np.testing.assert_array_equal(run(kernel, x), x.T)
+    with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
+        run(returning(lambda t: nisa.nc_transpose(t, engine=nisa.vector_engine)), rand(8, 64))
+
+
+# -- Vector / Scalar / GpSimd instructions -----------------------------------------------------
+def test_bn_stats_and_bn_aggr_give_mean_and_variance():
+    def kernel(x):
+        t = nl.load(x)
+        stats = nl.ndarray((8, 12), dtype=nl.float32)
+        i_p, i_s, i_f = nl.arange(8)[:, None], nl.arange(6)[None, :], nl.arange(300)[None, :]
+        for j in nl.affine_range(2):
+            stats[i_p, j * 6 + i_s] = nisa.bn_stats(t[i_p, j * 300 + i_f])
+        out = nl.ndarray((8, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nisa.bn_aggr(stats))
+        return out
+
+    x = rand(8, 600)
+    out = run(kernel, x)
+    np.testing.assert_allclose(out[:, 0], x.mean(axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[:, 1], x.var(axis=1), rtol=1e-5)
+    with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
+        run(returning(nisa.bn_stats), rand(2, 513))
+
+
+def test_activation_scale_bias_and_accumulators():
+    def kernel(x, scale, bias):
+        t, s, b = nl.load(x), nl.load(scale), nl.load(bias)
+        sums = nl.ndarray((4, 1), dtype=nl.float32)
+        result = nisa.activation(nl.exp, t, scale=s, bias=b, reduce_op=nl.add,
+                                 reduce_res=sums, reduce_cmd=nisa.reduce_cmd.reset_reduce)  # fmt: skip
+        nisa.activation(nl.exp, t, scale=s, bias=b, reduce_op=nl.add, reduce_res=sums,
+                        reduce_cmd=nisa.reduce_cmd.reduce)  # fmt: skip
+        out = nl.ndarray((4, 7), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:6], result)
+        nl.store(out[:, 6:7], sums)
+        return out
+
+    x, scale, bias = rand(4, 6), rand(4, 1), rand(4, 1)
+    expected = np.exp(x * scale + bias)
+    out = run(kernel, x, scale, bias)
+    np.testing.assert_allclose(out[:, :6], expected, rtol=1e-5)
+    np.testing.assert_allclose(out[:, 6], 2 * expected.sum(axis=1), rtol=1e-5)
+
+
+def test_tensor_scalar_vector_operands_and_reverse():
+    x, v = rand(4, 5), rand(4, 1)
+    out = run(returning(lambda t, s: nisa.tensor_scalar(t, np.subtract, s, reverse0=True,
+                                                        op1=np.multiply, operand1=3.0)), x, v)  # fmt: skip
+    np.testing.assert_allclose(out, (v - x) * 3.0, rtol=1e-6)
+    with pytest.raises(errors.ShapeMismatch):
+        run(returning(lambda t, s: nisa.tensor_scalar(t, np.add, s)), x, rand(4, 2))
+
+
+def test_tensor_tensor_rules():
+    x, y = rand(4, 6), rand(4, 2, 3)
+    out = run(returning(lambda a, b: nisa.tensor_tensor(a, b, op=nl.maximum)), x, y)
+    np.testing.assert_array_equal(out, np.maximum(x, y.reshape(4, 6)))
+    with pytest.raises(errors.NumPartitionMismatch):
+        run(returning(lambda a, b: nisa.tensor_tensor(a, b, op=nl.add)), x, rand(1, 6))
+
+
+def test_tensor_tensor_scan_matches_its_recurrence():
+    a, b = rand(3, 10), rand(3, 10)
+    initial = rand(3, 1)
+    out = run(returning(lambda p, q, r: nisa.tensor_tensor_scan(p, q, r, np.multiply, np.add)),
+              a, b, initial)  # fmt: skip
+    state, expected = initial[:, 0], np.empty_like(a)
+    for i in range(10):
+        state = a[:, i] * state + b[:, i]
+        expected[:, i] = state
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_iota_memset_copy_reciprocal_partition_reduce():
+    def kernel(x):
+        i_p, i_f = nl.arange(4)[:, None], nl.arange(3)[None, :]
+        out = nl.ndarray((4, 13), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:3], nisa.iota(10 * i_p + i_f, dtype=nl.float32))
+        nl.store(out[:, 3:6], nisa.memset((4, 3), 2.5, nl.float32))
+        t = nl.load(x)
+        nl.store(out[:, 6:9], nisa.reciprocal(nisa.tensor_copy(t)))
+        nl.store(out[0:1, 9:12], nisa.tensor_partition_reduce(np.add, t))
+        nl.store(out[:, 12:13], nl.sum(t, axis=1, keepdims=True))
+        return out
+
+    x = rand(4, 3)
+    out = run(kernel, x)
+    np.testing.assert_array_equal(out[:, 0:3], 10 * np.arange(4)[:, None] + np.arange(3))
+    assert (out[:, 3:6] == 2.5).all()
+    np.testing.assert_allclose(out[:, 6:9], 1 / x, rtol=1e-6)
+    np.testing.assert_allclose(out[0, 9:12], x.sum(axis=0), rtol=1e-5)
+    assert last_counters()["gpsimd_instructions"] == 2  # iota, partition reduce
+
+
+# -- memory ----------------------------------------------------------------------------------
+def test_block_dimensions_and_capacity():
+    """nki_block_dimension_migration_guide.rst: block tiles need not be live at once, so one
+    (P, F) tile is counted; its values are all kept."""
+
+    def kernel(x):
+        blocks = nl.zeros((4, nl.par_dim(128), 32 * 1024), dtype=nl.float32)  # 4 x 128 KiB
+        blocks[3, 0:128, 0:4] = nl.load(x)
+        with pytest.raises(TypeError, match="block"):
+            nl.exp(blocks)
+        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, blocks[3, 0:128, 0:4])
+        return out
+
+    x = rand(128, 4)
+    np.testing.assert_array_equal(run(kernel, x), x)
+    assert last_counters()["peak_sbuf_bytes_per_partition"] == 128 * 1024 + 16
+
+
+def test_on_chip_limits():
+    def too_big(x):
+        nl.ndarray((128, 50 * 1024), dtype=nl.float32)  # 200 KiB > 192 KiB on trn1/inf2
+
+    def one_dimensional(x):
+        nl.zeros((128,), dtype=nl.float32)  # nki_known_issues.rst: "this won't work"
+
+    def too_many_partitions(x):
+        nl.zeros((256, 4), dtype=nl.float32)
+
+    with pytest.raises(errors.SbufCapacityExceeded):
+        run(too_big, rand(1, 1))
+    with pytest.raises(errors.LeadingDimensionOfTensorMustBePartition):
+        run(one_dimensional, rand(1, 1))
+    with pytest.raises(errors.NumPartitionExceedArchLimit):
+        run(too_many_partitions, rand(1, 1))
+
+
+def test_default_target_is_neuroncore_v2(monkeypatch):
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    assert run(lambda x: nisa.get_nc_version(), rand(1, 1)) is nisa.nc_version.gen2
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    assert run(lambda x: nisa.get_nc_version(), rand(1, 1)) is nisa.nc_version.gen3
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    with pytest.raises(ValueError, match="trn1/inf2 and trn2"):
+        run(lambda x: None, rand(1, 1))
+
+
+# -- the rest of the surface -----------------------------------------------------------------
+def test_apis_need_a_running_kernel():
+    with pytest.raises(errors.NkiApiOutsideOfNkiKernel):
+        nl.zeros((2, 2), dtype=nl.float32)
+
+
+def test_device_print_and_typing(capsys):
+    def kernel(x):
+        nl.device_print("value:", nl.load(x))
+
+    run(kernel, np.full((1, 2), 3.0, np.float32))
+    assert "value: [[3. 3.]]" in capsys.readouterr().out
+    annotation = nt.tensor[[128, 512], nl.bfloat16]
+    assert annotation.shape == (128, 512) and annotation.dtype == nl.bfloat16
+    assert nt.mutable_tensor[4, 4].mutable
+
+
+def test_compiler_directives():
+    assert nki.compiler.skip_middle_end_transformations(len) is len
+    assert nki.compiler.sbuf.auto_alloc() is nl.sbuf
+    with pytest.raises(NotImplementedError, match="direct allocation"):
+        nki.compiler.sbuf.mod_alloc(base_addr=0)
+
+
+def test_activation_functions_and_elementwise_ops():
+    x = np.abs(rand(4, 5)) + 0.1
+    cases = {
+        nl.rsqrt: 1 / np.sqrt(x),
+        nl.square: x * x,
+        nl.exp: np.exp(x),
+        nl.log: np.log(x),
+        nl.tanh: np.tanh(x),
+        nl.sigmoid: 1 / (1 + np.exp(-x)),
+        nl.silu: x / (1 + np.exp(-x)),
+        nl.relu: x,
+        nl.reciprocal: 1 / x,
+    }
+    for function, expected in cases.items():
+        np.testing.assert_allclose(run(returning(function), x), expected, rtol=1e-5)
+    y = rand(4, 5)
+    chosen = run(returning(lambda a, b: nl.where(nl.greater(a, 0.5), a, b)), x, y)
+    np.testing.assert_array_equal(chosen, np.where(x > 0.5, x, y))
