@@ -210,6 +210,7 @@ print("softmax matches")
 
 
 @needs_corpus
+@pytest.mark.slow  # ~20 s: the subprocess imports torch_xla
 def test_softmax(tmp_path):
     """The softmax file imports ``torch_xla.core.xla_model`` at module level, so it runs
     where torch_xla is installed: this interpreter, or the project's torch_xla venv."""
