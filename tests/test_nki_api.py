@@ -830,3 +830,23 @@ def test_a_failing_core_does_not_leave_its_peer_waiting(monkeypatch):
 
     with pytest.raises(errors.NumPartitionExceedArchLimit):
         lopsided[2](np.zeros((4, 4), np.float32))
+
+
+def test_vector_select_gathers_and_scatters_rows(rng):
+    table = rng.normal(size=(10, 6)).astype(np.float32)
+    rows = np.array([[7], [2], [2], [9]], np.int32)
+
+    def kernel(data, index):
+        offsets = nl.load(index)
+        picked = nl.ndarray((4, 6), dtype=nl.float32)
+        nisa.dma_copy(dst=picked, src=data.vector_select(0, offsets))
+        doubled = nl.multiply(picked, 2.0)
+        nisa.dma_copy(dst=data.vector_select(0, offsets), src=doubled)  # scatter back
+        out = nl.ndarray((4, 6), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, picked)
+        return out
+
+    original = table.copy()
+    np.testing.assert_array_equal(run(kernel, table, rows), original[[7, 2, 2, 9]])
+    np.testing.assert_array_equal(table[[7, 2, 9]], 2 * original[[7, 2, 9]])
+    np.testing.assert_array_equal(table[[0, 1, 3]], original[[0, 1, 3]])

@@ -105,7 +105,8 @@ def write(dst: NkiTensor, values: np.ndarray, api: str) -> None:
         )
     if values.shape != dst.shape:
         values = values.reshape(dst.shape)
-    dst.data[...] = cast(values, dst.dtype)
+    if not dst.scatter(cast(values, dst.dtype)):
+        dst.data[...] = cast(values, dst.dtype)
 
 
 def per_partition(tile: NkiTensor) -> int:

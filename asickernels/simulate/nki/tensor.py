@@ -109,6 +109,7 @@ class NkiTensor:
 
     __slots__ = (
         "_data",
+        "_gather",
         "allocation",
         "buffer",
         "dtype",
@@ -135,6 +136,8 @@ class NkiTensor:
         # The whole allocation (C-contiguous) this tensor views: what ``.ap`` addresses.
         self.root = data if root is None else root
         self.is_indirect_view = indirect
+        # vector_select views: (the rows' storage, the row of each partition)
+        self._gather: tuple[np.ndarray, np.ndarray] | None = None
         self.dtype = dtype
         self.buffer = buffer
         self.allocation = alloc  # on-chip: its SBUF/PSUM accounting
@@ -161,8 +164,23 @@ class NkiTensor:
 
     @property
     def data(self) -> np.ndarray:
-        """The simulated storage (read it for debugging; kernels use NKI APIs)."""
-        return self._data
+        """The simulated storage (read it for debugging; kernels use NKI APIs). For a
+        :meth:`vector_select` view, a read-only copy of the gathered rows."""
+        if self._gather is None:
+            return self._data
+        rows, offsets = self._gather
+        gathered = rows[offsets]
+        gathered.flags.writeable = False
+        return gathered
+
+    def scatter(self, values: np.ndarray) -> bool:
+        """Writes ``values`` through a :meth:`vector_select` view (True), or does nothing
+        for an ordinary view (False)."""
+        if self._gather is None:
+            return False
+        rows, offsets = self._gather
+        rows[offsets] = values
+        return True
 
     def __repr__(self) -> str:
         return (
@@ -200,6 +218,10 @@ class NkiTensor:
         dtype: np.dtype[Any] | None = None,
         indirect: bool = False,
     ) -> NkiTensor:
+        if self._gather is not None:
+            raise errors.NkiValidationError(
+                f"{self!r} is an indirect (vector_select) view: it cannot be viewed further"
+            )
         return NkiTensor(
             data,
             self.dtype if dtype is None else dtype,
@@ -398,6 +420,36 @@ class NkiTensor:
         key[dim] = index
         picked = self[tuple(key)]  # an integer off the partition axis removes the dimension
         return picked._view(picked._data, indirect=indirect)
+
+    def vector_select(self, dim: int, vector_offset: NkiTensor) -> NkiTensor:
+        """Per-partition indirection of an HBM tensor: partition ``p`` of the result is
+        ``self[vector_offset[p]]`` (``dim`` 0, ``vector_offset`` an SBUF ``[P, 1]`` integer
+        tile read as the instruction runs). DMAs read and write through the view."""
+        if dim != 0 or self.on_chip:
+            raise errors.LeadingDimensionOfTensorMustBePartition(
+                f"vector_select({dim}) on {self!r}: only dimension 0 of an HBM tensor"
+            )
+        if self.is_indirect_view:
+            raise errors.NkiValidationError(f"{self!r} is already an indirect view")
+        if (
+            vector_offset.buffer is not MemoryRegion.sbuf
+            or vector_offset.size != vector_offset.shape[0]
+        ):
+            raise errors.ShapeMismatch(
+                f"vector_offset must be an SBUF [P, 1] tile, got {vector_offset!r}"
+            )
+        if vector_offset.dtype.kind not in "iu":
+            raise errors.UnsupportedDtype(
+                f"vector_offset must hold integers, got {vector_offset!r}"
+            )
+        offsets = vector_offset.data.reshape(-1).astype(np.int64)
+        if offsets.min() < 0 or offsets.max() >= self.shape[0]:
+            raise errors.TensorAccessOutOfBound(
+                f"vector_select offsets {offsets.min()}..{offsets.max()} outside dimension 0 of {self!r}"
+            )
+        view = self._view(self._data[offsets], indirect=True)
+        view._gather = (self._data, offsets)
+        return view
 
     def is_contiguous(self) -> bool:
         """Row-major contiguity of the view (for on-chip tensors, of the free axes only)."""
