@@ -481,3 +481,13 @@ def test_activation_functions_and_elementwise_ops():
     y = rand(4, 5)
     chosen = run(returning(lambda a, b: nl.where(nl.greater(a, 0.5), a, b)), x, y)
     np.testing.assert_array_equal(chosen, np.where(x > 0.5, x, y))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3, np.float16])
+def test_matmul_low_precision_inputs_accumulate_in_float32(dtype):
+    """nki.isa.nc_matmul: fp8/bf16/fp16/tf32/fp32 inputs, float32 accumulation."""
+    x, y = rand(32, 16).astype(dtype), rand(32, 8).astype(dtype)
+    out = run(returning(lambda a, b: nisa.nc_matmul(a, b)), x, y)
+    assert out.dtype == np.float32
+    expected = x.astype(np.float32).T @ y.astype(np.float32)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -23,7 +23,30 @@ import numpy as np
 import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
-from asickernels.simulate.nki.language import tile_size
+
+# The dtypes (general/nki/api/nki.api.shared.rst, "Supported Data Types") and buffers are
+# the core simulator's objects.
+from asickernels.simulate.nki.language import (
+    bfloat16,
+    bool_,
+    float8_e4m3,
+    float8_e5m2,
+    float16,
+    float32,
+    hbm,
+    int8,
+    int16,
+    int32,
+    private_hbm,
+    psum,
+    sbuf,
+    shared_hbm,
+    tfloat32,
+    tile_size,
+    uint8,
+    uint16,
+    uint32,
+)
 from asickernels.simulate.nki.legacy import spmd
 from asickernels.simulate.nki.legacy.tile import (
     ErrSharedHbmMustInKernelLevel,
@@ -43,27 +66,28 @@ __all__ = [
     "IndexGrid",
     "Mask",
     "arange",
+    "bfloat16",
+    "bool_",
+    "float8_e4m3",
+    "float8_e5m2",
+    "float16",
+    "float32",
+    "hbm",
+    "int8",
+    "int16",
+    "int32",
     "mgrid",
     "par_dim",
+    "private_hbm",
+    "psum",
+    "sbuf",
+    "shared_hbm",
+    "tfloat32",
     "tile_size",
+    "uint8",
+    "uint16",
+    "uint32",
 ]
-
-bool_ = DTYPES["bool_"]
-int8 = DTYPES["int8"]
-int16 = DTYPES["int16"]
-int32 = DTYPES["int32"]
-uint8 = DTYPES["uint8"]
-uint16 = DTYPES["uint16"]
-uint32 = DTYPES["uint32"]
-float16 = DTYPES["float16"]
-bfloat16 = DTYPES["bfloat16"]
-float32 = DTYPES["float32"]
-
-sbuf = MemoryRegion.sbuf
-psum = MemoryRegion.psum
-hbm = MemoryRegion.private_hbm
-private_hbm = MemoryRegion.private_hbm
-shared_hbm = MemoryRegion.shared_hbm
 
 Operand = Tensor | float | int
 
@@ -722,7 +746,8 @@ def broadcast_to(src: Tensor, *, shape: Sequence[int], **kwargs: Any) -> Tensor:
 
 
 # -- Tensor engine -------------------------------------------------------------------------
-_MATMUL_DTYPES = (bfloat16, float16, float32)
+# nki.isa.nc_matmul: "float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32" inputs.
+_MATMUL_DTYPES = (bfloat16, float16, float32, tfloat32, float8_e4m3, float8_e5m2)
 
 
 def tensor_engine_matmul(api: str, stationary: Tensor, moving: Tensor, mask: Any) -> Tensor:
@@ -737,8 +762,8 @@ def tensor_engine_matmul(api: str, stationary: Tensor, moving: Tensor, mask: Any
             )
         if tile.dtype not in _MATMUL_DTYPES:
             raise errors.UnsupportedDtype(
-                f"'{name}' of '{api}' is {tile.dtype}; the Tensor Engine takes bfloat16, "
-                "float16, float32 (and fp8), not integers"
+                f"'{name}' of '{api}' is {tile.dtype}; the Tensor Engine takes fp8, bfloat16, "
+                "float16, tfloat32 and float32, not integers"
             )
     check_partitions(api, {"stationary": stationary, "moving": moving})
     (_, m), (_, n) = stationary.shape, moving.shape
