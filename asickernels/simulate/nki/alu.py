@@ -46,6 +46,13 @@ def require(
     return value
 
 
+def require_all(
+    api: str, regions: tuple[MemoryRegion, ...], **operands: Any
+) -> dict[str, NkiTensor]:
+    """The named tensor operands of ``api``, each checked by :func:`require`."""
+    return {name: require(api, name, value, regions) for name, value in operands.items()}
+
+
 def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     """``values`` in ``dtype``, rounding as the engines do (tfloat32: float32 with the mantissa
     rounded to 10 bits, nearest even)."""

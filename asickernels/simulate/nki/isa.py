@@ -448,11 +448,7 @@ def tensor_tensor(
     everything else to Vector (float32 math)."""
     api = "tensor_tensor"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data1": alu.require(api, "data1", data1, alu.ON_CHIP),
-        "data2": alu.require(api, "data2", data2, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data1=data1, data2=data2)
     tiles = list(operands.values())
     alu.check_not_both_psum(api, data1, data2)
     alu.check_elements(api, operands)
@@ -508,10 +504,7 @@ def _tensor_scalar(
     """Computes :func:`tensor_scalar` into ``dst``; returns the engine that ran it."""
     if op1 is None and operand1 is not None:
         raise TypeError(f"'{api}': operand1 without op1")
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     tiles = alu.check_on_chip(api, {**operands, "operand0": operand0, "operand1": operand1})
     alu.check_elements(api, operands)
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
@@ -565,10 +558,7 @@ def tensor_reduce(
     """``dst = op``-reduction of ``data`` over its trailing free ``axis`` (Vector engine)."""
     api = "tensor_reduce"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_partitions(api, operands)
     axes = language.reduce_axes(api, data, axis)
     function = _alu(api, op, tuple(language.REDUCE_OPS))
@@ -676,10 +666,7 @@ def activation(
     (``reduce_op=nl.add``, ``reduce_cmd``) and reading them into ``reduce_res [P, 1]``."""
     api = "activation"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     if op not in language.ACTIVATIONS:
         raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
@@ -761,11 +748,7 @@ def tensor_tensor_scan(
     math; ``data0`` and ``data1`` not both in PSUM."""
     api = "tensor_tensor_scan"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data0": alu.require(api, "data0", data0, alu.ON_CHIP),
-        "data1": alu.require(api, "data1", data1, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data0=data0, data1=data1)
     alu.check_not_both_psum(api, data0, data1)
     alu.check_elements(api, operands)
     first, second = _alu(api, op0), _alu(api, op1)
@@ -788,10 +771,7 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
     """``dst = 1 / data`` on the Vector engine (float32 math)."""
     api = "reciprocal"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     alu.write(dst, 1.0 / alu.as_f32(data), api)
     run.count("vector")
@@ -1049,10 +1029,7 @@ def affine_select(
     ``on_false_value``; the affine value is :func:`iota`'s (GpSimd engine, SBUF only)."""
     api = "affine_select"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.SBUF),
-        "on_true_tile": alu.require(api, "on_true_tile", on_true_tile, alu.SBUF),
-    }
+    operands = alu.require_all(api, alu.SBUF, dst=dst, on_true_tile=on_true_tile)
     alu.check_elements(api, operands)
     predicate = _alu(api, cmp_op)(_affine_values(api, dst, pattern, offset, channel_multiplier), 0)
     values = alu.as_f32(on_true_tile).reshape(predicate.shape)
@@ -1075,11 +1052,7 @@ def scalar_tensor_tensor(
     ``operand1`` a tile shaped like ``data`` (Vector engine, arithmetic operators only)."""
     api = "scalar_tensor_tensor"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-        "operand1": alu.require(api, "operand1", operand1, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data, operand1=operand1)
     alu.check_not_both_psum(api, data, operand1)
     alu.check_elements(api, operands)
     if op0 in language.BITVEC_OPS or op1 in language.BITVEC_OPS:
@@ -1204,10 +1177,7 @@ def tensor_scalar_cumulative(
     (``load_reduce``) or its last value (``reduce``)."""
     api = "tensor_scalar_cumulative"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "src": alu.require(api, "src", src, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, src=src)
     alu.check_elements(api, operands)
     for tile in (dst, src):
         if tile.dtype.kind in "iu" and tile.dtype.itemsize == 4:
@@ -1248,10 +1218,7 @@ def exponential(
     api = "exponential"
     run = runtime.active_run(api)
     _require_v4(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "src": alu.require(api, "src", src, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, src=src)
     alu.check_elements(api, operands)
     result = np.exp(alu.as_f32(src) - _per_partition_operand(api, "max_value", max_value, src))
     alu.write(dst, result, api)
@@ -1280,11 +1247,7 @@ def select_reduce(
     with its free-axis maximum accumulated unless ``idle`` (Vector engine)."""
     api = "select_reduce"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "predicate": alu.require(api, "predicate", predicate, alu.ON_CHIP),
-        "on_true": alu.require(api, "on_true", on_true, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, predicate=predicate, on_true=on_true)
     alu.check_not_both_psum(api, predicate, on_true)
     alu.check_elements(api, operands)
     if predicate.dtype.kind not in "iu" or predicate.dtype.itemsize > 2:
@@ -1334,10 +1297,7 @@ def range_select(
     run = runtime.active_run(api)
     if runtime.current_target().version < 3:
         raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "on_true_tile": alu.require(api, "on_true_tile", on_true_tile, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, on_true_tile=on_true_tile)
     alu.check_elements(api, operands)
     comparisons = (
         language.equal,
@@ -1437,10 +1397,7 @@ def nc_match_replace8(
     from slot 7 down, so the first occurrence lands in the highest duplicate slot."""
     api = "nc_match_replace8"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     lanes = data.shape[0]
     values = alu.as_f32(data).reshape(lanes, -1).copy()
@@ -1469,11 +1426,7 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any =
     indices; ``dst`` in ``data``'s dtype; GpSimd engine)."""
     api = "nc_n_gather"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.SBUF),
-        "data": alu.require(api, "data", data, alu.SBUF),
-        "indices": alu.require(api, "indices", indices, alu.SBUF),
-    }
+    operands = alu.require_all(api, alu.SBUF, dst=dst, data=data, indices=indices)
     alu.check_partitions(api, operands)
     if indices.dtype != language.uint32 or dst.dtype != data.dtype:
         raise errors.UnsupportedDtype(f"'{api}' needs uint32 indices and dst in {data.dtype}")
@@ -1565,10 +1518,7 @@ def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any 
     [P, 1] tile); ``dst`` keeps ``data``'s dtype (Vector engine)."""
     api = "dropout"
     run = runtime.active_run(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     if dst.dtype != data.dtype:
         raise errors.UnsupportedDtype(f"'{api}' dst must have data's dtype {data.dtype}")
@@ -1802,10 +1752,7 @@ def activate2(
     api = "activate2"
     run = runtime.active_run(api)
     _require_v4(api)
-    operands = {
-        "dst": alu.require(api, "dst", dst, alu.ON_CHIP),
-        "data": alu.require(api, "data", data, alu.ON_CHIP),
-    }
+    operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     if (op0, op1) not in _ACTIVATE2_STAGES:
         raise errors.UnsupportedOperator(f"'{api}' does not take op0={op0!r}, op1={op1!r}")
