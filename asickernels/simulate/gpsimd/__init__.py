@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -32,6 +30,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from asickernels._native_build import (
+    BUILD_TIMEOUT_SECONDS,
+    SANITIZER_FLAGS,
+    cache_dir,
+    compiler,
+    compiler_version,
+    host_cpu,
+    optimize_flags,
+    source_digest,
+)
+from asickernels._native_build import sanitizer_preload as _sanitizer_preload
+
+__all__ = [
+    "CORE_COUNT",
+    "TCM_POOL_BYTES",
+    "CustomOp",
+    "CustomOpLibrary",
+    "ShimError",
+    "cache_dir",
+    "compiler",
+    "load",
+    "sanitizer_preload",
+]
 
 _HERE = Path(__file__).parent
 INCLUDE_DIR = _HERE / "include"
@@ -51,15 +73,6 @@ MAX_DIMS = 8
 # printf (core 0 only) instead of the C library's.
 _COMMON_FLAGS = ("-std=c++14", "-fPIC", "-pthread", "-Wall", "-Wextra", "-fno-builtin-printf")
 _LINK_FLAGS = ("-shared", "-Wl,-Bsymbolic")
-# Any finding aborts the process (UBSan would otherwise print and continue).
-_SANITIZER_FLAGS = (
-    "-O1",
-    "-g",
-    "-fno-omit-frame-pointer",
-    "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=all",
-)
-_BUILD_TIMEOUT_SECONDS = 600
 _TEXT_BUFFER_BYTES = 64 * 1024
 _STATS = ("active_cores", "tcm_peak_bytes", "bytes_to_tcm", "bytes_from_tcm", "failed_tcm_mallocs")
 
@@ -84,55 +97,9 @@ class ShimError(RuntimeError):
     """A kernel broke a GpSimd device rule under the shim, or the library cannot be built."""
 
 
-def compiler() -> str | None:
-    """Path of the C++ compiler: ``$CXX`` if set, else ``g++``; None when not found."""
-    return shutil.which(os.environ.get("CXX") or "g++")
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "asickernels"
-
-
-@functools.cache
-def _compiler_version(cxx: str) -> str:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-
-
-@functools.cache
-def _optimize_flags(cxx: str) -> tuple[str, ...]:
-    """``-O3``, plus ``-march=native`` where the compiler takes it: the library is built on
-    the machine that runs it (the cache key includes :func:`_host_cpu`)."""
-    probe = subprocess.run(
-        [cxx, "-march=native", "-x", "c++", "-E", "-o", os.devnull, "-"],
-        input="", capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return ("-O3", "-march=native") if probe.returncode == 0 else ("-O3",)
-
-
-@functools.cache
-def _host_cpu() -> str:
-    """What ``-march=native`` depends on: the CPU model and feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
-
-
 def sanitizer_preload() -> str:
-    """The ``LD_PRELOAD`` value a Python process needs to load a sanitized build: the
-    compiler's ASan runtime, which must come first, and libstdc++, whose ``__cxa_throw``
-    ASan intercepts (without it, the first C++ exception in any extension module aborts)."""
-    cxx = _require_compiler()
-    paths = []
-    for name in ("libasan.so", "libstdc++.so"):
-        result = subprocess.run(
-            [cxx, f"-print-file-name={name}"], capture_output=True, text=True, check=False
-        )
-        paths.append(result.stdout.strip())
-    return " ".join(paths)
+    """The ``LD_PRELOAD`` value a Python process needs to load a sanitized build."""
+    return _sanitizer_preload(_require_compiler())
 
 
 def _require_compiler() -> str:
@@ -142,20 +109,10 @@ def _require_compiler() -> str:
     return cxx
 
 
-def source_digest(paths: Sequence[Path], *extra: str) -> str:
-    """A short hash of the files' names and contents and of ``extra`` strings."""
-    digest = hashlib.sha256()
-    for part in extra:
-        digest.update(part.encode() + b"\0")
-    for path in paths:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:20]
-
-
 def _compile(command: list[str], what: str) -> None:
     try:
         result = subprocess.run(
-            command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_SECONDS
+            command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS
         )
     except subprocess.TimeoutExpired:
         raise ShimError(f"building {what} timed out: {' '.join(command)}") from None
@@ -182,9 +139,7 @@ def _build_atomically(target: Path, build: Any) -> Path:
 
 def _runtime_object(cxx: str, flags: Sequence[str]) -> Path:
     headers = sorted(INCLUDE_DIR.rglob("*.h*"))
-    key = source_digest(
-        [RUNTIME_SOURCE, *headers], cxx, _compiler_version(cxx), _host_cpu(), *flags
-    )
+    key = source_digest([RUNTIME_SOURCE, *headers], cxx, compiler_version(cxx), host_cpu(), *flags)
     command = [cxx, *flags, "-I", str(INCLUDE_DIR), "-c", str(RUNTIME_SOURCE), "-o"]
     return _build_atomically(
         cache_dir() / f"gpsimd-runtime-{key}.o",
@@ -273,11 +228,11 @@ def _build_library(
     verbose: bool,
 ) -> Path:
     cxx = _require_compiler()
-    flags = [*_COMMON_FLAGS, *(_SANITIZER_FLAGS if sanitize else _optimize_flags(cxx))]
+    flags = [*_COMMON_FLAGS, *(SANITIZER_FLAGS if sanitize else optimize_flags(cxx))]
     headers = sorted(INCLUDE_DIR.rglob("*.h*"))
     key = source_digest(
         [*compute_srcs, *shape_srcs, RUNTIME_SOURCE, *headers],
-        name, cxx, _compiler_version(cxx), _host_cpu(), *flags, *extra_cflags,
+        name, cxx, compiler_version(cxx), host_cpu(), *flags, *extra_cflags,
         *map(str, compute_srcs), "|", *map(str, shape_srcs),
     )  # fmt: skip
     target = cache_dir() / f"gpsimd-{key}{'-sanitized' if sanitize else ''}" / f"lib{name}.so"
@@ -329,10 +284,6 @@ class _ArgumentSpec(ctypes.Structure):
         ("data", ctypes.c_void_p),
         ("number", ctypes.c_double),
     ]
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    return "bfloat16" if dtype.name == "bfloat16" else dtype.name
 
 
 def _numpy_dtype(code: int) -> np.dtype:
@@ -399,7 +350,7 @@ class CustomOp:
                 continue
             any_torch = any_torch or _is_torch_tensor(value)
             array = np.ascontiguousarray(_from_torch(value) if _is_torch_tensor(value) else value)
-            code = _DTYPE_CODES.get(_dtype_name(array.dtype))
+            code = _DTYPE_CODES.get(array.dtype.name)
             if code is None:
                 raise TypeError(
                     f"{self.name}() argument {index + 1} has dtype {array.dtype}, which GpSimd "
