@@ -491,3 +491,82 @@ def test_matmul_low_precision_inputs_accumulate_in_float32(dtype):
     assert out.dtype == np.float32
     expected = x.astype(np.float32).T @ y.astype(np.float32)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_var_softmax_expand_dims_and_derivatives():
+    x = rand(4, 6)
+
+    def kernel(a):
+        t = nl.load(a)
+        out = nl.ndarray((4, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:1], nl.expand_dims(nl.var(t, axis=1), 1))
+        nl.store(out[:, 1:7], nl.softmax(t, axis=1))
+        nl.store(out[:, 7:13], nl.silu_dx(t))
+        nl.store(out[:, 13:16], nl.erf_dx(t[:, 0:3]))
+        return out
+
+    out = run(kernel, x)
+    np.testing.assert_allclose(out[:, 0], x.var(axis=1), rtol=1e-5)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out[:, 1:7], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(out[:, 7:13], s * (1 + x * (1 - s)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[:, 13:16], 2 / np.sqrt(np.pi) * np.exp(-x[:, :3] ** 2),
+                               rtol=1e-5)  # fmt: skip
+
+
+def test_load_transpose2d_and_dma_copy():
+    def kernel(a):
+        out = nl.ndarray((6, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        tile = nl.load_transpose2d(a)
+        nisa.dma_copy(dst=out, src=tile)
+        nisa.dma_copy(dst=out, src=tile, dst_rmw_op=np.add)
+        return out
+
+    x = rand(4, 6)
+    np.testing.assert_allclose(run(kernel, x), 2 * x.T, rtol=1e-6)
+
+
+def test_affine_select_causal_mask():
+    def kernel(a):
+        i_p, i_f = nl.mgrid[0:4, 0:4]
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nisa.affine_select(i_p - i_f >= 0, nl.load(a), -9984.0))
+        return out
+
+    x = rand(4, 4)
+    np.testing.assert_array_equal(run(kernel, x), np.where(np.tril(np.ones((4, 4))) > 0, x, -9984))
+
+
+def test_max8_and_find_index8():
+    def kernel(a):
+        t = nl.load(a)
+        top = nisa.max8(src=t)
+        out = nl.ndarray((3, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:8], top)
+        nl.store(out[:, 8:16], nisa.nc_find_index8(data=t, vals=top))
+        return out
+
+    x = rand(3, 20)
+    out = run(kernel, x)
+    order = np.argsort(-x, axis=1)[:, :8]
+    np.testing.assert_array_equal(out[:, :8], np.take_along_axis(x, order, axis=1))
+    np.testing.assert_array_equal(out[:, 8:], order)
+
+
+def test_scalar_tensor_tensor_and_copy_predicated():
+    def kernel(a, b, v, p):
+        t, u = nl.load(a), nl.load(b)
+        out = nl.ndarray((4, 10), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:5], nisa.scalar_tensor_tensor(data=t, op0=np.subtract,
+                 operand0=nl.load(v), op1=np.multiply, operand1=u))  # fmt: skip
+        dst = nl.zeros((4, 5), dtype=nl.float32)
+        nisa.tensor_copy_predicated(src=t, dst=dst, predicate=nl.load(p))
+        nl.store(out[:, 5:10], dst)
+        return out
+
+    a, b, v = rand(4, 5), rand(4, 5), rand(4, 1)
+    p = (RNG.random((4, 5)) > 0.5).astype(np.uint8)
+    out = run(kernel, a, b, v, p)
+    np.testing.assert_allclose(out[:, :5], (a - v) * b, rtol=1e-6)
+    np.testing.assert_array_equal(out[:, 5:], np.where(p != 0, a, 0))

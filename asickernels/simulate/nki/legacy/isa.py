@@ -15,7 +15,13 @@ import numpy as np
 
 from asickernels.simulate.nki import errors, runtime
 from asickernels.simulate.nki.legacy import language as nl
-from asickernels.simulate.nki.legacy.tile import IndexGrid, Tensor, check_in_bounds, mask_values
+from asickernels.simulate.nki.legacy.tile import (
+    IndexGrid,
+    Mask,
+    Tensor,
+    check_in_bounds,
+    mask_values,
+)
 from asickernels.simulate.nki.tensor import MemoryRegion, nki_dtype
 
 NkiValidationError = errors.NkiValidationError
@@ -31,11 +37,15 @@ class engine(IntEnum):
     unknown = 0
 
 
+dma_engine = "dma"  # DMA queues are not an ``engine`` member in this generation
 tensor_engine = engine.tensor
 vector_engine = engine.vector
 scalar_engine = engine.scalar
 gpsimd_engine = engine.gpsimd
 unknown_engine = engine.unknown
+
+
+fp32 = nl.fp32  # float32 constants: ``nisa.fp32.min``
 
 
 class reduce_cmd(IntEnum):
@@ -210,6 +220,30 @@ def activation(
     return out
 
 
+def activation_reduce(
+    op: Any,
+    data: Tensor,
+    *,
+    reduce_op: Any,
+    reduce_res: Tensor,
+    bias: Tensor | None = None,
+    scale: Any = 1.0,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """:func:`activation` with ``reduce_cmd=reset_reduce``: the results reduced over the
+    free axes go to ``reduce_res`` (on NeuronCore-v2 ``reduce_op`` must be add)."""
+    if runtime.current_target().version == 2 and _alu("activation_reduce", reduce_op) is not np.add:
+        raise errors.UnsupportedOperator(
+            "'activation_reduce' on NeuronCore-v2 reduces with add only"
+        )
+    return activation(
+        op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+        reduce_cmd=_ReduceCmd.reset_reduce, mask=mask, dtype=dtype,
+    )  # fmt: skip
+
+
 # -- Vector engine -----------------------------------------------------------------------
 def tensor_tensor(
     data1: Tensor,
@@ -291,6 +325,37 @@ def tensor_scalar_reduce(
     values = nl.as_f32(out).reshape(tile.shape)
     _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
     return out
+
+
+def scalar_tensor_tensor(
+    *,
+    data: Tensor,
+    op0: Any,
+    operand0: Any,
+    op1: Any,
+    operand1: Tensor,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    dtype: Any = None,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``(data op0 operand0) op1 operand1``: ``operand0`` a scalar or ``[P, 1]`` vector,
+    ``operand1`` a tile shaped like ``data`` (not both it and ``data`` in PSUM)."""
+    api = "scalar_tensor_tensor"
+    tile, where = _input(api, "data", data, mask)
+    other, _ = _input(api, "operand1", operand1, mask)
+    if other.shape != tile.shape:
+        raise errors.ShapeMismatch(f"'{api}' operand1 {other!r} must have the shape of {tile!r}")
+    if tile.buffer is MemoryRegion.psum and other.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read both data and operand1 from PSUM")
+    first, second = _alu(api, op0), _alu(api, op1)
+    scalar = _per_partition_scalar(api, "operand0", operand0, tile)
+    values = nl.as_f32(tile)
+    values = np.asarray(first(scalar, values) if reverse0 else first(values, scalar))
+    rhs = nl.as_f32(other)
+    values = np.asarray(second(rhs, values) if reverse1 else second(values, rhs), np.float32)
+    return _result(api, values, dtype, tile.dtype, where, "vector")
 
 
 def tensor_reduce(
@@ -399,6 +464,44 @@ def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any)
     return _result(api, result, dtype, tile.dtype, None, "vector")
 
 
+def tensor_copy_predicated(
+    *,
+    src: Any,
+    dst: Tensor,
+    predicate: Tensor,
+    reverse_pred: bool = False,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> None:
+    """Copies ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` (uint8/16/32) is
+    nonzero (zero with ``reverse_pred``); other ``dst`` elements keep their values."""
+    api = "tensor_copy_predicated"
+    target, where = _input(api, "dst", dst, mask)
+    condition, _ = _input(api, "predicate", predicate, mask)
+    operands = {"dst": target, "predicate": condition}
+    if isinstance(src, Tensor):
+        operands["src"] = _input(api, "src", src, mask)[0]
+        if src.dtype != target.dtype:
+            raise errors.UnsupportedDtype(f"'{api}' src {src.dtype} and dst {target.dtype} differ")
+        if src.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
+            raise errors.UnsupportedMemory(f"'{api}' cannot read src and predicate from PSUM")
+    _same_layout(api, operands)
+    if condition.dtype not in (nl.uint8, nl.uint16, nl.uint32):
+        raise errors.UnsupportedDtype(
+            f"'{api}' predicate must be uint8/16/32, got {condition.dtype}"
+        )
+    chosen = condition.read().reshape(target.shape) != 0
+    chosen = ~chosen if reverse_pred else chosen
+    if where is not None:
+        chosen &= np.broadcast_to(where, target.shape)
+    values = (
+        src.read().reshape(target.shape) if isinstance(src, Tensor) else np.full(target.shape, src)
+    )
+    target.write(values, chosen, api)
+    runtime.active_run(api).count("vector")
+
+
 def tensor_copy(
     src: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
@@ -411,6 +514,52 @@ def tensor_copy(
     out_dtype = nki_dtype(dtype) if dtype else tile.dtype
     values = tile.read() if out_dtype == tile.dtype else nl.as_f32(tile)
     return _result(api, values, out_dtype, out_dtype, where, chosen)
+
+
+def max8(*, src: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """The 8 largest values of each partition, in descending order: ``[P, 8]`` (8 to 16384
+    elements per partition; Vector engine)."""
+    api = "max8"
+    tile, _ = _input(api, "src", src, None)
+    values = _per_partition_elements(api, tile, mask)
+    top = -np.sort(-values, axis=1)[:, :8]
+    return _result(api, top, dtype, tile.dtype, None, "vector")
+
+
+def nc_find_index8(
+    *, data: Tensor, vals: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any
+) -> Tensor:
+    """Per partition, the index of the first occurrence in ``data`` of each of the 8
+    ``vals`` (uint32 by default, or uint16); undefined for values ``data`` lacks."""
+    api = "nc_find_index8"
+    tile, _ = _input(api, "data", data, None)
+    wanted, _ = _input(api, "vals", vals, None)
+    out_dtype = nki_dtype(dtype) if dtype else nl.uint32
+    if out_dtype not in (nl.uint16, nl.uint32):
+        raise errors.UnsupportedDtype(f"'{api}' returns uint16 or uint32, not {out_dtype}")
+    if wanted.shape[0] != tile.shape[0] or math.prod(wanted.shape[1:]) != 8:
+        raise errors.ShapeMismatch(f"'{api}' vals must be [{tile.shape[0]}, 8], got {wanted!r}")
+    values = _per_partition_elements(api, tile, mask)
+    targets = nl.as_f32(wanted).reshape(tile.shape[0], 8)
+    matches = values[:, None, :] == targets[:, :, None]  # [P, 8, N]
+    found = np.where(matches.any(axis=2), matches.argmax(axis=2), 0)
+    return _result(api, found, out_dtype, out_dtype, None, "vector")
+
+
+def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
+    """``tile``'s values per partition ``[P, N]`` (8 <= N <= 16384); masked-out elements
+    become -inf so they are never selected."""
+    free = math.prod(tile.shape[1:])
+    if not 8 <= free <= 16384:
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' reads 8 to 16384 elements per partition, {tile!r} has {free}"
+        )
+    where = mask_values(api, mask, tile.shape)
+    check_in_bounds(api, tile, where)
+    values = nl.as_f32(tile)
+    if where is not None:
+        values = np.where(where, values, -np.inf)
+    return np.asarray(values).reshape(tile.shape[0], free)
 
 
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -531,6 +680,51 @@ def iota(expr: Any, dtype: Any, *, mask: Any = None, **kwargs: Any) -> Tensor:
         )
     where = mask_values(api, mask, values.shape)
     return _result(api, values, dtype, nki_dtype(dtype), where, "gpsimd")
+
+
+def affine_select(
+    pred: Any, on_true_tile: Tensor, on_false_value: float, *, mask: Any = None,
+    dtype: Any = None, **kwargs: Any,
+) -> Tensor:  # fmt: skip
+    """``on_true_tile`` where the affine predicate ``pred`` (one comparison of index
+    expressions, e.g. a causal mask) holds, else ``on_false_value`` (GpSimd engine)."""
+    api = "affine_select"
+    tile, where = _input(api, "on_true_tile", on_true_tile, mask)
+    if not isinstance(pred, Mask):
+        raise TypeError(f"'{api}' takes an affine comparison of nl.arange expressions as pred")
+    chosen = mask_values(api, pred, tile.shape)
+    assert chosen is not None  # pred is a Mask
+    values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
+    return _result(api, values, dtype, tile.dtype, where, "gpsimd")
+
+
+def dma_copy(
+    *,
+    dst: Tensor,
+    src: Tensor,
+    mask: Any = None,
+    dst_rmw_op: Any = None,
+    oob_mode: oob_mode = oob_mode.error,
+    dge_mode: dge_mode = dge_mode.unknown,
+) -> None:
+    """``dst = src`` (or ``dst += src`` with ``dst_rmw_op=np.add``) by DMA between HBM and
+    SBUF views of equal shape; different dtypes are cast."""
+    api = "dma_copy"
+    run = runtime.active_run(api)
+    regions = (*nl.HBM, MemoryRegion.sbuf)
+    target = nl.require_tile(api, "dst", dst, regions)
+    source = nl.require_tile(api, "src", src, regions)
+    if math.prod(target.shape) != math.prod(source.shape):
+        raise errors.ShapeMismatch(f"'{api}' from {source!r} to {target!r}: sizes differ")
+    where = mask_values(api, mask, target.shape)
+    check_in_bounds(api, source, None if where is None else where.reshape(source.shape))
+    values = source.read().reshape(target.shape)
+    if dst_rmw_op is not None:
+        if dst_rmw_op not in (np.add, nl.add):
+            raise errors.UnsupportedOperator(f"'{api}' dst_rmw_op takes only np.add")
+        values = nl.as_f32(target) + values.astype(np.float32)
+    target.write(values if values.dtype == target.dtype else values.astype(np.float32), where, api)
+    run.count_dma(not source.on_chip, not target.on_chip, source.size * source.itemsize)
 
 
 def memset(

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import scipy.special
 
@@ -424,6 +425,31 @@ mish = _unary("mish")
 erf = _unary("erf")
 
 
+def _erf_dx(x: Any) -> Any:
+    return 2 / np.sqrt(np.pi) * np.exp(-x * x)
+
+
+def _gelu_dx(x: Any) -> Any:  # d/dx x Phi(x) = Phi(x) + x phi(x)
+    return 0.5 * (1 + scipy.special.erf(x / np.sqrt(2))) + x * np.exp(-x * x / 2) / np.sqrt(
+        2 * np.pi
+    )
+
+
+def _silu_dx(x: Any) -> Any:  # d/dx x sigmoid(x)
+    s = _sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+_UNARY.update(
+    erf_dx=(_erf_dx, "scalar", None),
+    gelu_dx=(_gelu_dx, "scalar", None),
+    silu_dx=(_silu_dx, "scalar", None),
+)
+erf_dx = _unary("erf_dx")
+gelu_dx = _unary("gelu_dx")
+silu_dx = _unary("silu_dx")
+
+
 def logical_not(x: Tensor, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:
     """``not x`` element-wise (1 where ``x`` is 0)."""
     return compute("logical_not", np.logical_not, {"x": x}, dtype, mask)
@@ -491,11 +517,14 @@ def reduce(
     where = mask_values(api, mask, x.shape)
     check_in_bounds(api, x, where)
     values: Any = as_f32(x)
-    if function == "mean":
-        adder: Any = np.add
-        total = adder.reduce(values, axis=axes, keepdims=keepdims, where=_full(where, x.shape))
-        count = np.sum(_full(where, x.shape), axis=axes, keepdims=keepdims)
-        result = total / np.maximum(count, 1)
+    if function in ("mean", "var"):
+        included = _full(where, x.shape)
+        count = np.maximum(np.sum(included, axis=axes, keepdims=True), 1)
+        mean = np.sum(values, axis=axes, keepdims=True, where=included) / count
+        if function == "var":
+            squares = (values - mean) ** 2
+            mean = np.sum(squares, axis=axes, keepdims=True, where=included) / count
+        result = mean if keepdims else np.squeeze(mean, axis=axes)
     else:
         initial = {np.add: 0.0, np.multiply: 1.0, np.maximum: -np.inf, np.minimum: np.inf}
         result = function.reduce(
@@ -548,6 +577,38 @@ mean = _reduction("mean", "mean", "Arithmetic mean (float32)")
 ALU_OPS[max] = ALU_OPS[np.max] = ALU_OPS[np.amax] = np.maximum
 ALU_OPS[min] = ALU_OPS[np.min] = ALU_OPS[np.amin] = np.minimum
 ALU_OPS[sum] = np.add
+
+
+def var(x: Tensor, axis: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """Population variance over the free ``axis`` (as ``numpy.var``), float32 math."""
+    return reduce("var", "var", x, axis, dtype, mask, False)
+
+
+def softmax(
+    x: Tensor,
+    axis: Any,
+    *,
+    dtype: Any = None,
+    compute_dtype: Any = None,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``exp(x - max) / sum(exp(x - max))`` over the trailing free ``axis`` (``compute_dtype``
+    acts as ``dtype``, as the reference says)."""
+    api = "softmax"
+    run = runtime.active_run(api)
+    require_tile(api, "x", x, ON_CHIP)
+    axes = reduce_axes(api, x, axis, trailing=True)
+    where = mask_values(api, mask, x.shape)
+    check_in_bounds(api, x, where)
+    values = as_f32(x)
+    shifted = np.exp(values - values.max(axis=axes, keepdims=True))
+    result = shifted / shifted.sum(axis=axes, keepdims=True)
+    chosen = dtype if dtype is not None else compute_dtype
+    out = new_tile(x.shape, nki_dtype(chosen) if chosen is not None else x.dtype, api)
+    out.write(result, where, api)
+    run.count("scalar")
+    return out
 
 
 def all(x: Tensor, axis: Any, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -851,6 +912,46 @@ def num_programs(axes: Any = None) -> int:
 def program_ndim() -> int:
     """Number of dimensions of the launch grid."""
     return spmd.program_ndim()
+
+
+def expand_dims(data: Tensor, axis: Any) -> Tensor:
+    """A view of ``data`` with size-1 axes inserted after its last axis (the only positions
+    the reference supports)."""
+    axes = sorted(int(a) for a in (axis if isinstance(axis, (tuple, list)) else [axis]))
+    if axes != list(range(data.ndim, data.ndim + len(axes))):
+        raise errors.ShapeMismatch(
+            f"'expand_dims' of {data!r} at {axis}: only axes after the last one are supported"
+        )
+    view = data
+    for position in axes:
+        view = view.expand_dims(position)
+    return view
+
+
+def load_transpose2d(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """A new SBUF tile with the 2-D HBM view ``src`` transposed (a DMA)."""
+    require_tile("load_transpose2d", "src", src, HBM)
+    if src.ndim != 2:
+        raise errors.ExceedMaxSupportedDimension(f"'load_transpose2d' takes 2-D, got {src!r}")
+    transposed = Tensor(
+        src.storage,
+        src.offsets.T,
+        0,
+        None if src.out_of_bounds is None else src.out_of_bounds.T,
+        src.repeats,
+    )
+    return load(transposed, mask=mask, dtype=dtype)
+
+
+class fp32:
+    """float32 constants (``nl.fp32.min``: the most negative float32)."""
+
+    min = float(np.finfo(np.float32).min)
+
+
+def finfo(dtype: Any) -> Any:
+    """Machine limits of a float dtype (``numpy.finfo``; ml_dtypes for bfloat16 and fp8)."""
+    return ml_dtypes.finfo(nki_dtype(dtype))
 
 
 def device_print(prefix: str, x: Any, *, mask: Any = None, **kwargs: Any) -> None:
