@@ -850,3 +850,28 @@ def test_vector_select_gathers_and_scatters_rows(rng):
     np.testing.assert_array_equal(run(kernel, table, rows), original[[7, 2, 2, 9]])
     np.testing.assert_array_equal(table[[7, 2, 9]], 2 * original[[7, 2, 9]])
     np.testing.assert_array_equal(table[[0, 1, 3]], original[[0, 1, 3]])
+
+
+def test_sequence_bounds_documented_example():
+    ids = np.array([[0, 1, 1, 2, 2, 2, 0, 3, 3]], np.int32)
+    out = run(isa_kernel(nisa.sequence_bounds, (1, 2, 9), np.int32), ids)
+    np.testing.assert_array_equal(
+        out[0], [[9, 1, 1, 3, 3, 3, 9, 7, 7], [-1, 3, 3, 6, 6, 6, -1, 9, 9]]
+    )
+
+
+def test_local_gather_follows_the_documented_numpy_semantics(rng):
+    """nki/test/test_nki_isa_local_gather.py: each 16-partition core gathers with its own
+    column-major-flattened indices (element offsets, num_elem_per_idx wide)."""
+    source = rng.normal(size=(32, 64, 4)).astype(np.float32)
+    per_core = rng.integers(0, 64, (32, 2)).astype(np.uint16)
+    out = run(
+        isa_kernel(lambda d, s, i: nisa.local_gather(d, s, i, 4, 24), (32, 24, 4)),
+        source,
+        per_core * 4,
+    )
+    expected = np.empty((32, 24, 4), np.float32)
+    for start in (0, 16):
+        indices = per_core[start : start + 16].flatten(order="F")[:24]
+        expected[start : start + 16] = np.take(source[start : start + 16], indices, axis=1)
+    np.testing.assert_array_equal(out, expected)

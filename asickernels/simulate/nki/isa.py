@@ -36,6 +36,7 @@ __all__ = [
     "get_nc_version",
     "gpsimd_engine",
     "iota",
+    "local_gather",
     "matmul_perf_mode",
     "max8",
     "memset",
@@ -63,6 +64,7 @@ __all__ = [
     "scalar_tensor_tensor",
     "select_reduce",
     "sendrecv",
+    "sequence_bounds",
     "tensor_copy",
     "tensor_copy_predicated",
     "tensor_engine",
@@ -1790,3 +1792,83 @@ def activate2(
             registers[:lanes] = function(registers[:lanes], folded)
         _write_reduce_result(api, reduce_res, registers[:lanes])
     run.count("scalar")
+
+
+def local_gather(
+    dst: NkiTensor,
+    src_buffer: NkiTensor,
+    index: NkiTensor,
+    num_elem_per_idx: int = 1,
+    num_valid_indices: int | None = None,
+    name: Any = None,
+) -> None:
+    """GpSimd gather: each of the 8 cores serves 16 partitions; it flattens its 16-partition
+    slice of ``index`` (uint16, partition axis first) to its first ``num_valid_indices``
+    offsets, and every partition it serves reads ``num_elem_per_idx`` contiguous free
+    elements of ``src_buffer`` at each offset (the NumPy semantics of
+    nki/test/test_nki_isa_local_gather.py)."""
+    api = "local_gather"
+    run = runtime.active_run(api)
+    alu.require_all(api, alu.SBUF, dst=dst, src_buffer=src_buffer, index=index)
+    partitions = src_buffer.shape[0]
+    if index.shape[0] != partitions or partitions % 16:
+        raise errors.NumPartitionMismatch(
+            f"'{api}' needs src_buffer and index on the same multiple of 16 partitions: "
+            f"{src_buffer!r}, {index!r}"
+        )
+    if index.dtype != language.uint16 or dst.dtype != src_buffer.dtype:
+        raise errors.UnsupportedDtype(f"'{api}' takes uint16 indices and keeps src_buffer's dtype")
+    if int(num_elem_per_idx) not in (1, 2, 4, 8, 16, 32):
+        raise errors.UnsupportedOperator(f"'{api}' num_elem_per_idx must be 1, 2, 4, 8, 16 or 32")
+    per_core = 16 * alu.per_partition(index)
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < valid <= min(per_core, 4096):
+        raise errors.ShapeMismatch(
+            f"'{api}' num_valid_indices {valid} outside 1..{min(per_core, 4096)}"
+        )
+    width = int(num_elem_per_idx)
+    if alu.per_partition(dst) != valid * width or dst.shape[0] != partitions:
+        raise errors.ShapeMismatch(
+            f"'{api}' writes {valid} x {width} elements per partition into {dst!r}"
+        )
+    rows = src_buffer.data.reshape(partitions, -1)
+    offsets = index.data.reshape(partitions, -1).astype(np.int64)
+    gathered = np.empty((partitions, valid, width), rows.dtype)
+    for start in range(0, partitions, 16):
+        core_offsets = offsets[start : start + 16].flatten(order="F")[:valid]
+        if core_offsets.max() + width > rows.shape[1]:
+            raise errors.TensorAccessOutOfBound(
+                f"'{api}' offset {core_offsets.max()} of {src_buffer!r}"
+            )
+        columns = core_offsets[:, None] + np.arange(width)[None, :]
+        gathered[start : start + 16] = rows[start : start + 16][:, columns]
+    alu.write(dst, gathered, api)
+    run.count("gpsimd")
+
+
+def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: Any = None) -> None:
+    """For ``segment_ids [1, n]``, ``dst [1, 2, n]`` holds each element's segment start and
+    end (exclusive); padding (id 0) gets start ``n`` and end ``-1`` (GpSimd; float32 or
+    int32; the NumPy semantics of nki/test/test_nki_isa_sequence_bounds.py)."""
+    api = "sequence_bounds"
+    run = runtime.active_run(api)
+    alu.require_all(api, alu.SBUF, dst=dst, segment_ids=segment_ids)
+    n = alu.per_partition(segment_ids)
+    if segment_ids.shape[0] != 1 or dst.shape[0] != 1 or alu.per_partition(dst) != 2 * n:
+        raise errors.ShapeMismatch(
+            f"'{api}' maps [1, n] ids to [1, 2, n] bounds: {segment_ids!r} -> {dst!r}"
+        )
+    for tile in (dst, segment_ids):
+        if tile.dtype not in (language.float32, language.int32):
+            raise errors.UnsupportedDtype(f"'{api}' takes float32 or int32, got {tile!r}")
+    ids = segment_ids.data.reshape(-1)
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    for i in range(n):
+        starts[i] = n if ids[i] == 0 else (starts[i - 1] if i and ids[i] == ids[i - 1] else i)
+    for i in range(n - 1, -1, -1):
+        ends[i] = (
+            -1 if ids[i] == 0 else (ends[i + 1] if i < n - 1 and ids[i] == ids[i + 1] else i + 1)
+        )
+    alu.write(dst, np.stack([starts, ends])[None], api)
+    run.count("gpsimd")
