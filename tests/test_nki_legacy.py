@@ -7,6 +7,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asickernels.simulate.nki import errors, last_counters
 from asickernels.simulate.nki import legacy as nki
@@ -570,3 +572,27 @@ def test_scalar_tensor_tensor_and_copy_predicated():
     out = run(kernel, a, b, v, p)
     np.testing.assert_allclose(out[:, :5], (a - v) * b, rtol=1e-6)
     np.testing.assert_array_equal(out[:, 5:], np.where(p != 0, a, 0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 300),
+    cols=st.integers(1, 40),
+    step=st.integers(1, 3),
+)
+def test_masked_tiled_copy_property(rows, cols, step):
+    """Any row count, tiled by 128 with the last tile masked, and a strided free-axis grid:
+    the copy equals numpy's slicing, and rows past the end are never touched."""
+
+    def kernel(x):
+        width = (x.shape[1] + step - 1) // step
+        out = nl.ndarray((x.shape[0], width), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(width)[None, :]
+        for i in nl.affine_range((x.shape[0] + 127) // 128):
+            valid = i * 128 + i_p < x.shape[0]
+            tile = nl.load(x[i * 128 + i_p, step * i_f], mask=valid)
+            nl.store(out[i * 128 + i_p, i_f], nl.copy(tile, mask=valid), mask=valid)
+        return out
+
+    x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+    np.testing.assert_array_equal(run(kernel, x), x[:, ::step])

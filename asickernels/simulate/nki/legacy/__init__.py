@@ -139,7 +139,8 @@ def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         wrapped_kwargs = {key: wrap(value, key) for key, value in kwargs.items()}
         result = None
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as the engines give them
-            for _ in spmd.programs(kernel.function.__code__, kernel.grid):
+            code = getattr(kernel.function, "__code__", None)  # None: a callable object
+            for _ in spmd.programs(code, kernel.grid):
                 result = kernel.function(*wrapped_args, **wrapped_kwargs)
         for original, contiguous in written_back:
             original[...] = contiguous

@@ -626,7 +626,8 @@ def ndarray(
     buffer = sbuf if buffer is None else buffer
     if buffer is MemoryRegion.shared_hbm:
         caller = sys._getframe(1).f_code
-        if caller is not spmd.kernel_code():
+        top_level = spmd.kernel_code()
+        if top_level is not None and caller is not top_level:
             raise ErrSharedHbmMustInKernelLevel(
                 f"shared_hbm tensor {name or list(shape)} created in {caller.co_name}, not at "
                 "the top level of the kernel"

@@ -20,7 +20,7 @@ from asickernels.simulate.nki import errors
 class Launch:
     """One kernel launch in progress."""
 
-    code: types.CodeType  # the kernel function's code: its frames are the top-level scope
+    code: types.CodeType | None  # the kernel function's code: its frame is the top level
     grid: tuple[int, ...]
     program: tuple[int, ...] = ()
     shared: list[Any] = dataclasses.field(default_factory=list)
@@ -36,7 +36,7 @@ def _active(api: str) -> Launch:
     return _launch
 
 
-def programs(code: types.CodeType, grid: tuple[int, ...]) -> Iterator[None]:
+def programs(code: types.CodeType | None, grid: tuple[int, ...]) -> Iterator[None]:
     """Sets up the launch and steps through its programs (row-major grid order)."""
     global _launch
     for size in grid:
