@@ -144,3 +144,40 @@ def test_vmapped_kernel_matches_the_reference():
     got = jax.vmap(lambda p, q: asickernels.giou(p, q, backend="pallas_tpu"))(a, b)
     want = np.stack([reference.giou(p, q) for p, q in zip(a, b, strict=True)])
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "n, seed, iou_threshold, max_output_size, tile, scale",
+    [(1024, 0, 0.1, 128, 256, 1.0), (600, 1, 0.5, 600, 128, 0.125), (300, 2, 0.7, 50, 128, 0.125)],
+)
+def test_nms_loop_trip_model_matches_the_kernels_own_count(
+    n, seed, iou_threshold, max_output_size, tile, scale
+):
+    """The schedule estimate takes the NMS kernel's data-dependent trip counts from
+    ``nms.loop_trips``; the kernel, built to count its own loop trips, must agree."""
+    from asickernels.backends.pallas_tpu import nms
+    from asickernels.simulate.tpu_estimate.seed_kernels import seed_nms_inputs
+
+    boxes, scores = seed_nms_inputs(n, seed=seed)
+    boxes = boxes * scale  # smaller boxes: more kept, more tiles and passes
+    kwargs = dict(iou_threshold=iou_threshold, max_output_size=max_output_size)
+    model = nms.loop_trips(boxes, scores, tile=tile, **kwargs)
+    counted = nms.counted_loop_trips(boxes, scores, config=tuning.NmsConfig(tile), **kwargs)
+    assert model == counted
+    assert model.tiles >= 1 and all(p >= 1 for p in model.passes)
+
+
+def test_nms_ranks_in_kernel_and_after_an_xla_sort_agree():
+    rng = np.random.default_rng(5)
+    boxes = random_boxes(rng, (500,))
+    scores = rng.integers(0, 50, 500).astype(np.float32)  # many ties: broken by index
+    kwargs = dict(iou_threshold=0.3, max_output_size=200)
+    results = [
+        asickernels.nms(
+            boxes, scores, backend="pallas_tpu", config=tuning.NmsConfig(128, limit), **kwargs
+        )
+        for limit in (0, 4096)
+    ]
+    want, _ = asickernels.nms(boxes, scores, backend="reference", **kwargs)
+    for indices, _ in results:
+        np.testing.assert_array_equal(np.asarray(indices), np.asarray(want))

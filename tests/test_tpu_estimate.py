@@ -290,22 +290,18 @@ def test_unknown_generation_is_rejected(tmp_path: Path) -> None:
         tpu_cost.compile_with_dumps(tpu_cost_cases.stream_case(), "v9", tmp_path)
 
 
-def test_tiled_nms_trips_follow_the_greedy_result() -> None:
-    boxes, scores = seeds.seed_nms_inputs(300, seed=1)
-    tiles, passes = tpu_cost_cases.tiled_nms_loop_trips(
-        boxes, scores, tile=128, iou_threshold=0.5, max_output_size=300
-    )
-    assert tiles == 3 and len(passes) == 3 and all(p >= 1 for p in passes)
-    # Stops after the tile where max_output_size boxes are kept.
-    tiles, passes = tpu_cost_cases.tiled_nms_loop_trips(
-        boxes, scores, tile=128, iou_threshold=0.5, max_output_size=1
-    )
-    assert tiles == 1
-    # Disjoint boxes: nothing suppresses anything, one pass settles each tile.
-    far = np.array([[10.0 * i, 0.0, 10.0 * i + 1, 1.0] for i in range(200)])
-    assert tpu_cost_cases.tiled_nms_loop_trips(
-        far, np.linspace(1, 0, 200), tile=128, iou_threshold=0.5, max_output_size=200
-    ) == (2, [1, 1])
+def test_nms_case_takes_its_trips_from_the_kernels_model() -> None:
+    from asickernels.backends.pallas_tpu import nms
+
+    case = tpu_cost_cases.nms_case(256)
+    boxes, scores = seeds.seed_nms_inputs()
+    model = nms.loop_trips(
+        boxes, scores, tile=256, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
+        max_output_size=seeds.SEED_NMS_OUTPUTS,
+    )  # fmt: skip
+    ((program, trips),) = case.loop_trips
+    assert program == tpu_cost_cases.NMS_PROGRAM
+    assert dict(trips) == {0: model.tiles, 1: model.cross[1:], 2: model.passes}
 
 
 # -- the seed-equivalent kernels ---------------------------------------------------------------

@@ -261,13 +261,18 @@ class Int8MatmulConfig:
 
 @dataclasses.dataclass(frozen=True)
 class NmsConfig:
-    """Tiled NMS: boxes are decided ``tile`` at a time (a multiple of 128)."""
+    """Tiled NMS: boxes are decided ``tile`` at a time (a multiple of 128). Up to
+    ``rank_in_kernel_max`` (padded) boxes the kernel ranks the scores itself (N^2 compares);
+    above, XLA sorts them first."""
 
     tile: int = 256
+    rank_in_kernel_max: int = 2048
 
     def __post_init__(self) -> None:
         if self.tile <= 0 or self.tile % 128:
             raise ValueError(f"tile must be a positive multiple of 128, got {self.tile}")
+        if self.rank_in_kernel_max < 0:
+            raise ValueError(f"rank_in_kernel_max must be >= 0, got {self.rank_in_kernel_max}")
 
 
 GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}

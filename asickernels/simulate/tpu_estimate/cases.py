@@ -8,11 +8,8 @@ Every builder returns ``(function, [(shape, dtype), ...])`` for
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import numpy as np
 
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate.estimate import Case
@@ -150,53 +147,23 @@ def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> Cas
     return _case(f"stream {rows}x{cols} f32", f"{_HERE}:stream_builder", workload)
 
 
-def tiled_nms_loop_trips(
-    boxes: np.ndarray, scores: np.ndarray, *, tile: int, iou_threshold: float, max_output_size: int
-) -> tuple[int, list[int]]:
-    """Trip counts of the two data-dependent loops of our tiled NMS kernel
-    (``backends/pallas_tpu/nms.py``) on one image: how many tiles it decides before
-    ``max_output_size`` boxes are kept, and the fixed-point passes of each of those tiles.
-    Keep decisions come from the reference; the pass counts follow the kernel's rule
-    (``alive = start & no earlier alive box in the tile suppresses it``, until unchanged)."""
-    from asickernels import reference
-
-    n = scores.shape[0]
-    order = np.lexsort((np.arange(n), -scores.astype(np.float64)))
-    indices, count = reference.nms(
-        boxes[None],
-        scores[None],
-        None,
-        iou_threshold=iou_threshold,
-        max_output_size=n,
-        score_threshold=-math.inf,
-    )
-    kept = np.asarray(np.isin(order, np.asarray(indices)[0, : int(np.asarray(count)[0])]))
-    sorted_boxes = boxes[order].astype(np.float64)
-    overlaps = np.stack(
-        [reference.iou_one_to_many(box, sorted_boxes) > iou_threshold for box in sorted_boxes]
-    )
-    visited, passes, kept_so_far = 0, [], 0
-    for start in range(0, n, tile):
-        visited += 1
-        rows = slice(start, min(start + tile, n))
-        alive_start = np.logical_not((overlaps[rows, :start] & kept[:start]).any(axis=1))
-        earlier = np.tril(overlaps[rows, rows], k=-1)
-        alive, changed, count_passes = alive_start, True, 0
-        while changed and count_passes <= tile:
-            new = alive_start & ~(earlier & alive[None, :]).any(axis=1)
-            changed, alive, count_passes = bool((new != alive).any()), new, count_passes + 1
-        passes.append(count_passes)
-        kept_so_far += int(alive.sum())
-        if kept_so_far >= max_output_size:
-            break
-    return visited, passes
-
-
 # Loop numbers (preorder in the kernel's schedule) of the tiled NMS kernel's loops whose
 # exit the walk cannot compute: #0 over tiles, #1 over the earlier tiles (t trips for tile t;
-# its bound is carried through the data-dependent loop), #2 the fixed-point passes.
-NMS_TILE_LOOP, NMS_CROSS_LOOP, NMS_PASS_LOOP = 0, 1, 2
+# its bound is carried through the data-dependent loop), #2 the fixed-point passes. The
+# one-hot gather's loop over column chunks has a static trip count, so the walk counts it;
+# when it has more than one trip it is a loop of its own, numbered before the cross loop.
 NMS_PROGRAM = "nms_tiled"
+
+
+def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], ...]:
+    """:class:`~asickernels.backends.pallas_tpu.nms.LoopTrips` -> the walk's
+    ``(loop number, trips)`` pairs for the kernel's program."""
+    shift = 1 if gather_loop else 0
+    return (
+        (0, trips.tiles),
+        (1 + shift, trips.cross[1:] or (1,)),  # entered for tiles 1, 2, ...
+        (2 + shift, trips.passes),
+    )
 
 
 @functools.cache
@@ -205,21 +172,19 @@ def nms_case(
 ) -> Case:
     """Our NMS at the seed's workload (random boxes as the seed draws them), with the loop
     trips that data produces."""
+    from asickernels.backends.pallas_tpu import nms
+
     boxes, scores = seeds.seed_nms_inputs(n)
-    tiles, passes = tiled_nms_loop_trips(
+    kernel_trips = nms.loop_trips(
         boxes,
         scores,
         tile=tile,
         iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=max_output_size,
     )
-    trips = {
-        NMS_PROGRAM: (
-            (NMS_TILE_LOOP, tiles),
-            (NMS_CROSS_LOOP, tuple(range(1, tiles)) or (1,)),  # entered for tiles 1, 2, ...
-            (NMS_PASS_LOOP, tuple(passes)),
-        )
-    }
+    padded = -(-n // tile) * tile
+    gather_loop = padded // nms.gather_chunk(padded, tile) > 1
+    trips = {NMS_PROGRAM: nms_schedule_trips(kernel_trips, gather_loop)}
     workload = {
         "n": n,
         "max_output_size": max_output_size,
