@@ -51,6 +51,7 @@ def test_hook_resolves_both_generations(clean_imports):
     assert legacy_nki is legacy and from_import is legacy
     assert legacy_nl is legacy.language and legacy_isa is legacy.isa
     assert nki is simulator and nki.language is simulator.language
+    assert simulator.__spec__.name == "asickernels.simulate.nki"  # the alias leaves it alone
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("neuronxcc.nki.no_such_module")
 

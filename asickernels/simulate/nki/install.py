@@ -36,12 +36,16 @@ class _AliasLoader(importlib.abc.Loader):
 
     def __init__(self, module: types.ModuleType) -> None:
         self.module = module
+        self.own_spec = getattr(module, "__spec__", None)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return self.module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        """The module is already executed."""
+        """The module is already executed; importlib has just set its ``__spec__`` to the
+        alias's, so the module gets its own back (reloads and ``-m`` keep working)."""
+        if self.own_spec is not None:
+            module.__spec__ = self.own_spec
 
 
 class SimulatorFinder(importlib.abc.MetaPathFinder):
