@@ -266,3 +266,29 @@ def test_lnc2_runs_two_logical_cores_sharing_hbm():
     assert nki.last_counters()["dma_transfers"] == 4  # two loads, two stores
     with pytest.raises(ValueError, match="1 or 2"):
         halves[4]
+
+
+def test_non_contiguous_arguments_are_read_and_written_back(rng):
+    """Access patterns address row-major storage: a strided argument runs on a contiguous
+    copy, written back to the caller's array; a read-only one stays read-only."""
+
+    def double_in_place(x):
+        nl.store(x, nl.multiply(nl.load(x), 2.0))
+        return x
+
+    base = rng.normal(size=(8, 6)).astype(np.float32)
+    strided = base.copy()[:, ::2]
+    expected = 2 * strided
+    np.testing.assert_array_equal(run(double_in_place, strided), expected)
+    np.testing.assert_array_equal(strided, expected)
+    frozen = base.copy()[:, ::2]
+    frozen.flags.writeable = False
+
+    def read_only(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        return out
+
+    np.testing.assert_array_equal(run(read_only, frozen), frozen)
+    with pytest.raises(ValueError, match="read-only"):
+        run(double_in_place, frozen)

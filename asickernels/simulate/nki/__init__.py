@@ -160,7 +160,10 @@ def _wrap(
         return value
     if not value.flags.c_contiguous:
         contiguous = np.ascontiguousarray(value)
-        copies.append((value, contiguous))
+        if value.flags.writeable:
+            copies.append((value, contiguous))
+        else:  # as read-only as the caller's array: a kernel writing it fails the same way
+            contiguous.flags.writeable = False
         value = contiguous
     return wrap_argument(value, position, buffer)
 
