@@ -403,3 +403,39 @@ def test_kernel_calls_from_several_python_threads_do_not_mix():
         results = list(pool.map(run, pairs * 5))
     for (a, b), got in zip(pairs * 5, results, strict=True):
         np.testing.assert_allclose(got, reference.giou(a, b), atol=2e-5, rtol=0)
+
+
+# 16 KB of locals: beyond the ~8KB local-memory stack unless -DSTACK_SIZE says so.
+DEEP_STACK = r"""
+#include <torch/torch.h>
+#include "torchneuron/register.h"
+torch::Tensor deep(const torch::Tensor& x) {
+  volatile float scratch[4096];
+  for (int i = 0; i < 4096; ++i) scratch[i] = static_cast<float>(i);
+  torch::Tensor out = torch::zeros(x.sizes(), torch::kFloat);
+  out.fill_(scratch[4095]);
+  return out;
+}
+"""
+DEEP_STACK_SHAPE = (
+    SHAPE_PREAMBLE
+    + r"""
+torch::Tensor deep_shape(torch::Tensor x) { return torch::zeros(x.sizes(), torch::kFloat); }
+NEURON_LIBRARY(stack, m) { m.def("deep", &deep_shape, "deep"); }
+"""
+)
+
+
+def test_the_stack_limit(tmp_path):
+    source, shape = tmp_path / "deep.cpp", tmp_path / "shape.cpp"
+    source.write_text(DEEP_STACK)
+    shape.write_text(DEEP_STACK_SHAPE)
+    x = np.zeros(3, np.float32)
+    default = shim.load("stack", [source], [shape])
+    if default.sanitized:
+        pytest.skip("stack depth is not measured in sanitized builds")
+    with pytest.raises(shim.ShimError, match=r"used \d+ bytes of stack .* more than the 8192"):
+        default.deep(x)
+    declared = shim.load("stack", [source], [shape], extra_cflags=["-DSTACK_SIZE=20000"])
+    np.testing.assert_array_equal(declared.deep(x), [4095.0] * 3)
+    assert 16384 <= declared.stats()["stack_peak_bytes"] <= 20000

@@ -74,7 +74,14 @@ MAX_DIMS = 8
 _COMMON_FLAGS = ("-std=c++14", "-fPIC", "-pthread", "-Wall", "-Wextra", "-fno-builtin-printf")
 _LINK_FLAGS = ("-shared", "-Wl,-Bsymbolic")
 _TEXT_BUFFER_BYTES = 64 * 1024
-_STATS = ("active_cores", "tcm_peak_bytes", "bytes_to_tcm", "bytes_from_tcm", "failed_tcm_mallocs")
+_STATS = (
+    "active_cores",
+    "tcm_peak_bytes",
+    "bytes_to_tcm",
+    "bytes_from_tcm",
+    "failed_tcm_mallocs",
+    "stack_peak_bytes",
+)
 
 # c10::ScalarType codes (include/torch/torch.h) of the dtypes the device supports. kLong
 # (int64) is not among them: the reference guide dropped it (commit 65d5aaa4, "unable to
@@ -197,7 +204,14 @@ def _kernel_candidates(objects: Sequence[Path]) -> list[tuple[str, list[str]]]:
 def _glue_source(candidates: Sequence[tuple[str, list[str]]]) -> str:
     """Declares and registers every kernel candidate, so ops find their kernel by name (the
     toolchain matches ``m.def``'s kernel name the same way)."""
-    lines = ['#include "asickernels_shim/ops.hpp"', ""]
+    lines = [
+        '#include "asickernels_shim/ops.hpp"',
+        "#ifdef STACK_SIZE",
+        "static const int asickernels_shim_stack = "
+        "::asickernels_shim::declare_stack_size(STACK_SIZE);",
+        "#endif",
+        "",
+    ]
     for index, (name, parameters) in enumerate(candidates):
         signature = f"{name}({', '.join(parameters)})"
         lines += [
@@ -452,7 +466,8 @@ class CustomOpLibrary:
     def stats(self) -> dict[str, float]:
         """Counters of the library's most recent successful run: cores that wrote output,
         peak TCM bytes on one core, bytes copied tensor -> TCM and TCM -> tensor, failed
-        ``tcm_malloc`` calls."""
+        ``tcm_malloc`` calls, peak stack bytes of the kernel on one core (host build; 0 in
+        sanitized builds)."""
         values = (ctypes.c_uint64 * len(_STATS))()
         self._cdll.asickernels_shim_last_run_stats(values)
         return {name: float(value) for name, value in zip(_STATS, values, strict=True)}

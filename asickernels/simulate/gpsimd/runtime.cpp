@@ -37,6 +37,10 @@ constexpr size_t kStreamTcmBytes = 4 * 1024;
 // custom-c++-operators-devguide: "the library can have 10 functions registered".
 constexpr size_t kMaxOpsPerLibrary = 10;
 constexpr size_t kMaxDims = 8;
+// custom-c++-operators-devguide "Performance Guidance": without -DSTACK_SIZE (or with an
+// estimate under ~8KB) the stack sits in local memory and overflows beyond ~8KB; a larger
+// STACK_SIZE moves it to NeuronCore memory of that size (at most 400KB).
+constexpr size_t kLocalStackBytes = 8 * 1024;
 
 // A kernel broke a device rule (fatal for its core), or the host glue was misused.
 class ShimError : public std::runtime_error {
@@ -300,6 +304,7 @@ struct CoreContext {
   uint64_t bytes_to_tcm = 0;
   uint64_t bytes_from_tcm = 0;
   uint64_t denied_printfs = 0;
+  size_t stack_bytes = 0;  // peak stack depth of the kernel on this core (0: not measured)
   std::vector<std::string> findings;
 };
 
@@ -353,15 +358,62 @@ struct RunStats {
   uint64_t bytes_to_tcm = 0;
   uint64_t bytes_from_tcm = 0;
   uint64_t failed_tcm_mallocs = 0;
+  uint64_t stack_peak_bytes = 0;
 };
 
 std::mutex g_stats_mutex;
 RunStats g_last_stats;
 
+// The stack budget of the library's kernels: the -DSTACK_SIZE it was built with, if any
+// (registered by the glue), never less than the local-memory stack.
+std::atomic<size_t> g_stack_limit{kLocalStackBytes};
+
+#if !defined(__SANITIZE_ADDRESS__)
+constexpr unsigned char kStackPaint = 0xC5;
+
+// Fills `bytes` of the unused stack just below the caller's frame with a pattern and returns
+// where they start: the kernel the caller runs next overwrites them as deep as it goes.
+__attribute__((noinline)) uintptr_t paint_stack(size_t bytes) {
+  auto* area = static_cast<unsigned char*>(__builtin_alloca(bytes));
+  std::memset(area, kStackPaint, bytes);
+  __asm__ volatile("" : : "r"(area) : "memory");
+  return reinterpret_cast<uintptr_t>(area);
+}
+
+// How deep into [start, start + bytes) the stack went since paint_stack.
+__attribute__((noinline)) size_t stack_depth(uintptr_t start, size_t bytes) {
+  const auto* area = reinterpret_cast<const volatile unsigned char*>(start);
+  size_t untouched = 0;
+  while (untouched < bytes && area[untouched] == kStackPaint) ++untouched;
+  return bytes - untouched;
+}
+#endif
+
+// Runs the kernel, measuring its peak stack use where the build allows (AddressSanitizer
+// moves frames elsewhere, so sanitized builds skip it).
+__attribute__((noinline)) void run_kernel_measured(CoreContext& core,
+                                                   const std::function<torch::Tensor()>& kernel) {
+#if !defined(__SANITIZE_ADDRESS__)
+  const size_t limit = g_stack_limit.load();
+  const size_t painted = 2 * limit + 4096;
+  const uintptr_t start = paint_stack(painted);
+  core.returned = kernel();
+  core.stack_bytes = stack_depth(start, painted);
+  if (core.stack_bytes > limit) {
+    core.findings.push_back(format(
+        "the kernel used %s%zu bytes of stack (host build), more than the %zu bytes it may use "
+        "(~8KB in local memory, or -DSTACK_SIZE=N up to 400KB; custom-c++-operators-devguide)",
+        core.stack_bytes >= painted ? "at least " : "", core.stack_bytes, limit));
+  }
+#else
+  core.returned = kernel();
+#endif
+}
+
 void run_core(CoreContext& core, const std::function<torch::Tensor()>& kernel) {
   t_core = &core;
   try {
-    core.returned = kernel();
+    run_kernel_measured(core, kernel);
   } catch (const std::exception& e) {
     core.findings.push_back(e.what());
   } catch (...) {
@@ -804,6 +856,7 @@ void run_op(const char* name, bool multicore, const ArgumentSpec* specs, size_t 
     stats.bytes_to_tcm += core.bytes_to_tcm;
     stats.bytes_from_tcm += core.bytes_from_tcm;
     stats.failed_tcm_mallocs += core.failed_tcm_mallocs.size();
+    stats.stack_peak_bytes = std::max<uint64_t>(stats.stack_peak_bytes, core.stack_bytes);
   }
   std::lock_guard<std::mutex> lock(g_stats_mutex);
   g_last_stats = stats;
@@ -854,6 +907,11 @@ void register_op(const char* library, const char* op, const char* kernel_name,
     return;
   }
   registry.emplace(op, OpEntry{library, kernel_name, std::move(parameters), std::move(shape_fn), 1});
+}
+
+int declare_stack_size(long long bytes) noexcept {
+  g_stack_limit = std::max<size_t>(kLocalStackBytes, bytes > 0 ? static_cast<size_t>(bytes) : 0);
+  return 0;
 }
 
 void register_kernel(const char* name, const char* signature, std::vector<Parameter> parameters,
@@ -1434,7 +1492,8 @@ extern "C" size_t asickernels_shim_last_stdout(char* buffer, size_t size) {
 }
 
 // Counters of the most recent successful run: cores that wrote output, peak TCM bytes on
-// one core, bytes copied tensor -> TCM and TCM -> tensor, failed tcm_malloc calls.
+// one core, bytes copied tensor -> TCM and TCM -> tensor, failed tcm_malloc calls, peak
+// stack bytes on one core.
 extern "C" void asickernels_shim_last_run_stats(uint64_t* out) {
   std::lock_guard<std::mutex> lock(shim::g_stats_mutex);
   out[0] = shim::g_last_stats.active_cores;
@@ -1442,6 +1501,7 @@ extern "C" void asickernels_shim_last_run_stats(uint64_t* out) {
   out[2] = shim::g_last_stats.bytes_to_tcm;
   out[3] = shim::g_last_stats.bytes_from_tcm;
   out[4] = shim::g_last_stats.failed_tcm_mallocs;
+  out[5] = shim::g_last_stats.stack_peak_bytes;
 }
 
 extern "C" int asickernels_shim_sanitized() {

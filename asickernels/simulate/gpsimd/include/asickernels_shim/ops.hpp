@@ -116,6 +116,8 @@ void register_op(const char* library, const char* op, const char* kernel_name,
                  std::vector<Parameter> parameters, Invoker shape_fn) noexcept;
 void register_kernel(const char* name, const char* signature, std::vector<Parameter> parameters,
                      Invoker kernel) noexcept;
+// The -DSTACK_SIZE the library was built with (the glue passes it on).
+int declare_stack_size(long long bytes) noexcept;
 
 // Used by the generated glue, once per function the compute sources define.
 template <typename... P>
