@@ -97,6 +97,29 @@ def _number(kind: type, low: float, *, strict: bool = False) -> Callable[[str], 
 # -- commands ------------------------------------------------------------------------------
 
 
+def _policy_text() -> str:
+    """What ``backend=None`` runs, per kernel and compute dtype, here and on each TPU
+    generation (with the fallbacks the selection policy takes, e.g. int8 on v4/v7x)."""
+    import jax
+
+    from asickernels import tpu_generations
+    from asickernels.kernels import policy
+
+    places: list[tuple[str, str, str | None]] = [
+        (f"here ({jax.default_backend()})", jax.default_backend(), None)
+    ]
+    places += [(f"TPU {name}", "tpu", name) for name in tpu_generations.NAMES]
+    rows = []
+    for label, platform, generation in places:
+        table = policy.describe(platform, generation, assume_native=generation is not None)
+        for kernel, by_dtype in table.items():
+            rows.append([label, kernel, *(f"{dtype}: {name}" for dtype, name in by_dtype.items())])
+    width = max(len(r) for r in rows)
+    rows = [r + [""] * (width - len(r)) for r in rows]
+    headers = ("where", "kernel", *(["backend=None picks"] + [""] * (width - 3)))
+    return "Selection policy (asickernels/kernels/policy.py):\n" + report.text_table(headers, rows)
+
+
 def _info(args: argparse.Namespace) -> int:
     described = report.machine()
     versions = report.versions()
@@ -126,6 +149,8 @@ def _info(args: argparse.Namespace) -> int:
     print(report.text_table(("backend", "role", "runs here", "ops", "detail"), lines))
     if hints:
         print("\nTo install or enable:\n" + "\n".join(hints))
+    print()
+    print(_policy_text())
     print()
     plugin_lines = [
         [name, module, _plugin_state(module), text] for name, (module, text) in PLUGINS.items()

@@ -30,9 +30,8 @@ except ImportError:
 
 import asickernels.torch as at  # noqa: E402
 from asickernels import reference  # noqa: E402
+from asickernels.testing import oracle  # noqa: E402
 from asickernels.torch import ops  # noqa: E402
-
-GIOU_ATOL = 2e-5
 
 
 def tensor(array: np.ndarray | None, device: str = "cpu"):
@@ -62,9 +61,10 @@ def test_giou_cases_on_cpu(case):
     b1, b2 = tensor(case.boxes1), tensor(case.boxes2)
     before = (b1.clone(), b2.clone())
     got = at.giou(b1, b2)
-    assert got.dtype == torch.float32 and tuple(got.shape) == case.boxes1.shape[:-1]
-    want = reference.giou(case.boxes1, case.boxes2)
-    np.testing.assert_allclose(got.numpy(), want, atol=GIOU_ATOL, rtol=0)
+    wide = case.boxes1.dtype == np.float64
+    assert got.dtype == (torch.float64 if wide else torch.float32)
+    assert tuple(got.shape) == case.boxes1.shape[:-1]
+    oracle.assert_agrees("giou", got.numpy(), _reference_giou(case))
     assert torch.equal(b1, before[0]) and torch.equal(b2, before[1])
 
 
@@ -76,17 +76,15 @@ def _run_nms(case, device="cpu", backend=None):
     return at.batched_nms(boxes, scores, tensor(case.categories, device), **options)
 
 
+def _reference_giou(case):
+    return oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
+
+
 def _reference_nms(case):
-    n = case.scores.shape[-1]
-    batch = int(np.prod(case.scores.shape[:-1]))
-    indices, num_valid = reference.nms(
-        case.boxes.reshape(batch, n, 4), case.scores.reshape(batch, n),
-        None if case.categories is None else case.categories.reshape(batch, n),
-        iou_threshold=case.iou_threshold, max_output_size=case.max_output_size,
-        score_threshold=-np.inf if case.score_threshold is None else case.score_threshold,
-    )  # fmt: skip
-    batch_shape = case.scores.shape[:-1]
-    return indices.reshape(batch_shape + (case.max_output_size,)), num_valid.reshape(batch_shape)
+    arrays = {"boxes": case.boxes, "scores": case.scores}
+    if case.categories is None:
+        return oracle.expected("nms", arrays, case.kwargs())
+    return oracle.expected("batched_nms", {**arrays, "idxs": case.categories}, case.kwargs())
 
 
 @pytest.mark.parametrize("case", _fast(nms_cases()))
@@ -117,12 +115,14 @@ def _run_matmul(case, device="cpu", backend=None):
 
 
 def _reference_matmul(case):
-    if case.x_scale is None and case.y_scale is None and case.out_dtype is None:
-        return reference.int8_matmul(case.x, case.y)
-    m, n = case.x.shape[0], case.y.shape[1]
-    xs = np.broadcast_to(np.float32(1) if case.x_scale is None else case.x_scale, (m,))
-    ys = np.broadcast_to(np.float32(1) if case.y_scale is None else case.y_scale, (n,))
-    return reference.int8_matmul(case.x, case.y, x_scale=xs, y_scale=ys, out_dtype=np.float64)
+    arrays = {"x": case.x, "y": case.y, "x_scale": case.x_scale, "y_scale": case.y_scale}
+    return oracle.expected("int8_matmul", arrays, {"out_dtype": case.out_dtype})
+
+
+def _host(tensor_out):
+    if tensor_out.dtype == torch.bfloat16:
+        return tensor_out.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor_out.cpu().numpy()
 
 
 @pytest.mark.parametrize("case", _fast(matmul_cases()))
@@ -131,10 +131,7 @@ def test_int8_matmul_cases_on_cpu(case):
     want = _reference_matmul(case)
     if want.dtype == np.int32:
         assert got.dtype == torch.int32
-        np.testing.assert_array_equal(got.numpy(), want)
-    else:
-        rtol = 1e-2 if got.dtype == torch.bfloat16 else 1e-5
-        np.testing.assert_allclose(got.to(torch.float64).numpy(), want, rtol=rtol, atol=1e-6)
+    oracle.assert_agrees("int8_matmul", _host(got), want)
 
 
 def test_quantize_int8_matches_the_jax_op():
@@ -191,12 +188,14 @@ def test_giou_loss_gradcheck_float64(reduction):
 
 
 def test_float64_gradient_is_the_reference_gradient():
+    """float64 is differentiated in float64 (to the oracle's float64 tolerance)."""
     b1, b2 = _boxes64(5, (11,)), _boxes64(6, (11,))
     cotangent = torch.from_numpy(np.random.default_rng(7).normal(size=11))
     d1, d2 = torch.autograd.grad(at.giou(b1, b2), (b1, b2), cotangent)
-    want1, want2 = reference.giou_vjp(b1.detach().numpy(), b2.detach().numpy(), cotangent.numpy())
-    np.testing.assert_array_equal(d1.numpy(), want1)
-    np.testing.assert_array_equal(d2.numpy(), want2)
+    assert d1.dtype == torch.float64
+    arrays = {"boxes1": b1.detach().numpy(), "boxes2": b2.detach().numpy()}
+    want = oracle.expected("giou_vjp", {**arrays, "cotangent": cotangent.numpy()}, {})
+    oracle.assert_agrees("giou_vjp", (d1.numpy(), d2.numpy()), want)
 
 
 @pytest.mark.parametrize("case", _fast([c for c in giou_cases() if c.boxes1.dtype == np.float32]))
@@ -241,41 +240,52 @@ def _opcheck_cases():
     y = tensor(rng.integers(-128, 128, (7, 3), dtype=np.int8))
     b1 = tensor(random_boxes(rng, (6,))).requires_grad_()
     b2 = tensor(random_boxes(rng, (6,)))
+    nms_options = {"iou_threshold": 0.3, "max_output_size": 8}
     return {
-        "giou": (torch.ops.asickernels.giou, (b1, b2, None)),
+        "giou": (torch.ops.asickernels.giou, (b1, b2), {}),
         "giou_float64": (
             torch.ops.asickernels.giou,
-            (b1.detach().double().requires_grad_(), b2.double(), None),
+            (b1.detach().double().requires_grad_(), b2.double()),
+            {},
         ),
         "giou_loss": (
             torch.ops.asickernels.giou_loss,
-            (b1, b2, torch.arange(6) % 2 == 0, "mean", None),
+            (b1, b2, torch.arange(6) % 2 == 0),
+            {"reduction": "mean"},
         ),
         "giou_backward": (
             torch.ops.asickernels.giou_backward,
-            (b1.detach(), b2, torch.ones(6), None),
+            (torch.ones(6), b1.detach(), b2),
+            {},
         ),
-        "nms": (torch.ops.asickernels.nms, (boxes, scores, 0.3, 8, 0.5, None)),
+        "nms": (
+            torch.ops.asickernels.nms,
+            (boxes, scores),
+            {**nms_options, "score_threshold": 0.5},
+        ),
         "batched_nms": (
             torch.ops.asickernels.batched_nms,
-            (boxes, scores, torch.arange(60).reshape(2, 30) % 3, 0.3, 8, None, None),
+            (boxes, scores, torch.arange(60).reshape(2, 30) % 3),
+            nms_options,
         ),
-        "int8_matmul": (torch.ops.asickernels.int8_matmul, (x, y, None, None, None, None)),
+        "int8_matmul": (torch.ops.asickernels.int8_matmul, (x, y), {}),
         "int8_matmul_scaled": (
             torch.ops.asickernels.int8_matmul,
-            (x, y, torch.ones(5), torch.tensor(0.5), torch.bfloat16, None),
+            (x, y, torch.ones(5), torch.tensor(0.5)),
+            {"out_dtype": torch.bfloat16},
         ),
         "quantize_int8": (
             torch.ops.asickernels.quantize_int8,
-            (tensor(rng.normal(size=(4, 6)).astype(np.float32)), 1),
+            (tensor(rng.normal(size=(4, 6)).astype(np.float32)),),
+            {"axis": 1},
         ),
     }
 
 
 @pytest.mark.parametrize("name", list(_opcheck_cases()))
 def test_opcheck(name):
-    op, args = _opcheck_cases()[name]
-    torch.library.opcheck(op, args)
+    op, args, kwargs = _opcheck_cases()[name]
+    torch.library.opcheck(op, args, kwargs)
 
 
 def test_traces_under_torch_compile():
@@ -344,9 +354,7 @@ def test_nms_equals_torchvision(per_category):
 def test_giou_cases_on_xla(case):
     device = _xla_device()
     got = at.giou(tensor(case.boxes1, device), tensor(case.boxes2, device), backend="xla")
-    np.testing.assert_allclose(
-        got.cpu().numpy(), reference.giou(case.boxes1, case.boxes2), atol=GIOU_ATOL, rtol=0
-    )
+    oracle.assert_agrees("giou", got.cpu().numpy(), _reference_giou(case))
 
 
 @pytest.mark.parametrize("case", _fast([c for c in nms_cases() if c.scores.shape[-1] < 1000]))
@@ -361,17 +369,8 @@ def test_nms_cases_on_xla(case):
 @pytest.mark.parametrize("case", _fast(matmul_cases()))
 def test_int8_matmul_cases_on_xla(case):
     device = _xla_device()
-    got = _run_matmul(case, device, backend="xla").cpu()
-    want = _reference_matmul(case)
-    if want.dtype == np.int32:
-        np.testing.assert_array_equal(got.numpy(), want)
-    else:
-        np.testing.assert_allclose(
-            got.to(torch.float64).numpy(),
-            want,
-            rtol=1e-2 if got.dtype == torch.bfloat16 else 1e-5,
-            atol=1e-6,
-        )
+    got = _run_matmul(case, device, backend="xla")
+    oracle.assert_agrees("int8_matmul", _host(got), _reference_matmul(case))
 
 
 def test_xla_default_runs_the_simulated_pallas_kernels_and_trains():
@@ -398,30 +397,35 @@ def test_xla_default_runs_the_simulated_pallas_kernels_and_trains():
 
 
 def test_neuron_devices_run_the_neuron_kernels(monkeypatch):
-    """On a Neuron host the XLA tensors go to the NKI/GpSimd backends (simulated here: the
-    device type is patched), and the results come back to the XLA device."""
+    """On a Neuron host the selection policy sends XLA tensors to the NKI/GpSimd backends
+    (simulated here: the platform and the backends' availability are patched), which run on
+    host copies; the results come back to the XLA device."""
     device = _xla_device()
-    import torch_xla.runtime as xr
-
+    from asickernels.kernels import policy, registry
     from asickernels.torch import xla
 
-    monkeypatch.setattr(xr, "device_type", lambda: "NEURON")
+    monkeypatch.setattr(xla, "where_xla_tensors_live", lambda: policy.Where("neuron"))
+    for name in ("gpsimd", "nki"):
+        monkeypatch.setitem(
+            registry._AVAILABILITY, name, registry.Availability("native", "patched")
+        )
     calls = []
     run_on_cpu = ops.run_on_cpu
     monkeypatch.setattr(
         ops,
         "run_on_cpu",
-        lambda op, *a, **k: calls.append(k.get("backend")) or run_on_cpu(op, *a, **k),
+        lambda op, t, s, backend: calls.append(backend) or run_on_cpu(op, t, s, backend),
     )
+    neuron_choice = policy.candidates("giou", policy.Where("neuron"))[0]
     case = next(c for c in giou_cases() if c.name == "random_130")
     got = at.giou(tensor(case.boxes1, device), tensor(case.boxes2, device))
-    assert got.device.type == "xla" and calls == [xla.NEURON_BACKENDS["giou"]]
-    np.testing.assert_allclose(
-        got.cpu().numpy(), reference.giou(case.boxes1, case.boxes2), atol=GIOU_ATOL
-    )
+    assert got.device.type == "xla" and calls == [neuron_choice]
+    want = oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
+    oracle.assert_agrees("giou", got.cpu().numpy(), want)
     case = next(c for c in nms_cases() if c.name == "categories")
     indices, num_valid = _run_nms(case, device)
-    assert calls[-1] == xla.NEURON_BACKENDS["batched_nms"] and num_valid.device.type == "xla"
+    assert calls[-1] == policy.candidates("nms", policy.Where("neuron"))[0]
+    assert num_valid.device.type == "xla"
     want_indices, want_valid = _reference_nms(case)
     np.testing.assert_array_equal(indices.cpu().numpy(), want_indices)
     np.testing.assert_array_equal(num_valid.cpu().numpy(), want_valid)
@@ -432,12 +436,5 @@ def test_xla_float64_keeps_its_dtype():
     b1, b2 = _boxes64(14, (5,)), _boxes64(15, (5,))
     got = at.giou(b1.detach().to(device), b2.detach().to(device), backend="xla")
     assert got.dtype == torch.float64
-    np.testing.assert_allclose(
-        got.cpu().numpy(), reference.giou(b1.detach(), b2.detach()), atol=GIOU_ATOL
-    )
-
-
-def test_cpu_backend_is_registered():
-    from asickernels.kernels import registry
-
-    assert ops.CPU_BACKEND in registry.backends_for("giou")
+    want = oracle.expected("giou", {"boxes1": b1.detach(), "boxes2": b2.detach()}, {})
+    oracle.assert_agrees("giou", got.cpu().numpy(), want)

@@ -50,9 +50,15 @@ class Contender:
         return self.availability.detail + hint
 
 
+# What a user gets with backend=None: the same public call jitted (inputs on the device)
+# and called eagerly on the bench's numpy inputs, as the README's examples do.
+DEFAULT_ROWS = {"default": False, "default-eager": True}
+
+
 def implementation_names() -> list[str]:
-    """Every registered backend and every peer: the values ``--backends`` accepts."""
-    return registry.backend_names() + list(PEERS)
+    """Every registered backend, the default-backend rows and every peer: the values
+    ``--backends`` accepts."""
+    return registry.backend_names() + list(DEFAULT_ROWS) + list(PEERS)
 
 
 def role_of(name: str) -> Role:
@@ -62,6 +68,8 @@ def role_of(name: str) -> Role:
 
 
 def availability_of(name: str) -> Availability:
+    if name in DEFAULT_ROWS:
+        return Availability("native", "backend=None: the selection policy's choice")
     return PEERS[name].probe() if name in PEERS else registry.availability(name)
 
 
@@ -69,6 +77,8 @@ def ops_of(name: str) -> list[str]:
     """The ops (of :data:`OPS`) that backend or peer ``name`` implements."""
     if name in PEERS:
         return [op for op in OPS if op in PEERS[name].builders]
+    if name in DEFAULT_ROWS:
+        return list(OPS)
     return [op for op, spec in OPS.items() if name in spec.backends()]
 
 
@@ -91,6 +101,10 @@ def contenders(
                 device_timer(backend),
             )
         )
+    for name, eager in DEFAULT_ROWS.items():
+        if selected is None or name in selected:
+            prepare = functools.partial(op.prepare_default, eager)
+            found.append(Contender(name, "ours", availability_of(name), prepare))
     for peer in PEERS.values() if peers else ():
         if op.name in peer.builders and (selected is None or peer.name in selected):
             found.append(Contender(peer.name, "peer", peer.probe(), peer.builders[op.name]))

@@ -6,9 +6,8 @@ Every backend is called through the public API (``asickernels.giou(..., backend=
 ``jax.jit``-compiled for JAX backends with inputs already on the device, so a row times
 what a user gets. Results are compared in a canonical numpy form:
 
-* ``giou``: GIOU ``[...]``; error = max absolute difference.
-* ``giou_vjp``: ``(d_boxes1, d_boxes2)``; error = max of ``|got - want| / (atol + rtol
-  |want|)`` (``np.allclose``'s rule, rtol 2e-4, atol 2e-5): 1 or less passes.
+* ``giou``, ``giou_vjp``: error = the oracle's (:mod:`asickernels.testing.oracle`) worst
+  ``|got - want| / (atol + rtol |want|)``: 1 or less passes.
 * ``nms`` / ``batched_nms``: ``(indices [..., max_output_size], num_valid [...])``;
   error = number of entries that differ (0 to pass).
 * ``int8_matmul``: ``[M, N]``; error = max absolute difference (exact int32 wanted),
@@ -33,6 +32,7 @@ from asickernels import reference
 from asickernels.kernels import giou as giou_ops
 from asickernels.kernels import registry
 from asickernels.testing import cases as shared_cases
+from asickernels.testing import oracle
 
 Canonical = Any  # numpy array or tuple of numpy arrays
 
@@ -69,6 +69,14 @@ class Comparison:
     tolerance: float
     passed: bool
     checked: str = "all"  # what part of the output was compared
+
+
+def _oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
+    """The oracle's verdict (:mod:`asickernels.testing.oracle`): error in units of the op's
+    tolerance (1 or less passes); for exact ops, the number of differing elements."""
+    verdict = oracle.compare(name, got, expected)
+    limit = 0.0 if verdict.tolerance == oracle.EXACT else 1.0
+    return Comparison(verdict.error, limit, verdict.passed)
 
 
 def _to_numpy(out: Any) -> Canonical:
@@ -121,6 +129,17 @@ class Op:
             arrays = tuple(jax.device_put(a) for a in arrays)
         return Prepared(lambda: function(*arrays), _to_numpy)
 
+    def prepare_default(self, eager: bool, case: Case) -> Prepared:
+        """The public op with ``backend=None``: eagerly on the case's numpy arrays (what a
+        user's first call looks like), or jitted with device-resident inputs."""
+        public = getattr(asickernels, self.name)
+        function: Callable[..., Any] = functools.partial(public, **case.static)
+        if eager:
+            return Prepared(lambda: function(*case.arrays), _to_numpy)
+        jitted = jax.jit(function)
+        arrays = tuple(jax.device_put(a) for a in case.arrays)
+        return Prepared(lambda: jitted(*arrays), _to_numpy)
+
 
 # -- boxes ---------------------------------------------------------------------------------
 
@@ -154,10 +173,9 @@ class GiouOp(Op):
     registry_op = "giou"
     size_syntax = "P or AxB box pairs"
     default_sizes: tuple[str, ...] = ("64x64", "1024x256")
-    error_unit = "abs"
+    error_unit = "x tol"
     quick_cases = frozenset({"random_130", "adversarial"})
     quick_sizes = default_sizes
-    tolerance = 2e-5
 
     def parse_size(self, text: str) -> Size:
         return _pairs_size(text)
@@ -176,8 +194,7 @@ class GiouOp(Op):
         return reference.giou(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        error = float(np.max(np.abs(got - expected), initial=0.0))
-        return Comparison(error, self.tolerance, bool(error <= self.tolerance))
+        return _oracle_comparison(self.name, got, expected)
 
 
 class GiouVjpOp(Op):
@@ -187,10 +204,9 @@ class GiouVjpOp(Op):
     registry_op = "giou"
     size_syntax = GiouOp.size_syntax
     default_sizes = GiouOp.default_sizes
-    error_unit = "abs"
+    error_unit = "x tol"
     quick_cases = GiouOp.quick_cases
     quick_sizes = default_sizes
-    rtol, atol = 2e-4, 2e-5
 
     def parse_size(self, text: str) -> Size:
         return _pairs_size(text)
@@ -222,12 +238,7 @@ class GiouVjpOp(Op):
         return reference.giou_vjp(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        # np.allclose's rule as one number: |got - want| / (atol + rtol |want|) <= 1 passes.
-        error = max(
-            float(np.max(np.abs(g - w) / (self.atol + self.rtol * np.abs(w)), initial=0.0))
-            for g, w in zip(got, expected, strict=True)
-        )
-        return Comparison(error, 1.0, error <= 1.0)
+        return _oracle_comparison(self.name, got, expected)
 
 
 # -- NMS -----------------------------------------------------------------------------------
@@ -327,11 +338,7 @@ class NmsOp(Op):
         return indices.reshape((*batch_shape, -1)), num_valid.reshape(batch_shape)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        mismatches = sum(
-            int(np.sum(np.asarray(g).reshape(w.shape) != w)) if np.size(g) == w.size else w.size + 1
-            for g, w in zip(got, expected, strict=True)
-        )
-        return Comparison(float(mismatches), 0.0, mismatches == 0)
+        return _oracle_comparison(self.name, got, expected)
 
 
 class BatchedNmsOp(NmsOp):
@@ -360,9 +367,6 @@ class Int8MatmulOp(Op):
     error_unit = "abs (int32) / rel (scaled)"
     quick_cases = frozenset({"7x130x257", "scales_rows_cols"})
     quick_sizes = default_sizes[:4]
-    # Dequantized results are rounded once to out_dtype: 16-bit floats keep ~3 digits.
-    scaled_rtol = 1e-6
-    half_precision_rtol = 1e-2
 
     def parse_size(self, text: str) -> Size:
         match = re.fullmatch(r"(\d+)(?:x(\d+)x(\d+))?", text)
@@ -427,7 +431,7 @@ class Int8MatmulOp(Op):
             return Comparison(error, 0.0, error == 0.0, checked)
         relative = np.abs(sample.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30)
         error = float(np.max(relative, initial=0.0))
-        tolerance = self.half_precision_rtol if out_dtype.itemsize == 2 else self.scaled_rtol
+        tolerance = oracle.tolerance(self.name, out_dtype).rtol
         return Comparison(error, tolerance, error <= tolerance, checked)
 
 

@@ -92,9 +92,9 @@ class Plan:
         None for integer kernels.
       outputs: the output shapes and dtypes (one :class:`Spec`, or a tuple for tuple outputs).
       statics: the static arguments after validation (normalized, hashable).
-      trivial: the outputs are known without running anything (empty inputs): zeros, or for
-        integer outputs ``fill``.
-      fill: the value of trivial integer outputs (e.g. -1 for NMS padding).
+      trivial: the outputs are known without running anything (empty inputs): each is
+        filled with its entry of ``fill``.
+      fill: per output, the value of a trivial output (e.g. -1 for NMS index padding).
       x64: some input or output is 64-bit, so the call runs in JAX's x64 mode.
     """
 
@@ -103,7 +103,7 @@ class Plan:
     outputs: Spec | tuple[Spec, ...]
     statics: tuple[tuple[str, Any], ...]
     trivial: bool = False
-    fill: int = 0
+    fill: tuple[int, ...] = (0,)
     x64: bool = False
 
     def static(self, name: str) -> Any:
@@ -271,10 +271,9 @@ class Op:
             self.check_values(**arrays)
         if plan.trivial:
             xp = np if want == "numpy" and not traced else jnp
-            outs = tuple(
-                xp.full(s.shape, plan.fill if s.dtype.kind in "iu" else 0, s.dtype)
-                for s in plan.output_list()
-            )
+            specs = plan.output_list()
+            fills = plan.fill + (0,) * (len(specs) - len(plan.fill))
+            outs = tuple(xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True))
             return _as_single(plan, outs)
         if traced:
             return self.compute(Runner(backend or "xla", False, config), plan, **arrays)

@@ -64,7 +64,7 @@ def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> 
             ("score_threshold", threshold),
         ),
         trivial=_checks.size(batch) == 0 or n == 0 or max_output_size == 0,
-        fill=-1,
+        fill=(-1, 0),
         x64=is_64bit(boxes, scores, idxs),
     )
 

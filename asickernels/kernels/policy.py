@@ -134,14 +134,15 @@ def select(kernel: str, requested: str | None, where: Where, dtype: str | None) 
     )
 
 
-def candidates(kernel: str, where: Where) -> list[str]:
+def candidates(kernel: str, where: Where, *, assume_native: bool = False) -> list[str]:
     """Backends in preference order that implement ``kernel`` and run here, natively on
-    ``where.platform`` (or simulated, where ``where.simulated_ok``)."""
+    ``where.platform`` (or simulated, where ``where.simulated_ok``). ``assume_native``
+    answers for a machine of that platform rather than this one (for ``describe``)."""
     names = []
     for name in PREFERENCE[kernel]:
         if name not in registry.backend_names() or name not in registry.backends_for(kernel):
             continue
-        mode = registry.availability(name).mode
+        mode = "native" if assume_native else registry.availability(name).mode
         if mode == "missing":
             continue
         native = mode == "native" and _native_on(name, where.platform)
@@ -150,9 +151,12 @@ def candidates(kernel: str, where: Where) -> list[str]:
     return names
 
 
-def describe(platform: str, generation: str | None = None) -> dict[str, dict[str, str]]:
+def describe(
+    platform: str, generation: str | None = None, *, assume_native: bool = False
+) -> dict[str, dict[str, str]]:
     """For ``asickernels info``: per kernel and compute dtype, the backend ``backend=None``
-    picks on ``platform`` (and TPU ``generation``), with each fallback it takes."""
+    picks on ``platform`` (and TPU ``generation``), with each fallback it takes;
+    ``assume_native`` describes a machine of that platform instead of this one."""
     table: dict[str, dict[str, str]] = {}
     where = Where(platform, generation)
     for kernel in PREFERENCE:
@@ -163,7 +167,7 @@ def describe(platform: str, generation: str | None = None) -> dict[str, dict[str
         for dtype in dtypes:
             skipped = []
             chosen = "none"
-            for name in candidates(kernel, where):
+            for name in candidates(kernel, where, assume_native=assume_native):
                 reason = _why_not(kernel, name, where, dtype)
                 if reason is None:
                     chosen = name

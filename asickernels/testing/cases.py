@@ -76,6 +76,9 @@ def giou_cases() -> list[GiouCase]:
         )
     )
     cases.append(GiouCase("empty", np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)))
+    # float64 in, float64 out: boxes offset by 1e6 whose GIOU float32 cannot resolve.
+    far = random_boxes(rng, (57,)).astype(np.float64) * 1e-3 + 1e6
+    cases.append(GiouCase("float64_offset_1e6", far, far + rng.uniform(0, 1e-3, far.shape)))
     bf16 = ml_dtypes.bfloat16
     cases.append(
         GiouCase(
@@ -187,6 +190,26 @@ def nms_cases() -> list[NmsCase]:
         )
     )
     cases.append(NmsCase("empty", np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), 0.5, 4))
+    # float64 decided in float64: IoU 0.5 + 5e-10 is 0.5 in float32 (both kept), and boxes
+    # offset by 1e6 lose their fractional extents in float32.
+    near = np.array([[0, 0, 1, 1], [0, 0, 0.5 + 5e-10, 1]], np.float64)
+    cases.append(NmsCase("float64_iou_just_above", near, np.array([0.9, 0.8]), 0.5, 2))
+    offset = rng.uniform(0, 4, (200, 2)) + 1e6
+    far = np.concatenate([offset, offset + rng.uniform(0.05, 1.5, (200, 2))], axis=1)
+    cases.append(NmsCase("float64_offset_1e6", far, rng.permutation(200) / 200.0, 0.3, 50))
+    # Category ids beyond int32 keep their identity (0 and 2**32 are different categories).
+    ids = np.array([0, 2**32, 2**40 + 1, 2**40 + 1, -(2**62)], np.int64)
+    same_place = np.tile(np.array([[0, 0, 4, 4]], np.float32), (5, 1))
+    cases.append(
+        NmsCase(
+            "categories_beyond_int32",
+            same_place,
+            np.linspace(1, 0.5, 5).astype(np.float32),
+            0.5,
+            5,
+            categories=ids,
+        )
+    )
     cases.append(NmsCase("max_out_0", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 0))
     for n in (1024, 4096):
         cases.append(
@@ -255,6 +278,42 @@ def matmul_cases() -> list[MatmulCase]:
             np.float32(1.0),
             np.float32(1.0),
             slow=True,
+        )
+    )
+    return cases
+
+
+@dataclasses.dataclass
+class PairwiseCase:
+    """Boxes for the pairwise ops: ``boxes1 [..., N, 4]`` against ``boxes2 [..., M, 4]``."""
+
+    name: str
+    boxes1: np.ndarray
+    boxes2: np.ndarray
+
+
+def pairwise_cases() -> list[PairwiseCase]:
+    """Random and ragged sizes, batches, N or M = 0, and every pair of GIOU's adversarial
+    boxes (disjoint, nested, identical, touching, zero-area points and lines, ...)."""
+    rng = np.random.default_rng(5)
+    cases = [
+        PairwiseCase(f"random_{n}x{m}", random_boxes(rng, (n,)), random_boxes(rng, (m,)))
+        for n, m in ((1, 1), (7, 130), (130, 257), (257, 7))
+    ]
+    cases.append(
+        PairwiseCase("batch_3x9x20", random_boxes(rng, (3, 9)), random_boxes(rng, (3, 20)))
+    )
+    cases.append(PairwiseCase("n_zero", np.zeros((0, 4), np.float32), random_boxes(rng, (5,))))
+    cases.append(PairwiseCase("m_zero", random_boxes(rng, (5,)), np.zeros((0, 4), np.float32)))
+    adversarial = next(c for c in giou_cases() if c.name == "adversarial")
+    everything = np.concatenate([adversarial.boxes1, adversarial.boxes2])
+    cases.append(PairwiseCase("adversarial_all_pairs", everything, everything))
+    bf16 = ml_dtypes.bfloat16
+    cases.append(
+        PairwiseCase(
+            "bfloat16_9x130",
+            random_boxes(rng, (9,)).astype(bf16),
+            random_boxes(rng, (130,)).astype(bf16),
         )
     )
     return cases

@@ -1,0 +1,110 @@
+"""The oracle: what "agrees with the reference" means, once, for every consumer (pytest's
+conformance, torch and SPMD tests, ``asickernels check`` and ``bench``).
+
+:func:`expected` runs an op's float64 reference (its declaration's ``reference``) on the
+public arguments; :func:`compare` measures a result against it with the op's tolerance,
+which depends on the dtype the result was computed in; :func:`assert_agrees` raises an
+``AssertionError`` naming the worst element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import asickernels
+from asickernels.kernels.declaration import Op
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """``|got - want| <= atol + rtol * |want|`` elementwise; ``(0, 0)`` means exact."""
+
+    rtol: float
+    atol: float
+
+
+# Per op: (computed in float32 or narrower, computed in float64). float32 GIOU carries about
+# 1e-6 relative error per operation; the gradient divides by unions and hulls, hence rtol.
+_FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
+    "giou": (Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
+    "giou_vjp": (Tolerance(2e-4, 2e-5), Tolerance(1e-9, 1e-12)),
+    "giou_loss": (Tolerance(1e-5, 2e-5), Tolerance(1e-10, 1e-12)),
+}
+EXACT = Tolerance(0.0, 0.0)
+# int8 matmul: exact as int32; dequantized results are rounded once to the output dtype.
+_SCALED = {4: Tolerance(1e-6, 1e-6), 8: Tolerance(1e-6, 1e-6), 2: Tolerance(1e-2, 1e-6)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """``error``: the worst ``|got - want| / (atol + rtol |want|)`` (for exact ops, the
+    number of differing elements); it passes at ``<= 1`` (exact: ``== 0``)."""
+
+    error: float
+    passed: bool
+    tolerance: Tolerance
+    detail: str = ""
+
+
+def op_named(name: str) -> Op:
+    return next(op for op in asickernels.OPS if op.name == name)
+
+
+def expected(name: str, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Any:
+    """The float64 reference outputs of op ``name`` for public arguments (numpy)."""
+    reference = op_named(name).reference
+    present = {n: np.asarray(a) for n, a in arrays.items() if a is not None}
+    return reference(**present, **statics)
+
+
+def tolerance(name: str, out_dtype: np.dtype) -> Tolerance:
+    """The tolerance for an output of ``name`` computed in ``out_dtype``."""
+    if name in _FLOAT_TOLERANCES:
+        narrow, wide = _FLOAT_TOLERANCES[name]
+        return wide if np.dtype(out_dtype) == np.float64 else narrow
+    if np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V":
+        return _SCALED[np.dtype(out_dtype).itemsize]
+    return EXACT
+
+
+def compare(name: str, got: Any, want: Any) -> Verdict:
+    """How far ``got`` (an output or a tuple of outputs) is from the reference ``want``."""
+    gots = got if isinstance(got, tuple) else (got,)
+    wants = want if isinstance(want, tuple) else (want,)
+    worst = Verdict(0.0, True, EXACT)
+    for g, w in zip(gots, wants, strict=True):
+        g_arr, w_arr = np.asarray(g), np.asarray(w)
+        tol = tolerance(name, g_arr.dtype)
+        if g_arr.shape != w_arr.shape:
+            return Verdict(np.inf, False, tol, f"shape {g_arr.shape} != {w_arr.shape}")
+        g64, w64 = g_arr.astype(np.float64), w_arr.astype(np.float64)
+        if tol == EXACT:
+            bad = int(np.sum(g64 != w64))
+            verdict = Verdict(float(bad), bad == 0, tol, f"{bad} of {g64.size} differ")
+        else:
+            diff = np.abs(g64 - w64)
+            ratio = diff / (tol.atol + tol.rtol * np.abs(w64))
+            ratio = np.where(np.isnan(g64) & np.isnan(w64), 0.0, ratio)
+            error = float(np.nanmax(np.where(np.isnan(ratio), np.inf, ratio), initial=0.0))
+            at = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
+            detail = f"worst at {at}: got {g64[at] if ratio.size else '-'}, want {w64[at] if ratio.size else '-'}"
+            verdict = Verdict(error, error <= 1.0, tol, detail)
+        if not verdict.passed or verdict.error > worst.error:
+            worst = verdict
+        if not verdict.passed:
+            return verdict
+    return worst
+
+
+def assert_agrees(name: str, got: Any, want: Any) -> None:
+    verdict = compare(name, got, want)
+    if not verdict.passed:
+        raise AssertionError(
+            f"{name} disagrees with the float64 reference: error {verdict.error:.3g} "
+            f"(tolerance rtol={verdict.tolerance.rtol}, atol={verdict.tolerance.atol}); "
+            f"{verdict.detail}"
+        )

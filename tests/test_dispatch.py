@@ -1,0 +1,196 @@
+"""The op declarations and the selection policy: eager calls through cached compiled
+functions, exact dtypes with x64 scoped to the call, one policy with visible fallbacks, and
+bad inputs refused before any kernel runs."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import asickernels
+from asickernels.kernels import policy, registry
+from asickernels.testing import oracle
+from asickernels.testing.cases import grid_boxes, random_boxes
+
+
+def _x64_enabled() -> bool:
+    return bool(jax.config.jax_enable_x64)
+
+
+def test_every_op_has_the_declared_signature():
+    for op in asickernels.OPS:
+        names = list(inspect.signature(op).parameters)
+        assert names[: len(op.params)] == [p.name for p in op.params]
+        assert names[-2:] == ["backend", "config"]
+        assert op.__doc__ and "[" in op.__doc__  # docstrings give shapes
+
+
+def test_eager_calls_reuse_one_compiled_function_per_signature():
+    rng = np.random.default_rng(0)
+    boxes, other = random_boxes(rng, (64,)), random_boxes(rng, (64,))
+    op = asickernels.giou
+    op._compiled.clear()
+    first = asickernels.giou(boxes, other, backend="xla")
+    second = asickernels.giou(boxes + 1, other, backend="xla")
+    assert len(op._compiled) == 1
+    asickernels.giou(random_boxes(rng, (65,)), random_boxes(rng, (65,)), backend="xla")
+    assert len(op._compiled) == 2  # keyed by backend, statics, shapes and dtypes
+    jitted = jax.jit(lambda a, b: asickernels.giou(a, b, backend="xla"))(boxes, other)
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(jitted))
+    assert not np.array_equal(np.asarray(first), np.asarray(second))
+
+
+def test_float64_is_decided_in_float64_and_x64_is_left_as_it_was():
+    assert not _x64_enabled()
+    near = np.array([[0, 0, 1, 1], [0, 0, 0.5 + 5e-10, 1]], np.float64)
+    indices, num_valid = asickernels.nms(
+        near, np.array([0.9, 0.8]), iou_threshold=0.5, max_output_size=2
+    )
+    assert int(num_valid) == 1 and np.asarray(indices).tolist() == [0, -1]
+    got = asickernels.giou(near, near[::-1])
+    assert got.dtype == np.float64
+    assert not _x64_enabled()
+    # float32 boxes at the same place are both kept: IoU rounds to exactly 0.5.
+    _, kept = asickernels.nms(
+        near.astype(np.float32), np.array([0.9, 0.8], np.float32), iou_threshold=0.5,
+        max_output_size=2,
+    )  # fmt: skip
+    assert int(kept) == 2
+
+
+def test_category_ids_keep_their_identity_beyond_int32():
+    boxes = np.tile(np.array([[0, 0, 4, 4]], np.float32), (3, 1))
+    scores = np.array([0.9, 0.8, 0.7], np.float32)
+    for backend in ("xla", "reference"):
+        _, kept = asickernels.batched_nms(
+            boxes, scores, np.array([0, 2**32, 2**32]), iou_threshold=0.5, max_output_size=3,
+            backend=backend,
+        )  # fmt: skip
+        assert int(kept) == 2  # 0 and 2**32 differ; the two 2**32 boxes suppress each other
+
+
+def test_dense_ranks_under_jit_with_x64():
+    from asickernels.kernels.nms import dense_ranks
+
+    ids = np.array([[5, -3, 5], [2**40, -3, 7]], np.int64)
+    with jax.enable_x64(True):
+        ranks = np.asarray(jax.jit(lambda i: dense_ranks(jnp, i))(ids))
+    host = dense_ranks(np, ids)
+    np.testing.assert_array_equal(ranks, host)
+    assert ranks.dtype == np.int32
+    assert (ranks[0, 0] == ranks[0, 2]) and len(np.unique(ranks)) == len(np.unique(ids))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: asickernels.nms(
+                np.zeros((3, 4), np.float32),
+                np.zeros(3, np.float32),
+                iou_threshold=0.5,
+                max_output_size=2**40,
+            ),  # fmt: skip
+            ValueError,
+            r"max_output_size must be in \[0, 2147483647\]",
+        ),
+        (
+            lambda: asickernels.quantize_int8(np.array([1.0, np.nan], np.float32)),
+            ValueError,
+            "NaN or infinite",
+        ),
+        (
+            lambda: asickernels.quantize_int8(np.array([1.0, np.inf], np.float32), axis=0),
+            ValueError,
+            "NaN or infinite",
+        ),
+        (
+            lambda: asickernels.giou(np.zeros((2, 4)), np.zeros((2, 4)), backend="pallas_tpu"),
+            TypeError,
+            "float64",
+        ),
+        (
+            lambda: asickernels.giou(np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32), 3),
+            TypeError,
+            "giou",
+        ),
+        (
+            lambda: asickernels.quantize_int8(np.zeros(3, np.float32), backend="xla"),
+            TypeError,
+            "takes no backend",
+        ),
+        (
+            lambda: jax.jit(lambda b: asickernels.giou(b, b, backend="reference"))(
+                np.zeros((2, 4), np.float32)
+            ),
+            TypeError,
+            "cannot be traced",
+        ),
+    ],
+)
+def test_bad_inputs_are_refused_before_any_kernel(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_quantize_under_jit_gives_non_finite_channels_a_nan_scale():
+    x = np.array([[1.0, 2.0], [np.nan, 1.0]], np.float32)
+    q, scale = jax.jit(lambda v: asickernels.quantize_int8(v, axis=0))(x)
+    assert np.isfinite(np.asarray(scale)[0]) and np.isnan(np.asarray(scale)[1])
+    assert np.asarray(q)[1].tolist() == [0, 0]
+
+
+def test_a_native_backend_passed_over_for_the_generation_warns(monkeypatch):
+    """The Pallas int8 kernel has no v4 build: the policy runs XLA there and says so; asked
+    for by name it is refused with the reason (no backend falls back inside itself)."""
+    monkeypatch.setitem(
+        registry._AVAILABILITY, "pallas_tpu", registry.Availability("native", "patched")
+    )
+    monkeypatch.setattr(policy, "_WARNED", set())
+    on_v4 = policy.Where("tpu", "v4")
+    with pytest.warns(UserWarning, match="no int8_matmul kernel for TPU v4"):
+        assert policy.select("int8_matmul", None, on_v4, None) == "xla"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert policy.select("int8_matmul", None, policy.Where("tpu", "v5e"), None) == "pallas_tpu"
+    with pytest.raises(TypeError, match="no int8_matmul kernel for TPU v4"):
+        policy.select("int8_matmul", "pallas_tpu", on_v4, None)
+    table = policy.describe("tpu", "v4", assume_native=True)
+    assert table["int8_matmul"]["int8"] == "xla (falls back from pallas_tpu)"
+
+
+def test_cpu_default_runs_natively_here():
+    where = policy.where_arrays_live([np.zeros(3)])
+    assert where.platform == "cpu"
+    chosen = policy.select("nms", None, where, "float32")
+    assert registry.availability(chosen).mode == "native"
+    assert chosen == policy.candidates("nms", where)[0]
+
+
+def test_oracle_agrees_with_every_public_op_on_the_default_backend():
+    rng = np.random.default_rng(3)
+    boxes1, boxes2 = random_boxes(rng, (3, 17)), random_boxes(rng, (3, 17))
+    grid, scores = grid_boxes(rng, (2, 40)), rng.permutation(80).reshape(2, 40) / 80.0
+    x = rng.integers(-128, 128, (9, 33), dtype=np.int8)
+    y = rng.integers(-128, 128, (33, 5), dtype=np.int8)
+    calls = [
+        ("giou", {"boxes1": boxes1, "boxes2": boxes2}, {}),
+        ("giou_loss", {"preds": boxes1, "targets": boxes2, "mask": None}, {"reduction": "sum"}),
+        (
+            "nms",
+            {"boxes": grid, "scores": scores.astype(np.float32)},
+            {"iou_threshold": 0.3, "max_output_size": 9, "score_threshold": None},
+        ),
+        ("int8_matmul", {"x": x, "y": y, "x_scale": None, "y_scale": None}, {"out_dtype": None}),
+    ]
+    for name, arrays, statics in calls:
+        op = oracle.op_named(name)
+        got = op(**{k: v for k, v in arrays.items() if v is not None}, **statics)
+        oracle.assert_agrees(name, got, oracle.expected(name, arrays, statics))
+    with pytest.raises(AssertionError, match="disagrees"):
+        oracle.assert_agrees("giou", np.zeros(3, np.float32), np.full(3, 1e-3))
