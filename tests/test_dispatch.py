@@ -95,7 +95,7 @@ def test_dense_ranks_under_jit_with_x64():
                 np.zeros(3, np.float32),
                 iou_threshold=0.5,
                 max_output_size=2**40,
-            ),  # fmt: skip
+            ),
             ValueError,
             r"max_output_size must be in \[0, 2147483647\]",
         ),
