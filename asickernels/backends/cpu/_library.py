@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL:
     ]  # fmt: skip
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
+    lib.asickernels_cpu_numpy_data.argtypes = [ctypes.c_void_p]
+    lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
     lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
@@ -141,13 +143,26 @@ def ffi_name(target: str) -> str:
 
 def address(array: np.ndarray | None) -> int | None:
     """The data pointer of a C-contiguous array (None for None): the zero-copy hand-over."""
-    return None if array is None else array.__array_interface__["data"][0]
+    return None if array is None else _data_pointer()(array)
+
+
+@functools.cache
+def _data_pointer() -> Any:
+    """``array -> data pointer``: read in C from numpy's array struct when that agrees with
+    ``__array_interface__`` here (CPython's object layout), else ``__array_interface__``."""
+    read = library().asickernels_cpu_numpy_data
+    probes = [np.arange(3.0), np.zeros((2, 5), np.int8)[1:]]
+    if all(read(id(a)) == a.__array_interface__["data"][0] for a in probes):
+        return lambda array: read(id(array))
+    return lambda array: array.__array_interface__["data"][0]
+
+
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def float_kernel_dtype(*dtypes: Any) -> np.dtype:
     """float64 if any input is float64, else float32 (bfloat16/float16 are upcast)."""
-    wide = any(np.dtype(d) == np.float64 for d in dtypes)
-    return np.dtype(np.float64 if wide else np.float32)
+    return _FLOAT64 if any(d == _FLOAT64 for d in dtypes) else _FLOAT32
 
 
 def check_config(config: Any) -> None:

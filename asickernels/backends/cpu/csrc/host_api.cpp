@@ -17,9 +17,23 @@ int guarded(Run&& run) {
   }
 }
 
+// The start of numpy's PyArrayObject_fields (numpy/ndarraytypes.h): PyObject_HEAD, then the
+// data pointer. Python checks this against __array_interface__ before relying on it.
+struct NumpyArrayHead {
+  intptr_t refcount;
+  const void* type;
+  void* data;
+};
+
 }  // namespace
 
 extern "C" {
+
+// The data pointer of a numpy array given its object address (id()): ~10x cheaper from
+// Python than __array_interface__ or .ctypes, which build objects on every call.
+void* asickernels_cpu_numpy_data(const void* array_object) {
+  return static_cast<const NumpyArrayHead*>(array_object)->data;
+}
 
 int asickernels_cpu_max_threads() { return asickernels_cpu::max_threads(); }
 
