@@ -596,3 +596,80 @@ def test_masked_tiled_copy_property(rows, cols, step):
 
     x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
     np.testing.assert_array_equal(run(kernel, x), x[:, ::step])
+
+
+def test_indirect_dma_with_index_tiles():
+    """An integer SBUF tile indexes HBM (test_nki_nl_load_store_indirect.py); run-time
+    indices outside the tensor raise (an IndexError, as the SDK simulator's), unless
+    ``dma_copy(oob_mode=skip)`` skips them."""
+
+    def gather(x, idx):
+        i_p, i_f = nl.arange(4)[:, None], nl.arange(8)[None, :]
+        rows = nl.load(idx[i_p])
+        out = nl.ndarray((4, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x[rows[i_p, 0], i_f]))
+        return out
+
+    def skip(x, idx):
+        i_p, i_f = nl.arange(4)[:, None], nl.arange(8)[None, :]
+        rows = nl.load(idx[i_p])
+        tile = nisa.memset((4, 8), -1.0, nl.float32)
+        nisa.dma_copy(dst=tile, src=x[rows, i_f], oob_mode=nisa.oob_mode.skip)
+        out = nl.ndarray((4, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, tile)
+        return out
+
+    x = rand(10, 8)
+    idx = np.array([7, 0, 3, 3], np.int32)
+    np.testing.assert_array_equal(run(gather, x, idx), x[idx])
+    outside = np.array([7, 0, 12, 3], np.int32)
+    with pytest.raises(IndexError):
+        run(gather, x, outside)
+    expected = x[np.minimum(outside, 9)]
+    expected[2] = -1
+    np.testing.assert_array_equal(run(skip, x, outside), expected)
+
+
+def test_random_numbers_follow_the_seed():
+    def kernel(x):
+        nl.random_seed(5)
+        first = nl.rand((4, 8))
+        nl.random_seed(5)
+        second = nl.rand((4, 8))
+        out = nl.ndarray((4, 24), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:8], first)
+        nl.store(out[:, 8:16], second)
+        nl.store(out[:, 16:24], nisa.dropout(nl.load(x), 1.0))
+        return out
+
+    out = run(kernel, rand(4, 8))
+    np.testing.assert_array_equal(out[:, 0:8], out[:, 8:16])
+    assert ((out[:, 0:8] >= 0) & (out[:, 0:8] < 1)).all()
+    assert (out[:, 16:24] == 0).all()  # probability 1 drops everything
+
+
+def test_core_annotations_keep_the_grid():
+    """``nl.nc``/``nl.spmd_dim`` only place programs on cores: the ids are unchanged."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        nl.store(out[i : i + 1, :], nl.load(x[i : i + 1, :]))
+        return out
+
+    x = rand(4, 3)
+    np.testing.assert_array_equal(kernel[nl.spmd_dim(nl.nc(2), 2)](x), x)
+    np.testing.assert_array_equal(kernel[nl.nc(2) * 2](x), x)
+
+
+def test_kernel_may_return_a_private_hbm_tensor():
+    """nki.simulate_kernel's own example returns an ``nl.hbm`` tensor (legacy only)."""
+
+    def kernel(x):
+        out = nl.empty_like(x, buffer=nl.hbm)
+        nl.store(out, nl.load(x))
+        return out
+
+    x = rand(3, 4)
+    np.testing.assert_array_equal(run(kernel, x), x)

@@ -155,10 +155,11 @@ def _unwrap(value: Any) -> Any:
         return type(value)(_unwrap(v) for v in value)
     if isinstance(value, Tensor):
         storage = value.storage
-        if storage.buffer is not MemoryRegion.shared_hbm and not storage.is_argument:
+        if storage.buffer in (MemoryRegion.sbuf, MemoryRegion.psum):
+            # Legacy kernels may return any HBM tensor (nki.simulate_kernel's own example
+            # returns an nl.hbm one); the current API accepts only shared_hbm.
             raise errors.UnsupportedMemory(
-                f"a kernel returns {value!r}; outputs must be created with "
-                "buffer=nl.shared_hbm (or be kernel arguments)"
+                f"a kernel returns {value!r}; outputs must be HBM tensors (nl.shared_hbm)"
             )
         return np.array(value.read())
     return value

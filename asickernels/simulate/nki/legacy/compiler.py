@@ -48,7 +48,7 @@ class _Buffer:
     def auto_alloc(self) -> MemoryRegion:
         return self.region
 
-    def mod_alloc(self, **kwargs: Any) -> Any:
+    def mod_alloc(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             f"direct allocation (nki.compiler.{self.region.value}.mod_alloc) is not simulated; "
             f"allocate with buffer=nl.{self.region.value}"

@@ -137,6 +137,7 @@ def _result(
 
 
 _ReduceCmd = reduce_cmd
+_OobMode = oob_mode
 _ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = weakref.WeakKeyDictionary()
 
 
@@ -487,7 +488,7 @@ def tensor_copy_predicated(
         if src.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
             raise errors.UnsupportedMemory(f"'{api}' cannot read src and predicate from PSUM")
     _same_layout(api, operands)
-    if condition.dtype not in (nl.uint8, nl.uint16, nl.uint32):
+    if condition.dtype not in (nl.bool_, nl.uint8, nl.uint16, nl.uint32):  # bool_ is 8-bit
         raise errors.UnsupportedDtype(
             f"'{api}' predicate must be uint8/16/32, got {condition.dtype}"
         )
@@ -560,6 +561,17 @@ def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
     if where is not None:
         values = np.where(where, values, -np.inf)
     return np.asarray(values).reshape(tile.shape[0], free)
+
+
+def dropout(data: Tensor, prob: Any, *, mask: Any = None, dtype: Any = None, **kw: Any) -> Tensor:
+    """``data`` with elements replaced by zero with probability ``prob`` (a scalar, or a
+    ``[P, 1]`` tile of per-partition probabilities; Vector engine)."""
+    api = "dropout"
+    tile, where = _input(api, "data", data, mask)
+    probability = _per_partition_scalar(api, "prob", prob, tile)
+    keep = nl.generator(api).random(tile.shape) >= probability
+    values = np.where(keep, nl.as_f32(tile), np.float32(0))
+    return _result(api, values, dtype, tile.dtype, where, "vector")
 
 
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -717,6 +729,15 @@ def dma_copy(
     if math.prod(target.shape) != math.prod(source.shape):
         raise errors.ShapeMismatch(f"'{api}' from {source!r} to {target!r}: sizes differ")
     where = mask_values(api, mask, target.shape)
+    if oob_mode == _OobMode.skip:  # "silently skips any operations involving" them
+        if dst_rmw_op is not None:
+            raise ValueError(f"'{api}': dst_rmw_op allows only oob_mode.error")
+        skipped = np.zeros(target.shape, np.bool_)
+        for side in (source, target):
+            if side.out_of_bounds is not None:
+                skipped |= side.out_of_bounds.reshape(target.shape)
+        kept = ~skipped
+        where = kept if where is None else where & kept
     check_in_bounds(api, source, None if where is None else where.reshape(source.shape))
     values = source.read().reshape(target.shape)
     if dst_rmw_op is not None:

@@ -15,7 +15,9 @@ as the rmsnorm and layernorm tutorials rely on.
 from __future__ import annotations
 
 import builtins
+import math
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -804,7 +806,7 @@ def broadcast_to(src: Tensor, *, shape: Sequence[int], **kwargs: Any) -> Tensor:
     oob = None if src.out_of_bounds is None else np.broadcast_to(src.out_of_bounds, target)
     if target[0] != src.shape[0]:  # the partition broadcast is a TensorE instruction
         runtime.active_run("broadcast_to").count("tensor")
-    return Tensor(src.storage, offsets, 0, oob, repeats=True)
+    return Tensor(src.storage, offsets, 0, oob, repeats=True, dynamic=src.dynamic)
 
 
 # -- Tensor engine -------------------------------------------------------------------------
@@ -934,13 +936,8 @@ def load_transpose2d(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwar
     require_tile("load_transpose2d", "src", src, HBM)
     if src.ndim != 2:
         raise errors.ExceedMaxSupportedDimension(f"'load_transpose2d' takes 2-D, got {src!r}")
-    transposed = Tensor(
-        src.storage,
-        src.offsets.T,
-        0,
-        None if src.out_of_bounds is None else src.out_of_bounds.T,
-        src.repeats,
-    )
+    oob = None if src.out_of_bounds is None else src.out_of_bounds.T
+    transposed = Tensor(src.storage, src.offsets.T, 0, oob, src.repeats, src.dynamic)
     return load(transposed, mask=mask, dtype=dtype)
 
 
@@ -953,6 +950,53 @@ class fp32:
 def finfo(dtype: Any) -> Any:
     """Machine limits of a float dtype (``numpy.finfo``; ml_dtypes for bfloat16 and fp8)."""
     return ml_dtypes.finfo(nki_dtype(dtype))
+
+
+def nc(cores: int) -> int:
+    """A launch-grid dimension of ``cores`` logical NeuronCores (``kernel[nl.nc(2), 2]``).
+    It only places programs on cores: here the grid runs serially, program ids unchanged."""
+    return int(cores)
+
+
+def spmd_dim(*sizes: int) -> int:
+    """A launch-grid dimension tiled into sub-dimensions (``nl.spmd_dim(nl.nc(2), 2)``): its
+    size is their product; the tiling only places programs on cores."""
+    return math.prod(int(s) for s in sizes)
+
+
+# -- random numbers: one generator per run, seeded 0 unless nl.random_seed sets it --------
+_GENERATORS: weakref.WeakKeyDictionary[runtime.Run, np.random.Generator] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def generator(api: str) -> np.random.Generator:
+    run = runtime.active_run(api)
+    return _GENERATORS.setdefault(run, np.random.default_rng(0))
+
+
+def random_seed(seed: Any, *, mask: Any = None, **kwargs: Any) -> None:
+    """Seeds the random number generator (the same seed gives the same sequence)."""
+    runtime.active_run("random_seed")
+    value = int(seed.read().reshape(-1)[0]) if isinstance(seed, Tensor) else int(seed)
+    _GENERATORS[runtime.active_run("random_seed")] = np.random.default_rng(value)
+
+
+def rand(shape: Sequence[int], dtype: Any = float32, **kwargs: Any) -> Tensor:
+    """A new SBUF tile of uniform random values in [0, 1)."""
+    values = generator("rand").random(tuple(int(s) for s in shape), dtype=np.float32)
+    out = new_tile(tuple(values.shape), nki_dtype(dtype), "rand")
+    out.write(values, None, "rand")
+    runtime.active_run("rand").count("gpsimd")
+    return out
+
+
+def dropout(x: Tensor, rate: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """``x`` with each element zeroed with probability ``rate`` (a scalar or a one-element
+    tile)."""
+    probability = float(as_f32(rate).reshape(-1)[0]) if isinstance(rate, Tensor) else float(rate)
+    keep = generator("dropout").random(x.shape) >= probability
+    return compute("dropout", lambda v: np.where(keep, v, np.float32(0)), {"x": x}, dtype, mask)
 
 
 def device_print(prefix: str, x: Any, *, mask: Any = None, **kwargs: Any) -> None:

@@ -228,7 +228,6 @@ class Storage:
         "buffer",
         "dtype",
         "flat",
-        "is_argument",
         "name",
         "written",
     )
@@ -240,7 +239,6 @@ class Storage:
         name: str,
         block_dims: int = 0,
         allocations: Sequence[runtime.Allocation] = (),
-        is_argument: bool = False,
     ) -> None:
         self.array = array
         self.flat = array.reshape(-1)  # a view: storage is created C-contiguous
@@ -249,7 +247,6 @@ class Storage:
         self.name = name
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
         self.allocations = tuple(allocations)  # released when the storage is collected
-        self.is_argument = is_argument
         # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
         self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
 
@@ -304,7 +301,7 @@ def argument(array: np.ndarray, position: str) -> Tensor:
         raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
     if array.ndim == 0 or array.size == 0:
         raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
-    return Tensor.whole(Storage(array, MemoryRegion.private_hbm, position, is_argument=True))
+    return Tensor.whole(Storage(array, MemoryRegion.private_hbm, position))
 
 
 class Tensor:
@@ -314,7 +311,7 @@ class Tensor:
     a partition-only vector ``[P]``, as reductions return (``nl.sum``: "the input tile's
     shape with the specified axes removed")."""
 
-    __slots__ = ("block_dims", "offsets", "out_of_bounds", "repeats", "storage")
+    __slots__ = ("block_dims", "dynamic", "offsets", "out_of_bounds", "repeats", "storage")
 
     def __init__(
         self,
@@ -323,12 +320,17 @@ class Tensor:
         block_dims: int,
         out_of_bounds: np.ndarray | None = None,
         repeats: bool = False,
+        dynamic: bool = False,
     ) -> None:
         self.storage = storage
         self.offsets = offsets
         self.block_dims = block_dims
         self.out_of_bounds = out_of_bounds  # elements outside the tensor (need a mask)
         self.repeats = repeats  # may name one element twice: not writable as a whole
+        self.dynamic = dynamic  # indexed by run-time values from a tile (indirect DMA)
+
+    def _derived(self, offsets: np.ndarray, oob: np.ndarray | None, repeats: bool) -> Tensor:
+        return Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
@@ -425,7 +427,7 @@ class Tensor:
                     f"block index {i} on dimension {axis} of {self!r} (size {size})"
                 )
         oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
-        return Tensor(self.storage, self.offsets[index], 0, oob, self.repeats)
+        return self._derived(self.offsets[index], oob, self.repeats)
 
     def _index(self, keys: list[Any]) -> Tensor:
         ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: grids compare
@@ -439,6 +441,8 @@ class Tensor:
         if ellipses:
             at = ellipses[0]
             keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        dynamic = any(isinstance(k, Tensor) for k in keys)
+        keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
         for axis, k in enumerate(keys):
             if isinstance(k, IndexGrid) and not k.lifted:
                 raise Err1dArangeNotSupported(
@@ -480,7 +484,9 @@ class Tensor:
         for outside in bounds:
             outside = np.broadcast_to(outside, offsets.shape)
             oob = outside.copy() if oob is None else oob | outside
-        return Tensor(self.storage, offsets, 0, oob, self.repeats or grids)
+        view = self._derived(offsets, oob, self.repeats or grids)
+        view.dynamic = self.dynamic or dynamic
+        return view
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """``tile[idx] = value``: a copy of ``value`` (a tile, broadcast from source to
@@ -508,7 +514,7 @@ class Tensor:
                 f"reshape of {self!r} to {dims} would change its partition axis"
             )
         oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
-        return Tensor(self.storage, self.offsets.reshape(dims), 0, oob, self.repeats)
+        return self._derived(self.offsets.reshape(dims), oob, self.repeats)
 
     def expand_dims(self, axis: int) -> Tensor:
         """Inserts a size-1 dimension at ``axis`` (not in front of an on-chip partition axis)."""
@@ -517,7 +523,7 @@ class Tensor:
                 f"expand_dims(0) on {self!r} would move its partition axis"
             )
         oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
-        return Tensor(self.storage, np.expand_dims(self.offsets, axis), 0, oob, self.repeats)
+        return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats)
 
     def assert_shape(self, shape: Sequence[int]) -> Tensor:
         if self.shape != tuple(shape):
@@ -632,6 +638,21 @@ class Tensor:
         return self._in_place("divide", other)
 
 
+def _dynamic_indices(tile: Tensor) -> IndexGrid:
+    """An on-chip integer tile used as an index: its values, read when the access runs
+    (indirect DMA; "indices have to be in SBUF", test_nki_nl_load_store_indirect.py)."""
+    if not tile.on_chip or tile.dtype.kind not in "iu":
+        raise TypeError(f"an index tile must be an integer tile in SBUF, got {tile!r}")
+    if tile.out_of_bounds is not None:
+        check_in_bounds("index", tile, None)
+    return IndexGrid(tile.read().astype(np.int64))
+
+
+class DynamicAccessOutOfBound(errors.TensorAccessOutOfBound, IndexError):
+    """Run-time indices (from a tile) outside the tensor: "out-of-bound access results in
+    run-time exceptions" (nki.errors.rst); the SDK's simulator raises ``IndexError``."""
+
+
 def _checked_slice(tensor: Tensor, axis: int, k: slice, size: int) -> slice:
     step = 1 if k.step is None else int(k.step)
     start = 0 if k.start is None else int(k.start)
@@ -657,7 +678,8 @@ def check_in_bounds(api: str, tensor: Tensor, where: np.ndarray | None) -> None:
         outside = outside & np.broadcast_to(where, outside.shape)
     if outside.any():
         first = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise errors.TensorAccessOutOfBound(
+        error = DynamicAccessOutOfBound if tensor.dynamic else errors.TensorAccessOutOfBound
+        raise error(
             f"'{api}' accesses {tensor!r} outside its bounds (first at tile position {first}); "
             "fix the indices or exclude those elements with mask="
         )
