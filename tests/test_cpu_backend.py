@@ -73,8 +73,10 @@ _GIOU_CASES = [c for c in giou_cases() if c.boxes1.size]
 def test_giou(entry, case):
     b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
     before = _copies(b1, b2)
-    got = entry(b1, b2)
-    assert got.dtype == np.float32 and got.shape == b1.shape[:-1]
+    wide = b1.dtype == np.float64  # decided in float64, JAX's x64 mode on for the call
+    with x64_scope(wide):
+        got = entry(b1, b2)
+    assert got.dtype == (np.float64 if wide else np.float32) and got.shape == b1.shape[:-1]
     np.testing.assert_allclose(got, reference.giou(b1, b2), atol=GIOU_ATOL, rtol=0)
     _assert_unchanged(before, [b1, b2])
 
@@ -161,10 +163,12 @@ _NMS_CASES = [c for c in nms_cases() if c.scores.size and c.max_output_size]
 @pytest.mark.parametrize("case", _params(_NMS_CASES))
 def test_nms(entry, case):
     boxes, scores, categories, kwargs = _nms_inputs(case)
-    if categories is not None:
+    if categories is not None:  # dense int32 ranks, as the op layer passes them
+        categories = np.unique(categories, return_inverse=True)[1].reshape(categories.shape)
         categories = categories.astype(np.int32)
     before = _copies(boxes, scores, categories)
-    indices, num_valid = entry(boxes, scores, categories, **kwargs)
+    with x64_scope(boxes.dtype == np.float64):
+        indices, num_valid = entry(boxes, scores, categories, **kwargs)
     want_indices, want_count = _reference_nms(boxes, scores, categories, **kwargs)
     assert indices.dtype == np.int32 and num_valid.dtype == np.int32
     np.testing.assert_array_equal(indices, want_indices)
