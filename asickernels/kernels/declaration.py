@@ -289,7 +289,7 @@ class Op:
         return jax.tree.map(np.asarray, out) if want == "numpy" else out
 
     def _compiled_for(self, backend: str | None, plan: Plan, config: Any) -> Callable[..., Any]:
-        key = (backend, plan, config)
+        key: Any = (backend, plan, config)
         try:
             hash(key)
         except TypeError:
@@ -334,7 +334,7 @@ def x64_scope(enabled: bool) -> Any:
         return contextlib.nullcontext()
     if hasattr(jax, "enable_x64"):
         return jax.enable_x64(True)
-    from jax.experimental import enable_x64  # jax < 0.8
+    from jax.experimental import enable_x64  # type: ignore[attr-defined]  # jax < 0.8
 
     return enable_x64()
 

@@ -87,7 +87,7 @@ def _compute_int8_matmul(
     if k <= INT8_MATMUL_MAX_K:
         return kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out).astype(out)
     # Exact int32 chunks of K, their dequantized partial products summed in float32.
-    total = None
+    total: Any = None
     for start in range(0, k, INT8_MATMUL_MAX_K):
         stop = min(start + INT8_MATMUL_MAX_K, k)
         part = kernel(

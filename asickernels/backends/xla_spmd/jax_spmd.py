@@ -239,3 +239,7 @@ def sharded(op: Op) -> Callable[..., Any]:
 _WRAPPERS = {op.name: sharded(op) for op in asickernels.OPS if op.name != "quantize_int8"}
 globals().update(_WRAPPERS)
 __all__ = sorted(_WRAPPERS)
+
+
+def __getattr__(name: str) -> Any:  # the generated wrappers, for type checkers
+    raise AttributeError(name)
