@@ -128,6 +128,22 @@ torch::Tensor checks_tcm_malloc(const torch::Tensor& x) {
   return second == nullptr ? correct(x) : torch::Tensor();
 }
 
+// Ignores a failed tcm_malloc and writes through the null pointer.
+torch::Tensor unchecked_tcm_malloc(const torch::Tensor& x) {
+  void* hog = torch::neuron::tcm_malloc(16 * 1024);
+  float* buffer = static_cast<float*>(torch::neuron::tcm_malloc(64));
+  buffer[get_cpu_id()] = 1.0f;
+  torch::neuron::tcm_free(hog);
+  return correct(x);
+}
+
+torch::Tensor divides_by_zero(const torch::Tensor& x) {
+  volatile int zero = 0;
+  volatile int quotient = static_cast<int>(x.numel()) / zero;
+  (void)quotient;
+  return correct(x);
+}
+
 torch::Tensor long_tensor(const torch::Tensor& x) {
   torch::Tensor scratch = torch::zeros({2}, torch::kLong);
   (void)scratch;
@@ -144,7 +160,8 @@ SHAPE_PREAMBLE = '#include <torch/torch.h>\n#include "torchneuron/register.h"\n'
 FAULTY_OPS = (
     ("correct", "overlapping", "assumes_divisible", "tcm_leak", "tcm_overrun", "out_of_bounds",
      "wrong_dtype", "writes_input", "no_dst", "standard_accessor"),
-    ("prints_everywhere", "asserts", "checks_tcm_malloc", "long_tensor"),
+    ("prints_everywhere", "asserts", "checks_tcm_malloc", "long_tensor", "unchecked_tcm_malloc",
+     "divides_by_zero"),
 )  # fmt: skip
 
 
@@ -195,6 +212,13 @@ def test_a_correct_kernel_passes(faulty, rows):
         ("prints_everywhere", 8, r"core 3: called printf 1 time\(s\): printf is only supported"),
         ("asserts", 8, r"assertion failed: x.dim\(\) == 3"),
         ("long_tensor", 8, r"kLong \(64-bit\) tensors are not supported"),
+        (
+            "unchecked_tcm_malloc",
+            8,
+            r"core 7: the kernel faulted: SIGSEGV accessing address "
+            r"0x1c \(a null pointer: a tcm_malloc that returned nullptr\?\)",
+        ),
+        ("divides_by_zero", 8, r"core 0: the kernel faulted: SIGFPE"),
     ],
 )
 def test_the_shim_catches_a_broken_rule(faulty, op, rows, message):

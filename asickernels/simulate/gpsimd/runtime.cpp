@@ -4,6 +4,8 @@
 // reports every finding of the run. Python drives it through the extern "C" functions at
 // the end (see __init__.py).
 #include <cxxabi.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -389,15 +391,77 @@ __attribute__((noinline)) size_t stack_depth(uintptr_t start, size_t bytes) {
 }
 #endif
 
-// Runs the kernel, measuring its peak stack use where the build allows (AddressSanitizer
-// moves frames elsewhere, so sanitized builds skip it).
+#if !defined(__SANITIZE_ADDRESS__)
+// A kernel that faults (a null or wild pointer, e.g. after an unchecked failed tcm_malloc;
+// integer division by zero; runaway recursion) becomes a finding of its core instead of
+// killing the process: the handler jumps back to the core's runner. Faults outside a kernel
+// go to the handler that was there before.
+const int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE};
+struct sigaction g_previous_actions[3];
+thread_local sigjmp_buf* t_fault_jump = nullptr;
+thread_local uintptr_t t_fault_address = 0;
+
+void on_fault(int signal, siginfo_t* info, void*) {
+  if (t_fault_jump != nullptr) {
+    t_fault_address = reinterpret_cast<uintptr_t>(info->si_addr);
+    siglongjmp(*t_fault_jump, signal);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    if (kFaultSignals[i] == signal) sigaction(signal, &g_previous_actions[i], nullptr);
+  }
+  // Returning re-runs the faulting instruction under the previous handler.
+}
+
+void install_fault_handlers() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < 3; ++i) sigaction(kFaultSignals[i], &action, &g_previous_actions[i]);
+  });
+}
+
+// Each core thread handles its faults on a stack of its own (its stack may be exhausted).
+void ensure_signal_stack() {
+  thread_local std::vector<unsigned char> signal_stack;
+  if (!signal_stack.empty()) return;
+  signal_stack.resize(64 * 1024);
+  stack_t stack{};
+  stack.ss_sp = signal_stack.data();
+  stack.ss_size = signal_stack.size();
+  sigaltstack(&stack, nullptr);
+}
+
+std::string fault_text(int signal) {
+  const char* name = signal == SIGSEGV ? "SIGSEGV" : signal == SIGBUS ? "SIGBUS" : "SIGFPE";
+  if (signal == SIGFPE) return "the kernel faulted: SIGFPE (an integer division by zero?)";
+  return format("the kernel faulted: %s accessing address %p%s", name,
+                reinterpret_cast<void*>(t_fault_address),
+                t_fault_address < 4096 ? " (a null pointer: a tcm_malloc that returned nullptr?)"
+                                       : "");
+}
+#endif
+
+// Runs the kernel, measuring its peak stack use and catching its faults where the build
+// allows (AddressSanitizer moves frames elsewhere and handles faults itself).
 __attribute__((noinline)) void run_kernel_measured(CoreContext& core,
                                                    const std::function<torch::Tensor()>& kernel) {
 #if !defined(__SANITIZE_ADDRESS__)
   const size_t limit = g_stack_limit.load();
   const size_t painted = 2 * limit + 4096;
+  ensure_signal_stack();
+  sigjmp_buf jump;
+  const int signal = sigsetjmp(jump, 1);
+  if (signal != 0) {
+    t_fault_jump = nullptr;
+    throw ShimError(fault_text(signal));
+  }
   const uintptr_t start = paint_stack(painted);
+  t_fault_jump = &jump;
   core.returned = kernel();
+  t_fault_jump = nullptr;
   core.stack_bytes = stack_depth(start, painted);
   if (core.stack_bytes > limit) {
     core.findings.push_back(format(
@@ -415,8 +479,14 @@ void run_core(CoreContext& core, const std::function<torch::Tensor()>& kernel) {
   try {
     run_kernel_measured(core, kernel);
   } catch (const std::exception& e) {
+#if !defined(__SANITIZE_ADDRESS__)
+    t_fault_jump = nullptr;
+#endif
     core.findings.push_back(e.what());
   } catch (...) {
+#if !defined(__SANITIZE_ADDRESS__)
+    t_fault_jump = nullptr;
+#endif
     core.findings.push_back("unknown C++ exception");
   }
   if (core.multicore && !core.used_dst) {
@@ -800,6 +870,9 @@ void run_op(const char* name, bool multicore, const ArgumentSpec* specs, size_t 
     std::lock_guard<std::mutex> lock(g_stdout_mutex);
     g_stdout.clear();
   }
+#if !defined(__SANITIZE_ADDRESS__)
+  install_fault_handlers();
+#endif
   const Invoker& kernel = op.kernel->function;
   // Each core gets its own copy of the arguments, as each core runs the whole function.
   CorePool::get().run(cores, [&]() {
