@@ -875,3 +875,26 @@ def test_local_gather_follows_the_documented_numpy_semantics(rng):
         indices = per_core[start : start + 16].flatten(order="F")[:24]
         expected[start : start + 16] = np.take(source[start : start + 16], indices, axis=1)
     np.testing.assert_array_equal(out, expected)
+
+
+def test_access_pattern_with_vector_offset_gathers_rows(rng):
+    """ap(vector_offset=): partition i reads from row vector_offset[i] (times the stride of
+    indirect_dim) with the remaining pairs; DMAs write back through it."""
+    table = rng.normal(size=(10, 8)).astype(np.float32)
+    rows = np.array([[4], [0], [9]], np.int32)
+
+    def kernel(data, index):
+        offsets = nl.load(index)
+        picked = nl.ndarray((3, 4), dtype=nl.float32)
+        nisa.dma_copy(dst=picked, src=data.ap([[8, 3], [2, 4]], offset=1, vector_offset=offsets))
+        nisa.dma_copy(
+            dst=data.ap([[8, 3], [1, 4]], vector_offset=offsets), src=nl.zeros((3, 4), nl.float32)
+        )
+        out = nl.ndarray((3, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, picked)
+        return out
+
+    original = table.copy()
+    np.testing.assert_array_equal(run(kernel, table, rows), original[[4, 0, 9]][:, 1::2])
+    np.testing.assert_array_equal(table[[4, 0, 9], :4], 0)
+    np.testing.assert_array_equal(table[[4, 0, 9], 4:], original[[4, 0, 9], 4:])

@@ -136,8 +136,8 @@ class NkiTensor:
         # The whole allocation (C-contiguous) this tensor views: what ``.ap`` addresses.
         self.root = data if root is None else root
         self.is_indirect_view = indirect
-        # vector_select views: (the rows' storage, the row of each partition)
-        self._gather: tuple[np.ndarray, np.ndarray] | None = None
+        # per-partition indirection (vector_select, ap(vector_offset=)): each partition's view
+        self._gather: list[np.ndarray] | None = None
         self.dtype = dtype
         self.buffer = buffer
         self.allocation = alloc  # on-chip: its SBUF/PSUM accounting
@@ -165,21 +165,20 @@ class NkiTensor:
     @property
     def data(self) -> np.ndarray:
         """The simulated storage (read it for debugging; kernels use NKI APIs). For a
-        :meth:`vector_select` view, a read-only copy of the gathered rows."""
+        per-partition indirect view, a read-only copy of the gathered partitions."""
         if self._gather is None:
             return self._data
-        rows, offsets = self._gather
-        gathered = rows[offsets]
+        gathered = np.stack(self._gather)
         gathered.flags.writeable = False
         return gathered
 
     def scatter(self, values: np.ndarray) -> bool:
-        """Writes ``values`` through a :meth:`vector_select` view (True), or does nothing
+        """Writes ``values`` through a per-partition indirect view (True), or does nothing
         for an ordinary view (False)."""
         if self._gather is None:
             return False
-        rows, offsets = self._gather
-        rows[offsets] = values
+        for row, value in zip(self._gather, values, strict=True):
+            row[...] = value
         return True
 
     def __repr__(self) -> str:
@@ -425,12 +424,20 @@ class NkiTensor:
         """Per-partition indirection of an HBM tensor: partition ``p`` of the result is
         ``self[vector_offset[p]]`` (``dim`` 0, ``vector_offset`` an SBUF ``[P, 1]`` integer
         tile read as the instruction runs). DMAs read and write through the view."""
-        if dim != 0 or self.on_chip:
+        if dim != 0:
             raise errors.LeadingDimensionOfTensorMustBePartition(
-                f"vector_select({dim}) on {self!r}: only dimension 0 of an HBM tensor"
+                f"vector_select({dim}) on {self!r}: only dimension 0"
             )
+        offsets = self._vector_offsets(vector_offset, self.shape[0])
+        return self._gathered([self._data[o] for o in offsets], self.dtype)
+
+    def _vector_offsets(self, vector_offset: NkiTensor, limit: int) -> np.ndarray:
+        """The per-partition offsets of an indirect view (an SBUF [P, 1] integer tile, read
+        as the instruction runs), each in ``[0, limit)``."""
         if self.is_indirect_view:
             raise errors.NkiValidationError(f"{self!r} is already an indirect view")
+        if self.on_chip:
+            raise errors.UnsupportedMemory(f"per-partition indirection reads HBM, not {self!r}")
         if (
             vector_offset.buffer is not MemoryRegion.sbuf
             or vector_offset.size != vector_offset.shape[0]
@@ -443,12 +450,16 @@ class NkiTensor:
                 f"vector_offset must hold integers, got {vector_offset!r}"
             )
         offsets = vector_offset.data.reshape(-1).astype(np.int64)
-        if offsets.min() < 0 or offsets.max() >= self.shape[0]:
+        if offsets.min() < 0 or offsets.max() >= limit:
             raise errors.TensorAccessOutOfBound(
-                f"vector_select offsets {offsets.min()}..{offsets.max()} outside dimension 0 of {self!r}"
+                f"vector_offset values {offsets.min()}..{offsets.max()} outside 0..{limit - 1} "
+                f"for {self!r}"
             )
-        view = self._view(self._data[offsets], indirect=True)
-        view._gather = (self._data, offsets)
+        return offsets
+
+    def _gathered(self, rows: list[np.ndarray], dtype: np.dtype[Any]) -> NkiTensor:
+        view = self._view(np.stack(rows), dtype=dtype, indirect=True)
+        view._gather = rows
         return view
 
     def is_contiguous(self) -> bool:
@@ -482,9 +493,11 @@ class NkiTensor:
         (like ``torch.as_strided``), starting at this view's offset plus ``offset`` elements
         (of ``dtype``, default this tensor's). On-chip, the first pair walks partitions, so its
         stride must be a whole number of partitions and the rest must stay in one partition.
-        ``scalar_offset`` adds its (runtime) value times the stride of ``indirect_dim``."""
+        ``scalar_offset`` adds its (runtime) value times the stride of ``indirect_dim``;
+        ``vector_offset`` (HBM only) does so per partition: partition ``i`` of the view starts
+        ``vector_offset[i]`` strides of ``indirect_dim`` in, walking the remaining pairs."""
         if vector_offset is not None:
-            raise NotImplementedError("per-partition vector_offset access patterns")
+            return self._vector_ap(pattern, offset, vector_offset, indirect_dim, dtype)
         new_dtype = self.dtype if dtype is None else nki_dtype(dtype)
         itemsize = new_dtype.itemsize
         pairs = [(int(step), int(count)) for step, count in pattern]
@@ -516,6 +529,37 @@ class NkiTensor:
             strides=[step * itemsize for step, _ in pairs],
         )
         return self._view(data, dtype=new_dtype, indirect=scalar_offset is not None)
+
+    def _vector_ap(
+        self,
+        pattern: Sequence[Sequence[int]],
+        offset: int | None,
+        vector_offset: NkiTensor,
+        indirect_dim: int,
+        dtype: Any,
+    ) -> NkiTensor:
+        (_, partitions), *free = [(int(step), int(count)) for step, count in pattern]
+        if partitions != vector_offset.shape[0]:
+            raise errors.ShapeMismatch(
+                f"access pattern {pattern} walks {partitions} partitions, vector_offset has "
+                f"{vector_offset.shape[0]}"
+            )
+        new_dtype = self.dtype if dtype is None else nki_dtype(dtype)
+        stride = self._data.strides[indirect_dim]
+        if stride % new_dtype.itemsize:
+            raise errors.ShapeMismatch(
+                f"dimension {indirect_dim} of {self!r} is not a whole number of {new_dtype}"
+            )
+        offsets = self._vector_offsets(vector_offset, self.shape[indirect_dim])
+        rows = [
+            self.ap(
+                [[1, 1], *([step, count] for step, count in free)],
+                (offset or 0) + int(row) * stride // new_dtype.itemsize,
+                dtype=new_dtype,
+            )._data[0]
+            for row in offsets
+        ]
+        return self._gathered(rows, new_dtype)
 
     def _check_on_chip_pattern(
         self, pairs: list[tuple[int, int]], start: int, itemsize: int
