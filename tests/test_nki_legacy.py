@@ -673,3 +673,58 @@ def test_kernel_may_return_a_private_hbm_tensor():
 
     x = rand(3, 4)
     np.testing.assert_array_equal(run(kernel, x), x)
+
+
+def test_dynamic_offsets_and_gathers():
+    """tensor_copy_dynamic_src/dst take views at run-time offsets (an SBUF value plus an
+    index grid); gather_flattened indexes the flattened free elements per partition."""
+
+    def kernel(x, offsets, positions):
+        t, where, pos = nl.load(x), nl.load(offsets), nl.load(positions)
+        ix, iy = nl.mgrid[0:4, 0:1]
+        out = nl.ndarray((4, 9), dtype=nl.float32, buffer=nl.shared_hbm)
+        picked = nl.ndarray((4, 3), dtype=nl.float32)
+        for i in nl.affine_range(3):
+            picked[ix, i] = nisa.tensor_copy_dynamic_src(t[ix, where[0, i] + iy])
+        nl.store(out[:, 0:3], picked)
+        placed = nl.zeros((4, 3), dtype=nl.float32)
+        nisa.tensor_copy_dynamic_dst(dst=placed[ix, where[0, 0] - 2 + iy], src=t[ix, 0 + iy])
+        nl.store(out[:, 3:6], placed)
+        nl.store(out[:, 6:9], nl.gather_flattened(t, pos))
+        return out
+
+    x = rand(4, 6)
+    offsets = np.array([[2, 5, 0]], np.int32)
+    positions = np.array([[5, 0, 1]] * 4, np.uint32)
+    out = run(kernel, x, offsets, positions)
+    np.testing.assert_array_equal(out[:, 0:3], x[:, [2, 5, 0]])
+    np.testing.assert_array_equal(out[:, 3], x[:, 0])
+    assert (out[:, 4:6] == 0).all()
+    np.testing.assert_array_equal(out[:, 6:9], x[:, [5, 0, 1]])
+
+
+def test_atomic_rmw_applies_repeated_indices():
+    def kernel(x, idx, value):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        i_p, i_f = nl.arange(3)[:, None], nl.arange(4)[None, :]
+        rows = nl.load(idx[i_p, 0])
+        nl.atomic_rmw(out[rows[i_p, 0], i_f], value=nl.load(value), op=np.add)
+        return out
+
+    x, value = rand(5, 4), rand(3, 4)
+    idx = np.array([[1], [1], [4]], np.int32)
+    expected = x.copy()
+    np.add.at(expected, idx[:, 0], value)
+    np.testing.assert_allclose(run(kernel, x, idx, value), expected, rtol=1e-6)
+
+
+def test_dma_transpose_permutations():
+    x2, x3 = rand(2, 3), rand(2, 3, 4)
+    np.testing.assert_array_equal(run(returning(lambda t: nisa.dma_transpose(t)), x2), x2.T)
+    np.testing.assert_array_equal(
+        run(returning(lambda t: nisa.dma_transpose(t, axes=(2, 1, 0))), x3),
+        x3.transpose(2, 1, 0),
+    )
+    with pytest.raises(errors.ShapeMismatch):
+        run(returning(lambda t: nisa.dma_transpose(t, axes=(0, 2, 1))), x3)

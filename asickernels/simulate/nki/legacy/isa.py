@@ -574,6 +574,58 @@ def dropout(data: Tensor, prob: Any, *, mask: Any = None, dtype: Any = None, **k
     return _result(api, values, dtype, tile.dtype, where, "vector")
 
 
+def tensor_copy_dynamic_src(
+    src: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
+) -> Tensor:
+    """A copy of ``src``, a tile view at a run-time offset within each partition (indexed
+    with values from an SBUF tile)."""
+    return tensor_copy(src, mask=mask, dtype=dtype, engine=engine)
+
+
+def tensor_copy_dynamic_dst(
+    *,
+    dst: Tensor,
+    src: Tensor,
+    mask: Any = None,
+    dtype: Any = None,
+    engine: Any = engine.unknown,
+    **kwargs: Any,
+) -> None:
+    """Copies ``src`` into ``dst``, a tile view at a run-time offset within each partition;
+    equal partitions and elements per partition."""
+    api = "tensor_copy_dynamic_dst"
+    target, where = _input(api, "dst", dst, mask)
+    source, _ = _input(api, "src", src, mask)
+    _same_layout(api, {"dst": target, "src": source})
+    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
+    values = source.read() if source.dtype == target.dtype else nl.as_f32(source)
+    target.write(values.reshape(target.shape), where, api)
+    runtime.active_run(api).count(chosen)
+
+
+def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
+                  **kwargs: Any) -> Tensor:  # fmt: skip
+    """``src`` (HBM or SBUF) transposed by DMA into a new SBUF tile: permutation (1, 0),
+    (2, 1, 0) or (3, 1, 2, 0) for 2-, 3- and 4-D tiles."""
+    api = "dma_transpose"
+    run = runtime.active_run(api)
+    tile = nl.require_tile(api, "src", src, (*nl.HBM, MemoryRegion.sbuf))
+    permutations = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+    expected = permutations.get(tile.ndim)
+    if expected is None or (axes is not None and tuple(axes) != expected):
+        raise errors.ShapeMismatch(
+            f"'{api}' of {tile!r}: supported axes are (1, 0), (2, 1, 0) and (3, 1, 2, 0)"
+        )
+    check_in_bounds(api, tile, None)
+    values = tile.read().transpose(expected)
+    where = mask_values(api, mask, values.shape)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    out = nl.new_tile(tuple(values.shape), out_dtype, api)
+    out.write(values if out_dtype == tile.dtype else values.astype(np.float32), where, api)
+    run.count_dma(not tile.on_chip, False, tile.size * tile.itemsize)
+    return out
+
+
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """``1 / data`` element-wise (Vector engine)."""
     tile, where = _input("reciprocal", "data", data, mask)

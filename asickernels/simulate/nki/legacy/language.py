@@ -742,6 +742,55 @@ def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
     run.count_dma(False, True, dst.size * dst.itemsize)
 
 
+def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: Any) -> None:
+    """``dst = op(dst, value)`` on an HBM view, atomically per element: repeated indices
+    all apply (``op``: ``np.add`` only, as documented)."""
+    api = "atomic_rmw"
+    run = runtime.active_run(api)
+    require_tile(api, "dst", dst, HBM)
+    if op not in (np.add, add):
+        raise errors.UnsupportedOperator(f"'{api}' supports only np.add, got {op!r}")
+    where = mask_values(api, mask, dst.shape)
+    check_in_bounds(api, dst, where)
+    if isinstance(value, Tensor):
+        require_tile(api, "value", value, ON_CHIP)
+        checked_inputs(api, {"value": value}, dst.shape, where)
+        values = expand(as_f32(value), broadcast_shape(api, [dst.shape, value.shape]))
+    else:
+        values = np.full(dst.shape, np.float32(value))
+    selected = np.ones(dst.shape, np.bool_) if where is None else np.array(where)
+    totals = dst.storage.flat.astype(np.float64)
+    np.add.at(totals, dst.offsets[selected], np.broadcast_to(values, dst.shape)[selected])
+    dst.storage.flat[...] = alu.cast(totals.astype(np.float32), dst.dtype)
+    run.count_dma(False, True, dst.size * dst.itemsize)
+
+
+def gather_flattened(data: Tensor, indices: Tensor, *, mask: Any = None, dtype: Any = None,
+                     **kwargs: Any) -> Tensor:  # fmt: skip
+    """Per partition, ``data``'s flattened free elements at the uint32 ``indices`` (the
+    result has ``indices``' shape). Out-of-range indices give garbage on device; here
+    they raise."""
+    api = "gather_flattened"
+    run = runtime.active_run(api)
+    source = require_tile(api, "data", data, ON_CHIP)
+    index = require_tile(api, "indices", indices, ON_CHIP)
+    if index.dtype != uint32:
+        raise errors.UnsupportedDtype(f"'{api}' indices must be uint32, got {index.dtype}")
+    check_partitions(api, {"data": source, "indices": index})
+    flat = as_f32(source).reshape(source.shape[0], -1)
+    positions = index.read().astype(np.int64).reshape(index.shape[0], -1)
+    if (positions >= flat.shape[1]).any():
+        raise errors.TensorAccessOutOfBound(
+            f"'{api}': an index reaches past the {flat.shape[1]} elements per partition"
+        )
+    values = np.take_along_axis(flat, positions, axis=1).reshape(index.shape)
+    where = mask_values(api, mask, index.shape)
+    out = new_tile(index.shape, nki_dtype(dtype) if dtype is not None else source.dtype, api)
+    out.write(values, where, api)
+    run.count("gpsimd")
+    return out
+
+
 def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
     """A new SBUF tile with the values of the on-chip tile ``src``."""
     dtype = dtype if dtype is not None else getattr(src, "dtype", None)

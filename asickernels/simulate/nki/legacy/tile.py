@@ -47,19 +47,17 @@ class par_dim(int):  # the SDK's (lowercase) name
 
 
 # -- index grids and masks ---------------------------------------------------------------
-def _values(operand: Any) -> Any:
-    return operand.values if isinstance(operand, IndexGrid) else operand
-
-
 class IndexGrid:
     """An affine index expression over ``nl.arange``/``nl.mgrid`` values (an int array that
-    broadcasts against the other indices of the same access)."""
+    broadcasts against the other indices of the same access). ``dynamic``: it includes
+    values read from a tile at run time (``offsets_tile[0, i] + i_f``)."""
 
-    __slots__ = ("lifted", "values")
+    __slots__ = ("dynamic", "lifted", "values")
 
-    def __init__(self, values: np.ndarray, lifted: bool = True) -> None:
+    def __init__(self, values: np.ndarray, lifted: bool = True, dynamic: bool = False) -> None:
         self.values = values
         self.lifted = lifted
+        self.dynamic = dynamic
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -67,16 +65,21 @@ class IndexGrid:
 
     def __getitem__(self, key: Any) -> IndexGrid:
         """``[:, None]`` / ``[None, :]``: lifts the grid to its axis of a tile."""
-        return IndexGrid(self.values[key])
+        return IndexGrid(self.values[key], dynamic=self.dynamic)
 
     def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> IndexGrid:
+        if isinstance(other, Tensor):
+            other = _dynamic_indices(other)
         if not isinstance(other, (IndexGrid, int, np.integer)) or isinstance(other, bool):
             raise TypeError(
                 f"index expressions must be affine in nl.arange/nl.mgrid values, loop "
                 f"variables and nl.program_id, got {type(other).__name__}"
             )
-        lifted = self.lifted and (not isinstance(other, IndexGrid) or other.lifted)
-        return IndexGrid(np.asarray(function(self.values, _values(other))), lifted)
+        grid = other if isinstance(other, IndexGrid) else None
+        lifted = self.lifted and (grid is None or grid.lifted)
+        dynamic = self.dynamic or (grid is not None and grid.dynamic)
+        values = function(self.values, other if grid is None else grid.values)
+        return IndexGrid(np.asarray(values), lifted, dynamic)
 
     def __add__(self, other: Any) -> IndexGrid:
         return self._combine(other, np.add)
@@ -106,7 +109,8 @@ class IndexGrid:
         return IndexGrid(-self.values, self.lifted)
 
     def _compare(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
-        return Mask(np.asarray(function(self.values, _values(other))))
+        other_values = other.values if isinstance(other, IndexGrid) else other
+        return Mask(np.asarray(function(self.values, other_values)))
 
     def __lt__(self, other: Any) -> Mask:
         return self._compare(other, np.less)
@@ -441,8 +445,8 @@ class Tensor:
         if ellipses:
             at = ellipses[0]
             keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
-        dynamic = any(isinstance(k, Tensor) for k in keys)
         keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
+        dynamic = any(isinstance(k, IndexGrid) and k.dynamic for k in keys)
         for axis, k in enumerate(keys):
             if isinstance(k, IndexGrid) and not k.lifted:
                 raise Err1dArangeNotSupported(
@@ -537,9 +541,14 @@ class Tensor:
         return language.copy(self, dtype=dtype)
 
     # -- operators (nki_known_issues.rst: no partition broadcasting on overloads) ---------
-    def _operator(self, name: str, other: Any, reflected: bool = False) -> Tensor:
+    def _operator(self, name: str, other: Any, reflected: bool = False) -> Any:
         from asickernels.simulate.nki.legacy import language
 
+        if isinstance(other, IndexGrid):  # a run-time offset in an index expression
+            if name not in _GRID_OPERATORS:
+                raise TypeError(f"index expressions are affine: '{name}' of a tile and a grid")
+            grid = _dynamic_indices(self)
+            return getattr(grid, f"__{'r' if reflected else ''}{_GRID_OPERATORS[name]}__")(other)
         x, y = (other, self) if reflected else (self, other)
         return language.overloaded_operator(name, x, y)
 
@@ -638,6 +647,9 @@ class Tensor:
         return self._in_place("divide", other)
 
 
+_GRID_OPERATORS = {"add": "add", "subtract": "sub", "multiply": "mul"}
+
+
 def _dynamic_indices(tile: Tensor) -> IndexGrid:
     """An on-chip integer tile used as an index: its values, read when the access runs
     (indirect DMA; "indices have to be in SBUF", test_nki_nl_load_store_indirect.py)."""
@@ -645,7 +657,7 @@ def _dynamic_indices(tile: Tensor) -> IndexGrid:
         raise TypeError(f"an index tile must be an integer tile in SBUF, got {tile!r}")
     if tile.out_of_bounds is not None:
         check_in_bounds("index", tile, None)
-    return IndexGrid(tile.read().astype(np.int64))
+    return IndexGrid(tile.read().astype(np.int64), dynamic=True)
 
 
 class DynamicAccessOutOfBound(errors.TensorAccessOutOfBound, IndexError):
