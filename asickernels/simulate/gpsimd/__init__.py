@@ -53,6 +53,7 @@ __all__ = [
     "compiler",
     "load",
     "sanitizer_preload",
+    "source_digest",
 ]
 
 _HERE = Path(__file__).parent
