@@ -728,3 +728,48 @@ def test_dma_transpose_permutations():
     )
     with pytest.raises(errors.ShapeMismatch):
         run(returning(lambda t: nisa.dma_transpose(t, axes=(0, 2, 1))), x3)
+
+
+def test_range_select_and_select_reduce_accumulate_max(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")  # range_select: v3+
+
+    def kernel(x, low, high, p):
+        t, lo, hi, pred = nl.load(x), nl.load(low), nl.load(high), nl.load(p)
+        maxima = nl.ndarray((4, 1), dtype=nl.float32)
+        out = nl.ndarray((4, 14), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:6], nisa.range_select(
+            on_true_tile=t, comp_op0=np.greater_equal, comp_op1=np.less, bound0=lo,
+            bound1=hi, reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_res=maxima,
+            reduce_op=np.max, range_start=0, on_false_value=nl.fp32.min))  # fmt: skip
+        nl.store(out[:, 6:7], maxima)
+        picked = nl.ndarray((4, 6), dtype=nl.float32)
+        nisa.select_reduce(dst=picked, predicate=pred, on_true=t, on_false=-5.0,
+                           reduce_res=maxima, reduce_cmd=nisa.reduce_cmd.reduce)  # fmt: skip
+        nl.store(out[:, 7:13], picked)
+        nl.store(out[:, 13:14], maxima)
+        return out
+
+    x = rand(4, 6)
+    low, high = (
+        np.array([[0], [1], [2], [5]], np.float32),
+        np.array([[3], [4], [6], [6]], np.float32),
+    )
+    p = (RNG.random((4, 6)) > 0.5).astype(np.uint8)
+    out = run(kernel, x, low, high, p)
+    index = np.arange(6)
+    window = (index >= low) & (index < high)
+    selected = np.where(window, x, np.finfo(np.float32).min)
+    np.testing.assert_array_equal(out[:, 0:6], selected)
+    np.testing.assert_array_equal(out[:, 6], selected.max(axis=1))
+    picked = np.where(p != 0, x, -5.0)
+    np.testing.assert_array_equal(out[:, 7:13], picked)
+    np.testing.assert_array_equal(out[:, 13], np.maximum(selected.max(axis=1), picked.max(axis=1)))
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises(errors.UnsupportedEngine):
+        run(kernel, x, low, high, p)
+
+
+def test_sequence_bounds():
+    ids = np.array([[1, 1, 2, 2, 2, 0, 3]], np.int32)
+    out = run(returning(lambda t: nisa.sequence_bounds(segment_ids=t)), ids)
+    np.testing.assert_array_equal(out[0], [[0, 0, 2, 2, 2, 7, 6], [2, 2, 5, 5, 5, -1, 7]])

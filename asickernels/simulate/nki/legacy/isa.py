@@ -22,7 +22,7 @@ from asickernels.simulate.nki.legacy.tile import (
     check_in_bounds,
     mask_values,
 )
-from asickernels.simulate.nki.tensor import MemoryRegion, nki_dtype
+from asickernels.simulate.nki.tensor import MemoryRegion, is_float, nki_dtype
 
 NkiValidationError = errors.NkiValidationError
 
@@ -357,6 +357,108 @@ def scalar_tensor_tensor(
     rhs = nl.as_f32(other)
     values = np.asarray(second(rhs, values) if reverse1 else second(values, rhs), np.float32)
     return _result(api, values, dtype, tile.dtype, where, "vector")
+
+
+_COMPARISONS = (np.equal, np.less, np.less_equal, np.greater, np.greater_equal)
+# The Vector engine's accumulation registers, kept per run (reset to -inf).
+_VECTOR_ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _vector_reduction(
+    api: str, values: np.ndarray, command: Any, reduce_op: Any, reduce_res: Tensor | None
+) -> None:
+    """The max-reduction of ``values`` [P, ...] over the free axes, through the Vector
+    engine's registers as ``command`` (a ``reduce_cmd``) says; ``reduce_res`` reads them."""
+    if _alu(api, reduce_op) is not np.maximum:
+        raise errors.UnsupportedOperator(f"'{api}' reduces with max only")
+    partitions = values.shape[0]
+    reduced = values.reshape(partitions, -1).max(axis=1)
+    command = _ReduceCmd(command)
+    if command is not _ReduceCmd.idle:
+        run = runtime.active_run(api)
+        registers = _VECTOR_ACCUMULATORS.setdefault(run, np.full(runtime.PMAX, -np.inf, np.float32))
+        if command in (_ReduceCmd.reset, _ReduceCmd.reset_reduce):
+            registers[:] = -np.inf
+        if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce):
+            registers[:partitions] = np.maximum(registers[:partitions], reduced)
+        reduced = registers[:partitions].copy()
+    if reduce_res is not None:
+        _write_reduction(api, reduce_res, reduced)
+
+
+def range_select(
+    *,
+    on_true_tile: Tensor,
+    comp_op0: Any,
+    comp_op1: Any,
+    bound0: Tensor,
+    bound1: Tensor,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    reduce_res: Tensor | None = None,
+    reduce_op: Any = np.amax,
+    range_start: int = 0,
+    on_false_value: float = fp32.min,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``on_true_tile`` where ``comp_op0(i, bound0) & comp_op1(i, bound1)`` for the free
+    index ``i`` (plus ``range_start``), else ``on_false_value``; the max of the result goes
+    to ``reduce_res`` through the Vector accumulators. NeuronCore-v3 and later."""
+    api = "range_select"
+    tile, where = _input(api, "on_true_tile", on_true_tile, mask)
+    if runtime.current_target().version < 3:
+        raise errors.UnsupportedEngine(f"'{api}' needs NeuronCore-v3 (trn2) or later")
+    if comp_op0 not in _COMPARISONS or comp_op1 not in _COMPARISONS:
+        raise errors.UnsupportedOperator(f"'{api}' compares with np.equal/less/greater(_equal)")
+    if not is_float(tile.dtype):
+        raise errors.UnsupportedDtype(f"'{api}' selects from float tiles, got {tile.dtype}")
+    free = math.prod(tile.shape[1:])
+    index = (np.arange(free, dtype=np.float32) + np.float32(range_start))[None, :]
+    low = _per_partition_scalar(api, "bound0", bound0, tile).reshape(-1, 1)
+    high = _per_partition_scalar(api, "bound1", bound1, tile).reshape(-1, 1)
+    chosen = (comp_op0(index, low) & comp_op1(index, high)).reshape(tile.shape)
+    values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
+    out = _result(api, values, dtype, tile.dtype, where, "vector")
+    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
+    return out
+
+
+def select_reduce(
+    *,
+    dst: Tensor,
+    predicate: Tensor,
+    on_true: Tensor,
+    on_false: Any,
+    reduce_res: Tensor | None = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    reduce_op: Any = np.amax,
+    reverse_pred: bool = False,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> None:
+    """``dst = where(predicate, on_true, on_false)`` (``on_false`` a float32 scalar or a
+    ``[P, 1]`` vector); its max per partition goes to ``reduce_res`` through the Vector
+    accumulators."""
+    api = "select_reduce"
+    target, where = _input(api, "dst", dst, mask)
+    condition, _ = _input(api, "predicate", predicate, mask)
+    source, _ = _input(api, "on_true", on_true, mask)
+    _same_layout(api, {"dst": target, "predicate": condition, "on_true": source})
+    if condition.dtype not in (nl.bool_, nl.int8, nl.uint8, nl.int16, nl.uint16):
+        raise errors.UnsupportedDtype(f"'{api}' predicate must be 8/16-bit integers")
+    if source.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
+        raise errors.UnsupportedMemory(f"'{api}' cannot read on_true and predicate from PSUM")
+    chosen = condition.read().reshape(source.shape) != 0
+    chosen = ~chosen if reverse_pred else chosen
+    otherwise = _per_partition_scalar(api, "on_false", on_false, source)
+    values = np.where(chosen, nl.as_f32(source), otherwise)
+    target.write(values.reshape(target.shape), where, api)
+    runtime.active_run(api).count("vector")
+    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
 
 
 def tensor_reduce(
@@ -730,6 +832,31 @@ def nc_transpose(
 
 
 # -- GpSimd engine ----------------------------------------------------------------------
+def sequence_bounds(*, segment_ids: Tensor, dtype: Any = None) -> Tensor:
+    """For segment ids ``[1, N]`` (0 = padding), each element's segment start and end
+    (exclusive) as ``[1, 2, N]``; padding gets start N and end -1 (GpSimd engine)."""
+    api = "sequence_bounds"
+    tile, _ = _input(api, "segment_ids", segment_ids, None)
+    if tile.shape[0] != 1:
+        raise errors.NumPartitionMismatch(f"'{api}' takes one partition, got {tile!r}")
+    if tile.dtype not in (nl.float32, nl.int32):
+        raise errors.UnsupportedDtype(f"'{api}' segment ids must be float32 or int32")
+    ids = tile.read().reshape(-1)
+    n = ids.size
+    starts, ends = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for i in range(n):  # the reference's recurrence (test_nki_isa_sequence_bounds.py)
+        same = i > 0 and ids[i] == ids[i - 1]
+        starts[i] = n if ids[i] == 0 else (starts[i - 1] if same else i)
+    for i in range(n - 1, -1, -1):
+        same = i < n - 1 and ids[i] == ids[i + 1]
+        ends[i] = -1 if ids[i] == 0 else (ends[i + 1] if same else i + 1)
+    values = np.stack([starts, ends])[None].astype(np.float32)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    if out_dtype not in (nl.float32, nl.int32):
+        raise errors.UnsupportedDtype(f"'{api}' returns float32 or int32, not {out_dtype}")
+    return _result(api, values, out_dtype, out_dtype, None, "gpsimd")
+
+
 def iota(expr: Any, dtype: Any, *, mask: Any = None, **kwargs: Any) -> Tensor:
     """A tile holding the values of the affine index expression ``expr`` (of
     ``nl.arange`` grids), computed in int32 and cast to ``dtype`` (GpSimd engine)."""
