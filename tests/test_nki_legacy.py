@@ -773,3 +773,41 @@ def test_sequence_bounds():
     ids = np.array([[1, 1, 2, 2, 2, 0, 3]], np.int32)
     out = run(returning(lambda t: nisa.sequence_bounds(segment_ids=t)), ids)
     np.testing.assert_array_equal(out[0], [[0, 0, 2, 2, 2, 7, 6], [2, 2, 5, 5, 5, -1, 7]])
+
+
+def test_match_replace8_stream_shuffle_and_view():
+    def kernel(x, raw):
+        t = nl.load(x)
+        top = nisa.max8(src=t)
+        where = nl.ndarray((32, 8), dtype=nl.uint32)
+        out = nl.ndarray((32, 28), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:12], nisa.nc_match_replace8(data=t, vals=top, imm=-1.0,
+                                                      dst_idx=where))  # fmt: skip
+        nl.store(out[:, 12:20], where)
+        shuffled = nl.zeros((32, 4), dtype=nl.float32)
+        nisa.nc_stream_shuffle(t[:, 0:4], shuffled, [31 - i for i in range(32)])
+        nl.store(out[:, 20:24], shuffled)
+        nl.store(out[:, 24:28], nl.load(raw.view(nl.float32)))
+        return out
+
+    x = rand(32, 12)
+    bits = x[:, :4].view(np.int32).copy()
+    out = run(kernel, x, bits)
+    order = np.argsort(-x, axis=1)[:, :8]
+    replaced = x.copy()
+    np.put_along_axis(replaced, order, -1.0, axis=1)
+    np.testing.assert_array_equal(out[:, 0:12], replaced)
+    np.testing.assert_array_equal(out[:, 12:20], order)
+    np.testing.assert_array_equal(out[:, 20:24], x[::-1, 0:4])
+    np.testing.assert_array_equal(out[:, 24:28], x[:, :4])
+
+
+def test_mgrid_axes_by_name():
+    def kernel(x):
+        g = nl.mgrid[0:2, 0:3, 0:4]
+        out = nl.ndarray((2, 3, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out[g.p, g.x, g.y], nl.load(x[g.p, g.x, g.y]))
+        return out
+
+    x = rand(2, 3, 4)
+    np.testing.assert_array_equal(run(kernel, x), x)

@@ -649,6 +649,69 @@ def nc_find_index8(
     return _result(api, found, out_dtype, out_dtype, None, "vector")
 
 
+def nc_match_replace8(
+    *,
+    data: Tensor,
+    vals: Tensor,
+    imm: float,
+    dst_idx: Tensor | None = None,
+    mask: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """``data`` with the first occurrence of each of the 8 ``vals`` per partition replaced
+    by ``imm``; their indices go to ``dst_idx`` if given (Vector engine)."""
+    api = "nc_match_replace8"
+    tile, where = _input(api, "data", data, mask)
+    wanted, _ = _input(api, "vals", vals, None)
+    if wanted.shape[0] != tile.shape[0] or math.prod(wanted.shape[1:]) != 8:
+        raise errors.ShapeMismatch(f"'{api}' vals must be [{tile.shape[0]}, 8], got {wanted!r}")
+    values = _per_partition_elements(api, tile, mask)  # masked-out: -inf, never matched
+    replaced = nl.as_f32(tile).reshape(values.shape).copy()
+    targets = nl.as_f32(wanted).reshape(tile.shape[0], 8)
+    indices = np.zeros((tile.shape[0], 8), np.uint32)
+    for p in range(tile.shape[0]):  # the reference's loop: first match of each value
+        for j in range(8):
+            matches = np.flatnonzero(values[p] == targets[p, j])
+            if matches.size:
+                indices[p, j] = matches[0]
+                values[p, matches[0]] = np.nan  # matched once
+                replaced[p, matches[0]] = np.float32(imm)
+    if dst_idx is not None:
+        nl.require_tile(api, "dst_idx", dst_idx, nl.ON_CHIP)
+        if dst_idx.size != indices.size:
+            raise errors.ShapeMismatch(f"'{api}' dst_idx must hold 8 per partition: {dst_idx!r}")
+        dst_idx.write(indices.reshape(dst_idx.shape), None, api)
+    return _result(api, replaced.reshape(tile.shape), dtype, tile.dtype, where, "vector")
+
+
+def nc_stream_shuffle(
+    src: Tensor, dst: Tensor, shuffle_mask: Any, *, dtype: Any = None, mask: Any = None, **kw: Any
+) -> None:
+    """Within each quadrant of 32 partitions, ``dst`` partition ``i`` takes ``src``
+    partition ``shuffle_mask[i]`` (255: unmodified); same dtype and elements per partition
+    (Vector engine)."""
+    api = "nc_stream_shuffle"
+    source, _ = _input(api, "src", src, None)
+    target, where = _input(api, "dst", dst, mask)
+    order = [int(m) for m in shuffle_mask]
+    if len(order) != 32 or any(not (0 <= m < 32 or m == 255) for m in order):
+        raise ValueError(f"'{api}': shuffle_mask is 32 partition indices (0-31, or 255)")
+    if source.dtype != target.dtype:
+        raise errors.UnsupportedDtype(f"'{api}': src {source.dtype} and dst {target.dtype} differ")
+    if math.prod(source.shape[1:]) != math.prod(target.shape[1:]):
+        raise errors.ShapeMismatch(f"'{api}': elements per partition of {source!r}, {target!r}")
+    rows = source.read().reshape(source.shape[0], -1)
+    result = target.read().reshape(target.shape[0], -1).copy()
+    for p in range(target.shape[0]):
+        quadrant, lane = divmod(p, 32)
+        pick = order[lane]
+        if pick != 255 and quadrant * 32 + pick < rows.shape[0]:
+            result[p] = rows[quadrant * 32 + pick]
+    target.write(result.reshape(target.shape), where, api)
+    runtime.active_run(api).count("vector")
+
+
 def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
     """``tile``'s values per partition ``[P, N]`` (8 <= N <= 16384); masked-out elements
     become -inf so they are never selected."""

@@ -179,7 +179,8 @@ class _MGrid:
 
 
 class MGridResult(tuple):  # type: ignore[type-arg]
-    """The grids ``nl.mgrid`` returns: iterable, with ``.p`` (axis 0) and ``.x`` (axis 1)."""
+    """The grids ``nl.mgrid`` returns: iterable, with ``.p`` (axis 0), ``.x``, ``.y`` and
+    ``.z`` (axes 1-3)."""
 
     def __new__(cls, grids: list[IndexGrid]) -> MGridResult:
         return super().__new__(cls, grids)
@@ -191,6 +192,14 @@ class MGridResult(tuple):  # type: ignore[type-arg]
     @property
     def x(self) -> IndexGrid:
         return self[1]  # type: ignore[no-any-return]
+
+    @property
+    def y(self) -> IndexGrid:
+        return self[2]  # type: ignore[no-any-return]
+
+    @property
+    def z(self) -> IndexGrid:
+        return self[3]  # type: ignore[no-any-return]
 
 
 mgrid = _MGrid()
@@ -528,6 +537,20 @@ class Tensor:
             )
         oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
         return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats)
+
+    def view(self, dtype: Any) -> Tensor:
+        """The same bytes reinterpreted as ``dtype`` of the same size (no copy)."""
+        new = nki_dtype(dtype)
+        if new.itemsize != self.itemsize:
+            raise errors.UnsupportedDtype(
+                f"view of {self!r} as {new}: only dtypes of the same size ({self.itemsize} bytes)"
+            )
+        old = self.storage
+        storage = Storage(old.array.view(new), old.buffer, old.name, old.block_dims)
+        storage.allocations = old.allocations  # the same memory: counted once
+        storage.written = old.written
+        return Tensor(storage, self.offsets, self.block_dims, self.out_of_bounds, self.repeats,
+                      self.dynamic)  # fmt: skip
 
     def assert_shape(self, shape: Sequence[int]) -> Tensor:
         if self.shape != tuple(shape):
