@@ -4,13 +4,39 @@
 from __future__ import annotations
 
 from asickernels import backends as _backends  # noqa: F401  (fills the registry)
+from asickernels.kernels.box_iou import (
+    box_iou,
+    ciou,
+    ciou_loss,
+    ciou_vjp,
+    diou,
+    diou_loss,
+    diou_vjp,
+    generalized_box_iou,
+)
 from asickernels.kernels.giou import giou, giou_loss, giou_vjp
 from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quantize_int8
 from asickernels.kernels.nms import batched_nms, nms
 from asickernels.kernels.registry import Availability, BackendUnavailableError
 
 # Every public op, each an asickernels.kernels.declaration.Op: the frontends derive from these.
-OPS = (giou, giou_vjp, giou_loss, nms, batched_nms, int8_matmul, quantize_int8)
+OPS = (
+    giou,
+    giou_vjp,
+    giou_loss,
+    nms,
+    batched_nms,
+    int8_matmul,
+    quantize_int8,
+    box_iou,
+    generalized_box_iou,
+    diou,
+    diou_vjp,
+    diou_loss,
+    ciou,
+    ciou_vjp,
+    ciou_loss,
+)
 
 
 def available_backends() -> dict[str, Availability]:
@@ -28,6 +54,14 @@ __all__ = [
     "BackendUnavailableError",
     "available_backends",
     "batched_nms",
+    "box_iou",
+    "ciou",
+    "ciou_loss",
+    "ciou_vjp",
+    "diou",
+    "diou_loss",
+    "diou_vjp",
+    "generalized_box_iou",
     "giou",
     "giou_loss",
     "giou_vjp",

@@ -213,3 +213,206 @@ def int8_matmul(
         * np.asarray(y_scale, np.float64)[None, :]
     )
     return scaled.astype(out_dtype)
+
+
+# Pairwise IoU/GIOU and paired DIoU/CIoU -------------------------------------------------------
+#
+# torchvision's formulas (``box_iou``, ``generalized_box_iou``, ``distance_box_iou_loss``,
+# ``complete_box_iou_loss``) with ``eps = GIOU_EPS`` in every denominator, so that degenerate
+# boxes give finite values where torchvision divides 0 by 0::
+#
+#     iou  = inter / (union + eps)                    (inter, union as for GIOU)
+#     giou = iou - (hull - union) / (hull + eps)
+#     diou = iou - rho2 / (hull_w ** 2 + hull_h ** 2 + eps)
+#            rho2 = squared distance between the box centres
+#     ciou = diou - alpha * v,  v = 4 / pi ** 2 * (atan(w2 / (h2 + eps)) - atan(w1 / (h1 + eps))) ** 2,
+#            alpha = v / (1 - iou + v + eps)
+#
+# ``alpha`` is a constant for gradients (torchvision computes it under ``no_grad``, as the
+# CIoU paper does), so ``ciou_vjp`` is not the derivative of ``ciou`` where ``alpha`` varies.
+# Gradient ties follow GIOU's rules: ``max``/``min`` ties go to ``boxes1``; ``max(0, w)``
+# passes the gradient only where ``w > 0``. The pairwise ops apply the same formulas to
+# every pair ``(boxes1[..., i, :], boxes2[..., j, :])``.
+
+METRICS = ("iou", "giou", "diou", "ciou")
+
+
+class _Dual:
+    """A float64 value and (optionally) its derivatives with respect to the 8 coordinates of
+    a box pair, ``tangent [..., 8]``: forward-mode differentiation, so the reference
+    gradients are derived from the very formula text of the values."""
+
+    __slots__ = ("tangent", "value")
+
+    def __init__(self, value: Any, tangent: Array | None = None) -> None:
+        self.value = np.asarray(value, np.float64)
+        self.tangent = tangent
+
+    def _scaled(self, scale: Any) -> Array | None:
+        return None if self.tangent is None else self.tangent * np.asarray(scale)[..., None]
+
+    def __add__(self, other: Any) -> _Dual:
+        other = _lift(other)
+        return _Dual(self.value + other.value, _sum(self.tangent, other.tangent))
+
+    __radd__ = __add__
+
+    def __neg__(self) -> _Dual:
+        return _Dual(-self.value, self._scaled(-1.0))
+
+    def __sub__(self, other: Any) -> _Dual:
+        return self + -_lift(other)
+
+    def __rsub__(self, other: Any) -> _Dual:
+        return _lift(other) - self
+
+    def __mul__(self, other: Any) -> _Dual:
+        other = _lift(other)
+        return _Dual(
+            self.value * other.value, _sum(self._scaled(other.value), other._scaled(self.value))
+        )
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> _Dual:
+        other = _lift(other)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = self.value / other.value
+            numerator = _sum(self.tangent, None if other.tangent is None else -other._scaled(value))
+            tangent = None if numerator is None else numerator / other.value[..., None]
+        return _Dual(value, tangent)
+
+
+def _lift(x: Any) -> _Dual:
+    return x if isinstance(x, _Dual) else _Dual(x)
+
+
+def _sum(a: Array | None, b: Array | None) -> Array | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a + b
+
+
+def _select(condition: Array, a: _Dual, b: _Dual) -> _Dual:
+    tangent = None
+    if a.tangent is not None or b.tangent is not None:
+        zeros = np.zeros(np.shape(condition) + (8,))
+        ta = zeros if a.tangent is None else a.tangent
+        tb = zeros if b.tangent is None else b.tangent
+        tangent = np.where(condition[..., None], ta, tb)
+    return _Dual(np.where(condition, a.value, b.value), tangent)
+
+
+def _max(a: _Dual, b: _Dual) -> _Dual:
+    return _select(a.value >= b.value, a, b)
+
+
+def _min(a: _Dual, b: _Dual) -> _Dual:
+    return _select(a.value <= b.value, a, b)
+
+
+def _positive(a: _Dual) -> _Dual:
+    return _select(a.value > 0, a, _Dual(np.zeros_like(a.value)))
+
+
+def _atan(a: _Dual) -> _Dual:
+    return _Dual(np.arctan(a.value), a._scaled(1.0 / (1.0 + a.value**2)))
+
+
+def _box_metric(metric: str, boxes1: Any, boxes2: Any, with_tangents: bool) -> _Dual:
+    """``metric`` of paired (broadcast) boxes ``[..., 4]`` as a :class:`_Dual` ``[...]``."""
+    planes = np.broadcast_arrays(*_planes(boxes1), *_planes(boxes2))
+    eye = np.eye(8)
+    x1, y1, x2, y2, u1, v1, u2, v2 = (
+        _Dual(p, np.broadcast_to(eye[k], p.shape + (8,)) if with_tangents else None)
+        for k, p in enumerate(planes)
+    )
+    inter = _positive(_min(x2, u2) - _max(x1, u1)) * _positive(_min(y2, v2) - _max(y1, v1))
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    iou = inter / (union + GIOU_EPS)
+    if metric == "iou":
+        return iou
+    hull_w = _max(x2, u2) - _min(x1, u1)
+    hull_h = _max(y2, v2) - _min(y1, v1)
+    if metric == "giou":
+        hull = hull_w * hull_h
+        return iou - (hull - union) / (hull + GIOU_EPS)
+    dx = (x1 + x2 - u1 - u2) * 0.5
+    dy = (y1 + y2 - v1 - v2) * 0.5
+    diou = iou - (dx * dx + dy * dy) / (hull_w * hull_w + hull_h * hull_h + GIOU_EPS)
+    if metric == "diou":
+        return diou
+    angle = _atan((u2 - u1) / (v2 - v1 + GIOU_EPS)) - _atan((x2 - x1) / (y2 - y1 + GIOU_EPS))
+    v = angle * angle * (4.0 / np.pi**2)
+    alpha = v.value / (1.0 - iou.value + v.value + GIOU_EPS)  # a constant: no tangent
+    return diou - v * alpha
+
+
+def pairwise(metric: str, boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """``metric`` (one of :data:`METRICS`) of every pair: ``[..., N, 4]`` x ``[..., M, 4]``
+    -> ``[..., N, M]`` float64."""
+    b1 = np.asarray(boxes1, np.float64)[..., :, None, :]
+    b2 = np.asarray(boxes2, np.float64)[..., None, :, :]
+    return _box_metric(metric, b1, b2, False).value
+
+
+def box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """Pairwise IoU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
+    return pairwise("iou", boxes1, boxes2)
+
+
+def generalized_box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """Pairwise GIOU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
+    return pairwise("giou", boxes1, boxes2)
+
+
+def diou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """DIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    return _box_metric("diou", boxes1, boxes2, False).value
+
+
+def ciou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+    """CIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    return _box_metric("ciou", boxes1, boxes2, False).value
+
+
+def metric_vjp(metric: str, boxes1: Any, boxes2: Any, cotangent: Any) -> tuple[Array, Array]:
+    """Gradient of ``sum(cotangent * metric(boxes1, boxes2))`` for paired boxes ``[..., 4]``
+    (``alpha`` constant for CIoU): ``(d_boxes1, d_boxes2)`` float64 ``[..., 4]``."""
+    result = _box_metric(metric, boxes1, boxes2, True)
+    assert result.tangent is not None
+    grad = np.asarray(cotangent, np.float64)[..., None] * result.tangent
+    return grad[..., :4], grad[..., 4:]
+
+
+def diou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+    return metric_vjp("diou", boxes1, boxes2, cotangent)
+
+
+def ciou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+    return metric_vjp("ciou", boxes1, boxes2, cotangent)
+
+
+def _masked_loss(metric: Array, mask: Any, reduction: str) -> Array:
+    loss = 1.0 - metric
+    valid = np.ones(loss.shape, bool) if mask is None else np.asarray(mask, bool)
+    loss = np.where(valid, loss, 0.0)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return np.asarray(total)
+    count = valid.sum()
+    return np.asarray(total / count if count else 0.0)
+
+
+def diou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
+    """``1 - diou`` over valid boxes, reduced as :func:`giou_loss` does."""
+    with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
+        return _masked_loss(diou(preds, targets), mask, reduction)
+
+
+def ciou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
+    """``1 - ciou`` over valid boxes, reduced as :func:`giou_loss` does."""
+    with np.errstate(all="ignore"):
+        return _masked_loss(ciou(preds, targets), mask, reduction)

@@ -9,6 +9,8 @@ Implementations are imported only when first used.
 
 from __future__ import annotations
 
+from typing import Any
+
 from asickernels import tpu_generations
 from asickernels.backends import gpsimd, nki, pallas_tpu, reference_backend, xla
 from asickernels.kernels.registry import FLOAT32_AND_64, Support, register, register_backend
@@ -24,7 +26,7 @@ for backend in (
     register_backend(backend)
 
 FLOAT64 = Support(dtypes=FLOAT32_AND_64)
-_AUTODIFF = "asickernels.backends.autodiff:giou_vjp"
+_AUTODIFF = "asickernels.backends.autodiff:paired_vjp"
 
 register("giou", "reference", "asickernels.reference:giou", support=FLOAT64)
 register("giou_vjp", "reference", "asickernels.reference:giou_vjp", support=FLOAT64)
@@ -40,7 +42,12 @@ register("int8_matmul", "xla", f"{_XLA}.int8_matmul:int8_matmul")
 _PALLAS = "asickernels.backends.pallas_tpu"
 # v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
 PALLAS_INT8 = Support(generations=tpu_generations.INT8_MXU)
-for name, mode in (("pallas_tpu", {}), ("pallas_tpu_interpret", {"mode": "tpu_interpret"})):
+# One kernel module serves both Pallas backends; TPU interpret mode is a bound argument.
+PALLAS_MODES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("pallas_tpu", {}),
+    ("pallas_tpu_interpret", {"mode": "tpu_interpret"}),
+)
+for name, mode in PALLAS_MODES:
     register("giou", name, f"{_PALLAS}.giou:giou", **mode)
     register("giou_vjp", name, _AUTODIFF, forward=f"{_PALLAS}.giou:giou", **mode)
     register("nms", name, f"{_PALLAS}.nms:nms", **mode)
@@ -53,3 +60,18 @@ register("giou", "nki", "asickernels.backends.nki.giou:giou")
 register("giou_vjp", "nki", "asickernels.backends.nki.giou:giou_vjp")
 register("nms", "nki", "asickernels.backends.nki.nms:nms")
 register("int8_matmul", "nki", "asickernels.backends.nki.int8_matmul:int8_matmul")
+
+# Pairwise IoU/GIOU, DIoU/CIoU (asickernels.kernels.box_iou).
+_BOX = ("box_iou", "generalized_box_iou", "diou", "ciou")
+for kernel in _BOX:
+    register(kernel, "reference", f"asickernels.reference:{kernel}", support=FLOAT64)
+    register(kernel, "xla", f"{_XLA}.box_iou:{kernel}", support=FLOAT64)
+    for name, mode in PALLAS_MODES:
+        register(kernel, name, f"{_PALLAS}.box_iou:{kernel}", **mode)
+    register(kernel, "nki", f"asickernels.backends.nki.box_iou:{kernel}")
+for metric in ("diou", "ciou"):
+    vjp = f"{metric}_vjp"
+    register(vjp, "reference", f"asickernels.reference:{vjp}", support=FLOAT64)
+    register(vjp, "xla", _AUTODIFF, support=FLOAT64, forward=f"{_XLA}.box_iou:{metric}")
+    for name, mode in PALLAS_MODES:
+        register(vjp, name, _AUTODIFF, forward=f"{_PALLAS}.box_iou:{metric}", **mode)

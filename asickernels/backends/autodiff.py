@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 
-def giou_vjp(
+def paired_vjp(
     boxes1: jax.Array,
     boxes2: jax.Array,
     cotangent: jax.Array,
@@ -18,9 +18,10 @@ def giou_vjp(
     config: Any = None,
     **bound: Any,
 ) -> tuple[jax.Array, jax.Array]:
-    """The ``giou_vjp`` kernel of the GIOU kernel at ``forward`` (``"module:function"``,
-    called with ``bound`` keyword arguments): ``[P, 4]`` x2, ``[P]`` -> ``[P, 4]`` x2."""
+    """The vjp kernel (``giou_vjp``, ``diou_vjp``, ...) of the paired-box kernel at
+    ``forward`` (``"module:function"``, called with ``bound`` keyword arguments):
+    ``[P, 4]`` x2, ``[P]`` -> ``[P, 4]`` x2."""
     module_name, _, function_name = forward.partition(":")
-    giou = getattr(importlib.import_module(module_name), function_name)
-    out, pullback = jax.vjp(lambda a, b: giou(a, b, config=config, **bound), boxes1, boxes2)
+    metric = getattr(importlib.import_module(module_name), function_name)
+    out, pullback = jax.vjp(lambda a, b: metric(a, b, config=config, **bound), boxes1, boxes2)
     return pullback(cotangent.astype(out.dtype))

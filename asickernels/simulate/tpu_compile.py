@@ -90,6 +90,22 @@ def _matmul(m: int, k: int, n: int, scaled: bool) -> tuple[Callable[..., Any], l
     return fn, args + ([((m,), "float32"), ((n,), "float32")] if scaled else [])
 
 
+def _box_metric(
+    op: str, backward: bool, *shapes: tuple[int, ...]
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``asickernels.<op>`` (box_iou, generalized_box_iou, diou, ciou) on Pallas, or its
+    gradient."""
+    import jax
+
+    import asickernels
+
+    def forward(a: Any, b: Any) -> Any:
+        return getattr(asickernels, op)(a, b, backend="pallas_tpu")
+
+    fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
+    return fn, [(shape, "float32") for shape in shapes]
+
+
 # Every Pallas kernel at its benchmark shapes (the sizes `asickernels bench` uses on a TPU).
 BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
     KernelShape(
@@ -111,6 +127,37 @@ BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
     KernelShape("int8_matmul", "8192^3", functools.partial(_matmul, 8192, 8192, 8192, False)),
     KernelShape(
         "int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)
+    ),
+    # DETR-style matching: 8 images x 300 queries x 100 targets.
+    KernelShape(
+        "box_iou_pairwise",
+        "8x300x100",
+        functools.partial(_box_metric, "box_iou", False, (8, 300, 4), (8, 100, 4)),
+    ),
+    KernelShape(
+        "giou_pairwise",
+        "8x300x100",
+        functools.partial(_box_metric, "generalized_box_iou", False, (8, 300, 4), (8, 100, 4)),
+    ),
+    KernelShape(
+        "giou_pairwise",
+        "1024x1024",
+        functools.partial(_box_metric, "generalized_box_iou", False, (1024, 4), (1024, 4)),
+    ),
+    KernelShape(
+        "diou_forward",
+        "1024x256 pairs",
+        functools.partial(_box_metric, "diou", False, (1024 * 256, 4), (1024 * 256, 4)),
+    ),
+    KernelShape(
+        "ciou_forward",
+        "1024x256 pairs",
+        functools.partial(_box_metric, "ciou", False, (1024 * 256, 4), (1024 * 256, 4)),
+    ),
+    KernelShape(
+        "ciou_backward",
+        "1024x256 pairs",
+        functools.partial(_box_metric, "ciou", True, (1024 * 256, 4), (1024 * 256, 4)),
     ),
 )
 

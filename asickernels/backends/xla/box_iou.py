@@ -1,0 +1,94 @@
+"""Pairwise IoU/GIOU and paired DIoU/CIoU in ``jax.numpy``; :func:`metric_from_planes` is
+also the body of the Pallas kernels (:mod:`asickernels.backends.pallas_tpu.box_iou`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from asickernels.backends.xla.giou import giou_from_planes
+from asickernels.backends.xla.nms import compute_dtype
+from asickernels.reference import GIOU_EPS
+
+EPS = GIOU_EPS
+
+
+def _hi(a: jax.Array, b: jax.Array) -> jax.Array:
+    # ``where`` rather than ``maximum``: autodiff gives a tie to ``a`` (the boxes1 side), as
+    # the reference does, instead of splitting it.
+    return jnp.where(a >= b, a, b)
+
+
+def _lo(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.where(a <= b, a, b)
+
+
+def _atan(z: jax.Array) -> jax.Array:
+    # atan(z) as atan2(z, 1): Mosaic lowers atan2 but has no rule for atan.
+    return jnp.arctan2(z, jnp.ones_like(z))
+
+
+def metric_from_planes(metric: str, *planes: jax.Array) -> jax.Array:
+    """``metric`` ("iou", "giou", "diou", "ciou") from the coordinate planes ``x1, y1, x2,
+    y2`` of boxes1 and ``u1, v1, u2, v2`` of boxes2 (broadcastable shapes, float32 or
+    float64), with the reference's formulas and gradient rules (CIoU's ``alpha`` is a
+    constant for gradients)."""
+    if metric == "giou":
+        return giou_from_planes(*planes)
+    x1, y1, x2, y2, u1, v1, u2, v2 = planes
+    iw = _lo(x2, u2) - _hi(x1, u1)
+    ih = _lo(y2, v2) - _hi(y1, v1)
+    inter = jnp.where(iw > 0, iw, 0.0) * jnp.where(ih > 0, ih, 0.0)
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    iou = inter / (union + EPS)
+    if metric == "iou":
+        return iou
+    hull_w = _hi(x2, u2) - _lo(x1, u1)
+    hull_h = _hi(y2, v2) - _lo(y1, v1)
+    dx = (x1 + x2 - u1 - u2) * 0.5
+    dy = (y1 + y2 - v1 - v2) * 0.5
+    diou = iou - (dx * dx + dy * dy) / (hull_w * hull_w + hull_h * hull_h + EPS)
+    if metric == "diou":
+        return diou
+    angle = _atan((u2 - u1) / (v2 - v1 + EPS)) - _atan((x2 - x1) / (y2 - y1 + EPS))
+    v = angle * angle * (4.0 / math.pi**2)
+    alpha = jax.lax.stop_gradient(v / (1.0 - iou + v + EPS))
+    return diou - alpha * v
+
+
+def _planes(boxes: jax.Array, dtype: Any) -> list[jax.Array]:
+    boxes = boxes.astype(dtype)
+    return [boxes[..., i] for i in range(4)]
+
+
+def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32 (float64 for float64 boxes)."""
+    dtype = compute_dtype(boxes1, boxes2)
+    rows = [p[:, :, None] for p in _planes(boxes1, dtype)]
+    columns = [p[:, None, :] for p in _planes(boxes2, dtype)]
+    return metric_from_planes(metric, *rows, *columns)
+
+
+def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
+    dtype = compute_dtype(boxes1, boxes2)
+    return metric_from_planes(metric, *_planes(boxes1, dtype), *_planes(boxes2, dtype))
+
+
+def box_iou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    return pairwise("iou", boxes1, boxes2)
+
+
+def generalized_box_iou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    return pairwise("giou", boxes1, boxes2)
+
+
+def diou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    return paired("diou", boxes1, boxes2)
+
+
+def ciou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    return paired("ciou", boxes1, boxes2)
