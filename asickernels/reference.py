@@ -385,11 +385,15 @@ def metric_vjp(metric: str, boxes1: Any, boxes2: Any, cotangent: Any) -> tuple[A
     return grad[..., :4], grad[..., 4:]
 
 
-def diou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+def diou_vjp(
+    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+) -> tuple[Array, Array]:
     return metric_vjp("diou", boxes1, boxes2, cotangent)
 
 
-def ciou_vjp(boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None) -> tuple[Array, Array]:
+def ciou_vjp(
+    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+) -> tuple[Array, Array]:
     return metric_vjp("ciou", boxes1, boxes2, cotangent)
 
 
