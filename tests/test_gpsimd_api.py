@@ -18,9 +18,9 @@ KERNELS = r"""
 #include <torch/torch.h>
 #include <neuron/neuron-utils.hpp>
 
-// ((x + 2 y) * s) - x / 2, through op() and op_out() forms.
-torch::Tensor arithmetic(const torch::Tensor& x, const torch::Tensor& y, double s) {
-  torch::Tensor scaled = torch::mul(torch::add(x, y, 2), torch::Scalar(s));
+// ((x + 2 y) * s) - x / 2, through op() and op_out() forms; s arrives as a torch::Scalar.
+torch::Tensor arithmetic(const torch::Tensor& x, const torch::Tensor& y, const torch::Scalar& s) {
+  torch::Tensor scaled = torch::mul(torch::add(x, y, 2), s);
   torch::Tensor half = torch::empty(x.sizes(), torch::kFloat);
   torch::div_out(half, x, 2.0);
   return torch::sub(scaled, half);
@@ -101,7 +101,7 @@ SHAPES = r"""
 #include <torch/torch.h>
 #include "torchneuron/register.h"
 
-torch::Tensor like_x(torch::Tensor x, torch::Tensor y, double s) { return torch::zeros(x.sizes(), torch::kFloat); }
+torch::Tensor like_x(torch::Tensor x, torch::Tensor y, torch::Scalar s) { return torch::zeros(x.sizes(), torch::kFloat); }
 torch::Tensor like_x2(torch::Tensor x, torch::Tensor y) { return torch::zeros(x.sizes(), torch::kFloat); }
 torch::Tensor like_a(torch::Tensor a, torch::Tensor b) { return torch::zeros(a.sizes(), torch::kInt); }
 torch::Tensor like_xs(torch::Tensor x, double s) { return torch::zeros(x.sizes(), torch::kFloat); }

@@ -320,19 +320,11 @@ class Tensor {
 
   template <typename T, size_t N>
   TensorAccessor<T, N, true> accessor() const& {
-    const int64_t* sizes;
-    const int64_t* strides;
-    void* data = asickernels_shim::open_accessor(*shim_storage(), asickernels_shim::DtypeOf<T>::value,
-                                                 N, &sizes, &strides);
-    return TensorAccessor<T, N, true>(static_cast<const T*>(data), sizes, strides);
+    return make_accessor<T, N, true>();
   }
   template <typename T, size_t N>
   TensorAccessor<T, N, false> accessor() & {
-    const int64_t* sizes;
-    const int64_t* strides;
-    void* data = asickernels_shim::open_accessor(*shim_storage(), asickernels_shim::DtypeOf<T>::value,
-                                                 N, &sizes, &strides);
-    return TensorAccessor<T, N, false>(static_cast<T*>(data), sizes, strides);
+    return make_accessor<T, N, false>();
   }
   template <typename T>
   TensorReadStreamAccessor<T> read_stream_accessor() const& {
@@ -354,6 +346,15 @@ class Tensor {
   const std::shared_ptr<asickernels_shim::Storage>& shim_storage() const;
 
  private:
+  template <typename T, size_t N, bool read_only>
+  TensorAccessor<T, N, read_only> make_accessor() const {
+    const int64_t* sizes;
+    const int64_t* strides;
+    void* data = asickernels_shim::open_accessor(
+        *shim_storage(), asickernels_shim::DtypeOf<T>::value, N, &sizes, &strides);
+    return TensorAccessor<T, N, read_only>(static_cast<T*>(data), sizes, strides);
+  }
+
   std::shared_ptr<asickernels_shim::Storage> storage_;
 };
 
