@@ -163,6 +163,8 @@ def test_returning_an_sbuf_tile_is_rejected():
         (np.float16, 2, np.float16),
         (np.int8, 2, np.int32),
         (np.float16, ml_dtypes.bfloat16, np.float32),
+        (ml_dtypes.float8_e4m3, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16),
+        (ml_dtypes.float8_e4m3, np.float16, np.float16),
         (np.int8, np.uint8, np.int16),
         (np.int32, np.uint32, np.float32),
         (np.uint16, np.int32, np.int32),
@@ -811,3 +813,28 @@ def test_mgrid_axes_by_name():
 
     x = rand(2, 3, 4)
     np.testing.assert_array_equal(run(kernel, x), x)
+
+
+def test_bitvec_operators_keep_integers_exact():
+    """Bitvec operators treat elements as bit patterns (no float32 rounding), arithmetic
+    reductions take any arithmetic operator (subtract too)."""
+    big = np.array([[2**30 + 1, 2**29 + 3, 7]], np.int32)
+
+    def kernel(x):
+        t = nl.load(x)
+        out = nl.ndarray((1, 7), dtype=nl.int32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:3], nl.bitwise_xor(t, 1))
+        nl.store(out[:, 3:6], nisa.tensor_scalar(t, np.bitwise_and, 0xFF, op1=np.left_shift,
+                                                 operand1=1))  # fmt: skip
+        nl.store(out[:, 6:7], nisa.tensor_reduce(np.bitwise_or, t, axis=1, keepdims=True))
+        return out
+
+    out = run(kernel, big)
+    np.testing.assert_array_equal(out[0, 0:3], big[0] ^ 1)
+    np.testing.assert_array_equal(out[0, 3:6], (big[0] & 0xFF) << 1)
+    assert out[0, 6] == np.bitwise_or.reduce(big[0])
+    x = rand(2, 4)
+    out = run(returning(lambda t: nisa.tensor_reduce(np.subtract, t, axis=1, keepdims=True)), x)
+    np.testing.assert_allclose(out[:, 0], x[:, 0] - x[:, 1] - x[:, 2] - x[:, 3], rtol=1e-5)
+    with pytest.raises(errors.UnsupportedDtype):
+        run(returning(lambda t: nl.bitwise_and(t, 1)), x)

@@ -108,17 +108,21 @@ def _same_layout(api: str, operands: dict[str, Tensor]) -> None:
         raise errors.ShapeMismatch(f"'{api}' needs equal elements per partition, got {listed}")
 
 
-def _per_partition_scalar(api: str, name: str, value: Any, data: Tensor) -> Any:
-    """A scalar, or a ``[P, 1]`` (or ``[P]``) tile's values shaped to broadcast on ``data``."""
+def _per_partition_scalar(
+    api: str, name: str, value: Any, data: Tensor, bitvec: bool = False
+) -> Any:
+    """A scalar, or a ``[P, 1]`` (or ``[P]``) tile's values shaped to broadcast on ``data``
+    (float32, or integers for bitvec operators)."""
     if not isinstance(value, Tensor):
-        return np.float32(value)
+        return nl.operand_values(api, value, bitvec)
     nl.require_tile(api, name, value, nl.ON_CHIP)
     if value.shape[0] != data.shape[0] or math.prod(value.shape[1:]) != 1:
         raise errors.ShapeMismatch(
             f"'{api}' {name} must be a scalar or a [{data.shape[0]}, 1] tile, got {value!r}"
         )
     check_in_bounds(api, value, None)
-    return nl.as_f32(value).reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+    values = nl.operand_values(api, value, bitvec)
+    return values.reshape((data.shape[0],) + (1,) * (data.ndim - 1))
 
 
 def _result(
@@ -268,7 +272,11 @@ def tensor_tensor(
     if chosen == "gpsimd" and MemoryRegion.psum in (first.buffer, second.buffer):
         raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
     function = _alu(api, op)
-    values = function(nl.as_f32(first), nl.as_f32(second).reshape(first.shape))
+    bitvec = function in nl.BITVEC
+    values = function(
+        nl.operand_values(api, first, bitvec),
+        nl.operand_values(api, second, bitvec).reshape(first.shape),
+    )
     return _result(api, np.asarray(values), dtype, nl.promote([first, second]), where, chosen)
 
 
@@ -293,17 +301,25 @@ def tensor_scalar(
     if (op1 is None) != (operand1 is None):
         raise TypeError(f"'{api}': op1 and operand1 must both be given or both be None")
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    values = nl.as_f32(tile)
-    for op, operand, reverse, name in (
-        (op0, operand0, reverse0, "operand0"),
-        (op1, operand1, reverse1, "operand1"),
-    ):
-        if op is None:
-            continue
-        function = _alu(api, op)
-        scalar = _per_partition_scalar(api, name, operand, tile)
+    steps = [
+        (_alu(api, op), operand, reverse, name)
+        for op, operand, reverse, name in (
+            (op0, operand0, reverse0, "operand0"),
+            (op1, operand1, reverse1, "operand1"),
+        )
+        if op is not None
+    ]
+    kinds = {function in nl.BITVEC for function, *_ in steps}
+    if len(kinds) > 1:  # "must be of the same type (both bitvec or both arithmetic)"
+        raise errors.UnsupportedOperator(f"'{api}' mixes a bitvec and an arithmetic operator")
+    bitvec = kinds == {True}
+    if bitvec and chosen != "vector":
+        raise errors.UnsupportedEngine(f"'{api}' runs bitvec operators on the Vector engine")
+    values = nl.operand_values(api, tile, bitvec)
+    for function, operand, reverse, name in steps:
+        scalar = _per_partition_scalar(api, name, operand, tile, bitvec)
         values = np.asarray(function(scalar, values) if reverse else function(values, scalar))
-    return _result(api, values.astype(np.float32), dtype, tile.dtype, where, chosen)
+    return _result(api, values, dtype, tile.dtype, where, chosen)
 
 
 def tensor_scalar_reduce(

@@ -115,8 +115,10 @@ def _promote_pair(a: np.dtype[Any], b: np.dtype[Any]) -> np.dtype[Any]:
     a_float, b_float = is_float(a), is_float(b)
     if a_float != b_float:  # (float, integer): the float type
         return a if a_float else b
-    if a_float:  # (float16, bfloat16) widen to float32; otherwise the wider type
-        return float32 if a.itemsize == b.itemsize else (a if a.itemsize > b.itemsize else b)
+    if a_float:  # the wider type; equal widths widen: fp8 pair -> bf16, fp16/bf16 -> fp32
+        if a.itemsize == b.itemsize:
+            return bfloat16 if a.itemsize == 1 else float32
+        return a if a.itemsize > b.itemsize else b
     if a.kind == b.kind:
         return a if a.itemsize > b.itemsize else b
     signed, unsigned = (a, b) if a.kind == "i" else (b, a)
@@ -203,6 +205,23 @@ def as_f32(value: Operand) -> Any:
     return np.float32(value)
 
 
+# Bitvec operators act on the integers' bits (no float32 conversion); they need integers.
+BITVEC = frozenset(
+    {np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift, np.invert}
+)
+
+
+def operand_values(api: str, value: Operand, bitvec: bool) -> Any:
+    """An operand's values as the engine reads them: float32, or int64 for bitvec ops."""
+    if not bitvec:
+        return as_f32(value)
+    if isinstance(value, Tensor):
+        if value.dtype.kind not in "iub":
+            raise errors.UnsupportedDtype(f"'{api}' bitvec operators take integers: {value!r}")
+        return value.read().astype(np.int64)
+    return np.int64(value)
+
+
 def checked_inputs(
     api: str, operands: dict[str, Any], shape: tuple[int, ...], where: np.ndarray | None
 ) -> None:
@@ -253,9 +272,9 @@ def compute(
     shape = broadcast_shape(api, [t.shape for t in tiles], free_only)
     where = mask_values(api, mask, shape)
     checked_inputs(api, operands, shape, where)
-    values = [
-        expand(as_f32(v), shape) if isinstance(v, Tensor) else as_f32(v) for v in operands.values()
-    ]
+    bitvec = function in BITVEC
+    values = [operand_values(api, v, bitvec) for v in operands.values()]
+    values = [expand(v, shape) if np.ndim(v) else v for v in values]
     if dtype is not None:
         out_dtype = nki_dtype(dtype)
     else:
@@ -272,32 +291,25 @@ def compute(
 
 # -- ALU operators: the binary functions double as ``op=`` for nki.isa ---------------------
 ALU_OPS: dict[Any, Callable[..., Any]] = {}
-_BITWISE = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
 _COMPARISONS = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal"}
 _LOGICAL = {"logical_and", "logical_or", "logical_xor"}
 
 
-def _integer_math(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Bitvec operators work on the integers' bits, not on float32 values."""
-    return lambda x, y: function(np.asarray(x).astype(np.int64), np.asarray(y).astype(np.int64))
-
-
 def _binary(name: str, function: Callable[..., Any]) -> Callable[..., Tensor]:
-    numeric = _integer_math(function) if name in _BITWISE else function
     default = bool_ if name in _COMPARISONS | _LOGICAL else None
 
     def op(
         x: Operand, y: Operand, *, dtype: Any = default, mask: Any = None, **kwargs: Any
     ) -> Tensor:
-        return compute(name, numeric, {"x": x, "y": y}, dtype, mask)
+        return compute(name, function, {"x": x, "y": y}, dtype, mask)
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (
         f"``{name}(x, y)`` element-wise on tiles or scalars (shapes broadcast; see the module "
         "docstring); ``dtype`` overrides the promoted result type; ``mask`` predicates it."
     )
-    ALU_OPS[op] = numeric
-    ALU_OPS[function] = numeric
+    ALU_OPS[op] = function
+    ALU_OPS[function] = function
     return op
 
 
@@ -461,7 +473,7 @@ def invert(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> 
     """Bitwise NOT of an integer tile."""
     if is_float(x.dtype):
         raise errors.UnsupportedDtype(f"'invert' takes integer tiles, got {x.dtype}")
-    return compute("invert", lambda v: ~v.astype(np.int64), {"x": x}, dtype, mask)
+    return compute("invert", np.invert, {"x": x}, dtype, mask)
 
 
 bitwise_not = invert
@@ -518,7 +530,8 @@ def reduce(
     axes = reduce_axes(api, x, axis, trailing)
     where = mask_values(api, mask, x.shape)
     check_in_bounds(api, x, where)
-    values: Any = as_f32(x)
+    bitvec = function in BITVEC
+    values: Any = operand_values(api, x, bitvec)
     if function in ("mean", "var"):
         included = _full(where, x.shape)
         count = np.maximum(np.sum(included, axis=axes, keepdims=True), 1)
@@ -527,15 +540,15 @@ def reduce(
             squares = (values - mean) ** 2
             mean = np.sum(squares, axis=axes, keepdims=True, where=included) / count
         result = mean if keepdims else np.squeeze(mean, axis=axes)
-    else:
-        initial = {np.add: 0.0, np.multiply: 1.0, np.maximum: -np.inf, np.minimum: np.inf}
+    elif where is None:
+        result = function.reduce(values, axis=axes, keepdims=keepdims)
+    elif function in _IDENTITIES:  # masked-out inputs take the operator's identity
         result = function.reduce(
-            values,
-            axis=axes,
-            keepdims=keepdims,
-            where=_full(where, x.shape),
-            initial=initial.get(function),
-        )
+            values, axis=axes, keepdims=keepdims, where=_full(where, x.shape),
+            initial=_IDENTITIES[function],
+        )  # fmt: skip
+    else:
+        raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {function!r}")
     if negate:
         result = -result
     written = None if where is None else np.any(where, axis=axes, keepdims=keepdims)
@@ -544,6 +557,19 @@ def reduce(
     out.write(result, written, api)
     run.count("vector")
     return out
+
+
+_IDENTITIES = {
+    np.add: 0.0,
+    np.multiply: 1.0,
+    np.maximum: -np.inf,
+    np.minimum: np.inf,
+    np.logical_and: True,
+    np.logical_or: False,
+    np.bitwise_or: 0,
+    np.bitwise_xor: 0,
+    np.bitwise_and: -1,
+}
 
 
 def _full(where: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
