@@ -61,6 +61,9 @@ struct Storage {
   bool writable = true;
   // An operator input as a shape function sees it: an XLA tensor with no storage yet.
   bool shape_only = false;
+  // An operator input: the caller's buffer, never written. A writable standard accessor
+  // gets a private copy (`owned`), compared with the caller's after the run.
+  const void* caller_data = nullptr;
   // Factory tensors own their memory, allocated and initialized on first data access.
   bool owns_memory = false;
   Init init = Init::Sentinel;
@@ -282,6 +285,10 @@ void store_scalar(c10::ScalarType dtype, void* data, size_t i, const c10::Scalar
 // What `empty` memory holds: NaN for floating dtypes (unwritten results stand out), a
 // recognizable pattern for integral ones. The device leaves garbage there.
 void fill_sentinel(c10::ScalarType dtype, void* data, size_t numel) {
+  if (dtype == c10::ScalarType::Float) {
+    std::fill_n(static_cast<float*>(data), numel, std::nanf(""));
+    return;
+  }
   if (is_integral(dtype)) {
     std::memset(data, 0xA5, numel * element_size(dtype));
     return;
@@ -820,13 +827,9 @@ std::vector<Argument> make_arguments(const ResolvedOp& op, const ArgumentSpec* s
                                 std::vector<int64_t>(spec.sizes, spec.sizes + spec.ndim));
     storage->shape_only = shape_only;
     if (!shape_only) {
-      // The kernel works on a copy: the caller's array is never modified, and a kernel that
-      // writes into an input is reported.
       storage->writable = false;
-      const size_t bytes = static_cast<size_t>(storage->numel) * element_size(storage->dtype);
-      storage->owned.assign(static_cast<const unsigned char*>(spec.data),
-                            static_cast<const unsigned char*>(spec.data) + bytes);
-      storage->data = storage->owned.data();
+      storage->caller_data = spec.data;
+      storage->data = const_cast<void*>(spec.data);  // written only through a private copy
     }
     arguments[i].tensor = torch::Tensor(std::move(storage));
   }
@@ -855,7 +858,6 @@ void run_op(const char* name, bool multicore, const ArgumentSpec* specs, size_t 
 
   auto output_storage = make_storage(want.dtype, want.sizes);
   output_storage->data = out;
-  fill_sentinel(want.dtype, out, static_cast<size_t>(want.numel));
   const torch::Tensor dst(output_storage);
 
   const uint32_t cores_in_run = multicore ? kCoreCount : 1;
@@ -912,7 +914,7 @@ void run_op(const char* name, bool multicore, const ArgumentSpec* specs, size_t 
   for (size_t i = 0; i < count; ++i) {
     if (!specs[i].is_tensor) continue;
     const Storage& input = *arguments[i].tensor.shim_storage();
-    if (!input.owned.empty() && std::memcmp(input.data, specs[i].data, input.owned.size()) != 0) {
+    if (!input.owned.empty() && std::memcmp(input.data, input.caller_data, input.owned.size()) != 0) {
       findings.push_back(format("the kernel wrote into input %zu (operator inputs are read-only)",
                                 i + 1));
     }
@@ -1055,7 +1057,7 @@ void tcm_transfer(Storage& storage, c10::ScalarType element_type, size_t element
 }
 
 void* open_accessor(Storage& storage, c10::ScalarType element_type, size_t dims,
-                    const int64_t** sizes, const int64_t** strides) {
+                    bool writable_access, const int64_t** sizes, const int64_t** strides) {
   if (element_type != storage.dtype) {
     throw ShimError(format("accessor<%s, %zu> on a %s tensor", dtype_name(element_type), dims,
                            dtype_name(storage.dtype)));
@@ -1066,6 +1068,11 @@ void* open_accessor(Storage& storage, c10::ScalarType element_type, size_t dims,
                            shape_text(storage.sizes).c_str()));
   }
   void* data = direct_data(storage, "a standard tensor accessor");
+  if (writable_access && storage.caller_data != nullptr && storage.owned.empty()) {
+    const auto* bytes = static_cast<const unsigned char*>(storage.caller_data);
+    storage.owned.assign(bytes, bytes + static_cast<size_t>(storage.numel) * element_size(storage.dtype));
+    storage.data = data = storage.owned.data();
+  }
   *sizes = storage.sizes.data();
   *strides = storage.strides.data();
   return data;
@@ -1483,6 +1490,12 @@ uint32_t get_cpu_count() { return shim::current_core("get_cpu_count").count; }
 
 torch::Tensor get_dst_tensor() {
   shim::CoreContext& core = shim::current_core("get_dst_tensor");
+  // Elements a single-core kernel leaves unwritten read as the sentinel (NaN for floats);
+  // in multicore mode every element's writer is tracked instead.
+  if (!core.multicore && !core.used_dst) {
+    const shim::Storage& out = *core.dst->shim_storage();
+    shim::fill_sentinel(out.dtype, out.data, static_cast<size_t>(out.numel));
+  }
   core.used_dst = true;
   return *core.dst;
 }

@@ -171,7 +171,7 @@ void tcm_transfer(Storage& storage, c10::ScalarType element_type, size_t element
                   void* tcm_ptr, size_t tensor_offset, size_t num_elem, bool to_tensor);
 // The data of `storage` for a standard accessor of `dims` dimensions; sizes/strides out.
 void* open_accessor(Storage& storage, c10::ScalarType element_type, size_t dims,
-                    const int64_t** sizes, const int64_t** strides);
+                    bool writable_access, const int64_t** sizes, const int64_t** strides);
 Stream* open_stream(Storage& storage, c10::ScalarType element_type, bool write);
 const void* stream_read(Stream* stream);
 void stream_write(Stream* stream, const void* value);
@@ -351,7 +351,7 @@ class Tensor {
     const int64_t* sizes;
     const int64_t* strides;
     void* data = asickernels_shim::open_accessor(
-        *shim_storage(), asickernels_shim::DtypeOf<T>::value, N, &sizes, &strides);
+        *shim_storage(), asickernels_shim::DtypeOf<T>::value, N, !read_only, &sizes, &strides);
     return TensorAccessor<T, N, read_only>(static_cast<T*>(data), sizes, strides);
   }
 
