@@ -1397,32 +1397,54 @@ ASICKERNELS_SHIM_BINARY_FORMS(bitwise_or, false, (static_cast<void>(v), 0.0),
                               [](const int64_t* v, int64_t) -> int64_t { return v[0] | v[1]; }, true)
 #undef ASICKERNELS_SHIM_BINARY_FORMS
 
-#define ASICKERNELS_SHIM_SCALED(name, sign)                                                   \
-  Tensor& name##_out(Tensor& result, const Tensor& self, const Tensor& other,                 \
-                     const Scalar& alpha) {                                                   \
-    return elementwise(#name, result, {self, other},                                          \
-                       [](const double* v, double a) { return v[0] sign a * v[1]; },          \
-                       [](const int64_t* v, int64_t a) { return v[0] sign a * v[1]; }, false, \
-                       alpha);                                                                \
-  }                                                                                           \
-  Tensor& name##_out(Tensor& result, const Tensor& self, const Scalar& other,                 \
-                     const Scalar& alpha) {                                                   \
-    return elementwise(#name, result, {self, other},                                          \
-                       [](const double* v, double a) { return v[0] sign a * v[1]; },          \
-                       [](const int64_t* v, int64_t a) { return v[0] sign a * v[1]; }, false, \
-                       alpha);                                                                \
-  }                                                                                           \
-  Tensor name(const Tensor& self, const Tensor& other, const Scalar& alpha) {                 \
-    Tensor result = result_like(self, false);                                                 \
-    return name##_out(result, self, other, alpha);                                            \
-  }                                                                                           \
-  Tensor name(const Tensor& self, const Scalar& other, const Scalar& alpha) {                 \
-    Tensor result = result_like(self, false);                                                 \
-    return name##_out(result, self, other, alpha);                                            \
-  }
-ASICKERNELS_SHIM_SCALED(add, +)
-ASICKERNELS_SHIM_SCALED(sub, -)
-#undef ASICKERNELS_SHIM_SCALED
+namespace {
+
+// self + alpha * other (sub passes -alpha).
+template <typename Other>
+Tensor& add_scaled(const char* name, Tensor& result, const Tensor& self, const Other& other,
+                   const Scalar& alpha) {
+  return elementwise(name, result, {self, other},
+                     [](const double* v, double a) { return v[0] + a * v[1]; },
+                     [](const int64_t* v, int64_t a) { return v[0] + a * v[1]; }, false, alpha);
+}
+
+Scalar negated(const Scalar& value) {
+  return value.isFloatingPoint() ? Scalar(-value.toDouble()) : Scalar(-value.toLong());
+}
+
+template <typename Other>
+Tensor allocating(Tensor& (*out_form)(Tensor&, const Tensor&, const Other&, const Scalar&),
+                  const Tensor& self, const Other& other, const Scalar& alpha) {
+  Tensor result = result_like(self, false);
+  return out_form(result, self, other, alpha);
+}
+
+}  // namespace
+
+Tensor& add_out(Tensor& result, const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  return add_scaled("add", result, self, other, alpha);
+}
+Tensor& add_out(Tensor& result, const Tensor& self, const Scalar& other, const Scalar& alpha) {
+  return add_scaled("add", result, self, other, alpha);
+}
+Tensor& sub_out(Tensor& result, const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  return add_scaled("sub", result, self, other, negated(alpha));
+}
+Tensor& sub_out(Tensor& result, const Tensor& self, const Scalar& other, const Scalar& alpha) {
+  return add_scaled("sub", result, self, other, negated(alpha));
+}
+Tensor add(const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  return allocating<Tensor>(&add_out, self, other, alpha);
+}
+Tensor add(const Tensor& self, const Scalar& other, const Scalar& alpha) {
+  return allocating<Scalar>(&add_out, self, other, alpha);
+}
+Tensor sub(const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  return allocating<Tensor>(&sub_out, self, other, alpha);
+}
+Tensor sub(const Tensor& self, const Scalar& other, const Scalar& alpha) {
+  return allocating<Scalar>(&sub_out, self, other, alpha);
+}
 
 Tensor& pow_out(Tensor& result, const Scalar& self, const Tensor& exponent) {
   return elementwise("pow", result, {self, exponent},
