@@ -152,6 +152,7 @@ def test_a_native_backend_passed_over_for_the_generation_warns(monkeypatch):
         registry._AVAILABILITY, "pallas_tpu", registry.Availability("native", "patched")
     )
     monkeypatch.setattr(policy, "_WARNED", set())
+    monkeypatch.setattr(policy, "_SELECTED", {})
     on_v4 = policy.Where("tpu", "v4")
     with pytest.warns(UserWarning, match="no int8_matmul kernel for TPU v4"):
         assert policy.select("int8_matmul", None, on_v4, None) == "xla"

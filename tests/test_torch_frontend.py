@@ -405,6 +405,7 @@ def test_neuron_devices_run_the_neuron_kernels(monkeypatch):
     from asickernels.torch import xla
 
     monkeypatch.setattr(xla, "where_xla_tensors_live", lambda: policy.Where("neuron"))
+    monkeypatch.setattr(policy, "_SELECTED", {})
     for name in ("gpsimd", "nki"):
         monkeypatch.setitem(
             registry._AVAILABILITY, name, registry.Availability("native", "patched")

@@ -23,7 +23,7 @@ FLOAT_DTYPES = (
 def as_array(value: Any, name: str) -> Any:
     """``value`` as something with ``.shape`` and ``.dtype`` (JAX arrays and tracers are
     kept as they are, so no device transfer or tracing happens here)."""
-    if isinstance(value, (jax.Array, np.ndarray)):
+    if type(value) is np.ndarray or isinstance(value, (jax.Array, np.ndarray)):
         return value
     if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__"):
         return np.asarray(value)

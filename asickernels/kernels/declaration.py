@@ -106,6 +106,13 @@ class Plan:
     fill: tuple[int, ...] = (0,)
     x64: bool = False
 
+    def __post_init__(self) -> None:
+        # Plans key the compiled-function cache on every eager call: hash them once.
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
     def static(self, name: str) -> Any:
         return dict(self.statics)[name]
 
@@ -197,6 +204,11 @@ class Op:
             inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None),
         ]
         self.__signature__ = inspect.Signature(parameters)
+        self._positional = tuple(p.name for p in self.params if p.positional)
+        self._defaults = {p.name: p.default for p in self.params} | {
+            "backend": None,
+            "config": None,
+        }
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Callable[..., Any]] = {}
 
@@ -210,12 +222,14 @@ class Op:
     ) -> tuple[dict[str, Any], dict[str, Any], str | None, Any]:
         """``(arrays, statics, backend, config)`` from a call's arguments; arrays are made
         array-like (lists become numpy) but not moved or converted."""
-        try:
-            bound = self.__signature__.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"{self.name}(): {error}") from None
-        bound.apply_defaults()
-        values = bound.arguments
+        values = self._fast_bind(args, kwargs)
+        if values is None:  # something unusual: let inspect say what is wrong
+            try:
+                bound = self.__signature__.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{self.name}(): {error}") from None
+            bound.apply_defaults()
+            values = bound.arguments
         arrays = {
             n: None if values[n] is None else _checks.as_array(values[n], n)
             for n in self.array_names
@@ -223,20 +237,40 @@ class Op:
         statics = {n: values[n] for n in self.static_names}
         return arrays, statics, values["backend"], values["config"]
 
+    def _fast_bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The arguments by name with defaults, for the well-formed call (a dict lookup
+        per parameter rather than ``inspect.Signature.bind``); None for anything else."""
+        if len(args) > len(self._positional):
+            return None
+        values = dict(self._defaults)
+        values.update(zip(self._positional, args))
+        for name, value in kwargs.items():
+            if name not in values or name in self._positional[: len(args)]:
+                return None
+            values[name] = value
+        if any(v is REQUIRED for v in values.values()):
+            return None
+        return values
+
     def plan(self, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Plan:
         """Validates shapes, dtypes and static values (cached per signature)."""
-        specs = {
-            n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
-            for n, a in arrays.items()
-        }
         try:
-            key: Any = (tuple(specs.items()), tuple(statics.items()))
-            hash(key)
-        except TypeError:
-            return self.check(specs, statics)
-        plan = self._plans.get(key)
+            key: Any = (
+                tuple(None if a is None else (tuple(a.shape), a.dtype) for a in arrays.values()),
+                tuple(arrays),
+                tuple(statics.items()),
+            )
+            plan = self._plans.get(key)
+        except TypeError:  # unhashable static values: validate every time
+            key, plan = None, None
         if plan is None:
-            plan = self._plans[key] = self.check(specs, statics)
+            specs = {
+                n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
+                for n, a in arrays.items()
+            }
+            plan = self.check(specs, statics)
+            if key is not None:
+                self._plans[key] = plan
         return plan
 
     def choose(self, plan: Plan, backend: str | None, arrays: Mapping[str, Any]) -> str | None:

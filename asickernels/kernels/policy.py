@@ -101,9 +101,20 @@ def _why_not(kernel: str, name: str, where: Where, dtype: str | None) -> str | N
 
 
 _WARNED: set[tuple[str, str, str]] = set()
+_SELECTED: dict[tuple[str, str | None, Where, str | None], str] = {}
 
 
 def select(kernel: str, requested: str | None, where: Where, dtype: str | None) -> str:
+    """:func:`choose`, remembered: registrations and availability do not change while a
+    process runs, so the same call always gets the same answer."""
+    key = (kernel, requested, where, dtype)
+    chosen = _SELECTED.get(key)
+    if chosen is None:
+        chosen = _SELECTED[key] = choose(kernel, requested, where, dtype)
+    return chosen
+
+
+def choose(kernel: str, requested: str | None, where: Where, dtype: str | None) -> str:
     """The backend that runs ``kernel`` for a call (``dtype``: the compute dtype, or None
     for integer kernels).
 

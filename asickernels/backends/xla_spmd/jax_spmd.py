@@ -18,7 +18,6 @@ picks the per-shard kernel and must be a JAX backend (``"xla"``, ``"pallas_tpu"`
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
 from asickernels.backends.xla.int8_matmul import dequantize
+from asickernels.backends.xla_spmd._generate import Rule, sharded_wrapper
 from asickernels.kernels.declaration import Op, Plan, Spec
 
 AxisName = str | tuple[str, ...] | None
@@ -191,52 +191,12 @@ def _vector(scale: jax.Array | None, length: int) -> jax.Array:
     return jnp.broadcast_to(value, (length,))
 
 
-_PARTITION_PARAMS = {
-    "batch": ("batch_spec",),
-    "loss": ("batch_spec",),
-    "matmul": ("m_axis", "k_axis", "n_axis"),
+_RULES: dict[str, Rule] = {"batch": _batch_rule, "loss": _loss_rule, "matmul": _matmul_rule}
+_WRAPPERS = {
+    op.name: sharded_wrapper(op, op.__signature__, _RULES, "a ``jax.sharding.Mesh``")
+    for op in asickernels.OPS
+    if op.name != "quantize_int8"
 }
-
-
-def sharded(op: Op) -> Callable[..., Any]:
-    """The SPMD wrapper of ``op``: the op's signature plus ``mesh`` and its partition
-    parameters (see the module docstring)."""
-    extra = [
-        inspect.Parameter("mesh", inspect.Parameter.KEYWORD_ONLY),
-        *(
-            inspect.Parameter(
-                name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=inspect.Parameter.empty if name == "batch_spec" else None,
-            )
-            for name in _PARTITION_PARAMS[op.partition]
-        ),
-    ]
-    parameters = list(op.__signature__.parameters.values())
-    signature = op.__signature__.replace(parameters=[*parameters[:-2], *extra, *parameters[-2:]])
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        mesh = values.pop("mesh")
-        layout = [values.pop(name) for name in _PARTITION_PARAMS[op.partition]]
-        arrays = {n: values.pop(n) for n in op.array_names}
-        if op.partition == "matmul":
-            return _matmul_rule(op, mesh, tuple(layout), arrays, values)  # type: ignore[arg-type]
-        rule = _loss_rule if op.partition == "loss" else _batch_rule
-        return rule(op, mesh, layout[0], arrays, values)
-
-    wrapper.__name__ = wrapper.__qualname__ = op.name
-    wrapper.__signature__ = signature  # type: ignore[attr-defined]
-    wrapper.__doc__ = (
-        f":func:`asickernels.{op.name}` over a ``jax.sharding.Mesh`` "
-        f"(partition rule {op.partition!r}; see the module docstring)."
-    )
-    return wrapper
-
-
-_WRAPPERS = {op.name: sharded(op) for op in asickernels.OPS if op.name != "quantize_int8"}
 globals().update(_WRAPPERS)
 __all__ = sorted(_WRAPPERS)
 

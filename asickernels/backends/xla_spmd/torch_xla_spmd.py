@@ -27,6 +27,7 @@ import torch_xla.distributed.spmd as xs
 import asickernels
 import asickernels.torch
 from asickernels import INT8_MATMUL_MAX_K
+from asickernels.backends.xla_spmd._generate import Rule, sharded_wrapper
 from asickernels.kernels.declaration import Op, Plan
 from asickernels.torch import ops as torch_ops
 
@@ -233,50 +234,14 @@ def _matmul_rule(
     return (acc.to(torch.float32) * xs_ * ys_).to(out)
 
 
-_PARTITION_PARAMS = {
-    "batch": ("batch_spec",),
-    "loss": ("batch_spec",),
-    "matmul": ("m_axis", "k_axis", "n_axis"),
-}
-
-
-def sharded(op: Op) -> Callable[..., Any]:
-    """The torch_xla SPMD wrapper of ``op``: the signature of ``asickernels.torch.<op>``
-    plus ``mesh`` and the partition parameters of its rule."""
-    public = getattr(asickernels.torch, op.name)
-    parameters = list(inspect.signature(public).parameters.values())
-    extra = [inspect.Parameter("mesh", inspect.Parameter.KEYWORD_ONLY)] + [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=inspect.Parameter.empty if name == "batch_spec" else None,
-        )
-        for name in _PARTITION_PARAMS[op.partition]
-    ]
-    signature = inspect.Signature([*parameters[:-1], *extra, parameters[-1]])
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        mesh = values.pop("mesh")
-        layout = [values.pop(name) for name in _PARTITION_PARAMS[op.partition]]
-        tensors = {n: values.pop(n) for n in op.array_names}
-        if op.partition == "matmul":
-            return _matmul_rule(op, mesh, tuple(layout), tensors, values)  # type: ignore[arg-type]
-        rule = _loss_rule if op.partition == "loss" else _batch_rule
-        return rule(op, mesh, layout[0], tensors, values)
-
-    wrapper.__name__ = wrapper.__qualname__ = op.name
-    wrapper.__signature__ = signature  # type: ignore[attr-defined]
-    wrapper.__doc__ = (
-        f":func:`asickernels.torch.{op.name}` over a torch_xla SPMD mesh "
-        f"(partition rule {op.partition!r}; see the module docstring)."
+_RULES: dict[str, Rule] = {"batch": _batch_rule, "loss": _loss_rule, "matmul": _matmul_rule}
+_WRAPPERS = {
+    op.name: sharded_wrapper(
+        op, inspect.signature(getattr(asickernels.torch, op.name)), _RULES, "a torch_xla SPMD mesh"
     )
-    return wrapper
-
-
-_WRAPPERS = {op.name: sharded(op) for op in asickernels.OPS if op.name != "quantize_int8"}
+    for op in asickernels.OPS
+    if op.name != "quantize_int8"
+}
 globals().update(_WRAPPERS)
 __all__ = sorted(_WRAPPERS)
 
