@@ -1,8 +1,14 @@
 """GIOU forward and backward Pallas kernels.
 
-Layout: boxes ``[P, 4]`` become coordinate planes ``[4, R, 128]`` (boxes on lanes, so every
-vector op uses all 128 lanes, not 4 of them), padded with zero boxes to whole blocks of
-``block_rows`` x 128. The grid walks row blocks; each step is independent ("parallel").
+Layout: the kernels read boxes ``[P, 4]`` as ``boxes.T``, a ``[4, P]`` view. On a TPU that
+view costs nothing: XLA keeps a ``[P, 4]`` float32 array in HBM as tiles of 4 coordinates x
+128 boxes (layout ``{0,1:T(4,128)}``), which is byte for byte ``[4, P]`` row-major, so the
+transpose is a bitcast and each kernel reads the caller's array directly. Each grid step
+takes ``block`` boxes (a multiple of 1024, or all of them), computes on coordinate rows in
+chunks of at most :data:`CHUNK` lanes, and writes ``[P]`` (the gradient: ``[4, P]``,
+transposed back for free the same way). The grid is "parallel"; the last block may be
+partial (Pallas masks its writes).
+
 The backward kernel differentiates the same elementwise body (``jax.vjp`` inside the
 kernel), so forward and gradient can never disagree on the formula.
 """
@@ -15,56 +21,68 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from asickernels.backends.pallas_tpu import tuning
 from asickernels.backends.xla.giou import giou_from_planes
 
 LANES = 128
+CHUNK = 4096  # lanes computed at a time: keeps the temporaries small
+
+
+def _chunks(block: int) -> tuple[int, int]:
+    """(chunk lanes, chunks per block)."""
+    chunk = CHUNK if block % CHUNK == 0 else block
+    return chunk, block // chunk
 
 
 def _forward_kernel(b1_ref: Any, b2_ref: Any, out_ref: Any) -> None:
-    # b*_ref: [4, block_rows, 128] input dtype; out_ref: [block_rows, 128] float32.
-    coords = [ref[i].astype(jnp.float32) for ref in (b1_ref, b2_ref) for i in range(4)]
-    out_ref[...] = giou_from_planes(*coords)
+    # b*_ref: [4, block] input dtype; out_ref: [block] float32.
+    chunk, count = _chunks(out_ref.shape[0])
+
+    def step(c: jax.Array, carry: None) -> None:
+        lanes = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        coords = [
+            ref[i : i + 1, lanes].astype(jnp.float32) for ref in (b1_ref, b2_ref) for i in range(4)
+        ]
+        out_ref[lanes] = giou_from_planes(*coords).reshape(chunk)
+
+    lax.fori_loop(0, count, step, None)
 
 
 def _backward_kernel(b1_ref: Any, b2_ref: Any, g_ref: Any, d1_ref: Any, d2_ref: Any) -> None:
-    # d*_ref: [4, block_rows, 128] float32 gradients of the planes.
-    coords = [ref[i].astype(jnp.float32) for ref in (b1_ref, b2_ref) for i in range(4)]
-    _, pullback = jax.vjp(giou_from_planes, *coords)
-    grads = pullback(g_ref[...])
-    for i in range(4):
-        d1_ref[i] = grads[i]
-        d2_ref[i] = grads[4 + i]
+    # g_ref: [block] float32; d*_ref: [4, block] float32 gradients of the boxes.
+    chunk, count = _chunks(g_ref.shape[0])
+
+    def step(c: jax.Array, carry: None) -> None:
+        lanes = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        coords = [
+            ref[i : i + 1, lanes].astype(jnp.float32) for ref in (b1_ref, b2_ref) for i in range(4)
+        ]
+        _, pullback = jax.vjp(giou_from_planes, *coords)
+        grads = pullback(g_ref[lanes].reshape(1, chunk))
+        for i in range(4):
+            d1_ref[i : i + 1, lanes] = grads[i]
+            d2_ref[i : i + 1, lanes] = grads[4 + i]
+
+    lax.fori_loop(0, count, step, None)
 
 
-def _specs(block_rows: int) -> tuple[pl.BlockSpec, pl.BlockSpec]:
-    planes = pl.BlockSpec((4, block_rows, LANES), lambda i: (0, i, 0))
-    rows = pl.BlockSpec((block_rows, LANES), lambda i: (i, 0))
-    return planes, rows
+def _block(count: int, config: tuning.GiouConfig) -> int:
+    """Boxes per grid step: ``block_rows`` x 128 (a multiple of 1024), or all of them."""
+    block = config.block_rows * LANES
+    return count if count <= block else block
 
 
-def _vmem_bytes(block_rows: int, itemsize: int, backward: bool) -> int:
-    plane_block = 4 * block_rows * LANES
-    row_block = block_rows * LANES * 4
-    if backward:  # 2 planes in + g in, 2 planes out (f32), all double-buffered
-        return 2 * (2 * plane_block * itemsize + row_block + 2 * plane_block * 4)
-    return 2 * (2 * plane_block * itemsize + row_block)
-
-
-def _layout(count: int, dtype: Any, block_rows: int) -> tuple[int, int]:
-    """(block rows, padded rows) for ``count`` boxes: whole blocks of ``block_rows`` x 128,
-    shrunk to the native sublane tiling of ``dtype`` for small inputs."""
-    sublanes = 8 if dtype == jnp.float32 else 16
-    rows_needed = pl.cdiv(count, LANES)
-    block = min(block_rows, pl.cdiv(rows_needed, sublanes) * sublanes)
-    return block, pl.cdiv(rows_needed, block) * block
-
-
-def _to_planes(boxes: jax.Array, rows: int) -> jax.Array:
-    padded = jnp.pad(boxes.T, ((0, 0), (0, rows * LANES - boxes.shape[0])))
-    return padded.reshape(4, rows, LANES)
+def _vmem_bytes(block: int, itemsize: int, backward: bool) -> int:
+    boxes = 8 * block * max(itemsize, 4)  # [4, block] pads to 8 sublanes
+    row = 8 * block * 4 if backward else block * 4
+    chunk = _chunks(block)[0]
+    temporaries = 64 * 8 * chunk * 4  # coordinate rows and their intermediates
+    if backward:  # 2 box blocks + g in, 2 gradient blocks out, all double-buffered
+        return 2 * (2 * boxes + row + 2 * 8 * block * 4) + temporaries
+    return 2 * (2 * boxes + row) + temporaries
 
 
 def _forward(
@@ -74,23 +92,23 @@ def _forward(
 
     def forward(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
         count = boxes1.shape[0]
-        block_rows, rows = _layout(count, boxes1.dtype, cfg.block_rows)
-        planes_spec, rows_spec = _specs(block_rows)
+        block = _block(count, cfg)
+        boxes_spec = pl.BlockSpec((4, block), lambda i: (0, i))
         call = pl.pallas_call(
             _forward_kernel,
-            out_shape=jax.ShapeDtypeStruct((rows, LANES), jnp.float32),
-            grid=(rows // block_rows,),
-            in_specs=[planes_spec, planes_spec],
-            out_specs=rows_spec,
+            out_shape=jax.ShapeDtypeStruct((count,), jnp.float32),
+            grid=(pl.cdiv(count, block),),
+            in_specs=[boxes_spec, boxes_spec],
+            out_specs=pl.BlockSpec((block,), lambda i: (i,)),
             compiler_params=tuning.compiler_params(
                 ("parallel",),
-                _vmem_bytes(block_rows, boxes1.dtype.itemsize, backward=False),
+                _vmem_bytes(block, boxes1.dtype.itemsize, backward=False),
                 target.generation,
             ),
             interpret=target.interpret,
             name="giou_forward",
         )
-        return call(_to_planes(boxes1, rows), _to_planes(boxes2, rows)).reshape(-1)[:count]
+        return call(boxes1.T, boxes2.T)  # type: ignore[no-any-return]
 
     return forward
 
@@ -102,28 +120,25 @@ def _backward(
 
     def backward(boxes1: jax.Array, boxes2: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         count = boxes1.shape[0]
-        block_rows, rows = _layout(count, boxes1.dtype, cfg.block_rows)
-        planes_spec, rows_spec = _specs(block_rows)
-        grad_shape = jax.ShapeDtypeStruct((4, rows, LANES), jnp.float32)
+        block = _block(count, cfg)
+        boxes_spec = pl.BlockSpec((4, block), lambda i: (0, i))
+        grad_shape = jax.ShapeDtypeStruct((4, count), jnp.float32)
         call = pl.pallas_call(
             _backward_kernel,
             out_shape=(grad_shape, grad_shape),
-            grid=(rows // block_rows,),
-            in_specs=[planes_spec, planes_spec, rows_spec],
-            out_specs=(planes_spec, planes_spec),
+            grid=(pl.cdiv(count, block),),
+            in_specs=[boxes_spec, boxes_spec, pl.BlockSpec((block,), lambda i: (i,))],
+            out_specs=(boxes_spec, boxes_spec),
             compiler_params=tuning.compiler_params(
                 ("parallel",),
-                _vmem_bytes(block_rows, boxes1.dtype.itemsize, backward=True),
+                _vmem_bytes(block, boxes1.dtype.itemsize, backward=True),
                 target.generation,
             ),
             interpret=target.interpret,
             name="giou_backward",
         )
-        g_rows = jnp.pad(g.astype(jnp.float32), (0, rows * LANES - count)).reshape(rows, LANES)
-        d1, d2 = call(_to_planes(boxes1, rows), _to_planes(boxes2, rows), g_rows)
-        return tuple(  # type: ignore[return-value]
-            d.reshape(4, -1)[:, :count].T.astype(b.dtype) for d, b in ((d1, boxes1), (d2, boxes2))
-        )
+        d1, d2 = call(boxes1.T, boxes2.T, g.astype(jnp.float32))
+        return d1.T.astype(boxes1.dtype), d2.T.astype(boxes2.dtype)
 
     return backward
 

@@ -132,8 +132,22 @@ def lowered_for(backend: Any) -> Target:
 
 
 def _lower_tpu(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
-    target = lowered_for(ctx.module_context.backend)
-    return mlir.lower_fun(build(target), multiple_results=True)(ctx, *args)
+    backend = ctx.module_context.backend
+    target = lowered_for(backend)
+    lower = mlir.lower_fun(build(target), multiple_results=True)
+    device = backend.devices()[0] if backend is not None and backend.devices() else None
+    if device is None or device.platform != "tpu":
+        return lower(ctx, *args)
+    # JAX's Mosaic lowering asks the abstract mesh (else the default device, which is the
+    # CPU when compiling for a topology) which chip it targets: tell it.
+    chip = jax.sharding.AbstractDevice(
+        device_kind=device.device_kind,
+        num_cores=getattr(device, "num_cores", None),
+        platform="tpu",
+    )
+    mesh = jax.sharding.AbstractMesh((1,), ("asickernels_chip",), abstract_device=chip)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return lower(ctx, *args)
 
 
 def _lower_elsewhere(ctx: Any, *args: Any, build: _FlatBuild) -> Any:

@@ -1,5 +1,6 @@
-"""What ``asickernels estimate`` compiles: the seed-equivalent kernels, our Pallas kernels at
-the seeds' workloads, and the block-size sweeps.
+"""What ``asickernels estimate`` compiles: the seed-equivalent kernels, our Pallas kernels
+and plain XLA side by side at the seeds' workloads and at the shapes users run, and the
+block-size sweeps. Each case carries its roofline :class:`~.roofline.Work`.
 
 Every builder returns ``(function, [(shape, dtype), ...])`` for
 :func:`asickernels.simulate.tpu_estimate.estimate.compile_with_dumps`, which calls it in a subprocess.
@@ -11,6 +12,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate.estimate import Case
 
@@ -25,29 +27,68 @@ def _case(
     builder: str,
     kwargs: dict[str, Any],
     loop_trips: Mapping[str, tuple[tuple[int, Any], ...]] | None = None,
+    *,
+    op: str = "",
+    impl: str = "",
+    shape: str = "",
+    work: roofline.Work | None = None,
 ) -> Case:
     return Case(
-        name, builder, tuple(sorted(kwargs.items())), tuple(sorted((loop_trips or {}).items()))
+        name,
+        builder,
+        tuple(sorted(kwargs.items())),
+        tuple(sorted((loop_trips or {}).items())),
+        op=op,
+        impl=impl,
+        shape=shape,
+        work=work,
     )
 
 
-SEED_NMS_PALLAS = _case("seed NMS, Pallas", f"{_SEEDS}:nms_case", {"variant": "pallas"})
-SEED_NMS_JAX = _case("seed NMS, jitted JAX", f"{_SEEDS}:nms_case", {"variant": "jax"})
-SEED_MATMUL_BF16 = _case("seed matmul bf16 8192^3", f"{_SEEDS}:matmul_case", {"dtype": "bfloat16"})
-SEED_MATMUL_INT8 = _case("seed matmul int8 8192^3", f"{_SEEDS}:matmul_case", {"dtype": "int8"})
+_SEED_NMS_SHAPE = f"N={seeds.SEED_NMS_BOXES} out={seeds.SEED_NMS_OUTPUTS}"
+_SEED_NMS_WORK = roofline.nms(seeds.SEED_NMS_BOXES, seeds.SEED_NMS_OUTPUTS)
+SEED_NMS_PALLAS = _case(
+    "seed NMS, Pallas", f"{_SEEDS}:nms_case", {"variant": "pallas"},
+    op="nms", impl="seed", shape=_SEED_NMS_SHAPE, work=_SEED_NMS_WORK,
+)  # fmt: skip
+SEED_NMS_JAX = _case(
+    "seed NMS, jitted JAX", f"{_SEEDS}:nms_case", {"variant": "jax"},
+    op="nms", impl="seed", shape=_SEED_NMS_SHAPE, work=_SEED_NMS_WORK,
+)  # fmt: skip
+
+
+def seed_matmul_case(dtype: str, size: int = seeds.SEED_MATMUL_SIZE) -> Case:
+    """The seed's Pallas matmul (blocks 512x1024x1024) at ``size``^3 in ``dtype``."""
+    short = "int8" if dtype == "int8" else "bf16"
+    out_bytes = 4 if dtype == "int8" else 2
+    return _case(
+        f"seed matmul {short} {size}^3",
+        f"{_SEEDS}:matmul_case",
+        {"dtype": dtype} if size == seeds.SEED_MATMUL_SIZE else {"dtype": dtype, "size": size},
+        op="int8_matmul" if dtype == "int8" else "bf16_matmul",
+        impl="seed",
+        shape=f"{size}x{size}x{size}",
+        work=roofline.matmul(size, size, size, dtype=dtype, out_bytes=out_bytes),
+    )
+
+
+SEED_MATMUL_BF16 = seed_matmul_case("bfloat16")
+SEED_MATMUL_INT8 = seed_matmul_case("int8")
 SEED_CASES = (SEED_NMS_PALLAS, SEED_NMS_JAX, SEED_MATMUL_BF16, SEED_MATMUL_INT8)
 
 
 def seed_int8_matmul_case(size: int) -> Case:
     """The seed's int8 Pallas matmul (blocks 512x1024x1024) at ``size``^3."""
-    if size == seeds.SEED_MATMUL_SIZE:
-        return SEED_MATMUL_INT8
-    return _case(
-        f"seed matmul int8 {size}^3", f"{_SEEDS}:matmul_case", {"dtype": "int8", "size": size}
-    )
+    return seed_matmul_case("int8", size)
 
 
 GIOU_PAIRS = 1024 * 256  # the seeds' GIOU workload
+# The shapes users run (issue #15): W8A8 decode and prefill matmuls, GIOU over 10^4..10^6
+# pairs, NMS over 1024..16384 boxes.
+INT8_USER_M = (1, 8, 32, 128, 512, 2048)
+INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
+GIOU_USER_PAIRS = (10_000, 100_000, 1_000_000)
+NMS_USER_N = (1024, 2048, 4096, 8192, 16384)
 INT8_MATMUL_SWEEP = (  # (block_m, block_n, block_k)
     (256, 512, 1024),
     (512, 512, 1024),
@@ -81,12 +122,38 @@ def int8_matmul_builder(
     return function, [((m, k), "int8"), ((k, n), "int8")]
 
 
-def nms_builder(n: int, max_output_size: int, iou_threshold: float, tile: int) -> Built:
-    """Our NMS (``backend="pallas_tpu"``) on one image of ``n`` boxes with this tile."""
+def xla_matmul_builder(m: int, k: int, n: int, variant: str) -> Built:
+    """Plain XLA: ``"int8"`` (int8 dot, int32 result), ``"w8a8"`` (the int8 dot then
+    per-row x per-column dequantization to bfloat16) or ``"bf16"`` (a bfloat16 dot)."""
+    import jax
+    import jax.numpy as jnp
+
+    def int8_dot(x: Any, y: Any) -> Any:
+        return jax.lax.dot(x, y, preferred_element_type=jnp.int32)
+
+    if variant == "int8":
+        return int8_dot, [((m, k), "int8"), ((k, n), "int8")]
+    if variant == "w8a8":
+
+        def w8a8(x: Any, y: Any, x_scale: Any, y_scale: Any) -> Any:
+            product = int8_dot(x, y).astype(jnp.float32)
+            return (product * x_scale[:, None] * y_scale[None, :]).astype(jnp.bfloat16)
+
+        args = [((m, k), "int8"), ((k, n), "int8"), ((m,), "float32"), ((n,), "float32")]
+        return w8a8, args
+    if variant == "bf16":
+        return jnp.dot, [((m, k), "bfloat16"), ((k, n), "bfloat16")]
+    raise ValueError(f"variant must be 'int8', 'w8a8' or 'bf16', got {variant!r}")
+
+
+def nms_builder(
+    n: int, max_output_size: int, iou_threshold: float, tile: int = 0, backend: str = "pallas_tpu"
+) -> Built:
+    """NMS on ``backend`` on one image of ``n`` boxes (ours with this tile, when given)."""
     import asickernels
     from asickernels.backends.pallas_tpu import tuning
 
-    config = tuning.NmsConfig(tile)
+    config = tuning.NmsConfig(tile) if tile else None
 
     def function(boxes: Any, scores: Any) -> Any:
         return asickernels.nms(
@@ -94,7 +161,7 @@ def nms_builder(n: int, max_output_size: int, iou_threshold: float, tile: int) -
             scores,
             iou_threshold=iou_threshold,
             max_output_size=max_output_size,
-            backend="pallas_tpu",
+            backend=backend,
             config=config,
         )
 
@@ -166,12 +233,34 @@ def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], 
     )
 
 
+def _seed_nms_kept(n: int, max_output_size: int) -> int:
+    """How many boxes greedy NMS keeps on the seed-style random boxes (capped)."""
+    from asickernels import reference
+
+    boxes, scores = seeds.seed_nms_inputs(n)
+    _, count = reference.nms(
+        boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
+        max_output_size=max_output_size, score_threshold=float("-inf"),
+    )  # fmt: skip
+    return int(count[0])
+
+
+def _nms_workload(n: int, max_output_size: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "n": n,
+        "max_output_size": max_output_size,
+        "iou_threshold": seeds.SEED_NMS_IOU_THRESHOLD,
+        **extra,
+    }
+
+
 @functools.cache
 def nms_case(
     tile: int, n: int = seeds.SEED_NMS_BOXES, max_output_size: int = seeds.SEED_NMS_OUTPUTS
 ) -> Case:
-    """Our NMS at the seed's workload (random boxes as the seed draws them), with the loop
-    trips that data produces."""
+    """Our NMS on random boxes as the seed draws them, with the loop trips that data
+    produces (from the kernel's own model, :func:`~asickernels.backends.pallas_tpu.nms.
+    loop_trips`)."""
     from asickernels.backends.pallas_tpu import nms
 
     boxes, scores = seeds.seed_nms_inputs(n)
@@ -182,39 +271,107 @@ def nms_case(
         iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=max_output_size,
     )
-    padded = -(-n // tile) * tile
-    gather_loop = padded // nms.gather_chunk(padded, tile) > 1
+    clamped = min(tile, -(-n // 128) * 128)
+    padded = -(-n // clamped) * clamped
+    gather_loop = padded // nms.gather_chunk(padded, clamped) > 1
     trips = {NMS_PROGRAM: nms_schedule_trips(kernel_trips, gather_loop)}
-    workload = {
-        "n": n,
-        "max_output_size": max_output_size,
-        "iou_threshold": seeds.SEED_NMS_IOU_THRESHOLD,
-        "tile": tile,
-    }
     return _case(
-        f"NMS N={n} out={max_output_size} tile={tile}", f"{_HERE}:nms_builder", workload, trips
+        f"NMS N={n} out={max_output_size} tile={tile}, pallas_tpu",
+        f"{_HERE}:nms_builder",
+        _nms_workload(n, max_output_size, tile=tile),
+        trips,
+        op="nms",
+        impl="pallas_tpu",
+        shape=f"N={n} out={max_output_size}",
+        work=roofline.nms(n, max_output_size),
+    )
+
+
+# The XLA NMS (backends/xla/nms.py) selects one box per trip of its while loop, the only
+# loop of the top-level program whose exit the walk cannot compute.
+XLA_NMS_LOOP = 0
+
+
+@functools.cache
+def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> Case:
+    """Plain XLA NMS (``backend="xla"``) on the same boxes, one loop trip per kept box."""
+    kept = _seed_nms_kept(n, max_output_size)
+    return _case(
+        f"NMS N={n} out={max_output_size}, xla",
+        f"{_HERE}:nms_builder",
+        _nms_workload(n, max_output_size, backend="xla"),
+        {"TLP": ((XLA_NMS_LOOP, max(kept, 1)),)},
+        op="nms",
+        impl="xla",
+        shape=f"N={n} out={max_output_size}",
+        work=roofline.nms(n, max_output_size),
     )
 
 
 def int8_matmul_case(
-    blocks: tuple[int, int, int] | None = None, size: int = seeds.SEED_MATMUL_SIZE
+    blocks: tuple[int, int, int] | None = None,
+    size: int = seeds.SEED_MATMUL_SIZE,
+    mkn: tuple[int, int, int] | None = None,
 ) -> Case:
-    """Our int8 matmul at ``size``^3, table blocks or ``(block_m, block_n, block_k)``."""
+    """Our int8 matmul at ``size``^3 (or ``mkn``), table blocks or ``(block_m, block_n,
+    block_k)``."""
+    m, k, n = mkn or (size, size, size)
     named = "table blocks" if blocks is None else "blocks {}x{}x{}".format(*blocks)
-    shape: dict[str, Any] = {"m": size, "k": size, "n": size}
+    shape: dict[str, Any] = {"m": m, "k": k, "n": n}
     if blocks is not None:
         shape.update(zip(("block_m", "block_n", "block_k"), blocks, strict=True))
-    return _case(f"int8 matmul {size}^3 {named}", f"{_HERE}:int8_matmul_builder", shape)
+    label = f"{m}x{k}x{n}"
+    return _case(
+        f"int8 matmul {label} {named}, pallas_tpu",
+        f"{_HERE}:int8_matmul_builder",
+        shape,
+        op="int8_matmul",
+        impl="pallas_tpu",
+        shape=label,
+        work=roofline.matmul(m, k, n, dtype="int8", out_bytes=4),
+    )
+
+
+_XLA_MATMUL = {  # variant -> (op, dtype, output bytes, scales)
+    "int8": ("int8_matmul", "int8", 4, False),
+    "w8a8": ("w8a8_matmul", "int8", 2, True),
+    "bf16": ("bf16_matmul", "bfloat16", 2, False),
+}
+
+
+def xla_matmul_case(m: int, k: int, n: int, variant: str) -> Case:
+    """Plain XLA matmul at ``[m, k] @ [k, n]``; see :func:`xla_matmul_builder`."""
+    op, dtype, out_bytes, scales = _XLA_MATMUL[variant]
+    label = f"{m}x{k}x{n}"
+    return _case(
+        f"{op.replace('_', ' ')} {label}, xla",
+        f"{_HERE}:xla_matmul_builder",
+        {"m": m, "k": k, "n": n, "variant": variant},
+        op=op,
+        impl="xla",
+        shape=label,
+        work=roofline.matmul(m, k, n, dtype=dtype, out_bytes=out_bytes, scales=scales),
+    )
+
+
+def giou_case(pairs: int, backend: str, gradient: bool) -> Case:
+    """GIOU on ``pairs`` float32 box pairs on ``backend``, forward or gradient."""
+    op = "giou_grad" if gradient else "giou"
+    return _case(
+        f"GIOU {pairs} pairs f32 {'gradient' if gradient else 'forward'}, {backend}",
+        f"{_HERE}:giou_builder",
+        {"pairs": pairs, "backend": backend, "gradient": gradient},
+        op=op,
+        impl=backend,
+        shape=f"P={pairs}",
+        work=roofline.giou(pairs, gradient=gradient),
+    )
 
 
 # Ours and plain XLA side by side: on TPU v5e the seed found jitted JAX slightly faster
 # than its Pallas GIOU; `backend=None` picks Pallas on TPUs, so this should say otherwise.
 GIOU_CASES = tuple(
-    _case(
-        f"GIOU {GIOU_PAIRS} pairs f32 {'gradient' if gradient else 'forward'}, {backend}",
-        f"{_HERE}:giou_builder",
-        {"pairs": GIOU_PAIRS, "backend": backend, "gradient": gradient},
-    )
+    giou_case(GIOU_PAIRS, backend, gradient)
     for gradient in (False, True)
     for backend in ("pallas_tpu", "xla")
 )

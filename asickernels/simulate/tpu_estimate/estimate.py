@@ -33,6 +33,7 @@ from typing import Any
 
 from asickernels import tpu_generations as generations
 from asickernels.simulate.tpu_estimate import parsing, walk
+from asickernels.simulate.tpu_estimate.roofline import Work
 
 # Generations the estimate covers: those libtpu compiles for whose clock is known.
 GENERATIONS = tuple(
@@ -80,12 +81,19 @@ class Case:
     compute them): ``(program, ((loop number, trips), ...))`` pairs, the loop numbered in
     preorder of :func:`~asickernels.simulate.tpu_estimate.walk.loop_tree` and ``trips`` an
     int or a tuple taken in turn on successive entries of that loop.
+
+    ``op``, ``impl`` (``"pallas_tpu"``, ``"xla"`` or ``"seed"``) and ``shape`` label the
+    case in tables and JSON; ``work`` gives its roofline (None: none stated).
     """
 
     name: str
     builder: str
     kwargs: tuple[tuple[str, Any], ...] = ()
     loop_trips: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    op: str = ""
+    impl: str = ""
+    shape: str = ""
+    work: Work | None = None
 
     def build(self) -> tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]:
         module, _, function = self.builder.partition(":")

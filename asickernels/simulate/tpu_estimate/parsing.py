@@ -154,7 +154,9 @@ def _relevant(op_text: str) -> bool:
         return False
     if dest and dest[0] in "sp" and _REGISTER.match("%" + dest):
         return True
-    return opcode in ("sbr.rel", "sst", "inlined_call", "vdelay") or opcode.startswith("dma.")
+    return opcode in ("sbr.rel", "sst", "inlined_call", "vdelay") or opcode.startswith(
+        ("dma.", "sdivrem")
+    )
 
 
 def parse_operand(text: str) -> Operand:

@@ -3,6 +3,7 @@ ALU and compare ops, and the DMA/HBM clock shared by all programs of a walk."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,24 @@ class Machine:
         self.unresolved_branches = 0
         self.unresolved_loops: list[str] = []
         self.missing_programs: set[str] = set()
+        # Results of scalar divisions (``%id = sdivrem a, b /* kRem */``), popped later by
+        # ``spop.drf %id``.
+        self.divisions: dict[str, Value] = {}
+
+    def divide(self, op: Op) -> None:
+        """Executes an ``sdivrem``: keeps the quotient or remainder its comment asks for."""
+        ident = re.match(r"\s*%(\w+)\s*=", op.text)
+        values = [self.read(operand) for operand in op.operands]
+        result: Value = None
+        if len(values) == 2 and type(values[0]) is int and type(values[1]) is int and values[1]:
+            a, b = values
+            if op.opcode.endswith(".s32"):
+                a, b = as_signed(a), as_signed(b)
+            quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+            remainder = a - quotient * b
+            result = (remainder if "kRem" in op.text else quotient) & U32
+        if ident:
+            self.divisions[ident.group(1)] = result
 
     def read(self, operand: Operand) -> Value:
         if operand.register is not None:
@@ -93,6 +112,9 @@ class Machine:
         values = [self.read(operand) for operand in op.operands]
         if family in ("smov", "pmov") or family.startswith("int_to_ptr"):
             return values[-1] if values else None
+        if op.opcode == "spop.drf":
+            source = re.search(r"spop\.drf\s+%(\w+)", op.text)
+            return self.divisions.get(source.group(1)) if source else None
         if family == "scalar_lea" and len(values) == 2:
             base, offset = values
             if isinstance(base, Addr) and isinstance(offset, int):
@@ -100,10 +122,20 @@ class Machine:
             return None
         if family == "sld":
             address = self.address(op)
-            return None if address is None else self.smem.get(address)
+            value = None if address is None else self.smem.get(address)
+            # The walk follows core 0 of a multi-core chip (its share of a "parallel" grid).
+            return 0 if value is None and "core id" in op.text else value
         if family == "scalar_select" and len(values) == 3:
             chosen, on_true, on_false = values
-            return None if not isinstance(chosen, bool) else (on_true if chosen else on_false)
+            if isinstance(chosen, bool):
+                return on_true if chosen else on_false
+            # An unknown choice between two integers takes the larger. The case that matters:
+            # XLA's cross-program prefetch sizes its parameter DMA this way (0 when a flag
+            # says the previous call left the data in VMEM): count the copy, as a first
+            # call or a call with new weights must.
+            if type(on_true) is int and type(on_false) is int:
+                return max(on_true, on_false)
+            return None
         if family == "pneg" and values and isinstance(values[0], bool):
             return not values[0]
         if len(values) != 2:

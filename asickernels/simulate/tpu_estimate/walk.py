@@ -297,6 +297,8 @@ class Walker:
                 address = machine.address(op)
                 if address is not None:
                     stores.append((address, machine.read(op.operands[0]) if runs_op else None))
+            elif op.opcode.startswith("sdivrem") and runs_op is not False:
+                machine.divide(op)
             elif op.opcode == "inlined_call" and runs_op is not False:
                 self._call(op)
             elif op.opcode == "dma.done.wait" and runs_op is not False:
