@@ -45,10 +45,12 @@ def _out_dtype(*specs: Spec | None) -> np.dtype:
     return np.dtype(float_compute_dtype(*specs))
 
 
-def _paired(runner: Runner, kernel: str, dtype: str, *arrays: Any) -> Any:
-    """Runs a paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` arrays (``[...]``
-    arrays, such as cotangents, are flattened to ``[P]``)."""
-    flat = [a.reshape(-1, 4) if a.shape[-1:] == (4,) else a.reshape(-1) for a in arrays]
+def _paired(
+    runner: Runner, kernel: str, dtype: str, boxes1: Any, boxes2: Any, *per_pair: Any
+) -> Any:
+    """Runs a paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` boxes; ``per_pair``
+    arrays (``[...]``, such as a cotangent) are flattened to ``[P]``."""
+    flat = [boxes1.reshape(-1, 4), boxes2.reshape(-1, 4), *(a.reshape(-1) for a in per_pair)]
     if dtype == "float64":
         flat = [a.astype(np.float64) for a in flat]
     return runner.kernel(kernel)(*flat)
