@@ -52,6 +52,8 @@ def giou_cases() -> list[GiouCase]:
     cases.append(
         GiouCase("batch_3x5x7", random_boxes(rng, (3, 5, 7)), random_boxes(rng, (3, 5, 7)))
     )
+    # A batch whose last dim is 4, like a box: cotangents [2, 4] must not pass for boxes.
+    cases.append(GiouCase("batch_2x4", random_boxes(rng, (2, 4)), random_boxes(rng, (2, 4))))
     base = np.array([0.0, 0.0, 4.0, 4.0], np.float32)
     adversarial = {
         "identical": (base, base),
