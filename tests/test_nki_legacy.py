@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from asickernels.simulate.nki import errors, last_counters
 from asickernels.simulate.nki import legacy as nki
+from asickernels.simulate.nki.legacy import error_codes as legacy_errors
 from asickernels.simulate.nki.legacy import isa as nisa
 from asickernels.simulate.nki.legacy import language as nl
 from asickernels.simulate.nki.legacy import typing as nt
-from asickernels.simulate.nki.legacy.tile import (
+from asickernels.simulate.nki.legacy.error_codes import (
     Err1dArangeNotSupported,
     ErrSharedHbmMustInKernelLevel,
 )
@@ -68,7 +69,7 @@ def test_arange_and_mgrid_select_a_strided_tile():
 
 def test_masks_combine_with_ampersand_only():
     i = nl.arange(4)[:, None]
-    with pytest.raises(TypeError, match="'&'"):
+    with pytest.raises(legacy_errors.ErrControlFlowConditionDependingOnArange, match="'&'"):
         bool(i < 2)
     assert ((i < 3) & (i > 0)).values[:, 0].tolist() == [False, True, True, False]
 
@@ -838,3 +839,60 @@ def test_bitvec_operators_keep_integers_exact():
     np.testing.assert_allclose(out[:, 0], x[:, 0] - x[:, 1] - x[:, 2] - x[:, 3], rtol=1e-5)
     with pytest.raises(errors.UnsupportedDtype):
         run(returning(lambda t: nl.bitwise_and(t, 1)), x)
+
+
+def test_parameters_are_immutable_unless_annotated():
+    """nki.errors.rst: err_cannot_update_immutable_parameter and
+    err_mutable_parameter_not_returned (nki.trace kernels of 2.20 write output arguments)."""
+
+    @nki.jit
+    def writes_input(x):
+        nl.store(x, nl.load(x) + 1.0)
+        return x
+
+    @nki.jit
+    def mutable(x: nt.mutable_tensor):
+        nl.store(x, nl.load(x) + 1.0)
+        return x
+
+    @nki.jit
+    def forgets_to_return(x: nt.mutable_tensor):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(x, nl.load(x) + 1.0)
+        nl.store(out, nl.load(x))
+        return out
+
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(legacy_errors.ErrCannotUpdateImmutableParameter):
+        writes_input(x)
+    np.testing.assert_array_equal(mutable(x), np.ones((2, 3)))
+    np.testing.assert_array_equal(x, np.ones((2, 3)))  # updated in place, as on device
+    with pytest.raises(legacy_errors.ErrMutableParameterNotReturned):
+        forgets_to_return(x)
+
+
+def test_documented_misuse_raises_the_sdk_error():
+    def mixed_indexing(x):
+        nl.load(x[nl.arange(2)[:, None], :])
+
+    def branch_on_grid(x):
+        i = nl.arange(2)[:, None]
+        if i > 0:
+            nl.load(x)
+
+    @nki.jit
+    def inner(x):
+        return x
+
+    def nested_grid(x):
+        inner[2](x)
+
+    for kernel, error in (
+        (mixed_indexing, legacy_errors.ErrUnsupportedMixingBasicAdvancedTensorIndexing),
+        (branch_on_grid, legacy_errors.ErrControlFlowConditionDependingOnArange),
+        (nested_grid, legacy_errors.ErrNestedKernelWithSpmdGrid),
+    ):
+        with pytest.raises(error):
+            run(kernel, rand(2, 3))
+    with pytest.raises(legacy_errors.ErrCannotAssignToIndex):
+        nl.arange(4)[None, :][0, 1] = 3

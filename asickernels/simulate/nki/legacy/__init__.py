@@ -28,6 +28,7 @@ general/nki/nki_known_issues.rst).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,10 @@ import numpy as np
 
 from asickernels.simulate.nki import errors, runtime
 from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typing
+from asickernels.simulate.nki.legacy.error_codes import (
+    ErrMutableParameterNotReturned,
+    ErrNestedKernelWithSpmdGrid,
+)
 from asickernels.simulate.nki.legacy.tile import Tensor, argument
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion
@@ -58,9 +63,18 @@ __all__ = [
 class Kernel:
     """A legacy kernel: callable on NumPy arrays, ``kernel[g0, g1, ...]`` for a launch grid."""
 
-    def __init__(self, function: Callable[..., Any], grid: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        grid: tuple[int, ...] = (),
+        parameters_writable: bool = False,
+    ) -> None:
         self.function = function
         self.grid = grid
+        # Neuron 2.20 (nki.trace) passed outputs as arguments; since then parameters are
+        # immutable unless annotated nt.mutable_tensor (nki.errors.rst,
+        # err_cannot_update_immutable_parameter).
+        self.parameters_writable = parameters_writable
         functools.update_wrapper(self, function)
 
     def __getitem__(self, grid: Any) -> Kernel:
@@ -68,14 +82,32 @@ class Kernel:
         sizes = grid if isinstance(grid, tuple) else (grid,)
         if not all(isinstance(s, (int, np.integer)) and s >= 1 for s in sizes):
             raise ValueError(f"SPMD launch grid sizes must be positive integers, got {grid!r}")
-        return Kernel(self.function, tuple(int(s) for s in sizes))
+        return Kernel(self.function, tuple(int(s) for s in sizes), self.parameters_writable)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if runtime.in_kernel():  # a sub-kernel: inline it in the same program
             if self.grid:
-                raise TypeError("a kernel launched with a grid cannot be called inside a kernel")
+                raise ErrNestedKernelWithSpmdGrid(
+                    f"{self.function.__name__} is launched with grid {self.grid} inside a kernel"
+                )
             return self.function(*args, **kwargs)
         return _run(self, args, kwargs)
+
+    def mutable_parameters(self) -> set[str]:
+        """The parameters annotated ``nt.mutable_tensor``."""
+        try:
+            annotations = inspect.get_annotations(self.function, eval_str=True)
+        except Exception:  # unresolvable string annotations: read them as text
+            annotations = dict(getattr(self.function, "__annotations__", {}))
+        return {name for name, note in annotations.items() if _is_mutable(note)}
+
+
+def _is_mutable(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return "mutable_tensor" in annotation
+    return annotation is typing.mutable_tensor or (
+        isinstance(annotation, typing.TensorType) and annotation.mutable
+    )
 
 
 def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **kwargs: Any) -> Any:
@@ -87,8 +119,11 @@ def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **kwargs: An
 
 
 def trace(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-    """The Neuron 2.20 decorator used with :func:`simulate_kernel` (same as :func:`jit`)."""
-    return jit(func, **kwargs)
+    """The Neuron 2.20 decorator used with :func:`simulate_kernel`: as :func:`jit`, but the
+    kernel may write its parameters (2.20 passed outputs as arguments)."""
+    if func is None:
+        return lambda function: Kernel(function, parameters_writable=True)
+    return Kernel(func, parameters_writable=True)
 
 
 def baremetal(kernel: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
@@ -99,8 +134,9 @@ def baremetal(kernel: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
 
 def simulate_kernel(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Runs ``kernel`` (decorated or not, possibly ``kernel[grid]``) on NumPy arrays and
-    returns its return value as NumPy arrays. Output arguments are written in place."""
-    launched = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    returns its return value as NumPy arrays. Output arguments are written in place (an
+    undecorated function, as in 2.20, may write its parameters)."""
+    launched = kernel if isinstance(kernel, Kernel) else Kernel(kernel, parameters_writable=True)
     return _run(launched, args, kwargs)
 
 
@@ -124,15 +160,19 @@ def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     run = runtime.start_run(target=legacy_target())
     written_back: list[tuple[np.ndarray, np.ndarray]] = []
 
+    mutable = kernel.mutable_parameters()
+    names = _parameter_names(kernel.function, args, kwargs)
+
     def wrap(value: Any, position: str) -> Any:
         if not isinstance(value, np.ndarray):
             return value
+        writable = kernel.parameters_writable or names.get(position) in mutable
         if value.flags.c_contiguous and value.flags.writeable:
-            return argument(value, position)
+            return argument(value, position, writable)
         contiguous = np.ascontiguousarray(value)  # copied back after the run
         if value.flags.writeable:
             written_back.append((value, contiguous))
-        return argument(contiguous, position)
+        return argument(contiguous, position, writable)
 
     try:
         wrapped_args = [wrap(value, f"#{i}") for i, value in enumerate(args)]
@@ -142,12 +182,44 @@ def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             code = getattr(kernel.function, "__code__", None)  # None: a callable object
             for _ in spmd.programs(code, kernel.grid):
                 result = kernel.function(*wrapped_args, **wrapped_kwargs)
+        _check_mutable_returned(mutable, names, wrapped_args, wrapped_kwargs, result)
         for original, contiguous in written_back:
             original[...] = contiguous
         return _unwrap(result)
     finally:
         runtime.finish_run()
         runtime.publish_counters([run])
+
+
+def _parameter_names(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, str]:
+    """Argument position (``#i`` or keyword) -> parameter name."""
+    try:
+        parameters = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    names = {f"#{i}": name for i, name in zip(range(len(args)), parameters, strict=False)}
+    return names | {key: key for key in kwargs}
+
+
+def _check_mutable_returned(
+    mutable: set[str],
+    names: dict[str, str],
+    args: list[Any],
+    kwargs: dict[str, Any],
+    result: Any,
+) -> None:
+    """nki.errors.rst err_mutable_parameter_not_returned."""
+    returned = result if isinstance(result, (tuple, list)) else (result,)
+    storages = {id(v.storage) for v in returned if isinstance(v, Tensor)}
+    passed = {f"#{i}": v for i, v in enumerate(args)} | kwargs
+    for position, value in passed.items():
+        is_mutable = isinstance(value, Tensor) and names.get(position) in mutable
+        if is_mutable and id(value.storage) not in storages:
+            raise ErrMutableParameterNotReturned(
+                f"mutable parameter '{names[position]}' is not returned by the kernel"
+            )
 
 
 def _unwrap(value: Any) -> Any:

@@ -51,8 +51,8 @@ from asickernels.simulate.nki.language import (
     uint32,
 )
 from asickernels.simulate.nki.legacy import spmd
+from asickernels.simulate.nki.legacy.error_codes import ErrSharedHbmMustInKernelLevel
 from asickernels.simulate.nki.legacy.tile import (
-    ErrSharedHbmMustInKernelLevel,
     IndexGrid,
     Mask,
     Tensor,
@@ -774,6 +774,7 @@ def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: 
     api = "atomic_rmw"
     run = runtime.active_run(api)
     require_tile(api, "dst", dst, HBM)
+    dst.storage.check_writable(api)
     if op not in (np.add, add):
         raise errors.UnsupportedOperator(f"'{api}' supports only np.add, got {op!r}")
     where = mask_values(api, mask, dst.shape)

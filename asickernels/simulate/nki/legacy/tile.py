@@ -19,6 +19,13 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki.legacy.error_codes import (
+    Err1dArangeNotSupported,
+    ErrCannotAssignToIndex,
+    ErrCannotUpdateImmutableParameter,
+    ErrControlFlowConditionDependingOnArange,
+    ErrUnsupportedMixingBasicAdvancedTensorIndexing,
+)
 from asickernels.simulate.nki.tensor import (
     UNINITIALISED_FLOAT,
     UNINITIALISED_INT,
@@ -27,18 +34,6 @@ from asickernels.simulate.nki.tensor import (
     is_hbm,
     nki_dtype,
 )
-
-
-class Err1dArangeNotSupported(errors.NkiValidationError):
-    """A 1-D ``nl.arange`` used as an index: lift it with ``[:, None]`` or ``[None, :]``."""
-
-    code = "err_1d_arange_not_supported"
-
-
-class ErrSharedHbmMustInKernelLevel(errors.NkiValidationError):
-    """``shared_hbm`` tensors can only be created at the kernel's top-level scope."""
-
-    code = "err_shared_hbm_must_in_kernel_level"
 
 
 class par_dim(int):  # the SDK's (lowercase) name
@@ -66,6 +61,16 @@ class IndexGrid:
     def __getitem__(self, key: Any) -> IndexGrid:
         """``[:, None]`` / ``[None, :]``: lifts the grid to its axis of a tile."""
         return IndexGrid(self.values[key], dynamic=self.dynamic)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise ErrCannotAssignToIndex(
+            "'index' tensor does not support item assignment; build values with nisa.iota"
+        )
+
+    def __bool__(self) -> bool:
+        raise ErrControlFlowConditionDependingOnArange(
+            "control flow depending on nl.arange/nl.mgrid is not supported; use mask="
+        )
 
     def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> IndexGrid:
         if isinstance(other, Tensor):
@@ -164,7 +169,10 @@ class Mask:
 
     def __bool__(self) -> bool:
         # nki_known_issues.rst: "Use & to combine masks. We do not support using and".
-        raise TypeError("masks are combined with '&', not 'and'/'or'/'if'")
+        raise ErrControlFlowConditionDependingOnArange(
+            "a comparison of nl.arange/nl.mgrid values is a mask: pass it as mask= and "
+            "combine masks with '&', not 'and'/'or'/'if'"
+        )
 
 
 class _MGrid:
@@ -242,6 +250,7 @@ class Storage:
         "dtype",
         "flat",
         "name",
+        "read_only",
         "written",
     )
 
@@ -252,6 +261,7 @@ class Storage:
         name: str,
         block_dims: int = 0,
         allocations: Sequence[runtime.Allocation] = (),
+        read_only: bool = False,
     ) -> None:
         self.array = array
         self.flat = array.reshape(-1)  # a view: storage is created C-contiguous
@@ -260,8 +270,16 @@ class Storage:
         self.name = name
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
         self.allocations = tuple(allocations)  # released when the storage is collected
+        self.read_only = read_only  # an immutable kernel parameter
         # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
         self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
+
+    def check_writable(self, api: str) -> None:
+        if self.read_only:
+            raise ErrCannotUpdateImmutableParameter(
+                f"'{api}' writes kernel parameter {self.name}, which is immutable: annotate it "
+                "nt.mutable_tensor (and return it), or write a new nl.shared_hbm tensor"
+            )
 
 
 def allocate(
@@ -306,7 +324,7 @@ def allocate(
     return Tensor.whole(storage)
 
 
-def argument(array: np.ndarray, position: str) -> Tensor:
+def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
     """A kernel argument in HBM viewing the caller's (C-contiguous) array."""
     try:
         nki_dtype(array.dtype)
@@ -314,7 +332,8 @@ def argument(array: np.ndarray, position: str) -> Tensor:
         raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
     if array.ndim == 0 or array.size == 0:
         raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
-    return Tensor.whole(Storage(array, MemoryRegion.private_hbm, position))
+    storage = Storage(array, MemoryRegion.private_hbm, position, read_only=not writable)
+    return Tensor.whole(storage)
 
 
 class Tensor:
@@ -406,6 +425,7 @@ class Tensor:
 
     def write(self, values: np.ndarray, where: np.ndarray | None, api: str) -> None:
         """Stores ``values`` (this view's shape) where ``where`` holds (everywhere if None)."""
+        self.storage.check_writable(api)
         selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
         if self.out_of_bounds is not None:
             check_in_bounds(api, self, where)
@@ -464,7 +484,7 @@ class Tensor:
                 )
         grids = any(isinstance(k, IndexGrid) for k in keys)
         if grids and (len(keys) < self.ndim or any(isinstance(k, slice) for k in keys)):
-            raise TypeError(
+            raise ErrUnsupportedMixingBasicAdvancedTensorIndexing(
                 f"index {self!r} either with slices/integers or with index grids "
                 "(nl.arange/nl.mgrid) on every dimension, not a mix"
             )
