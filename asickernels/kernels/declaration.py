@@ -296,18 +296,23 @@ class Op:
         plan: Plan,
         config: Any,
         arrays: Mapping[str, Any],
-        want: Literal["jax", "numpy"],
+        want: Literal["jax", "any"],
     ) -> Any:
-        """Runs a validated call on ``backend``; ``want`` is the array kind returned when the
-        call is eager (inside a trace the outputs are always traced JAX values)."""
+        """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
+        returns what the path produced (numpy from a host implementation, JAX arrays from a
+        compiled one), for frontends that convert anyway (inside a trace the outputs are
+        always traced JAX values)."""
         traced = any(isinstance(a, jax.core.Tracer) for a in arrays.values())
         if self.check_values is not None and not traced:
             self.check_values(**arrays)
         if plan.trivial:
-            xp = np if want == "numpy" and not traced else jnp
+            xp = np if want == "any" and not traced else jnp
             specs = plan.output_list()
             fills = plan.fill + (0,) * (len(specs) - len(plan.fill))
-            outs = tuple(xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True))
+            with x64_scope(plan.x64):
+                outs = tuple(
+                    xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True)
+                )
             return _as_single(plan, outs)
         if traced:
             return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
@@ -315,12 +320,12 @@ class Op:
             host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
             with x64_scope(plan.x64):
                 out = self.compute(Runner(backend, True, config), plan, **host)
-            return out if want == "numpy" else jax.tree.map(lambda o: to_jax(o, plan.x64), out)
+            return out if want == "any" else jax.tree.map(lambda o: to_jax(o, plan.x64), out)
         compiled = self._compiled_for(backend, plan, config)
         present = {n: a for n, a in arrays.items() if a is not None}
         with x64_scope(plan.x64):
             out = compiled(**present)
-        return jax.tree.map(np.asarray, out) if want == "numpy" else out
+        return out
 
     def _compiled_for(self, backend: str | None, plan: Plan, config: Any) -> Callable[..., Any]:
         key: Any = (backend, plan, config)

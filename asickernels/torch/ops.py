@@ -135,7 +135,7 @@ def run_on_cpu(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], b
     arrays = {name: to_host(t) for name, t in tensors.items()}
     plan = op.plan(arrays, statics)
     chosen = op.choose(plan, backend, arrays)
-    out = op.run(chosen, plan, None, arrays, want="numpy")
+    out = op.run(chosen, plan, None, arrays, want="any")
     return tuple(map(to_torch, out)) if isinstance(out, tuple) else to_torch(out)
 
 
