@@ -5,6 +5,8 @@ real compile (slow)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import tarfile
 from pathlib import Path
@@ -17,7 +19,7 @@ from asickernels import reference, tpu_generations
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
-from asickernels.simulate.tpu_estimate import parsing
+from asickernels.simulate.tpu_estimate import parsing, roofline
 from asickernels.simulate.tpu_estimate import report as tpu_cost_report
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate import walk as walking
@@ -265,12 +267,57 @@ def test_seed_nms_dump_counts_one_grid_step_per_output(tmp_path: Path) -> None:
     assert slower.device_s > estimate.device_s
 
 
-def test_markdown_says_estimates_not_measurements(tmp_path: Path) -> None:
+def stream_row(tmp_path: Path, **case_fields: object) -> tpu_cost_report.Row:
     dump = parsing.load_dump(stored_dump("stream_v5e", tmp_path))
     estimate = tpu_cost.estimate_dump(dump, "v5e", case="stream")
-    text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [estimate], None, []))
+    case = tpu_cost_cases.stream_case()
+    return tpu_cost_report.Row(dataclasses.replace(case, **case_fields), estimate)  # type: ignore[arg-type]
+
+
+def test_markdown_says_estimates_not_measurements(tmp_path: Path) -> None:
+    row = stream_row(tmp_path, op="stream", impl="pallas_tpu")
+    text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [row], None, []))
     assert "not measurements" in text
-    assert "| stream | v5e |" in text
+    assert f"| {row.case.name} | stream | pallas_tpu | v5e |" in text
+
+
+def test_json_row_has_the_documented_fields_and_respects_the_roofline(tmp_path: Path) -> None:
+    row = stream_row(tmp_path, op="stream", impl="pallas_tpu", shape="1024x512")
+    fields = row.as_json()
+    assert set(fields) == {
+        "name", "op", "impl", "shape", "generation", "program_ms", "kernel_ms",
+        "roofline_ms", "calibrated_ms",
+    }  # fmt: skip
+    assert fields["roofline_ms"] == pytest.approx(STREAM_BYTES / 819e9 * 1e3)
+    assert fields["program_ms"] >= fields["roofline_ms"] and not row.below_roofline
+    # An estimate twice as fast as the bytes allow is refused.
+    faster = tpu_cost_report.Row(
+        dataclasses.replace(row.case, work=roofline.Work(4 * STREAM_BYTES)), row.estimate
+    )
+    assert faster.below_roofline
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tpu_estimates.json"
+
+
+def test_recorded_estimates_are_never_below_their_roofline() -> None:
+    if not RECORDED.exists():
+        pytest.skip(f"{RECORDED} not recorded (asickernels estimate --json PATH)")
+    rows = json.loads(RECORDED.read_text())
+    assert rows
+    low = [r for r in rows if r["program_ms"] < r["roofline_ms"] * (1 - 1e-9)]
+    assert not low, low
+
+
+def test_roofline_bounds() -> None:
+    # 8192^3 int8 on v5e is MXU-bound: 2 * 8192^3 / 394e12.
+    work = roofline.matmul(8192, 8192, 8192, dtype="int8", out_bytes=4)
+    assert work.seconds("v5e") == pytest.approx(2 * 8192**3 / 394e12)
+    # Decode (M = 1) is bound by the weight bytes.
+    assert roofline.matmul(1, 4096, 4096, dtype="int8", out_bytes=4).seconds(
+        "v5e"
+    ) == pytest.approx((4096 * 4096 + 4096 + 4 * 4096) / 819e9)
+    assert roofline.giou(10**6, gradient=False).seconds("v6e") == pytest.approx(36e6 / 1640e9)
 
 
 # -- cases and the command ---------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 Grid ``(M/bm, N/bn, K/bk)`` with K last and "arbitrary": an int32 VMEM accumulator is
 zeroed at k == 0 and written out (dequantized when scales are given) at the last k step.
-Ragged M, N, K are zero-padded to whole blocks: zero rows/columns add exactly 0 to the
-integer sums, and the padding is sliced off the result.
+A dimension no larger than its block is one whole block; a ragged K is zero-padded (zeros
+add exactly 0 to the integer sums); ragged M and N end in partial blocks, whose
+out-of-range rows and columns only reach outputs Pallas does not write. Block sizes come
+per generation and per shape class (:func:`tuning.int8_matmul_config`).
 """
 
 from __future__ import annotations
@@ -64,19 +66,23 @@ def _build(
 
     def matmul(x: jax.Array, y: jax.Array, *scales: jax.Array) -> jax.Array:
         (m, k), n = x.shape, y.shape[1]
-        bm = min(cfg.block_m, _round_up(m, 32))
-        bn = min(cfg.block_n, _round_up(n, 128))
-        bk = min(cfg.block_k, _round_up(k, 128))
-        mp, np_, kp = _round_up(m, bm), _round_up(n, bn), _round_up(k, bk)
+        # A dimension no larger than its block is one whole block (legal at any size).
+        bm, bn, bk = (
+            min(dim, block) for dim, block in ((m, cfg.block_m), (n, cfg.block_n), (k, cfg.block_k))
+        )
+        kp = _round_up(k, bk)
         scaled = bool(scales)
         dtype = jnp.dtype(out_dtype) if scaled else jnp.dtype(jnp.int32)
         in_specs = [
             pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
             pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
         ]
+        # Only K is zero-padded (zeros add exactly 0 to the sums). Ragged M and N end in
+        # partial blocks: their out-of-range rows/columns meet only out-of-range outputs,
+        # whose writes Pallas drops.
         operands = [
-            jnp.pad(x, ((0, mp - m), (0, kp - k))),
-            jnp.pad(y, ((0, kp - k), (0, np_ - n))),
+            x if kp == k else jnp.pad(x, ((0, 0), (0, kp - k))),
+            y if kp == k else jnp.pad(y, ((0, kp - k), (0, 0))),
         ]
         if scaled:
             x_scale, y_scale = scales
@@ -85,8 +91,8 @@ def _build(
                 pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)),
             ]
             operands += [
-                jnp.pad(x_scale.astype(jnp.float32), (0, mp - m)).reshape(mp, 1),
-                jnp.pad(y_scale.astype(jnp.float32), (0, np_ - n)).reshape(1, np_),
+                x_scale.astype(jnp.float32).reshape(m, 1),
+                y_scale.astype(jnp.float32).reshape(1, n),
             ]
         # Double-buffered int8 inputs and output, the int32 accumulator, the (lane-padded)
         # scales.
@@ -94,8 +100,8 @@ def _build(
         vmem += 2 * 4 * (bm * 128 + 8 * bn) if scaled else 0
         call = pl.pallas_call(
             functools.partial(_kernel, k_steps=kp // bk, scaled=scaled),
-            out_shape=jax.ShapeDtypeStruct((mp, np_), dtype),
-            grid=(mp // bm, np_ // bn, kp // bk),
+            out_shape=jax.ShapeDtypeStruct((m, n), dtype),
+            grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), kp // bk),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
             scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)],
@@ -105,7 +111,7 @@ def _build(
             interpret=target.interpret,
             name="int8_matmul",
         )
-        return call(*operands)[:m, :n]
+        return call(*operands)  # type: ignore[no-any-return]
 
     return matmul
 

@@ -211,7 +211,15 @@ def stream_builder(rows: int, cols: int, block_rows: int) -> Built:
 
 def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> Case:
     workload = {"rows": rows, "cols": cols, "block_rows": block_rows}
-    return _case(f"stream {rows}x{cols} f32", f"{_HERE}:stream_builder", workload)
+    return _case(
+        f"stream {rows}x{cols} f32",
+        f"{_HERE}:stream_builder",
+        workload,
+        op="stream",
+        impl="pallas_tpu",
+        shape=f"{rows}x{cols}",
+        work=roofline.Work(2 * rows * cols * 4),
+    )
 
 
 # Loop numbers (preorder in the kernel's schedule) of the tiled NMS kernel's loops whose

@@ -49,6 +49,7 @@ def hbm_bytes_per_cycle(generation: str) -> float:
 
 
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
+OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
 
 # Calibrated on the seeds' two NMS timings on TPU v5e (`asickernels estimate --markdown`
 # prints the fit from the current compiler next to these). A schedule cannot show either:
@@ -260,6 +261,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         tune_blocks=args.tune,
         markdown=args.markdown,
         verbose=args.verbose,
+        json_path=args.json,
+        ops=args.op,
     )
 
 
@@ -281,9 +284,19 @@ def register_cli(subparsers: Any) -> None:
         "--tune", action="store_true", help="also sweep int8 matmul blocks and NMS tiles (slow)"
     )
     parser.add_argument(
-        "--markdown",
+        "--markdown", metavar="PATH", help="write calibration, estimates and tuning as markdown"
+    )
+    parser.add_argument(
+        "--json",
         metavar="PATH",
-        help="write calibration, estimates and tuning (implies --tune) as markdown",
+        help="write one row per (case, generation): name, op, impl, shape, generation, "
+        "program_ms, kernel_ms, roofline_ms, calibrated_ms",
+    )
+    parser.add_argument(
+        "--op",
+        action="append",
+        choices=OPS,
+        help="only cases of this op (repeatable; default: all)",
     )
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="show loops, assumptions, costliest programs"

@@ -8,12 +8,14 @@ each on a small machine), so it is a command, never part of the fast tests.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from asickernels import tpu_generations
 from asickernels.simulate.tpu_estimate import cases, parsing
@@ -188,16 +190,72 @@ def calibration_markdown(calibration: Calibration) -> list[str]:
 # -- estimates -------------------------------------------------------------------------------
 
 
-def estimate_cases(generation: str) -> tuple[cost.Case, ...]:
-    """What the estimate table shows for ``generation``: the seed-equivalent kernels and ours
-    at the seeds' workloads (ours with the generation's table block sizes), and GIOU on
-    plain XLA beside ours."""
-    return (
-        *cases.SEED_CASES,
-        cases.nms_case(cases.table_nms_tile(generation)),
-        cases.int8_matmul_case(),
-        *cases.GIOU_CASES,
-    )
+def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[cost.Case, ...]:
+    """What the estimate table shows for ``generation``: the seed-equivalent kernels, and
+    ours beside plain XLA at the seeds' workloads and at the shapes users run (issue #15):
+    int8 (and XLA's W8A8 and bfloat16 dots) over ``INT8_USER_M`` x ``INT8_USER_KN`` and
+    8192^3, GIOU forward and gradient over 10^4..10^6 pairs, NMS over 1024..16384 boxes.
+    ``ops`` keeps only cases of those ops (``"int8_matmul"``, ``"giou"``, ...)."""
+    matmul_shapes = [(m, k, n) for k, n in cases.INT8_USER_KN for m in cases.INT8_USER_M]
+    size = seeds.SEED_MATMUL_SIZE
+    matmul_shapes.append((size, size, size))
+    found: list[cost.Case] = [*cases.SEED_CASES]
+    for m, k, n in matmul_shapes:
+        found.append(cases.int8_matmul_case(mkn=(m, k, n)))
+        found += [cases.xla_matmul_case(m, k, n, variant) for variant in ("int8", "w8a8", "bf16")]
+    for pairs in (cases.GIOU_PAIRS, *cases.GIOU_USER_PAIRS):
+        for gradient in (False, True):
+            found += [cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
+    tile = cases.table_nms_tile(generation)
+    for n in cases.NMS_USER_N:
+        found += [cases.nms_case(tile, n=n), cases.nms_xla_case(n)]
+    return tuple(case for case in found if ops is None or case.op in ops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One estimate with its labels and roofline: a row of the table and of the JSON."""
+
+    case: cost.Case
+    estimate: cost.Estimate
+
+    @property
+    def roofline_s(self) -> float:
+        work = self.case.work
+        return work.seconds(self.estimate.generation) if work else math.nan
+
+    @property
+    def below_roofline(self) -> bool:
+        """An estimate faster than physics: a bug in the estimate (refused)."""
+        return self.estimate.device_s < self.roofline_s * (1 - 1e-9)
+
+    def as_json(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "name": self.case.name,
+            "op": self.case.op,
+            "impl": self.case.impl,
+            "shape": self.case.shape,
+            "generation": e.generation,
+            "program_ms": e.device_s * 1e3,
+            "kernel_ms": e.kernel_s * 1e3 if e.kernels else None,
+            "roofline_ms": self.roofline_s * 1e3,
+            "calibrated_ms": e.per_call_s * 1e3,
+        }
+
+
+def comparisons(rows: Sequence[Row]) -> list[tuple[Row, Row]]:
+    """(ours, XLA's) pairs: same op (int8 matmul ours against XLA's int8 dot), shape and
+    generation."""
+    xla = {
+        (r.case.op, r.case.shape, r.estimate.generation): r for r in rows if r.case.impl == "xla"
+    }
+    return [
+        (r, xla[key])
+        for r in rows
+        if r.case.impl == "pallas_tpu"
+        and (key := (r.case.op, r.case.shape, r.estimate.generation)) in xla
+    ]
 
 
 def _util(estimate: cost.Estimate) -> str:
@@ -213,29 +271,56 @@ def _loops_note(estimate: cost.Estimate) -> str:
     return ", ".join(parts) or "none"
 
 
-def estimates_markdown(estimates: Sequence[cost.Estimate]) -> list[str]:
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4f}"
+
+
+def estimates_markdown(rows: Sequence[Row]) -> list[str]:
     lines = [
-        "| kernel | TPU | device program | Pallas kernel | per call | HBM moved | DMA wait | unit utilisation (kernel) | data-dependent |",
-        "|---|---|---:|---:|---:|---:|---:|---|---|",
+        "| case | op | impl | TPU | program ms | Pallas kernel ms | roofline ms | roofline / program | per call ms | HBM moved | DMA wait | unit utilisation | data-dependent |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    for e in estimates:
+    for row in rows:
+        e = row.estimate
         total = e.schedule_cycles + e.dma_wait_cycles
-        kernel = f"{e.kernel_s * 1e3:.4f} ms" if e.kernels else "(none)"
+        kernel = _ms(e.kernel_s) if e.kernels else "-"
         lines.append(
-            f"| {e.case} | {e.generation} | {e.device_s * 1e3:.4f} ms | {kernel} | {e.per_call_s * 1e3:.4f} ms | "
-            f"{e.hbm_bytes / 1e6:.1f} MB | {e.dma_wait_cycles / total:.0%} | {_util(e)} | {_loops_note(e)} |"
+            f"| {row.case.name} | {row.case.op} | {row.case.impl} | {e.generation} | "
+            f"{_ms(e.device_s)} | {kernel} | {_ms(row.roofline_s)} | "
+            f"{row.roofline_s / e.device_s:.0%} | {_ms(e.per_call_s)} | "
+            f"{e.hbm_bytes / 1e6:.1f} MB | {e.dma_wait_cycles / total if total else 0:.0%} | "
+            f"{_util(e)} | {_loops_note(e)} |"
         )
     return lines
 
 
-def estimates_text(estimates: Sequence[cost.Estimate], verbose: bool) -> list[str]:
+def comparison_markdown(rows: Sequence[Row]) -> list[str]:
     lines = [
-        f"{'kernel':<40} {'TPU':<4} {'device ms':>10} {'kernel ms':>10} {'per call ms':>11}  utilisation"
+        "| op | shape | TPU | ours (program ms) | XLA (program ms) | ours / XLA | ours: roofline / program | XLA: roofline / program |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for e in estimates:
+    for ours, xla in comparisons(rows):
         lines.append(
-            f"{e.case:<40} {e.generation:<4} {e.device_s * 1e3:>10.4f} {e.kernel_s * 1e3:>10.4f} "
-            f"{e.per_call_s * 1e3:>11.4f}  {_util(e)}"
+            f"| {ours.case.op} | {ours.case.shape} | {ours.estimate.generation} | "
+            f"{_ms(ours.estimate.device_s)} | {_ms(xla.estimate.device_s)} | "
+            f"{ours.estimate.device_s / xla.estimate.device_s:.2f} | "
+            f"{ours.roofline_s / ours.estimate.device_s:.0%} | "
+            f"{xla.roofline_s / xla.estimate.device_s:.0%} |"
+        )
+    return lines
+
+
+def estimates_text(rows: Sequence[Row], verbose: bool) -> list[str]:
+    lines = [
+        f"{'case':<52} {'TPU':<4} {'program ms':>10} {'kernel ms':>10} {'roofline ms':>11} "
+        f"{'roof/prog':>9}  utilisation"
+    ]
+    for row in rows:
+        e = row.estimate
+        flag = "  BELOW ROOFLINE" if row.below_roofline else ""
+        lines.append(
+            f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} {_ms(e.kernel_s):>10} "
+            f"{_ms(row.roofline_s):>11} {row.roofline_s / e.device_s:>9.0%}  {_util(e)}{flag}"
         )
         if verbose:
             lines += [f"    {line}" for line in (*e.loops, *e.unresolved)]
@@ -361,33 +446,47 @@ def tuning_markdown(tunings: Sequence[Tuning]) -> list[str]:
 
 
 def run(
-    generations: Sequence[str], *, tune_blocks: bool, markdown: str | None, verbose: bool
+    generations: Sequence[str],
+    *,
+    tune_blocks: bool,
+    markdown: str | None,
+    verbose: bool,
+    json_path: str | None = None,
+    ops: Sequence[str] | None = None,
 ) -> int:
     runner = Runner()
     runner.progress("compiling with libtpu (a few seconds per kernel and generation)...")
     # Calibration first: it walks the seed NMS dumps several times while they are cached.
-    calibration = calibrate(runner) if "v5e" in generations else None
-    estimates = [
-        e
-        for generation in generations
-        for case in estimate_cases(generation)
-        if (e := runner.estimate(case, generation))
-    ]
+    calibration = calibrate(runner) if "v5e" in generations and ops is None else None
+    rows: list[Row] = []
+    for generation in generations:
+        for case in estimate_cases(generation, ops):
+            if estimate := runner.estimate(case, generation):
+                rows.append(Row(case, estimate))
+        if json_path:  # written as each generation completes: a long run keeps its rows
+            Path(json_path).write_text(json.dumps([r.as_json() for r in rows], indent=1) + "\n")
     print(DISCLAIMER.replace("**", ""))
     print()
-    print("\n".join(estimates_text(estimates, verbose)))
+    print("\n".join(estimates_text(rows, verbose)))
+    print()
+    print("\n".join(comparison_markdown(rows)))
     if calibration:
         print()
         print("\n".join(calibration_markdown(calibration)))
-    tunings = tune(runner, list(generations)) if tune_blocks or markdown else []
+    tunings = tune(runner, list(generations)) if tune_blocks else []
     if tunings:
         print()
         print("\n".join(tuning_markdown(tunings)))
     if markdown:
         Path(markdown).write_text(
-            "\n".join(markdown_document(generations, estimates, calibration, tunings)) + "\n"
+            "\n".join(markdown_document(generations, rows, calibration, tunings)) + "\n"
         )
         print(f"wrote {markdown}")
+    if json_path:
+        print(f"wrote {json_path}")
+    for row in rows:
+        if row.below_roofline:
+            runner.errors.append(f"{row.case.name} on {row.estimate.generation}: below roofline")
     for error in runner.errors:
         print(f"error: {error}", file=sys.stderr)
     return 1 if runner.errors else 0
@@ -395,7 +494,7 @@ def run(
 
 def markdown_document(
     generations: Sequence[str],
-    estimates: Sequence[cost.Estimate],
+    rows: Sequence[Row],
     calibration: Calibration | None,
     tunings: Sequence[Tuning],
 ) -> list[str]:
@@ -424,13 +523,24 @@ def markdown_document(
         ]
         lines += [CALIBRATION_NOTE, ""]
     lines += [
-        "### Estimates per kernel",
+        "### Ours against XLA",
         "",
-        "*Device program*: the whole jitted function (XLA fusions and Pallas kernels); "
-        "*per call* adds the calibrated per-call overhead; *data-dependent*: loops whose trips "
-        "the walk cannot compute (given from the seed workload, or assumed).",
+        "Program against program (the whole jitted function each), same op, shape and TPU; "
+        "int8 matmul is ours against XLA's int8 dot (`preferred_element_type=int32`). "
+        "*Roofline / program*: the fraction of the physical bound reached (see below).",
         "",
-        *estimates_markdown(estimates),
+        *comparison_markdown(rows),
+        "",
+        "### Estimates per case",
+        "",
+        ROOFLINE_NOTE,
+        "",
+        "*Program*: the whole jitted function (XLA fusions and Pallas kernels); *per call* "
+        "adds the calibrated per-call overhead (the `calibrated_ms` of the JSON); "
+        "*data-dependent*: loops whose trips the walk cannot compute (given from the workload, "
+        "or assumed).",
+        "",
+        *estimates_markdown(rows),
         "",
     ]
     if tunings:
@@ -438,6 +548,12 @@ def markdown_document(
     return lines
 
 
+ROOFLINE_NOTE = (
+    "*Roofline*: the least time the op can take on that TPU, the larger of its bytes (inputs "
+    "read once, outputs written once) over the chip's HBM bandwidth and its operations over "
+    "the chip's peak (MXU int8 or bf16, or VPU f32 for GIOU's 28 operations per pair); an "
+    "estimate below it would be a bug and fails `asickernels estimate` and the tests."
+)
 CALIBRATION_NOTE = (
     "The schedule alone underestimates the seeds' NMS timings several-fold, for two reasons a "
     "schedule cannot show: each DMA has a fixed latency on top of its bytes over bandwidth "
