@@ -38,6 +38,7 @@ BACKEND = Backend(
     array_kind="numpy",
     probe=_probe,
     description="GpSimd custom C++ operators (Neuron), or their host build through the shim",
+    platforms=("neuron",),
     counters=_library.host_counters,
 )
 
