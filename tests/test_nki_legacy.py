@@ -776,6 +776,9 @@ def test_sequence_bounds():
     ids = np.array([[1, 1, 2, 2, 2, 0, 3]], np.int32)
     out = run(returning(lambda t: nisa.sequence_bounds(segment_ids=t)), ids)
     np.testing.assert_array_equal(out[0], [[0, 0, 2, 2, 2, 7, 6], [2, 2, 5, 5, 5, -1, 7]])
+    assert last_counters()["gpsimd_instructions"] == 1
+    with pytest.raises(errors.UnsupportedDtype):
+        run(returning(lambda t: nisa.sequence_bounds(segment_ids=t)), ids.astype(np.float16))
 
 
 def test_match_replace8_stream_shuffle_and_view():

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki import isa as core_isa
 from asickernels.simulate.nki.legacy import language as nl
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
@@ -22,7 +23,7 @@ from asickernels.simulate.nki.legacy.tile import (
     check_in_bounds,
     mask_values,
 )
-from asickernels.simulate.nki.tensor import MemoryRegion, is_float, nki_dtype
+from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, is_float, nki_dtype
 
 NkiValidationError = errors.NkiValidationError
 
@@ -913,27 +914,21 @@ def nc_transpose(
 # -- GpSimd engine ----------------------------------------------------------------------
 def sequence_bounds(*, segment_ids: Tensor, dtype: Any = None) -> Tensor:
     """For segment ids ``[1, N]`` (0 = padding), each element's segment start and end
-    (exclusive) as ``[1, 2, N]``; padding gets start N and end -1 (GpSimd engine)."""
+    (exclusive) as ``[1, 2, N]``; padding gets start N and end -1 (GpSimd engine). The
+    current API's instruction computes it (same semantics, ``dst`` first)."""
     api = "sequence_bounds"
     tile, _ = _input(api, "segment_ids", segment_ids, None)
     if tile.shape[0] != 1:
         raise errors.NumPartitionMismatch(f"'{api}' takes one partition, got {tile!r}")
-    if tile.dtype not in (nl.float32, nl.int32):
-        raise errors.UnsupportedDtype(f"'{api}' segment ids must be float32 or int32")
-    ids = tile.read().reshape(-1)
-    n = ids.size
-    starts, ends = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    for i in range(n):  # the reference's recurrence (test_nki_isa_sequence_bounds.py)
-        same = i > 0 and ids[i] == ids[i - 1]
-        starts[i] = n if ids[i] == 0 else (starts[i - 1] if same else i)
-    for i in range(n - 1, -1, -1):
-        same = i < n - 1 and ids[i] == ids[i + 1]
-        ends[i] = -1 if ids[i] == 0 else (ends[i + 1] if same else i + 1)
-    values = np.stack([starts, ends])[None].astype(np.float32)
     out_dtype = nki_dtype(dtype) if dtype else tile.dtype
-    if out_dtype not in (nl.float32, nl.int32):
-        raise errors.UnsupportedDtype(f"'{api}' returns float32 or int32, not {out_dtype}")
-    return _result(api, values, out_dtype, out_dtype, None, "gpsimd")
+    ids = NkiTensor(tile.read().reshape(1, -1), tile.dtype, MemoryRegion.sbuf, None)
+    bounds = NkiTensor(
+        np.empty((1, 2, ids.shape[1]), out_dtype), out_dtype, MemoryRegion.sbuf, None
+    )
+    core_isa.sequence_bounds(bounds, ids)  # checks the dtypes, counts the instruction
+    out = nl.new_tile(bounds.shape, out_dtype, api)
+    out.write(bounds.data, None, api)
+    return out
 
 
 def iota(expr: Any, dtype: Any, *, mask: Any = None, **kwargs: Any) -> Tensor:
