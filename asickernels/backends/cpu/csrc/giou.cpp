@@ -45,15 +45,30 @@ void giou_range(const T* __restrict b1, const T* __restrict b2, int64_t begin, i
   }
 }
 
+// Boxes [P, 4] are interleaved; the gradient's eight strided output streams keep the
+// compiler from vectorizing well, so tiles are split into coordinate planes, computed plane
+// by plane, and interleaved back.
+constexpr int64_t kTile = 256;
+// Planes are kStride apart, not a multiple of 4 KB: loads and stores whose addresses agree in
+// the low 12 bits falsely wait on each other (4K aliasing), which made this kernel 5x slower.
+constexpr int64_t kStride = kTile + 16;
+
 template <typename T>
-void giou_vjp_range(const T* __restrict b1, const T* __restrict b2, const T* __restrict g_in,
-                    int64_t begin, int64_t end, T* __restrict d1, T* __restrict d2) {
+struct Tile {
+  alignas(64) T x1[kStride], y1[kStride], x2[kStride], y2[kStride];
+  alignas(64) T u1[kStride], v1[kStride], u2[kStride], v2[kStride], g[kStride];
+  alignas(64) T d[8][kStride];
+};
+
+template <typename T>
+void giou_vjp_tile(Tile<T>& t, int64_t count) {
   const T eps = static_cast<T>(kEps);
+  T* __restrict d = &t.d[0][0];
 #pragma GCC ivdep
-  for (int64_t p = begin; p < end; ++p) {
-    const T x1 = b1[4 * p], y1 = b1[4 * p + 1], x2 = b1[4 * p + 2], y2 = b1[4 * p + 3];
-    const T u1 = b2[4 * p], v1 = b2[4 * p + 1], u2 = b2[4 * p + 2], v2 = b2[4 * p + 3];
-    const T g = g_in[p];
+  for (int64_t p = 0; p < count; ++p) {
+    const T x1 = t.x1[p], y1 = t.y1[p], x2 = t.x2[p], y2 = t.y2[p];
+    const T u1 = t.u1[p], v1 = t.v1[p], u2 = t.u2[p], v2 = t.v2[p];
+    const T g = t.g[p];
     // Forward, remembering which side each max/min took (ties: boxes1).
     const bool left_1 = x1 >= u1, right_1 = x2 <= u2, top_1 = y1 >= v1, bottom_1 = y2 <= v2;
     const T iw = (right_1 ? x2 : u2) - (left_1 ? x1 : u1);
@@ -78,16 +93,37 @@ void giou_vjp_range(const T* __restrict b1, const T* __restrict b2, const T* __r
     const T d_cw = d_hull * ch, d_ch = d_hull * cw;
     // Areas enter the union with +1; the intersection and hull edges go to the side the
     // max/min took.
-    const T a_x1 = -d_union * h1, a_x2 = d_union * h1, a_y1 = -d_union * w1, a_y2 = d_union * w1;
-    const T b_x1 = -d_union * h2, b_x2 = d_union * h2, b_y1 = -d_union * w2, b_y2 = d_union * w2;
-    d1[4 * p] = a_x1 + (left_1 ? -d_iw : T(0)) + (hull_left_1 ? -d_cw : T(0));
-    d1[4 * p + 1] = a_y1 + (top_1 ? -d_ih : T(0)) + (hull_top_1 ? -d_ch : T(0));
-    d1[4 * p + 2] = a_x2 + (right_1 ? d_iw : T(0)) + (hull_right_1 ? d_cw : T(0));
-    d1[4 * p + 3] = a_y2 + (bottom_1 ? d_ih : T(0)) + (hull_bottom_1 ? d_ch : T(0));
-    d2[4 * p] = b_x1 + (left_1 ? T(0) : -d_iw) + (hull_left_1 ? T(0) : -d_cw);
-    d2[4 * p + 1] = b_y1 + (top_1 ? T(0) : -d_ih) + (hull_top_1 ? T(0) : -d_ch);
-    d2[4 * p + 2] = b_x2 + (right_1 ? T(0) : d_iw) + (hull_right_1 ? T(0) : d_cw);
-    d2[4 * p + 3] = b_y2 + (bottom_1 ? T(0) : d_ih) + (hull_bottom_1 ? T(0) : d_ch);
+    d[0 * kStride + p] = -d_union * h1 + (left_1 ? -d_iw : T(0)) + (hull_left_1 ? -d_cw : T(0));
+    d[1 * kStride + p] = -d_union * w1 + (top_1 ? -d_ih : T(0)) + (hull_top_1 ? -d_ch : T(0));
+    d[2 * kStride + p] = d_union * h1 + (right_1 ? d_iw : T(0)) + (hull_right_1 ? d_cw : T(0));
+    d[3 * kStride + p] = d_union * w1 + (bottom_1 ? d_ih : T(0)) + (hull_bottom_1 ? d_ch : T(0));
+    d[4 * kStride + p] = -d_union * h2 + (left_1 ? T(0) : -d_iw) + (hull_left_1 ? T(0) : -d_cw);
+    d[5 * kStride + p] = -d_union * w2 + (top_1 ? T(0) : -d_ih) + (hull_top_1 ? T(0) : -d_ch);
+    d[6 * kStride + p] = d_union * h2 + (right_1 ? T(0) : d_iw) + (hull_right_1 ? T(0) : d_cw);
+    d[7 * kStride + p] = d_union * w2 + (bottom_1 ? T(0) : d_ih) + (hull_bottom_1 ? T(0) : d_ch);
+  }
+}
+
+template <typename T>
+void giou_vjp_range(const T* __restrict b1, const T* __restrict b2, const T* __restrict g_in,
+                    int64_t begin, int64_t end, T* __restrict d1, T* __restrict d2) {
+  Tile<T> t;
+  for (int64_t start = begin; start < end; start += kTile) {
+    const int64_t count = std::min(kTile, end - start);
+    for (int64_t p = 0; p < count; ++p) {
+      const T* a = b1 + 4 * (start + p);
+      const T* b = b2 + 4 * (start + p);
+      t.x1[p] = a[0], t.y1[p] = a[1], t.x2[p] = a[2], t.y2[p] = a[3];
+      t.u1[p] = b[0], t.v1[p] = b[1], t.u2[p] = b[2], t.v2[p] = b[3];
+      t.g[p] = g_in[start + p];
+    }
+    giou_vjp_tile(t, count);
+    for (int64_t p = 0; p < count; ++p) {
+      for (int c = 0; c < 4; ++c) {
+        d1[4 * (start + p) + c] = t.d[c][p];
+        d2[4 * (start + p) + c] = t.d[4 + c][p];
+      }
+    }
   }
 }
 

@@ -50,7 +50,7 @@ constexpr int64_t kNC = 256;  // columns per task (multiple of kNR)
 
 struct Packed {
   int64_t m, k, n, k_padded, panels;
-  Buffer<uint8_t> x;     // [m][k_padded] x ^ 0x80, zero padded
+  Buffer<uint8_t> x;     // [m / kMR][k_padded / 4][kMR][4] x ^ 0x80, zero padded
   Buffer<int8_t> y;      // [panels][k_padded / 4][kNR][4], zero padded
   Buffer<uint32_t> bias; // [panels * kNR] -128 * column sums of y, modulo 2^32
 };
@@ -58,14 +58,28 @@ struct Packed {
 void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
   p.k_padded = (p.k + 3) / 4 * 4;
   p.panels = (p.n + kNR - 1) / kNR;
-  p.x = allocate<uint8_t>(p.m * p.k_padded);
+  const int64_t row_panels = (p.m + kMR - 1) / kMR;
+  p.x = allocate<uint8_t>(row_panels * p.k_padded * kMR);
   p.y = allocate<int8_t>(p.panels * p.k_padded * kNR);
   p.bias = allocate<uint32_t>(p.panels * kNR);
-  auto pack_rows = [&](int64_t row) {
-    uint8_t* out = p.x.get() + row * p.k_padded;
-    const int8_t* in = x + row * p.k;
-    for (int64_t kk = 0; kk < p.k; ++kk) out[kk] = static_cast<uint8_t>(in[kk]) ^ 0x80u;
-    for (int64_t kk = p.k; kk < p.k_padded; ++kk) out[kk] = 0;
+  // Each K group of kMR rows is 24 contiguous bytes: the microkernel's broadcasts then read
+  // one stream (rows k_padded apart could share cache sets: 4 KB apart for K = 4096).
+  auto pack_rows = [&](int64_t panel) {
+    uint8_t* out = p.x.get() + panel * p.k_padded * kMR;
+    std::memset(out, 0, static_cast<size_t>(p.k_padded * kMR));
+    for (int64_t r = 0; r < kMR && panel * kMR + r < p.m; ++r) {
+      const int8_t* in = x + (panel * kMR + r) * p.k;
+      const int64_t whole = p.k / 4;
+      for (int64_t g = 0; g < whole; ++g) {
+        uint32_t quad;
+        std::memcpy(&quad, in + 4 * g, sizeof(quad));
+        quad ^= 0x80808080u;
+        std::memcpy(out + g * kMR * 4 + r * 4, &quad, sizeof(quad));
+      }
+      for (int64_t kk = whole * 4; kk < p.k; ++kk) {
+        out[whole * kMR * 4 + r * 4 + kk % 4] = static_cast<uint8_t>(in[kk]) ^ 0x80u;
+      }
+    }
   };
   auto pack_panel = [&](int64_t panel) {
     int8_t* out = p.y.get() + panel * p.k_padded * kNR;
@@ -84,49 +98,63 @@ void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
     for (int64_t c = 0; c < kNR; ++c) bias[c] = 0u - 128u * sums[c];
   };
   if (parallel) {
-    parallel_for(p.m, pack_rows);
+    parallel_for(row_panels, pack_rows);
     parallel_for(p.panels, pack_panel);
   } else {
-    for (int64_t row = 0; row < p.m; ++row) pack_rows(row);
+    for (int64_t panel = 0; panel < row_panels; ++panel) pack_rows(panel);
     for (int64_t panel = 0; panel < p.panels; ++panel) pack_panel(panel);
   }
 }
 
 // c[rows, 32] (+)= x'[rows, k0:k0+kc] . y_panel[k0:k0+kc, 32]; the first K block starts from
 // the bias. Columns beyond the matrix are masked off.
-template <int kRows>
-void microkernel(const uint8_t* x, int64_t ldx, const int8_t* y_panel, int64_t k_groups,
-                 const uint32_t* bias, bool first, int32_t* c, int64_t ldc, __mmask16 mask0,
-                 __mmask16 mask1) {
-  __m512i acc[kRows][2];
-  for (int r = 0; r < kRows; ++r) {
-    if (first) {
-      acc[r][0] = _mm512_loadu_si512(bias);
-      acc[r][1] = _mm512_loadu_si512(bias + 16);
-    } else {
-      acc[r][0] = _mm512_maskz_loadu_epi32(mask0, c + r * ldc);
-      acc[r][1] = _mm512_maskz_loadu_epi32(mask1, c + r * ldc + 16);
-    }
-  }
-  for (int64_t g = 0; g < k_groups; ++g) {
-    const __m512i y0 = _mm512_loadu_si512(y_panel + g * 128);
-    const __m512i y1 = _mm512_loadu_si512(y_panel + g * 128 + 64);
-    for (int r = 0; r < kRows; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, x + r * ldx + 4 * g, sizeof(quad));
-      const __m512i xv = _mm512_set1_epi32(quad);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xv, y0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xv, y1);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    _mm512_mask_storeu_epi32(c + r * ldc, mask0, acc[r][0]);
-    _mm512_mask_storeu_epi32(c + r * ldc + 16, mask1, acc[r][1]);
-  }
+// acc += x (uint8) . y (int8) per 4-byte group. Inline assembly rather than
+// _mm512_dpbusd_epi32: with the intrinsic, GCC 12 copies every accumulator to another
+// register on each K step (the instruction overwrites its accumulator operand).
+inline void dot_accumulate(__m512i& acc, __m512i x, __m512i y) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
 }
 
-using Microkernel = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const uint32_t*,
-                             bool, int32_t*, int64_t, __mmask16, __mmask16);
+template <int kRows>
+void microkernel(const uint8_t* x, const int8_t* y_panel, int64_t k_groups,
+                 const uint32_t* bias, bool first, int32_t* c, int64_t ldc, __mmask16 mask0,
+                 __mmask16 mask1) {
+  // Named accumulators (with an array GCC also spilled them).
+  __m512i c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  const __m512i bias0 = _mm512_loadu_si512(bias), bias1 = _mm512_loadu_si512(bias + 16);
+#define AK_LOAD(r)                                                                      \
+  if constexpr (kRows > r) {                                                           \
+    c##r##0 = first ? bias0 : _mm512_maskz_loadu_epi32(mask0, c + (r) * ldc);          \
+    c##r##1 = first ? bias1 : _mm512_maskz_loadu_epi32(mask1, c + (r) * ldc + 16);     \
+  }
+  AK_LOAD(0) AK_LOAD(1) AK_LOAD(2) AK_LOAD(3) AK_LOAD(4) AK_LOAD(5)
+#undef AK_LOAD
+  int64_t g = 0;
+  do {  // k_groups >= 1; a do-while spares GCC the register copies a zero-trip loop cost
+    const __m512i y0 = _mm512_loadu_si512(y_panel + g * 128);
+    const __m512i y1 = _mm512_loadu_si512(y_panel + g * 128 + 64);
+#define AK_STEP(r)                                                         \
+  if constexpr (kRows > r) {                                               \
+    int32_t quad;                                                          \
+    std::memcpy(&quad, x + g * kMR * 4 + (r) * 4, sizeof(quad));           \
+    const __m512i xv = _mm512_set1_epi32(quad);                            \
+    dot_accumulate(c##r##0, xv, y0);                                       \
+    dot_accumulate(c##r##1, xv, y1);                                       \
+  }
+    AK_STEP(0) AK_STEP(1) AK_STEP(2) AK_STEP(3) AK_STEP(4) AK_STEP(5)
+#undef AK_STEP
+  } while (++g < k_groups);
+#define AK_STORE(r)                                                  \
+  if constexpr (kRows > r) {                                         \
+    _mm512_mask_storeu_epi32(c + (r) * ldc, mask0, c##r##0);         \
+    _mm512_mask_storeu_epi32(c + (r) * ldc + 16, mask1, c##r##1);    \
+  }
+  AK_STORE(0) AK_STORE(1) AK_STORE(2) AK_STORE(3) AK_STORE(4) AK_STORE(5)
+#undef AK_STORE
+}
+
+using Microkernel = void (*)(const uint8_t*, const int8_t*, int64_t, const uint32_t*, bool,
+                             int32_t*, int64_t, __mmask16, __mmask16);
 constexpr Microkernel kMicrokernels[kMR + 1] = {nullptr,         microkernel<1>, microkernel<2>,
                                                 microkernel<3>,  microkernel<4>, microkernel<5>,
                                                 microkernel<6>};
@@ -153,7 +181,7 @@ void matmul_int32(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_
         const __mmask16 mask0 = column_mask(n - j), mask1 = column_mask(n - j - 16);
         for (int64_t i = row0; i < row0 + rows; i += kMR) {
           const int64_t r = std::min(kMR, row0 + rows - i);
-          kMicrokernels[r](p.x.get() + i * p.k_padded + k0, p.k_padded, y_panel, groups,
+          kMicrokernels[r](p.x.get() + (i / kMR) * p.k_padded * kMR + k0 * kMR, y_panel, groups,
                            p.bias.get() + panel * kNR, k0 == 0, c + i * n + j, n, mask0, mask1);
         }
       }

@@ -38,46 +38,54 @@ class ThreadPool {
       for (int64_t i = 0; i < count; ++i) task(i);
       return;
     }
+    Job job{&task, count, threads - 1};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       while (static_cast<int>(workers_.size()) < threads - 1) {
         workers_.emplace_back([this] { work(); });
       }
-      task_ = &task;
-      count_ = count;
-      next_.store(0);
-      helpers_wanted_ = threads - 1;
-      helpers_running_ = threads - 1;
+      job_ = &job;
       ++generation_;
     }
     wake_.notify_all();
-    drain();
+    job.drain();
+    // Close the job, then wait only for helpers that joined it (they are running): on a
+    // busy machine a helper may wake long after the caller has done every task alone.
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return helpers_running_ == 0; });
-    task_ = nullptr;
+    job_ = nullptr;
+    done_.wait(lock, [&] { return job.active == 0; });
   }
 
  private:
-  void drain() {
-    for (int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) (*task_)(i);
-  }
+  struct Job {
+    const std::function<void(int64_t)>* task;
+    int64_t count;
+    int helpers_allowed;
+    std::atomic<int64_t> next{0};
+    int active = 0;  // helpers running it (guarded by mutex_)
+
+    Job(const std::function<void(int64_t)>* t, int64_t c, int h)
+        : task(t), count(c), helpers_allowed(h) {}
+
+    void drain() {
+      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*task)(i);
+    }
+  };
 
   void work() {
     uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && helpers_wanted_ > 0); });
-        if (stopping_) return;
-        seen = generation_;
-        --helpers_wanted_;
-      }
-      drain();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        --helpers_running_;
-      }
-      done_.notify_one();
+      wake_.wait(lock, [&] { return stopping_ || (job_ != nullptr && generation_ != seen); });
+      if (stopping_) return;
+      seen = generation_;
+      Job* job = job_;
+      if (job->active >= job->helpers_allowed) continue;
+      ++job->active;
+      lock.unlock();
+      job->drain();
+      lock.lock();
+      if (--job->active == 0) done_.notify_all();
     }
   }
 
@@ -86,10 +94,7 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
-  const std::function<void(int64_t)>* task_ = nullptr;
-  int64_t count_ = 0;
-  std::atomic<int64_t> next_{0};
-  int helpers_wanted_ = 0, helpers_running_ = 0;
+  Job* job_ = nullptr;  // the open job, if any (guarded by mutex_)
   uint64_t generation_ = 0;
   bool stopping_ = false;
 };
