@@ -17,12 +17,14 @@ Kernels written for that generation run unchanged: ``nki.jit``/``nki.trace``/
 
 (or ``python -m asickernels.simulate.nki script.py`` to run a script that imports
 ``neuronxcc.nki`` unchanged). Both output conventions work: returning ``shared_hbm`` tensors
-(since the December 2024 beta) and writing output arguments in place (Neuron 2.20).
+(since the December 2024 beta) and writing output arguments in place (Neuron 2.20,
+``nki.trace``; a ``nki.jit`` kernel writes only ``nt.mutable_tensor`` parameters).
 
 Memory accounting, capacity checks, error classes and counters are the core simulator's
-(:mod:`asickernels.simulate.nki`): ``nki.last_counters()`` after a run. Bfloat16 values are
-stored as bfloat16 (the SDK's simulator computes them at fp32 precision,
-general/nki/nki_known_issues.rst).
+(:mod:`asickernels.simulate.nki`): ``nki.last_counters()`` after a run; the target is
+trn1/inf2 unless ``NEURON_PLATFORM_TARGET_OVERRIDE`` says trn2 (:func:`legacy_target`).
+Bfloat16 values are stored as bfloat16 (the SDK's simulator computes them at fp32
+precision, general/nki/nki_known_issues.rst).
 """
 
 from __future__ import annotations
