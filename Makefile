@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The second environment: torch_xla 2.9.0 pins torch 2.9.0 and jax 0.7.1 (~7.6 GB).
+TX_VENV := .venv-torch-xla
+TX_PY := $(TX_VENV)/bin/python
+TX_STAMP := $(TX_VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
@@ -23,13 +27,10 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check asickernels tests benchmarks
 	$(PY) -m mypy asickernels
 
-test-main: $(STAMP)
+# The torch_xla environment first: a few main-tier tests run vendor code that imports
+# torch_xla in a subprocess of it (the NKI softmax sample).
+test-main: $(STAMP) $(TX_STAMP)
 	$(PY) -m pytest -m "slow or not slow"
-
-# The second environment: torch_xla 2.9.0 pins torch 2.9.0 and jax 0.7.1 (~7.6 GB).
-TX_VENV := .venv-torch-xla
-TX_PY := $(TX_VENV)/bin/python
-TX_STAMP := $(TX_VENV)/.installed
 
 $(TX_STAMP): requirements-torch-xla.txt pyproject.toml
 	test -x $(TX_PY) || $(PYTHON) -m venv $(TX_VENV)
