@@ -42,6 +42,7 @@ $(TX_STAMP): requirements-torch-xla.txt pyproject.toml
 # The PyTorch frontend, the SPMD wrappers and the conformance suite on torch_xla + jax 0.7.1.
 test-torch-xla: $(TX_STAMP)
 	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/test_torch_frontend.py \
-		tests/test_spmd_torch_xla.py tests/test_spmd_jax.py tests/test_conformance.py
+		tests/test_spmd_torch_xla.py tests/test_spmd_jax.py tests/test_conformance.py \
+		tests/test_torchvision_compat.py
 
 test: lint test-main test-torch-xla

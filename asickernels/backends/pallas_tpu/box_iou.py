@@ -8,9 +8,10 @@ planes ``[4, block_m]``), so every vector op of the body is a full ``[block_n, b
 tile. N and M are zero-padded to whole tiles. Gradients of the pairwise ops are XLA's (the
 ``custom_vjp`` differentiates :func:`asickernels.backends.xla.box_iou.pairwise`).
 
-Paired (``[P, 4]`` x2 -> ``[P]``): GIOU's layout (:mod:`asickernels.backends.pallas_tpu.giou`,
-coordinate planes ``[4, R, 128]``); the backward kernel differentiates the same body inside
-the kernel, with CIoU's ``alpha`` held constant.
+Paired (``[P, 4]`` x2 -> ``[P]``): boxes become coordinate planes ``[4, R, 128]`` (boxes on
+lanes), zero-padded to whole blocks of ``block_rows`` x 128 (GIOU's block table); the
+backward kernel differentiates the same body inside the kernel, with CIoU's ``alpha`` held
+constant.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from asickernels.backends.pallas_tpu import tuning
-from asickernels.backends.pallas_tpu.giou import LANES, _layout, _specs, _to_planes, _vmem_bytes
 from asickernels.backends.xla import box_iou as xla_box_iou
 from asickernels.backends.xla.box_iou import metric_from_planes
 
+LANES = 128
 SUBLANES = 8
 
 
@@ -184,6 +185,28 @@ def _paired_backward_kernel(
         d2_ref[i] = grads[4 + i]
 
 
+def _paired_layout(count: int, dtype: Any, block_rows: int) -> tuple[int, int]:
+    """(block rows, padded rows) for ``count`` pairs: whole blocks of ``block_rows`` x 128,
+    shrunk to the native sublane tiling of ``dtype`` (16 rows for bfloat16) for small P."""
+    sublanes = SUBLANES if dtype == jnp.float32 else 2 * SUBLANES
+    rows_needed = pl.cdiv(count, LANES)
+    block = min(block_rows, _round_up(rows_needed, sublanes))
+    return block, _round_up(rows_needed, block)
+
+
+def _to_planes(boxes: jax.Array, rows: int) -> jax.Array:
+    padded = jnp.pad(boxes.T, ((0, 0), (0, rows * LANES - boxes.shape[0])))
+    return padded.reshape(4, rows, LANES)
+
+
+def _paired_vmem_bytes(block_rows: int, itemsize: int, backward: bool) -> int:
+    plane_block = 4 * block_rows * LANES
+    row_block = block_rows * LANES * 4
+    if backward:  # 2 planes in + g in, 2 gradient planes out (float32), double-buffered
+        return 2 * (2 * plane_block * itemsize + row_block + 2 * plane_block * 4)
+    return 2 * (2 * plane_block * itemsize + row_block)
+
+
 def _paired_call(
     metric: str, config: tuning.GiouConfig | None, backward: bool, target: tuning.Target
 ) -> Callable[..., Any]:
@@ -193,8 +216,9 @@ def _paired_call(
 
     def call(boxes1: jax.Array, boxes2: jax.Array, *g: jax.Array) -> Any:
         count = boxes1.shape[0]
-        block_rows, rows = _layout(count, boxes1.dtype, cfg.block_rows)
-        planes_spec, rows_spec = _specs(block_rows)
+        block_rows, rows = _paired_layout(count, boxes1.dtype, cfg.block_rows)
+        planes_spec = pl.BlockSpec((4, block_rows, LANES), lambda i: (0, i, 0))
+        rows_spec = pl.BlockSpec((block_rows, LANES), lambda i: (i, 0))
         grad_shape = jax.ShapeDtypeStruct((4, rows, LANES), jnp.float32)
         kernel = _paired_backward_kernel if backward else _paired_forward_kernel
         pallas = pl.pallas_call(
@@ -207,7 +231,7 @@ def _paired_call(
             out_specs=(planes_spec, planes_spec) if backward else rows_spec,
             compiler_params=tuning.compiler_params(
                 ("parallel",),
-                _vmem_bytes(block_rows, boxes1.dtype.itemsize, backward=backward),
+                _paired_vmem_bytes(block_rows, boxes1.dtype.itemsize, backward),
                 target.generation,
             ),
             interpret=target.interpret,

@@ -1,0 +1,174 @@
+"""Drop-ins for ``torchvision.ops`` box functions, running asickernels' kernels.
+
+Same names, signatures and return types as torchvision's (``nms`` returns every kept index,
+int64, in decreasing score order; the IoU functions return ``[N, M]`` matrices; the losses
+take ``reduction="none"`` by default), on CPU and torch_xla tensors: every function calls
+the ``torch.ops.asickernels.*`` operators (:mod:`asickernels.torch`), so autograd, fake
+tensors and torch_xla work as they do for those. Integer and float16/bfloat16 boxes are
+upcast to float32 as torchvision upcasts them; float64 is computed in float64.
+
+Differences from torchvision (kept on purpose; see the README):
+
+* ``eps = 1e-7`` is in every denominator (torchvision's ``box_iou``, ``generalized_box_iou``
+  and ``distance_box_iou``'s IoU have none), so degenerate boxes give finite values where
+  torchvision returns NaN; CIoU's aspect term is ``atan(w / (h + eps))`` (torchvision:
+  ``atan(w / h)``, NaN or inf for zero-height boxes). Other ``eps`` values are refused.
+* ``nms`` never keeps a box with a NaN score, and ``iou_threshold`` must be in ``[0, 1]``.
+* ``box_iou`` has no gradient (the other functions do).
+* ``distance_box_iou`` / ``complete_box_iou`` run the paired DIoU/CIoU kernels on all
+  ``N * M`` pairs.
+"""
+
+import torch
+from torch import Tensor
+
+import asickernels.torch  # noqa: F401  (registers torch.ops.asickernels.*)
+
+__all__ = [
+    "batched_nms",
+    "box_iou",
+    "complete_box_iou",
+    "complete_box_iou_loss",
+    "distance_box_iou",
+    "distance_box_iou_loss",
+    "generalized_box_iou",
+    "generalized_box_iou_loss",
+    "nms",
+]
+
+
+def _upcast(t: Tensor) -> Tensor:
+    """float32 for everything but float32 and float64 (torchvision's ``_upcast_non_float``)."""
+    if t.dtype not in (torch.float32, torch.float64):
+        return t.float()
+    return t
+
+
+def _check_eps(eps: float) -> None:
+    # A literal, not a module constant: TorchScript cannot read float globals.
+    if eps != 1e-7:
+        raise ValueError(f"asickernels computes with eps=1e-7, got eps={eps}")
+
+
+def _check_nms_inputs(boxes: Tensor, scores: Tensor) -> None:
+    # torchvision's TORCH_CHECKs (ops/cpu/nms_kernel.cpp), raising RuntimeError as they do.
+    if boxes.dim() != 2:
+        raise RuntimeError(f"boxes should be a 2d tensor, got {boxes.dim()}D")
+    if boxes.size(1) != 4:
+        raise RuntimeError(f"boxes should have 4 elements in dimension 1, got {boxes.size(1)}")
+    if scores.dim() != 1:
+        raise RuntimeError(f"scores should be a 1d tensor, got {scores.dim()}D")
+    if boxes.size(0) != scores.size(0):
+        raise RuntimeError(
+            "boxes and scores should have same number of elements in dimension 0, got "
+            f"{boxes.size(0)} and {scores.size(0)}"
+        )
+
+
+def _kept(indices: Tensor, num_valid: Tensor) -> Tensor:
+    return indices[: int(num_valid.item())].to(torch.int64)
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """``torchvision.ops.nms``: boxes ``[N, 4]`` ``(x1, y1, x2, y2)``, scores ``[N]`` ->
+    the int64 indices of the kept boxes, in decreasing order of score. A box is suppressed
+    when its IoU with a kept box is greater than ``iou_threshold``."""
+    _check_nms_inputs(boxes, scores)
+    if boxes.size(0) == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    indices, num_valid = torch.ops.asickernels.nms(
+        _upcast(boxes),
+        _upcast(scores),
+        iou_threshold=float(iou_threshold),
+        max_output_size=boxes.size(0),
+    )
+    return _kept(indices, num_valid)
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    """``torchvision.ops.batched_nms``: NMS within each category ``idxs [N]`` (boxes of
+    different categories never suppress each other) -> int64 kept indices in decreasing
+    order of score. Empty ``boxes`` give an empty result whatever the other arguments."""
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    _check_nms_inputs(boxes, scores)
+    if idxs.dim() != 1 or idxs.size(0) != boxes.size(0):
+        raise RuntimeError(
+            f"idxs should be a 1d tensor of {boxes.size(0)} elements, got shape {tuple(idxs.shape)}"
+        )
+    indices, num_valid = torch.ops.asickernels.batched_nms(
+        _upcast(boxes),
+        _upcast(scores),
+        idxs,
+        iou_threshold=float(iou_threshold),
+        max_output_size=boxes.size(0),
+    )
+    return _kept(indices, num_valid)
+
+
+def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """``torchvision.ops.box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` IoU."""
+    return torch.ops.asickernels.box_iou(_upcast(boxes1), _upcast(boxes2))
+
+
+def generalized_box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """``torchvision.ops.generalized_box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` GIoU."""
+    return torch.ops.asickernels.generalized_box_iou(_upcast(boxes1), _upcast(boxes2))
+
+
+def _all_pairs(boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
+    """``[N, 4]``, ``[M, 4]`` -> both ``[N, M, 4]``: every pair, for the paired kernels."""
+    n, m = boxes1.size(0), boxes2.size(0)
+    first = _upcast(boxes1).unsqueeze(1).expand(n, m, 4)
+    second = _upcast(boxes2).unsqueeze(0).expand(n, m, 4)
+    return first, second
+
+
+def distance_box_iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
+    """``torchvision.ops.distance_box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` DIoU."""
+    _check_eps(eps)
+    first, second = _all_pairs(boxes1, boxes2)
+    return torch.ops.asickernels.diou(first, second)
+
+
+def complete_box_iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
+    """``torchvision.ops.complete_box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` CIoU."""
+    _check_eps(eps)
+    first, second = _all_pairs(boxes1, boxes2)
+    return torch.ops.asickernels.ciou(first, second)
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(
+            f"Invalid Value for arg 'reduction': '{reduction} \n Supported reduction modes: "
+            "'none', 'mean', 'sum'"
+        )
+
+
+def generalized_box_iou_loss(
+    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
+) -> Tensor:
+    """``torchvision.ops.generalized_box_iou_loss``: ``1 - GIoU`` of paired boxes
+    ``[..., 4]``; ``reduction`` "none" (``[...]``), "mean" (0 for no boxes) or "sum"."""
+    _check_reduction(reduction)
+    _check_eps(eps)
+    return torch.ops.asickernels.giou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+
+
+def distance_box_iou_loss(
+    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
+) -> Tensor:
+    """``torchvision.ops.distance_box_iou_loss``: ``1 - DIoU`` of paired boxes ``[..., 4]``."""
+    _check_reduction(reduction)
+    _check_eps(eps)
+    return torch.ops.asickernels.diou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+
+
+def complete_box_iou_loss(
+    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
+) -> Tensor:
+    """``torchvision.ops.complete_box_iou_loss``: ``1 - CIoU`` of paired boxes ``[..., 4]``."""
+    _check_reduction(reduction)
+    _check_eps(eps)
+    return torch.ops.asickernels.ciou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
