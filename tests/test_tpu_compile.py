@@ -82,7 +82,7 @@ def test_block_tables_follow_the_generation_of_the_arguments_device():
         fn, specs = tpu_compile._matmul(4096, 4096, 4096, False)
         with tuning.record_vmem() as requests[generation]:
             tpu_compile.lower_for_tpu(fn, specs, generation)
-    assert tuning.INT8_MATMUL_CONFIGS["v5e"] != tuning.INT8_MATMUL_CONFIGS["v6e"]
+    assert tuning.int8_matmul_config("v5e", 4096) != tuning.int8_matmul_config("v6e", 4096)
     assert requests["v5e"] and requests["v6e"] and requests["v5e"] != requests["v6e"]
 
 

@@ -128,6 +128,17 @@ BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
     KernelShape(
         "int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)
     ),
+    # The shapes users run (issue #15): decode and prefill W8A8, GIOU over 10^6 pairs.
+    KernelShape("int8_matmul", "1x4096x14336", functools.partial(_matmul, 1, 4096, 14336, False)),
+    KernelShape(
+        "int8_matmul", "8x14336x4096 scaled", functools.partial(_matmul, 8, 14336, 4096, True)
+    ),
+    KernelShape(
+        "giou_forward", "10^6 pairs f32", functools.partial(_giou, False, 10**6, "float32")
+    ),
+    KernelShape(
+        "giou_backward", "10^6 pairs f32", functools.partial(_giou, True, 10**6, "float32")
+    ),
     # DETR-style matching: 8 images x 300 queries x 100 targets.
     KernelShape(
         "box_iou_pairwise",

@@ -60,12 +60,10 @@ def _build(
             f"TPU {target.generation} has no int8 MXU path (int8 MXU: "
             f"{', '.join(sorted(generations.INT8_MXU))}); use backend='xla' on it"
         )
-    cfg = tuning.config_for(
-        tuning.INT8_MATMUL_CONFIGS, tuning.Int8MatmulConfig(), config, target.generation
-    )
 
     def matmul(x: jax.Array, y: jax.Array, *scales: jax.Array) -> jax.Array:
         (m, k), n = x.shape, y.shape[1]
+        cfg = config or tuning.int8_matmul_config(target.generation, m)
         # A dimension no larger than its block is one whole block (legal at any size).
         bm, bn, bk = (
             min(dim, block) for dim, block in ((m, cfg.block_m), (n, cfg.block_n), (k, cfg.block_k))

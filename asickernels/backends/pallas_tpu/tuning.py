@@ -290,15 +290,26 @@ class NmsConfig:
 
 
 GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}
-# `asickernels estimate --tune`: tile 256 is best or within 3% on v5e, v6e and v5p.
-# Chosen with `asickernels estimate --tune` (compiler-schedule estimates at 8192^3 and 2048^3;
-# benchmarks/results/tpu_estimates.md): larger K blocks amortise the accumulator traffic.
-INT8_MATMUL_CONFIGS = {
-    "v5e": Int8MatmulConfig(1024, 1024, 2048),
-    "v5p": Int8MatmulConfig(1024, 1024, 2048),
-    "v6e": Int8MatmulConfig(1024, 2048, 2048),
+# int8 matmul blocks per generation and shape class: (largest M of the class, blocks), in
+# order; the last class has no bound. Chosen with compiler-schedule estimates (`asickernels
+# estimate --tune` at 8192^3 and 2048^3 for large M; the users' shapes of
+# benchmarks/results/tpu_estimates.md for small M): larger K blocks amortise the
+# accumulator traffic; with M small the weights stream, and a whole-M block is never padded.
+INT8_MATMUL_TABLES: dict[str, tuple[tuple[int | None, Int8MatmulConfig], ...]] = {
+    "v5e": ((None, Int8MatmulConfig(1024, 1024, 2048)),),
+    "v5p": ((None, Int8MatmulConfig(1024, 1024, 2048)),),
+    "v6e": ((None, Int8MatmulConfig(1024, 2048, 2048)),),
 }
 NMS_CONFIGS = {gen: NmsConfig() for gen in generations.NAMES}
+
+
+def int8_matmul_config(generation: str, m: int) -> Int8MatmulConfig:
+    """The int8 blocks for ``m`` rows on ``generation`` (defaults where it has no table)."""
+    for largest, config in INT8_MATMUL_TABLES.get(generation, ()):
+        if largest is None or m <= largest:
+            return config
+    return Int8MatmulConfig()
+
 
 Config = TypeVar("Config")
 

@@ -86,6 +86,7 @@ GIOU_PAIRS = 1024 * 256  # the seeds' GIOU workload
 # The shapes users run (issue #15): W8A8 decode and prefill matmuls, GIOU over 10^4..10^6
 # pairs, NMS over 1024..16384 boxes.
 INT8_USER_M = (1, 8, 32, 128, 512, 2048)
+W8A8_AND_BF16_M = (1, 128, 2048)
 INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
 GIOU_USER_PAIRS = (10_000, 100_000, 1_000_000)
 NMS_USER_N = (1024, 2048, 4096, 8192, 16384)

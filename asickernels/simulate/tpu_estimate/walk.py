@@ -432,7 +432,8 @@ class Walker:
         flag = self._flag(parse_operand(keywords.get("dst_syncflagno", "").strip()))
         kind = op.opcode.split(".", 1)[1]
         start = machine.now
-        if "hbm" in kind and nbytes:
+        # dma.general (strided descriptors) is how XLA fusions stream operands from HBM.
+        if ("hbm" in kind or kind == "general") and nbytes:
             start = max(machine.now, machine.hbm_free)
             machine.hbm_free = start + nbytes / machine.bytes_per_cycle
             machine.hbm_bytes += nbytes
