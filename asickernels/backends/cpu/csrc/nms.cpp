@@ -100,6 +100,11 @@ bool suppressed(const Planes& boxes, uint32_t i, const Planes& kept, int64_t fro
   const double area = boxes.area[i];
   const int32_t category = boxes.category[i];
   for (int64_t start = from; start < to; start += kLanes) {
+    if (kCategories) {  // most chunks hold no box of the category: skip their divisions
+      bool any_same = false;
+      for (int64_t j = start; j < start + kLanes; ++j) any_same |= kept.category[j] == category;
+      if (!any_same) continue;
+    }
     bool any = false;
 #pragma GCC unroll 8
     for (int64_t j = start; j < start + kLanes; ++j) {
