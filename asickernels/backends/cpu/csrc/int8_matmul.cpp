@@ -55,6 +55,44 @@ struct Packed {
   Buffer<uint32_t> bias; // [panels * kNR] -128 * column sums of y, modulo 2^32
 };
 
+// acc += x (uint8) . y (int8) per 4-byte group. Inline assembly rather than
+// _mm512_dpbusd_epi32: with the intrinsic, GCC 12 copies every accumulator to another
+// register on each K step (the instruction overwrites its accumulator operand).
+inline void dot_accumulate(__m512i& acc, __m512i x, __m512i y) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
+}
+
+// Packs rows [4g, 4g + 4) of a full 32-column panel for every whole K group g < groups:
+// a 4 x 32 byte transpose into 32 column quads, whose sums vpdpbusd with ones accumulates.
+void pack_panel_groups(const int8_t* y, int64_t n, int64_t groups, int8_t* out, uint32_t* sums) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i sum0 = _mm512_setzero_si512(), sum1 = _mm512_setzero_si512();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* row = y + 4 * g * n;
+    const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + n));
+    const __m256i r2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * n));
+    const __m256i r3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 3 * n));
+    const __m256i t0 = _mm256_unpacklo_epi8(r0, r1), t1 = _mm256_unpackhi_epi8(r0, r1);
+    const __m256i t2 = _mm256_unpacklo_epi8(r2, r3), t3 = _mm256_unpackhi_epi8(r2, r3);
+    const __m256i u0 = _mm256_unpacklo_epi16(t0, t2), u1 = _mm256_unpackhi_epi16(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi16(t1, t3), u3 = _mm256_unpackhi_epi16(t1, t3);
+    // Quads of columns 0-7, 8-15, 16-23, 24-31.
+    const __m512i low = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_permute2x128_si256(u0, u1, 0x20)),
+        _mm256_permute2x128_si256(u2, u3, 0x20), 1);
+    const __m512i high = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_permute2x128_si256(u0, u1, 0x31)),
+        _mm256_permute2x128_si256(u2, u3, 0x31), 1);
+    _mm512_storeu_si512(out + g * 128, low);
+    _mm512_storeu_si512(out + g * 128 + 64, high);
+    dot_accumulate(sum0, ones, low);
+    dot_accumulate(sum1, ones, high);
+  }
+  _mm512_storeu_si512(sums, sum0);
+  _mm512_storeu_si512(sums + 16, sum1);
+}
+
 void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
   p.k_padded = (p.k + 3) / 4 * 4;
   p.panels = (p.n + kNR - 1) / kNR;
@@ -87,7 +125,12 @@ void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
     std::memset(out, 0, static_cast<size_t>(p.k_padded * kNR));
     const int64_t col0 = panel * kNR, cols = std::min(kNR, p.n - col0);
     uint32_t sums[kNR] = {};
-    for (int64_t kk = 0; kk < p.k; ++kk) {
+    int64_t kk = 0;
+    if (cols == kNR) {
+      pack_panel_groups(y + col0, p.n, p.k / 4, out, sums);
+      kk = p.k / 4 * 4;
+    }
+    for (; kk < p.k; ++kk) {
       const int8_t* row = y + kk * p.n + col0;
       int8_t* group = out + (kk / 4) * kNR * 4 + (kk % 4);
       for (int64_t c = 0; c < cols; ++c) {
@@ -108,13 +151,6 @@ void pack(const int8_t* x, const int8_t* y, Packed& p, bool parallel) {
 
 // c[rows, 32] (+)= x'[rows, k0:k0+kc] . y_panel[k0:k0+kc, 32]; the first K block starts from
 // the bias. Columns beyond the matrix are masked off.
-// acc += x (uint8) . y (int8) per 4-byte group. Inline assembly rather than
-// _mm512_dpbusd_epi32: with the intrinsic, GCC 12 copies every accumulator to another
-// register on each K step (the instruction overwrites its accumulator operand).
-inline void dot_accumulate(__m512i& acc, __m512i x, __m512i y) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
-}
-
 template <int kRows>
 void microkernel(const uint8_t* x, const int8_t* y_panel, int64_t k_groups,
                  const uint32_t* bias, bool first, int32_t* c, int64_t ldc, __mmask16 mask0,
@@ -169,9 +205,14 @@ void matmul_int32(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_
   const bool parallel = m * k * n >= kParallelMacs;
   Packed p{m, k, n, 0, 0, nullptr, nullptr, nullptr};
   pack(x, y, p, parallel);
+  // Row blocks of at most kMC rows, equal up to the microkernel's kMR: 256 rows give two
+  // tasks of 128, not 192 and 64.
   const int64_t row_blocks = (m + kMC - 1) / kMC, col_blocks = (n + kNC - 1) / kNC;
+  const int64_t block_rows = ((m + row_blocks - 1) / row_blocks + kMR - 1) / kMR * kMR;
   auto task = [&](int64_t t) {
-    const int64_t row0 = (t / col_blocks) * kMC, rows = std::min(kMC, m - row0);
+    const int64_t row0 = (t / col_blocks) * block_rows;
+    const int64_t rows = std::min(block_rows, m - row0);
+    if (rows <= 0) return;
     const int64_t col0 = (t % col_blocks) * kNC, cols = std::min(kNC, n - col0);
     for (int64_t k0 = 0; k0 < p.k_padded; k0 += kKC) {
       const int64_t groups = std::min(kKC, p.k_padded - k0) / 4;
