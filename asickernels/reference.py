@@ -126,16 +126,7 @@ def giou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "m
 
     ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
     """
-    loss = 1.0 - giou(preds, targets)
-    valid = np.ones(loss.shape, bool) if mask is None else np.asarray(mask, bool)
-    loss = np.where(valid, loss, 0.0)
-    if reduction == "none":
-        return loss
-    total = loss.sum()
-    if reduction == "sum":
-        return np.asarray(total)
-    count = valid.sum()
-    return np.asarray(total / count if count else 0.0)
+    return _masked_loss(giou(preds, targets), mask, reduction)
 
 
 def iou_one_to_many(box: Array, boxes: Array) -> Array:
@@ -398,6 +389,8 @@ def ciou_vjp(
 
 
 def _masked_loss(metric: Array, mask: Any, reduction: str) -> Array:
+    """``1 - metric`` where ``mask`` is True (0 elsewhere), reduced; "mean" over the valid
+    boxes, 0 when there are none."""
     loss = 1.0 - metric
     valid = np.ones(loss.shape, bool) if mask is None else np.asarray(mask, bool)
     loss = np.where(valid, loss, 0.0)

@@ -19,6 +19,8 @@ Differences from torchvision (kept on purpose; see the README):
   ``N * M`` pairs.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -146,29 +148,23 @@ def _check_reduction(reduction: str) -> None:
         )
 
 
-def generalized_box_iou_loss(
-    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
-) -> Tensor:
-    """``torchvision.ops.generalized_box_iou_loss``: ``1 - GIoU`` of paired boxes
-    ``[..., 4]``; ``reduction`` "none" (``[...]``), "mean" (0 for no boxes) or "sum"."""
-    _check_reduction(reduction)
-    _check_eps(eps)
-    return torch.ops.asickernels.giou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+def _iou_loss(op_name: str, what: str) -> Callable[..., Tensor]:
+    """torchvision's ``<what>_loss`` signature over ``torch.ops.asickernels.<op_name>``."""
+    operator = getattr(torch.ops.asickernels, op_name)
+
+    def loss(boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7) -> Tensor:
+        _check_reduction(reduction)
+        _check_eps(eps)
+        return operator(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+
+    loss.__name__ = loss.__qualname__ = f"{what}_loss"
+    loss.__doc__ = (
+        f"``torchvision.ops.{what}_loss``: ``1 - {op_name.split('_')[0].upper()}`` of paired "
+        'boxes ``[..., 4]``; ``reduction`` "none" (``[...]``), "mean" (0 for no boxes) or "sum".'
+    )
+    return loss
 
 
-def distance_box_iou_loss(
-    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
-) -> Tensor:
-    """``torchvision.ops.distance_box_iou_loss``: ``1 - DIoU`` of paired boxes ``[..., 4]``."""
-    _check_reduction(reduction)
-    _check_eps(eps)
-    return torch.ops.asickernels.diou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
-
-
-def complete_box_iou_loss(
-    boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7
-) -> Tensor:
-    """``torchvision.ops.complete_box_iou_loss``: ``1 - CIoU`` of paired boxes ``[..., 4]``."""
-    _check_reduction(reduction)
-    _check_eps(eps)
-    return torch.ops.asickernels.ciou_loss(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+generalized_box_iou_loss = _iou_loss("giou_loss", "generalized_box_iou")
+distance_box_iou_loss = _iou_loss("diou_loss", "distance_box_iou")
+complete_box_iou_loss = _iou_loss("ciou_loss", "complete_box_iou")

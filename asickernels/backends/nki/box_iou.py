@@ -11,6 +11,7 @@ Paired (``[P, 4]`` x2 -> ``[P]``): GIOU's layout (:func:`asickernels.backends.nk
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -102,36 +103,26 @@ def paired_kernel(boxes1: Any, boxes2: Any, metric: str) -> Any:
     return out
 
 
-def _pairwise(metric: str, boxes1: np.ndarray, boxes2: np.ndarray, config: Any) -> np.ndarray:
+def _pairwise(
+    metric: str, boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None
+) -> np.ndarray:
+    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32."""
     reject_config(config)
     planes2 = np.ascontiguousarray(np.swapaxes(float_input(boxes2), 1, 2))
     result: np.ndarray = run(pairwise_kernel, float_input(boxes1), planes2, metric)
     return result
 
 
-def _paired(metric: str, boxes1: np.ndarray, boxes2: np.ndarray, config: Any) -> np.ndarray:
+def _paired(
+    metric: str, boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None
+) -> np.ndarray:
+    """``[P, 4]`` x2 -> ``[P]`` float32."""
     reject_config(config)
     result: np.ndarray = run(paired_kernel, float_input(boxes1), float_input(boxes2), metric)
     return result
 
 
-def box_iou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
-    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32."""
-    return _pairwise("iou", boxes1, boxes2, config)
-
-
-def generalized_box_iou(
-    boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None
-) -> np.ndarray:
-    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32."""
-    return _pairwise("giou", boxes1, boxes2, config)
-
-
-def diou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
-    """``[P, 4]`` x2 -> ``[P]`` float32."""
-    return _paired("diou", boxes1, boxes2, config)
-
-
-def ciou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
-    """``[P, 4]`` x2 -> ``[P]`` float32."""
-    return _paired("ciou", boxes1, boxes2, config)
+box_iou = functools.partial(_pairwise, "iou")
+generalized_box_iou = functools.partial(_pairwise, "giou")
+diou = functools.partial(_paired, "diou")
+ciou = functools.partial(_paired, "ciou")

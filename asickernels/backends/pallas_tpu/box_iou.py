@@ -136,33 +136,22 @@ _pairwise.defvjp(_pairwise_fwd, _pairwise_bwd)
 
 
 def _run_pairwise(
-    metric: str, boxes1: jax.Array, boxes2: jax.Array, config: Any, mode: tuning.InterpretMode
+    metric: str,
+    boxes1: jax.Array,
+    boxes2: jax.Array,
+    *,
+    config: PairwiseConfig | None = None,
+    mode: tuning.InterpretMode = None,
 ) -> jax.Array:
+    """``[B, N, 4]`` x ``[B, M, 4]`` (any float dtype; computed in float32) -> ``[B, N, M]``
+    float32."""
     tuning.check_config(config, PairwiseConfig)
     boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _pairwise(metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
-def box_iou(
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    *,
-    config: PairwiseConfig | None = None,
-    mode: tuning.InterpretMode = None,
-) -> jax.Array:
-    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32 IoU."""
-    return _run_pairwise("iou", boxes1, boxes2, config, mode)
-
-
-def generalized_box_iou(
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    *,
-    config: PairwiseConfig | None = None,
-    mode: tuning.InterpretMode = None,
-) -> jax.Array:
-    """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32 GIOU."""
-    return _run_pairwise("giou", boxes1, boxes2, config, mode)
+box_iou = functools.partial(_run_pairwise, "iou")
+generalized_box_iou = functools.partial(_run_pairwise, "giou")
 
 
 # Paired -------------------------------------------------------------------------------------
@@ -286,31 +275,19 @@ _paired.defvjp(_paired_fwd, _paired_bwd)
 
 
 def _run_paired(
-    metric: str, boxes1: jax.Array, boxes2: jax.Array, config: Any, mode: tuning.InterpretMode
+    metric: str,
+    boxes1: jax.Array,
+    boxes2: jax.Array,
+    *,
+    config: tuning.GiouConfig | None = None,
+    mode: tuning.InterpretMode = None,
 ) -> jax.Array:
+    """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
     tuning.check_config(config, tuning.GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16) or boxes1.dtype != boxes2.dtype:
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _paired(metric, boxes1, boxes2, config, mode)
 
 
-def diou(
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    *,
-    config: tuning.GiouConfig | None = None,
-    mode: tuning.InterpretMode = None,
-) -> jax.Array:
-    """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    return _run_paired("diou", boxes1, boxes2, config, mode)
-
-
-def ciou(
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    *,
-    config: tuning.GiouConfig | None = None,
-    mode: tuning.InterpretMode = None,
-) -> jax.Array:
-    """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    return _run_paired("ciou", boxes1, boxes2, config, mode)
+diou = functools.partial(_run_paired, "diou")
+ciou = functools.partial(_run_paired, "ciou")

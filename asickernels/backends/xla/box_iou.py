@@ -3,6 +3,7 @@ also the body of the Pallas kernels (:mod:`asickernels.backends.pallas_tpu.box_i
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -64,7 +65,7 @@ def _planes(boxes: jax.Array, dtype: Any) -> list[jax.Array]:
     return [boxes[..., i] for i in range(4)]
 
 
-def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
     """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)
     rows = [p[:, :, None] for p in _planes(boxes1, dtype)]
@@ -72,23 +73,13 @@ def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     return metric_from_planes(metric, *rows, *columns)
 
 
-def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
     """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)
     return metric_from_planes(metric, *_planes(boxes1, dtype), *_planes(boxes2, dtype))
 
 
-def box_iou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-    return pairwise("iou", boxes1, boxes2)
-
-
-def generalized_box_iou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-    return pairwise("giou", boxes1, boxes2)
-
-
-def diou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-    return paired("diou", boxes1, boxes2)
-
-
-def ciou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-    return paired("ciou", boxes1, boxes2)
+box_iou = functools.partial(pairwise, "iou")
+generalized_box_iou = functools.partial(pairwise, "giou")
+diou = functools.partial(paired, "diou")
+ciou = functools.partial(paired, "ciou")
