@@ -85,9 +85,10 @@ void giou_vjp_tile(Tile<T>& t, int64_t count) {
     const T hull = cw * ch;
     // Backward.
     const T union_e = union_area + eps, hull_e = hull + eps;
-    const T d_union = g * (T(1) / hull_e - inter / (union_e * union_e));
-    const T d_inter = g / union_e - d_union;
-    const T d_hull = -g * union_e / (hull_e * hull_e);
+    const T inv_union = T(1) / union_e, inv_hull = T(1) / hull_e;  // two divisions, not four
+    const T d_union = g * (inv_hull - inter * inv_union * inv_union);
+    const T d_inter = g * inv_union - d_union;
+    const T d_hull = -g * union_e * inv_hull * inv_hull;
     const T d_iw = iw_pos ? d_inter * ih_c : T(0);
     const T d_ih = ih_pos ? d_inter * iw_c : T(0);
     const T d_cw = d_hull * ch, d_ch = d_hull * cw;
