@@ -107,10 +107,17 @@ class Plan:
     x64: bool = False
 
     def __post_init__(self) -> None:
-        # Plans key the compiled-function cache on every eager call: hash them once.
-        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+        # Plans key the compiled-function cache on every eager call: hash them once. Plans of
+        # symbolic shapes (torch.compile's dynamic shapes) are not hashable.
+        try:
+            value: int | None = hash(dataclasses.astuple(self))
+        except TypeError:
+            value = None
+        object.__setattr__(self, "_hash", value)
 
     def __hash__(self) -> int:
+        if self._hash is None:  # type: ignore[attr-defined]
+            raise TypeError("a plan of symbolic shapes is not hashable")
         return self._hash  # type: ignore[attr-defined,no-any-return]
 
     def static(self, name: str) -> Any:
