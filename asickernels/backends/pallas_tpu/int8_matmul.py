@@ -1,7 +1,8 @@
 """int8 x int8 -> int32 matmul Pallas kernel, with optional fused dequantization.
 
-Grid ``(M/bm, N/bn, K/bk)`` with K last and "arbitrary": an int32 VMEM accumulator is
-zeroed at k == 0 and written out (dequantized when scales are given) at the last k step.
+Grid ``(M/bm, N/bn, K/bk)`` with K last and "arbitrary": an int32 VMEM accumulator takes
+the first K step's product, adds the middle ones, and the last step's sum is written out
+(dequantized when scales are given); with K in one block there is no accumulator.
 A dimension no larger than its block is one whole block; a ragged K is zero-padded (zeros
 add exactly 0 to the integer sums); ragged M and N end in partial blocks, whose
 out-of-range rows and columns only reach outputs Pallas does not write. Block sizes come
@@ -25,26 +26,48 @@ from asickernels.backends.pallas_tpu import tuning
 
 def _kernel(x_ref: Any, y_ref: Any, *refs: Any, k_steps: int, scaled: bool) -> None:
     # x_ref [bm, bk] int8, y_ref [bk, bn] int8; with scales: xs_ref [bm, 1], ys_ref [1, bn]
-    # float32; out_ref [bm, bn]; acc_ref [bm, bn] int32 scratch.
-    if scaled:
-        xs_ref, ys_ref, out_ref, acc_ref = refs
-    else:
-        out_ref, acc_ref = refs
+    # float32; out_ref [bm, bn]; with more than one K step, acc_ref [bm, bn] int32 scratch.
+    xs_ref, ys_ref = refs[:2] if scaled else (None, None)
+    out_ref = refs[2 if scaled else 0]
+
+    def write(total: jax.Array) -> None:
+        if xs_ref is not None and ys_ref is not None:
+            out_ref[...] = (total.astype(jnp.float32) * xs_ref[...] * ys_ref[...]).astype(
+                out_ref.dtype
+            )
+        else:
+            out_ref[...] = total
+
+    product = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32)
+    if k_steps == 1:  # the whole K in one block: no accumulator round trips
+        write(product)
+        return
+    acc_ref = refs[-1]
     k = pl.program_id(2)
 
     @pl.when(k == 0)
-    def _zero() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _first() -> None:
+        acc_ref[...] = product
 
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32)
+    @pl.when((k > 0) & (k < k_steps - 1))
+    def _accumulate() -> None:
+        acc_ref[...] += product
 
     @pl.when(k == k_steps - 1)
-    def _write() -> None:
-        if scaled:
-            scaled_acc = acc_ref[...].astype(jnp.float32) * xs_ref[...] * ys_ref[...]
-            out_ref[...] = scaled_acc.astype(out_ref.dtype)
-        else:
-            out_ref[...] = acc_ref[...]
+    def _last() -> None:
+        write(acc_ref[...] + product)
+
+
+def _k_block(k: int, block_k: int) -> int:
+    """K's block: all of K when it fits, else the largest multiple of 128 up to ``block_k``
+    that divides K when there is one of at least half ``block_k`` (no padding), else
+    ``block_k`` (K is zero-padded)."""
+    if k <= block_k:
+        return k
+    for candidate in range(block_k, block_k // 2 - 1, -128):
+        if k % candidate == 0:
+            return candidate
+    return block_k
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -65,9 +88,8 @@ def _build(
         (m, k), n = x.shape, y.shape[1]
         cfg = config or tuning.int8_matmul_config(target.generation, m)
         # A dimension no larger than its block is one whole block (legal at any size).
-        bm, bn, bk = (
-            min(dim, block) for dim, block in ((m, cfg.block_m), (n, cfg.block_n), (k, cfg.block_k))
-        )
+        bm, bn = min(m, cfg.block_m), min(n, cfg.block_n)
+        bk = _k_block(k, cfg.block_k)
         kp = _round_up(k, bk)
         scaled = bool(scales)
         dtype = jnp.dtype(out_dtype) if scaled else jnp.dtype(jnp.int32)
@@ -94,7 +116,7 @@ def _build(
             ]
         # Double-buffered int8 inputs and output, the int32 accumulator, the (lane-padded)
         # scales.
-        vmem = 2 * (bm * bk + bk * bn) + 2 * bm * bn * dtype.itemsize + 4 * bm * bn
+        vmem = 2 * (bm * bk + bk * bn) + 2 * bm * bn * dtype.itemsize + 4 * bm * bn * (kp > bk)
         vmem += 2 * 4 * (bm * 128 + 8 * bn) if scaled else 0
         call = pl.pallas_call(
             functools.partial(_kernel, k_steps=kp // bk, scaled=scaled),
@@ -102,7 +124,7 @@ def _build(
             grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), kp // bk),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)],
+            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)] if kp > bk else [],
             compiler_params=tuning.compiler_params(
                 ("parallel", "parallel", "arbitrary"), vmem, target.generation
             ),

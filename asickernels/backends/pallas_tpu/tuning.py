@@ -297,8 +297,15 @@ GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}
 # accumulator traffic; with M small the weights stream, and a whole-M block is never padded.
 INT8_MATMUL_TABLES: dict[str, tuple[tuple[int | None, Int8MatmulConfig], ...]] = {
     "v5e": ((None, Int8MatmulConfig(1024, 1024, 2048)),),
-    "v5p": ((None, Int8MatmulConfig(1024, 1024, 2048)),),
-    "v6e": ((None, Int8MatmulConfig(1024, 2048, 2048)),),
+    "v5p": (
+        (128, Int8MatmulConfig(128, 2048, 2048)),
+        (None, Int8MatmulConfig(1024, 1024, 8192)),
+    ),
+    "v6e": (
+        (128, Int8MatmulConfig(1024, 2048, 2048)),
+        (2048, Int8MatmulConfig(2048, 1024, 4096)),
+        (None, Int8MatmulConfig(2048, 1024, 8192)),
+    ),
 }
 NMS_CONFIGS = {gen: NmsConfig() for gen in generations.NAMES}
 
