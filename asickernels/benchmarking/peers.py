@@ -149,7 +149,7 @@ def _torchvision_giou(case: Case) -> Prepared:
     first, second, shape = _torch_pairs(case)
     return Prepared(
         lambda: ops.generalized_box_iou_loss(first, second, reduction="none"),
-        lambda loss: (1.0 - loss.numpy().astype(np.float64)).reshape(shape),
+        lambda loss: (1.0 - loss.numpy()).reshape(shape),
     )
 
 
@@ -170,18 +170,66 @@ def _torchvision_giou_vjp(case: Case) -> Prepared:
     return Prepared(call, lambda grads: tuple(g.numpy().reshape((*shape, 4)) for g in grads))
 
 
+def _torchvision_metric(loss_name: str) -> Callable[[Case], Prepared]:
+    """DIoU or CIoU as ``1 - torchvision.ops.<loss_name>``."""
+
+    def prepare(case: Case) -> Prepared:
+        from torchvision import ops
+
+        first, second, shape = _torch_pairs(case)
+        loss = getattr(ops, loss_name)
+        return Prepared(
+            lambda: loss(first, second, reduction="none"),
+            # float32, as computed: the oracle's tolerance follows the result's dtype.
+            lambda out: (1.0 - out.numpy()).reshape(shape),
+        )
+
+    return prepare
+
+
+def _torchvision_pairwise(function_name: str) -> Callable[[Case], Prepared]:
+    """``torchvision.ops.<function_name>`` on each image's ``[N, 4]`` x ``[M, 4]`` boxes."""
+
+    def prepare(case: Case) -> Prepared:
+        import torch
+        from torchvision import ops
+
+        function = getattr(ops, function_name)
+        first, second = case.arrays
+        images = [
+            (torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32)))
+            for a, b in zip(
+                first.reshape(-1, *first.shape[-2:]),
+                second.reshape(-1, *second.shape[-2:]),
+                strict=True,
+            )
+        ]
+        shape = first.shape[:-1] + second.shape[-2:-1]
+        return Prepared(
+            lambda: [function(a, b) for a, b in images],
+            lambda out: np.stack([o.numpy() for o in out]).reshape(shape),
+        )
+
+    return prepare
+
+
 PEERS: dict[str, Peer] = {
     peer.name: peer
     for peer in (
         Peer(
             "torchvision",
-            "torchvision.ops (nms, batched_nms, generalized_box_iou_loss and its autograd)",
+            "torchvision.ops (nms, batched_nms, box_iou, generalized_box_iou and the GIoU, DIoU "
+            "and CIoU losses)",
             _torchvision_probe,
             {
                 "giou": _torchvision_giou,
                 "giou_vjp": _torchvision_giou_vjp,
                 "nms": _torchvision_nms,
                 "batched_nms": _torchvision_nms,
+                "box_iou": _torchvision_pairwise("box_iou"),
+                "generalized_box_iou": _torchvision_pairwise("generalized_box_iou"),
+                "diou": _torchvision_metric("distance_box_iou_loss"),
+                "ciou": _torchvision_metric("complete_box_iou_loss"),
             },
         ),
         Peer(

@@ -241,6 +241,53 @@ class GiouVjpOp(Op):
         return _oracle_comparison(self.name, got, expected)
 
 
+class BoxMetricOp(GiouOp):
+    """DIoU or CIoU of paired boxes, at GIOU's sizes and on GIOU's cases."""
+
+    def __init__(self, name: str) -> None:
+        self.name = self.registry_op = name
+
+    def expected(self, case: Case) -> Any:
+        return getattr(reference, self.name)(*case.arrays)
+
+
+class PairwiseOp(Op):
+    """An IoU matrix (``box_iou``, ``generalized_box_iou``): ``[N, 4]`` x ``[M, 4]`` ->
+    ``[N, M]``; sizes ``NxM`` (DETR's matching: 300 queries x 100 targets)."""
+
+    size_syntax = "NxM boxes"
+    default_sizes: tuple[str, ...] = ("300x100", "1024x1024")
+    error_unit = "x tol"
+    quick_cases = frozenset({"random_7x130", "adversarial_all_pairs"})
+    quick_sizes = default_sizes
+
+    def __init__(self, name: str) -> None:
+        self.name = self.registry_op = name
+
+    def parse_size(self, text: str) -> Size:
+        match = re.fullmatch(r"(\d+)x(\d+)", text)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise ValueError(f"expected NxM boxes (e.g. 300x100), got {text!r}")
+        n, m = int(match[1]), int(match[2])
+        return Size(f"{n}x{m} boxes", {"n": n, "m": m})
+
+    def work(self, size: Size) -> float:
+        return float(size.params["n"] * size.params["m"])
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        n, m = size.params["n"], size.params["m"]
+        return Case(size.label, (random_boxes(rng, (n,)), random_boxes(rng, (m,))))
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        return [Case(c.name, (c.boxes1, c.boxes2)) for c in shared_cases.pairwise_cases()]
+
+    def expected(self, case: Case) -> Any:
+        return getattr(reference, self.name)(*case.arrays)
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        return _oracle_comparison(self.name, got, expected)
+
+
 # -- NMS -----------------------------------------------------------------------------------
 
 
@@ -436,5 +483,16 @@ class Int8MatmulOp(Op):
 
 
 OPS: dict[str, Op] = {
-    op.name: op for op in (GiouOp(), GiouVjpOp(), NmsOp(), BatchedNmsOp(), Int8MatmulOp())
+    op.name: op
+    for op in (
+        GiouOp(),
+        GiouVjpOp(),
+        NmsOp(),
+        BatchedNmsOp(),
+        Int8MatmulOp(),
+        PairwiseOp("box_iou"),
+        PairwiseOp("generalized_box_iou"),
+        BoxMetricOp("diou"),
+        BoxMetricOp("ciou"),
+    )
 }

@@ -33,6 +33,12 @@ _FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
     "giou": (Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
     "giou_vjp": (Tolerance(2e-4, 2e-5), Tolerance(1e-9, 1e-12)),
     "giou_loss": (Tolerance(1e-5, 2e-5), Tolerance(1e-10, 1e-12)),
+    # IoU/GIOU matrices, DIoU/CIoU: as GIOU, with room for the float32 rounding of areas and
+    # centre distances of boxes at 1e4 (the "large_coords" edge case).
+    "box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+    "generalized_box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+    "diou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+    "ciou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
 }
 EXACT = Tolerance(0.0, 0.0)
 # int8 matmul: exact as int32; dequantized results are rounded once to the output dtype.
