@@ -101,6 +101,14 @@ def test_giou_grad_under_jit_and_vmap():
     want1, want2 = reference.giou_vjp(case.boxes1, case.boxes2, np.ones(257))
     np.testing.assert_allclose(np.asarray(d1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL)
     np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    # One argument differentiated (predictions against targets): boxes1 runs the kernel
+    # that writes only boxes1's gradient; boxes2 alone the full one.
+    only1 = jax.jit(jax.grad(lambda a, b: cpu_giou.giou(a, b).sum()))(case.boxes1, case.boxes2)
+    only2 = jax.jit(jax.grad(lambda a, b: cpu_giou.giou(a, b).sum(), argnums=1))(
+        case.boxes1, case.boxes2
+    )
+    np.testing.assert_allclose(np.asarray(only1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    np.testing.assert_allclose(np.asarray(only2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL)
     stacked1 = np.stack([case.boxes1, case.boxes2])
     stacked2 = np.stack([case.boxes2, case.boxes1])
     got = jax.jit(jax.vmap(cpu_giou.giou))(stacked1, stacked2)

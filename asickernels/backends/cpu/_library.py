@@ -26,7 +26,8 @@ _FLAGS = (
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 
 FFI_TARGETS = (
-    "giou_f32", "giou_f64", "giou_vjp_f32", "giou_vjp_f64", "nms_f32", "nms_f64",
+    "giou_f32", "giou_f64", "giou_vjp_f32", "giou_vjp_f64", "giou_vjp_first_f32",
+    "giou_vjp_first_f64", "nms_f32", "nms_f64",
     "batched_nms_f32", "batched_nms_f64", "int8_matmul", "int8_matmul_scaled_f32",
     "int8_matmul_scaled_f64",
 )  # fmt: skip

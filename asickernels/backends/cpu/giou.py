@@ -33,25 +33,39 @@ def _giou_vjp_call(
     return d1, d2
 
 
+def _giou_vjp_first_call(boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array) -> jax.Array:
+    """The gradient with respect to ``boxes1`` alone."""
+    _library.ffi_targets()
+    result = jax.ShapeDtypeStruct(boxes1.shape, boxes1.dtype)
+    target = _library.ffi_name(f"giou_vjp_first_{_SUFFIX[np.dtype(boxes1.dtype)]}")
+    return jax.ffi.ffi_call(target, result, vmap_method="broadcast_all")(boxes1, boxes2, cotangent)
+
+
 @jax.custom_vjp
 def _giou(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     return _giou_call(boxes1, boxes2)
 
 
-def _giou_forward(
-    boxes1: jax.Array, boxes2: jax.Array
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _giou_call(boxes1, boxes2), (boxes1, boxes2)
+Residuals = tuple[jax.Array, jax.Array, bool, bool]
 
 
-def _giou_backward(
-    residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    boxes1, boxes2 = residuals
-    return _giou_vjp_call(boxes1, boxes2, cotangent.astype(boxes1.dtype))
+def _giou_forward(boxes1: Any, boxes2: Any) -> tuple[jax.Array, Residuals]:
+    # symbolic_zeros: the arguments are CustomVJPPrimal, saying which are differentiated.
+    residuals = (boxes1.value, boxes2.value, boxes1.perturbed, boxes2.perturbed)
+    return _giou_call(boxes1.value, boxes2.value), residuals
 
 
-_giou.defvjp(_giou_forward, _giou_backward)
+def _giou_backward(residuals: Residuals, cotangent: Any) -> tuple[jax.Array | None, ...]:
+    boxes1, boxes2, wants1, wants2 = residuals
+    if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
+        return None, None
+    cotangent = cotangent.astype(boxes1.dtype)
+    if wants1 and not wants2:  # e.g. predictions against fixed targets
+        return _giou_vjp_first_call(boxes1, boxes2, cotangent), None
+    return _giou_vjp_call(boxes1, boxes2, cotangent)
+
+
+_giou.defvjp(_giou_forward, _giou_backward, symbolic_zeros=True)
 
 
 def _jax_inputs(*arrays: Any) -> list[jax.Array]:

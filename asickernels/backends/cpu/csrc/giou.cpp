@@ -120,10 +120,11 @@ void giou_vjp_range(const T* __restrict b1, const T* __restrict b2, const T* __r
     }
     giou_vjp_tile(t, count);
     for (int64_t p = 0; p < count; ++p) {
-      for (int c = 0; c < 4; ++c) {
-        d1[4 * (start + p) + c] = t.d[c][p];
-        d2[4 * (start + p) + c] = t.d[4 + c][p];
-      }
+      for (int c = 0; c < 4; ++c) d1[4 * (start + p) + c] = t.d[c][p];
+    }
+    if (d2 == nullptr) continue;  // only boxes1's gradient wanted: half the output traffic
+    for (int64_t p = 0; p < count; ++p) {
+      for (int c = 0; c < 4; ++c) d2[4 * (start + p) + c] = t.d[4 + c][p];
     }
   }
 }

@@ -23,7 +23,8 @@ void set_max_threads(int threads);
 template <typename T>
 void giou(const T* boxes1, const T* boxes2, int64_t pairs, T* out);
 
-// Gradient of sum(cotangent * giou) with respect to boxes1 and boxes2 ([P, 4] each).
+// Gradient of sum(cotangent * giou) with respect to boxes1 and boxes2 ([P, 4] each);
+// d_boxes2 may be nullptr when only boxes1's gradient is wanted.
 template <typename T>
 void giou_vjp(const T* boxes1, const T* boxes2, const T* cotangent, int64_t pairs, T* d_boxes1,
               T* d_boxes2);

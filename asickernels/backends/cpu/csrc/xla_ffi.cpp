@@ -46,6 +46,18 @@ ffi::Error GiouVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
   });
 }
 
+// The gradient with respect to boxes1 only (boxes2 is not differentiated, e.g. targets).
+template <ffi::DataType kType>
+ffi::Error GiouVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                        ffi::Buffer<kType> cotangent, ffi::ResultBuffer<kType> d_boxes1) {
+  return guarded([&] {
+    ak::giou_vjp<Native<kType>>(boxes1.typed_data(), boxes2.typed_data(),
+                                cotangent.typed_data(),
+                                static_cast<int64_t>(boxes1.element_count() / 4),
+                                d_boxes1->typed_data(), nullptr);
+  });
+}
+
 template <ffi::DataType kType>
 ffi::Error RunNms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, const int32_t* categories,
                   double iou_threshold, int64_t max_output_size, double score_threshold,
@@ -133,6 +145,16 @@ AK_GIOU(asickernels_cpu_ffi_giou_f64, ffi::F64)
                                     .Ret<ffi::Buffer<type>>());
 AK_GIOU_VJP(asickernels_cpu_ffi_giou_vjp_f32, ffi::F32)
 AK_GIOU_VJP(asickernels_cpu_ffi_giou_vjp_f64, ffi::F64)
+
+#define AK_GIOU_VJP_FIRST(name, type)                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, GiouVjpFirst<type>, \
+                                ffi::Ffi::Bind()          \
+                                    .Arg<ffi::Buffer<type>>() \
+                                    .Arg<ffi::Buffer<type>>() \
+                                    .Arg<ffi::Buffer<type>>() \
+                                    .Ret<ffi::Buffer<type>>());
+AK_GIOU_VJP_FIRST(asickernels_cpu_ffi_giou_vjp_first_f32, ffi::F32)
+AK_GIOU_VJP_FIRST(asickernels_cpu_ffi_giou_vjp_first_f64, ffi::F64)
 
 #define AK_NMS_ATTRS_AND_RESULTS                   \
   .Attr<double>("iou_threshold")                   \
