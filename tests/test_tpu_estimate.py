@@ -276,7 +276,8 @@ def stream_row(tmp_path: Path, **case_fields: object) -> tpu_cost_report.Row:
 
 def test_markdown_says_estimates_not_measurements(tmp_path: Path) -> None:
     row = stream_row(tmp_path, op="stream", impl="pallas_tpu")
-    text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [row], None, []))
+    record = tpu_cost_report.normalize(row.as_json())
+    text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [record], None, []))
     assert "not measurements" in text
     assert f"| {row.case.name} | stream | pallas_tpu | v5e |" in text
 
@@ -286,7 +287,7 @@ def test_json_row_has_the_documented_fields_and_respects_the_roofline(tmp_path: 
     fields = row.as_json()
     assert set(fields) == {
         "name", "op", "impl", "shape", "generation", "program_ms", "kernel_ms",
-        "roofline_ms", "calibrated_ms",
+        "roofline_ms", "calibrated_ms", "schedule_ms", "floored",
     }  # fmt: skip
     assert fields["roofline_ms"] == pytest.approx(STREAM_BYTES / 819e9 * 1e3)
     assert fields["program_ms"] >= fields["roofline_ms"] and not row.below_roofline
@@ -295,9 +296,18 @@ def test_json_row_has_the_documented_fields_and_respects_the_roofline(tmp_path: 
         dataclasses.replace(row.case, work=roofline.Work(4 * STREAM_BYTES)), row.estimate
     )
     assert faster.below_roofline
+    # Such a walk reports the roofline as its program time, flagged.
+    floored = tpu_cost_report.normalize(faster.as_json())
+    assert floored["floored"] and floored["program_ms"] == floored["roofline_ms"]
 
 
-RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tpu_estimates.json"
+RECORDED = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks"
+    / "results"
+    / "tpu_estimates"
+    / "estimates.json"
+)
 
 
 def test_recorded_estimates_are_never_below_their_roofline() -> None:

@@ -296,7 +296,10 @@ GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}
 # benchmarks/results/tpu_estimates.md for small M): larger K blocks amortise the
 # accumulator traffic; with M small the weights stream, and a whole-M block is never padded.
 INT8_MATMUL_TABLES: dict[str, tuple[tuple[int | None, Int8MatmulConfig], ...]] = {
-    "v5e": ((None, Int8MatmulConfig(1024, 1024, 2048)),),
+    "v5e": (
+        (2048, Int8MatmulConfig(1024, 1024, 2048)),
+        (None, Int8MatmulConfig(1024, 1024, 8192)),
+    ),
     "v5p": (
         (128, Int8MatmulConfig(128, 2048, 2048)),
         (None, Int8MatmulConfig(1024, 1024, 8192)),

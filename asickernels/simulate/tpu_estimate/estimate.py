@@ -263,6 +263,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         json_path=args.json,
         ops=args.op,
+        recorded=args.render or (),
     )
 
 
@@ -291,6 +292,13 @@ def register_cli(subparsers: Any) -> None:
         metavar="PATH",
         help="write one row per (case, generation): name, op, impl, shape, generation, "
         "program_ms, kernel_ms, roofline_ms, calibrated_ms",
+    )
+    parser.add_argument(
+        "--render",
+        metavar="JSON",
+        nargs="+",
+        help="compile nothing: merge these recorded --json files and write the table, "
+        "--json and --markdown from them (with a fresh calibration when they cover v5e)",
     )
     parser.add_argument(
         "--op",

@@ -68,8 +68,8 @@ class Machine:
         ident = re.match(r"\s*%(\w+)\s*=", op.text)
         values = [self.read(operand) for operand in op.operands]
         result: Value = None
-        if len(values) == 2 and type(values[0]) is int and type(values[1]) is int and values[1]:
-            a, b = values
+        a, b = (values + [None, None])[:2]
+        if len(values) == 2 and isinstance(a, int) and isinstance(b, int) and b:
             if op.opcode.endswith(".s32"):
                 a, b = as_signed(a), as_signed(b)
             quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
