@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from asickernels import tpu_generations
-from asickernels.backends import gpsimd, nki, pallas_tpu, reference_backend, xla
+from asickernels.backends import cpu, gpsimd, nki, pallas_tpu, reference_backend, xla
 from asickernels.kernels.registry import FLOAT32_AND_64, Support, register, register_backend
 
 for backend in (
     reference_backend.BACKEND,
     xla.BACKEND,
+    cpu.BACKEND,
     pallas_tpu.BACKEND,
     pallas_tpu.INTERPRET_BACKEND,
     gpsimd.BACKEND,
@@ -38,6 +39,19 @@ register("giou", "xla", f"{_XLA}.giou:giou", support=FLOAT64)
 register("giou_vjp", "xla", _AUTODIFF, support=FLOAT64, forward=f"{_XLA}.giou:giou")
 register("nms", "xla", f"{_XLA}.nms:nms", support=FLOAT64)
 register("int8_matmul", "xla", f"{_XLA}.int8_matmul:int8_matmul")
+
+_CPU = "asickernels.backends.cpu"
+register("giou", "cpu", f"{_CPU}.giou:giou", support=FLOAT64, host=f"{_CPU}.giou:giou_host")
+register(
+    "giou_vjp", "cpu", f"{_CPU}.giou:giou_vjp", support=FLOAT64, host=f"{_CPU}.giou:giou_vjp_host"
+)
+register("nms", "cpu", f"{_CPU}.nms:nms", support=FLOAT64, host=f"{_CPU}.nms:nms_host")
+register(
+    "int8_matmul",
+    "cpu",
+    f"{_CPU}.int8_matmul:int8_matmul",
+    host=f"{_CPU}.int8_matmul:int8_matmul_host",
+)
 
 _PALLAS = "asickernels.backends.pallas_tpu"
 # v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).

@@ -216,8 +216,10 @@ class Op:
             "backend": None,
             "config": None,
         }
+        self._array_set = frozenset(self.array_names)
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Callable[..., Any]] = {}
+        self._routes: dict[Any, Callable[..., Any]] = {}
 
     def __repr__(self) -> str:
         return f"<asickernels op {self.name}{self.__signature__}>"
@@ -250,7 +252,7 @@ class Op:
         if len(args) > len(self._positional):
             return None
         values = dict(self._defaults)
-        values.update(zip(self._positional, args))
+        values.update(zip(self._positional, args, strict=False))
         for name, value in kwargs.items():
             if name not in values or name in self._positional[: len(args)]:
                 return None
@@ -292,10 +294,50 @@ class Op:
     # Running ------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._route_key(args, kwargs)
+        compiled = self._routes.get(key) if key is not None else None
+        if compiled is not None:  # the same signature as an earlier compiled call
+            return compiled(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
         arrays, statics, backend, config = self.bind(args, kwargs)
         plan = self.plan(arrays, statics)
         chosen = self.choose(plan, backend, arrays)
-        return self.run(chosen, plan, config, arrays, want="jax")
+        out = self.run(chosen, plan, config, arrays, want="jax")
+        if key is not None and self._may_route(plan, chosen, arrays):
+            self._routes[key] = self._compiled_for(chosen, plan, config, arrays)
+        return out
+
+    def _keyword_arrays(self, kwargs: dict[str, Any]) -> list[Any]:
+        return [kwargs[n] for n in self.array_names if kwargs.get(n) is not None]
+
+    def _route_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A key for calls that may skip binding, validation and selection: arrays given as
+        numpy or concrete JAX arrays, positional ones by position and the others by keyword
+        (the order the compiled function takes them in), hashable static values; None
+        for anything else."""
+        parts: list[Any] = [len(args)]
+        for value in args:
+            parts.append(_array_key(value))
+        for name in sorted(kwargs):
+            value = kwargs[name]
+            parts.append((name, _array_key(value) if name in self._array_set else value))
+        if any(part is _NO_KEY for part in parts):
+            return None
+        key = tuple(parts)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def _may_route(self, plan: Plan, chosen: str | None, arrays: Mapping[str, Any]) -> bool:
+        """Whether the call just made always takes the compiled path for its signature (no
+        value checks, no x64 switch, no host path, and its positional arrays come first)."""
+        if plan.trivial or plan.x64 or self.check_values is not None:
+            return False
+        if chosen is not None and _runs_on_host(plan.kernel, chosen, arrays, "jax"):
+            return False
+        host = sum(a.nbytes for a in arrays.values() if isinstance(a, np.ndarray))
+        return host < _HOST_COPY_BYTES  # larger host inputs are routed by their alignment
 
     def run(
         self,
@@ -323,19 +365,25 @@ class Op:
             return _as_single(plan, outs)
         if traced:
             return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
-        if backend is not None and _runs_on_host(plan.kernel, backend, arrays):
+        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, want):
             host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
             with x64_scope(plan.x64):
                 out = self.compute(Runner(backend, True, config), plan, **host)
             return out if want == "any" else jax.tree.map(lambda o: to_jax(o, plan.x64), out)
-        compiled = self._compiled_for(backend, plan, config)
-        present = {n: a for n, a in arrays.items() if a is not None}
-        with x64_scope(plan.x64):
-            out = compiled(**present)
-        return out
+        compiled = self._compiled_for(backend, plan, config, arrays)
+        present = [a for a in arrays.values() if a is not None]
+        if not plan.x64:
+            return compiled(*present)
+        with x64_scope(True):
+            return compiled(*present)
 
-    def _compiled_for(self, backend: str | None, plan: Plan, config: Any) -> Callable[..., Any]:
-        key: Any = (backend, plan, config)
+    def _compiled_for(
+        self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
+    ) -> Callable[..., Any]:
+        """The jitted computation for this plan, taking the present arrays by position (the
+        plan fixes which are present; jit's fast path takes no keyword arguments)."""
+        names = tuple(n for n, a in arrays.items() if a is not None)
+        key: Any = (backend, plan, config, names)
         try:
             hash(key)
         except TypeError:
@@ -345,8 +393,9 @@ class Op:
             runner = Runner(backend or "xla", False, config)
             absent = {n: None for n in self.array_names}
 
-            def body(**present: Any) -> Any:
-                return self.compute(runner, plan, **{**absent, **present})
+            def body(*present: Any) -> Any:
+                given = absent | dict(zip(names, present, strict=True))
+                return self.compute(runner, plan, **given)
 
             compiled = jax.jit(body)
             if key is not None:
@@ -354,22 +403,55 @@ class Op:
         return compiled
 
 
+_NO_KEY = object()
+
+
+def _array_key(value: Any) -> Any:
+    """What identifies an array argument for the route cache: numpy arrays by shape and
+    dtype, JAX arrays also by their sharding (where they live); anything else (tracers,
+    lists, scalars) has no key."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return (value.shape, value.dtype)
+    if value is None:
+        return None
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        return (value.shape, value.dtype, value.sharding)
+    return _NO_KEY
+
+
 def _as_single(plan: Plan, outs: tuple[Any, ...]) -> Any:
     return outs if not isinstance(plan.outputs, Spec) else outs[0]
 
 
-def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any]) -> bool:
+# Above this many bytes of host input that XLA would have to copy (numpy arrays not aligned
+# for it), an eager JAX-API call goes to the host twin, which reads them in place; below,
+# the compiled call is cheaper than handing the host outputs back to JAX.
+_HOST_COPY_BYTES = 1 << 18
+
+
+def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any], want: str) -> bool:
     """Whether an eager call goes to the backend's host implementation: always for numpy
     backends; for JAX backends with a host twin, when every input is already on the host
-    (numpy, or a JAX array on the CPU, which numpy views without a copy)."""
+    (numpy, or a JAX array on the CPU, which numpy views without a copy) and either the
+    caller takes host results (``want="any"``) or the inputs are large enough that XLA
+    would spend more copying them than the hand-over of the outputs costs."""
     if kernel is None or not registry.has_host_implementation(kernel, backend):
         return False
     if registry.backend(backend).array_kind == "numpy":
         return True
-    return all(
-        a is None or not isinstance(a, jax.Array) or all(d.platform == "cpu" for d in a.devices())
-        for a in arrays.values()
-    )
+    present = [a for a in arrays.values() if a is not None]
+    if any(
+        isinstance(a, jax.Array) and any(d.platform != "cpu" for d in a.devices()) for a in present
+    ):
+        return False
+    if want == "any":
+        return True
+    host = [a for a in present if isinstance(a, np.ndarray)]
+    if sum(a.nbytes for a in host) < _HOST_COPY_BYTES:  # cheap test first: ctypes is slow
+        return False
+    copied = sum(a.nbytes for a in host if a.ctypes.data % _ALIGNMENT or not a.flags.c_contiguous)
+    return copied >= _HOST_COPY_BYTES
 
 
 def x64_scope(enabled: bool) -> Any:
@@ -405,6 +487,12 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def cast(array: Any, dtype: Any) -> Any:
+    """``array`` as ``dtype``, without a copy when it already is (numpy's ``astype``
+    copies by default, which on a host path costs as much as the kernel)."""
+    return array if array.dtype == np.dtype(dtype) else array.astype(dtype)
 
 
 def float_compute_dtype(*specs: Spec | None) -> str:

@@ -15,6 +15,7 @@ from asickernels.kernels.declaration import (
     Runner,
     Spec,
     array,
+    cast,
     float_compute_dtype,
     is_64bit,
     static,
@@ -52,7 +53,7 @@ def _paired(
     arrays (``[...]``, such as a cotangent) are flattened to ``[P]``."""
     flat = [boxes1.reshape(-1, 4), boxes2.reshape(-1, 4), *(a.reshape(-1) for a in per_pair)]
     if dtype == "float64":
-        flat = [a.astype(np.float64) for a in flat]
+        flat = [cast(a, np.float64) for a in flat]
     return runner.kernel(kernel)(*flat)
 
 
@@ -75,7 +76,7 @@ def _check_giou(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) ->
 
 def _compute_giou(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
     out = _paired(runner, "giou", plan.dtype or "float32", boxes1, boxes2)
-    return out.astype(plan.outputs.dtype).reshape(boxes1.shape[:-1])  # type: ignore[union-attr]
+    return cast(out, plan.outputs.dtype).reshape(boxes1.shape[:-1])  # type: ignore[union-attr]
 
 
 def _giou_vjp_of_giou(
@@ -135,8 +136,8 @@ def _compute_giou_vjp(
     runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
 ) -> tuple[Any, Any]:
     dtype = plan.dtype or "float32"
-    d1, d2 = _paired(runner, "giou_vjp", dtype, boxes1, boxes2, cotangent.astype(dtype))
-    return d1.astype(dtype).reshape(boxes1.shape), d2.astype(dtype).reshape(boxes1.shape)
+    d1, d2 = _paired(runner, "giou_vjp", dtype, boxes1, boxes2, cast(cotangent, dtype))
+    return cast(d1, dtype).reshape(boxes1.shape), cast(d2, dtype).reshape(boxes1.shape)
 
 
 giou_vjp = Op(
@@ -213,7 +214,7 @@ def masked_loss(
         safe = xp.asarray(_SAFE_BOX, preds.dtype)
         preds = xp.where(valid[..., None], preds, safe)
         targets = xp.where(valid[..., None], targets, safe)
-    value = _paired(runner, metric, dtype, preds, targets).astype(dtype)
+    value = cast(_paired(runner, metric, dtype, preds, targets), dtype)
     loss = xp.where(valid, 1.0 - value.reshape(valid.shape), 0.0).astype(dtype)
     reduction = plan.static("reduction")
     if reduction == "sum":

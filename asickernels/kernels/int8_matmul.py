@@ -11,7 +11,7 @@ import numpy as np
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, is_64bit, static
+from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, cast, is_64bit, static
 
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
@@ -85,7 +85,7 @@ def _compute_int8_matmul(
         return kernel(x, y, x_scale=None, y_scale=None, out_dtype=out)
     xs, ys = _scale_vector(xp, x_scale, m), _scale_vector(xp, y_scale, n)
     if k <= INT8_MATMUL_MAX_K:
-        return kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out).astype(out)
+        return cast(kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out), out)
     # Exact int32 chunks of K, their dequantized partial products summed in float32.
     total: Any = None
     for start in range(0, k, INT8_MATMUL_MAX_K):

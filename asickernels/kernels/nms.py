@@ -17,6 +17,7 @@ from asickernels.kernels.declaration import (
     Runner,
     Spec,
     array,
+    cast,
     float_compute_dtype,
     is_64bit,
     static,
@@ -84,7 +85,7 @@ def _compute_nms(
     batch = _checks.size(batch_shape)
     dtype = plan.dtype or "float32"
     if dtype == "float64":
-        boxes, scores = boxes.astype(np.float64), scores.astype(np.float64)
+        boxes, scores = cast(boxes, np.float64), cast(scores, np.float64)
     categories = None if idxs is None else dense_ranks(runner.xp, idxs).reshape(batch, n)
     max_output_size = plan.static("max_output_size")
     indices, num_valid = runner.kernel("nms")(
@@ -96,8 +97,8 @@ def _compute_nms(
         score_threshold=plan.static("score_threshold"),
     )
     return (
-        indices.astype(np.int32).reshape(batch_shape + (max_output_size,)),
-        num_valid.astype(np.int32).reshape(batch_shape),
+        cast(indices, np.int32).reshape(batch_shape + (max_output_size,)),
+        cast(num_valid, np.int32).reshape(batch_shape),
     )
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import _library
+from asickernels.kernels.declaration import host_empty
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -97,7 +98,7 @@ def giou_host(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> 
     """Host twin of :func:`giou`: numpy ``[P, 4]`` x2 -> numpy ``[P]``."""
     _library.check_config(config)
     a, b = _host_inputs(boxes1, boxes2)
-    out = np.empty(a.shape[:-1], a.dtype)
+    out = host_empty(a.shape[:-1], a.dtype)
     _library.check(
         _library.library().asickernels_cpu_giou(
             _library.FLOAT_CODES[a.dtype],
@@ -116,7 +117,7 @@ def giou_vjp_host(
     """Host twin of :func:`giou_vjp`."""
     _library.check_config(config)
     a, b, g = _host_inputs(boxes1, boxes2, cotangent)
-    d1, d2 = np.empty(a.shape, a.dtype), np.empty(a.shape, a.dtype)
+    d1, d2 = host_empty(a.shape, a.dtype), host_empty(a.shape, a.dtype)
     _library.check(
         _library.library().asickernels_cpu_giou_vjp(
             _library.FLOAT_CODES[a.dtype],

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import _library
+from asickernels.kernels.declaration import host_empty
 
 
 def _kernel_out_dtype(out_dtype: Any, scaled: bool) -> np.dtype:
@@ -70,7 +71,7 @@ def int8_matmul_host(
     scales = [
         None if s is None else np.ascontiguousarray(s, np.float32) for s in (x_scale, y_scale)
     ]
-    out = np.empty((m, n), kernel_dtype)
+    out = host_empty((m, n), kernel_dtype)
     _library.check(
         _library.library().asickernels_cpu_int8_matmul(
             _library.address(x),

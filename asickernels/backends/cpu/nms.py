@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import _library
+from asickernels.kernels.declaration import host_empty
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -69,8 +70,8 @@ def nms_host(
     if categories is not None:
         categories = np.ascontiguousarray(categories, np.int32)
     batch, n = scores.shape
-    indices = np.empty((batch, max_output_size), np.int32)
-    num_valid = np.empty((batch,), np.int32)
+    indices = host_empty((batch, max_output_size), np.int32)
+    num_valid = host_empty((batch,), np.int32)
     _library.check(
         _library.library().asickernels_cpu_nms(
             _library.FLOAT_CODES[dtype],
