@@ -99,42 +99,6 @@ def _pairwise_forward(
     return forward
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
-def _pairwise(
-    metric: str,
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    config: PairwiseConfig,
-    mode: tuning.InterpretMode,
-) -> jax.Array:
-    build = tuning.Build(_pairwise_forward, (metric, config))
-    return tuning.run(build, mode, boxes1, boxes2)  # type: ignore[no-any-return]
-
-
-def _pairwise_fwd(
-    metric: str,
-    boxes1: jax.Array,
-    boxes2: jax.Array,
-    config: PairwiseConfig,
-    mode: tuning.InterpretMode,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _pairwise(metric, boxes1, boxes2, config, mode), (boxes1, boxes2)
-
-
-def _pairwise_bwd(
-    metric: str,
-    config: PairwiseConfig,
-    mode: tuning.InterpretMode,
-    residuals: tuple[jax.Array, jax.Array],
-    g: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
-    _, pullback = jax.vjp(functools.partial(xla_box_iou.pairwise, metric), *residuals)
-    return pullback(g)  # type: ignore[no-any-return]
-
-
-_pairwise.defvjp(_pairwise_fwd, _pairwise_bwd)
-
-
 def _run_pairwise(
     metric: str,
     boxes1: jax.Array,
@@ -147,7 +111,7 @@ def _run_pairwise(
     float32."""
     tuning.check_config(config, PairwiseConfig)
     boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
-    return _pairwise(metric, boxes1, boxes2, config or PairwiseConfig(), mode)
+    return _box_kernel(True, metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
 box_iou = functools.partial(_run_pairwise, "iou")
@@ -238,40 +202,50 @@ def _paired_call(
     return call
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
-def _paired(
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 4, 5))
+def _box_kernel(
+    pairwise: bool,
     metric: str,
     boxes1: jax.Array,
     boxes2: jax.Array,
-    config: tuning.GiouConfig | None,
+    config: Any,
     mode: tuning.InterpretMode,
 ) -> jax.Array:
-    build = tuning.Build(_paired_call, (metric, config, False))
+    """The pairwise or paired forward kernel, with its gradient."""
+    if pairwise:
+        build = tuning.Build(_pairwise_forward, (metric, config))
+    else:
+        build = tuning.Build(_paired_call, (metric, config, False))
     return tuning.run(build, mode, boxes1, boxes2)  # type: ignore[no-any-return]
 
 
-def _paired_fwd(
+def _box_kernel_fwd(
+    pairwise: bool,
     metric: str,
     boxes1: jax.Array,
     boxes2: jax.Array,
-    config: tuning.GiouConfig | None,
+    config: Any,
     mode: tuning.InterpretMode,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _paired(metric, boxes1, boxes2, config, mode), (boxes1, boxes2)
+    return _box_kernel(pairwise, metric, boxes1, boxes2, config, mode), (boxes1, boxes2)
 
 
-def _paired_bwd(
+def _box_kernel_bwd(
+    pairwise: bool,
     metric: str,
-    config: tuning.GiouConfig | None,
+    config: Any,
     mode: tuning.InterpretMode,
     residuals: tuple[jax.Array, jax.Array],
     g: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
+    if pairwise:  # XLA's gradient (module docstring)
+        _, pullback = jax.vjp(functools.partial(xla_box_iou.pairwise, metric), *residuals)
+        return pullback(g)  # type: ignore[no-any-return]
     build = tuning.Build(_paired_call, (metric, config, True))
     return tuning.run(build, mode, *residuals, g)  # type: ignore[no-any-return]
 
 
-_paired.defvjp(_paired_fwd, _paired_bwd)
+_box_kernel.defvjp(_box_kernel_fwd, _box_kernel_bwd)
 
 
 def _run_paired(
@@ -286,7 +260,7 @@ def _run_paired(
     tuning.check_config(config, tuning.GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16) or boxes1.dtype != boxes2.dtype:
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
-    return _paired(metric, boxes1, boxes2, config, mode)
+    return _box_kernel(False, metric, boxes1, boxes2, config, mode)
 
 
 diou = functools.partial(_run_paired, "diou")
