@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -316,12 +317,17 @@ class Op:
         for anything else."""
         parts: list[Any] = [len(args)]
         for value in args:
-            parts.append(_array_key(value))
+            part = _array_key(value)
+            if part is _NO_KEY:
+                return None
+            parts.append(part)
         for name in sorted(kwargs):
             value = kwargs[name]
-            parts.append((name, _array_key(value) if name in self._array_set else value))
-        if any(part is _NO_KEY for part in parts):
-            return None
+            if name in self._array_set:
+                value = _array_key(value)
+                if value is _NO_KEY:
+                    return None
+            parts.append((name, value))
         key = tuple(parts)
         try:
             hash(key)
@@ -483,7 +489,9 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised numpy array aligned for a copy-free hand-over to JAX (see
     :func:`to_jax`); host kernels allocate their outputs with it."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _HOST_COPY_BYTES:  # small: copying it costs less than aligning it
+        return np.empty(shape, dtype)
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)

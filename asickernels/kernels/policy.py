@@ -45,12 +45,33 @@ class Where:
     """Where a call runs: the inputs' platform (a JAX platform name, or ``"neuron"``), the
     TPU generation when it is a TPU, whether the call is being traced, and whether a
     simulated backend may stand in for a native one (torch_xla on a CPU PJRT device runs
-    the TPU kernels in interpret mode, so that a CPU run checks the kernels a TPU runs)."""
+    the TPU kernels in interpret mode, so that a CPU run checks the kernels a TPU runs), and
+    whether the computation is spliced into another XLA program (torch_xla's ``call_jax``),
+    where a JAX backend must lower to plain HLO (no custom calls registered in this
+    process, such as the native CPU backend's)."""
 
     platform: str
     generation: str | None = None
     traced: bool = False
     simulated_ok: bool = False
+    embedded: bool = False
+
+
+def _default_device() -> Any:
+    """Where host arrays would go: JAX's default device (``jax.devices()`` costs
+    microseconds on every eager call, so the answer is kept unless the setting changes)."""
+    import jax
+
+    setting = jax.config.jax_default_device  # type: ignore[attr-defined]
+    if setting is not None:
+        return setting if not isinstance(setting, str) else jax.devices(setting)[0]
+    if _DEFAULT_DEVICE:
+        return _DEFAULT_DEVICE[0]
+    _DEFAULT_DEVICE.append(jax.devices()[0])
+    return _DEFAULT_DEVICE[0]
+
+
+_DEFAULT_DEVICE: list[Any] = []
 
 
 def where_arrays_live(arrays: Sequence[Any]) -> Where:
@@ -64,7 +85,7 @@ def where_arrays_live(arrays: Sequence[Any]) -> Where:
             device = next(iter(array.devices()))
             break
     if device is None:
-        device = jax.devices()[0]
+        device = _default_device()
     generation = None
     if device.platform == "tpu":
         from asickernels import tpu_generations
@@ -157,10 +178,13 @@ def candidates(kernel: str, where: Where, *, assume_native: bool = False) -> lis
         if name not in registry.backend_names() or name not in registry.backends_for(kernel):
             continue
         mode = "native" if assume_native else registry.availability(name).mode
-        if mode == "missing":
+        backend = registry.backend(name)
+        if mode == "missing" or (
+            where.embedded and backend.array_kind == "jax" and not backend.embeddable
+        ):
             continue
         native = mode == "native" and _native_on(name, where.platform)
-        if native or (where.simulated_ok and registry.backend(name).embeddable):
+        if native or (where.simulated_ok and backend.embeddable):
             names.append(name)
     return names
 

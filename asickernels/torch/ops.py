@@ -83,7 +83,7 @@ def spec_of(tensor: torch.Tensor | None) -> Spec | None:
     return None if tensor is None else Spec(tuple(tensor.shape), numpy_dtype(tensor.dtype))
 
 
-def _torch_value(param: Param, value: Any) -> Any:
+def torch_value(param: Param, value: Any) -> Any:
     """A static argument as the JAX op takes it (torch dtypes become numpy dtypes)."""
     if param.torch_type.startswith("ScalarType") and isinstance(value, torch.dtype):
         return numpy_dtype(value)
@@ -123,7 +123,7 @@ def schema(op: Op, params: tuple[Param, ...] | None = None, outputs: int | None 
 def split_values(params: tuple[Param, ...], values: Mapping[str, Any]) -> tuple[dict, dict]:
     """``(tensors, statics)`` of bound values (torch dtypes as numpy dtypes)."""
     tensors = {p.name: values[p.name] for p in params if p.kind == "array"}
-    statics = {p.name: _torch_value(p, values[p.name]) for p in params if p.kind == "static"}
+    statics = {p.name: torch_value(p, values[p.name]) for p in params if p.kind == "static"}
     return tensors, statics
 
 

@@ -36,7 +36,7 @@ def where_xla_tensors_live() -> policy.Where:
         from asickernels import tpu_generations
 
         generation = tpu_generations.generation_of(jax.devices()[0])
-    return policy.Where(kind, generation, simulated_ok=kind == "cpu")
+    return policy.Where(kind, generation, simulated_ok=kind == "cpu", embedded=True)
 
 
 @functools.cache

@@ -14,8 +14,10 @@ torch peers the better of its default thread count and one thread):
   * giou forward and GIOU-loss forward+backward (mean loss): peers a jitted XLA function
     (asickernels' xla backend) and torchvision.ops.generalized_box_iou_loss (+ autograd);
   * int8 matmul S^3: peers XLA's int8 dot (jax.lax.dot, preferred int32) and torch._int_mm.
-"ours_jit" is the JAX entry point under jax.jit (XLA FFI); "ours_host" the numpy entry point
-(ctypes), which eager calls use.
+Every "ours" row goes through the public API with backend=None, which on a CPU host is the
+native cpu backend: "ours_eager" is `asickernels.<op>` called on numpy arrays (as the README
+does), "ours_jit" the same call under jax.jit on device arrays, "ours_torch" the PyTorch
+frontend `asickernels.torch.<op>` on CPU tensors (eager, with autograd for the loss).
 """
 
 from __future__ import annotations
@@ -37,11 +39,9 @@ import numpy as np
 import torch
 import torchvision
 
+import asickernels as ak
+import asickernels.torch as akt
 from asickernels.backends.cpu import _library
-from asickernels.backends.cpu import giou as cpu_giou
-from asickernels.backends.cpu import int8_matmul as cpu_matmul
-from asickernels.backends.cpu import nms as cpu_nms
-from asickernels.backends.xla import giou as xla_giou
 from asickernels.benchmarking.workloads import jittered, random_boxes, seed_style_boxes
 
 NMS_SIZES = (256, 1024, 4096, 16384)
@@ -114,48 +114,39 @@ def nms_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
                     rng.integers(0, CATEGORIES, n).astype(np.int32) if op == "batched_nms" else None
                 )
                 static = {"iou_threshold": IOU, "max_output_size": MAX_OUTPUT}
-                host_args = (
-                    boxes[None],
-                    scores[None],
-                    None if categories is None else categories[None],
-                )
-                jax_args = [jax.device_put(a) for a in host_args if a is not None]
-
-                def run_host():
-                    return cpu_nms.nms_host(*host_args, score_threshold=-np.inf, **static)
-
-                if categories is None:
-                    jitted = jax.jit(
-                        lambda b, s: cpu_nms.nms(b, s, None, score_threshold=-np.inf, **static)
-                    )
-                else:
-                    jitted = jax.jit(
-                        lambda b, s, c: cpu_nms.nms(b, s, c, score_threshold=-np.inf, **static)
-                    )
-                tb, ts = torch.from_numpy(boxes), torch.from_numpy(scores)
+                arrays = (boxes, scores) if categories is None else (boxes, scores, categories)
+                public = getattr(ak, op)
+                jitted = jax.jit(lambda *a: public(*a, **static))
+                jax_args = [jax.device_put(a) for a in arrays]
+                tensors = [torch.from_numpy(a) for a in arrays]
+                frontend = getattr(akt, op)
+                tb, ts = tensors[0], tensors[1]
                 if categories is None:
                     peer = lambda: torchvision.ops.nms(tb, ts, IOU)  # noqa: E731
                 else:
                     tc = torch.from_numpy(categories.astype(np.int64))
                     peer = lambda: torchvision.ops.batched_nms(tb, ts, tc, IOU)  # noqa: E731
-                indices, count = run_host()
+                indices, count = public(*arrays, **static)
                 want = peer()[:MAX_OUTPUT].numpy()
-                agrees = bool(np.array_equal(indices[0, : count[0]], want))
+                agrees = bool(np.array_equal(np.asarray(indices)[: int(count)], want))
                 times = {
-                    "ours_host": timed(run_host, budget),
+                    "ours_eager": timed(lambda: ready(public(*arrays, **static)), budget),
                     "ours_jit": timed(lambda: ready(jitted(*jax_args)), budget),
+                    "ours_torch": timed_torch(lambda: frontend(*tensors, **static), budget),
                     "torchvision": timed_torch(peer, budget),
                 }
                 rows.append(
                     {
                         "op": op,
                         "size": f"N={n} {kind}",
-                        "kept": int(count[0]),
+                        "kept": int(count),
                         "agrees_with_torchvision_first_128": agrees,
                         "us": times,
                         "cpu_us": cpu_of(times),
-                        "ratio_host_vs_torchvision": times["ours_host"] / times["torchvision"],
+                        "ratio_eager_vs_torchvision": times["ours_eager"] / times["torchvision"],
                         "ratio_jit_vs_torchvision": times["ours_jit"] / times["torchvision"],
+                        "ratio_torch_vs_torchvision": times["ours_torch"] / times["torchvision"],
+                        "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
                         "target": "<= 0.5",
                     }
                 )
@@ -168,51 +159,58 @@ def giou_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
     for shape in GIOU_SIZES:
         b1 = random_boxes(rng, shape).reshape(-1, 4)
         b2 = jittered(rng, b1)
-        p = b1.shape[0]
         j1, j2 = jax.device_put(b1), jax.device_put(b2)
         t1, t2 = torch.from_numpy(b1), torch.from_numpy(b2)
-        ours_jit = jax.jit(cpu_giou.giou)
-        xla_jit = jax.jit(xla_giou.giou)
+        ours_jit = jax.jit(ak.giou)
+        xla_jit = jax.jit(lambda a, b: ak.giou(a, b, backend="xla"))
         forward = {
-            "ours_host": timed(lambda: cpu_giou.giou_host(b1, b2), budget),
+            "ours_eager": timed(lambda: ready(ak.giou(b1, b2)), budget),
             "ours_jit": timed(lambda: ready(ours_jit(j1, j2)), budget),
+            "ours_torch": timed_torch(lambda: akt.giou(t1, t2), budget),
             "xla_jit": timed(lambda: ready(xla_jit(j1, j2)), budget),
             "torchvision": timed_torch(
                 lambda: torchvision.ops.generalized_box_iou_loss(t1, t2, reduction="none"), budget
             ),
         }
-        ours_grad = jax.jit(jax.value_and_grad(lambda a, b: jnp.mean(1.0 - cpu_giou.giou(a, b))))
-        xla_grad = jax.jit(jax.value_and_grad(lambda a, b: jnp.mean(1.0 - xla_giou.giou(a, b))))
-        cotangent = np.full((p,), -1.0 / p, np.float32)
+        ours_grad = jax.jit(jax.value_and_grad(lambda a, b: ak.giou_loss(a, b)))
+        xla_grad = jax.jit(jax.value_and_grad(lambda a, b: ak.giou_loss(a, b, backend="xla")))
 
-        def host_loss_and_grad():
-            loss = np.mean(1.0 - cpu_giou.giou_host(b1, b2))
-            return loss, cpu_giou.giou_vjp_host(b1, b2, cotangent)[0]
-
-        def torch_loss_and_grad():
+        def torch_loss_and_grad(loss_fn: Callable[..., Any]) -> Any:
             a = t1.clone().requires_grad_(True)
-            loss = torchvision.ops.generalized_box_iou_loss(a, t2, reduction="mean")
+            loss = loss_fn(a)
             loss.backward()
             return loss, a.grad
 
         backward = {
-            "ours_host": timed(host_loss_and_grad, budget),
             "ours_jit": timed(lambda: ready(ours_grad(j1, j2)), budget),
+            "ours_torch": timed_torch(
+                lambda: torch_loss_and_grad(lambda a: akt.giou_loss(a, t2)), budget
+            ),
             "xla_jit": timed(lambda: ready(xla_grad(j1, j2)), budget),
-            "torchvision": timed_torch(torch_loss_and_grad, budget),
+            "torchvision": timed_torch(
+                lambda: torch_loss_and_grad(
+                    lambda a: torchvision.ops.generalized_box_iou_loss(a, t2, reduction="mean")
+                ),
+                budget,
+            ),
         }
         label = "x".join(map(str, shape)) + " pairs"
         for op, times in (("giou", forward), ("giou_loss_fwd_bwd", backward)):
+            ratios = {
+                f"ratio_{name}_vs_{peer}": times[f"ours_{name}"] / times[peer]
+                for name in ("eager", "jit", "torch")
+                for peer in ("xla_jit", "torchvision")
+                if f"ours_{name}" in times
+            }
+            if "ours_eager" in times:
+                ratios["ratio_eager_vs_jit"] = times["ours_eager"] / times["ours_jit"]
             rows.append(
                 {
                     "op": op,
                     "size": label,
                     "us": times,
                     "cpu_us": cpu_of(times),
-                    "ratio_jit_vs_xla": times["ours_jit"] / times["xla_jit"],
-                    "ratio_host_vs_xla": times["ours_host"] / times["xla_jit"],
-                    "ratio_jit_vs_torchvision": times["ours_jit"] / times["torchvision"],
-                    "ratio_host_vs_torchvision": times["ours_host"] / times["torchvision"],
+                    **ratios,
                     "target": "<= 1.0 vs xla_jit and <= 0.5 vs torchvision",
                 }
             )
@@ -227,22 +225,15 @@ def matmul_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]
         y = rng.integers(-128, 128, (s, s), dtype=np.int8)
         jx, jy = jax.device_put(x), jax.device_put(y)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        ours_jit = jax.jit(
-            lambda a, b: cpu_matmul.int8_matmul(
-                a, b, x_scale=None, y_scale=None, out_dtype=jnp.int32
-            )
-        )
+        ours_jit = jax.jit(ak.int8_matmul)
         xla_dot = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.int32))
-        got = cpu_matmul.int8_matmul_host(x, y, x_scale=None, y_scale=None, out_dtype=np.int32)
-        exact = bool(np.array_equal(got, torch._int_mm(tx, ty).numpy()))
+        exact = bool(
+            np.array_equal(np.asarray(ak.int8_matmul(x, y)), torch._int_mm(tx, ty).numpy())
+        )
         times = {
-            "ours_host": timed(
-                lambda: cpu_matmul.int8_matmul_host(
-                    x, y, x_scale=None, y_scale=None, out_dtype=np.int32
-                ),
-                budget,
-            ),
+            "ours_eager": timed(lambda: ready(ak.int8_matmul(x, y)), budget),
             "ours_jit": timed(lambda: ready(ours_jit(jx, jy)), budget),
+            "ours_torch": timed_torch(lambda: akt.int8_matmul(tx, ty), budget),
             "torch_int_mm": timed_torch(lambda: torch._int_mm(tx, ty), budget),
             # XLA's int8 dot is ~100x slower at large S: a few calls are enough.
             "xla_dot": timed(
@@ -257,8 +248,10 @@ def matmul_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]
                 "equals_torch_int_mm": exact,
                 "us": times,
                 "cpu_us": cpu_of(times),
+                "ratio_eager_vs_best_peer": times["ours_eager"] / best_peer,
                 "ratio_jit_vs_best_peer": times["ours_jit"] / best_peer,
-                "ratio_host_vs_best_peer": times["ours_host"] / best_peer,
+                "ratio_torch_vs_best_peer": times["ours_torch"] / best_peer,
+                "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
                 "target": "<= 1.0 vs min(xla_dot, torch_int_mm)",
             }
         )
@@ -267,34 +260,23 @@ def matmul_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]
 
 
 def overhead_row(budget: float) -> dict[str, Any]:
-    """A minimal call (one box / one 1x1 product) through every entry point and peer: what is
+    """A minimal call (one box) through every public entry point and a peer: what is
     dispatch rather than kernel."""
     box = np.array([[0.0, 0.0, 1.0, 1.0]], np.float32)
     score = np.array([0.5], np.float32)
     jbox, jscore = jax.device_put(box), jax.device_put(score)
     tbox, tscore = torch.from_numpy(box), torch.from_numpy(score)
-    nms_jit = jax.jit(
-        lambda b, s: cpu_nms.nms(
-            b[None], s[None], None, iou_threshold=0.5, max_output_size=1, score_threshold=-np.inf
-        )
-    )
-    giou_jit = jax.jit(cpu_giou.giou)
+    static = {"iou_threshold": 0.5, "max_output_size": 1}
+    nms_jit = jax.jit(lambda b, s: ak.nms(b, s, **static))
+    giou_jit = jax.jit(ak.giou)
     empty_jit = jax.jit(lambda b: b)
     times = {
-        "ours_host_giou_P1": timed(lambda: cpu_giou.giou_host(box, box), budget),
-        "ours_host_nms_N1": timed(
-            lambda: cpu_nms.nms_host(
-                box[None],
-                score[None],
-                None,
-                iou_threshold=0.5,
-                max_output_size=1,
-                score_threshold=-np.inf,
-            ),
-            budget,
-        ),
+        "ours_eager_giou_P1": timed(lambda: ready(ak.giou(box, box)), budget),
+        "ours_eager_nms_N1": timed(lambda: ready(ak.nms(box, score, **static)), budget),
         "ours_jit_giou_P1": timed(lambda: ready(giou_jit(jbox, jbox)), budget),
         "ours_jit_nms_N1": timed(lambda: ready(nms_jit(jbox, jscore)), budget),
+        "ours_torch_giou_P1": timed_torch(lambda: akt.giou(tbox, tbox), budget),
+        "ours_torch_nms_N1": timed_torch(lambda: akt.nms(tbox, tscore, **static), budget),
         "jax_jit_identity": timed(lambda: ready(empty_jit(jbox)), budget),
         "torchvision_nms_N1": timed_torch(lambda: torchvision.ops.nms(tbox, tscore, 0.5), budget),
     }
