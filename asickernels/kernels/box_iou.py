@@ -31,12 +31,14 @@ from asickernels.kernels.declaration import (
     static,
 )
 from asickernels.kernels.giou import (
-    _paired,
-    check_mask_and_reduction,
-    check_pair,
+    compute_paired_metric,
+    compute_paired_vjp,
     giou_vjp,
     masked_loss,
+    masked_loss_check,
     masked_loss_vjp,
+    paired_metric_check,
+    paired_vjp_check,
 )
 
 # Pairwise ------------------------------------------------------------------------------------
@@ -140,67 +142,12 @@ generalized_box_iou = Op(
 # Paired DIoU / CIoU ------------------------------------------------------------------------
 
 
-def _check_metric(kernel: str) -> Check:
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "boxes1", "boxes2")
-        dtype = float_compute_dtype(a, b)
-        batch = a.shape[:-1]
-        return Plan(
-            kernel,
-            dtype,
-            Spec(batch, np.dtype(dtype)),
-            (),
-            trivial=_checks.size(batch) == 0,
-            x64=is_64bit(a, b),
-        )
-
-    return check
-
-
-def _compute_metric(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
-    out = plan.outputs
-    assert isinstance(out, Spec) and plan.kernel is not None
-    value = _paired(runner, plan.kernel, str(out.dtype), boxes1, boxes2)
-    return value.astype(out.dtype).reshape(out.shape)
-
-
-def _check_metric_vjp(kernel: str) -> Check:
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "boxes1", "boxes2")
-        cotangent = specs["cotangent"]
-        assert cotangent is not None
-        _checks.check_float(cotangent, "cotangent")
-        if cotangent.shape != a.shape[:-1]:
-            raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
-        dtype = float_compute_dtype(a, b)
-        out = Spec(a.shape, np.dtype(dtype))
-        return Plan(
-            kernel,
-            dtype,
-            (out, out),
-            (),
-            trivial=_checks.size(a.shape[:-1]) == 0,
-            x64=is_64bit(a, b, cotangent),
-        )
-
-    return check
-
-
-def _compute_metric_vjp(
-    runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
-) -> tuple[Any, Any]:
-    dtype = plan.output_list()[0].dtype
-    assert plan.kernel is not None
-    d1, d2 = _paired(runner, plan.kernel, str(dtype), boxes1, boxes2, cotangent.astype(dtype))
-    return d1.astype(dtype).reshape(boxes1.shape), d2.astype(dtype).reshape(boxes1.shape)
-
-
 def _vjp_op(metric: str) -> Op:
     return Op(
         f"{metric}_vjp",
         [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
-        check=_check_metric_vjp(f"{metric}_vjp"),
-        compute=_compute_metric_vjp,
+        check=paired_vjp_check(f"{metric}_vjp"),
+        compute=compute_paired_vjp,
         reference=getattr(reference, f"{metric}_vjp"),
         outputs=("d_boxes1", "d_boxes2"),
         doc=f"""Gradient of ``sum(cotangent * {metric}(boxes1, boxes2))`` with respect to both
@@ -221,8 +168,8 @@ def _metric_op(metric: str, vjp_op: Op, what: str) -> Op:
     return Op(
         metric,
         [array("boxes1", 1), array("boxes2", 1)],
-        check=_check_metric(metric),
-        compute=_compute_metric,
+        check=paired_metric_check(metric),
+        compute=compute_paired_metric,
         reference=getattr(reference, metric),
         vjp=vjp,
         differentiable=("boxes1", "boxes2"),
@@ -239,24 +186,6 @@ def _metric_op(metric: str, vjp_op: Op, what: str) -> Op:
       ``eps``). Differentiable with ``jax.grad`` on the JAX backends.
     """,
     )
-
-
-def _check_loss(kernel: str) -> Check:
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "preds", "targets")
-        reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
-        dtype = float_compute_dtype(a, b)
-        shape = a.shape[:-1] if reduction == "none" else ()
-        return Plan(
-            kernel,
-            dtype,
-            Spec(shape, np.dtype(dtype)),
-            (("reduction", reduction),),
-            trivial=_checks.size(a.shape[:-1]) == 0,
-            x64=is_64bit(a, b),
-        )
-
-    return check
 
 
 def _loss_op(metric: str, vjp_op: Op) -> Op:
@@ -276,7 +205,7 @@ def _loss_op(metric: str, vjp_op: Op) -> Op:
             array("mask", 0, optional=True),
             static("reduction", "str", "mean"),
         ],
-        check=_check_loss(metric),
+        check=masked_loss_check(metric),
         compute=compute,
         reference=getattr(reference, f"{metric}_loss"),
         vjp=vjp,

@@ -10,6 +10,7 @@ import numpy as np
 from asickernels import reference
 from asickernels.kernels import _checks, registry
 from asickernels.kernels.declaration import (
+    Check,
     Op,
     Plan,
     Runner,
@@ -60,23 +61,29 @@ def _paired(
 # giou ---------------------------------------------------------------------------------------
 
 
-def _check_giou(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    a, b = check_pair(specs, "boxes1", "boxes2")
-    dtype = float_compute_dtype(a, b)
-    batch = a.shape[:-1]
-    return Plan(
-        "giou",
-        dtype,
-        Spec(batch, np.dtype(dtype)),
-        (),
-        trivial=_checks.size(batch) == 0,
-        x64=is_64bit(a, b),
-    )
+def paired_metric_check(kernel: str) -> Check:
+    """Validation of a paired-box metric ``(boxes1, boxes2 [..., 4]) -> [...]``."""
+
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "boxes1", "boxes2")
+        dtype = float_compute_dtype(a, b)
+        batch = a.shape[:-1]
+        return Plan(
+            kernel,
+            dtype,
+            Spec(batch, np.dtype(dtype)),
+            (),
+            trivial=_checks.size(batch) == 0,
+            x64=is_64bit(a, b),
+        )
+
+    return check
 
 
-def _compute_giou(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
-    out = _paired(runner, "giou", plan.dtype or "float32", boxes1, boxes2)
-    return cast(out, plan.outputs.dtype).reshape(boxes1.shape[:-1])  # type: ignore[union-attr]
+def compute_paired_metric(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+    assert isinstance(plan.outputs, Spec) and plan.kernel is not None
+    out = _paired(runner, plan.kernel, plan.dtype or "float32", boxes1, boxes2)
+    return cast(out, plan.outputs.dtype).reshape(boxes1.shape[:-1])
 
 
 def _giou_vjp_of_giou(
@@ -88,8 +95,8 @@ def _giou_vjp_of_giou(
 giou = Op(
     "giou",
     [array("boxes1", 1), array("boxes2", 1)],
-    check=_check_giou,
-    compute=_compute_giou,
+    check=paired_metric_check("giou"),
+    compute=compute_paired_metric,
     reference=reference.giou,
     vjp=_giou_vjp_of_giou,
     differentiable=("boxes1", "boxes2"),
@@ -113,38 +120,45 @@ giou = Op(
 # giou_vjp -----------------------------------------------------------------------------------
 
 
-def _check_giou_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    a, b = check_pair(specs, "boxes1", "boxes2")
-    cotangent = specs["cotangent"]
-    assert cotangent is not None
-    _checks.check_float(cotangent, "cotangent")
-    if cotangent.shape != a.shape[:-1]:
-        raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
-    dtype = float_compute_dtype(a, b)
-    out = Spec(a.shape, np.dtype(dtype))
-    return Plan(
-        "giou_vjp",
-        dtype,
-        (out, out),
-        (),
-        trivial=_checks.size(a.shape[:-1]) == 0,
-        x64=is_64bit(a, b, cotangent),
-    )
+def paired_vjp_check(kernel: str) -> Check:
+    """Validation of a paired-box metric's VJP ``(boxes1, boxes2 [..., 4], cotangent
+    [...]) -> (d_boxes1, d_boxes2)``."""
+
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "boxes1", "boxes2")
+        cotangent = specs["cotangent"]
+        assert cotangent is not None
+        _checks.check_float(cotangent, "cotangent")
+        if cotangent.shape != a.shape[:-1]:
+            raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
+        dtype = float_compute_dtype(a, b)
+        out = Spec(a.shape, np.dtype(dtype))
+        return Plan(
+            kernel,
+            dtype,
+            (out, out),
+            (),
+            trivial=_checks.size(a.shape[:-1]) == 0,
+            x64=is_64bit(a, b, cotangent),
+        )
+
+    return check
 
 
-def _compute_giou_vjp(
+def compute_paired_vjp(
     runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
 ) -> tuple[Any, Any]:
+    assert plan.kernel is not None
     dtype = plan.dtype or "float32"
-    d1, d2 = _paired(runner, "giou_vjp", dtype, boxes1, boxes2, cast(cotangent, dtype))
+    d1, d2 = _paired(runner, plan.kernel, dtype, boxes1, boxes2, cast(cotangent, dtype))
     return cast(d1, dtype).reshape(boxes1.shape), cast(d2, dtype).reshape(boxes1.shape)
 
 
 giou_vjp = Op(
     "giou_vjp",
     [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
-    check=_check_giou_vjp,
-    compute=_compute_giou_vjp,
+    check=paired_vjp_check("giou_vjp"),
+    compute=compute_paired_vjp,
     reference=reference.giou_vjp,
     outputs=("d_boxes1", "d_boxes2"),
     doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
@@ -180,19 +194,24 @@ def check_mask_and_reduction(
     return str(reduction)
 
 
-def _check_giou_loss(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    a, b = check_pair(specs, "preds", "targets")
-    reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
-    dtype = float_compute_dtype(a, b)
-    shape = a.shape[:-1] if reduction == "none" else ()
-    return Plan(
-        "giou",
-        dtype,
-        Spec(shape, np.dtype(dtype)),
-        (("reduction", reduction),),
-        trivial=_checks.size(a.shape[:-1]) == 0,
-        x64=is_64bit(a, b),
-    )
+def masked_loss_check(kernel: str) -> Check:
+    """Validation of a masked loss over a paired metric (see :func:`masked_loss`)."""
+
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+        a, b = check_pair(specs, "preds", "targets")
+        reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
+        dtype = float_compute_dtype(a, b)
+        shape = a.shape[:-1] if reduction == "none" else ()
+        return Plan(
+            kernel,
+            dtype,
+            Spec(shape, np.dtype(dtype)),
+            (("reduction", reduction),),
+            trivial=_checks.size(a.shape[:-1]) == 0,
+            x64=is_64bit(a, b),
+        )
+
+    return check
 
 
 def masked_loss(
@@ -272,7 +291,7 @@ giou_loss = Op(
         array("mask", 0, optional=True),
         static("reduction", "str", "mean"),
     ],
-    check=_check_giou_loss,
+    check=masked_loss_check("giou"),
     compute=_compute_giou_loss,
     reference=reference.giou_loss,
     vjp=_giou_loss_vjp,
