@@ -301,7 +301,7 @@ INT8_MATMUL_TABLES: dict[str, tuple[tuple[int | None, Int8MatmulConfig], ...]] =
         (None, Int8MatmulConfig(1024, 1024, 8192)),
     ),
     "v5p": (
-        (128, Int8MatmulConfig(128, 2048, 2048)),
+        (128, Int8MatmulConfig(1024, 1024, 2048)),
         (None, Int8MatmulConfig(1024, 1024, 8192)),
     ),
     "v6e": (
