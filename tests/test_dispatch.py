@@ -195,3 +195,16 @@ def test_oracle_agrees_with_every_public_op_on_the_default_backend():
         oracle.assert_agrees(name, got, oracle.expected(name, arrays, statics))
     with pytest.raises(AssertionError, match="disagrees"):
         oracle.assert_agrees("giou", np.zeros(3, np.float32), np.full(3, 1e-3))
+
+
+def test_repeated_eager_calls_keep_wide_category_ids_apart():
+    """The second call of a signature takes the remembered route: it must still rank 64-bit
+    ids (0 and 2**32 are different categories) rather than truncate them."""
+    boxes = np.tile(np.array([[0, 0, 4, 4]], np.float32), (2, 1))
+    scores = np.array([0.9, 0.8], np.float32)
+    ids = np.array([0, 2**32])
+    for _ in range(3):
+        _, kept = asickernels.batched_nms(
+            boxes, scores, ids, iou_threshold=0.5, max_output_size=2, backend="xla"
+        )
+        assert int(kept) == 2

@@ -187,6 +187,40 @@ def _not_run(rows: Sequence[BenchRow]) -> list[str]:
     return lines
 
 
+# The eager target: a public call on numpy inputs within this factor of the same call jitted.
+EAGER_TARGET = 1.5
+
+
+def _eager_table(rows: Sequence[BenchRow]) -> str | None:
+    """Per op and size, ``backend=None`` eager (numpy inputs) against jitted (inputs on the
+    device): the rows ``default-eager`` and ``default`` of the harness."""
+    timed = {
+        (r.op, r.size, r.implementation): r.timing.median_s
+        for r in rows
+        if r.timing is not None and r.implementation in ("default", "default-eager")
+    }
+    lines = []
+    for (op, size, name), eager in timed.items():
+        jitted = timed.get((op, size, "default"))
+        if name != "default-eager" or not jitted:
+            continue
+        ratio = eager / jitted
+        lines.append(
+            [
+                op,
+                size,
+                format_seconds(jitted),
+                format_seconds(eager),
+                f"{ratio:.2f}",
+                "yes" if ratio <= EAGER_TARGET else "**no**",
+            ]
+        )
+    if not lines:
+        return None
+    headers = ("op", "size", "jitted", "eager", "eager / jitted", f"<= {EAGER_TARGET}")
+    return markdown_table(headers, lines)
+
+
 def _seed_table(rows: Sequence[BenchRow]) -> str:
     lines = []
     for figure in SEED_FIGURES:
@@ -258,6 +292,15 @@ def render(documents: Sequence[dict[str, Any]], extra_sections: Sequence[str] = 
                 "\n".join(_summary(rows)),
                 "Per op and size:",
                 "\n".join(reading),
+            ]
+        eager = _eager_table(rows)
+        if eager:
+            parts += [
+                "### Eager against jitted (`backend=None`)",
+                "What a user's first calls cost: the public op called eagerly on the bench's "
+                "numpy inputs, as the README's examples do, against the same call under "
+                "`jax.jit` with the inputs already on the device (medians).",
+                eager,
             ]
         not_run = _not_run(rows)
         if not_run:

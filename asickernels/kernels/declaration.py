@@ -167,6 +167,8 @@ class Op:
         leading batch dims; other rules are named by the op and live in the SPMD modules).
       check_values: optional checks of concrete input values, run on eager calls only.
       outputs: the names of the outputs (one name: the op returns an array, not a tuple).
+      prepare: optional host-side preparation of concrete inputs on eager calls, before
+        validation (e.g. 64-bit category ids to int32 ranks, so that no x64 is needed).
     """
 
     def __init__(
@@ -183,6 +185,7 @@ class Op:
         partition: str = "batch",
         check_values: Callable[..., None] | None = None,
         outputs: tuple[str, ...] = ("out",),
+        prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.name = name
         self.params = tuple(params)
@@ -194,6 +197,7 @@ class Op:
         self.partition = partition
         self.check_values = check_values
         self.outputs = outputs
+        self.prepare = prepare
         self.__name__ = self.__qualname__ = name
         self.__doc__ = doc
         self.__module__ = "asickernels"
@@ -245,7 +249,13 @@ class Op:
             for n in self.array_names
         }
         statics = {n: values[n] for n in self.static_names}
-        return arrays, statics, values["backend"], values["config"]
+        return self.prepared(arrays), statics, values["backend"], values["config"]
+
+    def prepared(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone)."""
+        if self.prepare is None or any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
+            return arrays
+        return self.prepare(arrays)
 
     def _fast_bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The arguments by name with defaults, for the well-formed call (a dict lookup
@@ -337,8 +347,10 @@ class Op:
 
     def _may_route(self, plan: Plan, chosen: str | None, arrays: Mapping[str, Any]) -> bool:
         """Whether the call just made always takes the compiled path for its signature (no
-        value checks, no x64 switch, no host path, and its positional arrays come first)."""
-        if plan.trivial or plan.x64 or self.check_values is not None:
+        value checks or preparation, no x64 switch, no host path)."""
+        if plan.trivial or plan.x64 or not _compilable(chosen):
+            return False
+        if self.check_values is not None or self.prepare is not None:  # they see every call
             return False
         if chosen is not None and _runs_on_host(plan.kernel, chosen, arrays, "jax"):
             return False
@@ -371,6 +383,9 @@ class Op:
             return _as_single(plan, outs)
         if traced:
             return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
+        if not _compilable(backend):  # op by op, as a compiled call would, x64 included
+            with x64_scope(plan.x64):
+                return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
         if backend is not None and _runs_on_host(plan.kernel, backend, arrays, want):
             host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
             with x64_scope(plan.x64):
@@ -410,6 +425,12 @@ class Op:
 
 
 _NO_KEY = object()
+
+
+def _compilable(backend: str | None) -> bool:
+    """Whether eager calls on ``backend`` may be compiled (see ``Backend.traceable``)."""
+    traceable = None if backend is None else registry.backend(backend).traceable
+    return traceable is None or traceable()
 
 
 def _array_key(value: Any) -> Any:

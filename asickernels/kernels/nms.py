@@ -77,6 +77,15 @@ def dense_ranks(xp: Any, ids: Any) -> Any:
     return xp.searchsorted(xp.sort(flat), flat).astype(np.int32).reshape(ids.shape)
 
 
+def _rank_wide_ids(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Eager calls: 64-bit category ids become int32 dense ranks on the host, so the call
+    needs no x64 mode (under a trace the ranks are computed in the graph)."""
+    idxs = arrays.get("idxs")
+    if idxs is None or np.dtype(idxs.dtype).itemsize < 8:
+        return arrays
+    return {**arrays, "idxs": dense_ranks(np, np.asarray(idxs))}
+
+
 def _compute_nms(
     runner: Runner, plan: Plan, boxes: Any, scores: Any, idxs: Any = None
 ) -> tuple[Any, Any]:
@@ -176,6 +185,7 @@ batched_nms = Op(
     compute=_compute_nms,
     reference=_reference_nms,
     outputs=("indices", "num_valid"),
+    prepare=_rank_wide_ids,
     doc="""Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only
     suppress boxes of the same category (``idxs [..., N]``, any integer dtype; ids keep
     their identity over the whole int64 range). Output as :func:`nms`: kept boxes of all

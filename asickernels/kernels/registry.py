@@ -76,6 +76,8 @@ class Backend:
       device_timer: optional; ``(op, case, warmup, iters) -> Timing`` timing ``op`` on the
         device with the vendor's profiler, used by ``bench`` instead of wall clock when the
         backend runs natively (see :mod:`asickernels.benchmarking.device`).
+      traceable: optional; False when this JAX cannot run the JAX backend's kernels under
+        ``jit`` (eager calls then run them op by op instead of compiled).
     """
 
     name: str
@@ -86,6 +88,7 @@ class Backend:
     embeddable: bool = False
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
+    traceable: Callable[[], bool] | None = None
 
 
 FLOAT32_ONLY = frozenset({"float32"})

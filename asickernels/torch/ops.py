@@ -132,7 +132,7 @@ def split_values(params: tuple[Param, ...], values: Mapping[str, Any]) -> tuple[
 
 def run_on_cpu(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], backend: Any) -> Any:
     """``op`` on CPU tensors through the JAX API's own path; returns torch tensors."""
-    arrays = {name: to_host(t) for name, t in tensors.items()}
+    arrays = op.prepared({name: to_host(t) for name, t in tensors.items()})
     plan = op.plan(arrays, statics)
     chosen = op.choose(plan, backend, arrays)
     out = op.run(chosen, plan, None, arrays, want="any")

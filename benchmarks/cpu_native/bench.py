@@ -285,11 +285,43 @@ def overhead_row(budget: float) -> dict[str, Any]:
     return row
 
 
+def markdown(document: dict[str, Any]) -> str:
+    """The results as a BENCHMARKS.md section: per row our three entry points, the peers
+    and the ratios the targets are stated in (microseconds, medians)."""
+    header = document["header"]
+    lines = [
+        "## Native CPU backend against its CPU peers",
+        f"Command: `{header['command']}` ({header['time_utc']}); {header['cpu']}, "
+        f"{header['cpu_count']} cores, int8 path {header['int8_path']}; load average "
+        f"{header['load_average_at_start'][0]:.1f} at the start (above the core count: other "
+        "processes competed, timings are noisy). ours_eager = the public JAX op on numpy "
+        "arrays, ours_jit = the same under `jax.jit`, ours_torch = `asickernels.torch` on CPU "
+        "tensors; all with `backend=None` (the `cpu` backend). Times in µs.",
+        "",
+        "| op | size | timings (µs) | ratios | target |",
+        "|---|---|---|---|---|",
+    ]
+    for row in document["rows"]:
+        times = ", ".join(f"{name} {value:.1f}" for name, value in row["us"].items())
+        ratios = ", ".join(
+            f"{name.removeprefix('ratio_')} {value:.2f}"
+            for name, value in row.items()
+            if name.startswith("ratio_")
+        )
+        lines.append(
+            f"| {row['op']} | {row['size']} | {times} | {ratios} | {row.get('target', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="write the results JSON here")
     parser.add_argument("--budget", type=float, default=0.4, help="seconds per measurement")
     parser.add_argument("--only", choices=("overhead", "nms", "giou", "matmul"), default=None)
+    parser.add_argument(
+        "--markdown", default=None, help="also write the results as a BENCHMARKS.md section"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
@@ -323,9 +355,13 @@ def main() -> None:
         if args.only in (None, name):
             rows += run()
     header["load_average_at_end"] = os.getloadavg()
+    document = {"header": header, "rows": rows}
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"header": header, "rows": rows}, handle, indent=1)
+            json.dump(document, handle, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(markdown(document))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,18 @@ BACKEND = Backend(
     platforms=("tpu",),
     embeddable=True,
 )
+
+
+def _traceable() -> bool:
+    from asickernels.backends.pallas_tpu import tuning
+
+    return tuning.tpu_interpret_traceable()
+
+
 INTERPRET_BACKEND = Backend(
     name="pallas_tpu_interpret",
     array_kind="jax",
     probe=_probe_interpret,
     description="the same Pallas kernels in TPU interpret mode, with race detection",
+    traceable=_traceable,
 )

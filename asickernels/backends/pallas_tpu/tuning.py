@@ -136,7 +136,8 @@ def _lower_tpu(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
     target = lowered_for(backend)
     lower = mlir.lower_fun(build(target), multiple_results=True)
     device = backend.devices()[0] if backend is not None and backend.devices() else None
-    if device is None or device.platform != "tpu":
+    if device is None or device.platform != "tpu" or not jax.sharding.get_abstract_mesh().empty:
+        # Inside shard_map (or any mesh context) the abstract mesh already names the chips.
         return lower(ctx, *args)
     # JAX's Mosaic lowering asks the abstract mesh (else the default device, which is the
     # CPU when compiling for a topology) which chip it targets: tell it.
