@@ -28,8 +28,8 @@ def no_kernel_runs(monkeypatch):
     kernel that gets called fails the test: validation must happen before kernels run."""
     real_implementation = registry.implementation
 
-    def guarded(op, name):
-        real_implementation(op, name)
+    def guarded(op, name, **kwargs):
+        real_implementation(op, name, **kwargs)
 
         def forbidden(*args, **kwargs):
             raise AssertionError(f"the {op!r} kernel of backend {name!r} ran")
@@ -143,7 +143,16 @@ BAD_INPUTS = {
         TypeError,
         "scores must be a floating",
     ),
-    "nms_negative_max_output_size": (lambda: _nms(max_output_size=-1), ValueError, ">= 0"),
+    "nms_negative_max_output_size": (
+        lambda: _nms(max_output_size=-1),
+        ValueError,
+        r"must be in [0, 2147483647]",
+    ),
+    "nms_huge_max_output_size": (
+        lambda: _nms(max_output_size=2**40),
+        ValueError,
+        r"must be in [0, 2147483647]",
+    ),
     "nms_float_max_output_size": (lambda: _nms(max_output_size=2.0), TypeError, "max_output_size"),
     "nms_bool_max_output_size": (lambda: _nms(max_output_size=True), TypeError, "max_output_size"),
     "nms_iou_threshold_above_1": (

@@ -81,8 +81,8 @@ def _rank_wide_ids(arrays: dict[str, Any]) -> dict[str, Any]:
     """Eager calls: 64-bit category ids become int32 dense ranks on the host, so the call
     needs no x64 mode (under a trace the ranks are computed in the graph)."""
     idxs = arrays.get("idxs")
-    if idxs is None or np.dtype(idxs.dtype).itemsize < 8:
-        return arrays
+    if idxs is None or not np.issubdtype(idxs.dtype, np.integer) or idxs.dtype.itemsize < 8:
+        return arrays  # nothing to rank (validation refuses non-integer ids)
     return {**arrays, "idxs": dense_ranks(np, np.asarray(idxs))}
 
 
