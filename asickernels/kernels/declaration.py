@@ -168,7 +168,8 @@ class Op:
       check_values: optional checks of concrete input values, run on eager calls only.
       outputs: the names of the outputs (one name: the op returns an array, not a tuple).
       prepare: optional host-side preparation of concrete inputs on eager calls, before
-        validation (e.g. 64-bit category ids to int32 ranks, so that no x64 is needed).
+        validation (e.g. 64-bit category ids to int32 ranks, so that no x64 is needed); it
+        returns its argument itself when it has nothing to do, deciding on dtypes only.
     """
 
     def __init__(
@@ -249,10 +250,12 @@ class Op:
             for n in self.array_names
         }
         statics = {n: values[n] for n in self.static_names}
-        return self.prepared(arrays), statics, values["backend"], values["config"]
+        return arrays, statics, values["backend"], values["config"]
 
     def prepared(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone)."""
+        """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone); the
+        same dict when preparation changes nothing (``prepare`` looks at dtypes, not values,
+        so that holds for every call of the same signature)."""
         if self.prepare is None or any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             return arrays
         return self.prepare(arrays)
@@ -309,11 +312,13 @@ class Op:
         compiled = self._routes.get(key) if key is not None else None
         if compiled is not None:  # the same signature as an earlier compiled call
             return compiled(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
-        arrays, statics, backend, config = self.bind(args, kwargs)
+        given, statics, backend, config = self.bind(args, kwargs)
+        arrays = self.prepared(given)
         plan = self.plan(arrays, statics)
         chosen = self.choose(plan, backend, arrays)
         out = self.run(chosen, plan, config, arrays, want="jax")
-        if key is not None and self._may_route(plan, chosen, arrays):
+        # A route replays the call on the arrays as given: only if preparation left them be.
+        if key is not None and arrays is given and self._may_route(plan, chosen, arrays):
             self._routes[key] = self._compiled_for(chosen, plan, config, arrays)
         return out
 
@@ -347,15 +352,15 @@ class Op:
 
     def _may_route(self, plan: Plan, chosen: str | None, arrays: Mapping[str, Any]) -> bool:
         """Whether the call just made always takes the compiled path for its signature (no
-        value checks or preparation, no x64 switch, no host path)."""
+        value checks, no x64 switch, no host path)."""
         if plan.trivial or plan.x64 or not _compilable(chosen):
             return False
-        if self.check_values is not None or self.prepare is not None:  # they see every call
-            return False
-        if chosen is not None and _runs_on_host(plan.kernel, chosen, arrays, "jax"):
+        if self.check_values is not None:  # it must see every call's values
             return False
         host = sum(a.nbytes for a in arrays.values() if isinstance(a, np.ndarray))
-        return host < _HOST_COPY_BYTES  # larger host inputs are routed by their alignment
+        if host >= _HOST_COPY_BYTES:  # larger host inputs are routed by their alignment
+            return False
+        return chosen is None or registry.backend(chosen).array_kind != "numpy"
 
     def run(
         self,
@@ -390,7 +395,11 @@ class Op:
             host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
             with x64_scope(plan.x64):
                 out = self.compute(Runner(backend, True, config), plan, **host)
-            return out if want == "any" else jax.tree.map(lambda o: to_jax(o, plan.x64), out)
+            if want == "any":
+                return out
+            if isinstance(out, tuple):
+                return tuple(to_jax(o, plan.x64) for o in out)
+            return to_jax(out, plan.x64)
         compiled = self._compiled_for(backend, plan, config, arrays)
         present = [a for a in arrays.values() if a is not None]
         if not plan.x64:
@@ -498,12 +507,36 @@ _ALIGNMENT = 64  # XLA's CPU client wraps host buffers aligned to this without a
 
 
 def to_jax(value: Any, x64: bool = False) -> jax.Array:
-    """A host result as a JAX array, keeping 64-bit dtypes (``x64``); a C-contiguous,
-    64-byte aligned numpy array becomes a JAX CPU array without a copy."""
+    """A host result as a JAX array on the default device, keeping 64-bit dtypes (``x64``);
+    a C-contiguous, 64-byte aligned numpy array becomes a JAX CPU array without a copy."""
     if isinstance(value, jax.Array):
         return value
+    value = np.asarray(value)
     with x64_scope(x64):
-        return jax.device_put(np.asarray(value))
+        return _device_put(value, x64)
+
+
+def _device_put(value: np.ndarray, x64: bool) -> jax.Array:
+    """``jax.device_put(value)``, through the batched primitive it is built on: the public
+    wrapper spends about 40 µs of Python per array, more than many of our kernels. Values
+    JAX would canonicalize (64-bit without x64) take the public path."""
+    if value.dtype.itemsize == 8 and not x64:
+        return jax.device_put(value)
+    try:
+        from jax._src import core
+        from jax._src.interpreters import pxla
+
+        device = policy.default_device()
+        sharding = _SHARDINGS.get(device)
+        if sharding is None:
+            sharding = _SHARDINGS[device] = jax.sharding.SingleDeviceSharding(device)
+        aval = core.ShapedArray(value.shape, value.dtype)
+        return pxla.batched_device_put(aval, sharding, [value], [device], committed=False)
+    except (ImportError, AttributeError, TypeError):  # JAX's internals moved
+        return jax.device_put(value)
+
+
+_SHARDINGS: dict[Any, Any] = {}
 
 
 def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

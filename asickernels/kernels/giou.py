@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -265,12 +266,18 @@ def masked_loss_vjp(
     on_device = any(isinstance(a, jax.Array) for a in (preds, targets, mask, cotangent))
     xp: Any = jnp if on_device else np
     preds, targets = xp.asarray(preds), xp.asarray(targets)
-    valid = xp.ones(preds.shape[:-1], bool) if mask is None else xp.asarray(mask) != 0
     dtype = xp.result_type(preds, targets, np.float32)
+    cotangent = xp.asarray(cotangent).astype(dtype)
+    if mask is None:  # every box counts: no masking passes over the boxes
+        count = math.prod(preds.shape[:-1])
+        scale = 1.0 / max(count, 1) if statics["reduction"] == "mean" else 1.0
+        local = xp.broadcast_to(-scale * cotangent, preds.shape[:-1])
+        return metric_vjp(preds, targets, local, backend=backend)
+    valid = xp.asarray(mask) != 0
     weight = valid.astype(dtype)
     if statics["reduction"] == "mean":
         weight = weight / xp.maximum(valid.sum(), 1).astype(dtype)
-    local = -(weight * xp.asarray(cotangent).astype(dtype))
+    local = -(weight * cotangent)
     inside = valid[..., None]
     return metric_vjp(
         xp.where(inside, preds, 0), xp.where(inside, targets, 0), local, backend=backend

@@ -57,7 +57,7 @@ class Where:
     embedded: bool = False
 
 
-def _default_device() -> Any:
+def default_device() -> Any:
     """Where host arrays would go: JAX's default device (``jax.devices()`` costs
     microseconds on every eager call, so the answer is kept unless the setting changes)."""
     import jax
@@ -85,7 +85,7 @@ def where_arrays_live(arrays: Sequence[Any]) -> Where:
             device = next(iter(array.devices()))
             break
     if device is None:
-        device = _default_device()
+        device = default_device()
     generation = None
     if device.platform == "tpu":
         from asickernels import tpu_generations
