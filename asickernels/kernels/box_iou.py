@@ -26,6 +26,7 @@ from asickernels.kernels.declaration import (
     Runner,
     Spec,
     array,
+    cast,
     float_compute_dtype,
     is_64bit,
     static,
@@ -73,10 +74,10 @@ def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> A
     """Runs the kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when unbatched)."""
     out = plan.outputs
     assert isinstance(out, Spec)
-    flat1 = boxes1.reshape(-1, *boxes1.shape[-2:]).astype(out.dtype)
-    flat2 = boxes2.reshape(-1, *boxes2.shape[-2:]).astype(out.dtype)
+    flat1 = cast(boxes1.reshape(-1, *boxes1.shape[-2:]), out.dtype)
+    flat2 = cast(boxes2.reshape(-1, *boxes2.shape[-2:]), out.dtype)
     assert plan.kernel is not None
-    return runner.kernel(plan.kernel)(flat1, flat2).astype(out.dtype).reshape(out.shape)
+    return cast(runner.kernel(plan.kernel)(flat1, flat2), out.dtype).reshape(out.shape)
 
 
 def _pairwise_giou_vjp(

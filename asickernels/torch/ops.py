@@ -14,7 +14,6 @@ float64 (``torch.autograd.gradcheck`` works).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -252,8 +251,3 @@ def register(op: Op) -> tuple[Any, Any | None]:
 
 
 OPERATORS: dict[str, tuple[Any, Any | None]] = {op.name: register(op) for op in asickernels.OPS}
-
-
-@functools.cache
-def op_named(name: str) -> Op:
-    return next(op for op in asickernels.OPS if op.name == name)
