@@ -83,9 +83,13 @@ for kernel in _BOX:
     for name, mode in PALLAS_MODES:
         register(kernel, name, f"{_PALLAS}.box_iou:{kernel}", **mode)
     register(kernel, "nki", f"asickernels.backends.nki.box_iou:{kernel}")
+    cpu_box = f"{_CPU}.box_iou:{kernel}"
+    register(kernel, "cpu", cpu_box, support=FLOAT64, host=f"{cpu_box}_host")
 for metric in ("diou", "ciou"):
     vjp = f"{metric}_vjp"
     register(vjp, "reference", f"asickernels.reference:{vjp}", support=FLOAT64)
+    cpu_vjp = f"{_CPU}.box_iou:{vjp}"
+    register(vjp, "cpu", cpu_vjp, support=FLOAT64, host=f"{cpu_vjp}_host")
     register(vjp, "xla", _AUTODIFF, support=FLOAT64, forward=f"{_XLA}.box_iou:{metric}")
     for name, mode in PALLAS_MODES:
         register(vjp, name, _AUTODIFF, forward=f"{_PALLAS}.box_iou:{metric}", **mode)

@@ -28,15 +28,16 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "giou_vjp": ("cpu", "pallas_tpu", "nki", "xla"),
     "nms": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
     "int8_matmul": ("cpu", "pallas_tpu", "nki", "xla"),
-    # Pairwise IoU/GIOU: XLA's fused elementwise program is estimated as fast or faster than
-    # the Pallas kernel on v5e (GIOU 4096x4096: 172 against 199 us; 8x300x100: 5.8 against
-    # 10.8 us), so TPUs run XLA; the Pallas kernel is there by name.
-    "box_iou": ("nki", "xla", "pallas_tpu"),
-    "generalized_box_iou": ("nki", "xla", "pallas_tpu"),
-    "diou": ("pallas_tpu", "nki", "xla"),
-    "diou_vjp": ("pallas_tpu", "xla"),
-    "ciou": ("pallas_tpu", "nki", "xla"),
-    "ciou_vjp": ("pallas_tpu", "xla"),
+    # Box ops: the native CPU backend leads on CPU hosts. Pairwise IoU/GIOU on TPUs: XLA's
+    # fused elementwise program is estimated as fast or faster than the Pallas kernel on v5e
+    # (GIOU 4096x4096: 172 against 199 us; 8x300x100: 5.8 against 10.8 us), so TPUs run XLA;
+    # the Pallas kernel is there by name.
+    "box_iou": ("cpu", "nki", "xla", "pallas_tpu"),
+    "generalized_box_iou": ("cpu", "nki", "xla", "pallas_tpu"),
+    "diou": ("cpu", "pallas_tpu", "nki", "xla"),
+    "diou_vjp": ("cpu", "pallas_tpu", "xla"),
+    "ciou": ("cpu", "pallas_tpu", "nki", "xla"),
+    "ciou_vjp": ("cpu", "pallas_tpu", "xla"),
 }
 
 

@@ -25,11 +25,15 @@ _FLAGS = (
 # sanitizer_preload() (see tests/test_cpu_backend.py).
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 
-FFI_TARGETS = (
-    "giou_f32", "giou_f64", "giou_vjp_f32", "giou_vjp_f64", "giou_vjp_first_f32",
-    "giou_vjp_first_f64", "nms_f32", "nms_f64",
-    "batched_nms_f32", "batched_nms_f64", "int8_matmul", "int8_matmul_scaled_f32",
-    "int8_matmul_scaled_f64",
+_BOX_TARGETS = tuple(
+    f"{kind}_box_metric{part}_{suffix}"
+    for kind, parts in (("paired", ("", "_vjp", "_vjp_first")), ("pairwise", ("", "_vjp")))
+    for part in parts
+    for suffix in ("f32", "f64")
+)
+FFI_TARGETS = _BOX_TARGETS + (
+    "nms_f32", "nms_f64", "batched_nms_f32", "batched_nms_f64", "int8_matmul",
+    "int8_matmul_scaled_f32", "int8_matmul_scaled_f64",
 )  # fmt: skip
 _FFI_PREFIX = "asickernels_cpu_ffi_"
 _ERRORS = {1: "unsupported dtype code", 2: "out of memory"}
@@ -98,8 +102,17 @@ def library() -> ctypes.CDLL:
         )
     lib = ctypes.CDLL(str(library_path(sanitize)))
     i64, c_int, c_double = ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    lib.asickernels_cpu_giou.argtypes = [c_int, *_pointer_args(2), i64, ctypes.c_void_p]
-    lib.asickernels_cpu_giou_vjp.argtypes = [c_int, *_pointer_args(3), i64, *_pointer_args(2)]
+    lib.asickernels_cpu_paired_box_metric.argtypes = [c_int, c_int, *_pointer_args(2), i64,
+                                                      ctypes.c_void_p]  # fmt: skip
+    lib.asickernels_cpu_paired_box_metric_vjp.argtypes = [
+        c_int, c_int, *_pointer_args(3), i64, *_pointer_args(2)
+    ]  # fmt: skip
+    lib.asickernels_cpu_pairwise_box_metric.argtypes = [
+        c_int, c_int, *_pointer_args(2), i64, i64, i64, ctypes.c_void_p
+    ]  # fmt: skip
+    lib.asickernels_cpu_pairwise_box_metric_vjp.argtypes = [
+        c_int, c_int, *_pointer_args(3), i64, i64, i64, *_pointer_args(2)
+    ]  # fmt: skip
     lib.asickernels_cpu_nms.argtypes = [
         c_int, *_pointer_args(3), i64, i64, c_double, i64, c_double, *_pointer_args(2)
     ]  # fmt: skip

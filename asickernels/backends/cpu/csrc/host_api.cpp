@@ -1,6 +1,6 @@
 // C entry points for the host (numpy) path, called through ctypes with raw pointers to
 // C-contiguous arrays. dtype codes: 0 = float32, 1 = float64. Every entry point returns 0,
-// or 1 for an unknown code, or 2 when the kernel failed (out of memory).
+// or 1 for an unknown dtype or metric code, or 2 when the kernel failed (out of memory).
 #include <cstdint>
 #include <new>
 
@@ -15,6 +15,29 @@ int guarded(Run&& run) {
   } catch (const std::bad_alloc&) {
     return 2;
   }
+}
+
+// Runs run(T{}) with T the float type of dtype code 0 (float) or 1 (double).
+template <typename Run>
+int with_float(int dtype, Run&& run) {
+  return guarded([&] {
+    if (dtype == 0) {
+      run(0.0f);
+    } else if (dtype == 1) {
+      run(0.0);
+    } else {
+      return false;
+    }
+    return true;
+  });
+}
+
+// Runs run(metric, T{}) for a box metric code and a dtype code.
+template <typename Run>
+int with_metric_and_float(int metric, int dtype, Run&& run) {
+  if (!asickernels_cpu::is_box_metric(metric)) return 1;
+  const auto kind = static_cast<asickernels_cpu::BoxMetric>(metric);
+  return with_float(dtype, [&](auto zero) { run(kind, zero); });
 }
 
 // The start of numpy's PyArrayObject_fields (numpy/ndarraytypes.h): PyObject_HEAD, then the
@@ -49,40 +72,50 @@ int asickernels_cpu_sanitized() {
 #endif
 }
 
-int asickernels_cpu_giou(int dtype, const void* boxes1, const void* boxes2, int64_t pairs,
-                         void* out) {
-  return guarded([&] {
-    if (dtype == 0) {
-      asickernels_cpu::giou(static_cast<const float*>(boxes1), static_cast<const float*>(boxes2),
-                            pairs, static_cast<float*>(out));
-    } else if (dtype == 1) {
-      asickernels_cpu::giou(static_cast<const double*>(boxes1),
-                            static_cast<const double*>(boxes2), pairs, static_cast<double*>(out));
-    } else {
-      return false;
-    }
-    return true;
+// metric: 0 = IoU, 1 = GIOU, 2 = DIoU, 3 = CIoU (asickernels_cpu::BoxMetric).
+int asickernels_cpu_paired_box_metric(int metric, int dtype, const void* boxes1,
+                                      const void* boxes2, int64_t pairs, void* out) {
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    asickernels_cpu::paired_box_metric(kind, static_cast<const T*>(boxes1),
+                                       static_cast<const T*>(boxes2), pairs, static_cast<T*>(out));
   });
 }
 
-int asickernels_cpu_giou_vjp(int dtype, const void* boxes1, const void* boxes2,
-                             const void* cotangent, int64_t pairs, void* d_boxes1,
-                             void* d_boxes2) {
-  return guarded([&] {
-    if (dtype == 0) {
-      asickernels_cpu::giou_vjp(
-          static_cast<const float*>(boxes1), static_cast<const float*>(boxes2),
-          static_cast<const float*>(cotangent), pairs, static_cast<float*>(d_boxes1),
-          static_cast<float*>(d_boxes2));
-    } else if (dtype == 1) {
-      asickernels_cpu::giou_vjp(
-          static_cast<const double*>(boxes1), static_cast<const double*>(boxes2),
-          static_cast<const double*>(cotangent), pairs, static_cast<double*>(d_boxes1),
-          static_cast<double*>(d_boxes2));
-    } else {
-      return false;
-    }
-    return true;
+// d_boxes2 may be null (boxes1's gradient only).
+int asickernels_cpu_paired_box_metric_vjp(int metric, int dtype, const void* boxes1,
+                                          const void* boxes2, const void* cotangent,
+                                          int64_t pairs, void* d_boxes1, void* d_boxes2) {
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    asickernels_cpu::paired_box_metric_vjp(
+        kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
+        static_cast<const T*>(cotangent), pairs, static_cast<T*>(d_boxes1),
+        static_cast<T*>(d_boxes2));
+  });
+}
+
+int asickernels_cpu_pairwise_box_metric(int metric, int dtype, const void* boxes1,
+                                        const void* boxes2, int64_t batch, int64_t n, int64_t m,
+                                        void* out) {
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    asickernels_cpu::pairwise_box_metric(kind, static_cast<const T*>(boxes1),
+                                         static_cast<const T*>(boxes2), batch, n, m,
+                                         static_cast<T*>(out));
+  });
+}
+
+int asickernels_cpu_pairwise_box_metric_vjp(int metric, int dtype, const void* boxes1,
+                                            const void* boxes2, const void* cotangent,
+                                            int64_t batch, int64_t n, int64_t m, void* d_boxes1,
+                                            void* d_boxes2) {
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    asickernels_cpu::pairwise_box_metric_vjp(
+        kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
+        static_cast<const T*>(cotangent), batch, n, m, static_cast<T*>(d_boxes1),
+        static_cast<T*>(d_boxes2));
   });
 }
 
@@ -92,18 +125,10 @@ int asickernels_cpu_nms(int dtype, const void* boxes, const void* scores,
                         double iou_threshold, int64_t max_output_size, double score_threshold,
                         int32_t* indices, int32_t* num_valid) {
   const asickernels_cpu::NmsParams params{iou_threshold, max_output_size, score_threshold};
-  return guarded([&] {
-    if (dtype == 0) {
-      asickernels_cpu::nms(static_cast<const float*>(boxes), static_cast<const float*>(scores),
-                           categories, batch, n, params, indices, num_valid);
-    } else if (dtype == 1) {
-      asickernels_cpu::nms(static_cast<const double*>(boxes),
-                           static_cast<const double*>(scores), categories, batch, n, params,
-                           indices, num_valid);
-    } else {
-      return false;
-    }
-    return true;
+  return with_float(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    asickernels_cpu::nms(static_cast<const T*>(boxes), static_cast<const T*>(scores), categories,
+                         batch, n, params, indices, num_valid);
   });
 }
 

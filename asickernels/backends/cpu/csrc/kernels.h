@@ -19,15 +19,33 @@ void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
 int max_threads();
 void set_max_threads(int threads);
 
-// giou [P] of paired boxes [P, 4].
-template <typename T>
-void giou(const T* boxes1, const T* boxes2, int64_t pairs, T* out);
+// Box-pair metrics (asickernels/reference.py's METRICS); the codes are those of the host
+// entry points and of the FFI handlers' "metric" attribute.
+enum class BoxMetric : int64_t { kIou = 0, kGiou = 1, kDiou = 2, kCiou = 3 };
 
-// Gradient of sum(cotangent * giou) with respect to boxes1 and boxes2 ([P, 4] each);
-// d_boxes2 may be nullptr when only boxes1's gradient is wanted.
+inline bool is_box_metric(int64_t code) { return code >= 0 && code <= 3; }
+
+// metric [P] of paired boxes [P, 4].
 template <typename T>
-void giou_vjp(const T* boxes1, const T* boxes2, const T* cotangent, int64_t pairs, T* d_boxes1,
-              T* d_boxes2);
+void paired_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t pairs,
+                       T* out);
+
+// Gradient of sum(cotangent * metric) with respect to boxes1 and boxes2 ([P, 4] each), CIoU's
+// alpha held constant; d_boxes2 may be nullptr when only boxes1's gradient is wanted.
+template <typename T>
+void paired_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                           const T* cotangent, int64_t pairs, T* d_boxes1, T* d_boxes2);
+
+// metric [B, N, M] of every pair of boxes1 [B, N, 4] and boxes2 [B, M, 4].
+template <typename T>
+void pairwise_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t batch,
+                         int64_t n, int64_t m, T* out);
+
+// Gradient of sum(cotangent [B, N, M] * metric) with respect to boxes1 and boxes2.
+template <typename T>
+void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                             const T* cotangent, int64_t batch, int64_t n, int64_t m,
+                             T* d_boxes1, T* d_boxes2);
 
 struct NmsParams {
   double iou_threshold;

@@ -1,6 +1,6 @@
 // XLA FFI handlers (jax.ffi) over the same kernels. Leading dimensions beyond the kernel's
-// own are batch dimensions (what vmap's "broadcast_all" adds): GIOU flattens them into
-// pairs, NMS into images, int8 matmul loops over them.
+// own are batch dimensions (what vmap's "broadcast_all" adds): paired box metrics flatten them
+// into pairs, pairwise ones and NMS into images, int8 matmul loops over them.
 #include <cstdint>
 #include <new>
 
@@ -25,36 +25,99 @@ ffi::Error guarded(Run&& run) {
 template <ffi::DataType kType>
 using Native = ffi::NativeType<kType>;
 
+// A box metric code (the "metric" attribute) as a BoxMetric, or an error.
+ffi::Error box_metric(int64_t code, ak::BoxMetric& metric) {
+  if (!ak::is_box_metric(code)) return ffi::Error::InvalidArgument("unknown box metric code");
+  metric = static_cast<ak::BoxMetric>(code);
+  return ffi::Error::Success();
+}
+
+// Paired boxes [..., 4] x2 -> [...]: leading dimensions are pairs.
 template <ffi::DataType kType>
-ffi::Error Giou(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                ffi::ResultBuffer<kType> out) {
+ffi::Error PairedBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
+                           ffi::ResultBuffer<kType> out) {
+  ak::BoxMetric metric;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
   return guarded([&] {
-    ak::giou<Native<kType>>(boxes1.typed_data(), boxes2.typed_data(),
-                            static_cast<int64_t>(boxes1.element_count() / 4), out->typed_data());
+    ak::paired_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                         static_cast<int64_t>(boxes1.element_count() / 4),
+                                         out->typed_data());
   });
 }
 
 template <ffi::DataType kType>
-ffi::Error GiouVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                   ffi::Buffer<kType> cotangent, ffi::ResultBuffer<kType> d_boxes1,
-                   ffi::ResultBuffer<kType> d_boxes2) {
+ffi::Error RunPairedVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                        ffi::Buffer<kType> cotangent, int64_t code, Native<kType>* d_boxes1,
+                        Native<kType>* d_boxes2) {
+  ak::BoxMetric metric;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
   return guarded([&] {
-    ak::giou_vjp<Native<kType>>(boxes1.typed_data(), boxes2.typed_data(),
-                                cotangent.typed_data(),
-                                static_cast<int64_t>(boxes1.element_count() / 4),
-                                d_boxes1->typed_data(), d_boxes2->typed_data());
+    ak::paired_box_metric_vjp<Native<kType>>(
+        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(),
+        static_cast<int64_t>(boxes1.element_count() / 4), d_boxes1, d_boxes2);
   });
+}
+
+template <ffi::DataType kType>
+ffi::Error PairedBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                              ffi::Buffer<kType> cotangent, int64_t code,
+                              ffi::ResultBuffer<kType> d_boxes1,
+                              ffi::ResultBuffer<kType> d_boxes2) {
+  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(),
+                             d_boxes2->typed_data());
 }
 
 // The gradient with respect to boxes1 only (boxes2 is not differentiated, e.g. targets).
 template <ffi::DataType kType>
-ffi::Error GiouVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                        ffi::Buffer<kType> cotangent, ffi::ResultBuffer<kType> d_boxes1) {
+ffi::Error PairedBoxMetricVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                                   ffi::Buffer<kType> cotangent, int64_t code,
+                                   ffi::ResultBuffer<kType> d_boxes1) {
+  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(), nullptr);
+}
+
+// Pairwise boxes1 [..., N, 4] x boxes2 [..., M, 4]: leading dimensions are images.
+struct PairwiseShape {
+  int64_t batch = 1, n = 0, m = 0;
+};
+
+template <ffi::DataType kType>
+ffi::Error pairwise_shape(const ffi::Buffer<kType>& boxes1, const ffi::Buffer<kType>& boxes2,
+                          PairwiseShape& shape) {
+  const auto dims1 = boxes1.dimensions(), dims2 = boxes2.dimensions();
+  if (dims1.size() < 2 || dims1.size() != dims2.size()) {
+    return ffi::Error::InvalidArgument("pairwise box metric: boxes of one rank >= 2 expected");
+  }
+  for (size_t i = 0; i + 2 < dims1.size(); ++i) shape.batch *= dims1[i];
+  shape.n = dims1[dims1.size() - 2], shape.m = dims2[dims2.size() - 2];
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType kType>
+ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
+                             ffi::ResultBuffer<kType> out) {
+  ak::BoxMetric metric;
+  PairwiseShape shape;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  if (ffi::Error error = pairwise_shape(boxes1, boxes2, shape); error.failure()) return error;
   return guarded([&] {
-    ak::giou_vjp<Native<kType>>(boxes1.typed_data(), boxes2.typed_data(),
-                                cotangent.typed_data(),
-                                static_cast<int64_t>(boxes1.element_count() / 4),
-                                d_boxes1->typed_data(), nullptr);
+    ak::pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                           shape.batch, shape.n, shape.m, out->typed_data());
+  });
+}
+
+template <ffi::DataType kType>
+ffi::Error PairwiseBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                                ffi::Buffer<kType> cotangent, int64_t code,
+                                ffi::ResultBuffer<kType> d_boxes1,
+                                ffi::ResultBuffer<kType> d_boxes2) {
+  ak::BoxMetric metric;
+  PairwiseShape shape;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  if (ffi::Error error = pairwise_shape(boxes1, boxes2, shape); error.failure()) return error;
+  return guarded([&] {
+    ak::pairwise_box_metric_vjp<Native<kType>>(
+        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(), shape.batch,
+        shape.n, shape.m, d_boxes1->typed_data(), d_boxes2->typed_data());
   });
 }
 
@@ -127,34 +190,22 @@ ffi::Error Int8MatmulScaled(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y,
 
 }  // namespace
 
-#define AK_GIOU(name, type)                                                    \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Giou<type>, ffi::Ffi::Bind()             \
-                                                      .Arg<ffi::Buffer<type>>() \
-                                                      .Arg<ffi::Buffer<type>>() \
-                                                      .Ret<ffi::Buffer<type>>());
-AK_GIOU(asickernels_cpu_ffi_giou_f32, ffi::F32)
-AK_GIOU(asickernels_cpu_ffi_giou_f64, ffi::F64)
-
-#define AK_GIOU_VJP(name, type)                      \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, GiouVjp<type>, \
-                                ffi::Ffi::Bind()     \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Ret<ffi::Buffer<type>>() \
-                                    .Ret<ffi::Buffer<type>>());
-AK_GIOU_VJP(asickernels_cpu_ffi_giou_vjp_f32, ffi::F32)
-AK_GIOU_VJP(asickernels_cpu_ffi_giou_vjp_f64, ffi::F64)
-
-#define AK_GIOU_VJP_FIRST(name, type)                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, GiouVjpFirst<type>, \
-                                ffi::Ffi::Bind()          \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Arg<ffi::Buffer<type>>() \
-                                    .Ret<ffi::Buffer<type>>());
-AK_GIOU_VJP_FIRST(asickernels_cpu_ffi_giou_vjp_first_f32, ffi::F32)
-AK_GIOU_VJP_FIRST(asickernels_cpu_ffi_giou_vjp_first_f64, ffi::F64)
+// Box metrics: (boxes1, boxes2[, cotangent]) of one float type, the "metric" code, results.
+#define AK_BOX_ARGS(type, count) AK_BOX_ARGS_##count(type).Attr<int64_t>("metric")
+#define AK_BOX_ARGS_2(type) ffi::Ffi::Bind().Arg<ffi::Buffer<type>>().Arg<ffi::Buffer<type>>()
+#define AK_BOX_ARGS_3(type) AK_BOX_ARGS_2(type).Arg<ffi::Buffer<type>>()
+#define AK_BOX_HANDLER(name, handler, args, results)                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f32, handler<ffi::F32>, \
+                                AK_BOX_ARGS(ffi::F32, args) results(ffi::F32)); \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f64, handler<ffi::F64>, \
+                                AK_BOX_ARGS(ffi::F64, args) results(ffi::F64));
+#define AK_ONE_RESULT(type) .Ret<ffi::Buffer<type>>()
+#define AK_TWO_RESULTS(type) .Ret<ffi::Buffer<type>>().Ret<ffi::Buffer<type>>()
+AK_BOX_HANDLER(paired_box_metric, PairedBoxMetric, 2, AK_ONE_RESULT)
+AK_BOX_HANDLER(paired_box_metric_vjp, PairedBoxMetricVjp, 3, AK_TWO_RESULTS)
+AK_BOX_HANDLER(paired_box_metric_vjp_first, PairedBoxMetricVjpFirst, 3, AK_ONE_RESULT)
+AK_BOX_HANDLER(pairwise_box_metric, PairwiseBoxMetric, 2, AK_ONE_RESULT)
+AK_BOX_HANDLER(pairwise_box_metric_vjp, PairwiseBoxMetricVjp, 3, AK_TWO_RESULTS)
 
 #define AK_NMS_ATTRS_AND_RESULTS                   \
   .Attr<double>("iou_threshold")                   \

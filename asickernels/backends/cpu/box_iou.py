@@ -1,0 +1,285 @@
+"""Box-pair metrics (IoU, GIOU, DIoU, CIoU) on the native CPU kernels, paired (``[P, 4]`` x2
+-> ``[P]``) and pairwise (``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]``), with their
+gradients: JAX entry points (FFI; ``custom_vjp`` whose backward pass is the native gradient
+kernel, so ``jax.grad`` works under ``jit`` and ``vmap``) and host twins (numpy in and out).
+float64 boxes are computed in float64, anything else in float32."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asickernels.backends.cpu import _library
+from asickernels.kernels.declaration import host_empty
+
+# The kernels' metric codes (asickernels_cpu::BoxMetric).
+METRIC_CODES = {"iou": 0, "giou": 1, "diou": 2, "ciou": 3}
+_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+
+
+def _ffi(kind: str, metric: str, dtype: Any, results: Any) -> Callable[..., Any]:
+    """The FFI call of ``kind`` (e.g. ``"paired_box_metric_vjp"``) for ``metric``."""
+    _library.ffi_targets()
+    target = _library.ffi_name(f"{kind}_{_SUFFIX[np.dtype(dtype)]}")
+    call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
+    return functools.partial(call, metric=np.int64(METRIC_CODES[metric]))
+
+
+# -- JAX: paired ---------------------------------------------------------------------------
+
+
+def _paired_call(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    result = jax.ShapeDtypeStruct(boxes1.shape[:-1], boxes1.dtype)
+    return _ffi("paired_box_metric", metric, boxes1.dtype, result)(boxes1, boxes2)  # type: ignore[no-any-return]
+
+
+def _paired_vjp_call(
+    metric: str, boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    result = jax.ShapeDtypeStruct(boxes1.shape, boxes1.dtype)
+    call = _ffi("paired_box_metric_vjp", metric, boxes1.dtype, (result, result))
+    d1, d2 = call(boxes1, boxes2, cotangent)
+    return d1, d2
+
+
+def _paired_vjp_first_call(
+    metric: str, boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array
+) -> jax.Array:
+    """The gradient with respect to ``boxes1`` alone."""
+    result = jax.ShapeDtypeStruct(boxes1.shape, boxes1.dtype)
+    call = _ffi("paired_box_metric_vjp_first", metric, boxes1.dtype, result)
+    return call(boxes1, boxes2, cotangent)  # type: ignore[no-any-return]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    return _paired_call(metric, boxes1, boxes2)
+
+
+Residuals = tuple[jax.Array, jax.Array, bool, bool]
+
+
+def _paired_forward(metric: str, boxes1: Any, boxes2: Any) -> tuple[jax.Array, Residuals]:
+    # symbolic_zeros: the arguments are CustomVJPPrimal, saying which are differentiated.
+    residuals = (boxes1.value, boxes2.value, boxes1.perturbed, boxes2.perturbed)
+    return _paired_call(metric, boxes1.value, boxes2.value), residuals
+
+
+def _paired_backward(
+    metric: str, residuals: Residuals, cotangent: Any
+) -> tuple[jax.Array | None, ...]:
+    boxes1, boxes2, wants1, wants2 = residuals
+    if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
+        return None, None
+    cotangent = cotangent.astype(boxes1.dtype)
+    if wants1 and not wants2:  # e.g. predictions against fixed targets
+        return _paired_vjp_first_call(metric, boxes1, boxes2, cotangent), None
+    return _paired_vjp_call(metric, boxes1, boxes2, cotangent)
+
+
+_paired.defvjp(_paired_forward, _paired_backward, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _paired_without_symbolic_zeros(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    return _paired_call(metric, boxes1, boxes2)
+
+
+def _paired_forward_both(
+    metric: str, boxes1: jax.Array, boxes2: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _paired_call(metric, boxes1, boxes2), (boxes1, boxes2)
+
+
+def _paired_backward_both(
+    metric: str, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    boxes1, boxes2 = residuals
+    return _paired_vjp_call(metric, boxes1, boxes2, cotangent.astype(boxes1.dtype))
+
+
+_paired_without_symbolic_zeros.defvjp(_paired_forward_both, _paired_backward_both)
+
+
+def _differentiable_paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    try:
+        return _paired(metric, boxes1, boxes2)  # type: ignore[no-any-return]
+    except NotImplementedError as error:
+        # shard_map has no custom_vjp symbolic zeros (jax 0.10): there both gradients are
+        # computed whichever is wanted.
+        if "symbolic_zeros" not in str(error):
+            raise
+        return _paired_without_symbolic_zeros(metric, boxes1, boxes2)  # type: ignore[no-any-return]
+
+
+# -- JAX: pairwise -------------------------------------------------------------------------
+
+
+def _pairwise_call(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    result = jax.ShapeDtypeStruct(boxes1.shape[:-1] + boxes2.shape[-2:-1], boxes1.dtype)
+    return _ffi("pairwise_box_metric", metric, boxes1.dtype, result)(boxes1, boxes2)  # type: ignore[no-any-return]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+    return _pairwise_call(metric, boxes1, boxes2)
+
+
+def _pairwise_forward(
+    metric: str, boxes1: jax.Array, boxes2: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _pairwise_call(metric, boxes1, boxes2), (boxes1, boxes2)
+
+
+def _pairwise_backward(
+    metric: str, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    boxes1, boxes2 = residuals
+    result1 = jax.ShapeDtypeStruct(boxes1.shape, boxes1.dtype)
+    result2 = jax.ShapeDtypeStruct(boxes2.shape, boxes2.dtype)
+    call = _ffi("pairwise_box_metric_vjp", metric, boxes1.dtype, (result1, result2))
+    d1, d2 = call(boxes1, boxes2, cotangent.astype(boxes1.dtype))
+    return d1, d2
+
+
+_pairwise.defvjp(_pairwise_forward, _pairwise_backward)
+
+
+def _jax_inputs(*arrays: Any) -> list[jax.Array]:
+    dtype = _library.float_kernel_dtype(*(a.dtype for a in arrays))
+    return [jnp.asarray(a).astype(dtype) for a in arrays]
+
+
+def paired_metric(metric: str) -> Callable[..., jax.Array]:
+    """``(boxes1 [P, 4], boxes2 [P, 4]) -> [P]`` ``metric``, differentiable."""
+
+    def run(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+        _library.check_config(config)
+        return _differentiable_paired(metric, *_jax_inputs(boxes1, boxes2))
+
+    run.__doc__ = f"""``[P, 4]`` x2 -> ``[P]`` {metric} (float64 for float64 boxes, else
+    float32); differentiable (the backward pass is the native gradient kernel)."""
+    return run
+
+
+def paired_metric_vjp(metric: str) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """``(boxes1, boxes2 [P, 4], cotangent [P]) -> (d_boxes1, d_boxes2)`` of ``metric``."""
+
+    def run(
+        boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array, *, config: Any = None
+    ) -> tuple[jax.Array, jax.Array]:
+        _library.check_config(config)
+        return _paired_vjp_call(metric, *_jax_inputs(boxes1, boxes2, cotangent))
+
+    run.__doc__ = f"""``[P, 4]``, ``[P, 4]``, ``[P]`` -> gradients ``[P, 4]`` x2 of
+    ``sum(cotangent * {metric})``."""
+    return run
+
+
+def _pairwise_metric(metric: str) -> Callable[..., jax.Array]:
+    def run(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+        """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` (float64 for float64 boxes, else
+        float32); differentiable (the backward pass is the native gradient kernel)."""
+        _library.check_config(config)
+        return _pairwise(metric, *_jax_inputs(boxes1, boxes2))  # type: ignore[no-any-return]
+
+    return run
+
+
+# -- host (numpy) --------------------------------------------------------------------------
+
+
+def _host_inputs(*arrays: Any) -> list[np.ndarray]:
+    """C-contiguous arrays of the kernel dtype (no copy when they already are)."""
+    dtype = _library.float_kernel_dtype(*(np.asarray(a).dtype for a in arrays))
+    return [np.ascontiguousarray(a, dtype) for a in arrays]
+
+
+def paired_metric_host(metric: str) -> Callable[..., np.ndarray]:
+    """Host twin of :func:`paired_metric`: numpy ``[P, 4]`` x2 -> numpy ``[P]``."""
+
+    def run(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
+        _library.check_config(config)
+        a, b = _host_inputs(boxes1, boxes2)
+        out = host_empty(a.shape[:-1], a.dtype)
+        _library.check(
+            _library.library().asickernels_cpu_paired_box_metric(
+                METRIC_CODES[metric],
+                _library.FLOAT_CODES[a.dtype],
+                _library.address(a),
+                _library.address(b),
+                a.size // 4,
+                _library.address(out),
+            )
+        )
+        return out
+
+    return run
+
+
+def paired_metric_vjp_host(metric: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+    """Host twin of :func:`paired_metric_vjp`."""
+
+    def run(
+        boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray, *, config: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        _library.check_config(config)
+        a, b, g = _host_inputs(boxes1, boxes2, cotangent)
+        d1, d2 = host_empty(a.shape, a.dtype), host_empty(a.shape, a.dtype)
+        _library.check(
+            _library.library().asickernels_cpu_paired_box_metric_vjp(
+                METRIC_CODES[metric],
+                _library.FLOAT_CODES[a.dtype],
+                *map(_library.address, (a, b, g)),
+                a.size // 4,
+                _library.address(d1),
+                _library.address(d2),
+            )
+        )
+        return d1, d2
+
+    return run
+
+
+def _pairwise_metric_host(metric: str) -> Callable[..., np.ndarray]:
+    def run(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
+        """Host twin: numpy ``[B, N, 4]`` x ``[B, M, 4]`` -> numpy ``[B, N, M]``."""
+        _library.check_config(config)
+        a, b = _host_inputs(boxes1, boxes2)
+        n, m = a.shape[-2], b.shape[-2]
+        out = host_empty(a.shape[:-1] + (m,), a.dtype)
+        _library.check(
+            _library.library().asickernels_cpu_pairwise_box_metric(
+                METRIC_CODES[metric],
+                _library.FLOAT_CODES[a.dtype],
+                _library.address(a),
+                _library.address(b),
+                int(np.prod(a.shape[:-2])),
+                n,
+                m,
+                _library.address(out),
+            )
+        )
+        return out
+
+    return run
+
+
+box_iou = _pairwise_metric("iou")
+generalized_box_iou = _pairwise_metric("giou")
+diou = paired_metric("diou")
+ciou = paired_metric("ciou")
+diou_vjp = paired_metric_vjp("diou")
+ciou_vjp = paired_metric_vjp("ciou")
+
+box_iou_host = _pairwise_metric_host("iou")
+generalized_box_iou_host = _pairwise_metric_host("giou")
+diou_host = paired_metric_host("diou")
+ciou_host = paired_metric_host("ciou")
+diou_vjp_host = paired_metric_vjp_host("diou")
+ciou_vjp_host = paired_metric_vjp_host("ciou")
