@@ -17,14 +17,23 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import asickernels
 from asickernels import reference
 from asickernels.backends import cpu
 from asickernels.backends.cpu import _library
+from asickernels.backends.cpu import box_iou as cpu_box
 from asickernels.backends.cpu import giou as cpu_giou
 from asickernels.backends.cpu import int8_matmul as cpu_matmul
 from asickernels.backends.cpu import nms as cpu_nms
 from asickernels.kernels.declaration import x64_scope
-from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, nms_cases
+from asickernels.testing.cases import (
+    giou_cases,
+    grid_boxes,
+    matmul_cases,
+    nms_cases,
+    pairwise_cases,
+    random_boxes,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 GIOU_ATOL = 2e-5
@@ -142,6 +151,183 @@ def test_giou_float64_is_computed_in_float64():
         g1, g2 = grads(b1, b2)
         np.testing.assert_allclose(np.asarray(g1), want1, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(np.asarray(g2), want2, rtol=1e-9, atol=1e-12)
+
+
+# -- IoU, GIOU (pairwise), DIoU, CIoU -------------------------------------------------------
+
+_PAIRWISE = {"box_iou": "iou", "generalized_box_iou": "giou"}
+_PAIRED = ("diou", "ciou")
+
+
+def _box_tolerance(boxes):
+    # float32 loses ~1e-7 relative in the areas and centre distances of the 1e4 boxes.
+    return 5e-5 if np.abs(np.asarray(boxes, np.float32)).max(initial=0) > 1e3 else GIOU_ATOL
+
+
+def _images(boxes):
+    """``[..., N, 4]`` as ``[B, N, 4]`` (B = 1 for one image; N may be 0)."""
+    return boxes.reshape((int(np.prod(boxes.shape[:-2])), *boxes.shape[-2:]))
+
+
+def _pairwise_entry_points(op):
+    return [getattr(cpu_box, op), getattr(cpu_box, f"{op}_host")]
+
+
+def _pairwise_reference_vjp(metric, boxes1, boxes2, cotangent):
+    """The reference gradient of ``sum(cotangent [B, N, M] * metric)``: the paired one on
+    every pair, summed over the other side's boxes."""
+    d1, d2 = reference.metric_vjp(
+        metric, boxes1[..., :, None, :], boxes2[..., None, :, :], cotangent
+    )
+    return d1.sum(-2), d2.sum(-3)
+
+
+@pytest.mark.parametrize("entry", ["jax", "host"])
+@pytest.mark.parametrize("op", list(_PAIRWISE))
+@pytest.mark.parametrize("case", _params(pairwise_cases()))
+def test_pairwise_box_metric(entry, op, case):
+    """``[B, N, 4] x [B, M, 4]``, N or M possibly 0, every adversarial pair, bfloat16 in."""
+    b1, b2 = _images(case.boxes1), _images(case.boxes2)
+    before = _copies(b1, b2)
+    jax_fn, host_fn = _pairwise_entry_points(op)
+    got = np.asarray(jax.jit(jax_fn)(b1, b2)) if entry == "jax" else host_fn(b1, b2)
+    want = reference.pairwise(_PAIRWISE[op], b1, b2)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=_box_tolerance(b1), rtol=0)
+    _assert_unchanged(before, [b1, b2])
+
+
+@pytest.mark.parametrize("op", list(_PAIRWISE))
+@pytest.mark.parametrize("name", ["batch_3x9x20", "adversarial_all_pairs", "n_zero", "m_zero"])
+def test_pairwise_box_metric_grad_under_jit(op, name):
+    """``jax.grad`` of the public op on the cpu backend runs the native pairwise gradient
+    kernel (ties at the adversarial pairs follow the reference's rules)."""
+    case = next(c for c in pairwise_cases() if c.name == name)
+    b1, b2 = case.boxes1, case.boxes2
+    weights = np.random.default_rng(4).normal(size=b1.shape[:-1] + b2.shape[-2:-1])
+    public = getattr(asickernels, op)
+    grad = jax.jit(jax.grad(lambda a, b: (public(a, b, backend="cpu") * weights).sum(), (0, 1)))
+    d1, d2 = grad(b1, b2)
+    want1, want2 = _pairwise_reference_vjp(_PAIRWISE[op], b1, b2, weights)
+    scale = max(1.0, np.abs(want1).max(initial=0), np.abs(want2).max(initial=0))
+    np.testing.assert_allclose(np.asarray(d1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL * scale)
+    np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL * scale)
+
+
+def test_pairwise_box_metric_vmap_and_large_parallel_sizes():
+    """vmap adds an image dimension the kernels treat as a batch; 300 x 520 pairs per image
+    split into several row chunks on the thread pool (the gradient sums their partials)."""
+    rng = np.random.default_rng(9)
+    b1, b2 = random_boxes(rng, (2, 3, 300)), random_boxes(rng, (2, 3, 520))
+    got = jax.jit(jax.vmap(cpu_box.generalized_box_iou))(b1, b2)
+    np.testing.assert_allclose(
+        np.asarray(got), reference.generalized_box_iou(b1, b2), atol=GIOU_ATOL, rtol=0
+    )
+    weights = rng.normal(size=(2, 3, 300, 520))
+    loss = lambda a, b: (jax.vmap(cpu_box.box_iou)(a, b) * weights).sum()  # noqa: E731
+    d1, d2 = jax.jit(jax.grad(loss, (0, 1)))(b1, b2)
+    want1, want2 = _pairwise_reference_vjp("iou", b1, b2, weights)
+    np.testing.assert_allclose(np.asarray(d1), want1, rtol=GRAD_RTOL, atol=GRAD_ATOL * 10)
+    np.testing.assert_allclose(np.asarray(d2), want2, rtol=GRAD_RTOL, atol=GRAD_ATOL * 10)
+
+
+_PAIRED_CASES = [c for c in giou_cases() if c.boxes1.size]
+
+
+@pytest.mark.parametrize("entry", ["jax", "host"])
+@pytest.mark.parametrize("metric", _PAIRED)
+@pytest.mark.parametrize("case", _params(_PAIRED_CASES))
+def test_paired_box_metric(entry, metric, case):
+    b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
+    before = _copies(b1, b2)
+    wide = b1.dtype == np.float64
+    with x64_scope(wide):
+        if entry == "jax":
+            got = np.asarray(jax.jit(getattr(cpu_box, metric))(b1, b2))
+        else:
+            got = getattr(cpu_box, f"{metric}_host")(b1, b2)
+    assert got.dtype == (np.float64 if wide else np.float32) and got.shape == b1.shape[:-1]
+    want = getattr(reference, metric)(b1, b2)
+    np.testing.assert_allclose(got, want, atol=1e-12 if wide else _box_tolerance(b1), rtol=0)
+    assert np.all(np.isfinite(got)), "degenerate boxes must not give NaN"
+    _assert_unchanged(before, [b1, b2])
+
+
+@pytest.mark.parametrize("entry", ["jax", "host"])
+@pytest.mark.parametrize("metric", _PAIRED)
+@pytest.mark.parametrize(
+    "case", _params([c for c in _PAIRED_CASES if c.boxes1.dtype != ml_dtypes.bfloat16])
+)
+def test_paired_box_metric_vjp(entry, metric, case):
+    b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
+    wide = b1.dtype == np.float64
+    cotangent = np.random.default_rng(7).normal(size=b1.shape[0]).astype(b1.dtype)
+    with x64_scope(wide):
+        if entry == "jax":
+            d1, d2 = jax.jit(getattr(cpu_box, f"{metric}_vjp"))(b1, b2, cotangent)
+        else:
+            d1, d2 = getattr(cpu_box, f"{metric}_vjp_host")(b1, b2, cotangent)
+    want1, want2 = getattr(reference, f"{metric}_vjp")(b1, b2, cotangent)
+    assert np.asarray(d1).dtype == b1.dtype
+    # Gradients scale with 1 / box size: compare relative to the largest one.
+    scale = max(1.0, np.abs(want1).max(initial=0), np.abs(want2).max(initial=0))
+    rtol, atol = (1e-9, 1e-12) if wide else (GRAD_RTOL, GRAD_ATOL)
+    np.testing.assert_allclose(np.asarray(d1), want1, rtol=rtol, atol=atol * scale)
+    np.testing.assert_allclose(np.asarray(d2), want2, rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize("metric", _PAIRED)
+def test_paired_box_metric_grad_under_jit_and_vmap(metric):
+    """``jax.grad`` through the public op (and its loss) on the cpu backend: the native
+    backward kernel, with boxes1's alone when only it is differentiated; vmap batches."""
+    case = next(c for c in giou_cases() if c.name == "random_257")
+    b1, b2 = case.boxes1, case.boxes2
+    cotangent = np.random.default_rng(3).normal(size=257)
+    public = getattr(asickernels, metric)
+    loss = lambda a, b: (public(a, b, backend="cpu") * cotangent).sum()  # noqa: E731
+    want1, want2 = getattr(reference, f"{metric}_vjp")(b1, b2, cotangent)
+    d1, d2 = jax.jit(jax.grad(loss, (0, 1)))(b1, b2)
+    only1 = jax.jit(jax.grad(loss))(b1, b2)
+    only2 = jax.jit(jax.grad(loss, 1))(b1, b2)
+    for got, want in ((d1, want1), (d2, want2), (only1, want1), (only2, want2)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    public_loss = getattr(asickernels, f"{metric}_loss")
+    mean_grad = jax.jit(jax.grad(lambda a: public_loss(a, b2, backend="cpu")))(b1)
+    np.testing.assert_allclose(np.asarray(mean_grad), -want1 / cotangent[:, None] / 257, rtol=1e-3)
+    stacked1, stacked2 = np.stack([b1, b2]), np.stack([b2, b1])
+    got = jax.jit(jax.vmap(getattr(cpu_box, metric)))(stacked1, stacked2)
+    want = getattr(reference, metric)(stacked1, stacked2)
+    np.testing.assert_allclose(np.asarray(got), want, atol=GIOU_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("op", ["box_iou", "generalized_box_iou", "diou", "ciou"])
+def test_box_metrics_float64_are_computed_in_float64(op):
+    rng = np.random.default_rng(5)
+    b1 = grid_boxes(rng, (1, 130)).astype(np.float64) * 1.000001 + 1e6
+    b2 = b1 + rng.uniform(-1, 1, b1.shape)
+    if op in _PAIRED:
+        b1, b2 = b1[0], b2[0]
+    want = getattr(reference, op)(b1, b2)
+    host = getattr(cpu_box, f"{op}_host")(b1, b2)
+    assert host.dtype == np.float64
+    np.testing.assert_allclose(host, want, rtol=0, atol=1e-9)
+    # float32 cannot: the 1e6 offset leaves about 0.06 of resolution on each coordinate.
+    rounded = getattr(cpu_box, f"{op}_host")(b1.astype(np.float32), b2.astype(np.float32))
+    assert np.abs(rounded - want).max() > 1e-4
+    with x64_scope(True):
+        got = jax.jit(getattr(cpu_box, op))(b1, b2)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-9)
+
+
+def test_unknown_box_metric_code_is_refused():
+    boxes = np.zeros((1, 4), np.float32)
+    out = np.empty(1, np.float32)
+    status = _library.library().asickernels_cpu_paired_box_metric(
+        4, 0, *map(_library.address, (boxes, boxes)), 1, _library.address(out)
+    )
+    with pytest.raises(_library.NativeCpuError, match="unsupported dtype or metric code"):
+        _library.check(status)
 
 
 # -- NMS -----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ FFI_TARGETS = _BOX_TARGETS + (
     "int8_matmul_scaled_f32", "int8_matmul_scaled_f64",
 )  # fmt: skip
 _FFI_PREFIX = "asickernels_cpu_ffi_"
-_ERRORS = {1: "unsupported dtype code", 2: "out of memory"}
+_ERRORS = {1: "unsupported dtype or metric code", 2: "out of memory"}
 
 FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 OUT_KIND = {np.dtype(np.int32): 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}

@@ -15,6 +15,10 @@
 namespace asickernels_cpu {
 namespace {
 
+// The per-pair functions must be inlined into the loops for those to vectorize; GCC's own
+// heuristics leave DIoU's and CIoU's out of line (13x slower).
+#define AK_PER_PAIR __attribute__((always_inline)) inline
+
 constexpr double kEps = 1e-7;  // reference.GIOU_EPS
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kFourOverPiSquared = 4.0 / (kPi * kPi);
@@ -23,14 +27,14 @@ constexpr double kFourOverPiSquared = 4.0 / (kPi * kPi);
 constexpr int64_t kPairsPerTask = 32768;
 
 template <typename T>
-T arctan(T z) {
+AK_PER_PAIR T arctan(T z) {
   return std::atan(z);
 }
 
 // float: Cephes' atanf (range reduction to |x| <= tan(pi / 8), then an odd polynomial;
 // absolute error 1.4e-7, as the XLA backend's), which vectorizes where atanf is a scalar call.
 template <>
-float arctan(float z) {
+AK_PER_PAIR float arctan(float z) {
   const float a = std::fabs(z);
   const bool big = a > 2.414213562373095f;   // tan(3 pi / 8)
   const bool mid = a > 0.4142135623730950f;  // tan(pi / 8)
@@ -58,7 +62,7 @@ struct PairTerms {
 };
 
 template <BoxMetric kMetric, typename T>
-inline PairTerms<T> pair_terms(T x1, T y1, T x2, T y2, T u1, T v1, T u2, T v2) {
+AK_PER_PAIR PairTerms<T> pair_terms(T x1, T y1, T x2, T y2, T u1, T v1, T u2, T v2) {
   const T eps = static_cast<T>(kEps);
   PairTerms<T> t{};
   t.w1 = x2 - x1, t.h1 = y2 - y1, t.w2 = u2 - u1, t.h2 = v2 - v1;
@@ -106,7 +110,7 @@ struct PairGradient {
 
 // The gradient of g * metric with respect to the pair's eight coordinates.
 template <BoxMetric kMetric, typename T>
-inline PairGradient<T> pair_gradient(const PairTerms<T>& t, T g) {
+AK_PER_PAIR PairGradient<T> pair_gradient(const PairTerms<T>& t, T g) {
   const T inv_union = T(1) / t.union_e;
   T d_union = -g * t.inter * inv_union * inv_union;
   T d_cw = 0, d_ch = 0, d_dx = 0, d_dy = 0, d_w1 = 0, d_h1 = 0, d_w2 = 0, d_h2 = 0;
