@@ -14,6 +14,7 @@ import pytest
 
 import asickernels
 from asickernels.kernels import policy, registry
+from asickernels.kernels.declaration import host_empty, x64_scope
 from asickernels.testing import oracle
 from asickernels.testing.cases import grid_boxes, random_boxes
 
@@ -43,6 +44,47 @@ def test_eager_calls_reuse_one_compiled_function_per_signature():
     jitted = jax.jit(lambda a, b: asickernels.giou(a, b, backend="xla"))(boxes, other)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(jitted))
     assert not np.array_equal(np.asarray(first), np.asarray(second))
+
+
+def _misaligned(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` whose data is not 64-byte aligned (XLA copies such inputs)."""
+    raw = np.empty(array.size + 1, array.dtype)
+    start = 0 if raw.ctypes.data % 64 else 1
+    out = raw[start : start + array.size].reshape(array.shape)
+    out[...] = array
+    assert out.ctypes.data % 64
+    return out
+
+
+def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
+    """Repeated eager calls of one signature: large numpy inputs XLA would copy go to the
+    host twin, aligned ones and small ones to the compiled function, decided per call."""
+    registry.check_runs_here("giou", "cpu")
+    host_calls = []
+    twin = registry.implementation("giou", "cpu", host=True)
+
+    def counted(*args, **kwargs):
+        host_calls.append(args[0].shape)
+        return twin(*args, **kwargs)
+
+    monkeypatch.setitem(registry._LOADED, ("giou", "cpu", True), counted)
+    rng = np.random.default_rng(0)
+    boxes1, boxes2 = random_boxes(rng, (1 << 15,)), random_boxes(rng, (1 << 15,))  # 512 KiB each
+    want = oracle.expected("giou", {"boxes1": boxes1, "boxes2": boxes2}, {})
+    aligned = [host_empty(b.shape, b.dtype) for b in (boxes1, boxes2)]
+    for copy, b in zip(aligned, (boxes1, boxes2), strict=True):
+        copy[...] = b
+    misaligned = [_misaligned(b) for b in (boxes1, boxes2)]
+    for inputs, host in [(aligned, 0), (misaligned, 2), (aligned, 0), (misaligned, 2)]:
+        host_calls.clear()
+        for _ in range(2):
+            oracle.assert_agrees("giou", asickernels.giou(*inputs), want)
+        assert len(host_calls) == host
+    small = [_misaligned(b[:64]) for b in (boxes1, boxes2)]
+    host_calls.clear()
+    for _ in range(2):
+        asickernels.giou(*small)
+    assert not host_calls  # small inputs: the compiled function is cheaper
 
 
 def test_float64_is_decided_in_float64_and_x64_is_left_as_it_was():
@@ -78,7 +120,7 @@ def test_dense_ranks_under_jit_with_x64():
     from asickernels.kernels.nms import dense_ranks
 
     ids = np.array([[5, -3, 5], [2**40, -3, 7]], np.int64)
-    with jax.enable_x64(True):
+    with x64_scope(True):
         ranks = np.asarray(jax.jit(lambda i: dense_ranks(jnp, i))(ids))
     host = dense_ranks(np, ids)
     np.testing.assert_array_equal(ranks, host)

@@ -17,7 +17,7 @@ import numpy as np
 from asickernels.benchmarking.device import DeviceTimer, device_timer
 from asickernels.benchmarking.peers import PEER_BACKENDS, PEERS
 from asickernels.benchmarking.progress import Progress
-from asickernels.benchmarking.timing import Timing, measure, timed_call
+from asickernels.benchmarking.timing import Timing, measure, measure_alternately, timed_call
 from asickernels.benchmarking.workloads import OPS, Case, Comparison, Op, Prepared, Size
 from asickernels.kernels import registry
 from asickernels.kernels.registry import Availability
@@ -49,6 +49,9 @@ class Contender:
         )
         return self.availability.detail + hint
 
+
+# A checked call not yet timed, and its first call's seconds.
+Pending = tuple[Callable[[], Any], float]
 
 # What a user gets with backend=None: the same public call jitted (inputs on the device)
 # and called eagerly on the bench's numpy inputs, as the README's examples do.
@@ -262,14 +265,45 @@ def bench(settings: BenchSettings, progress: Progress | None = None) -> list[Ben
         for size in sizes:
             case = op.bench_case(size, np.random.default_rng(settings.seed))
             expected = functools.cache(functools.partial(op.expected, case))
-            size_rows = []
+            size_rows, alternate = [], []
             for contender in group:
                 if progress:
                     progress.step(f"bench {op.name} {size.label} on {contender.name}")
-                size_rows.append(_bench_one(op, size, case, expected, contender, history, settings))
+                # The default rows' ratio is the eager target: they are timed together.
+                together = contender.name in DEFAULT_ROWS
+                row, pending = _bench_one(
+                    op, size, case, expected, contender, history, settings, timed=not together
+                )
+                size_rows.append(row)
+                if pending is not None:
+                    alternate.append((row, pending))
+            _time_alternately(alternate, op.work(size), history, settings)
             _set_ratios(size_rows)
             rows += size_rows
     return rows
+
+
+def _time_alternately(
+    pending: list[tuple[BenchRow, Pending]],
+    work: float,
+    history: dict[str, tuple[float, float]],
+    settings: BenchSettings,
+) -> None:
+    """Times the checked ``pending`` calls call by call in turn (see
+    :func:`~asickernels.benchmarking.timing.measure_alternately`)."""
+    if not pending:
+        return
+    timings = measure_alternately(
+        [call for _, (call, _) in pending],
+        first_calls_s=[first for _, (_, first) in pending],
+        warmup=settings.warmup,
+        repeats=settings.repeats,
+        min_repeats=settings.min_repeats,
+        budget_s=settings.budget_s,
+    )
+    for (row, _), timing in zip(pending, timings, strict=True):
+        row.timing = timing
+        history[row.implementation] = (work, timing.median_s)
 
 
 def _smallest_default(op: Op) -> Size:
@@ -313,18 +347,22 @@ def _bench_one(
     contender: Contender,
     history: dict[str, tuple[float, float]],
     settings: BenchSettings,
-) -> BenchRow:
+    *,
+    timed: bool = True,
+) -> tuple[BenchRow, Pending | None]:
+    """Checks ``contender`` at ``size`` and times it; with ``timed=False`` the checked call
+    is returned untimed (with its first call's seconds), for the caller to time."""
     row = BenchRow(
         op.name, size.label, size.params, contender.name, contender.role, contender.mode, "ok"
     )
     if contender.mode == "missing":
         row.status, row.detail = "missing", contender.missing_detail()
-        return row
+        return row, None
     try:
         reason = _too_slow(op, size, contender, history, settings)
         if reason:
             row.status, row.detail = "skipped", reason
-            return row
+            return row, None
         prepared, first_call_s, comparison = _run_and_compare(op, contender, case, expected)
         row.max_error, row.tolerance, row.checked = (
             comparison.max_error,
@@ -334,7 +372,9 @@ def _bench_one(
         history[contender.name] = (op.work(size), first_call_s)
         if not comparison.passed:
             row.status, row.detail = "fail", "wrong result: not timed"
-            return row
+            return row, None
+        if not timed:
+            return row, (prepared.call, first_call_s)
         if contender.device_timer is not None and contender.mode == "native":
             row.timing = contender.device_timer(op.name, case, settings.warmup, settings.repeats)
         else:
@@ -349,13 +389,13 @@ def _bench_one(
         history[contender.name] = (op.work(size), row.timing.median_s)
     except Exception as error:
         row.status, row.detail, row.timing = "error", _error_text(error), None
-        return row
+        return row, None
     if contender.counters is not None:
         try:
             row.counters = dict(contender.counters())
         except Exception as error:  # counters are extra information: keep the timing
             row.detail = f"counters unavailable: {_error_text(error)}"
-    return row
+    return row, None
 
 
 def _set_ratios(rows: list[BenchRow]) -> None:

@@ -299,7 +299,8 @@ def render(documents: Sequence[dict[str, Any]], extra_sections: Sequence[str] = 
                 "### Eager against jitted (`backend=None`)",
                 "What a user's first calls cost: the public op called eagerly on the bench's "
                 "numpy inputs, as the README's examples do, against the same call under "
-                "`jax.jit` with the inputs already on the device (medians).",
+                "`jax.jit` with the inputs already on the device (medians). The two are timed "
+                "call by call in turn, so that the machine's drift falls on both alike.",
                 eager,
             ]
         not_run = _not_run(rows)

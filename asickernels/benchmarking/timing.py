@@ -88,9 +88,40 @@ def measure(
     The number of timed calls is ``repeats``, lowered to fit ``budget_s`` (judged from the
     last warm-up call) but never below ``min_repeats``.
     """
-    per_call = first_call_s
+    (timing,) = measure_alternately(
+        [call],
+        first_calls_s=[first_call_s],
+        warmup=warmup,
+        repeats=repeats,
+        min_repeats=min_repeats,
+        budget_s=budget_s,
+    )
+    return timing
+
+
+def measure_alternately(
+    calls: Sequence[Callable[[], Any]],
+    *,
+    first_calls_s: Sequence[float],
+    warmup: int,
+    repeats: int,
+    min_repeats: int,
+    budget_s: float,
+) -> list[Timing]:
+    """Times ``calls`` in turn, one call of each per round, as :func:`measure` times one:
+    the machine's speed drifts (other load, CPU frequency) by more than the difference
+    between calls compared with each other, so their samples are interleaved to see the
+    same drift. ``budget_s`` is per call."""
+    per_call = list(first_calls_s)
     for _ in range(warmup):
-        _, per_call = timed_call(call)
-    count = max(min_repeats, min(repeats, int(budget_s / max(per_call, 1e-9))))
-    samples = tuple(timed_call(call)[1] for _ in range(count))
-    return Timing.from_samples(samples, first_call_s)
+        per_call = [timed_call(call)[1] for call in calls]
+    slowest = max(max(per_call), 1e-9)
+    count = max(min_repeats, min(repeats, int(budget_s / slowest)))
+    samples: list[list[float]] = [[] for _ in calls]
+    for _ in range(count):
+        for call, taken in zip(calls, samples, strict=True):
+            taken.append(timed_call(call)[1])
+    return [
+        Timing.from_samples(taken, first)
+        for taken, first in zip(samples, first_calls_s, strict=True)
+    ]

@@ -24,6 +24,7 @@ JAX's x64 mode switched on for that call only (:func:`x64_scope`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -36,6 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.kernels import _checks, policy, registry
+
+try:  # the primitive under jax.device_put, without its 40 µs of Python per array
+    from jax._src import core as _jax_core
+    from jax._src.interpreters import pxla as _pxla
+except ImportError:  # JAX's internals moved: the public path
+    _jax_core = _pxla = None  # type: ignore[assignment]
 
 REQUIRED: Any = inspect.Parameter.empty
 
@@ -143,6 +150,8 @@ class Runner:
 
     def kernel(self, name: str) -> Callable[..., Any]:
         function = registry.implementation(name, self.backend, host=self.host)
+        if self.config is None:  # every kernel's config defaults to None
+            return function
         return functools.partial(function, config=self.config)
 
 
@@ -309,17 +318,17 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = self._route_key(args, kwargs)
-        compiled = self._routes.get(key) if key is not None else None
-        if compiled is not None:  # the same signature as an earlier compiled call
-            return compiled(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
+        route = self._routes.get(key) if key is not None else None
+        if route is not None:  # the same signature as an earlier call: replay its path
+            return route(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
         given, statics, backend, config = self.bind(args, kwargs)
         arrays = self.prepared(given)
         plan = self.plan(arrays, statics)
         chosen = self.choose(plan, backend, arrays)
         out = self.run(chosen, plan, config, arrays, want="jax")
         # A route replays the call on the arrays as given: only if preparation left them be.
-        if key is not None and arrays is given and self._may_route(plan, chosen, arrays):
-            self._routes[key] = self._compiled_for(chosen, plan, config, arrays)
+        if key is not None and arrays is given and self._may_route(plan, chosen):
+            self._routes[key] = self._route(chosen, plan, config, arrays)
         return out
 
     def _keyword_arrays(self, kwargs: dict[str, Any]) -> list[Any]:
@@ -350,17 +359,30 @@ class Op:
             return None
         return key
 
-    def _may_route(self, plan: Plan, chosen: str | None, arrays: Mapping[str, Any]) -> bool:
-        """Whether the call just made always takes the compiled path for its signature (no
-        value checks, no x64 switch, no host path)."""
+    def _may_route(self, plan: Plan, chosen: str | None) -> bool:
+        """Whether every call of the signature just run takes the same path (no value
+        checks, no x64 switch, nothing to run), so that it can be replayed."""
         if plan.trivial or plan.x64 or not _compilable(chosen):
             return False
-        if self.check_values is not None:  # it must see every call's values
-            return False
-        host = sum(a.nbytes for a in arrays.values() if isinstance(a, np.ndarray))
-        if host >= _HOST_COPY_BYTES:  # larger host inputs are routed by their alignment
-            return False
-        return chosen is None or registry.backend(chosen).array_kind != "numpy"
+        return self.check_values is None  # it must see every call's values
+
+    def _route(
+        self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
+    ) -> Callable[..., Any]:
+        """What runs later eager calls of this signature, taking the present arrays by
+        position: :meth:`run`'s choice between the host implementation and the compiled
+        computation (see :func:`_runs_on_host`), made once where the signature decides it
+        and per call where the numpy inputs' alignment does."""
+        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, "any"):
+            host = self._host_call(backend, plan, config, arrays, "jax")
+            if registry.backend(backend).array_kind == "numpy":
+                return host
+            present = [a for a in arrays.values() if a is not None]
+            numpy = all(type(a) is np.ndarray for a in present)
+            if numpy and sum(a.nbytes for a in present) >= _HOST_COPY_BYTES:
+                compiled = self._compiled_for(backend, plan, config, arrays)
+                return lambda *given: (host if _xla_copies(given) else compiled)(*given)
+        return self._compiled_for(backend, plan, config, arrays)
 
     def run(
         self,
@@ -391,21 +413,37 @@ class Op:
         if not _compilable(backend):  # op by op, as a compiled call would, x64 included
             with x64_scope(plan.x64):
                 return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
-        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, want):
-            host = {n: None if a is None else np.asarray(a) for n, a in arrays.items()}
-            with x64_scope(plan.x64):
-                out = self.compute(Runner(backend, True, config), plan, **host)
-            if want == "any":
-                return out
-            if isinstance(out, tuple):
-                return tuple(to_jax(o, plan.x64) for o in out)
-            return to_jax(out, plan.x64)
-        compiled = self._compiled_for(backend, plan, config, arrays)
         present = [a for a in arrays.values() if a is not None]
+        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, want):
+            with x64_scope(plan.x64):
+                return self._host_call(backend, plan, config, arrays, want)(*present)
+        compiled = self._compiled_for(backend, plan, config, arrays)
         if not plan.x64:
             return compiled(*present)
         with x64_scope(True):
             return compiled(*present)
+
+    def _host_call(
+        self, backend: str, plan: Plan, config: Any, arrays: Mapping[str, Any], want: str
+    ) -> Callable[..., Any]:
+        """The call on ``backend``'s host implementation, taking the present arrays by
+        position as numpy arrays (JAX CPU arrays are viewed without a copy); its results are
+        handed to JAX unless ``want="any"``."""
+        runner = Runner(backend, True, config)
+        names = tuple(n for n, a in arrays.items() if a is not None)
+        absent = dict.fromkeys(self.array_names)
+        single = isinstance(plan.outputs, Spec)
+
+        def call(*present: Any) -> Any:
+            given = absent | {n: np.asarray(a) for n, a in zip(names, present, strict=True)}
+            out = self.compute(runner, plan, **given)
+            if want == "any":
+                return out
+            if single:
+                return to_jax(out, plan.x64)
+            return tuple(to_jax(o, plan.x64) for o in out)
+
+        return call
 
     def _compiled_for(
         self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
@@ -460,41 +498,45 @@ def _as_single(plan: Plan, outs: tuple[Any, ...]) -> Any:
     return outs if not isinstance(plan.outputs, Spec) else outs[0]
 
 
-# Above this many bytes of host input that XLA would have to copy (numpy arrays not aligned
-# for it), an eager JAX-API call goes to the host twin, which reads them in place; below,
-# the compiled call is cheaper than handing the host outputs back to JAX.
+# Above this many bytes of numpy input that XLA would copy, an eager call goes to the host
+# twin, which reads them in place; below, the compiled call is cheaper than the host path's
+# Python and the hand-over of its outputs to JAX (measured on giou, nms and int8_matmul).
 _HOST_COPY_BYTES = 1 << 18
 
 
 def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any], want: str) -> bool:
     """Whether an eager call goes to the backend's host implementation: always for numpy
-    backends; for JAX backends with a host twin, when every input is already on the host
-    (numpy, or a JAX array on the CPU, which numpy views without a copy) and either the
-    caller takes host results (``want="any"``) or the inputs are large enough that XLA
-    would spend more copying them than the hand-over of the outputs costs."""
+    backends; for JAX backends with a host twin, when the inputs are on the host already
+    (numpy, or JAX CPU arrays, which numpy views without a copy) and either the caller takes
+    host results (``want="any"``) or XLA would copy enough of them (:func:`_xla_copies`)."""
     if kernel is None or not registry.has_host_implementation(kernel, backend):
         return False
     if registry.backend(backend).array_kind == "numpy":
         return True
     present = [a for a in arrays.values() if a is not None]
-    if any(
-        isinstance(a, jax.Array) and any(d.platform != "cpu" for d in a.devices()) for a in present
-    ):
-        return False
     if want == "any":
-        return True
-    host = [a for a in present if isinstance(a, np.ndarray)]
-    if sum(a.nbytes for a in host) < _HOST_COPY_BYTES:  # cheap test first: ctypes is slow
+        return not any(
+            isinstance(a, jax.Array) and any(d.platform != "cpu" for d in a.devices())
+            for a in present
+        )
+    return all(type(a) is np.ndarray for a in present) and _xla_copies(present)
+
+
+def _xla_copies(present: Sequence[np.ndarray]) -> bool:
+    """Whether XLA's CPU client would copy at least :data:`_HOST_COPY_BYTES` of these numpy
+    arrays: those not C-contiguous and aligned to :data:`_ALIGNMENT`."""
+    if sum(a.nbytes for a in present) < _HOST_COPY_BYTES:  # cheap test first
         return False
-    copied = sum(a.nbytes for a in host if a.ctypes.data % _ALIGNMENT or not a.flags.c_contiguous)
+    copied = 0
+    for a in present:  # the data pointer costs microseconds to read
+        aligned = a.__array_interface__["data"][0] % _ALIGNMENT == 0
+        copied += 0 if aligned and a.flags.c_contiguous else a.nbytes
     return copied >= _HOST_COPY_BYTES
 
 
 def x64_scope(enabled: bool) -> Any:
     """JAX's x64 mode for one call (a no-op context when not ``enabled``)."""
     if not enabled:
-        import contextlib
-
         return contextlib.nullcontext()
     if hasattr(jax, "enable_x64"):
         return jax.enable_x64(True)
@@ -504,6 +546,8 @@ def x64_scope(enabled: bool) -> Any:
 
 
 _ALIGNMENT = 64  # XLA's CPU client wraps host buffers aligned to this without a copy
+# Below this many bytes an output is not aligned: copying it costs less than aligning it.
+_ALIGN_FROM_BYTES = 1 << 18
 
 
 def to_jax(value: Any, x64: bool = False) -> jax.Array:
@@ -512,31 +556,28 @@ def to_jax(value: Any, x64: bool = False) -> jax.Array:
     if isinstance(value, jax.Array):
         return value
     value = np.asarray(value)
-    with x64_scope(x64):
-        return _device_put(value, x64)
+    if value.dtype.itemsize == 8 and not x64:  # JAX canonicalizes it: its public path
+        return jax.device_put(value)
+    if not x64:
+        return _device_put(value)
+    with x64_scope(True):
+        return _device_put(value)
 
 
-def _device_put(value: np.ndarray, x64: bool) -> jax.Array:
+def _device_put(value: np.ndarray) -> jax.Array:
     """``jax.device_put(value)``, through the batched primitive it is built on: the public
-    wrapper spends about 40 µs of Python per array, more than many of our kernels. Values
-    JAX would canonicalize (64-bit without x64) take the public path."""
-    if value.dtype.itemsize == 8 and not x64:
-        return jax.device_put(value)
-    try:
-        from jax._src import core
-        from jax._src.interpreters import pxla
-
-        device = policy.default_device()
-        sharding = _SHARDINGS.get(device)
-        if sharding is None:
-            sharding = _SHARDINGS[device] = jax.sharding.SingleDeviceSharding(device)
-        aval = core.ShapedArray(value.shape, value.dtype)
-        return pxla.batched_device_put(aval, sharding, [value], [device], committed=False)
-    except (ImportError, AttributeError, TypeError):  # JAX's internals moved
-        return jax.device_put(value)
+    wrapper spends about 40 µs of Python per array, more than many of our kernels."""
+    device = policy.default_device()
+    if _pxla is None:
+        return jax.device_put(value, device)
+    aval, sharding = _placement(device, value.shape, value.dtype)
+    return _pxla.batched_device_put(aval, sharding, [value], [device], committed=False)  # type: ignore[no-any-return]
 
 
-_SHARDINGS: dict[Any, Any] = {}
+@functools.lru_cache(maxsize=512)
+def _placement(device: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
+    """The abstract value and sharding of a host array put on ``device``."""
+    return _jax_core.ShapedArray(shape, dtype), jax.sharding.SingleDeviceSharding(device)
 
 
 def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -544,7 +585,7 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     :func:`to_jax`); host kernels allocate their outputs with it."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _HOST_COPY_BYTES:  # small: copying it costs less than aligning it
+    if nbytes < _ALIGN_FROM_BYTES:
         return np.empty(shape, dtype)
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT

@@ -214,17 +214,16 @@ def check_runs_here(op: str, name: str) -> None:
 def implementation(op: str, name: str, *, host: bool = False) -> Callable[..., Any]:
     """The callable for (kernel ``op``, backend), imported on first use: its host (numpy)
     twin with ``host=True`` (the implementation itself for a numpy backend)."""
+    key = (op, name, host)
+    loaded = _LOADED.get(key)
+    if loaded is not None:  # eager calls ask on every call; it was checked when loaded
+        return loaded
     check_runs_here(op, name)
-    key = (op, name, host and backend(name).array_kind == "jax")
-    if key not in _LOADED:
-        entry = _IMPLEMENTATIONS[(op, name)]
-        target = entry.host_target if key[2] else entry.target
-        if target is None:
-            raise ValueError(f"backend {name!r} has no host implementation of {op!r}")
-        module_name, _, function_name = target.partition(":")
-        function = getattr(importlib.import_module(module_name), function_name)
-        if entry.bound:
-            _LOADED[key] = functools.partial(function, **entry.bound)
-        else:
-            _LOADED[key] = function
+    entry = _IMPLEMENTATIONS[(op, name)]
+    target = entry.host_target if host and backend(name).array_kind == "jax" else entry.target
+    if target is None:
+        raise ValueError(f"backend {name!r} has no host implementation of {op!r}")
+    module_name, _, function_name = target.partition(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    _LOADED[key] = functools.partial(function, **entry.bound) if entry.bound else function
     return _LOADED[key]
