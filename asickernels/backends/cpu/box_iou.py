@@ -7,6 +7,7 @@ float64 boxes are computed in float64, anything else in float32."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -85,25 +86,32 @@ def _paired_backward(
 _paired.defvjp(_paired_forward, _paired_backward, symbolic_zeros=True)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _paired_without_symbolic_zeros(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
-    return _paired_call(metric, boxes1, boxes2)
+def _with_both_gradients(
+    call: Callable[..., jax.Array], vjp_call: Callable[..., tuple[jax.Array, jax.Array]]
+) -> Callable[..., jax.Array]:
+    """``call(metric, boxes1, boxes2)``, differentiable: its backward pass is ``vjp_call(metric,
+    boxes1, boxes2, cotangent)``, the gradients of both boxes."""
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def run(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
+        return call(metric, boxes1, boxes2)
+
+    def forward(
+        metric: str, boxes1: jax.Array, boxes2: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        return call(metric, boxes1, boxes2), (boxes1, boxes2)
+
+    def backward(
+        metric: str, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        boxes1, boxes2 = residuals
+        return vjp_call(metric, boxes1, boxes2, cotangent.astype(boxes1.dtype))
+
+    run.defvjp(forward, backward)
+    return run
 
 
-def _paired_forward_both(
-    metric: str, boxes1: jax.Array, boxes2: jax.Array
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _paired_call(metric, boxes1, boxes2), (boxes1, boxes2)
-
-
-def _paired_backward_both(
-    metric: str, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    boxes1, boxes2 = residuals
-    return _paired_vjp_call(metric, boxes1, boxes2, cotangent.astype(boxes1.dtype))
-
-
-_paired_without_symbolic_zeros.defvjp(_paired_forward_both, _paired_backward_both)
+_paired_without_symbolic_zeros = _with_both_gradients(_paired_call, _paired_vjp_call)
 
 
 def _differentiable_paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
@@ -114,7 +122,7 @@ def _differentiable_paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) ->
         # computed whichever is wanted.
         if "symbolic_zeros" not in str(error):
             raise
-        return _paired_without_symbolic_zeros(metric, boxes1, boxes2)  # type: ignore[no-any-return]
+        return _paired_without_symbolic_zeros(metric, boxes1, boxes2)
 
 
 # -- JAX: pairwise -------------------------------------------------------------------------
@@ -125,29 +133,17 @@ def _pairwise_call(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Arr
     return _ffi("pairwise_box_metric", metric, boxes1.dtype, result)(boxes1, boxes2)  # type: ignore[no-any-return]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
-    return _pairwise_call(metric, boxes1, boxes2)
-
-
-def _pairwise_forward(
-    metric: str, boxes1: jax.Array, boxes2: jax.Array
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _pairwise_call(metric, boxes1, boxes2), (boxes1, boxes2)
-
-
-def _pairwise_backward(
-    metric: str, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+def _pairwise_vjp_call(
+    metric: str, boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    boxes1, boxes2 = residuals
     result1 = jax.ShapeDtypeStruct(boxes1.shape, boxes1.dtype)
     result2 = jax.ShapeDtypeStruct(boxes2.shape, boxes2.dtype)
     call = _ffi("pairwise_box_metric_vjp", metric, boxes1.dtype, (result1, result2))
-    d1, d2 = call(boxes1, boxes2, cotangent.astype(boxes1.dtype))
+    d1, d2 = call(boxes1, boxes2, cotangent)
     return d1, d2
 
 
-_pairwise.defvjp(_pairwise_forward, _pairwise_backward)
+_pairwise = _with_both_gradients(_pairwise_call, _pairwise_vjp_call)
 
 
 def _jax_inputs(*arrays: Any) -> list[jax.Array]:
@@ -186,7 +182,7 @@ def _pairwise_metric(metric: str) -> Callable[..., jax.Array]:
         """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` (float64 for float64 boxes, else
         float32); differentiable (the backward pass is the native gradient kernel)."""
         _library.check_config(config)
-        return _pairwise(metric, *_jax_inputs(boxes1, boxes2))  # type: ignore[no-any-return]
+        return _pairwise(metric, *_jax_inputs(boxes1, boxes2))
 
     return run
 
@@ -200,23 +196,30 @@ def _host_inputs(*arrays: Any) -> list[np.ndarray]:
     return [np.ascontiguousarray(a, dtype) for a in arrays]
 
 
+def _run_host(
+    entry: str, metric: str, inputs: list[np.ndarray], sizes: tuple[int, ...], *outputs: Any
+) -> None:
+    """Runs the host entry point ``asickernels_cpu_<entry>`` (metric and dtype codes, input
+    pointers, sizes, output pointers)."""
+    function = getattr(_library.library(), f"asickernels_cpu_{entry}")
+    status = function(
+        METRIC_CODES[metric],
+        _library.FLOAT_CODES[inputs[0].dtype],
+        *map(_library.address, inputs),
+        *sizes,
+        *map(_library.address, outputs),
+    )
+    _library.check(status)
+
+
 def paired_metric_host(metric: str) -> Callable[..., np.ndarray]:
     """Host twin of :func:`paired_metric`: numpy ``[P, 4]`` x2 -> numpy ``[P]``."""
 
     def run(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
         _library.check_config(config)
-        a, b = _host_inputs(boxes1, boxes2)
-        out = host_empty(a.shape[:-1], a.dtype)
-        _library.check(
-            _library.library().asickernels_cpu_paired_box_metric(
-                METRIC_CODES[metric],
-                _library.FLOAT_CODES[a.dtype],
-                _library.address(a),
-                _library.address(b),
-                a.size // 4,
-                _library.address(out),
-            )
-        )
+        inputs = _host_inputs(boxes1, boxes2)
+        out = host_empty(inputs[0].shape[:-1], inputs[0].dtype)
+        _run_host("paired_box_metric", metric, inputs, (out.size,), out)
         return out
 
     return run
@@ -229,18 +232,10 @@ def paired_metric_vjp_host(metric: str) -> Callable[..., tuple[np.ndarray, np.nd
         boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray, *, config: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
         _library.check_config(config)
-        a, b, g = _host_inputs(boxes1, boxes2, cotangent)
-        d1, d2 = host_empty(a.shape, a.dtype), host_empty(a.shape, a.dtype)
-        _library.check(
-            _library.library().asickernels_cpu_paired_box_metric_vjp(
-                METRIC_CODES[metric],
-                _library.FLOAT_CODES[a.dtype],
-                *map(_library.address, (a, b, g)),
-                a.size // 4,
-                _library.address(d1),
-                _library.address(d2),
-            )
-        )
+        inputs = _host_inputs(boxes1, boxes2, cotangent)
+        shape, dtype = inputs[0].shape, inputs[0].dtype
+        d1, d2 = host_empty(shape, dtype), host_empty(shape, dtype)
+        _run_host("paired_box_metric_vjp", metric, inputs, (inputs[2].size,), d1, d2)
         return d1, d2
 
     return run
@@ -251,20 +246,10 @@ def _pairwise_metric_host(metric: str) -> Callable[..., np.ndarray]:
         """Host twin: numpy ``[B, N, 4]`` x ``[B, M, 4]`` -> numpy ``[B, N, M]``."""
         _library.check_config(config)
         a, b = _host_inputs(boxes1, boxes2)
-        n, m = a.shape[-2], b.shape[-2]
-        out = host_empty(a.shape[:-1] + (m,), a.dtype)
-        _library.check(
-            _library.library().asickernels_cpu_pairwise_box_metric(
-                METRIC_CODES[metric],
-                _library.FLOAT_CODES[a.dtype],
-                _library.address(a),
-                _library.address(b),
-                int(np.prod(a.shape[:-2])),
-                n,
-                m,
-                _library.address(out),
-            )
-        )
+        *batch, n, _ = a.shape
+        m = b.shape[-2]
+        out = host_empty((*batch, n, m), a.dtype)
+        _run_host("pairwise_box_metric", metric, [a, b], (math.prod(batch), n, m), out)
         return out
 
     return run

@@ -92,13 +92,23 @@ ffi::Error pairwise_shape(const ffi::Buffer<kType>& boxes1, const ffi::Buffer<kT
   return ffi::Error::Success();
 }
 
+// The metric and the shape of a pairwise call, or an error.
+template <ffi::DataType kType>
+ffi::Error pairwise_call(int64_t code, const ffi::Buffer<kType>& boxes1,
+                         const ffi::Buffer<kType>& boxes2, ak::BoxMetric& metric,
+                         PairwiseShape& shape) {
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  return pairwise_shape(boxes1, boxes2, shape);
+}
+
 template <ffi::DataType kType>
 ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
                              ffi::ResultBuffer<kType> out) {
   ak::BoxMetric metric;
   PairwiseShape shape;
-  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
-  if (ffi::Error error = pairwise_shape(boxes1, boxes2, shape); error.failure()) return error;
+  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
+    return error;
+  }
   return guarded([&] {
     ak::pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
                                            shape.batch, shape.n, shape.m, out->typed_data());
@@ -112,8 +122,9 @@ ffi::Error PairwiseBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> bo
                                 ffi::ResultBuffer<kType> d_boxes2) {
   ak::BoxMetric metric;
   PairwiseShape shape;
-  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
-  if (ffi::Error error = pairwise_shape(boxes1, boxes2, shape); error.failure()) return error;
+  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
+    return error;
+  }
   return guarded([&] {
     ak::pairwise_box_metric_vjp<Native<kType>>(
         metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(), shape.batch,
