@@ -77,6 +77,14 @@ def dense_ranks(xp: Any, ids: Any) -> Any:
     return xp.searchsorted(xp.sort(flat), flat).astype(np.int32).reshape(ids.shape)
 
 
+def int32_category_ids(xp: Any, ids: Any) -> Any:
+    """Integer category ids as the kernels take them: int32, equal exactly when the ids are
+    (the ids themselves when int32 holds them all, else their :func:`dense_ranks`)."""
+    if np.can_cast(ids.dtype, np.int32):
+        return cast(ids, np.int32)
+    return dense_ranks(xp, ids)
+
+
 def _rank_wide_ids(arrays: dict[str, Any]) -> dict[str, Any]:
     """Eager calls: 64-bit category ids become int32 dense ranks on the host, so the call
     needs no x64 mode (under a trace the ranks are computed in the graph)."""
@@ -95,7 +103,7 @@ def _compute_nms(
     dtype = plan.dtype or "float32"
     if dtype == "float64":
         boxes, scores = cast(boxes, np.float64), cast(scores, np.float64)
-    categories = None if idxs is None else dense_ranks(runner.xp, idxs).reshape(batch, n)
+    categories = None if idxs is None else int32_category_ids(runner.xp, idxs).reshape(batch, n)
     max_output_size = plan.static("max_output_size")
     indices, num_valid = runner.kernel("nms")(
         boxes.reshape(batch, n, 4),

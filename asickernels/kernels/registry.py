@@ -19,8 +19,9 @@ Implementation calling conventions (the op layer validates, flattens and convert
 * ``nms(boxes [B, N, 4], scores [B, N], categories [B, N] int32 | None, *, iou_threshold,
   max_output_size, score_threshold) -> (indices [B, max_output_size] int32, num_valid [B] int32)``;
   B, N, max_output_size >= 1, ``score_threshold`` a float (``-inf`` when the caller gave none);
-  boxes and scores float32 or float64 as for ``giou``; categories are dense int32 ranks
-  (equal ids, equal ranks), whatever integer ids the caller gave.
+  boxes and scores float32 or float64 as for ``giou``; categories are int32 ids, equal
+  exactly when the caller's ids are (any int32 values: a kernel that needs small ones ranks
+  them with :func:`asickernels.kernels.nms.dense_ranks`).
 * ``int8_matmul(x [M, K] int8, y [K, N] int8, *, x_scale [M] | None, y_scale [N] | None,
   out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
 

@@ -212,6 +212,18 @@ def nms_cases() -> list[NmsCase]:
             categories=ids,
         )
     )
+    # int32 ids reach the kernels as they are: the extremes stay apart, equal ones together.
+    extremes = np.array([-(2**31), 2**31 - 1, 0, 2**31 - 1, -(2**31)], np.int32)
+    cases.append(
+        NmsCase(
+            "categories_int32_extremes",
+            same_place,
+            np.linspace(1, 0.5, 5).astype(np.float32),
+            0.5,
+            5,
+            categories=extremes,
+        )
+    )
     cases.append(NmsCase("max_out_0", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 0))
     for n in (1024, 4096):
         cases.append(

@@ -40,6 +40,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
 from asickernels.backends.pallas_tpu import tuning
+from asickernels.kernels.nms import dense_ranks
 
 # Fields of a box (rows of the kernel's input): coordinates, area (computed in the kernel),
 # eligibility, dense category rank, original index.
@@ -452,9 +453,10 @@ def nms(
     config: tuning.NmsConfig | None = None,
     mode: tuning.InterpretMode = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` dense int32 ranks or
-    None -> (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
+    """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
+    (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
     tuning.check_config(config, tuning.NmsConfig)
     static = (config, float(iou_threshold), int(max_output_size), float(score_threshold), False)
-    extra = () if categories is None else (categories,)
+    # The kernel carries categories as float32 fields: dense ranks (< B * N) stay exact.
+    extra = () if categories is None else (dense_ranks(jnp, categories),)
     return tuning.run(tuning.Build(_build, static), mode, boxes, scores, *extra)  # type: ignore[no-any-return]
