@@ -40,9 +40,9 @@ from asickernels.kernels import _checks, policy, registry
 
 try:  # the primitive under jax.device_put, without its 40 µs of Python per array
     from jax._src import core as _jax_core
-    from jax._src.interpreters import pxla as _pxla
+    from jax._src.lib import xla_client as _xla_client
 except ImportError:  # JAX's internals moved: the public path
-    _jax_core = _pxla = None  # type: ignore[assignment]
+    _jax_core = _xla_client = None  # type: ignore[assignment]
 
 REQUIRED: Any = inspect.Parameter.empty
 
@@ -568,16 +568,20 @@ def _device_put(value: np.ndarray) -> jax.Array:
     """``jax.device_put(value)``, through the batched primitive it is built on: the public
     wrapper spends about 40 µs of Python per array, more than many of our kernels."""
     device = policy.default_device()
-    if _pxla is None:
+    if _xla_client is None:
         return jax.device_put(value, device)
-    aval, sharding = _placement(device, value.shape, value.dtype)
-    return _pxla.batched_device_put(aval, sharding, [value], [device], committed=False)  # type: ignore[no-any-return]
+    aval, sharding, devices = _placement(device, value.shape, value.dtype)
+    try:
+        return _xla_client.batched_device_put(aval, sharding, [value], devices, False)  # type: ignore[no-any-return]
+    except TypeError:  # its signature changed: the public path
+        return jax.device_put(value, device)
 
 
 @functools.lru_cache(maxsize=512)
-def _placement(device: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
-    """The abstract value and sharding of a host array put on ``device``."""
-    return _jax_core.ShapedArray(shape, dtype), jax.sharding.SingleDeviceSharding(device)
+def _placement(device: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any, list[Any]]:
+    """The abstract value, sharding and device list of a host array put on ``device``."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return _jax_core.ShapedArray(shape, dtype), sharding, [device]
 
 
 def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
