@@ -87,6 +87,28 @@ def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
     assert not host_calls  # small inputs: the compiled function is cheaper
 
 
+def test_repeated_calls_replay_the_route_of_their_own_signature():
+    """Arrays by position or by name, optional ones given, None or left out, statics by
+    name: each signature keeps its own route, and a replayed call gives what a first call
+    gives."""
+    rng = np.random.default_rng(1)
+    preds, targets = random_boxes(rng, (33,)), random_boxes(rng, (33,))
+    mask = rng.random(33) > 0.3
+    arrays = {"preds": preds, "targets": targets, "mask": mask}
+    calls = [
+        lambda: asickernels.giou_loss(preds, targets, mask=mask, reduction="sum"),
+        lambda: asickernels.giou_loss(preds, targets, mask=None, reduction="sum"),
+        lambda: asickernels.giou_loss(preds, targets=targets, mask=mask, reduction="sum"),
+        lambda: asickernels.giou_loss(preds, targets, reduction="mean"),
+    ]
+    given = [arrays, {**arrays, "mask": None}, arrays, {**arrays, "mask": None}]
+    reductions = ["sum", "sum", "sum", "mean"]
+    for _ in range(3):
+        for call, inputs, reduction in zip(calls, given, reductions, strict=True):
+            want = oracle.expected("giou_loss", inputs, {"reduction": reduction})
+            oracle.assert_agrees("giou_loss", call(), want)
+
+
 def test_float64_is_decided_in_float64_and_x64_is_left_as_it_was():
     assert not _x64_enabled()
     near = np.array([[0, 0, 1, 1], [0, 0, 0.5 + 5e-10, 1]], np.float64)

@@ -320,6 +320,8 @@ class Op:
         key = self._route_key(args, kwargs)
         route = self._routes.get(key) if key is not None else None
         if route is not None:  # the same signature as an earlier call: replay its path
+            if not kwargs and None not in key:  # every array by position (the usual call)
+                return route(*args)
             return route(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
         given, statics, backend, config = self.bind(args, kwargs)
         arrays = self.prepared(given)
@@ -336,23 +338,17 @@ class Op:
 
     def _route_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A key for calls that may skip binding, validation and selection: arrays given as
-        numpy or concrete JAX arrays, positional ones by position and the others by keyword
-        (the order the compiled function takes them in), hashable static values; None
-        for anything else."""
-        parts: list[Any] = [len(args)]
-        for value in args:
-            part = _array_key(value)
-            if part is _NO_KEY:
-                return None
-            parts.append(part)
-        for name in sorted(kwargs):
-            value = kwargs[name]
-            if name in self._array_set:
-                value = _array_key(value)
-                if value is _NO_KEY:
-                    return None
-            parts.append((name, value))
-        key = tuple(parts)
+        numpy or concrete JAX arrays (positional ones by position, as :func:`_array_key`
+        says; None where absent), the others by name, hashable static values; None for
+        anything else. It is computed on every eager call: kept to a few tuple builds."""
+        key = tuple(map(_array_key, args))
+        if kwargs:
+            key += tuple(
+                (name, _array_key(value) if name in self._array_set else value)
+                for name, value in sorted(kwargs.items())
+            )
+        if _NO_KEY in key or any(part[1] is _NO_KEY for part in key[len(args) :]):
+            return None
         try:
             hash(key)
         except TypeError:
