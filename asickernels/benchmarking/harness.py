@@ -18,7 +18,15 @@ from asickernels.benchmarking.device import DeviceTimer, device_timer
 from asickernels.benchmarking.peers import PEER_BACKENDS, PEERS
 from asickernels.benchmarking.progress import Progress
 from asickernels.benchmarking.timing import Timing, measure, measure_alternately, timed_call
-from asickernels.benchmarking.workloads import OPS, Case, Comparison, Op, Prepared, Size
+from asickernels.benchmarking.workloads import (
+    OPS,
+    Case,
+    Comparison,
+    DefaultMode,
+    Op,
+    Prepared,
+    Size,
+)
 from asickernels.kernels import registry
 from asickernels.kernels.registry import Availability
 
@@ -53,9 +61,14 @@ class Contender:
 # A checked call not yet timed, and its first call's seconds.
 Pending = tuple[Callable[[], Any], float]
 
-# What a user gets with backend=None: the same public call jitted (inputs on the device)
-# and called eagerly on the bench's numpy inputs, as the README's examples do.
-DEFAULT_ROWS = {"default": False, "default-eager": True}
+# What a user gets with backend=None: the same public call jitted (inputs on the device, and
+# the bench's numpy inputs as they are) and called eagerly on those numpy inputs, as the
+# README's examples do.
+DEFAULT_ROWS: dict[str, DefaultMode] = {
+    "default": "jit",
+    "default-jit-numpy": "jit-numpy",
+    "default-eager": "eager",
+}
 
 
 def implementation_names() -> list[str]:
@@ -104,9 +117,9 @@ def contenders(
                 device_timer(backend),
             )
         )
-    for name, eager in DEFAULT_ROWS.items():
+    for name, mode in DEFAULT_ROWS.items():
         if selected is None or name in selected:
-            prepare = functools.partial(op.prepare_default, eager)
+            prepare = functools.partial(op.prepare_default, mode)
             found.append(Contender(name, "ours", availability_of(name), prepare))
     for peer in PEERS.values() if peers else ():
         if op.name in peer.builders and (selected is None or peer.name in selected):

@@ -21,7 +21,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import ml_dtypes
@@ -85,6 +85,10 @@ def _to_numpy(out: Any) -> Canonical:
     return np.asarray(out)
 
 
+# How the default-backend rows call the public op (see Op.prepare_default).
+DefaultMode = Literal["jit", "jit-numpy", "eager"]
+
+
 class Op:
     """An op as ``check`` and ``bench`` see it; subclasses fill in the op-specific parts."""
 
@@ -129,15 +133,17 @@ class Op:
             arrays = tuple(jax.device_put(a) for a in arrays)
         return Prepared(lambda: function(*arrays), _to_numpy)
 
-    def prepare_default(self, eager: bool, case: Case) -> Prepared:
+    def prepare_default(self, mode: DefaultMode, case: Case) -> Prepared:
         """The public op with ``backend=None``: eagerly on the case's numpy arrays (what a
-        user's first call looks like), or jitted with device-resident inputs."""
+        user's first call looks like, ``"eager"``), or under ``jax.jit`` with the inputs
+        on the device (``"jit"``) or given as the same numpy arrays (``"jit-numpy"``: what
+        JAX itself spends taking numpy arguments, which an eager call cannot avoid)."""
         public = getattr(asickernels, self.name)
         function: Callable[..., Any] = functools.partial(public, **case.static)
-        if eager:
+        if mode == "eager":
             return Prepared(lambda: function(*case.arrays), _to_numpy)
         jitted = jax.jit(function)
-        arrays = tuple(jax.device_put(a) for a in case.arrays)
+        arrays = case.arrays if mode == "jit-numpy" else tuple(map(jax.device_put, case.arrays))
         return Prepared(lambda: jitted(*arrays), _to_numpy)
 
 

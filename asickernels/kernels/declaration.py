@@ -342,13 +342,17 @@ class Op:
         says; None where absent), the others by name, hashable static values; None for
         anything else. It is computed on every eager call: kept to a few tuple builds."""
         key = tuple(map(_array_key, args))
-        if kwargs:
-            key += tuple(
-                (name, _array_key(value) if name in self._array_set else value)
-                for name, value in sorted(kwargs.items())
-            )
-        if _NO_KEY in key or any(part[1] is _NO_KEY for part in key[len(args) :]):
+        if _NO_KEY in key:
             return None
+        if kwargs:
+            named = []
+            for name, value in sorted(kwargs.items()):
+                if name in self._array_set:
+                    value = _array_key(value)
+                    if value is _NO_KEY:
+                        return None
+                named.append((name, value))
+            key += tuple(named)
         try:
             hash(key)
         except TypeError:
