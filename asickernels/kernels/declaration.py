@@ -320,7 +320,7 @@ class Op:
         key = self._route_key(args, kwargs)
         route = self._routes.get(key) if key is not None else None
         if route is not None:  # the same signature as an earlier call: replay its path
-            if not kwargs and None not in key:  # every array by position (the usual call)
+            if None not in key and self._array_set.isdisjoint(kwargs):  # arrays by position
                 return route(*args)
             return route(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
         given, statics, backend, config = self.bind(args, kwargs)
@@ -344,7 +344,9 @@ class Op:
         key = tuple(map(_array_key, args))
         if _NO_KEY in key:
             return None
-        if kwargs:
+        if kwargs and self._array_set.isdisjoint(kwargs):  # statics only: no array keys
+            key += tuple(sorted(kwargs.items()))
+        elif kwargs:
             named = []
             for name, value in sorted(kwargs.items()):
                 if name in self._array_set:
