@@ -313,8 +313,9 @@ def render(documents: Sequence[dict[str, Any]], extra_sections: Sequence[str] = 
                 "`jax.jit` with the inputs already on the device (medians). The jitted call "
                 "on the same numpy inputs shows what JAX itself spends taking numpy "
                 "arguments (converting each, and copying those not 64-byte aligned), which "
-                "an eager call cannot avoid either. The three are timed call by call in "
-                "turn, so that the machine's drift falls on all alike.",
+                "an eager call cannot avoid either. The three are timed in turns of a few "
+                "calls (each turn after one untimed call), so that the machine's drift falls "
+                "on all alike and no call is timed in caches another call left cold.",
                 eager,
             ]
         not_run = _not_run(rows)

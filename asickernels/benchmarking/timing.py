@@ -99,6 +99,10 @@ def measure(
     return timing
 
 
+# Timed calls per turn of measure_alternately.
+TURN_CALLS = 5
+
+
 def measure_alternately(
     calls: Sequence[Callable[[], Any]],
     *,
@@ -108,19 +112,24 @@ def measure_alternately(
     min_repeats: int,
     budget_s: float,
 ) -> list[Timing]:
-    """Times ``calls`` in turn, one call of each per round, as :func:`measure` times one:
-    the machine's speed drifts (other load, CPU frequency) by more than the difference
-    between calls compared with each other, so their samples are interleaved to see the
-    same drift. ``budget_s`` is per call."""
+    """Times ``calls`` in turns, as :func:`measure` times one: the machine's speed drifts
+    (other load, CPU frequency) by more than the difference between calls compared with
+    each other, so their samples are taken in turns that see the same drift. A turn is one
+    untimed call, which warms the caches the other calls' turns left cold (a call on large
+    numpy inputs evicts a device-resident call's data), then :data:`TURN_CALLS` timed ones.
+    ``budget_s`` is per call."""
     per_call = list(first_calls_s)
     for _ in range(warmup):
         per_call = [timed_call(call)[1] for call in calls]
     slowest = max(max(per_call), 1e-9)
     count = max(min_repeats, min(repeats, int(budget_s / slowest)))
     samples: list[list[float]] = [[] for _ in calls]
-    for _ in range(count):
+    while len(samples[0]) < count:
+        turn = min(TURN_CALLS, count - len(samples[0]))
         for call, taken in zip(calls, samples, strict=True):
-            taken.append(timed_call(call)[1])
+            if len(calls) > 1:
+                timed_call(call)
+            taken += [timed_call(call)[1] for _ in range(turn)]
     return [
         Timing.from_samples(taken, first)
         for taken, first in zip(samples, first_calls_s, strict=True)
