@@ -109,6 +109,18 @@ def test_repeated_calls_replay_the_route_of_their_own_signature():
             oracle.assert_agrees("giou_loss", call(), want)
 
 
+@pytest.mark.parametrize("bad", [True, 1.0])
+def test_a_replayed_signature_still_refuses_a_bool_or_float_count(bad):
+    """True == 1 == 1.0: a static value's type is part of the route key, so a call replaying
+    max_output_size=1's route is still validated."""
+    boxes = grid_boxes(np.random.default_rng(2), (3,))
+    scores = np.array([0.9, 0.8, 0.7], np.float32)
+    for _ in range(2):
+        asickernels.nms(boxes, scores, iou_threshold=0.5, max_output_size=1)
+    with pytest.raises(TypeError, match="max_output_size"):
+        asickernels.nms(boxes, scores, iou_threshold=0.5, max_output_size=bad)
+
+
 def test_float64_is_decided_in_float64_and_x64_is_left_as_it_was():
     assert not _x64_enabled()
     near = np.array([[0, 0, 1, 1], [0, 0, 0.5 + 5e-10, 1]], np.float64)

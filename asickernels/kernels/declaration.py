@@ -290,7 +290,7 @@ class Op:
             key: Any = (
                 tuple(None if a is None else (tuple(a.shape), a.dtype) for a in arrays.values()),
                 tuple(arrays),
-                tuple(statics.items()),
+                tuple((name, type(value), value) for name, value in statics.items()),
             )
             plan = self._plans.get(key)
         except TypeError:  # unhashable static values: validate every time
@@ -344,17 +344,22 @@ class Op:
         key = tuple(map(_array_key, args))
         if _NO_KEY in key:
             return None
+        # Static values with their types: True == 1 and 2.0 == 2 must not share a route
+        # (validation refuses a bool or a float where an int is wanted).
         if kwargs and self._array_set.isdisjoint(kwargs):  # statics only: no array keys
-            key += tuple(sorted(kwargs.items()))
+            named = sorted(kwargs.items())
+            key += tuple(named) + tuple([type(value) for _, value in named])
         elif kwargs:
-            named = []
+            parts: list[tuple[Any, ...]] = []
             for name, value in sorted(kwargs.items()):
-                if name in self._array_set:
-                    value = _array_key(value)
-                    if value is _NO_KEY:
-                        return None
-                named.append((name, value))
-            key += tuple(named)
+                if name not in self._array_set:
+                    parts.append((name, type(value), value))
+                    continue
+                array_key = _array_key(value)
+                if array_key is _NO_KEY:
+                    return None
+                parts.append((name, array_key))
+            key += tuple(parts)
         try:
             hash(key)
         except TypeError:

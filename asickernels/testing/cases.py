@@ -199,31 +199,18 @@ def nms_cases() -> list[NmsCase]:
     offset = rng.uniform(0, 4, (200, 2)) + 1e6
     far = np.concatenate([offset, offset + rng.uniform(0.05, 1.5, (200, 2))], axis=1)
     cases.append(NmsCase("float64_offset_1e6", far, rng.permutation(200) / 200.0, 0.3, 50))
-    # Category ids beyond int32 keep their identity (0 and 2**32 are different categories).
-    ids = np.array([0, 2**32, 2**40 + 1, 2**40 + 1, -(2**62)], np.int64)
-    same_place = np.tile(np.array([[0, 0, 4, 4]], np.float32), (5, 1))
-    cases.append(
-        NmsCase(
-            "categories_beyond_int32",
-            same_place,
-            np.linspace(1, 0.5, 5).astype(np.float32),
-            0.5,
-            5,
-            categories=ids,
-        )
-    )
+    # Category ids beyond int32 keep their identity (0 and 2**32 are different categories);
     # int32 ids reach the kernels as they are: the extremes stay apart, equal ones together.
+    same_place = np.tile(np.array([[0, 0, 4, 4]], np.float32), (5, 1))
+    scores = np.linspace(1, 0.5, 5).astype(np.float32)
+    wide = np.array([0, 2**32, 2**40 + 1, 2**40 + 1, -(2**62)], np.int64)
     extremes = np.array([-(2**31), 2**31 - 1, 0, 2**31 - 1, -(2**31)], np.int32)
-    cases.append(
-        NmsCase(
-            "categories_int32_extremes",
-            same_place,
-            np.linspace(1, 0.5, 5).astype(np.float32),
-            0.5,
-            5,
-            categories=extremes,
-        )
-    )
+    named: list[tuple[str, np.ndarray]] = [
+        ("categories_beyond_int32", wide),
+        ("categories_int32_extremes", extremes),
+    ]
+    for name, ids in named:
+        cases.append(NmsCase(name, same_place, scores, 0.5, 5, categories=ids))
     cases.append(NmsCase("max_out_0", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 0))
     for n in (1024, 4096):
         cases.append(
