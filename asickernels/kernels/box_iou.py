@@ -27,8 +27,6 @@ from asickernels.kernels.declaration import (
     Spec,
     array,
     cast,
-    float_compute_dtype,
-    is_64bit,
     static,
 )
 from asickernels.kernels.giou import (
@@ -38,6 +36,7 @@ from asickernels.kernels.giou import (
     masked_loss,
     masked_loss_check,
     masked_loss_vjp,
+    metric_plan,
     paired_metric_check,
     paired_vjp_check,
 )
@@ -56,16 +55,7 @@ def _check_pairwise(kernel: str) -> Check:
                 f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
                 f"got {a.shape} and {b.shape}"
             )
-        dtype = float_compute_dtype(a, b)
-        shape = a.shape[:-1] + b.shape[-2:-1]
-        return Plan(
-            kernel,
-            dtype,
-            Spec(shape, np.dtype(dtype)),
-            (),
-            trivial=_checks.size(shape) == 0,
-            x64=is_64bit(a, b),
-        )
+        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b)
 
     return check
 

@@ -380,16 +380,21 @@ class Op:
         position: :meth:`run`'s choice between the host implementation and the compiled
         computation (see :func:`_runs_on_host`), made once where the signature decides it
         and per call where the numpy inputs' alignment does."""
-        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, "any"):
-            host = self._host_call(backend, plan, config, arrays, "jax")
-            if registry.backend(backend).array_kind == "numpy":
-                return host
-            present = [a for a in arrays.values() if a is not None]
-            numpy = all(type(a) is np.ndarray for a in present)
-            if numpy and sum(a.nbytes for a in present) >= _HOST_COPY_BYTES:
-                compiled = self._compiled_for(backend, plan, config, arrays)
-                return lambda *given: (host if _xla_copies(given) else compiled)(*given)
-        return self._compiled_for(backend, plan, config, arrays)
+        kernel = plan.kernel
+        if (
+            backend is None
+            or kernel is None
+            or not registry.has_host_implementation(kernel, backend)
+        ):
+            return self._compiled_for(backend, plan, config, arrays)
+        host = self._host_call(backend, plan, config, arrays, "jax")
+        if registry.backend(backend).array_kind == "numpy":
+            return host
+        compiled = self._compiled_for(backend, plan, config, arrays)
+        present = [a for a in arrays.values() if a is not None]
+        if all(type(a) is np.ndarray for a in present) and _may_copy(present):
+            return lambda *given: (host if _xla_copies(given) else compiled)(*given)
+        return compiled  # the signature alone rules the host path out
 
     def run(
         self,
@@ -529,10 +534,16 @@ def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any], w
     return all(type(a) is np.ndarray for a in present) and _xla_copies(present)
 
 
+def _may_copy(present: Sequence[np.ndarray]) -> bool:
+    """Whether these numpy arrays are large enough for :func:`_xla_copies` to hold (a test
+    on shapes alone, so a route decides it once)."""
+    return sum(a.nbytes for a in present) >= _HOST_COPY_BYTES
+
+
 def _xla_copies(present: Sequence[np.ndarray]) -> bool:
     """Whether XLA's CPU client would copy at least :data:`_HOST_COPY_BYTES` of these numpy
     arrays: those not C-contiguous and aligned to :data:`_ALIGNMENT`."""
-    if sum(a.nbytes for a in present) < _HOST_COPY_BYTES:  # cheap test first
+    if not _may_copy(present):
         return False
     copied = 0
     for a in present:  # the data pointer costs microseconds to read

@@ -62,21 +62,26 @@ def _paired(
 # giou ---------------------------------------------------------------------------------------
 
 
+def metric_plan(kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec) -> Plan:
+    """The plan of a box metric of ``shape`` (paired or pairwise), computed in float64 for
+    float64 boxes and in float32 otherwise; nothing to run when it is empty."""
+    dtype = float_compute_dtype(boxes1, boxes2)
+    return Plan(
+        kernel,
+        dtype,
+        Spec(shape, np.dtype(dtype)),
+        (),
+        trivial=_checks.size(shape) == 0,
+        x64=is_64bit(boxes1, boxes2),
+    )
+
+
 def paired_metric_check(kernel: str) -> Check:
     """Validation of a paired-box metric ``(boxes1, boxes2 [..., 4]) -> [...]``."""
 
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
         a, b = check_pair(specs, "boxes1", "boxes2")
-        dtype = float_compute_dtype(a, b)
-        batch = a.shape[:-1]
-        return Plan(
-            kernel,
-            dtype,
-            Spec(batch, np.dtype(dtype)),
-            (),
-            trivial=_checks.size(batch) == 0,
-            x64=is_64bit(a, b),
-        )
+        return metric_plan(kernel, a.shape[:-1], a, b)
 
     return check
 
