@@ -10,13 +10,19 @@ reference and, for differentiable ops, its vector-Jacobian product. The JAX API 
 autograd), the torch_xla kernels and the SPMD wrappers are generated from it
 (:mod:`asickernels.torch.ops`, :mod:`asickernels.backends.xla_spmd`).
 
-A call runs in one of three ways, chosen per call:
+A call runs in one of these ways:
 
 * inside a trace (``jit``/``vmap``/``grad``): the computation is traced inline;
-* eagerly on host arrays with a backend that has a host implementation: straight to it,
-  numpy in and out, no XLA dispatch;
-* otherwise eagerly through a compiled function cached per (backend, plan, config), where
-  the plan encodes the static arguments, shapes and dtypes.
+* eagerly, through a compiled function cached per (backend, plan, config), where the plan
+  encodes the static arguments, shapes and dtypes;
+* eagerly on host arrays, on the backend's host implementation (numpy in and out, no XLA
+  dispatch): for numpy backends, for callers that take numpy results (the torch frontend),
+  and for numpy inputs XLA would copy (:func:`_runs_on_host`);
+* eagerly on small numpy inputs, as the host kernel bound to the call's signature, where
+  that measured faster than the compiled function (:mod:`asickernels.kernels.host_binding`).
+
+An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
+later calls of it replay its route (:meth:`Op._route`).
 
 64-bit inputs (float64 boxes, int64 category ids) are kept 64-bit: their calls run with
 JAX's x64 mode switched on for that call only (:func:`x64_scope`).
@@ -29,6 +35,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -235,6 +242,7 @@ class Op:
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._routes: dict[Any, Callable[..., Any]] = {}
+        self._numpy_routes: dict[Any, Callable[..., Any]] = {}
 
     def __repr__(self) -> str:
         return f"<asickernels op {self.name}{self.__signature__}>"
@@ -317,6 +325,21 @@ class Op:
     # Running ------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The route key of numpy arrays given by position, the other arguments by name:
+        # their types (a JAX array or a tracer of the same shape must not match), shapes and
+        # dtypes, then the keyword arguments in the order given, with their types (True == 1
+        # == 1.0 must not share a route). Every eager call builds it: C-level calls only.
+        try:
+            numpy_key: Any = (
+                *map(_TYPE_SHAPE_AND_DTYPE, args),
+                *kwargs.items(),
+                *map(type, kwargs.values()),
+            )
+            route = self._numpy_routes.get(numpy_key)
+        except (AttributeError, TypeError):  # an argument without a shape, an unhashable one
+            numpy_key = route = None
+        if route is not None:
+            return route(*args)
         key = self._route_key(args, kwargs)
         route = self._routes.get(key) if key is not None else None
         if route is not None:  # the same signature as an earlier call: replay its path
@@ -330,7 +353,12 @@ class Op:
         out = self.run(chosen, plan, config, arrays, want="jax")
         # A route replays the call on the arrays as given: only if preparation left them be.
         if key is not None and arrays is given and self._may_route(plan, chosen):
-            self._routes[key] = self._route(chosen, plan, config, arrays)
+            route = self._route(chosen, plan, config, arrays)
+            numpy_only = all(type(a) is np.ndarray for a in args)
+            if numpy_key is not None and numpy_only and self._array_set.isdisjoint(kwargs):
+                self._numpy_routes[numpy_key] = route
+            else:
+                self._routes[key] = route
         return out
 
     def _keyword_arrays(self, kwargs: dict[str, Any]) -> list[Any]:
@@ -347,8 +375,8 @@ class Op:
         # Static values with their types: True == 1 and 2.0 == 2 must not share a route
         # (validation refuses a bool or a float where an int is wanted).
         if kwargs and self._array_set.isdisjoint(kwargs):  # statics only: no array keys
-            named = sorted(kwargs.items())
-            key += tuple(named) + tuple([type(value) for _, value in named])
+            # In the order given: another order is another key for the same route.
+            key += (*kwargs.items(), *map(type, kwargs.values()))
         elif kwargs:
             parts: list[tuple[Any, ...]] = []
             for name, value in sorted(kwargs.items()):
@@ -379,7 +407,9 @@ class Op:
         """What runs later eager calls of this signature, taking the present arrays by
         position: :meth:`run`'s choice between the host implementation and the compiled
         computation (see :func:`_runs_on_host`), made once where the signature decides it
-        and per call where the numpy inputs' alignment does."""
+        and per call where the numpy inputs' alignment does. Small numpy signatures take
+        the host kernel bound to them instead where that measured faster
+        (:mod:`asickernels.kernels.host_binding`)."""
         kernel = plan.kernel
         if (
             backend is None
@@ -387,14 +417,21 @@ class Op:
             or not registry.has_host_implementation(kernel, backend)
         ):
             return self._compiled_for(backend, plan, config, arrays)
-        host = self._host_call(backend, plan, config, arrays, "jax")
         if registry.backend(backend).array_kind == "numpy":
-            return host
+            return self._host_call(backend, plan, config, arrays, "jax")
         compiled = self._compiled_for(backend, plan, config, arrays)
         present = [a for a in arrays.values() if a is not None]
-        if all(type(a) is np.ndarray for a in present) and _may_copy(present):
+        if not all(type(a) is np.ndarray for a in present):
+            return compiled  # JAX arrays: the compiled call takes them as they are
+        if _may_copy(present):
+            host = self._host_call(backend, plan, config, arrays, "jax")
             return lambda *given: (host if _xla_copies(given) else compiled)(*given)
-        return compiled  # the signature alone rules the host path out
+        if config is not None:
+            return compiled
+        from asickernels.kernels import host_binding  # it builds on this module
+
+        bound = host_binding.bound_route(self.compute, backend, plan, arrays)
+        return compiled if bound is None else host_binding.faster(bound, compiled, present)
 
     def run(
         self,
@@ -484,6 +521,7 @@ class Op:
 
 
 _NO_KEY = object()
+_TYPE_SHAPE_AND_DTYPE = operator.attrgetter("__class__", "shape", "dtype")
 
 
 def _compilable(backend: str | None) -> bool:
@@ -595,6 +633,43 @@ def _device_put(value: np.ndarray) -> jax.Array:
         return jax.device_put(value, device)
 
 
+def handover(outputs: Spec | tuple[Spec, ...]) -> Callable[..., Any] | None:
+    """:func:`to_jax` for the host outputs of one signature (a plan's ``outputs``, 32-bit
+    dtypes): ``hand(*outs)`` returns one JAX array, or a tuple as ``outputs`` is one. Their
+    placement on the default device is worked out once, so a call only checks that the
+    device is still the default (else :func:`to_jax`). None where 64-bit outputs or this
+    JAX's device-put call rule it out."""
+    specs = (outputs,) if isinstance(outputs, Spec) else outputs
+    if _xla_client is None or any(s.dtype.itemsize == 8 for s in specs):
+        return None
+    device = policy.default_device()
+    placements = [_placement(device, s.shape, s.dtype) for s in specs]
+    put = _xla_client.batched_device_put
+    default_device = policy.default_device
+
+    def hand_all(*outs: np.ndarray) -> tuple[jax.Array, ...]:
+        if default_device() is not device:
+            return tuple(map(to_jax, outs))
+        return tuple(
+            put(aval, sharding, [out], devices, False)
+            for out, (aval, sharding, devices) in zip(outs, placements, strict=True)
+        )
+
+    aval, sharding, devices = placements[0]
+
+    def hand_one(out: np.ndarray) -> jax.Array:  # the common case, without the loop
+        if default_device() is not device:
+            return to_jax(out)
+        return put(aval, sharding, [out], devices, False)  # type: ignore[no-any-return]
+
+    hand = hand_one if isinstance(outputs, Spec) else hand_all
+    try:  # its signature is not public: probe it once
+        hand(*(np.zeros(s.shape, s.dtype) for s in specs))
+    except TypeError:
+        return None
+    return hand
+
+
 @functools.lru_cache(maxsize=512)
 def _placement(device: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any, list[Any]]:
     """The abstract value, sharding and device list of a host array put on ``device``."""
@@ -612,6 +687,15 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def host_allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], np.ndarray]:
+    """:func:`host_empty` of one shape and dtype as a function of nothing, for calls bound
+    to a signature: numpy's own allocation where :func:`host_empty` would not align."""
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize < _ALIGN_FROM_BYTES:
+        return functools.partial(np.empty, shape, dtype)
+    return functools.partial(host_empty, shape, dtype)
 
 
 def cast(array: Any, dtype: Any) -> Any:

@@ -27,7 +27,10 @@ Implementation calling conventions (the op layer validates, flattens and convert
 
 Every implementation also takes ``config=None``: a backend-specific tuning object. A JAX
 backend may also register a *host* implementation of the same kernel (numpy in, numpy out)
-that eager calls on host arrays use instead of a compiled JAX call.
+that eager calls on host arrays use instead of a compiled JAX call. A host implementation
+with a ``bind(*args, **kwargs)`` method (returning a function of the array arguments for
+one signature, or None) lets small eager calls skip the op's Python
+(:mod:`asickernels.kernels.host_binding`).
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from asickernels import _native_build
+from asickernels.kernels.declaration import host_allocator
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(_CSRC.glob("*.cpp")))
@@ -121,7 +123,7 @@ def library() -> ctypes.CDLL:
     ]  # fmt: skip
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
-    lib.asickernels_cpu_numpy_data.argtypes = [ctypes.c_void_p]
+    lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
     lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
@@ -156,19 +158,25 @@ def ffi_name(target: str) -> str:
 
 
 def address(array: np.ndarray | None) -> int | None:
-    """The data pointer of a C-contiguous array (None for None): the zero-copy hand-over."""
-    return None if array is None else _data_pointer()(array)
+    """The data pointer of a C-contiguous array (None for None, or for an array that is not
+    C-contiguous): the zero-copy hand-over."""
+    return None if array is None else contiguous_data()(array)
 
 
 @functools.cache
-def _data_pointer() -> Any:
-    """``array -> data pointer``: read in C from numpy's array struct when that agrees with
-    ``__array_interface__`` here (CPython's object layout), else ``__array_interface__``."""
+def contiguous_data() -> Callable[[np.ndarray], int | None]:
+    """``array -> data pointer``, None unless the array is C-contiguous: read in C from
+    numpy's array struct when that agrees with ``__array_interface__`` and ``.flags`` here
+    (CPython's and numpy's object layouts), else through them."""
     read = library().asickernels_cpu_numpy_data
-    probes = [np.arange(3.0), np.zeros((2, 5), np.int8)[1:]]
-    if all(read(id(a)) == a.__array_interface__["data"][0] for a in probes):
-        return lambda array: read(id(array))
-    return lambda array: array.__array_interface__["data"][0]
+    probes = [np.arange(3.0), np.zeros((2, 5), np.int8)[1:], np.arange(6)[::2], np.eye(3).T]
+    if all(read(a) == _python_data(a) for a in probes):
+        return read  # type: ignore[no-any-return]
+    return _python_data
+
+
+def _python_data(array: np.ndarray) -> int | None:
+    return array.__array_interface__["data"][0] if array.flags.c_contiguous else None
 
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -182,3 +190,90 @@ def float_kernel_dtype(*dtypes: Any) -> np.dtype:
 def check_config(config: Any) -> None:
     if config is not None:
         raise ValueError(f"the cpu backend has no tuning config, got {config!r}")
+
+
+Bound = Callable[..., Any]
+
+
+class HostTwin:
+    """A host entry point (numpy in, numpy out) that can be bound to one signature.
+
+    ``bind(*args, **kwargs)`` (the twin's own arguments, already of the kernel's dtypes)
+    returns a function of the positional arrays that were not None, for arrays of those
+    dtypes and sizes, or None when the arguments need converting first.
+    The bound function reads its arrays as C-order memory, whatever their shapes: eager
+    routes pass the caller's arrays where the op's code passed reshaped views of them
+    (:mod:`asickernels.kernels.host_binding`). A plain call converts (``prepare``), binds
+    and runs."""
+
+    def __init__(
+        self,
+        prepare: Callable[..., Sequence[np.ndarray | None]],
+        bind: Callable[..., Bound | None],
+        doc: str,
+    ) -> None:
+        self.prepare = prepare
+        self.bind = bind
+        self.__doc__ = doc
+
+    def __call__(self, *args: Any, config: Any = None, **kwargs: Any) -> Any:
+        check_config(config)
+        inputs = self.prepare(*args)
+        bound = self.bind(*inputs, **kwargs)
+        assert bound is not None, "prepare must give the kernel's dtypes"
+        return bound(*[a for a in inputs if a is not None])
+
+
+def bound_entry(
+    entry: str,
+    leading: tuple[Any, ...],
+    trailing: tuple[Any, ...],
+    inputs: Sequence[np.ndarray | None],
+    outputs: Sequence[tuple[tuple[int, ...], np.dtype]],
+) -> Bound:
+    """Host entry point ``asickernels_cpu_<entry>(*leading, *input pointers, *trailing,
+    *output pointers)`` bound to ``inputs`` (None ones become null pointers): the returned
+    function takes the arrays that were not None, of the same dtypes and sizes (copied to
+    C order when they are not C-contiguous), and returns new output arrays of ``outputs``
+    (shape, dtype) pairs, a tuple when there are several. It is most of what an eager call
+    of a small signature spends in Python: kept short."""
+    function = getattr(library(), f"asickernels_cpu_{entry}")
+    read = contiguous_data()
+    nulls = [i for i, a in enumerate(inputs) if a is None]
+    allocations = [host_allocator(shape, dtype) for shape, dtype in outputs]
+
+    def run(arrays: tuple[np.ndarray, ...], outs: Sequence[np.ndarray]) -> None:
+        pointers = [*map(read, arrays)]
+        if None in pointers:  # in C order, as the op's reshape would have copied them
+            arrays = tuple(map(np.ascontiguousarray, arrays))
+            pointers = [*map(read, arrays)]
+        for i in nulls:
+            pointers.insert(i, None)
+        status = function(*leading, *pointers, *trailing, *map(read, outs))
+        if status:
+            check(status)
+
+    if len(allocations) == 1:
+        allocate = allocations[0]
+
+        def call_one(*arrays: np.ndarray) -> np.ndarray:
+            out = allocate()
+            run(arrays, (out,))
+            return out
+
+        return call_one
+
+    def call(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        outs = tuple(allocate() for allocate in allocations)
+        run(arrays, outs)
+        return outs
+
+    return call
+
+
+def kernel_float_dtype(*arrays: np.ndarray) -> np.dtype | None:
+    """The arrays' dtype when they all share one the float kernels take, else None."""
+    dtype = arrays[0].dtype
+    if dtype not in FLOAT_CODES or any(a.dtype != dtype for a in arrays):
+        return None
+    return dtype

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import _library
-from asickernels.kernels.declaration import host_empty
 
 # The kernels' metric codes (asickernels_cpu::BoxMetric).
 METRIC_CODES = {"iou": 0, "giou": 1, "diou": 2, "ciou": 3}
@@ -196,63 +195,59 @@ def _host_inputs(*arrays: Any) -> list[np.ndarray]:
     return [np.ascontiguousarray(a, dtype) for a in arrays]
 
 
-def _run_host(
-    entry: str, metric: str, inputs: list[np.ndarray], sizes: tuple[int, ...], *outputs: Any
-) -> None:
-    """Runs the host entry point ``asickernels_cpu_<entry>`` (metric and dtype codes, input
-    pointers, sizes, output pointers)."""
-    function = getattr(_library.library(), f"asickernels_cpu_{entry}")
-    status = function(
-        METRIC_CODES[metric],
-        _library.FLOAT_CODES[inputs[0].dtype],
-        *map(_library.address, inputs),
-        *sizes,
-        *map(_library.address, outputs),
-    )
-    _library.check(status)
+Shapes = tuple[tuple[int, ...], ...]
+# A host entry's sizes and output shapes, from its input arrays.
+Layout = Callable[..., tuple[tuple[int, ...], Shapes]]
 
 
-def paired_metric_host(metric: str) -> Callable[..., np.ndarray]:
+def _metric_twin(entry: str, metric: str, layout: Layout, doc: str) -> _library.HostTwin:
+    """The host twin of ``asickernels_cpu_<entry>`` for ``metric``: float inputs of one
+    kernel dtype, sizes and outputs of that dtype as ``layout`` says."""
+
+    def bind(*arrays: np.ndarray) -> _library.Bound | None:
+        dtype = _library.kernel_float_dtype(*arrays)
+        if dtype is None:
+            return None
+        sizes, shapes = layout(*arrays)
+        codes = (METRIC_CODES[metric], _library.FLOAT_CODES[dtype])
+        outputs = [(shape, dtype) for shape in shapes]
+        return _library.bound_entry(entry, codes, sizes, arrays, outputs)
+
+    return _library.HostTwin(_host_inputs, bind, doc)
+
+
+def _paired_layout(boxes1: np.ndarray, boxes2: np.ndarray) -> tuple[tuple[int, ...], Shapes]:
+    shape = boxes1.shape[:-1]
+    return (math.prod(shape),), (shape,)
+
+
+def _paired_vjp_layout(
+    boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray
+) -> tuple[tuple[int, ...], Shapes]:
+    return (cotangent.size,), (boxes1.shape, boxes1.shape)
+
+
+def _pairwise_layout(boxes1: np.ndarray, boxes2: np.ndarray) -> tuple[tuple[int, ...], Shapes]:
+    *batch, n, _ = boxes1.shape
+    m = boxes2.shape[-2]
+    return (math.prod(batch), n, m), ((*batch, n, m),)
+
+
+def paired_metric_host(metric: str) -> _library.HostTwin:
     """Host twin of :func:`paired_metric`: numpy ``[P, 4]`` x2 -> numpy ``[P]``."""
-
-    def run(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
-        _library.check_config(config)
-        inputs = _host_inputs(boxes1, boxes2)
-        out = host_empty(inputs[0].shape[:-1], inputs[0].dtype)
-        _run_host("paired_box_metric", metric, inputs, (out.size,), out)
-        return out
-
-    return run
+    doc = f"numpy ``[P, 4]`` x2 -> ``[P]`` {metric}."
+    return _metric_twin("paired_box_metric", metric, _paired_layout, doc)
 
 
-def paired_metric_vjp_host(metric: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+def paired_metric_vjp_host(metric: str) -> _library.HostTwin:
     """Host twin of :func:`paired_metric_vjp`."""
-
-    def run(
-        boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray, *, config: Any = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        _library.check_config(config)
-        inputs = _host_inputs(boxes1, boxes2, cotangent)
-        shape, dtype = inputs[0].shape, inputs[0].dtype
-        d1, d2 = host_empty(shape, dtype), host_empty(shape, dtype)
-        _run_host("paired_box_metric_vjp", metric, inputs, (inputs[2].size,), d1, d2)
-        return d1, d2
-
-    return run
+    doc = f"numpy ``[P, 4]``, ``[P, 4]``, ``[P]`` -> gradients ``[P, 4]`` x2 of {metric}."
+    return _metric_twin("paired_box_metric_vjp", metric, _paired_vjp_layout, doc)
 
 
-def _pairwise_metric_host(metric: str) -> Callable[..., np.ndarray]:
-    def run(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
-        """Host twin: numpy ``[B, N, 4]`` x ``[B, M, 4]`` -> numpy ``[B, N, M]``."""
-        _library.check_config(config)
-        a, b = _host_inputs(boxes1, boxes2)
-        *batch, n, _ = a.shape
-        m = b.shape[-2]
-        out = host_empty((*batch, n, m), a.dtype)
-        _run_host("pairwise_box_metric", metric, [a, b], (math.prod(batch), n, m), out)
-        return out
-
-    return run
+def _pairwise_metric_host(metric: str) -> _library.HostTwin:
+    doc = f"numpy ``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` {metric}."
+    return _metric_twin("pairwise_box_metric", metric, _pairwise_layout, doc)
 
 
 box_iou = _pairwise_metric("iou")

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import _library
-from asickernels.kernels.declaration import host_empty
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -52,7 +51,20 @@ def nms(
     return indices, num_valid
 
 
-def nms_host(
+def _host_inputs(
+    boxes: np.ndarray, scores: np.ndarray, categories: np.ndarray | None
+) -> list[np.ndarray | None]:
+    """C-contiguous boxes and scores of the kernel dtype, int32 categories (no copies when
+    they already are)."""
+    dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
+    return [
+        np.ascontiguousarray(boxes, dtype),
+        np.ascontiguousarray(scores, dtype),
+        None if categories is None else np.ascontiguousarray(categories, np.int32),
+    ]
+
+
+def _bind_host(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
@@ -60,31 +72,21 @@ def nms_host(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Host twin of :func:`nms`: numpy in, numpy out."""
-    _library.check_config(config)
-    dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
-    boxes = np.ascontiguousarray(boxes, dtype)
-    scores = np.ascontiguousarray(scores, dtype)
-    if categories is not None:
-        categories = np.ascontiguousarray(categories, np.int32)
+) -> _library.Bound | None:
+    dtype = _library.kernel_float_dtype(boxes, scores)
+    if dtype is None or (categories is not None and categories.dtype != np.int32):
+        return None
     batch, n = scores.shape
-    indices = host_empty((batch, max_output_size), np.int32)
-    num_valid = host_empty((batch,), np.int32)
-    _library.check(
-        _library.library().asickernels_cpu_nms(
-            _library.FLOAT_CODES[dtype],
-            _library.address(boxes),
-            _library.address(scores),
-            _library.address(categories),
-            batch,
-            n,
-            float(iou_threshold),
-            int(max_output_size),
-            float(score_threshold),
-            _library.address(indices),
-            _library.address(num_valid),
-        )
-    )
-    return indices, num_valid
+    scalars = (batch, n, float(iou_threshold), int(max_output_size), float(score_threshold))
+    outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
+    inputs = (boxes, scores, categories)
+    return _library.bound_entry("nms", (_library.FLOAT_CODES[dtype],), scalars, inputs, outputs)
+
+
+nms_host = _library.HostTwin(
+    _host_inputs,
+    _bind_host,
+    """Host twin of :func:`nms`: numpy in (``boxes [B, N, 4]``, ``scores [B, N]``,
+    ``categories [B, N]`` or None; keyword ``iou_threshold``, ``max_output_size``,
+    ``score_threshold``), numpy ``(indices, num_valid)`` out.""",
+)
