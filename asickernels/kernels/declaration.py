@@ -19,7 +19,7 @@ A call runs in one of these ways:
   dispatch): for numpy backends, for callers that take numpy results (the torch frontend),
   and for numpy inputs XLA would copy (:func:`_runs_on_host`);
 * eagerly on small numpy inputs, as the host kernel bound to the call's signature, where
-  that measured faster than the compiled function (:mod:`asickernels.kernels.host_binding`).
+  that is expected to beat the compiled function (:mod:`asickernels.kernels.host_binding`).
 
 An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
 later calls of it replay its route (:meth:`Op._route`).
@@ -331,9 +331,9 @@ class Op:
         # == 1.0 must not share a route). Every eager call builds it: C-level calls only.
         try:
             numpy_key: Any = (
-                *map(_TYPE_SHAPE_AND_DTYPE, args),
-                *kwargs.items(),
-                *map(type, kwargs.values()),
+                (*map(_TYPE_SHAPE_AND_DTYPE, args), *kwargs.items(), *map(type, kwargs.values()))
+                if kwargs
+                else tuple(map(_TYPE_SHAPE_AND_DTYPE, args))
             )
             route = self._numpy_routes.get(numpy_key)
         except (AttributeError, TypeError):  # an argument without a shape, an unhashable one
@@ -408,7 +408,7 @@ class Op:
         position: :meth:`run`'s choice between the host implementation and the compiled
         computation (see :func:`_runs_on_host`), made once where the signature decides it
         and per call where the numpy inputs' alignment does. Small numpy signatures take
-        the host kernel bound to them instead where that measured faster
+        the host kernel bound to them instead where that is expected to be faster
         (:mod:`asickernels.kernels.host_binding`)."""
         kernel = plan.kernel
         if (
@@ -430,8 +430,10 @@ class Op:
             return compiled
         from asickernels.kernels import host_binding  # it builds on this module
 
+        if not host_binding.worth_binding(plan, present):
+            return compiled
         bound = host_binding.bound_route(self.compute, backend, plan, arrays)
-        return compiled if bound is None else host_binding.faster(bound, compiled, present)
+        return compiled if bound is None else bound
 
     def run(
         self,
@@ -633,38 +635,25 @@ def _device_put(value: np.ndarray) -> jax.Array:
         return jax.device_put(value, device)
 
 
-def handover(outputs: Spec | tuple[Spec, ...]) -> Callable[..., Any] | None:
-    """:func:`to_jax` for the host outputs of one signature (a plan's ``outputs``, 32-bit
-    dtypes): ``hand(*outs)`` returns one JAX array, or a tuple as ``outputs`` is one. Their
-    placement on the default device is worked out once, so a call only checks that the
-    device is still the default (else :func:`to_jax`). None where 64-bit outputs or this
-    JAX's device-put call rule it out."""
-    specs = (outputs,) if isinstance(outputs, Spec) else outputs
-    if _xla_client is None or any(s.dtype.itemsize == 8 for s in specs):
+def handover(output: Spec) -> Callable[[np.ndarray], jax.Array] | None:
+    """:func:`to_jax` for the one host output of a signature (``output``, a 32-bit dtype):
+    its placement on the default device is worked out once, so a call only checks that
+    the device is still the default (else :func:`to_jax`). None where a 64-bit output or
+    this JAX's device-put call rule it out."""
+    if _xla_client is None or output.dtype.itemsize == 8:
         return None
     device = policy.default_device()
-    placements = [_placement(device, s.shape, s.dtype) for s in specs]
+    aval, sharding, devices = _placement(device, output.shape, output.dtype)
     put = _xla_client.batched_device_put
     default_device = policy.default_device
 
-    def hand_all(*outs: np.ndarray) -> tuple[jax.Array, ...]:
-        if default_device() is not device:
-            return tuple(map(to_jax, outs))
-        return tuple(
-            put(aval, sharding, [out], devices, False)
-            for out, (aval, sharding, devices) in zip(outs, placements, strict=True)
-        )
-
-    aval, sharding, devices = placements[0]
-
-    def hand_one(out: np.ndarray) -> jax.Array:  # the common case, without the loop
+    def hand(out: np.ndarray) -> jax.Array:
         if default_device() is not device:
             return to_jax(out)
         return put(aval, sharding, [out], devices, False)  # type: ignore[no-any-return]
 
-    hand = hand_one if isinstance(outputs, Spec) else hand_all
     try:  # its signature is not public: probe it once
-        hand(*(np.zeros(s.shape, s.dtype) for s in specs))
+        hand(np.zeros(output.shape, output.dtype))
     except TypeError:
         return None
     return hand

@@ -1,43 +1,53 @@
 """Eager routes that skip an op's Python: a small numpy call bound to its host kernel.
 
 A repeated eager call with small numpy inputs spends more time around the kernel than in
-it. Compiled, JAX takes each numpy input in (a device put in C++, plus a copy of inputs
-that are not 64-byte aligned, which numpy's are not as a rule). On the host twin the
-inputs are read in place, but each output is handed to JAX from Python, after the op's
-``compute`` (reshapes, casts, the kernel lookup) and the twin's conversions: about 10 µs
-of Python around a 6 µs GIOU kernel on 64x64 boxes, measured.
+it. Compiled, JAX takes each numpy input in (a device put in C++, about 2.5 µs, plus a copy
+of inputs that are not 64-byte aligned, which numpy's are not as a rule). On the host twin
+the inputs are read in place, but the output is handed to JAX from Python (about 3 µs plus
+the same copy), after the op's ``compute`` (reshapes, casts, the kernel lookup) and the
+twin's conversions: about 10 µs of Python around a 6 µs GIOU kernel on 64x64 boxes.
 
 :func:`bound_route` runs ``compute`` once on the call's arrays with a runner that records
 its kernel calls. When ``compute`` turned out to be one call of a host twin that can bind
 (see :class:`asickernels.backends.cpu._library.HostTwin`), on the call's own inputs or
-views of them, and returned views of the kernel's outputs, then every later call of the
-signature can be that kernel call bound to it: the inputs go straight to the kernel and
-its outputs straight to JAX. Anything else (several kernels, converted inputs, computed
-outputs) gets no bound route. This relies on ``compute`` depending on the plan (shapes,
+views of them, and returned a view of the kernel's one output, then every later call of
+the signature is that kernel call bound to it: the inputs go straight to the kernel and
+its output straight to JAX. Anything else (several kernels, converted inputs, a computed
+output) gets no bound route. This relies on ``compute`` depending on the plan (shapes,
 dtypes, static values) alone, never on array values, as the compiled-function cache does.
 
-Which of the bound and the compiled call is faster depends on how many arrays cross and
-how large they are, and on the machine: :func:`faster` times both on the first call's
-arrays and keeps the faster. They run the same native kernel, so the results are the same.
+:func:`worth_binding` says where to try: one output handed over in place of two or more
+numpy inputs taken in, and no larger than they are. Measured on this project's bench
+(BENCHMARKS.md), that is where the bound call wins (GIOU, DIoU and CIoU of small boxes: 1
+output of 16 KiB for 2 inputs of 64 KiB); with two outputs (NMS, the GIOU gradient) or an
+output larger than the inputs (IoU matrices) the compiled call is as fast or faster, and
+its outputs come from XLA's pool rather than the process's allocator.
 """
 
 from __future__ import annotations
 
 import functools
-import time
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from asickernels.kernels.declaration import Compute, Plan, Runner, Spec, handover
 
 Route = Callable[..., Any]
 
-# faster(): rounds of timed calls, alternating the candidates, and calls per round.
-TIMING_ROUNDS = 5
-TIMING_CALLS = 2
+
+def worth_binding(plan: Plan, present: Sequence[np.ndarray]) -> bool:
+    """Whether a bound host route is expected to beat the compiled call on these numpy
+    inputs (see the module's docstring): one output, at least two inputs, the output no
+    larger than the inputs together."""
+    output = plan.outputs
+    return (
+        isinstance(output, Spec)
+        and len(present) >= 2
+        and math.prod(output.shape) * output.dtype.itemsize <= sum(a.nbytes for a in present)
+    )
 
 
 class _Recorder(Runner):
@@ -61,25 +71,25 @@ class _Recorder(Runner):
 def bound_route(
     compute: Compute, backend: str, plan: Plan, arrays: Mapping[str, Any]
 ) -> Route | None:
-    """The bound route of a call on ``backend``'s host twin with numpy ``arrays`` (by name,
-    None where absent), taking the present arrays by position; None when the call does
-    not reduce to one bindable kernel call (running ``compute`` once to find out)."""
+    """The bound route of a call with one output on ``backend``'s host twin, with numpy
+    ``arrays`` (by name, None where absent), taking the present arrays by position; None
+    when the call does not reduce to one bindable kernel call (running ``compute`` once to
+    find out)."""
+    if not isinstance(plan.outputs, Spec):
+        return None
     calls: list[tuple[Any, ...]] = []
-    outputs = compute(_Recorder(backend, calls), plan, **arrays)
+    output = compute(_Recorder(backend, calls), plan, **arrays)
     if len(calls) != 1:
         return None
     function, args, kwargs, result = calls[0]
     present = [a for a in arrays.values() if a is not None]
     sources = [None if a is None else _source(a, present) for a in args]
-    results = result if isinstance(result, tuple) else (result,)
-    outs = outputs if isinstance(outputs, tuple) else (outputs,)
-    picks = [_source(o, results) for o in outs]
     bind = _binder(function)
     if (
         bind is None
         or _NOT_FOUND in sources
-        or _NOT_FOUND in picks
-        or len(set(picks)) != len(picks)
+        or isinstance(result, tuple)
+        or _source(output, [result]) == _NOT_FOUND
         or any(isinstance(v, np.ndarray) for v in kwargs.values())
     ):
         return None
@@ -87,44 +97,14 @@ def bound_route(
     hand = handover(plan.outputs)
     if bound is None or hand is None:
         return None
-    shapes = [s.shape for s in plan.output_list()]
-    taken = [i for i in sources if i is not None]  # the arrays the bound kernel takes
-    if (
-        taken == list(range(len(present)))
-        and isinstance(plan.outputs, Spec)
-        and not isinstance(result, tuple)
-    ):
-        shape = shapes[0]  # the arrays as given, one output: no loops
+    if [i for i in sources if i is not None] != list(range(len(present))):
+        return None  # the kernel takes the arrays in another order, or not all of them
+    shape = plan.outputs.shape
 
-        def route(*given: np.ndarray) -> Any:
-            return hand(bound(*given).reshape(shape))
+    def route(*given: np.ndarray) -> Any:
+        return hand(bound(*given).reshape(shape))
 
-        return route
-
-    several = isinstance(result, tuple)
-
-    def general_route(*given: np.ndarray) -> Any:
-        ran = bound(*[given[i] for i in taken])
-        ran = ran if several else (ran,)
-        return hand(*[ran[p].reshape(shape) for p, shape in zip(picks, shapes, strict=True)])
-
-    return general_route
-
-
-def faster(bound: Route, compiled: Route, present: Sequence[np.ndarray]) -> Route:
-    """Whichever of ``bound`` and ``compiled`` is faster on ``present``: the best of
-    :data:`TIMING_ROUNDS` rounds of :data:`TIMING_CALLS` calls each, the two taking turns
-    so that both see the same machine."""
-    candidates = (bound, compiled)
-    best = [float("inf")] * len(candidates)
-    for _ in range(TIMING_ROUNDS):
-        for i, candidate in enumerate(candidates):
-            jax.block_until_ready(candidate(*present))  # warms what the other evicted
-            start = time.perf_counter()
-            for _ in range(TIMING_CALLS):
-                jax.block_until_ready(candidate(*present))
-            best[i] = min(best[i], time.perf_counter() - start)
-    return bound if best[0] <= best[1] else compiled
+    return route
 
 
 _NOT_FOUND = -1
