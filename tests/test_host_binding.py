@@ -182,3 +182,23 @@ def test_contiguous_data_is_the_pointer_of_c_contiguous_arrays_only():
     assert read(array[1:]) == array[1:].__array_interface__["data"][0]
     assert read(array[:, ::2]) is None
     assert read(array.T) is None
+
+
+def test_other_byte_orders_and_read_only_inputs_of_a_bound_signature():
+    """A byte-swapped array is another signature (its dtype differs): validated, not read
+    as native floats by the bound kernel; a read-only array of the bound signature is read
+    in place."""
+    rng = np.random.default_rng(9)
+    a, b = random_boxes(rng, (4, 6)), random_boxes(rng, (4, 6))
+    op = asickernels.giou
+    for _ in range(2):
+        op(a, b)
+    swapped = a.astype(a.dtype.newbyteorder(">")), b.astype(b.dtype.newbyteorder(">"))
+    want = oracle.expected("giou", {"boxes1": a, "boxes2": b}, {})
+    for _ in range(2):
+        with pytest.raises(TypeError, match=">f4"):
+            op(*swapped)
+    frozen = a.copy(), b.copy()
+    for array in frozen:
+        array.flags.writeable = False
+    oracle.assert_agrees("giou", op(*frozen), want)
