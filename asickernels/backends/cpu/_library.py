@@ -271,8 +271,9 @@ def bound_entry(
     return call
 
 
-def kernel_float_dtype(*arrays: np.ndarray) -> np.dtype | None:
-    """The arrays' dtype when they all share one the float kernels take, else None."""
+def shared_kernel_dtype(*arrays: np.ndarray) -> np.dtype | None:
+    """The arrays' dtype when they all share one the float kernels take, else None (unlike
+    :func:`float_kernel_dtype`, which says what mixed dtypes are converted to)."""
     dtype = arrays[0].dtype
     if dtype not in FLOAT_CODES or any(a.dtype != dtype for a in arrays):
         return None

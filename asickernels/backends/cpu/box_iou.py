@@ -205,7 +205,7 @@ def _metric_twin(entry: str, metric: str, layout: Layout, doc: str) -> _library.
     kernel dtype, sizes and outputs of that dtype as ``layout`` says."""
 
     def bind(*arrays: np.ndarray) -> _library.Bound | None:
-        dtype = _library.kernel_float_dtype(*arrays)
+        dtype = _library.shared_kernel_dtype(*arrays)
         if dtype is None:
             return None
         sizes, shapes = layout(*arrays)

@@ -73,7 +73,7 @@ def _bind_host(
     max_output_size: int,
     score_threshold: float,
 ) -> _library.Bound | None:
-    dtype = _library.kernel_float_dtype(boxes, scores)
+    dtype = _library.shared_kernel_dtype(boxes, scores)
     if dtype is None or (categories is not None and categories.dtype != np.int32):
         return None
     batch, n = scores.shape
