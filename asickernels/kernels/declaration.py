@@ -22,7 +22,8 @@ A call runs in one of these ways:
   that is expected to beat the compiled function (:mod:`asickernels.kernels.host_binding`).
 
 An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
-later calls of it replay its route (:meth:`Op._route`).
+later calls of it replay its route (:meth:`Op._route`). Calls with numpy arrays by position
+find theirs in the op's C base (:mod:`asickernels.kernels.eager_front`), with no Python run.
 
 64-bit inputs (float64 boxes, int64 category ids) are kept 64-bit: their calls run with
 JAX's x64 mode switched on for that call only (:func:`x64_scope`).
@@ -35,7 +36,6 @@ import dataclasses
 import functools
 import inspect
 import math
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.kernels import _checks, policy, registry
+from asickernels.kernels.eager_front import Front
 
 try:  # the primitive under jax.device_put, without its 40 µs of Python per array
     from jax._src import core as _jax_core
@@ -166,7 +167,7 @@ Check = Callable[[Mapping[str, Spec | None], Mapping[str, Any]], Plan]
 Compute = Callable[..., Any]
 
 
-class Op:
+class Op(Front):
     """A public op, declared once. Calling it runs it (see the module docstring).
 
     Args:
@@ -324,22 +325,9 @@ class Op:
 
     # Running ------------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The route key of numpy arrays given by position, the other arguments by name:
-        # their types (a JAX array or a tracer of the same shape must not match), shapes and
-        # dtypes, then the keyword arguments in the order given, with their types (True == 1
-        # == 1.0 must not share a route). Every eager call builds it: C-level calls only.
-        try:
-            numpy_key: Any = (
-                (*map(_TYPE_SHAPE_AND_DTYPE, args), *kwargs.items(), *map(type, kwargs.values()))
-                if kwargs
-                else tuple(map(_TYPE_SHAPE_AND_DTYPE, args))
-            )
-            route = self._numpy_routes.get(numpy_key)
-        except (AttributeError, TypeError):  # an argument without a shape, an unhashable one
-            numpy_key = route = None
-        if route is not None:
-            return route(*args)
+    def _miss(self, numpy_key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call whose numpy key (None if it has none) names no route yet: the
+        :class:`~asickernels.kernels.eager_front.Front` looked it up first."""
         key = self._route_key(args, kwargs)
         route = self._routes.get(key) if key is not None else None
         if route is not None:  # the same signature as an earlier call: replay its path
@@ -523,7 +511,6 @@ class Op:
 
 
 _NO_KEY = object()
-_TYPE_SHAPE_AND_DTYPE = operator.attrgetter("__class__", "shape", "dtype")
 
 
 def _compilable(backend: str | None) -> bool:
