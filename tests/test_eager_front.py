@@ -70,7 +70,7 @@ _keywords = st.dictionaries(
         st.floats(allow_nan=False),
         st.booleans(),
         st.none(),
-        st.text(max_size=3),
+        st.sampled_from(["", "xla", "cpu"]),
         st.lists(st.integers(), max_size=2),
     ),
     max_size=3,
