@@ -132,9 +132,13 @@ def _info(args: argparse.Namespace) -> int:
         f"machine: {described['cpu_model']}, {described['cores']} cores; JAX platform "
         f"{described['jax_backend']} ({', '.join(described['devices'])})"
     )
+    in_place = (
+        "read in place" if eager_front.InPlaceCall is not None else "no in-place call (C only)"
+    )
     print(
         f"eager calls: route lookup in {eager_front.FRONT_KIND}"
         + (f" ({eager_front.UNAVAILABLE_REASON})" if eager_front.UNAVAILABLE_REASON else "")
+        + f"; repeated numpy calls on the cpu backend: {in_place}"
     )
     print()
     lines, hints = [], []

@@ -18,8 +18,9 @@ A call runs in one of these ways:
 * eagerly on host arrays, on the backend's host implementation (numpy in and out, no XLA
   dispatch): for numpy backends, for callers that take numpy results (the torch frontend),
   and for numpy inputs XLA would copy (:func:`_runs_on_host`);
-* eagerly on small numpy inputs, as the host kernel bound to the call's signature, where
-  that is expected to beat the compiled function (:mod:`asickernels.kernels.host_binding`).
+* eagerly on numpy inputs, from the second call of a signature on, as the backend's
+  ``numpy_route`` where it has one: the ``cpu`` backend's reads the arrays in place
+  (:mod:`asickernels.backends.cpu.in_place`).
 
 An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
 later calls of it replay its route (:meth:`Op._route`). Calls with numpy arrays by position
@@ -393,11 +394,19 @@ class Op(Front):
         self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
     ) -> Callable[..., Any]:
         """What runs later eager calls of this signature, taking the present arrays by
-        position: :meth:`run`'s choice between the host implementation and the compiled
-        computation (see :func:`_runs_on_host`), made once where the signature decides it
-        and per call where the numpy inputs' alignment does. Small numpy signatures take
-        the host kernel bound to them instead where that is expected to be faster
-        (:mod:`asickernels.kernels.host_binding`)."""
+        position: for numpy arrays, the backend's ``numpy_route`` where it gives one (the
+        ``cpu`` backend's in-place call); else :meth:`run`'s choice between the host
+        implementation and the compiled computation (see :func:`_runs_on_host`), made once
+        where the signature decides it and per call where the numpy inputs' alignment
+        does."""
+        present = [a for a in arrays.values() if a is not None]
+        numpy_only = all(type(a) is np.ndarray for a in present)
+        spec = None if backend is None else registry.backend(backend)
+        if spec is not None and spec.numpy_route is not None and numpy_only:
+            compiled = self._compiled_for(backend, plan, config, arrays)
+            route = spec.numpy_route(compiled, present)
+            if route is not None:
+                return route
         kernel = plan.kernel
         if (
             backend is None
@@ -408,20 +417,10 @@ class Op(Front):
         if registry.backend(backend).array_kind == "numpy":
             return self._host_call(backend, plan, config, arrays, "jax")
         compiled = self._compiled_for(backend, plan, config, arrays)
-        present = [a for a in arrays.values() if a is not None]
-        if not all(type(a) is np.ndarray for a in present):
-            return compiled  # JAX arrays: the compiled call takes them as they are
-        if _may_copy(present):
+        if numpy_only and _may_copy(present):
             host = self._host_call(backend, plan, config, arrays, "jax")
             return lambda *given: (host if _xla_copies(given) else compiled)(*given)
-        if config is not None:
-            return compiled
-        from asickernels.kernels import host_binding  # it builds on this module
-
-        if not host_binding.worth_binding(plan, present):
-            return compiled
-        bound = host_binding.bound_route(self.compute, backend, plan, arrays)
-        return compiled if bound is None else bound
+        return compiled  # JAX arrays: the compiled call takes them as they are
 
     def run(
         self,
@@ -620,30 +619,6 @@ def _device_put(value: np.ndarray) -> jax.Array:
         return _xla_client.batched_device_put(aval, sharding, [value], devices, False)  # type: ignore[no-any-return]
     except TypeError:  # its signature changed: the public path
         return jax.device_put(value, device)
-
-
-def handover(output: Spec) -> Callable[[np.ndarray], jax.Array] | None:
-    """:func:`to_jax` for the one host output of a signature (``output``, a 32-bit dtype):
-    its placement on the default device is worked out once, so a call only checks that
-    the device is still the default (else :func:`to_jax`). None where a 64-bit output or
-    this JAX's device-put call rule it out."""
-    if _xla_client is None or output.dtype.itemsize == 8:
-        return None
-    device = policy.default_device()
-    aval, sharding, devices = _placement(device, output.shape, output.dtype)
-    put = _xla_client.batched_device_put
-    default_device = policy.default_device
-
-    def hand(out: np.ndarray) -> jax.Array:
-        if default_device() is not device:
-            return to_jax(out)
-        return put(aval, sharding, [out], devices, False)  # type: ignore[no-any-return]
-
-    try:  # its signature is not public: probe it once
-        hand(np.zeros(output.shape, output.dtype))
-    except TypeError:
-        return None
-    return hand
 
 
 @functools.lru_cache(maxsize=512)

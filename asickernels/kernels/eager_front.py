@@ -7,7 +7,7 @@ runs that route with its positional arguments; anything else goes to the op's
 under the key. Between two XLA calls the interpreter runs with cold caches, and building
 that key in Python cost 3-5 µs of a 15-30 µs small call, so :data:`Front` is a C type
 (``csrc/eager_front.cpp``), built on first import with the compiler the native CPU kernels
-use and cached like them. Where it cannot be built (no C++ compiler, no Python headers),
+use and cached like them. It also holds :data:`InPlaceCall`. Where it cannot be built (no C++ compiler, no Python headers),
 or with ``ASICKERNELS_EAGER_FRONT=python`` set, :class:`PythonFront` does the same in
 Python: :data:`FRONT_KIND` and :data:`UNAVAILABLE_REASON` say which, and ``asickernels
 info`` shows them.
@@ -22,6 +22,8 @@ import sysconfig
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from asickernels import _native_build
 
@@ -75,9 +77,12 @@ def _load_c_module() -> tuple[Any, str | None]:
     if not (include / "Python.h").exists():
         return None, f"no Python headers ({include / 'Python.h'} is missing)"
     abi = sysconfig.get_config_var("SOABI") or "abi"
-    try:
+    try:  # numpy's C API: built against the installed numpy's headers
         path = _native_build.build(
-            f"eager-front-{abi}", [_SOURCE], flags=_FLAGS, include_dirs=(include,)
+            f"eager-front-{abi}-numpy-{np.__version__}",
+            [_SOURCE],
+            flags=_FLAGS,
+            include_dirs=(include, Path(np.get_include())),
         )
     except _native_build.NativeBuildError as error:
         return None, str(error).splitlines()[0]
@@ -98,3 +103,9 @@ else:  # the base class of every op
     Front = PythonFront if _c_module is None else _c_module.Front
 #: The key Front builds (:func:`python_numpy_key` itself with the Python front).
 numpy_key = python_numpy_key if _c_module is None else _c_module.numpy_key
+#: ``InPlaceCall(function, fallback)``: a route calling ``function`` with a uint32 table of
+#: its numpy arguments' addresses (each a pair, in this machine's byte order) and waiting
+#: for the results, or ``fallback(*arrays)`` when an argument is not a C-contiguous numpy
+#: array aligned for its dtype (:mod:`asickernels.backends.cpu.in_place`). None with the
+#: Python front: such a route is worth having only where its call costs no Python.
+InPlaceCall: Any = None if _c_module is None else _c_module.InPlaceCall

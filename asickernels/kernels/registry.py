@@ -27,10 +27,7 @@ Implementation calling conventions (the op layer validates, flattens and convert
 
 Every implementation also takes ``config=None``: a backend-specific tuning object. A JAX
 backend may also register a *host* implementation of the same kernel (numpy in, numpy out)
-that eager calls on host arrays use instead of a compiled JAX call. A host implementation
-with a ``bind(*args, **kwargs)`` method (returning a function of the array arguments for
-one signature, or None) lets small eager calls skip the op's Python
-(:mod:`asickernels.kernels.host_binding`).
+that eager calls on host arrays use instead of a compiled JAX call.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 ArrayKind = Literal["numpy", "jax"]
@@ -82,6 +79,10 @@ class Backend:
         backend runs natively (see :mod:`asickernels.benchmarking.device`).
       traceable: optional; False when this JAX cannot run the JAX backend's kernels under
         ``jit`` (eager calls then run them op by op instead of compiled).
+      numpy_route: optional; ``(compiled, arrays) -> route or None``: given a signature's
+        jitted computation and the numpy arrays of its first eager call, what runs later
+        eager calls with numpy arrays of the same shapes and dtypes in its place (e.g. the
+        ``cpu`` backend's in-place calls, which read the arrays without XLA's copy).
     """
 
     name: str
@@ -93,6 +94,9 @@ class Backend:
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
     traceable: Callable[[], bool] | None = None
+    numpy_route: Callable[[Callable[..., Any], Sequence[Any]], Callable[..., Any] | None] | None = (
+        None
+    )
 
 
 FLOAT32_ONLY = frozenset({"float32"})

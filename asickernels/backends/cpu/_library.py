@@ -27,17 +27,8 @@ _FLAGS = (
 # sanitizer_preload() (see tests/test_cpu_backend.py).
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 
-_BOX_TARGETS = tuple(
-    f"{kind}_box_metric{part}_{suffix}"
-    for kind, parts in (("paired", ("", "_vjp", "_vjp_first")), ("pairwise", ("", "_vjp")))
-    for part in parts
-    for suffix in ("f32", "f64")
-)
-FFI_TARGETS = _BOX_TARGETS + (
-    "nms_f32", "nms_f64", "batched_nms_f32", "batched_nms_f64", "int8_matmul",
-    "int8_matmul_scaled_f32", "int8_matmul_scaled_f64",
-)  # fmt: skip
 _FFI_PREFIX = "asickernels_cpu_ffi_"
+IN_PLACE_TARGET = "in_place"
 _ERRORS = {1: "unsupported dtype or metric code", 2: "out of memory"}
 
 FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
@@ -125,6 +116,8 @@ def library() -> ctypes.CDLL:
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
     lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
+    lib.asickernels_cpu_ffi_target_name.argtypes = [i64]
+    lib.asickernels_cpu_ffi_target_name.restype = ctypes.c_char_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
     lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
@@ -143,12 +136,24 @@ def int8_matmul_path() -> str:
 
 
 @functools.cache
+def ffi_target_names() -> tuple[str, ...]:
+    """The library's FFI handlers (``csrc/ffi_targets.h``), by their names without
+    :data:`_FFI_PREFIX`, in the order the in-place call indexes them."""
+    name_of = library().asickernels_cpu_ffi_target_name
+    names: list[str] = []
+    while (name := name_of(len(names))) is not None:
+        names.append(name.decode())
+    return tuple(names)
+
+
+@functools.cache
 def ffi_targets() -> None:
-    """Registers every FFI handler of the library with XLA (once per process)."""
+    """Registers every FFI handler of the library with XLA, and the in-place call that
+    forwards to them (``csrc/in_place.cpp``), once per process."""
     import jax
 
     lib = library()
-    for name in FFI_TARGETS:
+    for name in (*ffi_target_names(), IN_PLACE_TARGET):
         symbol = getattr(lib, _FFI_PREFIX + name)
         jax.ffi.register_ffi_target(ffi_name(name), jax.ffi.pycapsule(symbol), platform="cpu")
 
@@ -196,15 +201,11 @@ Bound = Callable[..., Any]
 
 
 class HostTwin:
-    """A host entry point (numpy in, numpy out) that can be bound to one signature.
+    """A host entry point (numpy in, numpy out).
 
     ``bind(*args, **kwargs)`` (the twin's own arguments, already of the kernel's dtypes)
     returns a function of the positional arrays that were not None, for arrays of those
-    dtypes and sizes, or None when the arguments need converting first.
-    The bound function reads its arrays as C-order memory, whatever their shapes: eager
-    routes pass the caller's arrays where the op's code passed reshaped views of them
-    (:mod:`asickernels.kernels.host_binding`). A plain call converts (``prepare``), binds
-    and runs."""
+    dtypes and sizes. A call converts (``prepare``), binds and runs."""
 
     def __init__(
         self,

@@ -3,8 +3,16 @@
 // it calls the route with the positional arguments and nothing else runs in Python. The key
 // is eager_front.python_numpy_key's, built here because in Python it cost 3-5 µs of a
 // 15-30 µs small call (Python is slow between two XLA calls: cold caches).
+//
+// InPlaceCall: a route that passes a table of its numpy arguments' addresses to a compiled
+// function instead of the arrays (asickernels/backends/cpu/in_place.py).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -121,9 +129,11 @@ int front_clear(PyObject* self) {
   return 0;
 }
 
-void front_dealloc(PyObject* self) {
+// The deallocation of a garbage-collected type whose references `clear` drops.
+template <int (*clear)(PyObject*)>
+void dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
-  front_clear(self);
+  clear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -149,6 +159,86 @@ PyGetSetDef front_getset[] = {
 };
 
 PyTypeObject front_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+struct InPlaceCall {
+  PyObject_HEAD
+  PyObject* function;  // uint32 [2 * arrays] address table -> results
+  PyObject* fallback;  // the arrays -> results
+};
+
+PyObject* block_name;
+
+// function(table of the arrays' addresses), once its results are ready (the arrays are read
+// until then, and the caller may change or free them after we return); fallback(*arrays)
+// when an argument is not a C-contiguous numpy array aligned for its dtype.
+PyObject* in_place_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* call = reinterpret_cast<InPlaceCall*>(self);
+  if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) {
+    PyErr_SetString(PyExc_TypeError, "InPlaceCall takes arrays by position only");
+    return nullptr;
+  }
+  const Py_ssize_t count = PyTuple_GET_SIZE(args);
+  npy_intp table_size = 2 * count;
+  PyObject* table = PyArray_SimpleNew(1, &table_size, NPY_UINT32);
+  if (table == nullptr) return nullptr;
+  auto* addresses = static_cast<char*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(table)));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* arg = PyTuple_GET_ITEM(args, i);
+    constexpr int kReadable = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
+    if (!PyArray_CheckExact(arg) ||
+        !PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(arg), kReadable)) {
+      Py_DECREF(table);
+      return PyObject_Call(call->fallback, args, nullptr);
+    }
+    const auto address =
+        reinterpret_cast<uint64_t>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arg)));
+    std::memcpy(addresses + i * sizeof(uint64_t), &address, sizeof(uint64_t));
+  }
+  PyObject* result = PyObject_CallOneArg(call->function, table);
+  Py_DECREF(table);
+  if (result == nullptr) return nullptr;
+  const bool several = PyTuple_Check(result);
+  const Py_ssize_t leaves = several ? PyTuple_GET_SIZE(result) : 1;
+  for (Py_ssize_t i = 0; i < leaves; ++i) {
+    PyObject* leaf = several ? PyTuple_GET_ITEM(result, i) : result;
+    PyObject* ready = PyObject_CallMethodNoArgs(leaf, block_name);
+    if (ready == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    Py_DECREF(ready);
+  }
+  return result;
+}
+
+PyObject* in_place_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* function;
+  PyObject* fallback;
+  static const char* keywords[] = {"function", "fallback", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:InPlaceCall", const_cast<char**>(keywords),
+                                   &function, &fallback)) {
+    return nullptr;
+  }
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  reinterpret_cast<InPlaceCall*>(self)->function = Py_NewRef(function);
+  reinterpret_cast<InPlaceCall*>(self)->fallback = Py_NewRef(fallback);
+  return self;
+}
+
+int in_place_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<InPlaceCall*>(self)->function);
+  Py_VISIT(reinterpret_cast<InPlaceCall*>(self)->fallback);
+  return 0;
+}
+
+int in_place_clear(PyObject* self) {
+  Py_CLEAR(reinterpret_cast<InPlaceCall*>(self)->function);
+  Py_CLEAR(reinterpret_cast<InPlaceCall*>(self)->fallback);
+  return 0;
+}
+
+PyTypeObject in_place_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyObject* key_function(PyObject*, PyObject* const* args, Py_ssize_t count) {
   if (count != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1])) {
@@ -180,7 +270,20 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "asickernels_eager_front",
 
 }  // namespace
 
+// Adds a ready type to the module; false with an error set on failure.
+bool add_type(PyObject* module, const char* name, PyTypeObject* type) {
+  Py_INCREF(type);
+  if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(type)) < 0) {
+    Py_DECREF(type);
+    return false;
+  }
+  return true;
+}
+
 PyMODINIT_FUNC PyInit_asickernels_eager_front() {
+  import_array();
+  block_name = PyUnicode_InternFromString("block_until_ready");
+  if (block_name == nullptr) return nullptr;
   shape_name = PyUnicode_InternFromString("shape");
   dtype_name = PyUnicode_InternFromString("dtype");
   miss_name = PyUnicode_InternFromString("_miss");
@@ -193,14 +296,24 @@ PyMODINIT_FUNC PyInit_asickernels_eager_front() {
   front_type.tp_call = front_call;
   front_type.tp_traverse = front_traverse;
   front_type.tp_clear = front_clear;
-  front_type.tp_dealloc = front_dealloc;
+  front_type.tp_dealloc = dealloc<front_clear>;
   front_type.tp_getset = front_getset;
-  if (PyType_Ready(&front_type) < 0) return nullptr;
+  in_place_type.tp_name = "asickernels_eager_front.InPlaceCall";
+  in_place_type.tp_basicsize = sizeof(InPlaceCall);
+  in_place_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  in_place_type.tp_doc =
+      "InPlaceCall(function, fallback)(*arrays): function(uint32 table of the arrays' "
+      "addresses) once its results are ready, else fallback(*arrays).";
+  in_place_type.tp_new = in_place_new;
+  in_place_type.tp_call = in_place_call;
+  in_place_type.tp_traverse = in_place_traverse;
+  in_place_type.tp_clear = in_place_clear;
+  in_place_type.tp_dealloc = dealloc<in_place_clear>;
+  if (PyType_Ready(&front_type) < 0 || PyType_Ready(&in_place_type) < 0) return nullptr;
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
-  Py_INCREF(&front_type);
-  if (PyModule_AddObject(module, "Front", reinterpret_cast<PyObject*>(&front_type)) < 0) {
-    Py_DECREF(&front_type);
+  if (!add_type(module, "Front", &front_type) ||
+      !add_type(module, "InPlaceCall", &in_place_type)) {
     Py_DECREF(module);
     return nullptr;
   }
