@@ -17,6 +17,7 @@ import asickernels
 from asickernels.backends.cpu import _library, in_place
 from asickernels.benchmarking import workloads
 from asickernels.kernels import eager_front, registry
+from asickernels.kernels.declaration import Op
 from asickernels.testing.cases import random_boxes
 
 pytestmark = pytest.mark.skipif(
@@ -268,3 +269,22 @@ def test_the_ffi_target_names_are_the_librarys_handlers():
     library = _library.library()
     for name in (*names, _library.IN_PLACE_TARGET):
         assert getattr(library, _library.ffi_name(name)) is not None
+
+
+@needs_c_front
+def test_the_first_call_of_a_signature_runs_the_route_it_stores(monkeypatch):
+    """One compilation per signature: the first call goes through its new route, not
+    through ``Op.run`` and then the route."""
+
+    def no_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Op.run was called")
+
+    rng = np.random.default_rng(10)
+    arrays = (random_boxes(rng, (37, 3)), random_boxes(rng, (37, 3)))
+    want = _device_result(asickernels.diou, arrays, {})
+    monkeypatch.setattr(Op, "run", no_run)
+    asickernels.diou._numpy_routes.clear()
+    first = asickernels.diou(*arrays)
+    (route,) = asickernels.diou._numpy_routes.values()
+    assert isinstance(route, eager_front.InPlaceCall)
+    _assert_same(first, want)

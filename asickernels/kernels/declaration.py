@@ -339,16 +339,18 @@ class Op(Front):
         arrays = self.prepared(given)
         plan = self.plan(arrays, statics)
         chosen = self.choose(plan, backend, arrays)
-        out = self.run(chosen, plan, config, arrays, want="jax")
         # A route replays the call on the arrays as given: only if preparation left them be.
-        if key is not None and arrays is given and self._may_route(plan, chosen):
-            route = self._route(chosen, plan, config, arrays)
-            numpy_only = all(type(a) is np.ndarray for a in args)
-            if numpy_key is not None and numpy_only and self._array_set.isdisjoint(kwargs):
-                self._numpy_routes[numpy_key] = route
-            else:
-                self._routes[key] = route
-        return out
+        if key is None or arrays is not given or not self._may_route(plan, chosen):
+            return self.run(chosen, plan, config, arrays, want="jax")
+        route = self._route(chosen, plan, config, arrays)
+        numpy_only = all(type(a) is np.ndarray for a in args)
+        if numpy_key is not None and numpy_only and self._array_set.isdisjoint(kwargs):
+            self._numpy_routes[numpy_key] = route
+        else:
+            self._routes[key] = route
+        # The first call takes the route too: what :meth:`run` would do, or the backend's
+        # numpy route, whose compilation then serves every call (not a second one).
+        return route(*(a for a in arrays.values() if a is not None))
 
     def _keyword_arrays(self, kwargs: dict[str, Any]) -> list[Any]:
         return [kwargs[n] for n in self.array_names if kwargs.get(n) is not None]
