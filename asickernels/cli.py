@@ -138,7 +138,7 @@ def _info(args: argparse.Namespace) -> int:
     print(
         f"eager calls: route lookup in {eager_front.FRONT_KIND}"
         + (f" ({eager_front.UNAVAILABLE_REASON})" if eager_front.UNAVAILABLE_REASON else "")
-        + f"; repeated numpy calls on the cpu backend: {in_place}"
+        + f"; numpy calls on the cpu backend: {in_place}"
     )
     print()
     lines, hints = [], []

@@ -18,9 +18,8 @@ A call runs in one of these ways:
 * eagerly on host arrays, on the backend's host implementation (numpy in and out, no XLA
   dispatch): for numpy backends, for callers that take numpy results (the torch frontend),
   and for numpy inputs XLA would copy (:func:`_runs_on_host`);
-* eagerly on numpy inputs, from the second call of a signature on, as the backend's
-  ``numpy_route`` where it has one: the ``cpu`` backend's reads the arrays in place
-  (:mod:`asickernels.backends.cpu.in_place`).
+* eagerly on numpy inputs, as the backend's ``numpy_route`` where it has one: the ``cpu``
+  backend's reads the arrays in place (:mod:`asickernels.backends.cpu.in_place`).
 
 An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
 later calls of it replay its route (:meth:`Op._route`). Calls with numpy arrays by position
@@ -395,11 +394,11 @@ class Op(Front):
     def _route(
         self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
     ) -> Callable[..., Any]:
-        """What runs later eager calls of this signature, taking the present arrays by
-        position: for numpy arrays, the backend's ``numpy_route`` where it gives one (the
-        ``cpu`` backend's in-place call); else :meth:`run`'s choice between the host
-        implementation and the compiled computation (see :func:`_runs_on_host`), made once
-        where the signature decides it and per call where the numpy inputs' alignment
+        """What runs eager calls of this signature (the first included), taking the present
+        arrays by position: for numpy arrays, the backend's ``numpy_route`` where it gives
+        one (the ``cpu`` backend's in-place call); else :meth:`run`'s choice between the
+        host implementation and the compiled computation (see :func:`_runs_on_host`), made
+        once where the signature decides it and per call where the numpy inputs' alignment
         does."""
         present = [a for a in arrays.values() if a is not None]
         numpy_only = all(type(a) is np.ndarray for a in present)

@@ -80,8 +80,8 @@ class Backend:
       traceable: optional; False when this JAX cannot run the JAX backend's kernels under
         ``jit`` (eager calls then run them op by op instead of compiled).
       numpy_route: optional; ``(compiled, arrays) -> route or None``: given a signature's
-        jitted computation and the numpy arrays of its first eager call, what runs later
-        eager calls with numpy arrays of the same shapes and dtypes in its place (e.g. the
+        jitted computation and the numpy arrays of its first eager call, what runs that
+        call and later ones with numpy arrays of the same shapes and dtypes in its place (e.g. the
         ``cpu`` backend's in-place calls, which read the arrays without XLA's copy).
     """
 

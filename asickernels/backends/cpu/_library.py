@@ -203,14 +203,15 @@ Bound = Callable[..., Any]
 class HostTwin:
     """A host entry point (numpy in, numpy out).
 
-    ``bind(*args, **kwargs)`` (the twin's own arguments, already of the kernel's dtypes)
-    returns a function of the positional arrays that were not None, for arrays of those
-    dtypes and sizes. A call converts (``prepare``), binds and runs."""
+    ``prepare(*args)`` converts the arguments to C-contiguous arrays of the kernel's dtypes;
+    ``bind(*arrays, **kwargs)`` (those arrays) fixes the entry point's scalars and outputs
+    and returns a function of the arrays that were not None. A call prepares, binds and
+    runs."""
 
     def __init__(
         self,
         prepare: Callable[..., Sequence[np.ndarray | None]],
-        bind: Callable[..., Bound | None],
+        bind: Callable[..., Bound],
         doc: str,
     ) -> None:
         self.prepare = prepare
@@ -220,9 +221,7 @@ class HostTwin:
     def __call__(self, *args: Any, config: Any = None, **kwargs: Any) -> Any:
         check_config(config)
         inputs = self.prepare(*args)
-        bound = self.bind(*inputs, **kwargs)
-        assert bound is not None, "prepare must give the kernel's dtypes"
-        return bound(*[a for a in inputs if a is not None])
+        return self.bind(*inputs, **kwargs)(*[a for a in inputs if a is not None])
 
 
 def bound_entry(
@@ -234,48 +233,22 @@ def bound_entry(
 ) -> Bound:
     """Host entry point ``asickernels_cpu_<entry>(*leading, *input pointers, *trailing,
     *output pointers)`` bound to ``inputs`` (None ones become null pointers): the returned
-    function takes the arrays that were not None, of the same dtypes and sizes (copied to
-    C order when they are not C-contiguous), and returns new output arrays of ``outputs``
-    (shape, dtype) pairs, a tuple when there are several. It is most of what an eager call
-    of a small signature spends in Python: kept short."""
+    function takes the arrays that were not None, C-contiguous and of the same dtypes and
+    sizes (what :class:`HostTwin`'s ``prepare`` gives), and returns new output arrays of
+    ``outputs`` (shape, dtype) pairs, a tuple when there are several."""
     function = getattr(library(), f"asickernels_cpu_{entry}")
     read = contiguous_data()
     nulls = [i for i, a in enumerate(inputs) if a is None]
     allocations = [host_allocator(shape, dtype) for shape, dtype in outputs]
 
-    def run(arrays: tuple[np.ndarray, ...], outs: Sequence[np.ndarray]) -> None:
+    def call(*arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        outs = tuple(allocate() for allocate in allocations)
         pointers = [*map(read, arrays)]
-        if None in pointers:  # in C order, as the op's reshape would have copied them
-            arrays = tuple(map(np.ascontiguousarray, arrays))
-            pointers = [*map(read, arrays)]
         for i in nulls:
             pointers.insert(i, None)
         status = function(*leading, *pointers, *trailing, *map(read, outs))
         if status:
             check(status)
-
-    if len(allocations) == 1:
-        allocate = allocations[0]
-
-        def call_one(*arrays: np.ndarray) -> np.ndarray:
-            out = allocate()
-            run(arrays, (out,))
-            return out
-
-        return call_one
-
-    def call(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        outs = tuple(allocate() for allocate in allocations)
-        run(arrays, outs)
-        return outs
+        return outs[0] if len(outs) == 1 else outs
 
     return call
-
-
-def shared_kernel_dtype(*arrays: np.ndarray) -> np.dtype | None:
-    """The arrays' dtype when they all share one the float kernels take, else None (unlike
-    :func:`float_kernel_dtype`, which says what mixed dtypes are converted to)."""
-    dtype = arrays[0].dtype
-    if dtype not in FLOAT_CODES or any(a.dtype != dtype for a in arrays):
-        return None
-    return dtype

@@ -202,12 +202,11 @@ Layout = Callable[..., tuple[tuple[int, ...], Shapes]]
 
 def _metric_twin(entry: str, metric: str, layout: Layout, doc: str) -> _library.HostTwin:
     """The host twin of ``asickernels_cpu_<entry>`` for ``metric``: float inputs of one
-    kernel dtype, sizes and outputs of that dtype as ``layout`` says."""
+    kernel dtype (:func:`_host_inputs`), sizes and outputs of that dtype as ``layout``
+    says."""
 
-    def bind(*arrays: np.ndarray) -> _library.Bound | None:
-        dtype = _library.shared_kernel_dtype(*arrays)
-        if dtype is None:
-            return None
+    def bind(*arrays: np.ndarray) -> _library.Bound:
+        dtype = arrays[0].dtype
         sizes, shapes = layout(*arrays)
         codes = (METRIC_CODES[metric], _library.FLOAT_CODES[dtype])
         outputs = [(shape, dtype) for shape in shapes]

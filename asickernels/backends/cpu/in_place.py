@@ -58,7 +58,7 @@ class _Input:
 
 def numpy_route(compiled: Route, present: Sequence[np.ndarray]) -> Route | None:
     """The in-place route of ``compiled`` (a jitted computation taking ``present``, the
-    numpy inputs of one call, by position) for later calls with arrays of the same shapes
+    numpy inputs of one call, by position) for calls with arrays of the same shapes
     and dtypes; None where the computation does not make exactly one FFI call of the
     library on its inputs (see the module's docstring)."""
     if eager_front.InPlaceCall is None:

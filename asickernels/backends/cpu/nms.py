@@ -72,10 +72,8 @@ def _bind_host(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-) -> _library.Bound | None:
-    dtype = _library.shared_kernel_dtype(boxes, scores)
-    if dtype is None or (categories is not None and categories.dtype != np.int32):
-        return None
+) -> _library.Bound:
+    dtype = boxes.dtype  # one kernel dtype for boxes and scores, int32 categories: prepared
     batch, n = scores.shape
     scalars = (batch, n, float(iou_threshold), int(max_output_size), float(score_threshold))
     outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
