@@ -18,7 +18,8 @@ END = "<!-- op-table end -->"
 
 def table() -> str:
     """One row per kernel (in the selection policy's order), one column per registered
-    backend: ✓ where it implements the kernel, ✓ f64 where it also computes in float64."""
+    backend: ✓ where it implements the kernel, ✓ f64 where it also computes in float64; the
+    last row: the platforms where ``backend=None`` may pick it (where it runs natively)."""
     import asickernels  # noqa: F401  (fills the registry)
     from asickernels.kernels import policy, registry
 
@@ -38,8 +39,8 @@ def table() -> str:
     platforms = []
     for name in names:
         native = registry.backend(name).platforms
-        platforms.append("any" if "*" in native else ", ".join(native) or "none")
-    lines.append("| *native on* | " + " | ".join(platforms) + " |")
+        platforms.append("any device" if "*" in native else ", ".join(native) or "—")
+    lines.append("| *`backend=None` on* | " + " | ".join(platforms) + " |")
     return "\n".join(lines)
 
 
