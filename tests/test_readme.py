@@ -23,6 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 README_MAX_LINES = 200
+EXAMPLE_TIMEOUT_S = 900  # a hung example fails instead of hanging the suite
 
 
 def blocks(page: pathlib.Path, language: str) -> list[str]:
@@ -73,15 +74,20 @@ def test_example_runs(page, index, code, tmp_path):
     for source in blocks(page, "cpp"):
         name = source.splitlines()[0].removeprefix("//").strip()
         (tmp_path / name).write_text(source)
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
+    # This checkout's asickernels first, whatever the interpreter has installed.
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.setdefault("PJRT_DEVICE", "CPU")
     env.setdefault("TPU_SKIP_MDS_QUERY", "1")
     script = tmp_path / "example.py"
     script.write_text(code)
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT_S,
     )
     assert done.returncode == 0, f"{page.name} block {index} failed:\n{done.stderr[-3000:]}"
 
