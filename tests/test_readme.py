@@ -1,6 +1,7 @@
 """The README and the guides in docs/ say what the code does: every ```python block runs (in a
 fresh interpreter, in a folder holding the page's ```cpp blocks under the names of their first
-line), the kernel x backend table is the registry's, and every relative link leads to a file.
+line) and prints what its ``# prints ...`` comments say; the kernel x backend table is the
+registry's; every relative link leads to a file.
 
 The guides' blocks are in the slow tier. A block is skipped, not failed, only where this
 interpreter lacks what it needs: a module it imports (torch, torch_xla), libtpu for a TPU
@@ -22,6 +23,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# `print(...)  # prints TEXT; a remark`: TEXT must be in what the block printed.
+PRINTS = re.compile(r"# prints ([^;\n]+)")
 README_MAX_LINES = 200
 EXAMPLE_TIMEOUT_S = 900  # a hung example fails instead of hanging the suite
 
@@ -90,6 +93,8 @@ def test_example_runs(page, index, code, tmp_path):
         timeout=EXAMPLE_TIMEOUT_S,
     )
     assert done.returncode == 0, f"{page.name} block {index} failed:\n{done.stderr[-3000:]}"
+    for expected in PRINTS.findall(code):
+        assert expected.strip() in done.stdout, f"{page.name} block {index}: no {expected!r}"
 
 
 def test_every_page_has_examples_and_cpp_blocks_are_named():
