@@ -1,13 +1,11 @@
 """The `asickernels` command and the benchmarking harness behind it: argument errors,
-plug-in commands, `info`, `check` exit codes, a tiny bench with its JSON and plot, and
-BENCHMARKS.md rendering."""
+plug-in commands, `info`, `check` exit codes, a tiny bench with its JSON and plot
+(benchmarks/README.md rendering: tests/test_benchmarks_readme.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import pathlib
 import sys
 import types
 
@@ -15,13 +13,11 @@ import numpy as np
 import pytest
 
 from asickernels import cli, reference
-from asickernels.benchmarking import device, harness, markdown, peers, schema, workloads
+from asickernels.benchmarking import device, harness, peers, schema, workloads
 from asickernels.benchmarking.progress import Progress, render_bar
 from asickernels.benchmarking.timing import Timing
 from asickernels.kernels import registry
 from asickernels.kernels.registry import Availability, Backend
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def run(capsys, *argv):
@@ -390,69 +386,6 @@ def test_big_int8_outputs_are_checked_on_sampled_rows(monkeypatch):
     got[rows[0], 0] = 2
     comparison = op.compare(got, expected)
     assert not comparison.passed and "sampled rows" in comparison.checked
-
-
-# -- BENCHMARKS.md -------------------------------------------------------------------------
-
-
-def test_benchmarks_md_is_rendered_from_json_with_extra_sections(capsys, tmp_path):
-    results = tmp_path / "results"
-    results.mkdir()
-    assert (
-        cli.main(
-            [
-                "bench",
-                "--ops",
-                "nms",
-                "--backends",
-                "reference,numpy",
-                "--size",
-                "nms=1024:128:0.1",
-                "--repeats",
-                "2",
-                "--quiet",
-                "--json",
-                str(results / "cpu.json"),
-            ]
-        )
-        == 0
-    )
-    (results / "tpu_estimates.md").write_text(
-        "## TPU estimates\n\n| kernel | v5e |\n| --- | --- |\n| nms | 1 µs |\n"
-    )
-    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    out = tmp_path / "BENCHMARKS.md"
-    assert render.main(["--results", str(results), "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "| nms | 1 µs |" in text and "## TPU estimates" in text
-    assert "asickernels bench --ops nms" in text and "cores" in text
-    assert "different hardware" in text and "2.99 ms" in text  # the seed's numpy NMS figure
-    # our numpy row sits beside the seed's numpy figure
-    seed_line = next(line for line in text.splitlines() if "numpy NMS" in line)
-    assert "not measured" not in seed_line and "native" in seed_line
-    capsys.readouterr()
-
-
-def test_markdown_reading_compares_ours_with_the_fastest_peer():
-    def row(name, role, median):
-        timing = Timing.from_samples([median], None)
-        return harness.BenchRow("nms", "N=8", {}, name, role, "native", "ok", timing=timing)
-
-    rows = [
-        row("xla", "peer", 2.0),
-        row("numpy", "peer", 4.0),
-        row("fast", "ours", 1.0),
-        row("slow", "ours", 8.0),
-    ]
-    harness._set_ratios(rows)
-    (line,) = markdown._reading(rows)
-    assert (
-        "fastest peer xla 2 s" in line
-        and "fast (native) 2× faster" in line
-        and "slow (native) 4× slower" in line
-    )
 
 
 # -- device timing paths (no device here: a planted timer and a stand-in SDK) --------------
