@@ -229,7 +229,12 @@ def test_reductions_remove_axes_unless_keepdims():
         assert nl.sum(t, axis=2).shape == (4, 3)
         assert nl.sum(t, axis=1).shape == (4, 5)  # any free axes (the avgpool tutorial)
         assert nl.sum(t, axis=[1, 2], keepdims=True).shape == (4, 1, 1)
-        assert nl.mean(t, axis=[1, 2]).shape == (4,)
+        # Reducing every free axis keeps one: [P, 1] (nki-samples attention.py@8370e11
+        # broadcasts such results to [P, F]).
+        assert nl.mean(t, axis=[1, 2]).shape == (4, 1)
+        assert nisa.tensor_reduce(nl.add, t, axis=(1, 2)).shape == (4, 1)
+        assert t[:, 0, 0].shape == (4, 1)  # an integer on the last free axis: [P, 1]
+        assert t[:, 0].shape == (4, 5)
         with pytest.raises(errors.UnsupportedReduceAxis):
             nl.sum(t, axis=0)
         with pytest.raises(errors.UnsupportedReduceAxis):
@@ -504,7 +509,8 @@ def test_var_softmax_expand_dims_and_derivatives():
     def kernel(a):
         t = nl.load(a)
         out = nl.ndarray((4, 16), dtype=nl.float32, buffer=nl.shared_hbm)
-        nl.store(out[:, 0:1], nl.expand_dims(nl.var(t, axis=1), 1))
+        nl.store(out[:, 0:1], nl.var(t, axis=1))  # [4, 1]
+        assert nl.expand_dims(nl.var(t, axis=1), 2).shape == (4, 1, 1)
         nl.store(out[:, 1:7], nl.softmax(t, axis=1))
         nl.store(out[:, 7:13], nl.silu_dx(t))
         nl.store(out[:, 13:16], nl.erf_dx(t[:, 0:3]))

@@ -42,17 +42,20 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.simulate.nki import benchmarking as _benchmark
 from asickernels.simulate.nki import errors, isa, language, runtime, typing
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, wrap_argument
 
 __all__ = [
     "Kernel",
+    "benchmark",
     "errors",
     "isa",
     "jit",
     "language",
     "last_counters",
+    "profile",
     "simulate",
     "typing",
 ]
@@ -95,6 +98,20 @@ def simulate(kernel: Callable[..., Any]) -> Callable[..., Any]:
     function = kernel.function if isinstance(kernel, Kernel) else kernel
     lnc = kernel.lnc if isinstance(kernel, Kernel) else 1
     return lambda *args, **kwargs: _launch(function, lnc, args, kwargs)
+
+
+def benchmark(kernel: Any = None, **options: Any) -> Any:
+    """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
+    save_trace_name=None, additional_compile_opt=None)``: without a device, runs the kernel in
+    the simulator and measures no device time (:mod:`.benchmarking`)."""
+    return _benchmark.make_benchmark(jit, kernel, **options)
+
+
+def profile(func: Any = None, **options: Any) -> Any:
+    """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
+    save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
+    profile_nth=1)``: without a device, runs the kernel in the simulator (:mod:`.benchmarking`)."""
+    return _benchmark.make_profile(jit, func, **options)
 
 
 def _launch(

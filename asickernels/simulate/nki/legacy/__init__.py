@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.simulate.nki import benchmarking as _benchmark
 from asickernels.simulate.nki import errors, runtime
 from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typing
 from asickernels.simulate.nki.legacy.error_codes import (
@@ -50,12 +51,14 @@ from asickernels.simulate.nki.tensor import MemoryRegion
 __all__ = [
     "Kernel",
     "baremetal",
+    "benchmark",
     "compiler",
     "errors",
     "isa",
     "jit",
     "language",
     "last_counters",
+    "profile",
     "simulate_kernel",
     "trace",
     "typing",
@@ -134,6 +137,20 @@ def baremetal(kernel: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return jit(kernel, **kwargs)
 
 
+def benchmark(kernel: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
+    save_trace_name=None, additional_compile_opt=None)``: without a device, runs the kernel in
+    the simulator and measures no device time (:mod:`asickernels.simulate.nki.benchmarking`)."""
+    return _benchmark.make_benchmark(jit, kernel, **options)
+
+
+def profile(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
+    save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
+    profile_nth=1)``: without a device, runs the kernel in the simulator."""
+    return _benchmark.make_profile(jit, func, **options)
+
+
 def simulate_kernel(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Runs ``kernel`` (decorated or not, possibly ``kernel[grid]``) on NumPy arrays and
     returns its return value as NumPy arrays. Output arguments are written in place (an
@@ -160,6 +177,7 @@ def legacy_target() -> runtime.Target:
 
 def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     run = runtime.start_run(target=legacy_target())
+    run.spills_when_full = True  # this generation's compiler spills (errors.SpillWarning)
     written_back: list[tuple[np.ndarray, np.ndarray]] = []
 
     mutable = kernel.mutable_parameters()

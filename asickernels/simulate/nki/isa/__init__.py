@@ -383,9 +383,7 @@ def nc_matmul(
         raise errors.UnsupportedDtype(f"'{api}' cannot mix float8_e4m3 and float8_e4m3fn")
     if dst.dtype != language.float32 and not (dst.dtype == language.bfloat16 and version >= 4):
         raise errors.UnsupportedDtype(f"'{api}' writes a float32 PSUM tile, got dst {dst.dtype}")
-    _accumulate(
-        dst, stationary_2d.astype(np.float32).T @ moving_2d.astype(np.float32), accumulate, api
-    )
+    _accumulate(dst, alu.matmul_f32(stationary_2d, moving_2d), accumulate, api)
     run.count("tensor")
 
 
