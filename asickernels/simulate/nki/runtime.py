@@ -44,9 +44,15 @@ def target_from_env() -> Target:
     value = os.environ.get(TARGET_ENV, "").strip().lower()
     if not value:
         return TARGETS[DEFAULT_TARGET]
+    return target_named(value, TARGET_ENV)
+
+
+def target_named(name: str, where: str = "platform_target") -> Target:
+    """The target a platform name (``trn1``, ``inf2``, ``gen2``, ``trn2``, ...) denotes."""
+    value = name.strip().lower()
     if value not in _TARGET_NAMES:
         raise ValueError(
-            f"{TARGET_ENV}={value!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
+            f"{where}={name!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
         )
     return TARGETS[_TARGET_NAMES[value]]
 

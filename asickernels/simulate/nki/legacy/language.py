@@ -766,10 +766,12 @@ def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
     where = mask_values("store", mask, dst.shape)
     if isinstance(value, Tensor):
         require_tile("store", "value", value, ON_CHIP)
-        if _without_unit_axes(value.shape) == _without_unit_axes(dst.shape):
-            # The same elements up to size-1 axes: nki-samples attention.py@8370e11
-            # (flash_attn_bwd) stores a [1, 1] tile into ``out_dsinks_ref[b, h]``.
-            value = value.reshape(dst.shape) if value.shape[0] == dst.shape[0] else value
+        if value.shape[0] == dst.shape[0] and value.size == dst.size:
+            # A DMA moves the elements in order: AWS's tests store a [128, 64, 4] result
+            # into a [128, 4, 16, 4] tensor (nki/test/test_nki_isa_local_gather.py@81ce03a)
+            # and a [1, 1] tile into ``out_dsinks_ref[b, h]`` of shape [1]
+            # (nki-samples attention.py@8370e11, flash_attn_bwd).
+            value = value.reshape(dst.shape)
         shape = broadcast_shape("store", [dst.shape, value.shape])
         if shape != dst.shape:
             raise errors.StoreDstShapeSmallerThanOtherShape(
@@ -781,10 +783,6 @@ def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
         values = np.full(dst.shape, value)
     dst.write(values, where, "store")
     run.count_dma(False, True, dst.size * dst.itemsize)
-
-
-def _without_unit_axes(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(s for s in shape if s != 1)
 
 
 def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: Any) -> None:

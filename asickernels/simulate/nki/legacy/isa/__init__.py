@@ -15,6 +15,7 @@ import numpy as np
 
 from asickernels.simulate.nki import errors, runtime
 from asickernels.simulate.nki import isa as core_isa
+from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.legacy import language as nl
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
@@ -50,12 +51,13 @@ fp32 = nl.fp32  # float32 constants: ``nisa.fp32.min``
 
 
 class reduce_cmd(IntEnum):
-    """The Scalar engine's accumulation registers (only ``idle`` is simulated)."""
+    """What an instruction does with its engine's accumulation registers."""
 
     idle = 0
     reset = 1
     reset_reduce = 3
     reduce = 2
+    load_reduce = 4
 
 
 class nc_version(IntEnum):
@@ -168,6 +170,95 @@ def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarra
     where = mask_values(api, mask, tile.shape)
     check_in_bounds(api, tile, where)
     return tile, where
+
+
+# -- instructions run by the core instruction set -------------------------------------------
+def _core_tensor(tile: Tensor) -> NkiTensor:
+    """A legacy tile's values as a core tensor in the same memory (for a core instruction)."""
+    return NkiTensor(tile.read().copy(), tile.dtype, tile.buffer, None)
+
+
+def _core_operand(value: Any) -> Any:
+    """A legacy operand for a core instruction: tiles as core tensors, ALU operators and
+    enums as the core's, anything else unchanged."""
+    if isinstance(value, Tensor):
+        return _core_tensor(value)
+    if isinstance(value, reduce_cmd):
+        return core_isa.reduce_cmd[value.name]
+    if callable(value) and value in nl.ALU_OPS:
+        name = getattr(value, "__name__", "")
+        return getattr(core_language, {"max": "maximum", "min": "minimum"}.get(name, name))
+    return value
+
+
+def _run_core(
+    api: str,
+    instruction: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    mask: Any,
+    dst: Tensor | None = None,
+    buffer: MemoryRegion = MemoryRegion.sbuf,
+    **operands: Any,
+) -> Tensor:
+    """Runs the core ``instruction(dst, **operands)`` on copies of the legacy operands and
+    writes its result into ``dst`` (or a new tile of ``shape``/``dtype``) where ``mask``
+    holds: the legacy generation's calling convention over the one implementation."""
+    for name, value in operands.items():
+        if isinstance(value, Tensor):
+            _input(api, name, value, None)
+    # The result's memory is the legacy tile's (accounted there): an empty core allocation.
+    scratch = runtime.Allocation(runtime.active_run(api), buffer is MemoryRegion.psum, 0)
+    core_dst = NkiTensor(np.zeros(shape, dtype), dtype, buffer, scratch)
+    if dst is not None:
+        nl.require_tile(api, "dst", dst, nl.ON_CHIP)
+        core_dst = _core_tensor(dst)
+    instruction(core_dst, **{name: _core_operand(v) for name, v in operands.items()})
+    out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
+    out.write(core_dst.data, mask_values(api, mask, out.shape), api)
+    return out
+
+
+def tensor_scalar_cumulative(
+    src: Tensor,
+    dst: Tensor,
+    op0: Any,
+    op1: Any,
+    imm0: Any,
+    imm1: Any = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    *,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """Per partition, ``reg = op1(op0(src[i], imm0), reg); dst[i] = reg`` along the free
+    elements (the core ``tensor_scalar_cumulative``; AWS's test,
+    nki/test/test_nki_isa_tensor_scalar_cumulative.py@81ce03a, passes ``dst``)."""
+    return _run_core(
+        "tensor_scalar_cumulative", core_isa.tensor_scalar_cumulative, dst.shape, dst.dtype,
+        mask, dst, src=src, op0=op0, op1=op1, imm0=imm0, imm1=imm1, reduce_cmd=reduce_cmd,
+    )  # fmt: skip
+
+
+def local_gather(
+    src_buffer: Tensor,
+    index: Tensor,
+    num_elem_per_idx: int = 1,
+    num_valid_indices: int | None = None,
+    *,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """GpSimd gather (the core ``local_gather``): a ``[P, num_valid_indices,
+    num_elem_per_idx]`` tile (by default every index of a core's 16 partitions is valid)."""
+    per_core = 16 * math.prod(index.shape[1:])
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    shape = (src_buffer.shape[0], valid, int(num_elem_per_idx))
+    return _run_core(
+        "local_gather", core_isa.local_gather, shape, src_buffer.dtype, mask,
+        src_buffer=src_buffer, index=index, num_elem_per_idx=num_elem_per_idx,
+        num_valid_indices=num_valid_indices,
+    )  # fmt: skip
 
 
 # -- Scalar engine -----------------------------------------------------------------------
@@ -864,6 +955,15 @@ def nc_matmul(
     requirements and computes the same product."""
     if tile_position or tile_size:
         _check_pe_tiling(tuple(tile_position), tuple(tile_size), stationary)
+    perf_mode = kwargs.get("perf_mode")
+    if perf_mode is not None and core_isa.matmul_perf_mode(perf_mode).name != "none":
+        # [K, 2, free] fp8 operands (nki/test/test_nki_isa_nc_matmul.py@81ce03a): the core
+        # instruction's double-row mode.
+        shape = (math.prod(stationary.shape[2:]), math.prod(moving.shape[2:]))
+        return _run_core(
+            "nc_matmul", core_isa.nc_matmul, shape, nl.float32, mask, None, MemoryRegion.psum,
+            stationary=stationary, moving=moving, perf_mode=perf_mode,
+        )  # fmt: skip
     return nl.tensor_engine_matmul("nc_matmul", stationary, moving, mask)
 
 
