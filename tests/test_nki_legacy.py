@@ -905,3 +905,67 @@ def test_documented_misuse_raises_the_sdk_error():
             run(kernel, rand(2, 3))
     with pytest.raises(legacy_errors.ErrCannotAssignToIndex):
         nl.arange(4)[None, :][0, 1] = 3
+
+
+# -- what AWS's reference kernels rely on (issue 24) -----------------------------------------
+def test_loop_reduce_combines_into_its_destination():
+    def kernel(x):
+        acc = nl.zeros((2, nl.par_dim(4), 3), dtype=nl.float32)
+        for i in nl.affine_range(3):
+            acc[1, :, :] = nl.loop_reduce(nl.load(x), op=np.add, loop_indices=(i,))
+        with pytest.raises(TypeError):  # not a tile: assign it into a view
+            nl.exp(nl.loop_reduce(nl.load(x), op=np.add, loop_indices=(0,)))
+        out = nl.ndarray((4, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, acc[1])
+        return out
+
+    x = rand(4, 3)
+    np.testing.assert_allclose(run(kernel, x), 3 * x, rtol=1e-6)
+
+
+def test_fewer_indices_than_block_dims_keep_the_rest():
+    def kernel(x):
+        blocks = nl.zeros((2, 3, nl.par_dim(4), 1), dtype=nl.float32)
+        inner = blocks[1]  # one block dimension left
+        inner[2, :, 0] = nl.load(x)
+        out = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, blocks[1, 2])
+        return out
+
+    x = rand(4, 1)
+    np.testing.assert_array_equal(run(kernel, x), x)
+
+
+def test_live_tiles_over_capacity_spill_with_a_warning():
+    """This generation's compiler spills (nki-samples attention.py@8370e11); a single tile
+    larger than the memory still fails (test_on_chip_limits)."""
+
+    def kernel(x):
+        tiles = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
+        return x if tiles else None
+
+    with pytest.warns(errors.SpillWarning, match="spills"):
+        run(kernel, rand(1, 1))
+
+
+def test_hbm_handles_are_truthy_and_nki_tensor_is_the_tensor_type():
+    def kernel(x):
+        assert x  # an HBM handle (nki/test/test_nki_isa_tensor_scalar_cumulative.py)
+        assert isinstance(x, nki.tensor)
+        with pytest.raises(errors.AmbiguousTensorTruthValue):
+            bool(nl.load(x))
+        return x
+
+    run(kernel, rand(2, 2))
+
+
+def test_run_time_out_of_bounds_is_numpys_index_error():
+    """The SDK simulator's error, verbatim (nki/test/test_nki_isa_dma_copy.py@81ce03a)."""
+
+    def kernel(x):
+        rows = nisa.iota(3 * nl.arange(4)[:, None], dtype=np.int32)  # 0, 3, 6, 9 of 8 rows
+        i_f = nl.arange(2)[None, :]
+        return nl.load(x[rows, i_f])
+
+    with pytest.raises(IndexError, match=r"^index 18 is out of bounds for axis 0 with size 16$"):
+        run(kernel, rand(8, 2))

@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import benchmarking as _benchmark
-from asickernels.simulate.nki import errors, isa, language, runtime, typing
+from asickernels.simulate.nki import dtype, errors, isa, language, runtime, typing
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, wrap_argument
 
 __all__ = [
     "Kernel",
     "benchmark",
+    "dtype",
     "errors",
     "isa",
     "jit",

@@ -221,12 +221,10 @@ def tensor_copy(
     dtype: Any = None,
 ) -> None:
     """``dst = src`` on chip (bit copy for equal dtypes, else through float32). ``dtype``
-    is the older beta's spelling of the output type (nki-samples@6905a68 tutorials): when
-    given it must be ``dst``'s dtype."""
+    is the older beta's output type (nki-samples@6905a68 tutorials): the copy rounds to it,
+    then ``dst`` stores the result in its own dtype."""
     api = "tensor_copy"
     run = runtime.active_run(api)
-    if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
-        raise errors.UnsupportedDtype(f"'{api}' dtype={dtype} differs from dst {dst!r}")
     tiles = [alu.require(api, "dst", dst, alu.ON_CHIP), alu.require(api, "src", src, alu.ON_CHIP)]
     alu.check_elements(api, {"dst": dst, "src": src})
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
@@ -237,7 +235,10 @@ def tensor_copy(
             f"'{api}' cannot run on the Scalar engine of NeuronCore-v2; use nisa.activation"
         )
     same = src.dtype == dst.dtype and dtype_name(src.dtype) == dtype_name(dst.dtype)
-    alu.write(dst, src.data if same else alu.as_f32(src), api)
+    values = src.data if same else alu.as_f32(src)
+    if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
+        values = alu.cast(np.asarray(alu.as_f32(src)), language.nki_dtype(dtype))
+    alu.write(dst, values, api)
     run.count(chosen)
 
 

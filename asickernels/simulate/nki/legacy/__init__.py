@@ -45,6 +45,7 @@ from asickernels.simulate.nki.legacy.error_codes import (
     ErrNestedKernelWithSpmdGrid,
 )
 from asickernels.simulate.nki.legacy.tile import Tensor, argument
+from asickernels.simulate.nki.legacy.tile import Tensor as tensor  # the SDK's nki.tensor
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion
 
@@ -60,6 +61,7 @@ __all__ = [
     "last_counters",
     "profile",
     "simulate_kernel",
+    "tensor",
     "trace",
     "typing",
 ]
