@@ -969,3 +969,31 @@ def test_run_time_out_of_bounds_is_numpys_index_error():
 
     with pytest.raises(IndexError, match=r"^index 18 is out of bounds for axis 0 with size 16$"):
         run(kernel, rand(8, 2))
+
+
+def test_bn_stats_and_bn_aggr_agree_across_generations():
+    """One implementation (alu.batch_norm_stats / batch_norm_aggregate): bit-identical."""
+    from asickernels.simulate import nki as current
+    from asickernels.simulate.nki import isa as core_isa
+    from asickernels.simulate.nki import language as core_nl
+
+    def legacy_kernel(x):
+        out = nl.ndarray((x.shape[0], 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        stats = nisa.bn_stats(nl.load(x))
+        nl.store(out[:, 0:6], stats)
+        nl.store(out[:, 6:8], nisa.bn_aggr(stats))
+        return out
+
+    def core_kernel(x):
+        tile = core_nl.load(x)
+        stats = core_nl.ndarray((x.shape[0], 6), dtype=core_nl.float32)
+        core_isa.bn_stats(stats, tile)
+        aggr = core_nl.ndarray((x.shape[0], 2), dtype=core_nl.float32)
+        core_isa.bn_aggr(aggr, stats)
+        out = core_nl.ndarray((x.shape[0], 8), dtype=core_nl.float32, buffer=core_nl.shared_hbm)
+        core_isa.dma_copy(dst=out[:, 0:6], src=stats)
+        core_isa.dma_copy(dst=out[:, 6:8], src=aggr)
+        return out
+
+    x = rand(16, 37) * 100
+    np.testing.assert_array_equal(run(legacy_kernel, x), current.simulate(core_kernel)(x))

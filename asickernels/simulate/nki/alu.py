@@ -168,3 +168,30 @@ def check_no_psum_on_gpsimd(api: str, tiles: list[NkiTensor]) -> None:
             raise errors.UnsupportedMemory(
                 f"'{api}' on the GpSimd engine cannot access PSUM ({tile!r})"
             )
+
+
+def batch_norm_stats(values: np.ndarray, included: np.ndarray | None = None) -> np.ndarray:
+    """``bn_stats`` of both generations: per row of ``values`` ``[P, F]`` (float32 math),
+    ``(count, mean, variance*count)`` of the even and then the odd elements, counting only
+    ``included`` ones (a legacy mask); ``[P, 6]``."""
+    values = np.asarray(values, np.float32)
+    keep = np.ones(values.shape, np.bool_) if included is None else included
+    stats = []
+    for parity in (0, 1):
+        part, kept = values[:, parity::2], keep[:, parity::2]
+        count = kept.sum(axis=1).astype(np.float32)
+        mean = np.where(kept, part, 0).sum(axis=1, dtype=np.float32) / np.maximum(count, 1)
+        spread = np.where(kept, (part - mean[:, None]) ** 2, 0).sum(axis=1, dtype=np.float32)
+        stats += [count, mean, spread]
+    return np.stack(stats, axis=1).astype(np.float32)
+
+
+def batch_norm_aggregate(triples: np.ndarray) -> np.ndarray:
+    """``bn_aggr`` of both generations: per row of ``(count, mean, variance*count)`` triples
+    ``[P, T, 3]`` (float64 accumulation), the overall ``(mean, variance)``; ``[P, 2]``."""
+    triples = np.asarray(triples, np.float64)
+    counts, means, spreads = triples[..., 0], triples[..., 1], triples[..., 2]
+    total = np.maximum(counts.sum(axis=1), 1)
+    mean = (counts * means).sum(axis=1) / total
+    variance = (spreads + counts * (means - mean[:, None]) ** 2).sum(axis=1) / total
+    return np.stack([mean, variance], axis=1).astype(np.float32)

@@ -822,14 +822,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
         )
     if alu.per_partition(dst) != 6:
         raise errors.ShapeMismatch(f"'{api}' writes 6 elements per partition, dst is {dst!r}")
-    values = alu.as_f32(data).reshape(data.shape[0], -1)
-    stats = []
-    for half in (values[:, 0::2], values[:, 1::2]):
-        count = half.shape[1]
-        mean = half.mean(axis=1) if count else np.zeros(half.shape[0], np.float32)
-        spread = ((half - mean[:, None]) ** 2).sum(axis=1)
-        stats += [np.full(half.shape[0], count, np.float32), mean, spread]
-    alu.write(dst, np.stack(stats, axis=1), api)
+    alu.write(dst, alu.batch_norm_stats(alu.as_f32(data).reshape(data.shape[0], -1)), api)
     run.count("vector")
 
 
@@ -845,12 +838,8 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
         raise errors.ShapeMismatch(
             f"'{api}' reads (count, mean, variance*count) triples into [P, 2]: {data!r} -> {dst!r}"
         )
-    triples = alu.as_f32(data).reshape(data.shape[0], -1, 3).astype(np.float64)
-    counts, means, spreads = triples[..., 0], triples[..., 1], triples[..., 2]
-    total = counts.sum(axis=1)
-    mean = (counts * means).sum(axis=1) / total
-    variance = (spreads + counts * (means - mean[:, None]) ** 2).sum(axis=1) / total
-    alu.write(dst, np.stack([mean, variance], axis=1), api)
+    triples = alu.as_f32(data).reshape(data.shape[0], -1, 3)
+    alu.write(dst, alu.batch_norm_aggregate(triples), api)
     run.count("vector")
 
 

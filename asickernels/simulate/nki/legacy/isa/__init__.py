@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki import isa as core_isa
 from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.legacy import language as nl
@@ -637,18 +637,9 @@ def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any
             f"'{api}' of {tile!r}: {free} elements per partition exceed the architecture "
             f"limitation of {nl.tile_size.bn_stats_fmax}"
         )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free).astype(np.float64)
-    included = np.ones(values.shape, np.bool_)
-    if where is not None:
-        included = np.broadcast_to(where, tile.shape).reshape(values.shape)
-    stats = []
-    for parity in (0, 1):
-        part, keep = values[:, parity::2], included[:, parity::2]
-        count = keep.sum(axis=1)
-        mean = np.where(keep, part, 0).sum(axis=1) / np.maximum(count, 1)
-        m2 = np.where(keep, (part - mean[:, None]) ** 2, 0).sum(axis=1)
-        stats += [count, mean, m2]
-    result = np.stack(stats, axis=1).astype(np.float32)
+    values = nl.as_f32(tile).reshape(tile.shape[0], free)
+    included = None if where is None else np.broadcast_to(where, tile.shape).reshape(values.shape)
+    result = alu.batch_norm_stats(values, included)
     return _result(api, result, dtype, tile.dtype, None, "vector")
 
 
@@ -663,16 +654,11 @@ def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any)
             f"'{api}' takes (count, mean, variance*count) triples; {tile!r} has {free} elements "
             "per partition"
         )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3).astype(np.float64)
-    if where is not None:
+    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3)
+    if where is not None:  # masked-out triples take no part
         keep: Any = np.broadcast_to(where, tile.shape).reshape(values.shape).all(axis=2)
         values = np.where(keep[..., None], values, 0)
-    count, mean, m2 = values[..., 0], values[..., 1], values[..., 2]
-    total = count.sum(axis=1)
-    overall = (count * mean).sum(axis=1) / np.maximum(total, 1)
-    variance = (m2 + count * (mean - overall[:, None]) ** 2).sum(axis=1) / np.maximum(total, 1)
-    result = np.stack([overall, variance], axis=1).astype(np.float32)
-    return _result(api, result, dtype, tile.dtype, None, "vector")
+    return _result(api, alu.batch_norm_aggregate(values), dtype, tile.dtype, None, "vector")
 
 
 def tensor_copy_predicated(
