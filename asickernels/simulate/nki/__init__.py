@@ -93,26 +93,15 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return Kernel(fn)
 
 
+benchmark, profile = _benchmark.decorators(jit)
+
+
 def simulate(kernel: Callable[..., Any]) -> Callable[..., Any]:
     """``nki.simulate(kernel)(*arrays)``: runs ``kernel`` (a :func:`jit` kernel, possibly
     ``kernel[2]``, or a plain function) on numpy arrays and returns numpy arrays."""
     function = kernel.function if isinstance(kernel, Kernel) else kernel
     lnc = kernel.lnc if isinstance(kernel, Kernel) else 1
     return lambda *args, **kwargs: _launch(function, lnc, args, kwargs)
-
-
-def benchmark(kernel: Any = None, **options: Any) -> Any:
-    """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
-    save_trace_name=None, additional_compile_opt=None)``: without a device, runs the kernel in
-    the simulator and measures no device time (:mod:`.benchmarking`)."""
-    return _benchmark.make_benchmark(jit, kernel, **options)
-
-
-def profile(func: Any = None, **options: Any) -> Any:
-    """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
-    save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
-    profile_nth=1)``: without a device, runs the kernel in the simulator (:mod:`.benchmarking`)."""
-    return _benchmark.make_profile(jit, func, **options)
 
 
 def _launch(

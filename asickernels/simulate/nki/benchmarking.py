@@ -29,7 +29,14 @@ import numpy as np
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.tensor import nki_dtype
 
-__all__ = ["BenchmarkResult", "Benchmarked", "Latency", "NoDeviceTimeWarning", "Profiled"]
+__all__ = [
+    "BenchmarkResult",
+    "Benchmarked",
+    "Latency",
+    "NoDeviceTimeWarning",
+    "Profiled",
+    "decorators",
+]
 
 # benchmark's docstring: "Available percentiles: [0, 1, 10, 25, 50, 90, 99, 100]".
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
@@ -193,3 +200,22 @@ def _as_kernel(decorate: Callable[[Callable[..., Any]], Any], function: Any) -> 
     if not callable(function):
         raise TypeError(f"nki.benchmark/profile decorate a kernel function, got {function!r}")
     return function if hasattr(function, "__getitem__") else decorate(function)
+
+
+def decorators(decorate: Callable[[Callable[..., Any]], Any]) -> tuple[Any, Any]:
+    """``(benchmark, profile)`` of the API generation whose ``jit`` is ``decorate``."""
+
+    def benchmark(kernel: Any = None, **options: Any) -> Any:
+        """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
+        save_trace_name=None, additional_compile_opt=None)``: without a device, runs the
+        kernel in the simulator and measures no device time
+        (:mod:`asickernels.simulate.nki.benchmarking`)."""
+        return make_benchmark(decorate, kernel, **options)
+
+    def profile(func: Any = None, **options: Any) -> Any:
+        """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
+        save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
+        profile_nth=1)``: without a device, runs the kernel in the simulator."""
+        return make_profile(decorate, func, **options)
+
+    return benchmark, profile

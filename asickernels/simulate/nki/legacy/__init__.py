@@ -138,6 +138,9 @@ def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **kwargs: An
     return Kernel(func, platform_target=target)
 
 
+benchmark, profile = _benchmark.decorators(jit)
+
+
 def trace(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     """The Neuron 2.20 decorator used with :func:`simulate_kernel`: as :func:`jit`, but the
     kernel may write its parameters (2.20 passed outputs as arguments)."""
@@ -150,20 +153,6 @@ def baremetal(kernel: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     """``nki.baremetal``: NumPy in, NumPy out; runs on the simulator here (``save_neff_name``
     and the other artifact options have no effect)."""
     return jit(kernel, **kwargs)
-
-
-def benchmark(kernel: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
-    save_trace_name=None, additional_compile_opt=None)``: without a device, runs the kernel in
-    the simulator and measures no device time (:mod:`asickernels.simulate.nki.benchmarking`)."""
-    return _benchmark.make_benchmark(jit, kernel, **options)
-
-
-def profile(func: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
-    save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
-    profile_nth=1)``: without a device, runs the kernel in the simulator."""
-    return _benchmark.make_profile(jit, func, **options)
 
 
 def simulate_kernel(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
