@@ -99,6 +99,11 @@ class PsumCapacityExceeded(NkiValidationError):
     code = "err_psum_capacity_exceeded"
 
 
+class OnChipOutputWarning(UserWarning):
+    """A legacy kernel returned an SBUF/PSUM tile: the SDK's simulator returns its values,
+    a device accepts only HBM outputs."""
+
+
 class SpillWarning(UserWarning):
     """Live legacy (``neuronxcc.nki``) tiles exceed SBUF or PSUM: that generation's compiler
     spills them to HBM rather than failing (nki-samples attention.py@8370e11, flash_attn_bwd:
