@@ -499,13 +499,17 @@ class Tensor:
             keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
         keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
         first = keys[0] if keys else None
-        if isinstance(first, IndexGrid) and first.dynamic and len(keys) > 2:
-            # A [P, 1] index tile on the first axis holds one index per partition, whatever
-            # the rank: AWS's test indexes a 3-D tensor ``src[idx, iy, iz]`` with it
-            # (nki/test/test_nki_isa_dma_transpose.py@81ce03a).
-            if first.values.ndim == 2 and first.values.shape[1] == 1:
-                per_partition = first.values.reshape((-1,) + (1,) * (len(keys) - 1))
-                keys[0] = IndexGrid(per_partition, dynamic=True)
+        # A [P, 1] index tile on the first axis holds one index per partition, whatever the
+        # rank: AWS's test indexes a 3-D tensor ``src[idx, iy, iz]`` with it
+        # (nki/test/test_nki_isa_dma_transpose.py@81ce03a).
+        if (
+            isinstance(first, IndexGrid)
+            and first.dynamic
+            and len(keys) > 2
+            and first.values.shape[1:] == (1,)
+        ):
+            per_partition = first.values.reshape((-1,) + (1,) * (len(keys) - 1))
+            keys[0] = IndexGrid(per_partition, dynamic=True)
         dynamic = any(isinstance(k, IndexGrid) and k.dynamic for k in keys)
         for axis, k in enumerate(keys):
             if isinstance(k, IndexGrid) and not k.lifted:
