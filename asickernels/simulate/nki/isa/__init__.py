@@ -1245,9 +1245,11 @@ def select_reduce(
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, predicate=predicate, on_true=on_true)
     alu.check_not_both_psum(api, predicate, on_true)
     alu.check_elements(api, operands)
-    if predicate.dtype.kind not in "iu" or predicate.dtype.itemsize > 2:
+    # bool_ is stored as uint8 (nki.api.shared.rst); AWS's test passes a bool predicate
+    # (nki/test/test_nki_isa_select_reduce.py@81ce03a).
+    if predicate.dtype.kind not in "iub" or predicate.dtype.itemsize > 2:
         raise errors.UnsupportedDtype(
-            f"'{api}' predicate must be int8/uint8/int16/uint16, got {predicate!r}"
+            f"'{api}' predicate must be bool/int8/uint8/int16/uint16, got {predicate!r}"
         )
     if reduce_op not in (language.maximum, language.max):
         raise errors.UnsupportedOperator(f"'{api}' reduces with nl.maximum only")

@@ -183,11 +183,14 @@ def _core_operand(value: Any) -> Any:
     enums as the core's, anything else unchanged."""
     if isinstance(value, Tensor):
         return _core_tensor(value)
+    if isinstance(value, np.ndarray):  # values an adapter prepared (e.g. masked out)
+        return NkiTensor(value, value.dtype, MemoryRegion.sbuf, None)
     if isinstance(value, reduce_cmd):
         return core_isa.reduce_cmd[value.name]
     if callable(value) and value in nl.ALU_OPS:
         name = getattr(value, "__name__", "")
-        return getattr(core_language, {"max": "maximum", "min": "minimum"}.get(name, name))
+        renamed = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum"}
+        return getattr(core_language, renamed.get(name, name))
     return value
 
 
@@ -213,10 +216,18 @@ def _run_core(
     if dst is not None:
         nl.require_tile(api, "dst", dst, nl.ON_CHIP)
         core_dst = _core_tensor(dst)
-    instruction(core_dst, **{name: _core_operand(v) for name, v in operands.items()})
+    converted = {name: _core_operand(v) for name, v in operands.items()}
+    instruction(core_dst, **converted)
     out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
     out.write(core_dst.data, mask_values(api, mask, out.shape), api)
+    for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
+        if isinstance(operands[name], Tensor):
+            operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
     return out
+
+
+# Operands a core instruction writes besides ``dst``.
+_WRITTEN_OPERANDS = frozenset({"reduce_res", "dst_idx"})
 
 
 def tensor_scalar_cumulative(
@@ -468,32 +479,6 @@ def scalar_tensor_tensor(
 
 
 _COMPARISONS = (np.equal, np.less, np.less_equal, np.greater, np.greater_equal)
-# The Vector engine's accumulation registers, kept per run (reset to -inf).
-_VECTOR_ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _vector_reduction(
-    api: str, values: np.ndarray, command: Any, reduce_op: Any, reduce_res: Tensor | None
-) -> None:
-    """The max-reduction of ``values`` [P, ...] over the free axes, through the Vector
-    engine's registers as ``command`` (a ``reduce_cmd``) says; ``reduce_res`` reads them."""
-    if _alu(api, reduce_op) is not np.maximum:
-        raise errors.UnsupportedOperator(f"'{api}' reduces with max only")
-    partitions = values.shape[0]
-    reduced = values.reshape(partitions, -1).max(axis=1)
-    command = _ReduceCmd(command)
-    if command is not _ReduceCmd.idle:
-        run = runtime.active_run(api)
-        registers = _VECTOR_ACCUMULATORS.setdefault(run, np.full(runtime.PMAX, -np.inf, np.float32))
-        if command in (_ReduceCmd.reset, _ReduceCmd.reset_reduce):
-            registers[:] = -np.inf
-        if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce):
-            registers[:partitions] = np.maximum(registers[:partitions], reduced)
-        reduced = registers[:partitions].copy()
-    if reduce_res is not None:
-        _write_reduction(api, reduce_res, reduced)
 
 
 def range_select(
@@ -514,24 +499,21 @@ def range_select(
 ) -> Tensor:
     """``on_true_tile`` where ``comp_op0(i, bound0) & comp_op1(i, bound1)`` for the free
     index ``i`` (plus ``range_start``), else ``on_false_value``; the max of the result goes
-    to ``reduce_res`` through the Vector accumulators. NeuronCore-v3 and later."""
+    to ``reduce_res`` through the Vector accumulators (the core ``range_select``,
+    NeuronCore-v3 and later)."""
     api = "range_select"
-    tile, where = _input(api, "on_true_tile", on_true_tile, mask)
-    if runtime.current_target().version < 3:
-        raise errors.UnsupportedEngine(f"'{api}' needs NeuronCore-v3 (trn2) or later")
+    tile, _ = _input(api, "on_true_tile", on_true_tile, mask)
     if comp_op0 not in _COMPARISONS or comp_op1 not in _COMPARISONS:
         raise errors.UnsupportedOperator(f"'{api}' compares with np.equal/less/greater(_equal)")
     if not is_float(tile.dtype):
         raise errors.UnsupportedDtype(f"'{api}' selects from float tiles, got {tile.dtype}")
-    free = math.prod(tile.shape[1:])
-    index = (np.arange(free, dtype=np.float32) + np.float32(range_start))[None, :]
-    low = _per_partition_scalar(api, "bound0", bound0, tile).reshape(-1, 1)
-    high = _per_partition_scalar(api, "bound1", bound1, tile).reshape(-1, 1)
-    chosen = (comp_op0(index, low) & comp_op1(index, high)).reshape(tile.shape)
-    values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
-    out = _result(api, values, dtype, tile.dtype, where, "vector")
-    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
-    return out
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(
+        api, core_isa.range_select, tile.shape, out_dtype, mask, on_true_tile=tile,
+        comp_op0=comp_op0, comp_op1=comp_op1, bound0=bound0, bound1=bound1,
+        reduce_cmd=reduce_cmd, reduce_res=reduce_res, reduce_op=reduce_op,
+        range_start=range_start, on_false_value=on_false_value,
+    )  # fmt: skip
 
 
 def select_reduce(
@@ -550,23 +532,12 @@ def select_reduce(
 ) -> None:
     """``dst = where(predicate, on_true, on_false)`` (``on_false`` a float32 scalar or a
     ``[P, 1]`` vector); its max per partition goes to ``reduce_res`` through the Vector
-    accumulators."""
-    api = "select_reduce"
-    target, where = _input(api, "dst", dst, mask)
-    condition, _ = _input(api, "predicate", predicate, mask)
-    source, _ = _input(api, "on_true", on_true, mask)
-    _same_layout(api, {"dst": target, "predicate": condition, "on_true": source})
-    if condition.dtype not in (nl.bool_, nl.int8, nl.uint8, nl.int16, nl.uint16):
-        raise errors.UnsupportedDtype(f"'{api}' predicate must be 8/16-bit integers")
-    if source.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read on_true and predicate from PSUM")
-    chosen = condition.read().reshape(source.shape) != 0
-    chosen = ~chosen if reverse_pred else chosen
-    otherwise = _per_partition_scalar(api, "on_false", on_false, source)
-    values = np.where(chosen, nl.as_f32(source), otherwise)
-    target.write(values.reshape(target.shape), where, api)
-    runtime.active_run(api).count("vector")
-    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
+    accumulators (the core ``select_reduce``)."""
+    _run_core(
+        "select_reduce", core_isa.select_reduce, dst.shape, dst.dtype, mask, dst,
+        predicate=predicate, on_true=on_true, on_false=on_false, reduce_res=reduce_res,
+        reduce_cmd=reduce_cmd, reduce_op=reduce_op, reverse_pred=reverse_pred,
+    )  # fmt: skip
 
 
 def tensor_reduce(
@@ -602,27 +573,14 @@ def tensor_tensor_scan(
     **kwargs: Any,
 ) -> Tensor:
     """Per partition, ``result[:, i] = op1(op0(data0[:, i], result[:, i-1]), data1[:, i])``
-    with ``result[:, -1] = initial`` (a scalar or a ``[P, 1]`` tile), over the flattened free
-    elements (Vector engine)."""
-    api = "tensor_tensor_scan"
-    first, where = _input(api, "data0", data0, mask)
-    second, _ = _input(api, "data1", data1, mask)
-    _same_layout(api, {"data0": first, "data1": second})
-    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data0 and data1 from PSUM")
-    combine0, combine1 = _alu(api, op0), _alu(api, op1)
-    a = nl.as_f32(first).reshape(first.shape[0], -1)
-    b = nl.as_f32(second).reshape(first.shape[0], -1)
-    state = np.broadcast_to(_per_partition_scalar(api, "initial", initial, first), a.shape)
-    carried = np.asarray(state[:, 0], np.float32)
-    result = np.empty_like(a)
-    for i in range(a.shape[1]):
-        step = combine0(carried, a[:, i]) if reverse0 else combine0(a[:, i], carried)
-        carried = np.asarray(combine1(b[:, i], step) if reverse1 else combine1(step, b[:, i]))
-        carried = carried.astype(np.float32)
-        result[:, i] = carried
-    default = nl.promote([first, second])
-    return _result(api, result.reshape(first.shape), dtype, default, where, "vector")
+    from ``initial`` (the core ``tensor_tensor_scan``); the result in ``dtype`` or the
+    promoted dtype of the inputs."""
+    out_dtype = nki_dtype(dtype) if dtype else nl.promote([data0, data1])
+    return _run_core(
+        "tensor_tensor_scan", core_isa.tensor_tensor_scan, data0.shape, out_dtype, mask,
+        data0=data0, data1=data1, initial=initial, op0=op0, op1=op1, reverse0=reverse0,
+        reverse1=reverse1,
+    )  # fmt: skip
 
 
 def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
@@ -714,13 +672,13 @@ def tensor_copy(
 
 
 def max8(*, src: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
-    """The 8 largest values of each partition, in descending order: ``[P, 8]`` (8 to 16384
-    elements per partition; Vector engine)."""
+    """The 8 largest values of each partition, in descending order: ``[P, 8]`` (the core
+    ``max8``; masked-out elements are never selected)."""
     api = "max8"
     tile, _ = _input(api, "src", src, None)
-    values = _per_partition_elements(api, tile, mask)
-    top = -np.sort(-values, axis=1)[:, :8]
-    return _result(api, top, dtype, tile.dtype, None, "vector")
+    values = _per_partition_elements(api, tile, mask).astype(np.float32)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(api, core_isa.max8, (tile.shape[0], 8), out_dtype, None, src=values)
 
 
 def nc_find_index8(
@@ -886,10 +844,9 @@ def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any
 
 
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
-    """``1 / data`` element-wise (Vector engine)."""
-    tile, where = _input("reciprocal", "data", data, mask)
-    values = np.reciprocal(nl.as_f32(tile))
-    return _result("reciprocal", values, dtype, tile.dtype, where, "vector")
+    """``1 / data`` element-wise (the core ``reciprocal``, Vector engine)."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core("reciprocal", core_isa.reciprocal, data.shape, out_dtype, mask, data=data)
 
 
 def tensor_partition_reduce(
