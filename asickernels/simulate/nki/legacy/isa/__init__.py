@@ -187,6 +187,8 @@ def _core_operand(value: Any) -> Any:
         return NkiTensor(value, value.dtype, MemoryRegion.sbuf, None)
     if isinstance(value, reduce_cmd):
         return core_isa.reduce_cmd[value.name]
+    if isinstance(value, engine):
+        return core_isa.engine[value.name]
     if callable(value) and value in nl.ALU_OPS:
         name = getattr(value, "__name__", "")
         renamed = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum"}
@@ -208,8 +210,8 @@ def _run_core(
     writes its result into ``dst`` (or a new tile of ``shape``/``dtype``) where ``mask``
     holds: the legacy generation's calling convention over the one implementation."""
     for name, value in operands.items():
-        if isinstance(value, Tensor):
-            _input(api, name, value, None)
+        if isinstance(value, Tensor):  # the mask covers inputs shaped like the result
+            _input(api, name, value, mask if value.shape == tuple(shape) else None)
     # The result's memory is the legacy tile's (accounted there): an empty core allocation.
     scratch = runtime.Allocation(runtime.active_run(api), buffer is MemoryRegion.psum, 0)
     core_dst = NkiTensor(np.zeros(shape, dtype), dtype, buffer, scratch)
@@ -363,24 +365,13 @@ def tensor_tensor(
     engine: Any = engine.unknown,
     **kwargs: Any,
 ) -> Tensor:
-    """``op(data1, data2)`` element-wise: equal partitions and elements per partition, not
-    both inputs in PSUM (Vector engine, or GpSimd)."""
-    api = "tensor_tensor"
-    first, where = _input(api, "data1", data1, mask)
-    second, _ = _input(api, "data2", data2, mask)
-    _same_layout(api, {"data1": first, "data2": second})
-    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data1 and data2 from PSUM")
-    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
-    if chosen == "gpsimd" and MemoryRegion.psum in (first.buffer, second.buffer):
-        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
-    function = _alu(api, op)
-    bitvec = function in nl.BITVEC
-    values = function(
-        nl.operand_values(api, first, bitvec),
-        nl.operand_values(api, second, bitvec).reshape(first.shape),
-    )
-    return _result(api, np.asarray(values), dtype, nl.promote([first, second]), where, chosen)
+    """``op(data1, data2)`` element-wise (the core ``tensor_tensor``): equal partitions and
+    elements per partition; the result in ``dtype`` or the promoted input dtype."""
+    out_dtype = nki_dtype(dtype) if dtype else nl.promote([data1, data2])
+    return _run_core(
+        "tensor_tensor", core_isa.tensor_tensor, data1.shape, out_dtype, mask,
+        data1=data1, data2=data2, op=op, engine=engine,
+    )  # fmt: skip
 
 
 def tensor_scalar(
@@ -660,15 +651,12 @@ def tensor_copy_predicated(
 def tensor_copy(
     src: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
-    """A copy of the on-chip tile ``src`` (Vector, Scalar or GpSimd engine)."""
-    api = "tensor_copy"
-    tile, where = _input(api, "src", src, mask)
-    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    if chosen == "gpsimd" and tile.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
-    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
-    values = tile.read() if out_dtype == tile.dtype else nl.as_f32(tile)
-    return _result(api, values, out_dtype, out_dtype, where, chosen)
+    """A copy of the on-chip tile ``src`` in ``dtype`` (the core ``tensor_copy``; Vector,
+    Scalar or GpSimd engine)."""
+    out_dtype = nki_dtype(dtype) if dtype else src.dtype
+    return _run_core(
+        "tensor_copy", core_isa.tensor_copy, src.shape, out_dtype, mask, src=src, engine=engine
+    )
 
 
 def max8(*, src: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
@@ -741,27 +729,11 @@ def nc_stream_shuffle(
     src: Tensor, dst: Tensor, shuffle_mask: Any, *, dtype: Any = None, mask: Any = None, **kw: Any
 ) -> None:
     """Within each quadrant of 32 partitions, ``dst`` partition ``i`` takes ``src``
-    partition ``shuffle_mask[i]`` (255: unmodified); same dtype and elements per partition
-    (Vector engine)."""
-    api = "nc_stream_shuffle"
-    source, _ = _input(api, "src", src, None)
-    target, where = _input(api, "dst", dst, mask)
-    order = [int(m) for m in shuffle_mask]
-    if len(order) != 32 or any(not (0 <= m < 32 or m == 255) for m in order):
-        raise ValueError(f"'{api}': shuffle_mask is 32 partition indices (0-31, or 255)")
-    if source.dtype != target.dtype:
-        raise errors.UnsupportedDtype(f"'{api}': src {source.dtype} and dst {target.dtype} differ")
-    if math.prod(source.shape[1:]) != math.prod(target.shape[1:]):
-        raise errors.ShapeMismatch(f"'{api}': elements per partition of {source!r}, {target!r}")
-    rows = source.read().reshape(source.shape[0], -1)
-    result = target.read().reshape(target.shape[0], -1).copy()
-    for p in range(target.shape[0]):
-        quadrant, lane = divmod(p, 32)
-        pick = order[lane]
-        if pick != 255 and quadrant * 32 + pick < rows.shape[0]:
-            result[p] = rows[quadrant * 32 + pick]
-    target.write(result.reshape(target.shape), where, api)
-    runtime.active_run(api).count("vector")
+    partition ``shuffle_mask[i]`` (255: unmodified) (the core ``nc_stream_shuffle``)."""
+    _run_core(
+        "nc_stream_shuffle", core_isa.nc_stream_shuffle, dst.shape, dst.dtype, mask, dst,
+        src=src, shuffle_mask=shuffle_mask,
+    )  # fmt: skip
 
 
 def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
