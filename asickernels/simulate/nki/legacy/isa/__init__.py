@@ -388,32 +388,15 @@ def tensor_scalar(
     engine: Any = engine.unknown,
     **kwargs: Any,
 ) -> Tensor:
-    """``(data op0 operand0) op1 operand1``; each operand a scalar or a ``[P, 1]`` vector
-    broadcast along the free axes; ``reverse`` swaps an operator's sides."""
-    api = "tensor_scalar"
-    tile, where = _input(api, "data", data, mask)
-    if (op1 is None) != (operand1 is None):
-        raise TypeError(f"'{api}': op1 and operand1 must both be given or both be None")
-    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    steps = [
-        (_alu(api, op), operand, reverse, name)
-        for op, operand, reverse, name in (
-            (op0, operand0, reverse0, "operand0"),
-            (op1, operand1, reverse1, "operand1"),
-        )
-        if op is not None
-    ]
-    kinds = {function in nl.BITVEC for function, *_ in steps}
-    if len(kinds) > 1:  # "must be of the same type (both bitvec or both arithmetic)"
-        raise errors.UnsupportedOperator(f"'{api}' mixes a bitvec and an arithmetic operator")
-    bitvec = kinds == {True}
-    if bitvec and chosen != "vector":
-        raise errors.UnsupportedEngine(f"'{api}' runs bitvec operators on the Vector engine")
-    values = nl.operand_values(api, tile, bitvec)
-    for function, operand, reverse, name in steps:
-        scalar = _per_partition_scalar(api, name, operand, tile, bitvec)
-        values = np.asarray(function(scalar, values) if reverse else function(values, scalar))
-    return _result(api, values, dtype, tile.dtype, where, chosen)
+    """``(data op0 operand0) op1 operand1`` (the core ``tensor_scalar``); each operand a
+    scalar or a ``[P, 1]`` vector broadcast along the free axes; ``reverse`` swaps an
+    operator's sides."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "tensor_scalar", core_isa.tensor_scalar, data.shape, out_dtype, mask, data=data,
+        op0=op0, operand0=operand0, reverse0=reverse0, op1=op1, operand1=operand1,
+        reverse1=reverse1, engine=engine,
+    )  # fmt: skip
 
 
 def tensor_scalar_reduce(
