@@ -6,7 +6,8 @@ goldens:
   c4b806e^): ``flash_fwd``, ``flash_attn_bwd``, ``fused_self_attn_for_SD_small_head_size``
   (src/nki_samples/reference/attention.py), ``resize_nearest_fixed_dma_kernel``,
   ``adaptive_avg_pool2d_kernel`` (vision.py), each driven by the numerical test method of its
-  own test/unit/test_*.py file at smaller shapes than the file's (the simulator runs Python).
+  own test/unit/test_*.py file at smaller shapes than the file's (the simulator runs Python),
+  and ``quantized_double_row_matmul`` (double_row_matmul.py) with its test file's helpers.
 - aws-neuron-sdk@81ce03a: the per-instruction unittest files of nki/test/.
 """
 
@@ -27,6 +28,7 @@ import pytest
 
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
+from asickernels.simulate.nki.errors import BroadcastOperandWarning
 
 VENDOR = Path(__file__).parent / "data" / "vendor"
 SAMPLES = VENDOR / "nki-samples@8370e11"
@@ -132,6 +134,26 @@ def test_adaptive_avg_pool2d(vendor, shape, output_size, dtype):
     module.TestAdaptiveAvgPool2D().test_adaptive_avg_pool2d_numerical(
         True, *shape, output_size, getattr(nl, dtype)
     )
+
+
+def test_quantized_double_row_matmul(vendor):
+    """The file's numerical test returns early off a trn2 machine, so its steps are repeated
+    here with its own helpers (column_wise_quantize, reshape) at a smaller K."""
+    module = vendor("test_double_row_matmul")
+    nl = vendor("neuronxcc.nki.language")
+    nki = vendor("neuronxcc.nki")
+    lhs, rhs = np.random.rand(256, 1024), np.random.rand(1024, 512)
+    golden = lhs @ rhs
+    rhs_scale, rhs_quantized = module.column_wise_quantize(rhs)
+    with pytest.warns(BroadcastOperandWarning):  # it multiplies [128, 512] by [128, 1]
+        out = nki.simulate_kernel(
+            nki.baremetal(module.quantized_double_row_matmul),
+            nl.static_cast(lhs, nl.bfloat16),
+            nl.static_cast(module.reshape(rhs_quantized), nl.float8_e4m3),
+            nl.static_cast(rhs_scale, nl.bfloat16),
+            2, 1, 4,
+        )  # fmt: skip
+    assert np.allclose(golden, out.astype(np.float32), rtol=2e-2)  # the file's tolerance
 
 
 def test_benchmark_decorated_kernel_runs_and_says_no_device_time(vendor):

@@ -104,6 +104,11 @@ class OnChipOutputWarning(UserWarning):
     a device accepts only HBM outputs."""
 
 
+class BroadcastOperandWarning(UserWarning):
+    """A legacy instruction repeated a ``[P, 1]`` operand along the free axes, which AWS's
+    kernels rely on and the reference does not document."""
+
+
 class SpillWarning(UserWarning):
     """Live legacy (``neuronxcc.nki``) tiles exceed SBUF or PSUM: that generation's compiler
     spills them to HBM rather than failing (nki-samples attention.py@8370e11, flash_attn_bwd:

@@ -7,6 +7,7 @@ the promoted dtype of two inputs)."""
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from enum import IntEnum
 from typing import Any
@@ -368,10 +369,35 @@ def tensor_tensor(
     """``op(data1, data2)`` element-wise (the core ``tensor_tensor``): equal partitions and
     elements per partition; the result in ``dtype`` or the promoted input dtype."""
     out_dtype = nki_dtype(dtype) if dtype else nl.promote([data1, data2])
+    data1, data2 = _broadcast_vector("tensor_tensor", data1, data2)
     return _run_core(
         "tensor_tensor", core_isa.tensor_tensor, data1.shape, out_dtype, mask,
         data1=data1, data2=data2, op=op, engine=engine,
     )  # fmt: skip
+
+
+def _broadcast_vector(api: str, data1: Tensor, data2: Tensor) -> tuple[Tensor, Tensor]:
+    """A ``[P, 1]`` operand repeated along the other's free axes, with a warning: the
+    reference wants "the same number of elements per partition", but AWS's device-tested
+    ``quantized_double_row_matmul`` (nki-samples reference/double_row_matmul.py@8370e11)
+    multiplies a ``[128, 512]`` tile by a ``[128, 1]`` scale."""
+    for vector, other in ((data2, data1), (data1, data2)):
+        if (
+            isinstance(vector, Tensor)
+            and isinstance(other, Tensor)
+            and vector.shape[0] == other.shape[0]
+            and math.prod(vector.shape[1:]) == 1 < math.prod(other.shape[1:])
+        ):
+            warnings.warn(
+                f"'{api}' repeats the [P, 1] operand {vector!r} along the free axes of "
+                f"{other!r}; the reference asks for equal elements per partition",
+                errors.BroadcastOperandWarning,
+                stacklevel=3,
+            )
+            repeated = vector.reshape((vector.shape[0],) + (1,) * (other.ndim - 1))
+            repeated = repeated.broadcast_to(other.shape)
+            return (other, repeated) if vector is data2 else (repeated, other)
+    return data1, data2
 
 
 def tensor_scalar(
