@@ -438,13 +438,13 @@ def tensor_scalar_reduce(
     **kwargs: Any,
 ) -> Tensor:
     """``data op0 operand0`` (as :func:`tensor_scalar`), also reduced with ``reduce_op``
-    over all free axes into ``reduce_res`` ``[P, 1]`` (Vector engine)."""
-    api = "tensor_scalar_reduce"
-    out = tensor_scalar(data, op0, operand0, reverse0, dtype=dtype, mask=mask)
-    tile = nl.require_tile(api, "data", data, nl.ON_CHIP)
-    values = nl.as_f32(out).reshape(tile.shape)
-    _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
-    return out
+    over all free axes into ``reduce_res`` ``[P, 1]`` (the core ``tensor_scalar_reduce``)."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "tensor_scalar_reduce", core_isa.tensor_scalar_reduce, data.shape, out_dtype, mask,
+        data=data, op0=op0, operand0=operand0, reduce_op=reduce_op, reduce_res=reduce_res,
+        reverse0=reverse0,
+    )  # fmt: skip
 
 
 def scalar_tensor_tensor(
@@ -460,22 +460,14 @@ def scalar_tensor_tensor(
     mask: Any = None,
     **kwargs: Any,
 ) -> Tensor:
-    """``(data op0 operand0) op1 operand1``: ``operand0`` a scalar or ``[P, 1]`` vector,
-    ``operand1`` a tile shaped like ``data`` (not both it and ``data`` in PSUM)."""
-    api = "scalar_tensor_tensor"
-    tile, where = _input(api, "data", data, mask)
-    other, _ = _input(api, "operand1", operand1, mask)
-    if other.shape != tile.shape:
-        raise errors.ShapeMismatch(f"'{api}' operand1 {other!r} must have the shape of {tile!r}")
-    if tile.buffer is MemoryRegion.psum and other.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data and operand1 from PSUM")
-    first, second = _alu(api, op0), _alu(api, op1)
-    scalar = _per_partition_scalar(api, "operand0", operand0, tile)
-    values = nl.as_f32(tile)
-    values = np.asarray(first(scalar, values) if reverse0 else first(values, scalar))
-    rhs = nl.as_f32(other)
-    values = np.asarray(second(rhs, values) if reverse1 else second(values, rhs), np.float32)
-    return _result(api, values, dtype, tile.dtype, where, "vector")
+    """``(data op0 operand0) op1 operand1`` (the core ``scalar_tensor_tensor``):
+    ``operand0`` a scalar or ``[P, 1]`` vector, ``operand1`` a tile shaped like ``data``."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "scalar_tensor_tensor", core_isa.scalar_tensor_tensor, data.shape, out_dtype, mask,
+        data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1, reverse0=reverse0,
+        reverse1=reverse1,
+    )  # fmt: skip
 
 
 _COMPARISONS = (np.equal, np.less, np.less_equal, np.greater, np.greater_equal)
