@@ -271,9 +271,10 @@ def tensor_copy_predicated(
     alu.check_on_chip(api, operands)  # src may be a scalar
     alu.check_not_both_psum(api, src, predicate)
     alu.check_elements(api, operands)
-    if predicate.dtype not in (language.uint8, language.uint16, language.uint32):
+    # bool_ is stored as uint8 (nki.api.shared.rst, "Supported Data Types").
+    if predicate.dtype not in (language.bool_, language.uint8, language.uint16, language.uint32):
         raise errors.UnsupportedDtype(
-            f"'{api}' predicate must be uint8/16/32, got {predicate.dtype}"
+            f"'{api}' predicate must be bool/uint8/16/32, got {predicate.dtype}"
         )
     if isinstance(src, NkiTensor) and src.dtype != dst.dtype:
         raise errors.UnsupportedDtype(

@@ -621,32 +621,13 @@ def tensor_copy_predicated(
     dtype: Any = None,
     **kwargs: Any,
 ) -> None:
-    """Copies ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` (uint8/16/32) is
-    nonzero (zero with ``reverse_pred``); other ``dst`` elements keep their values."""
-    api = "tensor_copy_predicated"
-    target, where = _input(api, "dst", dst, mask)
-    condition, _ = _input(api, "predicate", predicate, mask)
-    operands = {"dst": target, "predicate": condition}
-    if isinstance(src, Tensor):
-        operands["src"] = _input(api, "src", src, mask)[0]
-        if src.dtype != target.dtype:
-            raise errors.UnsupportedDtype(f"'{api}' src {src.dtype} and dst {target.dtype} differ")
-        if src.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
-            raise errors.UnsupportedMemory(f"'{api}' cannot read src and predicate from PSUM")
-    _same_layout(api, operands)
-    if condition.dtype not in (nl.bool_, nl.uint8, nl.uint16, nl.uint32):  # bool_ is 8-bit
-        raise errors.UnsupportedDtype(
-            f"'{api}' predicate must be uint8/16/32, got {condition.dtype}"
-        )
-    chosen = condition.read().reshape(target.shape) != 0
-    chosen = ~chosen if reverse_pred else chosen
-    if where is not None:
-        chosen &= np.broadcast_to(where, target.shape)
-    values = (
-        src.read().reshape(target.shape) if isinstance(src, Tensor) else np.full(target.shape, src)
-    )
-    target.write(values, chosen, api)
-    runtime.active_run(api).count("vector")
+    """Copies ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` (bool or
+    uint8/16/32) is nonzero (zero with ``reverse_pred``); other ``dst`` elements keep their
+    values (the core ``tensor_copy_predicated``)."""
+    _run_core(
+        "tensor_copy_predicated", core_isa.tensor_copy_predicated, dst.shape, dst.dtype, mask,
+        dst, src=src, predicate=predicate, reverse_pred=reverse_pred,
+    )  # fmt: skip
 
 
 def tensor_copy(
@@ -1020,10 +1001,9 @@ def dma_copy(
 def memset(
     shape: Any, value: Any, dtype: Any, *, mask: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
-    """A new SBUF tile of ``shape`` filled with ``value`` (Vector or GpSimd engine)."""
-    api = "memset"
-    runtime.active_run(api)
-    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
+    """A new SBUF tile of ``shape`` filled with ``value`` (the core ``memset``; Vector or
+    GpSimd engine)."""
     dims = tuple(int(s) for s in shape)
-    where = mask_values(api, mask, dims)
-    return _result(api, np.full(dims, value), dtype, nki_dtype(dtype), where, chosen)
+    return _run_core(
+        "memset", core_isa.memset, dims, nki_dtype(dtype), mask, value=value, engine=engine
+    )
