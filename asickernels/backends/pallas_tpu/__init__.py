@@ -33,6 +33,7 @@ BACKEND = Backend(
     description="Pallas/Mosaic TPU kernels (interpret mode where there is no TPU)",
     platforms=("tpu",),
     embeddable=True,
+    package=__name__,
 )
 
 
@@ -48,4 +49,6 @@ INTERPRET_BACKEND = Backend(
     probe=_probe_interpret,
     description="the same Pallas kernels in TPU interpret mode, with race detection",
     traceable=_traceable,
+    kernels_of="pallas_tpu",
+    kernel_kwargs={"mode": "tpu_interpret"},
 )

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, tuning
 from asickernels.backends.xla import box_iou as xla_box_iou
 from asickernels.backends.xla.box_iou import metric_from_planes
 
@@ -114,8 +114,10 @@ def _run_pairwise(
     return _box_kernel(True, metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
-box_iou = functools.partial(_run_pairwise, "iou")
-generalized_box_iou = functools.partial(_run_pairwise, "giou")
+box_iou = BACKEND.implements("box_iou")(functools.partial(_run_pairwise, "iou"))
+generalized_box_iou = BACKEND.implements("generalized_box_iou")(
+    functools.partial(_run_pairwise, "giou")
+)
 
 
 # Paired -------------------------------------------------------------------------------------
@@ -263,5 +265,5 @@ def _run_paired(
     return _box_kernel(False, metric, boxes1, boxes2, config, mode)
 
 
-diou = functools.partial(_run_paired, "diou")
-ciou = functools.partial(_run_paired, "ciou")
+diou = BACKEND.implements("diou", vjp="diou_vjp")(functools.partial(_run_paired, "diou"))
+ciou = BACKEND.implements("ciou", vjp="ciou_vjp")(functools.partial(_run_paired, "ciou"))

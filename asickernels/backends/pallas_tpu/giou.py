@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, tuning
 from asickernels.backends.xla.giou import giou_from_planes
 
 LANES = 128
@@ -175,6 +175,7 @@ def _giou_bwd(
 _giou.defvjp(_giou_fwd, _giou_bwd)
 
 
+@BACKEND.implements("giou", vjp="giou_vjp")
 def giou(
     boxes1: jax.Array,
     boxes2: jax.Array,

@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, tuning
 
 
 def _kernel(x_ref: Any, y_ref: Any, *refs: Any, k_steps: int, scaled: bool) -> None:
@@ -136,6 +136,8 @@ def _build(
     return matmul
 
 
+# v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
+@BACKEND.implements("int8_matmul", generations=generations.INT8_MXU)
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,

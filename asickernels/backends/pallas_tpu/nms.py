@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, tuning
 from asickernels.kernels.nms import dense_ranks
 
 # Fields of a box (rows of the kernel's input): coordinates, area (computed in the kernel),
@@ -442,6 +442,7 @@ def counted_loop_trips(
     )
 
 
+@BACKEND.implements("nms")
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
