@@ -10,7 +10,7 @@ import pytest
 from conftest import backends_under_test, require
 
 import asickernels
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import lowering
 from asickernels.kernels import registry
 from asickernels.kernels.giou import differentiable_backends
 from asickernels.testing import oracle
@@ -19,7 +19,7 @@ from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 
 def require_traceable(backend):
     """TPU interpret mode under jit needs jax >= 0.8; older JAX must refuse it clearly."""
-    if backend == "pallas_tpu_interpret" and not tuning.tpu_interpret_traceable():
+    if backend == "pallas_tpu_interpret" and not lowering.tpu_interpret_traceable():
         boxes = np.zeros((3, 4), np.float32)
         with pytest.raises(NotImplementedError, match="cannot run under jit"):
             jax.jit(lambda b: asickernels.giou(b, b, backend=backend))(boxes)

@@ -38,9 +38,9 @@ BACKEND = Backend(
 
 
 def _traceable() -> bool:
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu import lowering
 
-    return tuning.tpu_interpret_traceable()
+    return lowering.tpu_interpret_traceable()
 
 
 INTERPRET_BACKEND = Backend(
