@@ -3,6 +3,9 @@ generation handling. Numerical agreement is the conformance suite's job."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,3 +185,20 @@ def test_nms_ranks_in_kernel_and_after_an_xla_sort_agree():
     want, _ = asickernels.nms(boxes, scores, backend="reference", **kwargs)
     for indices, _ in results:
         np.testing.assert_array_equal(np.asarray(indices), np.asarray(want))
+
+
+def test_a_cpu_call_does_not_import_the_pallas_kernels():
+    """A backend's kernel modules are imported when the policy first considers it: a CPU
+    host's default call never does for Pallas (and ``import asickernels`` imports none)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the default call runs on a CPU host only here")
+    code = (
+        "import sys, numpy as np, asickernels\n"
+        "pallas = lambda: sorted(m for m in sys.modules if 'pallas_tpu.' in m)\n"
+        "print(pallas())\n"
+        "boxes = np.zeros((2, 4), np.float32)\n"
+        "asickernels.giou(boxes, boxes)\n"
+        "print(pallas())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["[]", "[]"]
