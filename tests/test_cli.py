@@ -109,10 +109,14 @@ def _raising_matmul(x, y, **kwargs):
     raise RuntimeError("kernel exploded")
 
 
+def _not_landed_matmul(x, y, **kwargs):
+    import asickernels.backends.not_landed_yet  # noqa: F401  (a kernel whose module is missing)
+
+
 @pytest.fixture
 def planted(monkeypatch):
     """Registers test backends in a copy of the registry, restored afterwards."""
-    for table in ("_BACKENDS", "_IMPLEMENTATIONS", "_LOADED", "_AVAILABILITY"):
+    for table in ("_BACKENDS", "_IMPLEMENTATIONS", "_LOADED", "_AVAILABILITY", "_IMPORTED"):
         monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
 
     def plant(name, target, counters=None):
@@ -126,9 +130,9 @@ def planted(monkeypatch):
 @pytest.mark.parametrize(
     ("target", "status", "shown"),
     [
-        (f"{__name__}:_off_by_one_matmul", "fail", "FAIL"),
-        (f"{__name__}:_raising_matmul", "error", "kernel exploded"),
-        ("asickernels.backends.not_landed_yet:int8_matmul", "error", "ModuleNotFoundError"),
+        (_off_by_one_matmul, "fail", "FAIL"),
+        (_raising_matmul, "error", "kernel exploded"),
+        (_not_landed_matmul, "error", "ModuleNotFoundError"),
     ],
 )
 def test_check_exits_1_when_a_backend_is_wrong_or_raises(
@@ -155,7 +159,7 @@ def test_check_exits_1_when_a_backend_is_wrong_or_raises(
 
 
 def test_check_exits_0_when_every_backend_matches(capsys, planted):
-    planted("planted", "asickernels.reference:int8_matmul")
+    planted("planted", reference.int8_matmul)
     code, out, _ = run(
         capsys, "check", "--ops", "int8_matmul", "--backends", "planted,reference", "--quiet"
     )
@@ -166,7 +170,7 @@ def test_check_exits_0_when_every_backend_matches(capsys, planted):
 
 
 def test_missing_backend_is_listed_not_failed(capsys, planted, monkeypatch):
-    planted("absent", "asickernels.reference:int8_matmul")
+    planted("absent", reference.int8_matmul)
     monkeypatch.setitem(
         registry._AVAILABILITY, "absent", Availability("missing", "no such device", "buy one")
     )
@@ -228,7 +232,7 @@ def test_tiny_bench_writes_schema_json_and_a_plot(capsys, tmp_path):
 
 
 def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted, tmp_path):
-    planted("counted", "asickernels.reference:int8_matmul", counters=lambda: {"instructions": 12.0})
+    planted("counted", reference.int8_matmul, counters=lambda: {"instructions": 12.0})
     path = tmp_path / "bench.json"
     code, out, _ = run(
         capsys,
@@ -255,7 +259,7 @@ def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted
 
 
 def test_failing_bench_row_is_not_timed(planted):
-    planted("planted", f"{__name__}:_off_by_one_matmul")
+    planted("planted", _off_by_one_matmul)
     op = workloads.OPS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"planted"})
@@ -265,7 +269,7 @@ def test_failing_bench_row_is_not_timed(planted):
 
 
 def test_run_checks_then_benches(capsys, planted, tmp_path):
-    planted("planted", "asickernels.reference:int8_matmul")
+    planted("planted", reference.int8_matmul)
     path = tmp_path / "run.json"
     code, out, _ = run(
         capsys,
@@ -398,7 +402,7 @@ def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
 
     probe = lambda: Availability("native", "a planted device")  # noqa: E731
     registry.register_backend(Backend("device", "numpy", probe, "test", device_timer=timer))
-    registry.register("int8_matmul", "device", "asickernels.reference:int8_matmul")
+    registry.register("int8_matmul", "device", reference.int8_matmul)
     op = workloads.OPS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"device"}), repeats=7

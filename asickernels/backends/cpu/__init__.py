@@ -30,6 +30,7 @@ BACKEND = Backend(
     description="native C++ CPU kernels through XLA's FFI (and numpy for eager host calls)",
     platforms=("cpu",),
     numpy_route=in_place.numpy_route,
+    package=__name__,
 )
 
 __all__ = ["BACKEND"]
