@@ -58,16 +58,18 @@ __all__ = [
 ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
 
 
-def _call(op: Op, arrays: tuple[Any, ...], **keywords: Any) -> Any:
-    """``torch.ops.asickernels.<op.name>`` with ``arrays`` (the op's array parameters, in
-    declaration order) by position and the rest by keyword, as its schema takes them."""
+def _call(op: Op, **values: Any) -> Any:
+    """``torch.ops.asickernels.<op.name>`` on ``op``'s arguments by name: its arrays by
+    position (in declaration order), the rest by keyword, as the operator's schema takes
+    them."""
+    arrays = tuple(values.pop(name) for name in op.array_names)
     if not all(a is None or isinstance(a, Tensor) for a in arrays):
         device = next((a.device for a in arrays if isinstance(a, Tensor)), None)
         arrays = tuple(
             _as_tensor(a, name, device) for name, a in zip(op.array_names, arrays, strict=True)
         )
     try:
-        return getattr(torch.ops.asickernels, op.name)(*arrays, **keywords)
+        return getattr(torch.ops.asickernels, op.name)(*arrays, **values)
     except RuntimeError as error:  # the dispatcher's check of the schema's argument types
         message = str(error)
         if message.startswith(f"asickernels::{op.name}() Expected a value of type"):
@@ -90,7 +92,7 @@ def giou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) ->
     """Generalized IoU of paired ``[..., 4]`` boxes ``(x1, y1, x2, y2)`` of one shape ->
     ``[...]`` in ``[-1, 1]``, float32 (float64 for float64 boxes); differentiable.
     Contract: :func:`asickernels.giou`."""
-    return _call(asickernels.giou, (boxes1, boxes2), backend=backend)
+    return _call(asickernels.giou, boxes1=boxes1, boxes2=boxes2, backend=backend)
 
 
 def giou_vjp(
@@ -98,7 +100,9 @@ def giou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """``(d_boxes1, d_boxes2)`` ``[..., 4]``: the gradient of ``sum(cotangent * giou(boxes1,
     boxes2))`` for ``cotangent [...]``. Contract: :func:`asickernels.giou_vjp`."""
-    return _call(asickernels.giou_vjp, (boxes1, boxes2, cotangent), backend=backend)
+    return _call(
+        asickernels.giou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
+    )
 
 
 def giou_loss(
@@ -114,7 +118,12 @@ def giou_loss(
     differentiable, with exactly 0 loss and gradient at padding. Contract:
     :func:`asickernels.giou_loss`."""
     return _call(
-        asickernels.giou_loss, (preds, targets, mask), reduction=reduction, backend=backend
+        asickernels.giou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
     )
 
 
@@ -132,7 +141,8 @@ def nms(
     :func:`asickernels.nms`."""
     return _call(
         asickernels.nms,
-        (boxes, scores),
+        boxes=boxes,
+        scores=scores,
         iou_threshold=iou_threshold,
         max_output_size=max_output_size,
         score_threshold=score_threshold,
@@ -154,7 +164,9 @@ def batched_nms(
     :func:`asickernels.batched_nms`."""
     return _call(
         asickernels.batched_nms,
-        (boxes, scores, idxs),
+        boxes=boxes,
+        scores=scores,
+        idxs=idxs,
         iou_threshold=iou_threshold,
         max_output_size=max_output_size,
         score_threshold=score_threshold,
@@ -176,7 +188,10 @@ def int8_matmul(
     to ``out_dtype`` (default float32). Contract: :func:`asickernels.int8_matmul`."""
     return _call(
         asickernels.int8_matmul,
-        (x, y, x_scale, y_scale),
+        x=x,
+        y=y,
+        x_scale=x_scale,
+        y_scale=y_scale,
         out_dtype=out_dtype,
         backend=backend,
     )
@@ -188,13 +203,13 @@ def quantize_int8(
     """Symmetric int8 quantization of finite float ``x`` -> ``(q, scale)``: ``q`` int8 of
     ``x``'s shape, ``scale`` float32 ``[x.shape[axis]]`` (``()`` for ``axis=None``).
     Contract: :func:`asickernels.quantize_int8`."""
-    return _call(asickernels.quantize_int8, (x,), axis=axis, backend=backend)
+    return _call(asickernels.quantize_int8, x=x, axis=axis, backend=backend)
 
 
 def box_iou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` -> ``[..., N,
     M]``, float32 (float64 for float64 boxes). Contract: :func:`asickernels.box_iou`."""
-    return _call(asickernels.box_iou, (boxes1, boxes2), backend=backend)
+    return _call(asickernels.box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
 
 
 def generalized_box_iou(
@@ -202,13 +217,13 @@ def generalized_box_iou(
 ) -> Tensor:
     """Generalized IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` ->
     ``[..., N, M]``; differentiable. Contract: :func:`asickernels.generalized_box_iou`."""
-    return _call(asickernels.generalized_box_iou, (boxes1, boxes2), backend=backend)
+    return _call(asickernels.generalized_box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
 
 
 def diou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """Distance IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
     :func:`asickernels.diou`."""
-    return _call(asickernels.diou, (boxes1, boxes2), backend=backend)
+    return _call(asickernels.diou, boxes1=boxes1, boxes2=boxes2, backend=backend)
 
 
 def diou_vjp(
@@ -216,7 +231,9 @@ def diou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """The gradient of ``sum(cotangent * diou(boxes1, boxes2))``. Contract:
     :func:`asickernels.diou_vjp`."""
-    return _call(asickernels.diou_vjp, (boxes1, boxes2, cotangent), backend=backend)
+    return _call(
+        asickernels.diou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
+    )
 
 
 def diou_loss(
@@ -230,14 +247,19 @@ def diou_loss(
     """``1 - diou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
     Contract: :func:`asickernels.diou_loss`."""
     return _call(
-        asickernels.diou_loss, (preds, targets, mask), reduction=reduction, backend=backend
+        asickernels.diou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
     )
 
 
 def ciou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """Complete IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
     :func:`asickernels.ciou`."""
-    return _call(asickernels.ciou, (boxes1, boxes2), backend=backend)
+    return _call(asickernels.ciou, boxes1=boxes1, boxes2=boxes2, backend=backend)
 
 
 def ciou_vjp(
@@ -245,7 +267,9 @@ def ciou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """The gradient of ``sum(cotangent * ciou(boxes1, boxes2))``. Contract:
     :func:`asickernels.ciou_vjp`."""
-    return _call(asickernels.ciou_vjp, (boxes1, boxes2, cotangent), backend=backend)
+    return _call(
+        asickernels.ciou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
+    )
 
 
 def ciou_loss(
@@ -259,5 +283,10 @@ def ciou_loss(
     """``1 - ciou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
     Contract: :func:`asickernels.ciou_loss`."""
     return _call(
-        asickernels.ciou_loss, (preds, targets, mask), reduction=reduction, backend=backend
+        asickernels.ciou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
     )
