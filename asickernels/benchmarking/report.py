@@ -171,9 +171,12 @@ def check_table(rows: Sequence[CheckRow]) -> list[list[str]]:
         errors = [r.max_error for r in group if r.max_error is not None]
         worst = max(errors) if errors else None
         tolerances = {r.tolerance for r in group if r.tolerance is not None}
+        reasons: dict[str, list[str]] = {}
+        for r in not_applicable:
+            reasons.setdefault(r.detail, []).append(r.case)
         details = "; ".join(
             [f"{r.case}: {r.detail or f'error {format_error(r.max_error)}'}" for r in bad]
-            + [f"{r.case}: n/a ({r.detail})" for r in not_applicable]
+            + [f"{', '.join(cases)}: n/a ({reason})" for reason, cases in reasons.items()]
         )
         lines.append(
             [
