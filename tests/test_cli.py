@@ -256,6 +256,13 @@ def test_a_jax_backend_this_jax_cannot_trace_is_not_applicable(capsys, planted, 
     assert code == 0, out
     assert {row["status"] for row in rows.values()} == {"n/a"}
     assert all("cannot run under jax.jit" in row["detail"] for row in rows.values())
+    path = tmp_path / "run.json"
+    argv = ["run", "--ops", "giou", "--backends", "eager_only", "--size", "giou=8", "--quiet"]
+    code, out, _ = run(capsys, *argv, "--json", str(path))
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    assert code == 0, out
+    assert {row["status"] for row in document["results"]} == {"n/a"}
 
 
 # -- bench ---------------------------------------------------------------------------------
