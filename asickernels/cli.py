@@ -194,10 +194,16 @@ def _run_check(args: argparse.Namespace) -> tuple[list[CheckRow], bool]:
     print(report.text_table(report.CHECK_HEADERS, report.check_table(rows)))
     _print_missing(rows)
     bad = [row for row in rows if row.status in ("fail", "error")]
-    ran = [row for row in rows if row.status != "missing"]
+    ran = [row for row in rows if row.status not in ("missing", "n/a")]
+    not_applicable = sum(row.status == "n/a" for row in rows)
     print(
         f"\ncheck: {len(ran) - len(bad)}/{len(ran)} runs match the float64 reference"
         + (f"; {len(bad)} FAILED" if bad else "")
+        + (
+            f"; {not_applicable} not applicable (refused by the backend by design)"
+            if not_applicable
+            else ""
+        )
     )
     return rows, not bad
 

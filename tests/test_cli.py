@@ -119,10 +119,12 @@ def planted(monkeypatch):
     for table in ("_BACKENDS", "_IMPLEMENTATIONS", "_LOADED", "_AVAILABILITY", "_IMPORTED"):
         monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
 
-    def plant(name, target, counters=None):
+    def plant(name, target, counters=None, *, op="int8_matmul", **details):
         probe = lambda: Availability("native", "planted by a test")  # noqa: E731
-        registry.register_backend(Backend(name, "numpy", probe, "test backend", counters=counters))
-        registry.register("int8_matmul", name, target)
+        support = details.pop("support", registry.Support())
+        kind = details.pop("array_kind", "numpy")
+        registry.register_backend(Backend(name, kind, probe, "test", counters=counters, **details))
+        registry.register(op, name, target, support=support)
 
     return plant
 
@@ -177,6 +179,90 @@ def test_missing_backend_is_listed_not_failed(capsys, planted, monkeypatch):
     code, out, _ = run(capsys, "check", "--ops", "int8_matmul", "--backends", "absent", "--quiet")
     assert code == 0
     assert "absent (int8_matmul): no such device (install: buy one)" in out
+
+
+def _giou_plus_a_tenth(boxes1, boxes2, *, config=None):
+    return reference.giou(boxes1, boxes2).astype(boxes1.dtype) + 0.1
+
+
+def _giou_in_float32(boxes1, boxes2, *, config=None):
+    """Claims float64 but computes it in float32: wrong where float32 cannot resolve boxes."""
+    if boxes1.dtype != np.float64:
+        return reference.giou(boxes1, boxes2).astype(np.float32)
+    narrow = reference.giou(boxes1.astype(np.float32), boxes2.astype(np.float32))
+    return narrow.astype(np.float32).astype(np.float64)
+
+
+def _check_giou(capsys, tmp_path, backends):
+    path = tmp_path / "check.json"
+    code, out, _ = run(
+        capsys, "check", "--ops", "giou", "--backends", backends, "--quiet", "--json", str(path)
+    )
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    return code, out, {row["case"]: row for row in document["checks"]}
+
+
+def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, planted, tmp_path):
+    planted("narrow", "asickernels.reference:giou", op="giou")  # registered float32-only
+    code, out, rows = _check_giou(capsys, tmp_path, "narrow")
+    assert code == 0, out
+    assert rows["float64_offset_1e6"]["status"] == "n/a"
+    assert "narrow computes giou in float32 only" in rows["float64_offset_1e6"]["detail"]
+    assert {row["status"] for case, row in rows.items() if case != "float64_offset_1e6"} == {"ok"}
+    assert "1 not applicable" in out and "FAIL" not in out
+
+
+def test_a_wrong_float32_only_backend_still_fails(capsys, planted, tmp_path):
+    planted("wrong", f"{__name__}:_giou_plus_a_tenth", op="giou")
+    code, out, rows = _check_giou(capsys, tmp_path, "wrong")
+    assert code == 1
+    assert "FAILED" in out
+    assert rows["random_130"]["status"] == "fail"
+    assert rows["float64_offset_1e6"]["status"] == "n/a"
+
+
+def test_float64_cases_run_in_float64_and_a_backend_that_narrows_them_fails(
+    capsys, planted, tmp_path
+):
+    wide = registry.Support(registry.FLOAT32_AND_64)
+    planted("narrows", f"{__name__}:_giou_in_float32", op="giou", support=wide)
+    code, out, rows = _check_giou(capsys, tmp_path, "narrows")
+    assert code == 1, out
+    assert rows["float64_offset_1e6"]["status"] == "fail"
+    assert {row["status"] for case, row in rows.items() if case != "float64_offset_1e6"} == {"ok"}
+
+
+def test_jax_backends_get_float64_cases_in_x64_mode():
+    op = workloads.OPS["giou"]
+    case = next(
+        c for c in op.check_cases(np.random.default_rng(0)) if c.name == "float64_offset_1e6"
+    )
+    for prepared in (op.prepare_backend("xla", case), op.prepare_default("jit", case)):
+        got = prepared.canonical(prepared.call())
+        assert got.dtype == np.float64
+        assert op.compare(got, op.expected(case)).passed
+
+
+def test_a_jax_backend_this_jax_cannot_trace_is_not_applicable(capsys, planted, tmp_path):
+    planted(
+        "eager_only",
+        "asickernels.backends.xla.giou:giou",
+        op="giou",
+        array_kind="jax",
+        traceable=lambda: False,
+    )
+    code, out, rows = _check_giou(capsys, tmp_path, "eager_only")
+    assert code == 0, out
+    assert {row["status"] for row in rows.values()} == {"n/a"}
+    assert all("cannot run under jax.jit" in row["detail"] for row in rows.values())
+    path = tmp_path / "run.json"
+    argv = ["run", "--ops", "giou", "--backends", "eager_only", "--size", "giou=8", "--quiet"]
+    code, out, _ = run(capsys, *argv, "--json", str(path))
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    assert code == 0, out
+    assert {row["status"] for row in document["results"]} == {"n/a"}
 
 
 # -- bench ---------------------------------------------------------------------------------

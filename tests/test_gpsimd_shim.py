@@ -463,3 +463,64 @@ def test_the_stack_limit(tmp_path):
     declared = shim.load("stack", [source], [shape], extra_cflags=["-DSTACK_SIZE=20000"])
     np.testing.assert_array_equal(declared.deep(x), [4095.0] * 3)
     assert 16384 <= declared.stats()["stack_peak_bytes"] <= 20000
+
+
+# Stack frames written in one place only: the rule must see the frame's full depth wherever
+# the kernel writes into it (near the entry, at the far end, or not at all beyond the top).
+FRAMES = r"""
+#include <torch/torch.h>
+#include "torchneuron/register.h"
+#define FRAME_KERNEL(name, bytes, first, last)                  \
+  torch::Tensor name(const torch::Tensor& x) {                  \
+    volatile char frame[bytes];                                 \
+    for (size_t i = (first); i < (last); ++i) frame[i] = 1;     \
+    torch::Tensor out = torch::zeros(x.sizes(), torch::kFloat); \
+    out.fill_(static_cast<float>(frame[(first)]));              \
+    return out;                                                 \
+  }
+// 500 KB, written only in its 64 bytes nearest the entry (its top) or farthest from it.
+FRAME_KERNEL(frame_top, 500 * 1024, 500 * 1024 - 64, 500 * 1024)
+FRAME_KERNEL(frame_bottom, 500 * 1024, 0, 64)
+// 300 KB written only near its top: within a 400 KB stack.
+FRAME_KERNEL(frame_within, 300 * 1024, 300 * 1024 - 64, 300 * 1024)
+// 64 MB: past any stack, and past the zone the shim watches beyond the limit.
+FRAME_KERNEL(frame_huge, 64 << 20, (64 << 20) - 64, 64 << 20)
+"""
+FRAMES_SHAPE = (
+    SHAPE_PREAMBLE
+    + r"""
+torch::Tensor frame_shape(torch::Tensor x) { return torch::zeros(x.sizes(), torch::kFloat); }
+NEURON_LIBRARY(frames, m) {
+  m.def("top", &frame_shape, "frame_top");
+  m.def("bottom", &frame_shape, "frame_bottom");
+  m.def("within", &frame_shape, "frame_within");
+  m.def("huge", &frame_shape, "frame_huge");
+}
+"""
+)
+
+
+@pytest.mark.parametrize("declared", [None, 400 * 1024])
+def test_the_stack_rule_sees_a_frame_wherever_it_is_written(tmp_path, declared):
+    source, shape = tmp_path / "frames.cpp", tmp_path / "shape.cpp"
+    source.write_text(FRAMES)
+    shape.write_text(FRAMES_SHAPE)
+    flags = [] if declared is None else [f"-DSTACK_SIZE={declared}"]
+    library = shim.load("frames", [source], [shape], extra_cflags=flags)
+    if library.sanitized:
+        pytest.skip("stack depth is not measured in sanitized builds")
+    limit = declared or 8192
+    x = np.zeros(3, np.float32)
+    for op in ("top", "bottom"):
+        with pytest.raises(shim.ShimError, match=rf"more than the {limit} bytes") as caught:
+            getattr(library, op)(x)
+        used = re.search(r"used (\d+) bytes of stack", str(caught.value))
+        assert used is not None and int(used.group(1)) >= 500 * 1024 - 4096, str(caught.value)
+    with pytest.raises(shim.ShimError, match=r"the kernel's stack overflowed"):
+        library.huge(x)
+    if declared is None:
+        with pytest.raises(shim.ShimError, match=r"more than the 8192 bytes"):
+            library.within(x)
+    else:  # within the limit, also after the overflows above
+        np.testing.assert_array_equal(library.within(x), [1.0] * 3)
+        assert 300 * 1024 <= library.stats()["stack_peak_bytes"] <= declared

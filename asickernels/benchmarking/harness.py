@@ -23,6 +23,7 @@ from asickernels.benchmarking.workloads import (
     Case,
     Comparison,
     DefaultMode,
+    NotApplicable,
     Op,
     Prepared,
     Size,
@@ -31,7 +32,8 @@ from asickernels.kernels import registry
 from asickernels.kernels.registry import Availability
 
 Role = Literal["ours", "peer", "reference"]
-Status = Literal["ok", "fail", "error", "missing", "skipped"]
+# "n/a": the backend refuses the case by design (workloads.NotApplicable), not a failure.
+Status = Literal["ok", "fail", "error", "missing", "skipped", "n/a"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +153,7 @@ class CheckRow:
     case: str
     implementation: str
     mode: str
-    status: Status  # ok, fail, error or missing
+    status: Status  # ok, fail, error, missing or n/a
     max_error: float | None = None
     tolerance: float | None = None
     detail: str = ""
@@ -208,6 +210,8 @@ def check(
                 row = CheckRow(op.name, case.name, contender.name, contender.mode, "ok")
                 try:
                     _, _, comparison = _run_and_compare(op, contender, case, want)
+                except NotApplicable as reason:
+                    row.status, row.detail = "n/a", str(reason)
                 except Exception as error:
                     row.status, row.detail = "error", _error_text(error)
                 else:
@@ -400,6 +404,9 @@ def _bench_one(
                 budget_s=settings.budget_s,
             )
         history[contender.name] = (op.work(size), row.timing.median_s)
+    except NotApplicable as reason:
+        row.status, row.detail, row.timing = "n/a", str(reason), None
+        return row, None
     except Exception as error:
         row.status, row.detail, row.timing = "error", _error_text(error), None
         return row, None

@@ -185,6 +185,7 @@ def _not_run(rows: Sequence[BenchRow]) -> list[str]:
     lines = [f"- cannot run here: {line}" for line in missing_lines(rows)]
     labels = {
         "skipped": "skipped (per-call time, extrapolated from a smaller size, above the limit)",
+        "n/a": "not applicable (the backend cannot run this call here by design)",
         "fail": "FAILED the reference check",
         "error": "raised an error",
     }

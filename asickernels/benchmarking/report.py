@@ -127,7 +127,7 @@ def bench_table(rows: Sequence[BenchRow]) -> list[list[str]]:
                 row.implementation,
                 row.role,
                 row.mode,
-                row.status if row.status in ("ok", "skipped") else row.status.upper(),
+                row.status if row.status in ("ok", "skipped", "n/a") else row.status.upper(),
                 format_error(row.max_error),
                 format_seconds(timing.median_s if timing else None),
                 f"{timing.spread:.0%}" if timing else "",
@@ -156,8 +156,8 @@ def missing_lines(rows: Sequence[BenchRow | CheckRow]) -> list[str]:
 
 
 def check_table(rows: Sequence[CheckRow]) -> list[list[str]]:
-    """One line per (op, backend) that could run here: how many cases passed, the worst
-    error, what failed."""
+    """One line per (op, backend) that could run here: how many cases passed (of those
+    that apply), the worst error, what failed and what does not apply."""
     groups: dict[tuple[str, str], list[CheckRow]] = {}
     for row in rows:
         groups.setdefault((row.op, row.implementation), []).append(row)
@@ -165,22 +165,29 @@ def check_table(rows: Sequence[CheckRow]) -> list[list[str]]:
     for (op, backend), group in groups.items():
         if group[0].status == "missing":
             continue
-        bad = [r for r in group if r.status != "ok"]
+        bad = [r for r in group if r.status in ("fail", "error")]
+        not_applicable = [r for r in group if r.status == "n/a"]
+        applied = len(group) - len(not_applicable)
         errors = [r.max_error for r in group if r.max_error is not None]
         worst = max(errors) if errors else None
         tolerances = {r.tolerance for r in group if r.tolerance is not None}
+        reasons: dict[str, list[str]] = {}
+        for r in not_applicable:
+            reasons.setdefault(r.detail, []).append(r.case)
         details = "; ".join(
-            f"{r.case}: {r.detail or f'error {format_error(r.max_error)}'}" for r in bad
+            [f"{r.case}: {r.detail or f'error {format_error(r.max_error)}'}" for r in bad]
+            + [f"{', '.join(cases)}: n/a ({reason})" for reason, cases in reasons.items()]
         )
         lines.append(
             [
                 op,
                 backend,
                 group[0].mode,
-                f"{len(group) - len(bad)}/{len(group)}",
+                f"{applied - len(bad)}/{applied}"
+                + (f" +{len(not_applicable)} n/a" if not_applicable else ""),
                 format_error(worst),
                 "/".join(format_error(t) for t in sorted(tolerances)),
-                "FAIL" if bad else "ok",
+                "FAIL" if bad else "ok" if applied else "n/a",
                 details,
             ]
         )

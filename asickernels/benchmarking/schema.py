@@ -16,14 +16,15 @@ Top level (an object)::
 Check row (one op x case x backend; ``case`` is ``"*"`` for a backend that cannot run)::
 
     op, case, implementation, mode ("native" | "simulated" | "missing"),
-    status ("ok" | "fail" | "error" | "missing"), max_error (number | null),
-    tolerance (number | null), detail (str)
+    status ("ok" | "fail" | "error" | "missing" | "n/a": the backend refuses the case by
+    design, e.g. float64 on a float32-only backend; detail says why), max_error (number |
+    null), tolerance (number | null), detail (str)
 
 Bench row (one op x size x backend or peer)::
 
     op, size (label), params (object: the size's parameters), implementation,
     role ("ours" | "peer" | "reference"), mode, status ("ok" | "fail" | "error" |
-    "missing" | "skipped"), detail (why not ok), max_error, tolerance, checked (which part
+    "missing" | "skipped" | "n/a"), detail (why not ok), max_error, tolerance, checked (which part
     of the output was compared, or null), timing (null, or object: median_s, min_s, p10_s,
     p90_s, max_s, repeats int, first_call_s number | null, method str),
     ratio_to_fastest_peer (median / the fastest peer's median at the same op and size, or
@@ -127,11 +128,11 @@ def validate(document: Any) -> None:
     _fields(document["machine"], _MACHINE, "machine")
     for i, row in enumerate(document["checks"]):
         _fields(row, _CHECK, f"checks[{i}]")
-        if row["status"] not in ("ok", "fail", "error", "missing"):
+        if row["status"] not in ("ok", "fail", "error", "missing", "n/a"):
             raise ValueError(f"checks[{i}].status: unexpected {row['status']!r}")
     for i, row in enumerate(document["results"]):
         _fields(row, _BENCH, f"results[{i}]")
-        if row["status"] not in ("ok", "fail", "error", "missing", "skipped"):
+        if row["status"] not in ("ok", "fail", "error", "missing", "skipped", "n/a"):
             raise ValueError(f"results[{i}].status: unexpected {row['status']!r}")
         if row["timing"] is not None:
             _fields(row["timing"], _TIMING, f"results[{i}].timing")

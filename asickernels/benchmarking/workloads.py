@@ -3,8 +3,10 @@ its inputs (random, edge and adversarial), how a registry backend is called, and
 result is compared with the float64 reference.
 
 Every backend is called through the public API (``asickernels.giou(..., backend=name)``),
-``jax.jit``-compiled for JAX backends with inputs already on the device, so a row times
-what a user gets. Results are compared in a canonical numpy form:
+``jax.jit``-compiled for JAX backends with inputs already on the device (in JAX's x64
+mode for float64 cases), so a row times what a user gets. A case a backend refuses by
+design (float64 on a float32-only backend) raises :class:`NotApplicable` instead of
+running. Results are compared in a canonical numpy form:
 
 * ``giou``, ``giou_vjp``: error = the oracle's (:mod:`asickernels.testing.oracle`) worst
   ``|got - want| / (atol + rtol |want|)``: 1 or less passes.
@@ -31,6 +33,7 @@ import asickernels
 from asickernels import reference
 from asickernels.kernels import giou as giou_ops
 from asickernels.kernels import registry
+from asickernels.kernels.declaration import x64_scope
 from asickernels.testing import cases as shared_cases
 from asickernels.testing import oracle
 
@@ -69,6 +72,11 @@ class Comparison:
     tolerance: float
     passed: bool
     checked: str = "all"  # what part of the output was compared
+
+
+class NotApplicable(Exception):
+    """A backend refuses this case by design (the message says why): ``check`` reports it
+    as not applicable, not as a failure."""
 
 
 def _oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
@@ -124,14 +132,28 @@ class Op:
 
     def prepare_backend(self, backend: str, case: Case) -> Prepared:
         """The public op on ``backend``: jitted with device-resident inputs for JAX backends,
-        called eagerly on host arrays for host backends."""
+        called eagerly on host arrays for host backends.
+
+        Raises :class:`NotApplicable` for a call the backend refuses by design: a float64
+        case on a backend registered to compute in float32 only, or a JAX backend this JAX
+        cannot trace (``Backend.traceable``)."""
+        chosen = registry.backend(backend)
+        if chosen.traceable is not None and not chosen.traceable():
+            raise NotApplicable(
+                f"{backend} cannot run under jax.jit with jax {jax.__version__} "
+                "(it runs eagerly only with this JAX)"
+            )
+        computes, wanted = registry.support(self.registry_op, backend).dtypes, _float_dtype(case)
+        if wanted not in computes:
+            raise NotApplicable(
+                f"{backend} computes {self.registry_op} in {'/'.join(sorted(computes))} only; "
+                f"this case is {wanted}"
+            )
         public = getattr(asickernels, self.name)
         function: Callable[..., Any] = functools.partial(public, backend=backend, **case.static)
-        arrays: tuple[Any, ...] = case.arrays
-        if registry.backend(backend).array_kind == "jax":
-            function = jax.jit(function)
-            arrays = tuple(jax.device_put(a) for a in arrays)
-        return Prepared(lambda: function(*arrays), _to_numpy)
+        if chosen.array_kind != "jax":
+            return Prepared(lambda: function(*case.arrays), _to_numpy)
+        return _jitted(function, case, on_device=True)
 
     def prepare_default(self, mode: DefaultMode, case: Case) -> Prepared:
         """The public op with ``backend=None``: eagerly on the case's numpy arrays (what a
@@ -142,9 +164,30 @@ class Op:
         function: Callable[..., Any] = functools.partial(public, **case.static)
         if mode == "eager":
             return Prepared(lambda: function(*case.arrays), _to_numpy)
-        jitted = jax.jit(function)
-        arrays = case.arrays if mode == "jit-numpy" else tuple(map(jax.device_put, case.arrays))
+        return _jitted(function, case, on_device=mode == "jit")
+
+
+def _float_dtype(case: Case) -> str:
+    """The dtype the case's float inputs are computed in: float64 if any is float64."""
+    return "float64" if any(a.dtype == np.float64 for a in case.arrays) else "float32"
+
+
+def _jitted(function: Callable[..., Any], case: Case, *, on_device: bool) -> Prepared:
+    """``function`` under ``jax.jit`` on the case's arrays (placed on the device first if
+    ``on_device``); in JAX's x64 mode when an input is 64-bit, so that float64 stays
+    float64 (without it ``device_put`` and ``jit`` canonicalize to float32)."""
+    jitted = jax.jit(function)
+    wide = any(a.dtype.itemsize == 8 for a in case.arrays)
+    with x64_scope(wide):
+        arrays = tuple(map(jax.device_put, case.arrays)) if on_device else case.arrays
+    if not wide:
         return Prepared(lambda: jitted(*arrays), _to_numpy)
+
+    def call() -> Any:
+        with x64_scope(True):
+            return jitted(*arrays)
+
+    return Prepared(call, _to_numpy)
 
 
 # -- boxes ---------------------------------------------------------------------------------

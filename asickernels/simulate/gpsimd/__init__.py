@@ -71,8 +71,18 @@ MAX_DIMS = 8
 
 # C++14 because the device toolchain is libc++ 10 in C++14 mode: newer code fails here too.
 # -fno-builtin-printf keeps printf calls as calls, and -Bsymbolic binds them to the shim's
-# printf (core 0 only) instead of the C library's.
-_COMMON_FLAGS = ("-std=c++14", "-fPIC", "-pthread", "-Wall", "-Wextra", "-fno-builtin-printf")
+# printf (core 0 only) instead of the C library's. -fstack-clash-protection touches every
+# page of a large stack frame as it is allocated, so that the stack rule (runtime.cpp, "the
+# kernel's stack") sees a frame's full depth even where the kernel writes only part of it.
+_COMMON_FLAGS = (
+    "-std=c++14",
+    "-fPIC",
+    "-pthread",
+    "-Wall",
+    "-Wextra",
+    "-fno-builtin-printf",
+    "-fstack-clash-protection",
+)
 _LINK_FLAGS = ("-shared", "-Wl,-Bsymbolic")
 _TEXT_BUFFER_BYTES = 64 * 1024
 _STATS = (

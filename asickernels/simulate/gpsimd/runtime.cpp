@@ -6,6 +6,8 @@
 #include <cxxabi.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <new>
@@ -39,9 +42,11 @@ constexpr size_t kStreamTcmBytes = 4 * 1024;
 // custom-c++-operators-devguide: "the library can have 10 functions registered".
 constexpr size_t kMaxOpsPerLibrary = 10;
 constexpr size_t kMaxDims = 8;
-// custom-c++-operators-devguide "Performance Guidance": without -DSTACK_SIZE (or with an
-// estimate under ~8KB) the stack sits in local memory and overflows beyond ~8KB; a larger
-// STACK_SIZE moves it to NeuronCore memory of that size (at most 400KB).
+// aws-neuron-sdk neuron-customops/programming-guide/custom-c++-operators-devguide.rst@27461f50
+// "Performance Guidance": without -DSTACK_SIZE (or with an estimate under ~8KB) "the stack
+// will go in local memory ... if your stack grows beyond ~8KB, there's a risk of a stack
+// overflow"; a larger STACK_SIZE places it in NeuronCore memory, and "the maximum supported
+// stack size is 400KB".
 constexpr size_t kLocalStackBytes = 8 * 1024;
 
 // A kernel broke a device rule (fatal for its core), or the host glue was misused.
@@ -378,29 +383,143 @@ RunStats g_last_stats;
 std::atomic<size_t> g_stack_limit{kLocalStackBytes};
 
 #if !defined(__SANITIZE_ADDRESS__)
+// ---- the kernel's stack -----------------------------------------------------------------
+// Each core runs its kernel on a stack of its own (a ucontext), laid out from high to low:
+//
+//   [top - limit, top)   the kernel's stack: `limit` bytes below its entry, painted
+//   overflow zone        kOverflowZoneBytes, inaccessible until touched
+//   guard                kGuardBytes, inaccessible for good
+//
+// The first access to an overflow-zone page (a write, a read, or the probe that
+// -fstack-clash-protection makes at every page of a large frame, written or not) faults: the
+// handler records the address, opens and paints the page, and the kernel goes on. After the
+// run the deepest access is the lowest recorded fault or written byte, wherever in its frame
+// the kernel wrote. An access to the guard (a frame larger than the zone) ends the run.
 constexpr unsigned char kStackPaint = 0xC5;
+constexpr size_t kOverflowZoneBytes = 4 * 1024 * 1024;
+constexpr size_t kGuardBytes = 64 * 1024;
+// custom-c++-operators-devguide: "the maximum supported stack size is 400KB" (the Python
+// side refuses a larger -DSTACK_SIZE; the runtime clamps to it).
+constexpr size_t kMaxStackBytes = 400 * 1024;
+// siglongjmp value of an access to the guard.
+constexpr int kStackOverflow = -1;
 
-// Fills `bytes` of the unused stack just below the caller's frame with a pattern and returns
-// where they start: the kernel the caller runs next overwrites them as deep as it goes.
-__attribute__((noinline)) uintptr_t paint_stack(size_t bytes) {
-  auto* area = static_cast<unsigned char*>(__builtin_alloca(bytes));
-  std::memset(area, kStackPaint, bytes);
-  __asm__ volatile("" : : "r"(area) : "memory");
-  return reinterpret_cast<uintptr_t>(area);
+size_t page_bytes() {
+  static const size_t bytes = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return bytes;
 }
 
-// How deep into [start, start + bytes) the stack went since paint_stack.
-__attribute__((noinline)) size_t stack_depth(uintptr_t start, size_t bytes) {
-  const auto* area = reinterpret_cast<const volatile unsigned char*>(start);
-  size_t untouched = 0;
-  while (untouched < bytes && area[untouched] == kStackPaint) ++untouched;
-  return bytes - untouched;
+uintptr_t round_up(uintptr_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
 }
-#endif
 
-#if !defined(__SANITIZE_ADDRESS__)
+struct KernelStack {
+  uintptr_t base = 0;  // the guard's first byte
+  uintptr_t zone = 0;  // the overflow zone's first byte
+  uintptr_t end = 0;   // one past the mapping
+  // Per run: the kernel's stack is [top - limit, top), `open` its first (page-aligned) byte.
+  uintptr_t open = 0;
+  uintptr_t top = 0;
+  bool running = false;
+  uintptr_t deepest_fault = 0;  // lowest overflow-zone address accessed (0: none)
+  uintptr_t lowest_opened = 0;  // lowest overflow-zone page opened (0: none)
+};
+
+thread_local KernelStack t_stack;
+
+// Maps this core thread's kernel stack (once): address space only, no memory until used.
+void ensure_kernel_stack() {
+  KernelStack& stack = t_stack;
+  if (stack.base != 0) return;
+  const size_t page = page_bytes();
+  const size_t guard = round_up(kGuardBytes, page);
+  const size_t total = guard + round_up(kOverflowZoneBytes, page) + round_up(kMaxStackBytes, page);
+  void* memory = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                      -1, 0);
+  if (memory == MAP_FAILED) {
+    throw ShimError(format("could not reserve %zu bytes of address space for the kernel's stack",
+                           total));
+  }
+  stack.base = reinterpret_cast<uintptr_t>(memory);
+  stack.zone = stack.base + guard;
+  stack.end = stack.base + total;
+}
+
+// Opens `limit` bytes of stack below `top` (page-aligned at the bottom, so that the first
+// byte beyond the limit is the first byte of an inaccessible page), paints them, and closes
+// everything below.
+void arm_kernel_stack(size_t limit) {
+  KernelStack& stack = t_stack;
+  const size_t page = page_bytes();
+  limit = std::min(limit, kMaxStackBytes) / 16 * 16;
+  stack.open = stack.end - round_up(limit, page);
+  stack.top = stack.open + limit;
+  stack.deepest_fault = stack.lowest_opened = 0;
+  if (mprotect(reinterpret_cast<void*>(stack.zone), stack.open - stack.zone, PROT_NONE) != 0 ||
+      mprotect(reinterpret_cast<void*>(stack.open), stack.end - stack.open,
+               PROT_READ | PROT_WRITE) != 0) {
+    throw ShimError("could not set up the kernel's stack (mprotect failed)");
+  }
+  std::memset(reinterpret_cast<void*>(stack.open), kStackPaint, limit);
+}
+
+// The signal handler's part: true when `address` is in the overflow zone of this thread's
+// running kernel (its page is then opened, painted and the access may go on).
+bool open_overflow_page(uintptr_t address) {
+  KernelStack& stack = t_stack;
+  if (!stack.running || address < stack.zone || address >= stack.open) return false;
+  const uintptr_t page = address / page_bytes() * page_bytes();
+  if (mprotect(reinterpret_cast<void*>(page), page_bytes(), PROT_READ | PROT_WRITE) != 0) {
+    return false;
+  }
+  std::memset(reinterpret_cast<void*>(page), kStackPaint, page_bytes());
+  if (stack.deepest_fault == 0 || address < stack.deepest_fault) stack.deepest_fault = address;
+  if (stack.lowest_opened == 0 || page < stack.lowest_opened) stack.lowest_opened = page;
+  return true;
+}
+
+bool in_guard(uintptr_t address) {
+  const KernelStack& stack = t_stack;
+  return stack.running && address >= stack.base && address < stack.zone;
+}
+
+// How many bytes below `top` the finished kernel reached: its lowest fault in the overflow
+// zone or its lowest written (unpainted) byte, whichever is deeper.
+size_t kernel_stack_depth() {
+  const KernelStack& stack = t_stack;
+  uintptr_t deepest = stack.top;
+  const uintptr_t from = stack.lowest_opened != 0 ? stack.lowest_opened : stack.open;
+  const uintptr_t to = stack.lowest_opened != 0 ? stack.lowest_opened + page_bytes() : stack.top;
+  const auto* bytes = reinterpret_cast<const volatile unsigned char*>(from);
+  for (uintptr_t i = 0; from + i < to; ++i) {
+    if (bytes[i] != kStackPaint) {
+      deepest = from + i;
+      break;
+    }
+  }
+  if (stack.deepest_fault != 0) deepest = std::min(deepest, stack.deepest_fault);
+  return stack.top - deepest;
+}
+
+// The kernel call a core's context makes, and what it returned or threw.
+struct KernelCall {
+  const std::function<torch::Tensor()>* kernel = nullptr;
+  torch::Tensor result;
+  std::exception_ptr error;
+};
+
+thread_local KernelCall* t_call = nullptr;
+
+void kernel_entry() {
+  try {
+    t_call->result = (*t_call->kernel)();
+  } catch (...) {
+    t_call->error = std::current_exception();
+  }
+}  // returns to the context's uc_link: the core's runner
+
 // A kernel that faults (a null or wild pointer, e.g. after an unchecked failed tcm_malloc;
-// integer division by zero; runaway recursion) becomes a finding of its core instead of
+// integer division by zero; a stack overflow) becomes a finding of its core instead of
 // killing the process: the handler jumps back to the core's runner. Faults outside a kernel
 // go to the handler that was there before.
 const int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE};
@@ -409,9 +528,11 @@ thread_local sigjmp_buf* t_fault_jump = nullptr;
 thread_local uintptr_t t_fault_address = 0;
 
 void on_fault(int signal, siginfo_t* info, void*) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (signal == SIGSEGV && open_overflow_page(address)) return;  // the access goes on
   if (t_fault_jump != nullptr) {
-    t_fault_address = reinterpret_cast<uintptr_t>(info->si_addr);
-    siglongjmp(*t_fault_jump, signal);
+    t_fault_address = address;
+    siglongjmp(*t_fault_jump, signal == SIGSEGV && in_guard(address) ? kStackOverflow : signal);
   }
   for (size_t i = 0; i < 3; ++i) {
     if (kFaultSignals[i] == signal) sigaction(signal, &g_previous_actions[i], nullptr);
@@ -441,7 +562,16 @@ void ensure_signal_stack() {
   sigaltstack(&stack, nullptr);
 }
 
-std::string fault_text(int signal) {
+const char* kStackRule =
+    "~8KB in local memory, or -DSTACK_SIZE=N up to 400KB; custom-c++-operators-devguide "
+    "\"Performance Guidance\"";
+
+std::string fault_text(int signal, size_t limit) {
+  if (signal == kStackOverflow) {
+    return format("the kernel's stack overflowed: it reached %zu bytes below its entry, more "
+                  "than the %zu bytes it may use (%s)",
+                  static_cast<size_t>(t_stack.top - t_fault_address), limit, kStackRule);
+  }
   const char* name = signal == SIGSEGV ? "SIGSEGV" : signal == SIGBUS ? "SIGBUS" : "SIGFPE";
   if (signal == SIGFPE) return "the kernel faulted: SIGFPE (an integer division by zero?)";
   return format("the kernel faulted: %s accessing address %p%s", name,
@@ -451,30 +581,46 @@ std::string fault_text(int signal) {
 }
 #endif
 
-// Runs the kernel, measuring its peak stack use and catching its faults where the build
-// allows (AddressSanitizer moves frames elsewhere and handles faults itself).
+// Runs the kernel on its core's stack, measuring its deepest stack use and catching its
+// faults where the build allows (AddressSanitizer moves frames elsewhere and handles faults
+// itself).
 __attribute__((noinline)) void run_kernel_measured(CoreContext& core,
                                                    const std::function<torch::Tensor()>& kernel) {
 #if !defined(__SANITIZE_ADDRESS__)
   const size_t limit = g_stack_limit.load();
-  const size_t painted = 2 * limit + 4096;
   ensure_signal_stack();
+  ensure_kernel_stack();
+  arm_kernel_stack(limit);
+  KernelStack& stack = t_stack;
+  KernelCall call;
+  call.kernel = &kernel;
+  t_call = &call;
+  ucontext_t runner, callee;
+  if (getcontext(&callee) != 0) throw ShimError("getcontext failed");
+  callee.uc_stack.ss_sp = reinterpret_cast<void*>(stack.open);
+  callee.uc_stack.ss_size = stack.top - stack.open;
+  callee.uc_link = &runner;
+  makecontext(&callee, kernel_entry, 0);
   sigjmp_buf jump;
   const int signal = sigsetjmp(jump, 1);
   if (signal != 0) {
     t_fault_jump = nullptr;
-    throw ShimError(fault_text(signal));
+    t_stack.running = false;
+    throw ShimError(fault_text(signal, limit));
   }
-  const uintptr_t start = paint_stack(painted);
   t_fault_jump = &jump;
-  core.returned = kernel();
+  stack.running = true;
+  const int switched = swapcontext(&runner, &callee);
+  stack.running = false;
   t_fault_jump = nullptr;
-  core.stack_bytes = stack_depth(start, painted);
+  if (switched != 0) throw ShimError("swapcontext failed");
+  if (call.error) std::rethrow_exception(call.error);
+  core.returned = call.result;
+  core.stack_bytes = kernel_stack_depth();
   if (core.stack_bytes > limit) {
     core.findings.push_back(format(
-        "the kernel used %s%zu bytes of stack (host build), more than the %zu bytes it may use "
-        "(~8KB in local memory, or -DSTACK_SIZE=N up to 400KB; custom-c++-operators-devguide)",
-        core.stack_bytes >= painted ? "at least " : "", core.stack_bytes, limit));
+        "the kernel used %zu bytes of stack (host build), more than the %zu bytes it may use (%s)",
+        core.stack_bytes, limit, kStackRule));
   }
 #else
   core.returned = kernel();
