@@ -204,7 +204,7 @@ def _check_giou(capsys, tmp_path, backends):
 
 
 def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, planted, tmp_path):
-    planted("narrow", "asickernels.reference:giou", op="giou")  # registered float32-only
+    planted("narrow", reference.giou, op="giou")  # registered float32-only
     code, out, rows = _check_giou(capsys, tmp_path, "narrow")
     assert code == 0, out
     assert rows["float64_offset_1e6"]["status"] == "n/a"
@@ -214,7 +214,7 @@ def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, plan
 
 
 def test_a_wrong_float32_only_backend_still_fails(capsys, planted, tmp_path):
-    planted("wrong", f"{__name__}:_giou_plus_a_tenth", op="giou")
+    planted("wrong", _giou_plus_a_tenth, op="giou")
     code, out, rows = _check_giou(capsys, tmp_path, "wrong")
     assert code == 1
     assert "FAILED" in out
@@ -226,7 +226,7 @@ def test_float64_cases_run_in_float64_and_a_backend_that_narrows_them_fails(
     capsys, planted, tmp_path
 ):
     wide = registry.Support(registry.FLOAT32_AND_64)
-    planted("narrows", f"{__name__}:_giou_in_float32", op="giou", support=wide)
+    planted("narrows", _giou_in_float32, op="giou", support=wide)
     code, out, rows = _check_giou(capsys, tmp_path, "narrows")
     assert code == 1, out
     assert rows["float64_offset_1e6"]["status"] == "fail"
