@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 ArrayKind = Literal["numpy", "jax"]
@@ -79,10 +79,6 @@ class Backend:
         backend runs natively (see :mod:`asickernels.benchmarking.device`).
       traceable: optional; False when this JAX cannot run the JAX backend's kernels under
         ``jit`` (eager calls then run them op by op instead of compiled).
-      numpy_route: optional; ``(compiled, arrays) -> route or None``: given a signature's
-        jitted computation and the numpy arrays of its first eager call, what runs that
-        call and later ones with numpy arrays of the same shapes and dtypes in its place (e.g. the
-        ``cpu`` backend's in-place calls, which read the arrays without XLA's copy).
     """
 
     name: str
@@ -94,9 +90,6 @@ class Backend:
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
     traceable: Callable[[], bool] | None = None
-    numpy_route: Callable[[Callable[..., Any], Sequence[Any]], Callable[..., Any] | None] | None = (
-        None
-    )
 
 
 FLOAT32_ONLY = frozenset({"float32"})
