@@ -145,7 +145,7 @@ class Op:
       name: the public name (``asickernels.<name>``, ``torch.ops.asickernels.<name>``).
       params: the parameters in signature order (``backend`` and ``config`` are added).
       check: ``(array specs, static values) -> Plan``; raises TypeError/ValueError naming
-        the argument. Required arrays are never None here (:meth:`bind` refuses None).
+        the argument (a required array given as None included).
       compute: ``(runner, plan, **arrays) -> outputs``, written with ``runner.xp``.
       reference: the float64 definition, called with the public arguments (no backend).
       doc: the docstring.
@@ -210,9 +210,6 @@ class Op:
             "backend": None,
             "config": None,
         }
-        self._required_arrays = tuple(
-            p.name for p in self.params if p.kind == "array" and p.default is REQUIRED
-        )
         # Eager calls by signature (:func:`_argument_key`): what runs them.
         self._calls: dict[Any, Call] = {}
         # The functions that run validated eager calls (:meth:`_executor`).
@@ -232,7 +229,7 @@ class Op:
         given, statics, backend, config = self.bind(args, kwargs)
         arrays = self.prepared(given)
         plan = self.plan(arrays, statics)
-        chosen = self.choose(plan, backend, arrays)
+        chosen = self.choose(plan, backend, arrays, config)
         if key is not None:
             self._calls[key] = self._replay(chosen, plan, config, given, arrays, args, kwargs)
         return self.run(chosen, plan, config, arrays, want="jax")
@@ -246,8 +243,8 @@ class Op:
         array-like (lists become numpy) but not moved or converted.
 
         Raises:
-          TypeError: an argument is missing, unknown or given twice, a required array is
-            None, or an array argument is not array-like.
+          TypeError: an argument is missing, unknown or given twice, or an array argument
+            is not array-like (None stays None: :attr:`check` refuses it where required).
         """
         values = self._fast_bind(args, kwargs)
         if values is None:  # something unusual: let inspect say what is wrong
@@ -257,9 +254,6 @@ class Op:
                 raise TypeError(f"{self.name}(): {error}") from None
             bound.apply_defaults()
             values = bound.arguments
-        for name in self._required_arrays:
-            if values[name] is None:
-                raise TypeError(f"{self.name}(): {name} must be an array, got None")
         arrays = {
             n: None if values[n] is None else _checks.as_array(values[n], n)
             for n in self.array_names
@@ -297,16 +291,20 @@ class Op:
         }
         return self.check(specs, statics)
 
-    def choose(self, plan: Plan, backend: str | None, arrays: Mapping[str, Any]) -> str | None:
+    def choose(
+        self, plan: Plan, backend: str | None, arrays: Mapping[str, Any], config: Any = None
+    ) -> str | None:
         """The backend this call runs on (None for ops without a kernel).
 
         Raises:
-          TypeError: a backend is named for an op without one, or cannot run this call.
+          TypeError: a backend or config is given to an op without a kernel, or the backend
+            cannot run this call.
           ValueError, BackendUnavailableError: see :func:`policy.choose`.
         """
         if plan.kernel is None:
-            if backend is not None:
-                raise TypeError(f"{self.name} takes no backend (it is plain JAX)")
+            for name, value in (("backend", backend), ("config", config)):
+                if value is not None:
+                    raise TypeError(f"{self.name} takes no {name} (it is plain JAX)")
             return None
         where = policy.where_arrays_live([a for a in arrays.values() if a is not None])
         return policy.select(plan.kernel, backend, where, plan.dtype)

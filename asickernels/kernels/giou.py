@@ -32,8 +32,7 @@ _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 def check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
     """Two float ``[..., 4]`` box arrays of one shape (paired boxes)."""
-    a, b = specs[first], specs[second]
-    assert a is not None and b is not None
+    a, b = _checks.required(specs, first), _checks.required(specs, second)
     _checks.check_boxes(a, first)
     _checks.check_boxes(b, second)
     if a.shape != b.shape:
@@ -132,8 +131,7 @@ def paired_vjp_check(kernel: str) -> Check:
 
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
         a, b = check_pair(specs, "boxes1", "boxes2")
-        cotangent = specs["cotangent"]
-        assert cotangent is not None
+        cotangent = _checks.required(specs, "cotangent")
         _checks.check_float(cotangent, "cotangent")
         if cotangent.shape != a.shape[:-1]:
             raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
