@@ -8,6 +8,11 @@ with ``backend=None`` are timed in turns in one process (see
 * ``jit_numpy``: ``jax.jit`` of the op called on the same numpy inputs;
 * ``jit_device``: ``jax.jit`` of the op called on the inputs already on the device.
 
+With ``--unaligned`` every input is first copied to memory that is not 64-byte aligned
+(numpy's own allocations are 16-byte aligned, so most are not), which XLA's CPU client
+copies before a compiled call: the case the host-twin switch in
+:mod:`asickernels.kernels.declaration` is for.
+
 The JSON output holds the medians, 10-90% spreads and the ratios ``eager / jit_numpy``
 (target <= 1.2 at every size) and ``eager / jit_device`` (target <= 1.3 where
 ``jit_device`` takes >= 200 µs), with the command that made it. Run from the repository
@@ -32,9 +37,20 @@ MODES = {"eager": "eager", "jit_numpy": "jit-numpy", "jit_device": "jit"}
 DEVICE_TARGET_FROM_S = 200e-6
 
 
+def misaligned(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` whose data starts 16 bytes past a 64-byte boundary."""
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = (16 - raw.ctypes.data) % 64
+    out = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def bench_size(op: workloads.Op, text: str, args: argparse.Namespace) -> dict[str, Any]:
     size = op.parse_size(text)
     case = op.bench_case(size, np.random.default_rng(0))
+    if args.unaligned:
+        case.arrays = tuple(map(misaligned, case.arrays))
     calls = [op.prepare_default(mode, case).call for mode in MODES.values()]  # type: ignore[arg-type]
     first = [timing.timed_call(call)[1] for call in calls]
     timings = timing.measure_alternately(
@@ -69,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=60, help="timed calls per mode")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per mode and size")
+    parser.add_argument("--sizes", help="comma-separated sizes (default: the op's bench sizes)")
+    parser.add_argument("--unaligned", action="store_true", help="inputs not 64-byte aligned")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     rows = []
     for name in args.ops.split(","):
         op = workloads.OPS[name]
-        for text in op.default_sizes:
+        for text in args.sizes.split(",") if args.sizes else op.default_sizes:
             if name == "int8_matmul" and int(text) > args.max_int8:
                 continue
             row = bench_size(op, text, args)
@@ -92,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": shlex.join(["python", *sys.argv]),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "asickernels": asickernels.__file__,
+            "settings": vars(args),
             "machine": report.machine(),
             "versions": report.versions(),
             "rows": rows,

@@ -13,8 +13,10 @@ Calling an op:
 * inside a trace (``jit``/``vmap``/``grad``), the computation is traced inline;
 * eagerly, the call's signature (each array's shape, dtype and placement; each other
   argument's type and value) is bound, validated and given a backend once; every call of
-  that signature then runs the same ``jax.jit``-compiled computation, or on a numpy backend
-  (``array_kind="numpy"``) the backend's host implementation;
+  that signature then runs the same ``jax.jit``-compiled computation, or the backend's host
+  implementation (numpy in, numpy out) on a numpy backend (``array_kind="numpy"``) and,
+  on a JAX backend that has one, for numpy inputs of which XLA would copy 256 KiB or more
+  (those not 64-byte aligned);
 * with 64-bit inputs (float64 boxes, int64 scales), JAX's x64 mode is on for that call only
   (:func:`x64_scope`).
 """
