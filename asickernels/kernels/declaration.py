@@ -232,7 +232,7 @@ class Op:
         arrays = self.prepared(given)
         plan = self.plan(arrays, statics)
         chosen = self.choose(plan, backend, arrays, config)
-        if key is not None:
+        if key is not None and len(self._calls) < _MAX_SIGNATURES:
             self._calls[key] = self._replay(chosen, plan, config, given, arrays, args, kwargs)
         return self.run(chosen, plan, config, arrays, want="jax")
 
@@ -429,10 +429,14 @@ class Op:
             executor = jax.jit(computation)
         if plan.x64:
             executor = _in_x64(executor)
-        if key is not None:
+        if key is not None and len(self._executors) < _MAX_SIGNATURES:
             self._executors[key] = executor
         return executor
 
+
+# Signatures kept per op: past this many (e.g. scalar arguments of ever new values), calls
+# are validated each time rather than remembered without bound.
+_MAX_SIGNATURES = 4096
 
 # Where an eager call on a JAX backend with a host twin runs: on the host twin ("always",
 # returning its numpy outputs), on it when XLA would copy enough of its numpy inputs
