@@ -136,6 +136,23 @@ def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
         assert len(host_calls) == host
 
 
+def test_eager_numpy_inputs_of_a_compute_bound_kernel_stay_compiled(monkeypatch):
+    """int8_matmul does O(M K N) work on O(M K + K N) bytes: XLA's copy of unaligned numpy
+    inputs does not dominate it, so they stay on the jitted function."""
+    registry.check_runs_here("int8_matmul", "cpu")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the host twin ran")
+
+    monkeypatch.setitem(registry._LOADED, ("int8_matmul", "cpu", True), forbidden)
+    rng = np.random.default_rng(6)
+    x = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))  # 256 KiB each
+    y = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))
+    for _ in range(2):
+        got = asickernels.int8_matmul(x, y, backend="cpu")
+    np.testing.assert_array_equal(np.asarray(got), x.astype(np.int32) @ y.astype(np.int32))
+
+
 def test_repeated_calls_replay_the_route_of_their_own_signature():
     """Arrays by position or by name, optional ones given, None or left out, statics by
     name: each signature keeps its own route, and a replayed call gives what a first call

@@ -54,7 +54,7 @@ def _check_pairwise(kernel: str) -> Check:
                 f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
                 f"got {a.shape} and {b.shape}"
             )
-        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b)
+        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
 
     return check
 

@@ -98,6 +98,9 @@ class Plan:
         filled with its entry of ``fill``.
       fill: per output, the value of a trivial output (e.g. -1 for NMS index padding).
       x64: some input or output is 64-bit, so the call runs in JAX's x64 mode.
+      copy_bound: the kernel reads each input element about once, so that XLA's copy of
+        numpy inputs that are not 64-byte aligned costs as much as the kernel: eager calls
+        with 256 KiB or more of such inputs run on the backend's host twin where it has one.
     """
 
     kernel: str | None
@@ -107,6 +110,7 @@ class Plan:
     trivial: bool = False
     fill: tuple[int, ...] = (0,)
     x64: bool = False
+    copy_bound: bool = False
 
     def static(self, name: str) -> Any:
         return dict(self.statics)[name]
@@ -335,7 +339,7 @@ class Op:
         present = [arrays[n] for n in names]
         if want == "any" and not any(_on_accelerator(a) for a in present):
             return self._executor(backend, plan, config, names, "always")(*present)
-        return self._executor(backend, plan, config, names, _host_use(present))(*present)
+        return self._executor(backend, plan, config, names, _host_use(plan, present))(*present)
 
     def _replay(
         self,
@@ -368,7 +372,7 @@ class Op:
 
             return rebind
         present = [arrays[n] for n in names]
-        execute = self._executor(backend, plan, config, names, _host_use(present))
+        execute = self._executor(backend, plan, config, names, _host_use(plan, present))
         slots = tuple(n if n in kwargs else self._positional.index(n) for n in names)
         if slots == tuple(range(len(args))):  # the arrays are exactly the positional args
             return lambda args, kwargs: execute(*args)
@@ -446,10 +450,10 @@ _HOST_COPY_BYTES = 1 << 18
 _XLA_ALIGNMENT = 64  # XLA's CPU client takes host buffers aligned to this without a copy
 
 
-def _host_use(present: Sequence[Any]) -> Host:
-    """ "if_copied" for numpy inputs large enough that XLA's copy of them may cost more
-    than the host twin's call, else "never"."""
-    numpy = all(type(a) is np.ndarray for a in present)
+def _host_use(plan: Plan, present: Sequence[Any]) -> Host:
+    """ "if_copied" for a copy-bound plan's numpy inputs large enough that XLA's copy of
+    them may cost as much as the kernel, else "never"."""
+    numpy = plan.copy_bound and all(type(a) is np.ndarray for a in present)
     return "if_copied" if numpy and sum(a.nbytes for a in present) >= _HOST_COPY_BYTES else "never"
 
 

@@ -61,9 +61,12 @@ def _paired(
 # giou ---------------------------------------------------------------------------------------
 
 
-def metric_plan(kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec) -> Plan:
+def metric_plan(
+    kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec, *, paired: bool
+) -> Plan:
     """The plan of a box metric of ``shape`` (paired or pairwise), computed in float64 for
-    float64 boxes and in float32 otherwise; nothing to run when it is empty."""
+    float64 boxes and in float32 otherwise; nothing to run when it is empty. A paired
+    metric reads each box once: it is copy-bound (see :class:`Plan`)."""
     dtype = float_compute_dtype(boxes1, boxes2)
     return Plan(
         kernel,
@@ -72,6 +75,7 @@ def metric_plan(kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec)
         (),
         trivial=_checks.size(shape) == 0,
         x64=is_64bit(boxes1, boxes2),
+        copy_bound=paired,
     )
 
 
@@ -80,7 +84,7 @@ def paired_metric_check(kernel: str) -> Check:
 
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
         a, b = check_pair(specs, "boxes1", "boxes2")
-        return metric_plan(kernel, a.shape[:-1], a, b)
+        return metric_plan(kernel, a.shape[:-1], a, b, paired=True)
 
     return check
 
