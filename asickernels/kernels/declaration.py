@@ -353,7 +353,8 @@ class Op:
     ) -> Call:
         """What runs later eager calls of this call's signature, as ``call(args, kwargs)``:
         the executor on the arrays where this call has them (for numpy or JAX arrays that
-        need no value checks or preparation), else :meth:`run` after binding."""
+        need no value checks or preparation), else after binding, preparing and checking
+        the values."""
         names = tuple(n for n, a in arrays.items() if a is not None)
         direct = (
             self.check_values is None
@@ -364,15 +365,17 @@ class Op:
                 if a is not None
             )
         )
+        present = [arrays[n] for n in names]
+        execute = self._executor(backend, plan, config, names, _host_use(plan, present))
         if not direct:
 
             def rebind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 arrays = self.prepared(self.bind(args, kwargs)[0])
-                return self.run(backend, plan, config, arrays, want="jax")
+                if self.check_values is not None:
+                    self.check_values(**arrays)
+                return execute(*[arrays[n] for n in names])
 
             return rebind
-        present = [arrays[n] for n in names]
-        execute = self._executor(backend, plan, config, names, _host_use(plan, present))
         slots = tuple(n if n in kwargs else self._positional.index(n) for n in names)
         if slots == tuple(range(len(args))):  # the arrays are exactly the positional args
             return lambda args, kwargs: execute(*args)
