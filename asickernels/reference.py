@@ -1,7 +1,7 @@
 """The numerical reference: the one written definition of every op's semantics.
 
 Plain numpy in float64, written for clarity rather than speed. Every backend is tested
-against these functions, and they are registered as the ``"reference"`` backend. The
+against these functions, and they are the ``"reference"`` backend (:data:`BACKEND`). The
 signatures follow the implementation conventions in :mod:`asickernels.kernels.registry`.
 
 Definitions
@@ -36,7 +36,17 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.kernels.registry import FLOAT32_AND_64, Availability, Backend
+
 GIOU_EPS = 1e-7
+
+BACKEND = Backend(
+    name="reference",
+    array_kind="numpy",
+    probe=lambda: Availability("native", "numpy, float64"),
+    description="the numerical reference: numpy in float64, the definition of every op",
+    package=__name__,
+)
 
 Array = np.ndarray
 
@@ -46,6 +56,7 @@ def _planes(boxes: Any) -> tuple[Array, Array, Array, Array]:
     return b[..., 0], b[..., 1], b[..., 2], b[..., 3]
 
 
+@BACKEND.implements("giou", dtypes=FLOAT32_AND_64)
 def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     """GIOU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     x1, y1, x2, y2 = _planes(boxes1)
@@ -58,6 +69,7 @@ def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
 
 
+@BACKEND.implements("giou_vjp", dtypes=FLOAT32_AND_64)
 def giou_vjp(
     boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
 ) -> tuple[Array, Array]:
@@ -148,6 +160,7 @@ def iou_one_to_many(box: Array, boxes: Array) -> Array:
     return iou
 
 
+@BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
 def nms(
     boxes: Any,
     scores: Any,
@@ -185,6 +198,7 @@ def nms(
     return indices, num_valid
 
 
+@BACKEND.implements("int8_matmul")
 def int8_matmul(
     x: Any,
     y: Any,
@@ -347,21 +361,25 @@ def pairwise(metric: str, boxes1: Any, boxes2: Any, *, config: Any = None) -> Ar
     return _box_metric(metric, b1, b2, False).value
 
 
+@BACKEND.implements("box_iou", dtypes=FLOAT32_AND_64)
 def box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     """Pairwise IoU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return pairwise("iou", boxes1, boxes2)
 
 
+@BACKEND.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)
 def generalized_box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     """Pairwise GIOU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return pairwise("giou", boxes1, boxes2)
 
 
+@BACKEND.implements("diou", dtypes=FLOAT32_AND_64)
 def diou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     """DIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("diou", boxes1, boxes2, False).value
 
 
+@BACKEND.implements("ciou", dtypes=FLOAT32_AND_64)
 def ciou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
     """CIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("ciou", boxes1, boxes2, False).value
@@ -376,12 +394,14 @@ def metric_vjp(metric: str, boxes1: Any, boxes2: Any, cotangent: Any) -> tuple[A
     return grad[..., :4], grad[..., 4:]
 
 
+@BACKEND.implements("diou_vjp", dtypes=FLOAT32_AND_64)
 def diou_vjp(
     boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
 ) -> tuple[Array, Array]:
     return metric_vjp("diou", boxes1, boxes2, cotangent)
 
 
+@BACKEND.implements("ciou_vjp", dtypes=FLOAT32_AND_64)
 def ciou_vjp(
     boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
 ) -> tuple[Array, Array]:

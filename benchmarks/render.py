@@ -1,42 +1,52 @@
-"""Renders BENCHMARKS.md (repo root) from the recorded results.
+"""Renders benchmarks/README.md from the recorded results in benchmarks/results/.
 
-    asickernels bench --json benchmarks/results/cpu.json   # measure (minutes)
-    python benchmarks/render.py                            # render (instant)
+    asickernels bench --quiet --repeats 100 --json benchmarks/results/cpu.json  # measure
+    python benchmarks/render.py                                                 # render
 
 Every ``benchmarks/results/*.json`` (written by ``asickernels bench/run --json``) becomes a
-section; every ``benchmarks/results/*.md`` (written by other tools, e.g. TPU estimates) is
-appended verbatim, in file-name order.
+section; every ``benchmarks/results/*.md`` (written by other tools, e.g. ``asickernels
+estimate --markdown``) is linked, in file-name order.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
 from asickernels.benchmarking.markdown import render
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+OUT = HERE / "README.md"
+
+
+def rendered(results: pathlib.Path = RESULTS, out: pathlib.Path = OUT) -> str:
+    """The text of ``out`` rendered from ``results`` (links relative to ``out``'s folder)."""
+    documents = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+    if not documents:
+        raise FileNotFoundError(f"no results in {results}: run `asickernels bench --json ...`")
+    links = [
+        pathlib.Path(os.path.relpath(path.resolve(), out.resolve().parent)).as_posix()
+        for path in sorted(results.glob("*.md"))
+    ]
+    return render(documents, links)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--out", type=pathlib.Path, default=OUT)
     args = parser.parse_args(argv)
-    documents = [json.loads(path.read_text()) for path in sorted(args.results.glob("*.json"))]
-    if not documents:
-        print(
-            f"no results in {args.results}: run `asickernels bench --json ...` first",
-            file=sys.stderr,
-        )
+    try:
+        text = rendered(args.results, args.out)
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
         return 1
-    extra = [path.read_text() for path in sorted(args.results.glob("*.md"))]
-    args.out.write_text(render(documents, extra))
-    print(
-        f"wrote {args.out} from {len(documents)} result file(s) and {len(extra)} extra section(s)"
-    )
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -14,6 +14,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
+from frontend_cases import SHARDED_OPS, every_argument
 
 xr.use_spmd()
 
@@ -21,6 +22,28 @@ import asickernels.torch as at  # noqa: E402
 from asickernels.backends.xla_spmd import torch_xla_spmd as spmd  # noqa: E402
 
 BACKEND = "xla"
+
+
+def check_every_argument(mesh: xs.Mesh, device: torch.device) -> None:
+    """Each wrapper, given every argument with the arrays split 4 ways, returns what the
+    unsharded torch function returns."""
+    for op in SHARDED_OPS:
+        values = {
+            name: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for name, v in every_argument(op.name, batch=(4,)).items()
+        }
+        if op.partition == "matmul":
+            values["out_dtype"] = torch.float32
+            partition = {"m_axis": "data"}
+        else:
+            partition = {"batch_spec": (("data", "model"),)}
+        on_xla = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in values.items()}
+        got = getattr(spmd, op.name)(**on_xla, mesh=mesh, backend=BACKEND, **partition)
+        want = getattr(at, op.name)(**values, backend=BACKEND)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        assert len(got) == len(want), op.name
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-6, msg=op.name)
 
 
 def boxes(rng: np.random.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -115,6 +138,8 @@ def main() -> None:
         )  # fmt: skip
         want = at.int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=torch.bfloat16)
         assert got.dtype == torch.bfloat16 and torch.equal(got.cpu(), want), k_axis
+
+    check_every_argument(mesh, device)
 
     for call, message in (
         (

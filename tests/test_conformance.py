@@ -1,5 +1,11 @@
 """The conformance suite: every op x every backend against the float64 reference, on
-random, edge and adversarial inputs. A backend joins it by registering its op modules."""
+random, edge and adversarial inputs.
+
+One base class per kernel (:class:`GiouConformance`, ...) holds that kernel's whole suite,
+written against ``self.backend``; each backend runs it by one subclass naming the kernels it
+implements (``class TestXla(GiouConformance, NmsConformance, ...): backend = "xla"``).
+:func:`test_every_backend_runs_the_suite_of_each_kernel_it_implements` keeps that list
+complete: a backend registered for a kernel without its base here fails it."""
 
 from __future__ import annotations
 
@@ -10,16 +16,15 @@ import pytest
 from conftest import backends_under_test, require
 
 import asickernels
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import lowering
 from asickernels.kernels import registry
-from asickernels.kernels.giou import differentiable_backends
 from asickernels.testing import oracle
 from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
 
 
 def require_traceable(backend):
     """TPU interpret mode under jit needs jax >= 0.8; older JAX must refuse it clearly."""
-    if backend == "pallas_tpu_interpret" and not tuning.tpu_interpret_traceable():
+    if backend == "pallas_tpu_interpret" and not lowering.tpu_interpret_traceable():
         boxes = np.zeros((3, 4), np.float32)
         with pytest.raises(NotImplementedError, match="cannot run under jit"):
             jax.jit(lambda b: asickernels.giou(b, b, backend=backend))(boxes)
@@ -54,134 +59,195 @@ def _assert_unchanged(before, arrays):
             np.testing.assert_array_equal(np.asarray(new), old, err_msg="an input was modified")
 
 
-@pytest.mark.parametrize("backend", backends_under_test("giou"))
-@pytest.mark.parametrize("case", _params(giou_cases()))
-def test_giou(backend, case):
-    require(backend)
-    before = _snapshot(case.boxes1, case.boxes2)
-    call = lambda: asickernels.giou(case.boxes1, case.boxes2, backend=backend)  # noqa: E731
-    if refuses_float64(backend, "giou", [case.boxes1], call):
-        return
-    got = call()
-    wide = case.boxes1.dtype == np.float64
-    assert got.shape == case.boxes1.shape[:-1] and got.dtype == (np.float64 if wide else np.float32)
-    want = oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
-    oracle.assert_agrees("giou", got, want)
-    _assert_unchanged(before, [case.boxes1, case.boxes2])
+class Conformance:
+    """What every kernel's suite shares: the backend under test (set by the subclass),
+    skipped with the reason where it cannot run on this machine."""
+
+    backend: str
+
+    @pytest.fixture(autouse=True)
+    def _runs_here(self):
+        require(self.backend)
+
+    def require_jax(self):
+        """For tests of JAX transformations: skips host (numpy) backends."""
+        if registry.backend(self.backend).array_kind != "jax":
+            pytest.skip(f"{self.backend} runs on host numpy arrays: no jit/vmap/grad")
+        require_traceable(self.backend)
 
 
-@pytest.mark.parametrize("backend", [b for b in differentiable_backends() if b != "reference"])
-@pytest.mark.parametrize(
-    "case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16])
-)
-def test_giou_gradient(backend, case):
-    require(backend)
-    rng = np.random.default_rng(7)
-    cotangent = rng.normal(size=case.boxes1.shape[:-1]).astype(np.float32)
-    call = lambda: asickernels.giou_vjp(case.boxes1, case.boxes2, cotangent, backend=backend)  # noqa: E731
-    if refuses_float64(backend, "giou_vjp", [case.boxes1], call):
-        return
-    got = call()
-    arrays = {"boxes1": case.boxes1, "boxes2": case.boxes2, "cotangent": cotangent}
-    oracle.assert_agrees("giou_vjp", got, oracle.expected("giou_vjp", arrays, {}))
+class GiouConformance(Conformance):
+    @pytest.mark.parametrize("case", _params(giou_cases()))
+    def test_giou(self, case):
+        backend = self.backend
+        before = _snapshot(case.boxes1, case.boxes2)
+        call = lambda: asickernels.giou(case.boxes1, case.boxes2, backend=backend)  # noqa: E731
+        if refuses_float64(backend, "giou", [case.boxes1], call):
+            return
+        got = call()
+        wide = case.boxes1.dtype == np.float64
+        assert got.shape == case.boxes1.shape[:-1]
+        assert got.dtype == (np.float64 if wide else np.float32)
+        want = oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
+        oracle.assert_agrees("giou", got, want)
+        _assert_unchanged(before, [case.boxes1, case.boxes2])
 
-
-@pytest.mark.parametrize(
-    "backend", [b for b in backends_under_test("giou") if registry.backend(b).array_kind == "jax"]
-)
-def test_giou_jax_grad_and_jit(backend):
-    """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
-    require(backend)
-    require_traceable(backend)
-    case = next(c for c in giou_cases() if c.name == "random_257")
-    grad = jax.jit(
-        jax.grad(lambda a, b: asickernels.giou(a, b, backend=backend).sum(), argnums=(0, 1))
-    )
-    got = grad(case.boxes1, case.boxes2)
-    arrays = {"boxes1": case.boxes1, "boxes2": case.boxes2, "cotangent": np.ones(257)}
-    oracle.assert_agrees("giou_vjp", got, oracle.expected("giou_vjp", arrays, {}))
-
-
-@pytest.mark.parametrize("backend", backends_under_test("giou"))
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_giou_loss_masked_padding(backend, reduction):
-    """Padding (mask False) may hold NaN and zero boxes: it contributes exactly 0."""
-    require(backend)
-    rng = np.random.default_rng(3)
-    preds = rng.uniform(0, 5, (4, 37, 2)).astype(np.float32)
-    preds = np.concatenate([preds, preds + 1], -1)
-    targets = preds + rng.uniform(-0.5, 0.5, preds.shape).astype(np.float32)
-    mask = rng.uniform(size=(4, 37)) < 0.6
-    preds[~mask] = np.nan
-    targets[~mask] = 0.0
-    got = asickernels.giou_loss(preds, targets, mask=mask, reduction=reduction, backend=backend)
-    arrays = {"preds": preds, "targets": targets, "mask": mask}
-    want = oracle.expected("giou_loss", arrays, {"reduction": reduction})
-    oracle.assert_agrees("giou_loss", got, want)
-    assert np.all(np.isfinite(np.asarray(got)))
-
-
-@pytest.mark.parametrize("backend", backends_under_test("giou"))
-def test_giou_loss_mean_with_no_valid_box_is_zero(backend):
-    require(backend)
-    boxes = np.full((3, 4), np.nan, np.float32)
-    got = asickernels.giou_loss(boxes, boxes, mask=np.zeros(3, bool), backend=backend)
-    assert float(got) == 0.0
-
-
-@pytest.mark.parametrize("backend", backends_under_test("nms"))
-@pytest.mark.parametrize("case", _params(nms_cases()))
-def test_nms(backend, case):
-    require(backend)
-    before = _snapshot(case.boxes, case.scores, case.categories)
-    call = lambda: asickernels.nms(case.boxes, case.scores, backend=backend, **case.kwargs())  # noqa: E731
-    if refuses_float64(backend, "nms", [case.boxes, case.scores], call):
-        return
-    if case.categories is None:
-        indices, num_valid = asickernels.nms(
-            case.boxes, case.scores, backend=backend, **case.kwargs()
+    def test_giou_jax_grad_and_jit(self):
+        """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
+        self.require_jax()
+        backend = self.backend
+        case = next(c for c in giou_cases() if c.name == "random_257")
+        grad = jax.jit(
+            jax.grad(lambda a, b: asickernels.giou(a, b, backend=backend).sum(), argnums=(0, 1))
         )
-    else:
-        indices, num_valid = asickernels.batched_nms(
-            case.boxes, case.scores, case.categories, backend=backend, **case.kwargs()
+        got = grad(case.boxes1, case.boxes2)
+        arrays = {"boxes1": case.boxes1, "boxes2": case.boxes2, "cotangent": np.ones(257)}
+        oracle.assert_agrees("giou_vjp", got, oracle.expected("giou_vjp", arrays, {}))
+
+    @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+    def test_giou_loss_masked_padding(self, reduction):
+        """Padding (mask False) may hold NaN and zero boxes: it contributes exactly 0."""
+        rng = np.random.default_rng(3)
+        preds = rng.uniform(0, 5, (4, 37, 2)).astype(np.float32)
+        preds = np.concatenate([preds, preds + 1], -1)
+        targets = preds + rng.uniform(-0.5, 0.5, preds.shape).astype(np.float32)
+        mask = rng.uniform(size=(4, 37)) < 0.6
+        preds[~mask] = np.nan
+        targets[~mask] = 0.0
+        got = asickernels.giou_loss(
+            preds, targets, mask=mask, reduction=reduction, backend=self.backend
         )
-    batch_shape = case.scores.shape[:-1]
-    assert indices.shape == batch_shape + (case.max_output_size,) and indices.dtype == np.int32
-    assert num_valid.shape == batch_shape and num_valid.dtype == np.int32
-    op = "nms" if case.categories is None else "batched_nms"
-    arrays = {"boxes": case.boxes, "scores": case.scores}
-    if case.categories is not None:
-        arrays["idxs"] = case.categories
-    oracle.assert_agrees(op, (indices, num_valid), oracle.expected(op, arrays, case.kwargs()))
-    _assert_unchanged(before, [case.boxes, case.scores, case.categories])
+        arrays = {"preds": preds, "targets": targets, "mask": mask}
+        want = oracle.expected("giou_loss", arrays, {"reduction": reduction})
+        oracle.assert_agrees("giou_loss", got, want)
+        assert np.all(np.isfinite(np.asarray(got)))
+
+    def test_giou_loss_mean_with_no_valid_box_is_zero(self):
+        boxes = np.full((3, 4), np.nan, np.float32)
+        got = asickernels.giou_loss(boxes, boxes, mask=np.zeros(3, bool), backend=self.backend)
+        assert float(got) == 0.0
 
 
-@pytest.mark.parametrize("backend", backends_under_test("int8_matmul"))
-@pytest.mark.parametrize("case", _params(matmul_cases()))
-def test_int8_matmul(backend, case):
-    require(backend)
-    before = _snapshot(case.x, case.y)
-    got = asickernels.int8_matmul(case.x, case.y, backend=backend, **case.kwargs())
-    arrays = {"x": case.x, "y": case.y, "x_scale": case.x_scale, "y_scale": case.y_scale}
-    want = oracle.expected("int8_matmul", arrays, {"out_dtype": case.out_dtype})
-    assert got.dtype == np.dtype(
-        case.out_dtype or (np.float32 if want.dtype == np.float64 else np.int32)
+class GiouVjpConformance(Conformance):
+    @pytest.mark.parametrize(
+        "case", _params([c for c in giou_cases() if c.boxes1.dtype != ml_dtypes.bfloat16])
     )
-    oracle.assert_agrees("int8_matmul", got, want)
-    _assert_unchanged(before, [case.x, case.y])
+    def test_giou_gradient(self, case):
+        backend = self.backend
+        rng = np.random.default_rng(7)
+        cotangent = rng.normal(size=case.boxes1.shape[:-1]).astype(np.float32)
+        call = lambda: asickernels.giou_vjp(  # noqa: E731
+            case.boxes1, case.boxes2, cotangent, backend=backend
+        )
+        if refuses_float64(backend, "giou_vjp", [case.boxes1], call):
+            return
+        got = call()
+        arrays = {"boxes1": case.boxes1, "boxes2": case.boxes2, "cotangent": cotangent}
+        oracle.assert_agrees("giou_vjp", got, oracle.expected("giou_vjp", arrays, {}))
 
 
-@pytest.mark.parametrize(
-    "backend", [b for b in backends_under_test("nms") if registry.backend(b).array_kind == "jax"]
-)
-def test_nms_under_jit_and_vmap(backend):
-    require(backend)
-    require_traceable(backend)
-    case = next(c for c in nms_cases() if c.name == "batch_2x3")
-    run = jax.jit(jax.vmap(lambda b, s: asickernels.nms(b, s, backend=backend, **case.kwargs())))
-    indices, num_valid = run(case.boxes, case.scores)
-    eager_idx, eager_n = asickernels.nms(
-        case.boxes, case.scores, backend="reference", **case.kwargs()
-    )
-    np.testing.assert_array_equal(np.asarray(indices), np.asarray(eager_idx))
-    np.testing.assert_array_equal(np.asarray(num_valid), np.asarray(eager_n))
+class NmsConformance(Conformance):
+    @pytest.mark.parametrize("case", _params(nms_cases()))
+    def test_nms(self, case):
+        backend = self.backend
+        before = _snapshot(case.boxes, case.scores, case.categories)
+        call = lambda: asickernels.nms(case.boxes, case.scores, backend=backend, **case.kwargs())  # noqa: E731
+        if refuses_float64(backend, "nms", [case.boxes, case.scores], call):
+            return
+        if case.categories is None:
+            indices, num_valid = asickernels.nms(
+                case.boxes, case.scores, backend=backend, **case.kwargs()
+            )
+        else:
+            indices, num_valid = asickernels.batched_nms(
+                case.boxes, case.scores, case.categories, backend=backend, **case.kwargs()
+            )
+        batch_shape = case.scores.shape[:-1]
+        assert indices.shape == batch_shape + (case.max_output_size,) and indices.dtype == np.int32
+        assert num_valid.shape == batch_shape and num_valid.dtype == np.int32
+        op = "nms" if case.categories is None else "batched_nms"
+        arrays = {"boxes": case.boxes, "scores": case.scores}
+        if case.categories is not None:
+            arrays["idxs"] = case.categories
+        want = oracle.expected(op, arrays, case.kwargs())
+        oracle.assert_agrees(op, (indices, num_valid), want)
+        _assert_unchanged(before, [case.boxes, case.scores, case.categories])
+
+    def test_nms_under_jit_and_vmap(self):
+        self.require_jax()
+        backend = self.backend
+        case = next(c for c in nms_cases() if c.name == "batch_2x3")
+        run = jax.jit(
+            jax.vmap(lambda b, s: asickernels.nms(b, s, backend=backend, **case.kwargs()))
+        )
+        indices, num_valid = run(case.boxes, case.scores)
+        eager_idx, eager_n = asickernels.nms(
+            case.boxes, case.scores, backend="reference", **case.kwargs()
+        )
+        np.testing.assert_array_equal(np.asarray(indices), np.asarray(eager_idx))
+        np.testing.assert_array_equal(np.asarray(num_valid), np.asarray(eager_n))
+
+
+class Int8MatmulConformance(Conformance):
+    @pytest.mark.parametrize("case", _params(matmul_cases()))
+    def test_int8_matmul(self, case):
+        before = _snapshot(case.x, case.y)
+        got = asickernels.int8_matmul(case.x, case.y, backend=self.backend, **case.kwargs())
+        arrays = {"x": case.x, "y": case.y, "x_scale": case.x_scale, "y_scale": case.y_scale}
+        want = oracle.expected("int8_matmul", arrays, {"out_dtype": case.out_dtype})
+        assert got.dtype == np.dtype(
+            case.out_dtype or (np.float32 if want.dtype == np.float64 else np.int32)
+        )
+        oracle.assert_agrees("int8_matmul", got, want)
+        _assert_unchanged(before, [case.x, case.y])
+
+
+# -- the backends: one subclass each, naming the kernels it implements ----------------------
+
+
+class TestXla(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+    backend = "xla"
+
+
+class TestCpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+    backend = "cpu"
+
+
+class TestPallasTpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+    backend = "pallas_tpu"
+
+
+class TestPallasTpuInterpret(
+    GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance
+):
+    backend = "pallas_tpu_interpret"
+
+
+class TestGpsimd(GiouConformance, NmsConformance):
+    backend = "gpsimd"
+
+
+class TestNki(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+    backend = "nki"
+
+
+SUITES = {
+    "giou": GiouConformance,
+    "giou_vjp": GiouVjpConformance,
+    "nms": NmsConformance,
+    "int8_matmul": Int8MatmulConformance,
+}
+
+
+def test_every_backend_runs_the_suite_of_each_kernel_it_implements():
+    tested = {
+        cls.backend: cls
+        for cls in globals().values()
+        if isinstance(cls, type) and issubclass(cls, Conformance) and hasattr(cls, "backend")
+    }
+    for kernel, suite in SUITES.items():
+        for backend in backends_under_test(kernel):
+            assert issubclass(tested.get(backend, object), suite), (
+                f"backend {backend!r} implements {kernel!r}: add {suite.__name__} to its "
+                "Test class here"
+            )

@@ -315,6 +315,29 @@ def test_cpu_default_runs_natively_here():
     assert chosen == policy.candidates("nms", where)[0]
 
 
+def test_a_backend_whose_kernels_cannot_be_imported_is_missing_not_fatal(monkeypatch, tmp_path):
+    """A kernel module with a missing dependency makes its backend ``missing``, saying why;
+    the library and the other backends carry on."""
+    package = tmp_path / "broken_backend"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "giou.py").write_text("import a_dependency_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for table in ("_BACKENDS", "_AVAILABILITY", "_IMPORTED"):
+        monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
+    probe = lambda: registry.Availability("native", "its probe passes")  # noqa: E731
+    registry.register_backend(
+        registry.Backend("broken", "jax", probe, "test", ("cpu",), package="broken_backend")
+    )
+    status = registry.availability("broken")
+    assert status.mode == "missing" and "a_dependency_that_is_not_installed" in status.detail
+    boxes = np.zeros((2, 4), np.float32)
+    with pytest.raises(asickernels.BackendUnavailableError, match="not_installed"):
+        asickernels.giou(boxes, boxes, backend="broken")
+    assert "broken" not in registry.backends_for("giou")
+    assert asickernels.giou(boxes, boxes).shape == (2,)
+
+
 def test_oracle_agrees_with_every_public_op_on_the_default_backend():
     rng = np.random.default_rng(3)
     boxes1, boxes2 = random_boxes(rng, (3, 17)), random_boxes(rng, (3, 17))

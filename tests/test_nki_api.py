@@ -217,7 +217,7 @@ def test_loops_and_program_ids_without_a_grid():
     seen = []
 
     def kernel(x):
-        nl.fori_loop(0, 3, seen.append)
+        nl.fori_loop(0, 3, lambda i: seen.append(int(i)))  # i: a VirtualRegister
         seen.append((nl.program_id(0), nl.num_programs(), nl.program_ndim()))
         with nl.no_reorder():
             return x
@@ -898,3 +898,85 @@ def test_access_pattern_with_vector_offset_gathers_rows(rng):
     np.testing.assert_array_equal(run(kernel, table, rows), original[[4, 0, 9]][:, 1::2])
     np.testing.assert_array_equal(table[[4, 0, 9], :4], 0)
     np.testing.assert_array_equal(table[[4, 0, 9], 4:], original[[4, 0, 9], 4:])
+
+
+# -- names AWS's kernels use (issue 24) ------------------------------------------------------
+def test_fori_loop_hands_its_body_a_register_for_scalar_offset():
+    """The ``nl.fori_loop`` docstring's example: the body reads ``i`` as ``scalar_offset``."""
+
+    def kernel(data, upper):
+        output = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=output, src=nl.zeros(data.shape, dtype=data.dtype))
+        ub_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ub_sb, src=upper)
+        ub_reg = nisa.register_alloc()
+        nisa.register_load(ub_reg, ub_sb)
+        temp = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+
+        def body(i):
+            assert isinstance(i, nisa.VirtualRegister)
+            nisa.dma_copy(dst=temp, src=data.ap([[1, 1], [1, 1]], scalar_offset=i, indirect_dim=1))
+            nisa.dma_copy(
+                dst=output.ap([[1, 1], [1, 1]], scalar_offset=i, indirect_dim=1), src=temp
+            )
+
+        nl.fori_loop(0, ub_reg, body)
+        return output
+
+    data = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
+    out = run(kernel, data, np.array([[5]], np.int32))
+    np.testing.assert_array_equal(out, np.where(np.arange(8) < 5, data, 0))
+
+
+def test_nki_object_and_dtype_module():
+    class Config(nl.NKIObject):
+        pass
+
+    config = Config(tile=128, dtype=nl.bfloat16)
+    assert (config.tile, config.dtype) == (128, nl.bfloat16)
+    assert isinstance(nl.tile_size, nl.NKIObject)
+    assert nki.dtype.float8_e4m3fn_x4 is nl.float8_e4m3fn_x4
+    assert nki.dtype.bfloat16 is nl.bfloat16
+
+
+def test_tensor_copy_dtype_rounds_to_it_then_stores_in_dst():
+    """nki-samples@6905a68's tutorials pass ``dtype=`` to ``tensor_copy``."""
+
+    def kernel(x):
+        tile = nl.load(x)
+        dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=dst, src=tile, dtype=nl.bfloat16)
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=dst)
+        return out
+
+    x = np.array([[1.0 + 2**-10, 3.0]], np.float32)
+    np.testing.assert_array_equal(run(kernel, x), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_benchmark_and_profile_run_in_the_simulator_and_measure_no_device_time():
+    from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
+
+    def add(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=nl.add(nl.load(a), 1.0))
+        return out
+
+    bench = nki.benchmark(warmup=2, iters=3)(add)
+    x = np.ones((4, 8), np.float32)
+    with pytest.warns(NoDeviceTimeWarning, match="no device time was measured"):
+        np.testing.assert_array_equal(bench(x), x + 1)
+    result = bench.benchmark_result
+    assert result.device_time_measured is False and "no device time" in result.note
+    assert math.isnan(result.nc_latency.get_latency_percentile(99))
+    with pytest.raises(ValueError, match="percentile"):
+        result.nc_latency.get_latency_percentile(95)
+    with pytest.warns(NoDeviceTimeWarning):  # a placeholder runs as zeros
+        np.testing.assert_array_equal(bench(nt.tensor[[4, 8], nl.float32]), np.ones((4, 8)))
+    with pytest.raises(ValueError, match="iters"):
+        nki.benchmark(add, iters=0)
+    with pytest.raises(ValueError, match="absolute"):
+        nki.profile(add, working_directory="relative/dir")
+    profiled = nki.profile(working_directory="/tmp/profiles", profile_nth=2)(add)
+    with pytest.warns(NoDeviceTimeWarning):
+        assert profiled(x) is None

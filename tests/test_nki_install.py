@@ -54,6 +54,14 @@ def test_hook_resolves_both_generations(clean_imports):
     assert simulator.__spec__.name == "asickernels.simulate.nki"  # the alias leaves it alone
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("neuronxcc.nki.no_such_module")
+    # the module names AWS's kernels and tests import (issue 24)
+    from neuronxcc.nki import benchmark, profile  # noqa: F401
+    from neuronxcc.nki.isa.constants import dge_mode
+    from nki.dtype import float8_e4m3fn_x4
+    from nki.isa.constants import engine
+
+    assert dge_mode is legacy.isa.dge_mode and engine is simulator.isa.engine
+    assert float8_e4m3fn_x4 is simulator.language.float8_e4m3fn_x4
 
 
 def test_uninstall_restores_imports(clean_imports):

@@ -3,6 +3,9 @@ generation handling. Numerical agreement is the conformance suite's job."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +14,10 @@ from jax.experimental import pallas as pl
 
 import asickernels
 from asickernels import reference, tpu_generations
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import lowering
+from asickernels.backends.pallas_tpu.giou import GiouConfig
+from asickernels.backends.pallas_tpu.int8_matmul import Int8MatmulConfig
+from asickernels.backends.pallas_tpu.nms import NmsConfig
 from asickernels.testing.cases import random_boxes
 
 
@@ -26,8 +32,8 @@ def _copy_blocks(out_index_map):
             grid=(x.shape[0] // 8,),
             in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
             out_specs=pl.BlockSpec((8, 128), out_index_map),
-            compiler_params=tuning.compiler_params(("parallel",), 0),
-            interpret=tuning.tpu_interpret_params(),
+            compiler_params=lowering.compiler_params(("parallel",), 0),
+            interpret=lowering.tpu_interpret_params(),
         )
         return call(x)
 
@@ -37,16 +43,16 @@ def _copy_blocks(out_index_map):
 def test_tpu_interpret_mode_catches_a_kernel_whose_parallel_steps_collide():
     x = jnp.zeros((64, 128), jnp.float32)
     jax.block_until_ready(_copy_blocks(lambda i: (i, 0))(x))
-    tuning.check_no_races("tpu_interpret")  # disjoint blocks: no race
+    lowering.check_no_races("tpu_interpret")  # disjoint blocks: no race
 
     jax.block_until_ready(_copy_blocks(lambda i: (0, 0))(x))  # every step writes block 0
     with pytest.raises(RuntimeError, match="data race"):
-        tuning.check_no_races("tpu_interpret")
+        lowering.check_no_races("tpu_interpret")
 
 
 @pytest.mark.parametrize(
     "config",
-    [tuning.Int8MatmulConfig(32, 128, 128), tuning.Int8MatmulConfig(64, 256, 384)],
+    [Int8MatmulConfig(32, 128, 128), Int8MatmulConfig(64, 256, 384)],
 )
 def test_int8_matmul_block_override(config):
     rng = np.random.default_rng(0)
@@ -59,12 +65,12 @@ def test_int8_matmul_block_override(config):
 def test_giou_and_nms_block_overrides():
     rng = np.random.default_rng(1)
     a, b = random_boxes(rng, (700,)), random_boxes(rng, (700,))
-    got = asickernels.giou(a, b, backend="pallas_tpu", config=tuning.GiouConfig(block_rows=16))
+    got = asickernels.giou(a, b, backend="pallas_tpu", config=GiouConfig(block_rows=16))
     np.testing.assert_allclose(np.asarray(got), reference.giou(a, b), atol=2e-5)
     scores = rng.permutation(700).astype(np.float32)
     kwargs = dict(iou_threshold=0.2, max_output_size=300)
     got_idx, _ = asickernels.nms(
-        a, scores, backend="pallas_tpu", config=tuning.NmsConfig(tile=128), **kwargs
+        a, scores, backend="pallas_tpu", config=NmsConfig(tile=128), **kwargs
     )
     want_idx, _ = asickernels.nms(a, scores, backend="reference", **kwargs)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(want_idx))
@@ -74,15 +80,15 @@ def test_giou_and_nms_block_overrides():
     "make, error",
     [
         (
-            lambda: tuning.Int8MatmulConfig(30, 128, 128),
+            lambda: Int8MatmulConfig(30, 128, 128),
             "block_m must be a positive multiple of 32",
         ),
         (
-            lambda: tuning.Int8MatmulConfig(32, 100, 128),
+            lambda: Int8MatmulConfig(32, 100, 128),
             "block_n must be a positive multiple of 128",
         ),
-        (lambda: tuning.NmsConfig(tile=64), "tile must be a positive multiple of 128"),
-        (lambda: tuning.GiouConfig(block_rows=0), "block_rows must be a positive multiple of 16"),
+        (lambda: NmsConfig(tile=64), "tile must be a positive multiple of 128"),
+        (lambda: GiouConfig(block_rows=0), "block_rows must be a positive multiple of 16"),
     ],
 )
 def test_bad_configs_are_refused(make, error):
@@ -93,7 +99,7 @@ def test_bad_configs_are_refused(make, error):
 def test_config_of_the_wrong_kind_is_refused():
     boxes = np.zeros((3, 4), np.float32)
     with pytest.raises(TypeError, match="config must be a GiouConfig"):
-        asickernels.giou(boxes, boxes, backend="pallas_tpu", config=tuning.NmsConfig())
+        asickernels.giou(boxes, boxes, backend="pallas_tpu", config=NmsConfig())
 
 
 @pytest.mark.parametrize(
@@ -162,7 +168,7 @@ def test_nms_loop_trip_model_matches_the_kernels_own_count(
     boxes = boxes * scale  # smaller boxes: more kept, more tiles and passes
     kwargs = dict(iou_threshold=iou_threshold, max_output_size=max_output_size)
     model = nms.loop_trips(boxes, scores, tile=tile, **kwargs)
-    counted = nms.counted_loop_trips(boxes, scores, config=tuning.NmsConfig(tile), **kwargs)
+    counted = nms.counted_loop_trips(boxes, scores, config=NmsConfig(tile), **kwargs)
     assert model == counted
     assert model.tiles >= 1 and all(p >= 1 for p in model.passes)
 
@@ -173,11 +179,26 @@ def test_nms_ranks_in_kernel_and_after_an_xla_sort_agree():
     scores = rng.integers(0, 50, 500).astype(np.float32)  # many ties: broken by index
     kwargs = dict(iou_threshold=0.3, max_output_size=200)
     results = [
-        asickernels.nms(
-            boxes, scores, backend="pallas_tpu", config=tuning.NmsConfig(128, limit), **kwargs
-        )
+        asickernels.nms(boxes, scores, backend="pallas_tpu", config=NmsConfig(128, limit), **kwargs)
         for limit in (0, 4096)
     ]
     want, _ = asickernels.nms(boxes, scores, backend="reference", **kwargs)
     for indices, _ in results:
         np.testing.assert_array_equal(np.asarray(indices), np.asarray(want))
+
+
+def test_a_cpu_call_does_not_import_the_pallas_kernels():
+    """A backend's kernel modules are imported when the policy first considers it: a CPU
+    host's default call never does for Pallas (and ``import asickernels`` imports none)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the default call runs on a CPU host only here")
+    code = (
+        "import sys, numpy as np, asickernels\n"
+        "pallas = lambda: sorted(m for m in sys.modules if 'pallas_tpu.' in m)\n"
+        "print(pallas())\n"
+        "boxes = np.zeros((2, 4), np.float32)\n"
+        "asickernels.giou(boxes, boxes)\n"
+        "print(pallas())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["[]", "[]"]

@@ -4,6 +4,7 @@ the TPU pod-slice plan, and the 2-process run (slow)."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from frontend_cases import SHARDED_OPS, every_argument, parameters, sharded_signature
 from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
@@ -198,6 +200,34 @@ def test_pallas_kernels_per_shard(meshes):
         x, y, mesh=meshes["2d"], m_axis="data", k_axis="model", backend="pallas_tpu"
     )
     np.testing.assert_array_equal(np.asarray(got), x.astype(np.int32) @ y.astype(np.int32))
+
+
+# Each wrapper is its op's, over a mesh.
+
+
+def test_the_wrappers_are_the_ops():
+    assert sorted(jax_spmd.__all__) == sorted(op.name for op in SHARDED_OPS)
+
+
+@pytest.mark.parametrize("op", SHARDED_OPS, ids=lambda op: op.name)
+def test_each_wrapper_has_its_ops_signature(op):
+    wrapper = getattr(jax_spmd, op.name)
+    assert parameters(inspect.signature(wrapper)) == sharded_signature(op, op.__signature__)
+    assert wrapper.__module__ == jax_spmd.__name__ and wrapper.__doc__
+
+
+@pytest.mark.parametrize("op", SHARDED_OPS, ids=lambda op: op.name)
+def test_each_wrapper_passes_every_argument_to_its_op(meshes, op):
+    """Every argument given, the arrays split 8 ways: what the unsharded op returns."""
+    values = every_argument(op.name, batch=(8,))
+    partition = {"m_axis": "data"} if op.partition == "matmul" else {"batch_spec": P("data")}
+    got = getattr(jax_spmd, op.name)(**values, mesh=meshes["1d"], backend=BACKEND, **partition)
+    want = op(**values, backend=BACKEND)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
 def test_collectives_parsed_from_hlo():

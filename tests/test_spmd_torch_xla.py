@@ -1,16 +1,34 @@
-"""The torch_xla SPMD wrappers (``asickernels.backends.xla_spmd.torch_xla_spmd``) on 4 CPU
-devices, in a process of their own (tests/spmd_torch_xla_check.py): SPMD mode and the
-device count are fixed when the XLA runtime starts."""
+"""The torch_xla SPMD wrappers (``asickernels.backends.xla_spmd.torch_xla_spmd``): their
+signatures here, and their results on 4 CPU devices in a process of their own
+(tests/spmd_torch_xla_check.py): SPMD mode and the device count are fixed when the XLA
+runtime starts."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from frontend_cases import SHARDED_OPS, parameters, sharded_signature
 
 pytest.importorskip("torch_xla")
+
+import asickernels.torch as at
+from asickernels.backends.xla_spmd import torch_xla_spmd
+
+
+def test_the_wrappers_are_the_ops():
+    assert sorted(torch_xla_spmd.__all__) == sorted(op.name for op in SHARDED_OPS)
+
+
+@pytest.mark.parametrize("op", SHARDED_OPS, ids=lambda op: op.name)
+def test_each_wrapper_has_its_torch_functions_signature(op):
+    wrapper = getattr(torch_xla_spmd, op.name)
+    want = sharded_signature(op, inspect.signature(getattr(at, op.name)))
+    assert parameters(inspect.signature(wrapper)) == want
+    assert wrapper.__module__ == torch_xla_spmd.__name__ and wrapper.__doc__
 
 
 def test_torch_xla_spmd_wrappers_equal_unsharded_ops():

@@ -6,6 +6,7 @@ agreement with torchvision. Runs in the torch/torch_xla environment
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 import ml_dtypes
 import numpy as np
 import pytest
+from frontend_cases import every_argument, parameters
 
 from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, nms_cases, random_boxes
 
@@ -28,6 +30,7 @@ try:
 except ImportError:
     pass
 
+import asickernels  # noqa: E402
 import asickernels.torch as at  # noqa: E402
 from asickernels import reference  # noqa: E402
 from asickernels.testing import oracle  # noqa: E402
@@ -51,6 +54,46 @@ def _xla_device():
     import torch_xla
 
     return torch_xla.device()
+
+
+# Each function is its op's -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
+def test_each_function_has_its_ops_signature_without_config(op):
+    function = getattr(at, op.name)
+    want = [p for p in parameters(op.__signature__) if p[0] != "config"]
+    assert parameters(inspect.signature(function)) == want
+    assert function.__module__ == "asickernels.torch" and function.__doc__
+
+
+def test_the_functions_are_the_ops():
+    assert sorted(at.__all__) == sorted(op.name for op in asickernels.OPS)
+
+
+@pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
+def test_each_function_passes_every_argument_to_its_op(op):
+    """The torch function, called with every argument (positional ones by position),
+    returns what the JAX op returns."""
+    values = every_argument(op.name)
+    assert set(values) == {p.name for p in op.params}
+    positional = [values[p.name] for p in op.params if p.positional]
+    keyword = {p.name: values[p.name] for p in op.params if not p.positional}
+
+    def as_torch(value):
+        if isinstance(value, np.ndarray):
+            return tensor(value)
+        return torch.float32 if value is np.float32 else value
+
+    got = getattr(at, op.name)(
+        *map(as_torch, positional), **{n: as_torch(v) for n, v in keyword.items()}
+    )
+    want = op(*positional, **keyword)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g, torch.Tensor) and g.dtype == ops.torch_dtype(w.dtype)
+        np.testing.assert_allclose(g.numpy(), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
 # The conformance cases ---------------------------------------------------------------------
@@ -158,6 +201,22 @@ def test_invalid_inputs_raise_the_jax_api_errors():
         at.int8_matmul(torch.zeros(2, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="mask must have shape"):
         at.giou_loss(torch.zeros(3, 4), torch.zeros(3, 4), mask=torch.ones(4, dtype=torch.bool))
+
+
+def test_bad_argument_types_raise_type_errors_naming_them():
+    boxes = torch.zeros(3, 4)
+    with pytest.raises(TypeError, match="boxes1 must be a tensor, got None"):
+        at.giou(None, boxes)
+    with pytest.raises(TypeError, match="boxes2 must be a tensor, got None"):
+        torch.ops.asickernels.giou(boxes.requires_grad_(), None)
+    with pytest.raises(TypeError, match="boxes2 must be a tensor or array-like, got str"):
+        at.giou(boxes, "boxes")
+    with pytest.raises(TypeError, match="argument 'iou_threshold'"):
+        at.nms(torch.zeros(4, 4), torch.zeros(4), iou_threshold=None, max_output_size=2)
+    with pytest.raises(TypeError, match="argument 'backend'"):
+        at.giou(boxes, boxes, backend=3)
+    with pytest.raises(TypeError, match="config"):
+        at.giou(boxes, boxes, config={})
 
 
 # Gradients ---------------------------------------------------------------------------------

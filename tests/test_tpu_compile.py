@@ -85,14 +85,15 @@ def test_a_kernel_lowered_for_a_topology_device_is_mosaic_with_no_context_manage
 
 def test_block_tables_follow_the_generation_of_the_arguments_device():
     """v5e and v6e have different int8 tables: the VMEM the kernel asks for differs."""
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu import lowering
+    from asickernels.backends.pallas_tpu.int8_matmul import block_sizes
 
     requests = {}
     for generation in ("v5e", "v6e"):
         fn, specs = tpu_compile._matmul(4096, 4096, 4096, False)
-        with tuning.record_vmem() as requests[generation]:
+        with lowering.record_vmem() as requests[generation]:
             tpu_compile.lower_for_tpu(fn, specs, generation)
-    assert tuning.int8_matmul_config("v5e", 4096) != tuning.int8_matmul_config("v6e", 4096)
+    assert block_sizes("v5e", 4096) != block_sizes("v6e", 4096)
     assert requests["v5e"] and requests["v6e"] and requests["v5e"] != requests["v6e"]
 
 

@@ -54,8 +54,9 @@ def fake_backend(monkeypatch):
         )
         monkeypatch.setitem(registry._BACKENDS, name, backend)
         for op in ops:
-            target = f"asickernels.backends.xla.{op}:{op}"
-            monkeypatch.setitem(registry._IMPLEMENTATIONS, (op, name), (target, {}))
+            kernel = registry.implementation(op, "xla")
+            entry = registry.Implementation(kernel, registry.Support())
+            monkeypatch.setitem(registry._IMPLEMENTATIONS, (op, name), entry)
         monkeypatch.setitem(registry._AVAILABILITY, name, backend.probe())
         return name
 

@@ -9,5 +9,5 @@
 * :mod:`~asickernels.benchmarking.timing` and :mod:`~asickernels.benchmarking.device`: how
   a call is timed, on CPU and on devices.
 * :mod:`~asickernels.benchmarking.report`, :mod:`~asickernels.benchmarking.schema` and
-  :mod:`~asickernels.benchmarking.markdown`: tables, the JSON schema, ``BENCHMARKS.md``.
+  :mod:`~asickernels.benchmarking.markdown`: tables, the JSON schema, ``benchmarks/README.md``.
 """

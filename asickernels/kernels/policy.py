@@ -4,7 +4,8 @@ Every kernel has one ordered preference (:data:`PREFERENCE`). For ``backend=None
 first backend in that order is chosen that implements the kernel, runs *natively* on the
 platform the inputs live on (its :attr:`~asickernels.kernels.registry.Backend.platforms`),
 and supports the call (the compute dtype, the TPU generation; see
-:class:`~asickernels.kernels.registry.Support`), and, inside a trace, takes JAX arrays. A
+:class:`~asickernels.kernels.registry.Support`, declared beside each kernel), and, inside a
+trace, takes JAX arrays. A
 native backend passed over for the dtype or generation is a *fallback*: it warns once, and
 ``asickernels info`` lists it. A backend named by the caller is used as named, or refused
 with the reason; nothing falls back silently, and no backend falls back inside itself.
@@ -176,16 +177,17 @@ def candidates(kernel: str, where: Where, *, assume_native: bool = False) -> lis
     answers for a machine of that platform rather than this one (for ``describe``)."""
     names = []
     for name in PREFERENCE[kernel]:
-        if name not in registry.backend_names() or name not in registry.backends_for(kernel):
+        if name not in registry.backend_names():
             continue
-        mode = "native" if assume_native else registry.availability(name).mode
         backend = registry.backend(name)
-        if mode == "missing" or (
+        simulated = where.simulated_ok and backend.embeddable
+        if (not _native_on(name, where.platform) and not simulated) or (
             where.embedded and backend.array_kind == "jax" and not backend.embeddable
         ):
-            continue
-        native = mode == "native" and _native_on(name, where.platform)
-        if native or (where.simulated_ok and backend.embeddable):
+            continue  # decided before the probe: a backend not tried here is not imported
+        mode = "native" if assume_native else registry.availability(name).mode
+        runs = mode == "native" or (mode == "simulated" and simulated)
+        if runs and registry.has_kernel(kernel, name):
             names.append(name)
     return names
 

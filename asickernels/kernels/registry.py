@@ -3,12 +3,14 @@
 A public op (``asickernels.giou``, ``nms``, ...) is declared once in
 ``asickernels/kernels/<op>.py`` (:mod:`asickernels.kernels.declaration`); it runs one or more
 *kernels* (``"giou"``, ``"giou_vjp"``, ``"nms"``, ``"int8_matmul"``). A *backend* (``"xla"``,
-``"pallas_tpu"``, ...) declares itself with :func:`register_backend` and adds one
-implementation module per kernel, registered with one :func:`register` line in
-``asickernels/backends/__init__.py`` that also states what the implementation supports
-(:class:`Support`). Which backend runs is decided in one place,
-:mod:`asickernels.kernels.policy`. Implementations are imported lazily, so a backend whose
-dependencies are missing costs nothing until it is used.
+``"pallas_tpu"``, ...) is a package under ``asickernels/backends/`` whose ``__init__``
+defines its :class:`Backend` (listed in ``asickernels/backends/__init__.py``); each of its
+kernel modules declares, where the kernel is written, which kernel it implements and what
+it supports: ``@BACKEND.implements("giou", dtypes=FLOAT32_AND_64)`` (:meth:`Backend.implements`,
+:meth:`Backend.host_twin`). Which backend runs is decided in one place,
+:mod:`asickernels.kernels.policy`. A backend's kernel modules are imported when the backend
+is first asked about, so a backend whose dependencies are missing costs nothing until then,
+and is reported ``missing`` (with the import error) rather than breaking the library.
 
 Implementation calling conventions (the op layer validates, flattens and converts first):
 
@@ -26,7 +28,7 @@ Implementation calling conventions (the op layer validates, flattens and convert
   out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
 
 Every implementation also takes ``config=None``: a backend-specific tuning object. A JAX
-backend may also register a *host* implementation of the same kernel (numpy in, numpy out)
+backend may also declare a *host twin* of a kernel (numpy in, numpy out; :meth:`Backend.host_twin`)
 that eager calls on host arrays use instead of a compiled JAX call.
 """
 
@@ -35,10 +37,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable
-from typing import Any, Literal
+import pkgutil
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
 
 ArrayKind = Literal["numpy", "jax"]
+F = TypeVar("F", bound=Callable[..., Any])
+FLOAT32_ONLY = frozenset({"float32"})
+FLOAT32_AND_64 = frozenset({"float32", "float64"})
 Mode = Literal["native", "simulated", "missing"]
 
 
@@ -79,6 +85,10 @@ class Backend:
         backend runs natively (see :mod:`asickernels.benchmarking.device`).
       traceable: optional; False when this JAX cannot run the JAX backend's kernels under
         ``jit`` (eager calls then run them op by op instead of compiled).
+      package: the module (or package, whose modules are all imported) that declares this
+        backend's kernels; its ``__name__``.
+      kernels_of: optional; another backend whose kernels this one runs, each call given
+        ``kernel_kwargs`` (TPU interpret mode runs the Pallas kernels with ``mode=...``).
     """
 
     name: str
@@ -90,15 +100,51 @@ class Backend:
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
     traceable: Callable[[], bool] | None = None
+    package: str = ""
+    kernels_of: str | None = None
+    kernel_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
+    def implements(
+        self,
+        kernel: str,
+        *,
+        dtypes: frozenset[str] = FLOAT32_ONLY,
+        generations: frozenset[str] | None = None,
+        vjp: str | None = None,
+    ) -> Callable[[F], F]:
+        """Declares the decorated function as this backend's implementation of ``kernel``.
 
-FLOAT32_ONLY = frozenset({"float32"})
-FLOAT32_AND_64 = frozenset({"float32", "float64"})
+        ``dtypes`` and ``generations`` state what it supports (:class:`Support`). ``vjp``
+        also declares, under that kernel name, its backward kernel by automatic
+        differentiation (:func:`asickernels.backends.autodiff.paired_vjp`; for a JAX
+        paired-box kernel ``[P, 4] x2 -> [P]``), with the same support.
+        """
+        support = Support(dtypes, generations)
+
+        def declare(function: F) -> F:
+            register(kernel, self.name, function, support=support)
+            if vjp is not None:
+                from asickernels.backends.autodiff import paired_vjp
+
+                register(vjp, self.name, paired_vjp(function), support=support)
+            return function
+
+        return declare
+
+    def host_twin(self, kernel: str) -> Callable[[F], F]:
+        """Declares the decorated function as the host twin of this (JAX) backend's
+        ``kernel``: the same computation, numpy in and numpy out, for eager host calls."""
+
+        def declare(function: F) -> F:
+            _HOST_TWINS[(kernel, self.name)] = function
+            return function
+
+        return declare
 
 
 @dataclasses.dataclass(frozen=True)
 class Support:
-    """What one implementation can compute, stated on its registration line.
+    """What one implementation can compute, stated where it is declared.
 
     Attributes:
       dtypes: the compute dtypes it decides in (``"float32"``, ``"float64"``); float
@@ -112,10 +158,8 @@ class Support:
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    target: str
-    bound: dict[str, Any]
+    function: Callable[..., Any]
     support: Support
-    host_target: str | None
 
 
 class BackendUnavailableError(RuntimeError):
@@ -124,8 +168,11 @@ class BackendUnavailableError(RuntimeError):
 
 _BACKENDS: dict[str, Backend] = {}
 _IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {}
+_HOST_TWINS: dict[tuple[str, str], Callable[..., Any]] = {}
 _LOADED: dict[tuple[str, str, bool], Callable[..., Any]] = {}
 _AVAILABILITY: dict[str, Availability] = {}
+# Backends whose kernel modules were imported: None, or why they could not be.
+_IMPORTED: dict[str, str | None] = {}
 
 
 def register_backend(backend: Backend) -> None:
@@ -136,24 +183,37 @@ def register_backend(backend: Backend) -> None:
 
 
 def register(
-    op: str,
-    backend: str,
-    target: str,
-    *,
-    support: Support = Support(),
-    host: str | None = None,
-    **bound: Any,
+    kernel: str, backend: str, function: Callable[..., Any], *, support: Support = Support()
 ) -> None:
-    """Registers ``target`` (``"package.module:function"``) as ``backend``'s kernel ``op``.
+    """Registers ``function`` as ``backend``'s implementation of ``kernel`` (what
+    :meth:`Backend.implements` does; for backends built at run time, such as tests')."""
+    _IMPLEMENTATIONS[(kernel, backend)] = Implementation(function, support)
 
-    ``support`` states what the implementation computes (dtypes, TPU generations); ``host``
-    optionally names a numpy-in, numpy-out twin of a JAX implementation, used for eager calls
-    on host arrays. ``bound`` keyword arguments are passed on every call (e.g. an interpret
-    mode), so one implementation module can serve two backend names.
-    """
-    if backend not in _BACKENDS:
-        raise ValueError(f"register the backend {backend!r} before its implementations")
-    _IMPLEMENTATIONS[(op, backend)] = Implementation(target, bound, support, host)
+
+def _import_kernels(name: str) -> str | None:
+    """Imports the modules declaring ``name``'s kernels (once); why it could not, or None."""
+    if name not in _IMPORTED:
+        package = _BACKENDS[name].package
+        modules = [package] if package else []
+        try:
+            if package:
+                path = getattr(importlib.import_module(package), "__path__", None)
+                if path is not None:
+                    modules = [f"{package}.{m.name}" for m in pkgutil.iter_modules(path)]
+            for module in modules:
+                importlib.import_module(module)
+            _IMPORTED[name] = None
+        except Exception as error:  # a backend's missing dependency must not break the rest
+            _IMPORTED[name] = f"its kernels cannot be imported ({module}: {error!r})"
+    return _IMPORTED[name]
+
+
+def _declared(name: str) -> str:
+    """The backend whose declarations ``name`` runs (itself, or its ``kernels_of``), with
+    its kernel modules imported."""
+    source = backend(name).kernels_of or name
+    _import_kernels(source)
+    return source
 
 
 def backend(name: str) -> Backend:
@@ -167,44 +227,56 @@ def backend_names() -> list[str]:
     return list(_BACKENDS)
 
 
-def backends_for(op: str) -> list[str]:
-    """Backends that implement ``op``, in registration order."""
-    return [name for name in _BACKENDS if (op, name) in _IMPLEMENTATIONS]
+def has_kernel(kernel: str, name: str) -> bool:
+    """Whether backend ``name`` (known) implements ``kernel``; imports its kernels."""
+    return (kernel, _declared(name)) in _IMPLEMENTATIONS
+
+
+def backends_for(kernel: str) -> list[str]:
+    """Backends that implement ``kernel``, in registration order."""
+    return [name for name in _BACKENDS if has_kernel(kernel, name)]
 
 
 def availability(name: str) -> Availability:
-    """The (cached) result of the backend's probe."""
+    """The (cached) result of the backend's probe; ``missing`` too when its kernel modules
+    cannot be imported."""
     if name not in _AVAILABILITY:
         try:
-            _AVAILABILITY[name] = backend(name).probe()
+            status = backend(name).probe()
         except Exception as error:  # a probe must never take the library down
-            _AVAILABILITY[name] = Availability("missing", f"probe failed: {error!r}")
+            status = Availability("missing", f"probe failed: {error!r}")
+        if status.mode != "missing":
+            reason = _import_kernels(backend(name).kernels_of or name)
+            if reason is not None:
+                status = Availability("missing", reason)
+        _AVAILABILITY[name] = status
     return _AVAILABILITY[name]
 
 
-def support(op: str, name: str) -> Support:
-    """What ``name``'s implementation of kernel ``op`` supports (it must be registered)."""
-    return _IMPLEMENTATIONS[(op, name)].support
+def support(kernel: str, name: str) -> Support:
+    """What ``name``'s implementation of ``kernel`` supports (it must implement it)."""
+    return _IMPLEMENTATIONS[(kernel, _declared(name))].support
 
 
-def has_host_implementation(op: str, name: str) -> bool:
-    entry = _IMPLEMENTATIONS.get((op, name))
-    return entry is not None and (
-        backend(name).array_kind == "numpy" or entry.host_target is not None
+def has_host_implementation(kernel: str, name: str) -> bool:
+    source = _declared(name)
+    return (kernel, source) in _IMPLEMENTATIONS and (
+        backend(name).array_kind == "numpy" or (kernel, source) in _HOST_TWINS
     )
 
 
-def check_runs_here(op: str, name: str) -> None:
-    """Raises unless ``name`` is a known backend implementing ``op`` that can run here.
+def check_runs_here(kernel: str, name: str) -> None:
+    """Raises unless ``name`` is a known backend implementing ``kernel`` that can run here.
 
     Raises:
-      ValueError: unknown backend, or the backend does not implement ``op``.
+      ValueError: unknown backend, or the backend does not implement ``kernel``.
       BackendUnavailableError: the backend cannot run here.
     """
-    backend(name)
-    if (op, name) not in _IMPLEMENTATIONS:
+    source = backend(name).kernels_of or name
+    if not has_kernel(kernel, name) and _IMPORTED[source] is None:
         raise ValueError(
-            f"backend {name!r} does not implement {op!r}; backends that do: {backends_for(op)}"
+            f"backend {name!r} does not implement {kernel!r}; backends that do: "
+            f"{backends_for(kernel)}"
         )
     status = availability(name)
     if status.mode == "missing":
@@ -212,19 +284,22 @@ def check_runs_here(op: str, name: str) -> None:
         raise BackendUnavailableError(f"backend {name!r} cannot run here: {status.detail}{hint}")
 
 
-def implementation(op: str, name: str, *, host: bool = False) -> Callable[..., Any]:
-    """The callable for (kernel ``op``, backend), imported on first use: its host (numpy)
-    twin with ``host=True`` (the implementation itself for a numpy backend)."""
-    key = (op, name, host)
+def implementation(kernel: str, name: str, *, host: bool = False) -> Callable[..., Any]:
+    """The callable for (``kernel``, backend), its kernels imported on first use: its host
+    (numpy) twin with ``host=True`` (the implementation itself for a numpy backend)."""
+    key = (kernel, name, host)
     loaded = _LOADED.get(key)
     if loaded is not None:  # eager calls ask on every call; it was checked when loaded
         return loaded
-    check_runs_here(op, name)
-    entry = _IMPLEMENTATIONS[(op, name)]
-    target = entry.host_target if host and backend(name).array_kind == "jax" else entry.target
-    if target is None:
-        raise ValueError(f"backend {name!r} has no host implementation of {op!r}")
-    module_name, _, function_name = target.partition(":")
-    function = getattr(importlib.import_module(module_name), function_name)
-    _LOADED[key] = functools.partial(function, **entry.bound) if entry.bound else function
+    check_runs_here(kernel, name)
+    chosen = backend(name)
+    source = _declared(name)
+    if host and chosen.array_kind == "jax":
+        function = _HOST_TWINS.get((kernel, source))
+        if function is None:
+            raise ValueError(f"backend {name!r} has no host implementation of {kernel!r}")
+    else:
+        function = _IMPLEMENTATIONS[(kernel, source)].function
+    bound = chosen.kernel_kwargs
+    _LOADED[key] = functools.partial(function, **bound) if bound else function
     return _LOADED[key]

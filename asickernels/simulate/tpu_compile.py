@@ -200,7 +200,7 @@ def lower_for_tpu(
 ) -> Any:
     """``jax.jit(fn).lower(...)`` with the arguments on one TPU device of ``generation``:
     the Pallas kernels lower to Mosaic with that generation's blocks (they follow the
-    lowering, see :mod:`asickernels.backends.pallas_tpu.tuning`)."""
+    lowering, see :mod:`asickernels.backends.pallas_tpu.lowering`)."""
     import jax
 
     sharding = jax.sharding.SingleDeviceSharding(topology_device(generation))
@@ -218,11 +218,11 @@ _VMEM_LIMIT = re.compile(
 def compile_one(target: KernelShape, generation: str) -> CompileResult:
     """Compiles ``target`` for ``generation``; a compiler error is a result, not a raise."""
     start = time.perf_counter()
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu import lowering
 
     try:
         fn, specs = target.build()
-        with tuning.record_vmem() as vmem_requests:
+        with lowering.record_vmem() as vmem_requests:
             lowered = lower_for_tpu(fn, specs, generation)
         compiled = lowered.compile()
     except Exception as error:

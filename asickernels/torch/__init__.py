@@ -3,20 +3,26 @@
 Importing this module registers one ``torch.library`` operator per op declaration (with
 fake implementations, so they trace under ``torch.compile``, and autograd for the
 differentiable ops; :mod:`asickernels.torch.ops`) and their torch_xla kernels
-(:mod:`asickernels.torch.xla`). The functions below take the arguments of the JAX API in
-:mod:`asickernels` (``out_dtype`` as a torch dtype; Python numbers where an array is
-expected become tensors) and return what it returns, as torch tensors on the inputs'
-device. CPU tensors run the JAX API's own path (selection policy included); torch_xla
-tensors run the JAX/Pallas kernels inside the torch_xla graph through ``call_jax``.
+(:mod:`asickernels.torch.xla`). The functions below take the arguments of the JAX op of
+the same name in :mod:`asickernels`, without ``config`` (``out_dtype`` is a torch dtype;
+Python numbers, lists or numpy arrays where an array is expected become tensors on the
+device of the tensors given), validate them as that op does, and return what it returns,
+as torch tensors on the inputs' device. Each calls ``torch.ops.asickernels.<name>``: CPU
+tensors run the JAX op's own path (selection policy included); torch_xla tensors run the
+JAX/Pallas kernels inside the torch_xla graph through ``call_jax``.
+
+``backend`` is a name from :func:`asickernels.available_backends`, or None for the first
+backend of the selection policy that runs natively where the inputs live.
 
 ``import asickernels`` never imports torch; ``import asickernels.torch`` needs it.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
 
 try:
     import torch
@@ -25,72 +31,262 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         "asickernels.torch needs PyTorch: pip install torch (and torch_xla for XLA tensors)"
     ) from error
 
+from torch import Tensor
+
 import asickernels
 from asickernels.kernels.declaration import Op
-from asickernels.torch import ops
-from asickernels.torch import xla as _xla  # noqa: F401  (registers ops and XLA kernels)
+from asickernels.torch import xla as _xla  # noqa: F401  (registers the operators)
+
+__all__ = [
+    "batched_nms",
+    "box_iou",
+    "ciou",
+    "ciou_loss",
+    "ciou_vjp",
+    "diou",
+    "diou_loss",
+    "diou_vjp",
+    "generalized_box_iou",
+    "giou",
+    "giou_loss",
+    "giou_vjp",
+    "int8_matmul",
+    "nms",
+    "quantize_int8",
+]
+
+ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
 
 
-def _plain_eager_cpu(tensors: list[torch.Tensor]) -> bool:
-    """Whether a call may go straight to the CPU implementation instead of through the
-    dispatcher: CPU tensors of the plain type, nothing to record for autograd, and no
-    torch.compile trace or functorch transform watching (those need the operator)."""
-    return (
-        all(type(t) is torch.Tensor and t.device.type == "cpu" for t in tensors)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        and not torch.compiler.is_compiling()
-        and not torch._C._are_functorch_transforms_active()
+def _call(op: Op, **values: Any) -> Any:
+    """``torch.ops.asickernels.<op.name>`` on ``op``'s arguments by name: its arrays by
+    position (in declaration order), the rest by keyword, as the operator's schema takes
+    them."""
+    arrays = tuple(values.pop(name) for name in op.array_names)
+    if not all(a is None or isinstance(a, Tensor) for a in arrays):
+        device = next((a.device for a in arrays if isinstance(a, Tensor)), None)
+        arrays = tuple(
+            _as_tensor(a, name, device) for name, a in zip(op.array_names, arrays, strict=True)
+        )
+    try:
+        return getattr(torch.ops.asickernels, op.name)(*arrays, **values)
+    except RuntimeError as error:  # the dispatcher's check of the schema's argument types
+        message = str(error)
+        if message.startswith(f"asickernels::{op.name}() Expected a value of type"):
+            raise TypeError(message.split("\n", 1)[0]) from None
+        raise
+
+
+def _as_tensor(value: Any, name: str, device: torch.device | None) -> Tensor | None:
+    if value is None or isinstance(value, Tensor):
+        return value
+    try:
+        return torch.as_tensor(value, device=device)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{name} must be a tensor or array-like, got {type(value).__name__}: {error}"
+        ) from None
+
+
+def giou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
+    """Generalized IoU of paired ``[..., 4]`` boxes ``(x1, y1, x2, y2)`` of one shape ->
+    ``[...]`` in ``[-1, 1]``, float32 (float64 for float64 boxes); differentiable.
+    Contract: :func:`asickernels.giou`."""
+    return _call(asickernels.giou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+
+
+def giou_vjp(
+    boxes1: ArrayLike, boxes2: ArrayLike, cotangent: ArrayLike, *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(d_boxes1, d_boxes2)`` ``[..., 4]``: the gradient of ``sum(cotangent * giou(boxes1,
+    boxes2))`` for ``cotangent [...]``. Contract: :func:`asickernels.giou_vjp`."""
+    return _call(
+        asickernels.giou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
     )
 
 
-def _frontend(op: Op) -> Callable[..., Any]:
-    """The torch function of ``op``: its JAX signature without ``config``. A plain eager
-    call on CPU tensors runs the operator's CPU implementation directly (the dispatcher
-    costs tens of microseconds, as much as a small NMS); anything else goes through
-    ``torch.ops.asickernels.<op>``."""
-    library_op = getattr(torch.ops.asickernels, op.name)
-    signature = op.__signature__.replace(
-        parameters=[p for p in op.__signature__.parameters.values() if p.name != "config"]
+def giou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    backend: str | None = None,
+) -> Tensor:
+    """``1 - giou(preds, targets)`` over the boxes where ``mask [...]`` is true (None: all),
+    reduced by ``reduction`` (``"none"``, ``"sum"``, ``"mean"`` over valid boxes);
+    differentiable, with exactly 0 loss and gradient at padding. Contract:
+    :func:`asickernels.giou_loss`."""
+    return _call(
+        asickernels.giou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
     )
-    positional = op.array_names  # custom ops take tensors positionally, the rest by keyword
-    array_names = set(op.array_names)
-
-    def function(*args: Any, **kwargs: Any) -> Any:
-        values = None if "config" in kwargs else op._fast_bind(args, kwargs)
-        if values is None:  # let inspect say what is wrong
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            values = dict(bound.arguments)
-        values.pop("config", None)
-        like = next(v for v in values.values() if isinstance(v, torch.Tensor))
-        for name in array_names:
-            value = values[name]
-            if value is not None and not isinstance(value, torch.Tensor):
-                values[name] = torch.as_tensor(value, device=like.device)
-        keyword = {n: v for n, v in values.items() if n not in positional}
-        tensors = [values[n] for n in positional if values[n] is not None]
-        if _plain_eager_cpu(tensors):
-            arrays = {n: values[n] for n in positional}
-            statics = {
-                p.name: ops.torch_value(p, values[p.name]) for p in op.params if p.kind == "static"
-            }
-            return ops.run_on_cpu(op, arrays, statics, values["backend"])
-        return library_op(*(values[n] for n in positional), **keyword)
-
-    function.__name__ = function.__qualname__ = op.name
-    function.__doc__ = op.__doc__
-    function.__signature__ = signature  # type: ignore[attr-defined]
-    function.__module__ = __name__
-    return function
 
 
-_FUNCTIONS = {op.name: _frontend(op) for op in asickernels.OPS}
-globals().update(_FUNCTIONS)
-__all__ = sorted(_FUNCTIONS)
+def nms(
+    boxes: ArrayLike,
+    scores: ArrayLike,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Greedy NMS of ``boxes [..., N, 4]`` by ``scores [..., N]`` -> ``(indices
+    [..., max_output_size], num_valid [...])``, int32, indices padded with -1. Contract:
+    :func:`asickernels.nms`."""
+    return _call(
+        asickernels.nms,
+        boxes=boxes,
+        scores=scores,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+    )
 
 
-def __getattr__(name: str) -> Any:  # for type checkers: the generated functions
-    raise AttributeError(name)
+def batched_nms(
+    boxes: ArrayLike,
+    scores: ArrayLike,
+    idxs: ArrayLike,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`nms` within each category of ``idxs [..., N]`` (integers). Contract:
+    :func:`asickernels.batched_nms`."""
+    return _call(
+        asickernels.batched_nms,
+        boxes=boxes,
+        scores=scores,
+        idxs=idxs,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+    )
 
 
-del inspect
+def int8_matmul(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    x_scale: ArrayLike | None = None,
+    y_scale: ArrayLike | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str | None = None,
+) -> Tensor:
+    """``x @ y`` of int8 ``x [M, K]`` and ``y [K, N]``, exact in int32; with ``x_scale``
+    (scalar or ``[M]``), ``y_scale`` (scalar or ``[N]``) or a float ``out_dtype``, dequantized
+    to ``out_dtype`` (default float32). Contract: :func:`asickernels.int8_matmul`."""
+    return _call(
+        asickernels.int8_matmul,
+        x=x,
+        y=y,
+        x_scale=x_scale,
+        y_scale=y_scale,
+        out_dtype=out_dtype,
+        backend=backend,
+    )
+
+
+def quantize_int8(
+    x: ArrayLike, axis: int | None = None, *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization of finite float ``x`` -> ``(q, scale)``: ``q`` int8 of
+    ``x``'s shape, ``scale`` float32 ``[x.shape[axis]]`` (``()`` for ``axis=None``).
+    Contract: :func:`asickernels.quantize_int8`."""
+    return _call(asickernels.quantize_int8, x=x, axis=axis, backend=backend)
+
+
+def box_iou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
+    """IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` -> ``[..., N,
+    M]``, float32 (float64 for float64 boxes). Contract: :func:`asickernels.box_iou`."""
+    return _call(asickernels.box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+
+
+def generalized_box_iou(
+    boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None
+) -> Tensor:
+    """Generalized IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` ->
+    ``[..., N, M]``; differentiable. Contract: :func:`asickernels.generalized_box_iou`."""
+    return _call(asickernels.generalized_box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+
+
+def diou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
+    """Distance IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
+    :func:`asickernels.diou`."""
+    return _call(asickernels.diou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+
+
+def diou_vjp(
+    boxes1: ArrayLike, boxes2: ArrayLike, cotangent: ArrayLike, *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """The gradient of ``sum(cotangent * diou(boxes1, boxes2))``. Contract:
+    :func:`asickernels.diou_vjp`."""
+    return _call(
+        asickernels.diou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
+    )
+
+
+def diou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    backend: str | None = None,
+) -> Tensor:
+    """``1 - diou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
+    Contract: :func:`asickernels.diou_loss`."""
+    return _call(
+        asickernels.diou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+    )
+
+
+def ciou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
+    """Complete IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
+    :func:`asickernels.ciou`."""
+    return _call(asickernels.ciou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+
+
+def ciou_vjp(
+    boxes1: ArrayLike, boxes2: ArrayLike, cotangent: ArrayLike, *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """The gradient of ``sum(cotangent * ciou(boxes1, boxes2))``. Contract:
+    :func:`asickernels.ciou_vjp`."""
+    return _call(
+        asickernels.ciou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
+    )
+
+
+def ciou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    backend: str | None = None,
+) -> Tensor:
+    """``1 - ciou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
+    Contract: :func:`asickernels.ciou_loss`."""
+    return _call(
+        asickernels.ciou_loss,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+    )

@@ -178,11 +178,18 @@ def backward_params(op: Op) -> tuple[Param, ...]:
 
 def bind_values(params: tuple[Param, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
     """Positional (array) and keyword values by parameter name, with defaults (as the
-    schema)."""
+    schema). The dispatcher lets None through for a required tensor: refused here.
+
+    Raises:
+      TypeError: a required tensor is None.
+    """
     names = [p.name for p in params if p.kind == "array"]
     values = {p.name: p.default for p in params} | {"backend": None}
     values.update(zip(names, args, strict=False))
     values.update(kwargs)
+    for p in params:
+        if p.torch_type == "Tensor" and values[p.name] is None:
+            raise TypeError(f"{p.name} must be a tensor, got None")
     return values
 
 

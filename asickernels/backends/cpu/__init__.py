@@ -29,6 +29,7 @@ BACKEND = Backend(
     probe=_probe,
     description="native C++ CPU kernels through XLA's FFI (and numpy for eager host calls)",
     platforms=("cpu",),
+    package=__name__,
 )
 
 __all__ = ["BACKEND"]

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asickernels.backends.cpu import _library
+from asickernels.backends.cpu import BACKEND, _library
+from asickernels.kernels.registry import FLOAT32_AND_64
 
 # The kernels' metric codes (asickernels_cpu::BoxMetric).
 METRIC_CODES = {"iou": 0, "giou": 1, "diou": 2, "ciou": 3}
@@ -249,16 +250,19 @@ def _pairwise_metric_host(metric: str) -> _library.HostTwin:
     return _metric_twin("pairwise_box_metric", metric, _pairwise_layout, doc)
 
 
-box_iou = _pairwise_metric("iou")
-generalized_box_iou = _pairwise_metric("giou")
-diou = paired_metric("diou")
-ciou = paired_metric("ciou")
-diou_vjp = paired_metric_vjp("diou")
-ciou_vjp = paired_metric_vjp("ciou")
+_FLOATS = FLOAT32_AND_64
+box_iou = BACKEND.implements("box_iou", dtypes=_FLOATS)(_pairwise_metric("iou"))
+generalized_box_iou = BACKEND.implements("generalized_box_iou", dtypes=_FLOATS)(
+    _pairwise_metric("giou")
+)
+diou = BACKEND.implements("diou", dtypes=_FLOATS)(paired_metric("diou"))
+ciou = BACKEND.implements("ciou", dtypes=_FLOATS)(paired_metric("ciou"))
+diou_vjp = BACKEND.implements("diou_vjp", dtypes=_FLOATS)(paired_metric_vjp("diou"))
+ciou_vjp = BACKEND.implements("ciou_vjp", dtypes=_FLOATS)(paired_metric_vjp("ciou"))
 
-box_iou_host = _pairwise_metric_host("iou")
-generalized_box_iou_host = _pairwise_metric_host("giou")
-diou_host = paired_metric_host("diou")
-ciou_host = paired_metric_host("ciou")
-diou_vjp_host = paired_metric_vjp_host("diou")
-ciou_vjp_host = paired_metric_vjp_host("ciou")
+box_iou_host = BACKEND.host_twin("box_iou")(_pairwise_metric_host("iou"))
+generalized_box_iou_host = BACKEND.host_twin("generalized_box_iou")(_pairwise_metric_host("giou"))
+diou_host = BACKEND.host_twin("diou")(paired_metric_host("diou"))
+ciou_host = BACKEND.host_twin("ciou")(paired_metric_host("ciou"))
+diou_vjp_host = BACKEND.host_twin("diou_vjp")(paired_metric_vjp_host("diou"))
+ciou_vjp_host = BACKEND.host_twin("ciou_vjp")(paired_metric_vjp_host("ciou"))

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asickernels.backends.cpu import _library
+from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.declaration import host_empty
 
 
@@ -21,6 +21,7 @@ def _kernel_out_dtype(out_dtype: Any, scaled: bool) -> np.dtype:
     return np.dtype(np.float64 if np.dtype(out_dtype) == np.float64 else np.float32)
 
 
+@BACKEND.implements("int8_matmul")
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
@@ -52,6 +53,7 @@ def int8_matmul(
     return call(x, y, *scales).astype(out_dtype)
 
 
+@BACKEND.host_twin("int8_matmul")
 def int8_matmul_host(
     x: np.ndarray,
     y: np.ndarray,

@@ -9,11 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asickernels.backends.cpu import _library
+from asickernels.backends.cpu import BACKEND, _library
+from asickernels.kernels.registry import FLOAT32_AND_64
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
+@BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
@@ -81,10 +83,12 @@ def _bind_host(
     return _library.bound_entry("nms", (_library.FLOAT_CODES[dtype],), scalars, inputs, outputs)
 
 
-nms_host = _library.HostTwin(
-    _host_inputs,
-    _bind_host,
-    """Host twin of :func:`nms`: numpy in (``boxes [B, N, 4]``, ``scores [B, N]``,
+nms_host = BACKEND.host_twin("nms")(
+    _library.HostTwin(
+        _host_inputs,
+        _bind_host,
+        """Host twin of :func:`nms`: numpy in (``boxes [B, N, 4]``, ``scores [B, N]``,
     ``categories [B, N]`` or None; keyword ``iou_threshold``, ``max_output_size``,
     ``score_threshold``), numpy ``(indices, num_valid)`` out.""",
+    )
 )

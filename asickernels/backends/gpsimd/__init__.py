@@ -40,6 +40,7 @@ BACKEND = Backend(
     description="GpSimd custom C++ operators (Neuron), or their host build through the shim",
     platforms=("neuron",),
     counters=_library.host_counters,
+    package=__name__,
 )
 
 __all__ = ["BACKEND", "build_neuron_library"]

@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.backends.gpsimd import _library
+from asickernels.backends.gpsimd import BACKEND, _library
 
 
+@BACKEND.implements("giou")
 def giou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
     """``boxes1, boxes2 [P, 4]`` (any float dtype, computed in float32) -> ``[P]`` float32."""
     _library.check_config(config)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.backends.gpsimd import _library
+from asickernels.backends.gpsimd import BACKEND, _library
 
 # float32 represents every integer up to 2**24 exactly.
 _MAX_EXACT_RANKS = 2**24
@@ -34,6 +34,7 @@ def _scores_as_float32(scores: np.ndarray, score_threshold: float) -> tuple[np.n
     return ranked, float(np.searchsorted(distinct, score_threshold, side="left"))
 
 
+@BACKEND.implements("nms")
 def nms(
     boxes: np.ndarray,
     scores: np.ndarray,

@@ -45,4 +45,5 @@ BACKEND = Backend(
     platforms=("neuron",),
     counters=_counters,
     device_timer=_device_timer,
+    package=__name__,
 )

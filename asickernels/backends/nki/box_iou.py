@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.giou import PMAX, pair_tiles
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
 from asickernels.reference import GIOU_EPS
@@ -122,7 +123,9 @@ def _paired(
     return result
 
 
-box_iou = functools.partial(_pairwise, "iou")
-generalized_box_iou = functools.partial(_pairwise, "giou")
-diou = functools.partial(_paired, "diou")
-ciou = functools.partial(_paired, "ciou")
+box_iou = BACKEND.implements("box_iou")(functools.partial(_pairwise, "iou"))
+generalized_box_iou = BACKEND.implements("generalized_box_iou")(
+    functools.partial(_pairwise, "giou")
+)
+diou = BACKEND.implements("diou")(functools.partial(_paired, "diou"))
+ciou = BACKEND.implements("ciou")(functools.partial(_paired, "ciou"))

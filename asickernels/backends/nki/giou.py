@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
 from asickernels.reference import GIOU_EPS
 
@@ -145,6 +146,7 @@ def _owned(from1: Any, gradient: Any, first: bool) -> Any:
     return nl.where(from1, gradient, 0.0) if first else nl.where(from1, 0.0, gradient)
 
 
+@BACKEND.implements("giou")
 def giou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
     """``[P, 4]`` x2 -> ``[P]`` float32."""
     reject_config(config)
@@ -152,6 +154,7 @@ def giou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.nd
     return result
 
 
+@BACKEND.implements("giou_vjp")
 def giou_vjp(
     boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray, *, config: Any = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import FLOAT_DTYPES, nisa, nki, nl, reject_config, run
 
 PMAX = 128
@@ -74,6 +75,7 @@ def int8_matmul_kernel(x: Any, y: Any, x_scale: Any, y_scale: Any, out_dtype: An
     return out
 
 
+@BACKEND.implements("int8_matmul")
 def int8_matmul(
     x: np.ndarray,
     y: np.ndarray,

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
 
 PMAX = 128
@@ -212,6 +213,7 @@ def _float32_at_least(value: float) -> np.float32:
     return rounded
 
 
+@BACKEND.implements("nms")
 def nms(
     boxes: np.ndarray,
     scores: np.ndarray,

@@ -33,13 +33,14 @@ BACKEND = Backend(
     description="Pallas/Mosaic TPU kernels (interpret mode where there is no TPU)",
     platforms=("tpu",),
     embeddable=True,
+    package=__name__,
 )
 
 
 def _traceable() -> bool:
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu import lowering
 
-    return tuning.tpu_interpret_traceable()
+    return lowering.tpu_interpret_traceable()
 
 
 INTERPRET_BACKEND = Backend(
@@ -48,4 +49,6 @@ INTERPRET_BACKEND = Backend(
     probe=_probe_interpret,
     description="the same Pallas kernels in TPU interpret mode, with race detection",
     traceable=_traceable,
+    kernels_of="pallas_tpu",
+    kernel_kwargs={"mode": "tpu_interpret"},
 )

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, lowering
+from asickernels.backends.pallas_tpu.giou import GiouConfig
 from asickernels.backends.xla import box_iou as xla_box_iou
 from asickernels.backends.xla.box_iou import metric_from_planes
 
@@ -68,7 +69,7 @@ def _pairwise_vmem_bytes(block_n: int, block_m: int) -> int:
 
 
 def _pairwise_forward(
-    metric: str, config: PairwiseConfig, target: tuning.Target
+    metric: str, config: PairwiseConfig, target: lowering.Target
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     def forward(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
         batch, n, m = boxes1.shape[0], boxes1.shape[1], boxes2.shape[1]
@@ -86,7 +87,7 @@ def _pairwise_forward(
                 pl.BlockSpec((None, 4, block_m), lambda b, i, j: (b, 0, j)),
             ],
             out_specs=pl.BlockSpec((None, block_n, block_m), lambda b, i, j: (b, i, j)),
-            compiler_params=tuning.compiler_params(
+            compiler_params=lowering.compiler_params(
                 ("parallel", "parallel", "parallel"),
                 _pairwise_vmem_bytes(block_n, block_m),
                 target.generation,
@@ -105,17 +106,19 @@ def _run_pairwise(
     boxes2: jax.Array,
     *,
     config: PairwiseConfig | None = None,
-    mode: tuning.InterpretMode = None,
+    mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``[B, N, 4]`` x ``[B, M, 4]`` (any float dtype; computed in float32) -> ``[B, N, M]``
     float32."""
-    tuning.check_config(config, PairwiseConfig)
+    lowering.check_config(config, PairwiseConfig)
     boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _box_kernel(True, metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
-box_iou = functools.partial(_run_pairwise, "iou")
-generalized_box_iou = functools.partial(_run_pairwise, "giou")
+box_iou = BACKEND.implements("box_iou")(functools.partial(_run_pairwise, "iou"))
+generalized_box_iou = BACKEND.implements("generalized_box_iou")(
+    functools.partial(_run_pairwise, "giou")
+)
 
 
 # Paired -------------------------------------------------------------------------------------
@@ -161,11 +164,11 @@ def _paired_vmem_bytes(block_rows: int, itemsize: int, backward: bool) -> int:
 
 
 def _paired_call(
-    metric: str, config: tuning.GiouConfig | None, backward: bool, target: tuning.Target
+    metric: str, config: GiouConfig | None, backward: bool, target: lowering.Target
 ) -> Callable[..., Any]:
     """The forward (``boxes1, boxes2 -> [P]``) or backward (``boxes1, boxes2, g -> (d1,
     d2)``) kernel of ``metric`` on GIOU's layout and block table."""
-    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, target.generation)
+    cfg = config or GiouConfig()
 
     def call(boxes1: jax.Array, boxes2: jax.Array, *g: jax.Array) -> Any:
         count = boxes1.shape[0]
@@ -182,7 +185,7 @@ def _paired_call(
             grid=(rows // block_rows,),
             in_specs=[planes_spec, planes_spec] + ([rows_spec] if backward else []),
             out_specs=(planes_spec, planes_spec) if backward else rows_spec,
-            compiler_params=tuning.compiler_params(
+            compiler_params=lowering.compiler_params(
                 ("parallel",),
                 _paired_vmem_bytes(block_rows, boxes1.dtype.itemsize, backward),
                 target.generation,
@@ -209,14 +212,14 @@ def _box_kernel(
     boxes1: jax.Array,
     boxes2: jax.Array,
     config: Any,
-    mode: tuning.InterpretMode,
+    mode: lowering.InterpretMode,
 ) -> jax.Array:
     """The pairwise or paired forward kernel, with its gradient."""
     if pairwise:
-        build = tuning.Build(_pairwise_forward, (metric, config))
+        build = lowering.Build(_pairwise_forward, (metric, config))
     else:
-        build = tuning.Build(_paired_call, (metric, config, False))
-    return tuning.run(build, mode, boxes1, boxes2)  # type: ignore[no-any-return]
+        build = lowering.Build(_paired_call, (metric, config, False))
+    return lowering.run(build, mode, boxes1, boxes2)  # type: ignore[no-any-return]
 
 
 def _box_kernel_fwd(
@@ -225,7 +228,7 @@ def _box_kernel_fwd(
     boxes1: jax.Array,
     boxes2: jax.Array,
     config: Any,
-    mode: tuning.InterpretMode,
+    mode: lowering.InterpretMode,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     return _box_kernel(pairwise, metric, boxes1, boxes2, config, mode), (boxes1, boxes2)
 
@@ -234,15 +237,15 @@ def _box_kernel_bwd(
     pairwise: bool,
     metric: str,
     config: Any,
-    mode: tuning.InterpretMode,
+    mode: lowering.InterpretMode,
     residuals: tuple[jax.Array, jax.Array],
     g: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     if pairwise:  # XLA's gradient (module docstring)
         _, pullback = jax.vjp(functools.partial(xla_box_iou.pairwise, metric), *residuals)
         return pullback(g)  # type: ignore[no-any-return]
-    build = tuning.Build(_paired_call, (metric, config, True))
-    return tuning.run(build, mode, *residuals, g)  # type: ignore[no-any-return]
+    build = lowering.Build(_paired_call, (metric, config, True))
+    return lowering.run(build, mode, *residuals, g)  # type: ignore[no-any-return]
 
 
 _box_kernel.defvjp(_box_kernel_fwd, _box_kernel_bwd)
@@ -253,15 +256,15 @@ def _run_paired(
     boxes1: jax.Array,
     boxes2: jax.Array,
     *,
-    config: tuning.GiouConfig | None = None,
-    mode: tuning.InterpretMode = None,
+    config: GiouConfig | None = None,
+    mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    tuning.check_config(config, tuning.GiouConfig)
+    lowering.check_config(config, GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16) or boxes1.dtype != boxes2.dtype:
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _box_kernel(False, metric, boxes1, boxes2, config, mode)
 
 
-diou = functools.partial(_run_paired, "diou")
-ciou = functools.partial(_run_paired, "ciou")
+diou = BACKEND.implements("diou", vjp="diou_vjp")(functools.partial(_run_paired, "diou"))
+ciou = BACKEND.implements("ciou", vjp="ciou_vjp")(functools.partial(_run_paired, "ciou"))

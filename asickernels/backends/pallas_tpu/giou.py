@@ -15,6 +15,7 @@ kernel), so forward and gradient can never disagree on the formula.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -24,11 +25,23 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.backends.xla.giou import giou_from_planes
 
 LANES = 128
 CHUNK = 4096  # lanes computed at a time: keeps the temporaries small
+
+
+@dataclasses.dataclass(frozen=True)
+class GiouConfig:
+    """GIOU kernels (and the paired DIoU/CIoU ones): each grid step handles ``block_rows``
+    x 128 box pairs."""
+
+    block_rows: int = 256
+
+    def __post_init__(self) -> None:
+        if self.block_rows <= 0 or self.block_rows % 16:
+            raise ValueError(f"block_rows must be a positive multiple of 16, got {self.block_rows}")
 
 
 def _chunks(block: int) -> tuple[int, int]:
@@ -69,7 +82,7 @@ def _backward_kernel(b1_ref: Any, b2_ref: Any, g_ref: Any, d1_ref: Any, d2_ref: 
     lax.fori_loop(0, count, step, None)
 
 
-def _block(count: int, config: tuning.GiouConfig) -> int:
+def _block(count: int, config: GiouConfig) -> int:
     """Boxes per grid step: ``block_rows`` x 128 (a multiple of 1024), or all of them."""
     block = config.block_rows * LANES
     return count if count <= block else block
@@ -86,9 +99,9 @@ def _vmem_bytes(block: int, itemsize: int, backward: bool) -> int:
 
 
 def _forward(
-    config: tuning.GiouConfig | None, target: tuning.Target
+    config: GiouConfig | None, target: lowering.Target
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, target.generation)
+    cfg = config or GiouConfig()
 
     def forward(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
         count = boxes1.shape[0]
@@ -100,7 +113,7 @@ def _forward(
             grid=(pl.cdiv(count, block),),
             in_specs=[boxes_spec, boxes_spec],
             out_specs=pl.BlockSpec((block,), lambda i: (i,)),
-            compiler_params=tuning.compiler_params(
+            compiler_params=lowering.compiler_params(
                 ("parallel",),
                 _vmem_bytes(block, boxes1.dtype.itemsize, backward=False),
                 target.generation,
@@ -114,9 +127,9 @@ def _forward(
 
 
 def _backward(
-    config: tuning.GiouConfig | None, target: tuning.Target
+    config: GiouConfig | None, target: lowering.Target
 ) -> Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
-    cfg = tuning.config_for(tuning.GIOU_CONFIGS, tuning.GiouConfig(), config, target.generation)
+    cfg = config or GiouConfig()
 
     def backward(boxes1: jax.Array, boxes2: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         count = boxes1.shape[0]
@@ -129,7 +142,7 @@ def _backward(
             grid=(pl.cdiv(count, block),),
             in_specs=[boxes_spec, boxes_spec, pl.BlockSpec((block,), lambda i: (i,))],
             out_specs=(boxes_spec, boxes_spec),
-            compiler_params=tuning.compiler_params(
+            compiler_params=lowering.compiler_params(
                 ("parallel",),
                 _vmem_bytes(block, boxes1.dtype.itemsize, backward=True),
                 target.generation,
@@ -147,43 +160,44 @@ def _backward(
 def _giou(
     boxes1: jax.Array,
     boxes2: jax.Array,
-    config: tuning.GiouConfig | None,
-    mode: tuning.InterpretMode,
+    config: GiouConfig | None,
+    mode: lowering.InterpretMode,
 ) -> jax.Array:
-    return tuning.run(tuning.Build(_forward, (config,)), mode, boxes1, boxes2)  # type: ignore[no-any-return]
+    return lowering.run(lowering.Build(_forward, (config,)), mode, boxes1, boxes2)  # type: ignore[no-any-return]
 
 
 def _giou_fwd(
     boxes1: jax.Array,
     boxes2: jax.Array,
-    config: tuning.GiouConfig | None,
-    mode: tuning.InterpretMode,
+    config: GiouConfig | None,
+    mode: lowering.InterpretMode,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     return _giou(boxes1, boxes2, config, mode), (boxes1, boxes2)
 
 
 def _giou_bwd(
-    config: tuning.GiouConfig | None,
-    mode: tuning.InterpretMode,
+    config: GiouConfig | None,
+    mode: lowering.InterpretMode,
     residuals: tuple[jax.Array, jax.Array],
     g: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     boxes1, boxes2 = residuals
-    return tuning.run(tuning.Build(_backward, (config,)), mode, boxes1, boxes2, g)  # type: ignore[no-any-return]
+    return lowering.run(lowering.Build(_backward, (config,)), mode, boxes1, boxes2, g)  # type: ignore[no-any-return]
 
 
 _giou.defvjp(_giou_fwd, _giou_bwd)
 
 
+@BACKEND.implements("giou", vjp="giou_vjp")
 def giou(
     boxes1: jax.Array,
     boxes2: jax.Array,
     *,
-    config: tuning.GiouConfig | None = None,
-    mode: tuning.InterpretMode = None,
+    config: GiouConfig | None = None,
+    mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    tuning.check_config(config, tuning.GiouConfig)
+    lowering.check_config(config, GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16):
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _giou(boxes1, boxes2, config, mode)

@@ -6,11 +6,13 @@ the first K step's product, adds the middle ones, and the last step's sum is wri
 A dimension no larger than its block is one whole block; a ragged K is zero-padded (zeros
 add exactly 0 to the integer sums); ragged M and N end in partial blocks, whose
 out-of-range rows and columns only reach outputs Pallas does not write. Block sizes come
-per generation and per shape class (:func:`tuning.int8_matmul_config`).
+per generation and per shape class (:func:`block_sizes`, from
+:data:`~asickernels.backends.pallas_tpu.tuned_block_sizes.INT8_MATMUL`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +23,33 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, lowering, tuned_block_sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8MatmulConfig:
+    """int8 matmul blocks: ``block_m`` a multiple of 32 (int8 sublane tiling), ``block_n``
+    and ``block_k`` multiples of 128 (lanes). K is the last, sequential grid axis."""
+
+    block_m: int = 512
+    block_n: int = 512
+    block_k: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.block_m <= 0 or self.block_m % 32:
+            raise ValueError(f"block_m must be a positive multiple of 32, got {self.block_m}")
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value <= 0 or value % 128:
+                raise ValueError(f"{name} must be a positive multiple of 128, got {value}")
+
+
+def block_sizes(generation: str, m: int) -> Int8MatmulConfig:
+    """The tuned blocks for ``m`` rows on ``generation`` (the defaults where it has none)."""
+    for largest, blocks in tuned_block_sizes.INT8_MATMUL.get(generation, ()):
+        if largest is None or m <= largest:
+            return Int8MatmulConfig(*blocks)
+    return Int8MatmulConfig()
 
 
 def _kernel(x_ref: Any, y_ref: Any, *refs: Any, k_steps: int, scaled: bool) -> None:
@@ -75,7 +103,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _build(
-    config: tuning.Int8MatmulConfig | None, out_dtype: Any, target: tuning.Target
+    config: Int8MatmulConfig | None, out_dtype: Any, target: lowering.Target
 ) -> Callable[..., jax.Array]:
     if target.mosaic and target.generation not in generations.INT8_MXU:
         # Mosaic refuses int8 x int8 there; say so before its compiler error does.
@@ -86,7 +114,7 @@ def _build(
 
     def matmul(x: jax.Array, y: jax.Array, *scales: jax.Array) -> jax.Array:
         (m, k), n = x.shape, y.shape[1]
-        cfg = config or tuning.int8_matmul_config(target.generation, m)
+        cfg = config or block_sizes(target.generation, m)
         # A dimension no larger than its block is one whole block (legal at any size).
         bm, bn = min(m, cfg.block_m), min(n, cfg.block_n)
         bk = _k_block(k, cfg.block_k)
@@ -125,7 +153,7 @@ def _build(
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
             scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)] if kp > bk else [],
-            compiler_params=tuning.compiler_params(
+            compiler_params=lowering.compiler_params(
                 ("parallel", "parallel", "arbitrary"), vmem, target.generation
             ),
             interpret=target.interpret,
@@ -136,6 +164,8 @@ def _build(
     return matmul
 
 
+# v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
+@BACKEND.implements("int8_matmul", generations=generations.INT8_MXU)
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
@@ -143,15 +173,15 @@ def int8_matmul(
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
     out_dtype: Any,
-    config: tuning.Int8MatmulConfig | None = None,
-    mode: tuning.InterpretMode = None,
+    config: Int8MatmulConfig | None = None,
+    mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` when
     ``x_scale [M]`` and ``y_scale [N]`` (float32) are given. Lowered for a TPU without an
     int8 MXU path (see :data:`asickernels.tpu_generations.INT8_MXU`) it raises
     NotImplementedError: choosing another backend there is the selection policy's job."""
-    tuning.check_config(config, tuning.Int8MatmulConfig)
+    lowering.check_config(config, Int8MatmulConfig)
     scales = () if x_scale is None or y_scale is None else (x_scale, y_scale)
     dtype = jnp.dtype(out_dtype).name if scales else "int32"
-    build = tuning.Build(_build, (config, dtype))
-    return tuning.run(build, mode, x, y, *scales)  # type: ignore[no-any-return]
+    build = lowering.Build(_build, (config, dtype))
+    return lowering.run(build, mode, x, y, *scales)  # type: ignore[no-any-return]

@@ -39,13 +39,29 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
-from asickernels.backends.pallas_tpu import tuning
+from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.kernels.nms import dense_ranks
 
 # Fields of a box (rows of the kernel's input): coordinates, area (computed in the kernel),
 # eligibility, dense category rank, original index.
 X1, Y1, X2, Y2, AREA, ELIGIBLE, CATEGORY, INDEX = range(8)
 ROWS = 8  # padded to a full sublane tile
+
+
+@dataclasses.dataclass(frozen=True)
+class NmsConfig:
+    """Tiled NMS: boxes are decided ``tile`` at a time (a multiple of 128). Up to
+    ``rank_in_kernel_max`` (padded) boxes the kernel ranks the scores itself (N^2 compares);
+    above, XLA sorts them first."""
+
+    tile: int = 256
+    rank_in_kernel_max: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.tile <= 0 or self.tile % 128:
+            raise ValueError(f"tile must be a positive multiple of 128, got {self.tile}")
+        if self.rank_in_kernel_max < 0:
+            raise ValueError(f"rank_in_kernel_max must be >= 0, got {self.rank_in_kernel_max}")
 
 
 def _suppression_mask(columns: jax.Array, rows: jax.Array, iou_threshold: float) -> jax.Array:
@@ -281,14 +297,14 @@ def gather_chunk(padded: int, tile: int) -> int:
 
 
 def _build(
-    config: tuning.NmsConfig | None,
+    config: NmsConfig | None,
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
     count_trips: bool,
-    target: tuning.Target,
+    target: lowering.Target,
 ) -> Callable[..., Any]:
-    cfg = tuning.config_for(tuning.NMS_CONFIGS, tuning.NmsConfig(), config, target.generation)
+    cfg = config or NmsConfig()
 
     def run(boxes: jax.Array, scores: jax.Array, *categories: jax.Array) -> Any:
         batch, n = scores.shape
@@ -339,7 +355,7 @@ def _build(
                 pltpu.VMEM((1, padded), jnp.float32),
                 pltpu.VMEM((1, padded), jnp.float32),
             ],
-            compiler_params=tuning.compiler_params(("parallel",), vmem, target.generation),
+            compiler_params=lowering.compiler_params(("parallel",), vmem, target.generation),
             interpret=target.interpret,
             name="nms_tiled",
         )
@@ -420,7 +436,7 @@ def counted_loop_trips(
     *,
     iou_threshold: float,
     max_output_size: int,
-    config: tuning.NmsConfig | None = None,
+    config: NmsConfig | None = None,
 ) -> LoopTrips:
     """The kernel's own count of its loop trips on one image, in Pallas interpret mode (the
     kernel built with ``count_trips``): what :func:`loop_trips` must predict."""
@@ -430,7 +446,7 @@ def counted_loop_trips(
         max_output_size,
         -math.inf,
         True,
-        tuning.Target(generations.DEFAULT, True),
+        lowering.Target(generations.DEFAULT, True),
     )
     _, _, trips = jax.jit(build)(jnp.asarray(boxes)[None], jnp.asarray(scores)[None])
     counts = np.asarray(trips)[0]
@@ -442,6 +458,7 @@ def counted_loop_trips(
     )
 
 
+@BACKEND.implements("nms")
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
@@ -450,13 +467,13 @@ def nms(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: tuning.NmsConfig | None = None,
-    mode: tuning.InterpretMode = None,
+    config: NmsConfig | None = None,
+    mode: lowering.InterpretMode = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
-    tuning.check_config(config, tuning.NmsConfig)
+    lowering.check_config(config, NmsConfig)
     static = (config, float(iou_threshold), int(max_output_size), float(score_threshold), False)
     # The kernel carries categories as float32 fields: dense ranks (< B * N) stay exact.
     extra = () if categories is None else (dense_ranks(jnp, categories),)
-    return tuning.run(tuning.Build(_build, static), mode, boxes, scores, *extra)  # type: ignore[no-any-return]
+    return lowering.run(lowering.Build(_build, static), mode, boxes, scores, *extra)  # type: ignore[no-any-return]

@@ -18,4 +18,5 @@ BACKEND = Backend(
     description="plain jax.numpy, compiled by XLA for whatever device JAX has",
     platforms=("*",),
     embeddable=True,
+    package=__name__,
 )

@@ -10,8 +10,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from asickernels.backends.xla import BACKEND
 from asickernels.backends.xla.giou import giou_from_planes
 from asickernels.backends.xla.nms import compute_dtype
+from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.reference import GIOU_EPS
 
 EPS = GIOU_EPS
@@ -91,7 +93,13 @@ def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any = N
     return metric_from_planes(metric, *_planes(boxes1, dtype), *_planes(boxes2, dtype))
 
 
-box_iou = functools.partial(pairwise, "iou")
-generalized_box_iou = functools.partial(pairwise, "giou")
-diou = functools.partial(paired, "diou")
-ciou = functools.partial(paired, "ciou")
+box_iou = BACKEND.implements("box_iou", dtypes=FLOAT32_AND_64)(functools.partial(pairwise, "iou"))
+generalized_box_iou = BACKEND.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)(
+    functools.partial(pairwise, "giou")
+)
+diou = BACKEND.implements("diou", dtypes=FLOAT32_AND_64, vjp="diou_vjp")(
+    functools.partial(paired, "diou")
+)
+ciou = BACKEND.implements("ciou", dtypes=FLOAT32_AND_64, vjp="ciou_vjp")(
+    functools.partial(paired, "ciou")
+)

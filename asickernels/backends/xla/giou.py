@@ -7,7 +7,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from asickernels.backends.xla import BACKEND
 from asickernels.backends.xla.nms import compute_dtype
+from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.reference import GIOU_EPS
 
 
@@ -36,6 +38,7 @@ def giou_from_planes(
     return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
 
 
+@BACKEND.implements("giou", dtypes=FLOAT32_AND_64, vjp="giou_vjp")
 def giou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
     """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)

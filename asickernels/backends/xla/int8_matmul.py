@@ -8,12 +8,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from asickernels.backends.xla import BACKEND
+
 
 def dequantize(acc: jax.Array, x_scale: jax.Array, y_scale: jax.Array, out_dtype: Any) -> jax.Array:
     """``acc [M, N]`` int32 -> ``acc * x_scale[:, None] * y_scale[None, :]`` in float32, cast once."""
     return (acc.astype(jnp.float32) * x_scale[:, None] * y_scale[None, :]).astype(out_dtype)
 
 
+@BACKEND.implements("int8_matmul")
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,

@@ -9,6 +9,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from asickernels.backends.xla import BACKEND
+from asickernels.kernels.registry import FLOAT32_AND_64
+
 
 class Candidates(NamedTuple):
     """One image's boxes in visiting order (descending score, ties by index).
@@ -107,6 +110,7 @@ def _nms_one(
     return indices_from_keep(cand.order, keep, max_output_size)
 
 
+@BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
 def nms(
     boxes: jax.Array,
     scores: jax.Array,

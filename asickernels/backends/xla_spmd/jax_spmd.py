@@ -5,15 +5,15 @@ written out here: GIOU, the GIOU loss and NMS are data-parallel over their batch
 is sequential along N, which therefore stays whole on each device), and the int8 matmul
 shards M and N, and K with an exact int32 ``psum`` of the partial products.
 
-Every function is generated from an op declaration (:data:`asickernels.OPS`) by the rule
-its ``partition`` names: ``"batch"`` (every array split along its leading batch dims; the
-op's ``core_ndim`` per array says which dims those are), ``"loss"`` (batch, with the
-reduction finished across shards) and ``"matmul"``. Each takes the op's own arguments plus
-``mesh`` and the partition (``batch_spec``, or ``m_axis``/``k_axis``/``n_axis``),
-validates the *global* inputs with the op's own checks, and returns what the unsharded op
-returns (NMS and int8 exactly; GIOU and the loss up to float32 rounding: the shards and
-the whole are compiled apart). ``backend``
-picks the per-shard kernel and must be a JAX backend (``"xla"``, ``"pallas_tpu"``, ...).
+Each function takes its op's arguments (:data:`asickernels.OPS`) plus ``mesh`` and the
+partition, and runs the rule its op's ``partition`` names: ``"batch"`` (every array split
+along its leading batch dims as ``batch_spec``; the op's ``core_ndim`` per array says
+which dims those are), ``"loss"`` (batch, with the reduction finished across shards) and
+``"matmul"`` (``m_axis``/``k_axis``/``n_axis``). Each validates the *global* inputs with
+the op's own checks and returns what the unsharded op returns (NMS and int8 exactly; GIOU
+and the loss up to float32 rounding: the shards and the whole are compiled apart).
+``backend`` picks the per-shard kernel and must be a JAX backend (``"xla"``,
+``"pallas_tpu"``, ...); ``config`` is the per-shard kernel's, as in the unsharded op.
 """
 
 from __future__ import annotations
@@ -25,11 +25,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
+from jax.typing import ArrayLike
 
 import asickernels
 from asickernels.backends.xla.int8_matmul import dequantize
-from asickernels.backends.xla_spmd._generate import Rule, sharded_wrapper
 from asickernels.kernels.declaration import Op, Plan, Spec
+
+__all__ = [
+    "batched_nms",
+    "box_iou",
+    "ciou",
+    "ciou_loss",
+    "ciou_vjp",
+    "diou",
+    "diou_loss",
+    "diou_vjp",
+    "generalized_box_iou",
+    "giou",
+    "giou_loss",
+    "giou_vjp",
+    "int8_matmul",
+    "nms",
+]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -191,15 +208,369 @@ def _vector(scale: jax.Array | None, length: int) -> jax.Array:
     return jnp.broadcast_to(value, (length,))
 
 
-_RULES: dict[str, Rule] = {"batch": _batch_rule, "loss": _loss_rule, "matmul": _matmul_rule}
-_WRAPPERS = {
-    op.name: sharded_wrapper(op, op.__signature__, _RULES, "a ``jax.sharding.Mesh``")
-    for op in asickernels.OPS
-    if op.name != "quantize_int8"
+_RULES: dict[str, Callable[..., Any]] = {
+    "batch": _batch_rule,
+    "loss": _loss_rule,
+    "matmul": _matmul_rule,
 }
-globals().update(_WRAPPERS)
-__all__ = sorted(_WRAPPERS)
 
 
-def __getattr__(name: str) -> Any:  # the generated wrappers, for type checkers
-    raise AttributeError(name)
+def _sharded(op: Op, mesh: Mesh, layout: Any, **values: Any) -> Any:
+    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
+    arrays = {name: values.pop(name) for name in op.array_names}
+    return _RULES[op.partition](op, mesh, layout, arrays, values)
+
+
+# The ops over a mesh: each op's own arguments, plus ``mesh`` and its partition.
+
+
+def giou(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.giou` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.giou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+        config=config,
+    )
+
+
+def giou_vjp(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    cotangent: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.giou_vjp` (the gradient of ``giou``) over ``mesh``, split along the
+    batch dims as ``batch_spec``."""
+    return _sharded(
+        asickernels.giou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+        config=config,
+    )
+
+
+def giou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.giou_loss` (``1 - giou`` over the valid boxes) over ``mesh``,
+    split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
+    the shards (the mean over the valid boxes of the global batch)."""
+    return _sharded(
+        asickernels.giou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+        config=config,
+    )
+
+
+def nms(
+    boxes: ArrayLike,
+    scores: ArrayLike,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.nms` over ``mesh``, split along the batch dims (those before N) as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.nms,
+        mesh,
+        batch_spec,
+        boxes=boxes,
+        scores=scores,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+        config=config,
+    )
+
+
+def batched_nms(
+    boxes: ArrayLike,
+    scores: ArrayLike,
+    idxs: ArrayLike,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.batched_nms` over ``mesh``, split along the batch dims (those
+    before N) as ``batch_spec``."""
+    return _sharded(
+        asickernels.batched_nms,
+        mesh,
+        batch_spec,
+        boxes=boxes,
+        scores=scores,
+        idxs=idxs,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+        config=config,
+    )
+
+
+def int8_matmul(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    x_scale: ArrayLike | None = None,
+    y_scale: ArrayLike | None = None,
+    out_dtype: Any = None,
+    mesh: Mesh,
+    m_axis: AxisName = None,
+    k_axis: AxisName = None,
+    n_axis: AxisName = None,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.int8_matmul` over ``mesh`` with M, K and N split over the mesh axes
+    ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is
+    sharded as ``P(m_axis, n_axis)``."""
+    return _sharded(
+        asickernels.int8_matmul,
+        mesh,
+        (m_axis, k_axis, n_axis),
+        x=x,
+        y=y,
+        x_scale=x_scale,
+        y_scale=y_scale,
+        out_dtype=out_dtype,
+        backend=backend,
+        config=config,
+    )
+
+
+def box_iou(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.box_iou` over ``mesh``, split along the batch dims (those before N
+    and M) as ``batch_spec``."""
+    return _sharded(
+        asickernels.box_iou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+        config=config,
+    )
+
+
+def generalized_box_iou(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.generalized_box_iou` over ``mesh``, split along the batch dims
+    (those before N and M) as ``batch_spec``."""
+    return _sharded(
+        asickernels.generalized_box_iou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+        config=config,
+    )
+
+
+def diou(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.diou` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.diou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+        config=config,
+    )
+
+
+def diou_vjp(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    cotangent: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.diou_vjp` (the gradient of ``diou``) over ``mesh``, split along the
+    batch dims as ``batch_spec``."""
+    return _sharded(
+        asickernels.diou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+        config=config,
+    )
+
+
+def diou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.diou_loss` (``1 - diou`` over the valid boxes) over ``mesh``,
+    split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
+    the shards (the mean over the valid boxes of the global batch)."""
+    return _sharded(
+        asickernels.diou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+        config=config,
+    )
+
+
+def ciou(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.ciou` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.ciou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+        config=config,
+    )
+
+
+def ciou_vjp(
+    boxes1: ArrayLike,
+    boxes2: ArrayLike,
+    cotangent: ArrayLike,
+    *,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.ciou_vjp` (the gradient of ``ciou``) over ``mesh``, split along the
+    batch dims as ``batch_spec``."""
+    return _sharded(
+        asickernels.ciou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+        config=config,
+    )
+
+
+def ciou_loss(
+    preds: ArrayLike,
+    targets: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    reduction: str = "mean",
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: Any = None,
+) -> jax.Array:
+    """:func:`asickernels.ciou_loss` (``1 - ciou`` over the valid boxes) over ``mesh``,
+    split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
+    the shards (the mean over the valid boxes of the global batch)."""
+    return _sharded(
+        asickernels.ciou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+        config=config,
+    )

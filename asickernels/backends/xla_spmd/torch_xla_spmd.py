@@ -9,13 +9,13 @@ across shards (the GIOU loss, K-sharded matmul partial products) are ordinary to
 on those global tensors, for which the SPMD partitioner inserts the all-reduce.
 
 Partition specs are torch_xla's: a tuple with one entry per dim, each a mesh axis name or
-index, a tuple of them, or None. As in the JAX module, every wrapper is generated from an
-op declaration by the rule its ``partition`` names (``"batch"``, ``"loss"``, ``"matmul"``).
+index, a tuple of them, or None. As in the JAX module, each function takes its op's
+arguments (those of :mod:`asickernels.torch`) plus ``mesh`` and the partition, and runs
+the rule its op's ``partition`` names (``"batch"``, ``"loss"``, ``"matmul"``).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,13 +23,29 @@ from typing import Any
 import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
+from torch import Tensor
 
 import asickernels
-import asickernels.torch
 from asickernels import INT8_MATMUL_MAX_K
-from asickernels.backends.xla_spmd._generate import Rule, sharded_wrapper
 from asickernels.kernels.declaration import Op, Plan
 from asickernels.torch import ops as torch_ops
+
+__all__ = [
+    "batched_nms",
+    "box_iou",
+    "ciou",
+    "ciou_loss",
+    "ciou_vjp",
+    "diou",
+    "diou_loss",
+    "diou_vjp",
+    "generalized_box_iou",
+    "giou",
+    "giou_loss",
+    "giou_vjp",
+    "int8_matmul",
+    "nms",
+]
 
 Spec = tuple[Any, ...]
 AxisName = str | int | tuple[str | int, ...] | None
@@ -234,17 +250,321 @@ def _matmul_rule(
     return (acc.to(torch.float32) * xs_ * ys_).to(out)
 
 
-_RULES: dict[str, Rule] = {"batch": _batch_rule, "loss": _loss_rule, "matmul": _matmul_rule}
-_WRAPPERS = {
-    op.name: sharded_wrapper(
-        op, inspect.signature(getattr(asickernels.torch, op.name)), _RULES, "a torch_xla SPMD mesh"
-    )
-    for op in asickernels.OPS
-    if op.name != "quantize_int8"
+_RULES: dict[str, Callable[..., Any]] = {
+    "batch": _batch_rule,
+    "loss": _loss_rule,
+    "matmul": _matmul_rule,
 }
-globals().update(_WRAPPERS)
-__all__ = sorted(_WRAPPERS)
 
 
-def __getattr__(name: str) -> Any:  # the generated wrappers, for type checkers
-    raise AttributeError(name)
+def _sharded(op: Op, mesh: xs.Mesh, layout: Any, **values: Any) -> Any:
+    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
+    arrays = {name: values.pop(name) for name in op.array_names}
+    return _RULES[op.partition](op, mesh, layout, arrays, values)
+
+
+# The ops over a mesh: each op's own arguments, plus ``mesh`` and its partition.
+
+
+def giou(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.giou` over ``mesh``, split along the batch dims as
+    ``batch_spec``; differentiable."""
+    return _sharded(
+        asickernels.giou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
+    )
+
+
+def giou_vjp(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    cotangent: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.giou_vjp` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.giou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+    )
+
+
+def giou_loss(
+    preds: Tensor,
+    targets: Tensor,
+    *,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.giou_loss` over ``mesh``, split along the batch dims as
+    ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
+    valid boxes of the global batch). Differentiable."""
+    return _sharded(
+        asickernels.giou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+    )
+
+
+def nms(
+    boxes: Tensor,
+    scores: Tensor,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.nms` over ``mesh``, split along the batch dims (those
+    before N) as ``batch_spec``."""
+    return _sharded(
+        asickernels.nms,
+        mesh,
+        batch_spec,
+        boxes=boxes,
+        scores=scores,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+    )
+
+
+def batched_nms(
+    boxes: Tensor,
+    scores: Tensor,
+    idxs: Tensor,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float | None = None,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.batched_nms` over ``mesh``, split along the batch dims (those
+    before N) as ``batch_spec``."""
+    return _sharded(
+        asickernels.batched_nms,
+        mesh,
+        batch_spec,
+        boxes=boxes,
+        scores=scores,
+        idxs=idxs,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+        backend=backend,
+    )
+
+
+def int8_matmul(
+    x: Tensor,
+    y: Tensor,
+    *,
+    x_scale: Tensor | None = None,
+    y_scale: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    mesh: xs.Mesh,
+    m_axis: AxisName = None,
+    k_axis: AxisName = None,
+    n_axis: AxisName = None,
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.int8_matmul` over ``mesh`` with M, K and N split over the
+    mesh axes ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the
+    result is sharded as ``(m_axis, n_axis)``."""
+    return _sharded(
+        asickernels.int8_matmul,
+        mesh,
+        (m_axis, k_axis, n_axis),
+        x=x,
+        y=y,
+        x_scale=x_scale,
+        y_scale=y_scale,
+        out_dtype=out_dtype,
+        backend=backend,
+    )
+
+
+def box_iou(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.box_iou` over ``mesh``, split along the batch dims (those
+    before N and M) as ``batch_spec``."""
+    return _sharded(
+        asickernels.box_iou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
+    )
+
+
+def generalized_box_iou(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.generalized_box_iou` over ``mesh``, split along the batch
+    dims (those before N and M) as ``batch_spec``."""
+    return _sharded(
+        asickernels.generalized_box_iou,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        backend=backend,
+    )
+
+
+def diou(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.diou` over ``mesh``, split along the batch dims as
+    ``batch_spec``; differentiable."""
+    return _sharded(
+        asickernels.diou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
+    )
+
+
+def diou_vjp(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    cotangent: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.diou_vjp` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.diou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+    )
+
+
+def diou_loss(
+    preds: Tensor,
+    targets: Tensor,
+    *,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.diou_loss` over ``mesh``, split along the batch dims as
+    ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
+    valid boxes of the global batch). Differentiable."""
+    return _sharded(
+        asickernels.diou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+    )
+
+
+def ciou(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.ciou` over ``mesh``, split along the batch dims as
+    ``batch_spec``; differentiable."""
+    return _sharded(
+        asickernels.ciou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
+    )
+
+
+def ciou_vjp(
+    boxes1: Tensor,
+    boxes2: Tensor,
+    cotangent: Tensor,
+    *,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.ciou_vjp` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(
+        asickernels.ciou_vjp,
+        mesh,
+        batch_spec,
+        boxes1=boxes1,
+        boxes2=boxes2,
+        cotangent=cotangent,
+        backend=backend,
+    )
+
+
+def ciou_loss(
+    preds: Tensor,
+    targets: Tensor,
+    *,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> Tensor:
+    """:func:`asickernels.torch.ciou_loss` over ``mesh``, split along the batch dims as
+    ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
+    valid boxes of the global batch). Differentiable."""
+    return _sharded(
+        asickernels.ciou_loss,
+        mesh,
+        batch_spec,
+        preds=preds,
+        targets=targets,
+        mask=mask,
+        reduction=reduction,
+        backend=backend,
+    )

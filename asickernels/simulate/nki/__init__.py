@@ -42,17 +42,21 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import errors, isa, language, runtime, typing
+from asickernels.simulate.nki import benchmarking as _benchmark
+from asickernels.simulate.nki import dtype, errors, isa, language, runtime, typing
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, wrap_argument
 
 __all__ = [
     "Kernel",
+    "benchmark",
+    "dtype",
     "errors",
     "isa",
     "jit",
     "language",
     "last_counters",
+    "profile",
     "simulate",
     "typing",
 ]
@@ -87,6 +91,9 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     if fn is None:
         return lambda function: Kernel(function)
     return Kernel(fn)
+
+
+benchmark, profile = _benchmark.decorators(jit)
 
 
 def simulate(kernel: Callable[..., Any]) -> Callable[..., Any]:

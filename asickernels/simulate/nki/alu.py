@@ -2,8 +2,10 @@
 
 Vector, Scalar and GpSimd engines compute in float32 and cast the result to the destination
 dtype (GpSimd keeps 32-bit integers exact); DMA casts through float32 when the dtypes
-differ. Float-to-integer casts round to nearest even and saturate (NaN becomes 0), an
-assumption where the SDK documents nothing.
+differ. Float-to-integer casts round down (floor) and saturate (NaN becomes 0): the SDK
+documents no rounding, and AWS's nearest-neighbour resize test (nki-samples
+test/unit/test_resize_nearest.py@8370e11, run on the SDK simulator and on devices) expects
+``int32(pos / out_w)`` to be ``floor(pos / out_w)``.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
         return values != 0
     if dtype.kind in "iu" and (values.dtype.kind == "f" or is_float(values.dtype)):
         info = np.iinfo(dtype)
-        rounded = np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0))
+        rounded = np.floor(np.nan_to_num(values.astype(np.float64), nan=0.0))
         return np.clip(rounded, info.min, info.max).astype(dtype)
     return values.astype(dtype)
 
@@ -93,6 +95,12 @@ def as_f32(value: Operand) -> Any:
             )
         return value.data.astype(np.float32, copy=False)
     return np.float32(value)
+
+
+def matmul_f32(stationary: np.ndarray, moving: np.ndarray) -> np.ndarray:
+    """``stationary.T @ moving`` in float32 (the transpose made contiguous first: BLAS on a
+    transposed view is an order of magnitude slower here)."""
+    return np.ascontiguousarray(stationary.astype(np.float32).T) @ moving.astype(np.float32)
 
 
 def dma_values(src: NkiTensor, dtype: np.dtype[Any]) -> np.ndarray:
@@ -160,3 +168,30 @@ def check_no_psum_on_gpsimd(api: str, tiles: list[NkiTensor]) -> None:
             raise errors.UnsupportedMemory(
                 f"'{api}' on the GpSimd engine cannot access PSUM ({tile!r})"
             )
+
+
+def batch_norm_stats(values: np.ndarray, included: np.ndarray | None = None) -> np.ndarray:
+    """``bn_stats`` of both generations: per row of ``values`` ``[P, F]`` (float32 math),
+    ``(count, mean, variance*count)`` of the even and then the odd elements, counting only
+    ``included`` ones (a legacy mask); ``[P, 6]``."""
+    values = np.asarray(values, np.float32)
+    keep = np.ones(values.shape, np.bool_) if included is None else included
+    stats = []
+    for parity in (0, 1):
+        part, kept = values[:, parity::2], keep[:, parity::2]
+        count = kept.sum(axis=1).astype(np.float32)
+        mean = np.where(kept, part, 0).sum(axis=1, dtype=np.float32) / np.maximum(count, 1)
+        spread = np.where(kept, (part - mean[:, None]) ** 2, 0).sum(axis=1, dtype=np.float32)
+        stats += [count, mean, spread]
+    return np.stack(stats, axis=1).astype(np.float32)
+
+
+def batch_norm_aggregate(triples: np.ndarray) -> np.ndarray:
+    """``bn_aggr`` of both generations: per row of ``(count, mean, variance*count)`` triples
+    ``[P, T, 3]`` (float64 accumulation), the overall ``(mean, variance)``; ``[P, 2]``."""
+    triples = np.asarray(triples, np.float64)
+    counts, means, spreads = triples[..., 0], triples[..., 1], triples[..., 2]
+    total = np.maximum(counts.sum(axis=1), 1)
+    mean = (counts * means).sum(axis=1) / total
+    variance = (spreads + counts * (means - mean[:, None]) ** 2).sum(axis=1) / total
+    return np.stack([mean, variance], axis=1).astype(np.float32)

@@ -99,6 +99,22 @@ class PsumCapacityExceeded(NkiValidationError):
     code = "err_psum_capacity_exceeded"
 
 
+class OnChipOutputWarning(UserWarning):
+    """A legacy kernel returned an SBUF/PSUM tile: the SDK's simulator returns its values,
+    a device accepts only HBM outputs."""
+
+
+class BroadcastOperandWarning(UserWarning):
+    """A legacy instruction repeated a ``[P, 1]`` operand along the free axes, which AWS's
+    kernels rely on and the reference does not document."""
+
+
+class SpillWarning(UserWarning):
+    """Live legacy (``neuronxcc.nki``) tiles exceed SBUF or PSUM: that generation's compiler
+    spills them to HBM rather than failing (nki-samples attention.py@8370e11, flash_attn_bwd:
+    "we will have psum spilling in the current implementation")."""
+
+
 class UnsupportedDtype(NkiValidationError):
     """A dtype the hardware path cannot take: int8 (or any integer) on the Tensor Engine, fp32
     mixed with a 16-bit matmul operand, a matmul result other than fp32, a non-NKI dtype such

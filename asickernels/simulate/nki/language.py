@@ -20,6 +20,7 @@ from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki.tensor import (
     DTYPES,
     MemoryRegion,
+    NKIObject,
     NkiTensor,
     allocate,
     is_float,
@@ -54,7 +55,7 @@ shared_hbm = MemoryRegion.shared_hbm
 hbm = MemoryRegion.private_hbm
 
 
-class _TileSize:
+class _TileSize(NKIObject):
     """Hardware tile size constants (the SBUF ones follow the simulated target)."""
 
     pmax = runtime.PMAX
@@ -694,10 +695,16 @@ static_range = affine_range
 dynamic_range = affine_range
 
 
-def fori_loop(lower: int, upper: int, body_fun: Callable[[int], Any], step: int = 1) -> None:
-    """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)``."""
-    for i in range(lower, upper, step):
-        body_fun(i)
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
+    """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)`` (bounds: ints or
+    registers), ``i`` a fresh :class:`~asickernels.simulate.nki.isa.VirtualRegister` each
+    iteration, as the reference says, so the body can pass it as ``scalar_offset``."""
+    from asickernels.simulate.nki.isa import VirtualRegister  # isa builds on this module
+
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"fori_loop: step must be a positive int, got {step!r}")
+    for i in range(int(lower), int(upper), step):
+        body_fun(VirtualRegister(i))
 
 
 def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import warnings
 from typing import Any
 
 from asickernels.simulate.nki import errors
@@ -43,9 +44,15 @@ def target_from_env() -> Target:
     value = os.environ.get(TARGET_ENV, "").strip().lower()
     if not value:
         return TARGETS[DEFAULT_TARGET]
+    return target_named(value, TARGET_ENV)
+
+
+def target_named(name: str, where: str = "platform_target") -> Target:
+    """The target a platform name (``trn1``, ``inf2``, ``gen2``, ``trn2``, ...) denotes."""
+    value = name.strip().lower()
     if value not in _TARGET_NAMES:
         raise ValueError(
-            f"{TARGET_ENV}={value!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
+            f"{where}={name!r} is not a NeuronCore target; use one of {sorted(_TARGET_NAMES)}"
         )
     return TARGETS[_TARGET_NAMES[value]]
 
@@ -115,6 +122,9 @@ class Run:
         self.target = target
         self.program_id = program_id  # the logical core running this instance (kernel[2])
         self.launch = launch or Launch(1)
+        # Live tiles beyond capacity: an error, or (the legacy compiler) a spill warning.
+        self.spills_when_full = False
+        self.spill_warned = False
         self.shared_hbm_created = 0
         self.scalar_reduce_registers: Any = None  # nisa.activation's per-lane accumulators
         self.vector_reduce_registers: Any = None  # the Vector engine's accumulators
@@ -139,23 +149,40 @@ class Run:
                     f"one bank of {PSUM_BANK_BYTES} bytes (512 fp32) before NeuronCore-v4"
                 )
             if self.psum_banks_in_use + banks > PSUM_BANKS:
-                raise errors.PsumCapacityExceeded(
+                self._over_capacity(
+                    errors.PsumCapacityExceeded,
                     f"{what} needs {banks} PSUM bank(s) but {self.psum_banks_in_use} of "
-                    f"{PSUM_BANKS} banks (16 KiB per partition) hold live tiles"
+                    f"{PSUM_BANKS} banks (16 KiB per partition) hold live tiles",
+                    alone=banks > PSUM_BANKS,
                 )
             self.psum_banks_in_use += banks
             self.peak_psum_banks = max(self.peak_psum_banks, self.psum_banks_in_use)
         else:
             capacity = self.target.sbuf_bytes_per_partition
             if self.sbuf_in_use + bytes_per_partition > capacity:
-                raise errors.SbufCapacityExceeded(
+                self._over_capacity(
+                    errors.SbufCapacityExceeded,
                     f"{what} needs {bytes_per_partition} bytes per partition with "
                     f"{self.sbuf_in_use} already live; NeuronCore-v{self.target.version} "
-                    f"({self.target.platforms}) has {capacity} bytes of SBUF per partition"
+                    f"({self.target.platforms}) has {capacity} bytes of SBUF per partition",
+                    alone=bytes_per_partition > capacity,
                 )
             self.sbuf_in_use += bytes_per_partition
             self.peak_sbuf = max(self.peak_sbuf, self.sbuf_in_use)
         return Allocation(self, in_psum, bytes_per_partition)
+
+    def _over_capacity(
+        self, error: type[errors.NkiValidationError], message: str, alone: bool
+    ) -> None:
+        """Live tiles exceed a memory: an error, unless this run spills (then one warning per
+        run). A tile larger than the whole memory is always an error."""
+        if alone or not self.spills_when_full:
+            raise error(message)
+        if not self.spill_warned:
+            self.spill_warned = True
+            warnings.warn(
+                f"{message}: the compiler spills to HBM", errors.SpillWarning, stacklevel=4
+            )
 
     def release(self, allocation: Allocation) -> None:
         if allocation.in_psum:

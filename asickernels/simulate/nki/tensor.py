@@ -103,7 +103,19 @@ def is_hbm(buffer: MemoryRegion) -> bool:
     return buffer in (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
 
 
-class NkiTensor:
+class NKIObject:
+    """``nl.NKIObject``: the base class of NKI kernel dataclasses and configuration objects
+    (2.32 reference, nki/api/nki/language/__init__.py); keyword arguments become
+    attributes."""
+
+    __slots__ = ()
+
+    def __init__(self, **kwargs: Any) -> None:
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+
+class NkiTensor(NKIObject):
     """A tensor in HBM, SBUF or PSUM. Indexing and the view methods return views sharing
     storage; on-chip tensors keep their partition axis (axis 0) first and whole."""
 
@@ -412,7 +424,7 @@ class NkiTensor:
                 raise errors.LeadingDimensionOfTensorMustBePartition(
                     f"dynamic select on the partition axis of {self!r}"
                 )
-            index = int(np.asarray(index.data).reshape(-1)[0])
+            index = _scalar_value(index)
         dim %= self.ndim
         self._check_partition_axis_kept(dim == 0, f"select({dim}, {index})")
         key: list[Any] = [slice(None)] * self.ndim
@@ -484,7 +496,7 @@ class NkiTensor:
         self,
         pattern: Sequence[Sequence[int]],
         offset: int | None = None,
-        scalar_offset: NkiTensor | None = None,
+        scalar_offset: Any = None,
         vector_offset: NkiTensor | None = None,
         indirect_dim: int = 0,
         dtype: Any = None,
@@ -507,10 +519,7 @@ class NkiTensor:
         if scalar_offset is not None:
             if self.is_indirect_view:
                 raise errors.NkiValidationError(f"{self!r} is already an indirect view")
-            start += (
-                int(np.asarray(scalar_offset.data).reshape(-1)[0])
-                * self._data.strides[indirect_dim]
-            )
+            start += _scalar_value(scalar_offset) * self._data.strides[indirect_dim]
         total = self.root.nbytes
         low = start + sum(min(0, step * (count - 1)) for step, count in pairs) * itemsize
         high = start + (sum(max(0, step * (count - 1)) for step, count in pairs) + 1) * itemsize
@@ -604,6 +613,14 @@ class NkiTensor:
         return self._view(data, dtype=new_dtype)
 
     reinterpret_cast = view
+
+
+def _scalar_value(value: Any) -> int:
+    """A run-time index: a one-element tensor's value, or a register's (``nl.fori_loop``
+    hands its body a ``VirtualRegister``)."""
+    if isinstance(value, NkiTensor):
+        return int(np.asarray(value.data).reshape(-1)[0])
+    return int(value)
 
 
 def allocate(

@@ -113,9 +113,9 @@ def int8_matmul_builder(
     """Our int8 matmul (``backend="pallas_tpu"``), with the generation's table blocks or,
     when ``block_m`` is given, these."""
     import asickernels
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu.int8_matmul import Int8MatmulConfig
 
-    config = tuning.Int8MatmulConfig(block_m, block_n, block_k) if block_m else None
+    config = Int8MatmulConfig(block_m, block_n, block_k) if block_m else None
 
     def function(x: Any, y: Any) -> Any:
         return asickernels.int8_matmul(x, y, backend="pallas_tpu", config=config)
@@ -152,9 +152,9 @@ def nms_builder(
 ) -> Built:
     """NMS on ``backend`` on one image of ``n`` boxes (ours with this tile, when given)."""
     import asickernels
-    from asickernels.backends.pallas_tpu import tuning
+    from asickernels.backends.pallas_tpu.nms import NmsConfig
 
-    config = tuning.NmsConfig(tile) if tile else None
+    config = NmsConfig(tile) if tile else None
 
     def function(boxes: Any, scores: Any) -> Any:
         return asickernels.nms(
@@ -386,8 +386,8 @@ GIOU_CASES = tuple(
 )
 
 
-def table_nms_tile(generation: str) -> int:
-    """The NMS tile of the per-generation table in ``backends/pallas_tpu/tuning.py``."""
-    from asickernels.backends.pallas_tpu import tuning
+def default_nms_tile() -> int:
+    """The NMS kernel's default tile (every generation runs it)."""
+    from asickernels.backends.pallas_tpu.nms import NmsConfig
 
-    return tuning.NMS_CONFIGS.get(generation, tuning.NmsConfig()).tile
+    return NmsConfig().tile

@@ -207,7 +207,7 @@ def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[c
     for pairs in (cases.GIOU_PAIRS, *cases.GIOU_USER_PAIRS):
         for gradient in (False, True):
             found += [cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
-    tile = cases.table_nms_tile(generation)
+    tile = cases.default_nms_tile()
     for n in cases.NMS_USER_N:
         found += [cases.nms_case(tile, n=n), cases.nms_xla_case(n)]
     return tuple(case for case in found if ops is None or case.op in ops)

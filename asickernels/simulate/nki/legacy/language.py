@@ -143,7 +143,11 @@ def require_tile(api: str, name: str, value: Any, regions: tuple[MemoryRegion, .
     """``value``, a tensor in one of ``regions`` (with its block dimensions indexed)."""
     if not isinstance(value, Tensor):
         raise TypeError(f"operand '{name}' of '{api}' must be a tile, got {type(value).__name__}")
-    if value.buffer not in regions:
+    # An instruction's result tile is placed by the compiler, which copies it between SBUF
+    # and PSUM where the next instruction needs it: attention.py@8370e11 of nki-samples
+    # (flash_attn_bwd) feeds a Tensor Engine nc_transpose result (PSUM) to nc_matmul.
+    moved = value.storage.compiler_placed and value.on_chip and bool(set(regions) & set(ON_CHIP))
+    if value.buffer not in regions and not moved:
         spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
         raise errors.UnsupportedMemory(
             f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
@@ -249,6 +253,7 @@ def new_tile(
     """An instruction's result tile (a partition-only ``[P]`` result takes ``[P, 1]``)."""
     stored = shape if len(shape) >= 2 else (*shape, 1)
     tile = allocate(stored, dtype, buffer, "", api)
+    tile.storage.compiler_placed = True
     return tile if stored == shape else tile.reshape(shape)
 
 
@@ -552,6 +557,12 @@ def reduce(
     if negate:
         result = -result
     written = None if where is None else np.any(where, axis=axes, keepdims=keepdims)
+    if result.ndim == 1:
+        # Reducing every free axis leaves [P, 1]: AWS's kernels broadcast the result
+        # (attention.py@8370e11 of nki-samples: ``(1.0 / sum_res).broadcast_to((128, 64))``
+        # of a ``tensor_reduce(axis=(1,))``).
+        result = result[:, None]
+        written = None if written is None else written[:, None]
     out_dtype = nki_dtype(dtype) if dtype is not None else x.dtype
     out = new_tile(tuple(result.shape), out_dtype, api)
     out.write(result, written, api)
@@ -592,7 +603,7 @@ def _reduction(name: str, function: Any, doc: str) -> Callable[..., Tensor]:
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (
         f"{doc} over the free ``axis`` (int or list); the result has those axes removed "
-        "unless ``keepdims``."
+        "unless ``keepdims`` (but keeps one free axis: ``[P, F]`` over axis 1 gives ``[P, 1]``)."
     )
     return op
 
@@ -755,6 +766,12 @@ def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
     where = mask_values("store", mask, dst.shape)
     if isinstance(value, Tensor):
         require_tile("store", "value", value, ON_CHIP)
+        if value.shape[0] == dst.shape[0] and value.size == dst.size:
+            # A DMA moves the elements in order: AWS's tests store a [128, 64, 4] result
+            # into a [128, 4, 16, 4] tensor (nki/test/test_nki_isa_local_gather.py@81ce03a)
+            # and a [1, 1] tile into ``out_dsinks_ref[b, h]`` of shape [1]
+            # (nki-samples attention.py@8370e11, flash_attn_bwd).
+            value = value.reshape(dst.shape)
         shape = broadcast_shape("store", [dst.shape, value.shape])
         if shape != dst.shape:
             raise errors.StoreDstShapeSmallerThanOtherShape(
@@ -824,12 +841,42 @@ def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Ten
     return compute("copy", lambda v: v, {"src": src}, dtype, mask)
 
 
+class LoopReduction:
+    """What ``nl.loop_reduce`` returns: ``x`` to be combined by ``op`` into the tile it is
+    assigned to ("the destination tile is also the rhs input to ``op``"). Assign it into a
+    view (``dst[...] = nl.loop_reduce(x, ...)``, as nki-samples attention.py@8370e11 does);
+    the simulator cannot see a destination that is a rebound Python name."""
+
+    def __init__(self, x: Tensor, function: Callable[..., Any], dtype: Any, mask: Any) -> None:
+        self.x, self.function, self.dtype, self.mask = x, function, dtype, mask
+
+    def __repr__(self) -> str:
+        return f"loop_reduce({self.x!r})"
+
+
+def loop_reduce(
+    x: Tensor, op: Any, loop_indices: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any
+) -> LoopReduction:
+    """``dst[...] = loop_reduce(x, op, loop_indices)`` computes ``dst = op(dst, x)`` (one
+    Vector-engine instruction, float32 math, cast to ``dtype`` or ``dst``'s dtype);
+    ``loop_indices`` only guide the compiler's loop optimisations."""
+    require_tile("loop_reduce", "x", x, ON_CHIP)
+    if op not in ALU_OPS:
+        raise errors.UnsupportedOperator(f"'loop_reduce' does not take op={op!r}")
+    return LoopReduction(x, ALU_OPS[op], dtype, mask)
+
+
 def assign(dst: Tensor, value: Any) -> None:
     """``dst[...] = value``: writes a tile (broadcast from source to destination) or a scalar
-    into an on-chip view (a Vector-engine copy)."""
+    into an on-chip view (a Vector-engine copy); a :class:`LoopReduction` combines into it."""
     api = "assign"
     run = runtime.active_run(api)
     require_tile(api, "dst", dst, ON_CHIP)
+    if isinstance(value, LoopReduction):
+        reduced = compute("loop_reduce", value.function, {"dst": dst, "x": value.x},
+                          value.dtype or dst.dtype, value.mask)  # fmt: skip
+        dst.write(reduced.read(), mask_values(api, value.mask, dst.shape), api)
+        return
     if isinstance(value, Tensor):
         require_tile(api, "value", value, ON_CHIP)
         shape = broadcast_shape(api, [dst.shape, value.shape])
@@ -919,7 +966,7 @@ def tensor_engine_matmul(api: str, stationary: Tensor, moving: Tensor, mask: Any
     where = mask_values(api, mask, (m, n))
     checked_inputs(api, {"stationary": stationary, "moving": moving}, stationary.shape, None)
     out = new_tile((m, n), float32, api, psum)
-    out.write(as_f32(stationary).T @ as_f32(moving), where, api)
+    out.write(alu.matmul_f32(stationary.read(), moving.read()), where, api)
     run.count("tensor")
     return out
 

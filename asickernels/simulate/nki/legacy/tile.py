@@ -247,6 +247,7 @@ class Storage:
         "array",
         "block_dims",
         "buffer",
+        "compiler_placed",
         "dtype",
         "flat",
         "name",
@@ -271,6 +272,7 @@ class Storage:
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
         self.allocations = tuple(allocations)  # released when the storage is collected
         self.read_only = read_only  # an immutable kernel parameter
+        self.compiler_placed = False  # an instruction's result: the compiler places it
         # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
         self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
 
@@ -339,11 +341,18 @@ def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
 class Tensor:
     """A tensor or tile of the legacy API (``nt.tensor``): a view of a :class:`Storage`.
 
-    On-chip, axis 0 is the partition axis (after any block dimensions); a 1-D on-chip view is
-    a partition-only vector ``[P]``, as reductions return (``nl.sum``: "the input tile's
-    shape with the specified axes removed")."""
+    On-chip, axis 0 is the partition axis (after any block dimensions) and a view keeps at
+    least one free axis: indexing or reducing away the last one leaves ``[P, 1]``."""
 
-    __slots__ = ("block_dims", "dynamic", "offsets", "out_of_bounds", "repeats", "storage")
+    __slots__ = (
+        "block_dims",
+        "dynamic",
+        "offsets",
+        "out_of_bounds",
+        "repeats",
+        "storage",
+        "unclipped",
+    )
 
     def __init__(
         self,
@@ -360,6 +369,9 @@ class Tensor:
         self.out_of_bounds = out_of_bounds  # elements outside the tensor (need a mask)
         self.repeats = repeats  # may name one element twice: not writable as a whole
         self.dynamic = dynamic  # indexed by run-time values from a tile (indirect DMA)
+        # Run-time indexed views: each element's storage offset before clipping (the offset an
+        # out-of-bounds access reports).
+        self.unclipped: np.ndarray | None = None
 
     def _derived(self, offsets: np.ndarray, oob: np.ndarray | None, repeats: bool) -> Tensor:
         return Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
@@ -405,6 +417,12 @@ class Tensor:
         )
 
     def __bool__(self) -> bool:
+        """An HBM tensor is a handle the kernel receives or creates: present, so true (AWS's
+        test writes ``nl.load(imm1[...]) if imm1 else None`` for an optional HBM parameter,
+        nki/test/test_nki_isa_tensor_scalar_cumulative.py@81ce03a). A tile's values are
+        only known on device."""
+        if not self.on_chip:
+            return True
         raise errors.AmbiguousTensorTruthValue(
             f"the truth value of {self!r} is only known on device; use mask= or nl.where"
         )
@@ -430,7 +448,7 @@ class Tensor:
         if self.out_of_bounds is not None:
             check_in_bounds(api, self, where)
         offsets = self.offsets[selected]
-        if self.repeats and np.unique(offsets).size != offsets.size:
+        if self.repeats and _has_duplicates(offsets, self.storage.flat.size):
             raise errors.StoreDstShapeSmallerThanOtherShape(
                 f"'{api}' would write several values into one element of {self!r}"
             )
@@ -442,14 +460,17 @@ class Tensor:
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Tensor:
         keys = list(key) if isinstance(key, tuple) else [key]
-        view = self
-        if self.block_dims:
-            view = self._select_blocks(keys[: self.block_dims])
-            keys = keys[self.block_dims :]
-        return view._index(keys)
+        if not self.block_dims:
+            return self._index(keys)
+        # Fewer indices than block dimensions select blocks and keep the rest as block
+        # dimensions: attention.py@8370e11 (nki-samples, flash_attn_bwd) passes
+        # ``dy_o_sum[i_q_head]`` of a tensor with two block dimensions to a sub-kernel.
+        count = min(len(keys), self.block_dims)
+        view = self._select_blocks(keys[:count])
+        return view._index(keys[count:]) if not view.block_dims else view
 
     def _select_blocks(self, keys: list[Any]) -> Tensor:
-        if not all(isinstance(k, (int, np.integer)) for k in keys) or len(keys) < self.block_dims:
+        if not all(isinstance(k, (int, np.integer)) for k in keys):
             raise TypeError(
                 f"index the {self.block_dims} block dimension(s) of {self!r} with integers first"
             )
@@ -460,7 +481,9 @@ class Tensor:
                     f"block index {i} on dimension {axis} of {self!r} (size {size})"
                 )
         oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
-        return self._derived(self.offsets[index], oob, self.repeats)
+        view = self._derived(self.offsets[index], oob, self.repeats)
+        view.block_dims = self.block_dims - len(index)
+        return view
 
     def _index(self, keys: list[Any]) -> Tensor:
         ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: grids compare
@@ -475,6 +498,18 @@ class Tensor:
             at = ellipses[0]
             keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
         keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
+        first = keys[0] if keys else None
+        # A [P, 1] index tile on the first axis holds one index per partition, whatever the
+        # rank: AWS's test indexes a 3-D tensor ``src[idx, iy, iz]`` with it
+        # (nki/test/test_nki_isa_dma_transpose.py@81ce03a).
+        if (
+            isinstance(first, IndexGrid)
+            and first.dynamic
+            and len(keys) > 2
+            and first.values.shape[1:] == (1,)
+        ):
+            per_partition = first.values.reshape((-1,) + (1,) * (len(keys) - 1))
+            keys[0] = IndexGrid(per_partition, dynamic=True)
         dynamic = any(isinstance(k, IndexGrid) and k.dynamic for k in keys)
         for axis, k in enumerate(keys):
             if isinstance(k, IndexGrid) and not k.lifted:
@@ -489,12 +524,17 @@ class Tensor:
                 "(nl.arange/nl.mgrid) on every dimension, not a mix"
             )
         keys += [slice(None)] * (self.ndim - len(keys))
+        if not grids and any(_overhangs(k, size) for k, size in zip(keys, self.shape, strict=True)):
+            keys = self._slices_as_grids(keys)
+            grids = True
         numpy_key: list[Any] = []
         bounds: list[np.ndarray] = []
+        shifts: list[Any] = []  # per grid axis: (unclipped - clipped) * the axis's stride
         for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
             if isinstance(k, IndexGrid):
                 bounds.append((k.values < 0) | (k.values >= size))
                 numpy_key.append(np.clip(k.values, 0, size - 1))
+                shifts.append((k.values - numpy_key[-1]) * self._stride(axis))
             elif isinstance(k, slice):
                 numpy_key.append(_checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
@@ -517,9 +557,52 @@ class Tensor:
         for outside in bounds:
             outside = np.broadcast_to(outside, offsets.shape)
             oob = outside.copy() if oob is None else oob | outside
+        if self.on_chip and offsets.ndim == 1 and self.ndim > 1:
+            # An integer on the last free axis leaves [P, 1], not [P]: AWS's device-tested
+            # kernels rely on it (attention.py@8370e11 of nki-samples: ``l_buffer[:, i]`` as
+            # an activation bias, ``m_buffer[:, 0]`` assigned a [P, 1] tile).
+            offsets = offsets[:, None]
+            oob = None if oob is None else oob[:, None]
         view = self._derived(offsets, oob, self.repeats or grids)
         view.dynamic = self.dynamic or dynamic
+        if view.dynamic and oob is not None:
+            view.unclipped = offsets + sum(np.broadcast_to(d, offsets.shape) for d in shifts)
         return view
+
+    def _slices_as_grids(self, keys: list[Any]) -> list[Any]:
+        """Basic indices as open index grids, so that a slice reaching past the tensor is
+        recorded as out of bounds (for a mask to exclude) instead of refused: the adaptive
+        average pooling kernel of nki-samples (vision.py@8370e11) slices 128 partitions
+        from a 288-row tensor under ``mask=(i_p < N * C)``."""
+        kept = [not isinstance(k, (int, np.integer)) or (axis == 0 and self.on_chip)
+                for axis, k in enumerate(keys)]  # fmt: skip
+        rank, position, grid_keys = sum(kept), 0, []
+        for axis, (k, keep) in enumerate(zip(keys, kept, strict=True)):
+            if not keep:
+                grid_keys.append(k)
+                continue
+            if isinstance(k, slice):
+                step = 1 if k.step is None else int(k.step)
+                start = 0 if k.start is None else int(k.start)
+                stop = self.shape[axis] if k.stop is None else int(k.stop)
+                if step < 1 or start < 0 or stop <= start:
+                    _checked_slice(self, axis, k, self.shape[axis])  # raises
+                values = np.arange(start, stop, step)
+            else:
+                values = np.array([int(k)])
+            shape = [1] * rank
+            shape[position] = values.size
+            grid_keys.append(IndexGrid(values.reshape(shape)))
+            position += 1
+        return grid_keys
+
+    def _stride(self, axis: int) -> int:
+        """Storage elements between neighbours along ``axis`` (views are affine)."""
+        if self.shape[axis] < 2:
+            return 0
+        step = [0] * self.ndim
+        step[axis] = 1
+        return int(self.offsets[tuple(step)] - self.offsets[(0,) * self.ndim])
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """``tile[idx] = value``: a copy of ``value`` (a tile, broadcast from source to
@@ -569,6 +652,7 @@ class Tensor:
         storage = Storage(old.array.view(new), old.buffer, old.name, old.block_dims)
         storage.allocations = old.allocations  # the same memory: counted once
         storage.written = old.written
+        storage.compiler_placed = old.compiler_placed
         return Tensor(storage, self.offsets, self.block_dims, self.out_of_bounds, self.repeats,
                       self.dynamic)  # fmt: skip
 
@@ -690,6 +774,14 @@ class Tensor:
         return self._in_place("divide", other)
 
 
+def _has_duplicates(offsets: np.ndarray, storage_size: int) -> bool:
+    """Whether ``offsets`` (into a storage of ``storage_size`` elements) name one element
+    twice (a marker array: linear time, unlike sorting)."""
+    marks = np.zeros(storage_size, np.bool_)
+    marks[offsets] = True
+    return int(np.count_nonzero(marks)) != offsets.size
+
+
 _GRID_OPERATORS = {"add": "add", "subtract": "sub", "multiply": "mul"}
 
 
@@ -703,9 +795,11 @@ def _dynamic_indices(tile: Tensor) -> IndexGrid:
     return IndexGrid(tile.read().astype(np.int64), dynamic=True)
 
 
-class DynamicAccessOutOfBound(errors.TensorAccessOutOfBound, IndexError):
-    """Run-time indices (from a tile) outside the tensor: "out-of-bound access results in
-    run-time exceptions" (nki.errors.rst); the SDK's simulator raises ``IndexError``."""
+def _overhangs(key: Any, size: int) -> bool:
+    """A slice starting inside the dimension and ending past it."""
+    if not isinstance(key, slice) or key.stop is None or int(key.stop) <= size:
+        return False
+    return 0 <= (0 if key.start is None else int(key.start)) < size
 
 
 def _checked_slice(tensor: Tensor, axis: int, k: slice, size: int) -> slice:
@@ -731,10 +825,19 @@ def check_in_bounds(api: str, tensor: Tensor, where: np.ndarray | None) -> None:
     outside = tensor.out_of_bounds
     if where is not None:
         outside = outside & np.broadcast_to(where, outside.shape)
-    if outside.any():
-        first = tuple(int(i) for i in np.argwhere(outside)[0])
-        error = DynamicAccessOutOfBound if tensor.dynamic else errors.TensorAccessOutOfBound
-        raise error(
-            f"'{api}' accesses {tensor!r} outside its bounds (first at tile position {first}); "
-            "fix the indices or exclude those elements with mask="
+    if not outside.any():
+        return
+    first = tuple(int(i) for i in np.argwhere(outside)[0])
+    if tensor.dynamic:
+        # Run-time indices: "out-of-bound access results in run-time exceptions"
+        # (nki.errors.rst). The SDK's simulator raises numpy's IndexError for the flat
+        # storage, which AWS's tests assert verbatim (nki/test/test_nki_isa_dma_copy.py
+        # @81ce03a: "index 66048 is out of bounds for axis 0 with size 65536").
+        offset = tensor.offsets[first] if tensor.unclipped is None else tensor.unclipped[first]
+        raise IndexError(
+            f"index {int(offset)} is out of bounds for axis 0 with size {tensor.storage.flat.size}"
         )
+    raise errors.TensorAccessOutOfBound(
+        f"'{api}' accesses {tensor!r} outside its bounds (first at tile position {first}); "
+        "fix the indices or exclude those elements with mask="
+    )

@@ -7,14 +7,16 @@ the promoted dtype of two inputs)."""
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki import isa as core_isa
+from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.legacy import language as nl
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
@@ -50,12 +52,13 @@ fp32 = nl.fp32  # float32 constants: ``nisa.fp32.min``
 
 
 class reduce_cmd(IntEnum):
-    """The Scalar engine's accumulation registers (only ``idle`` is simulated)."""
+    """What an instruction does with its engine's accumulation registers."""
 
     idle = 0
     reset = 1
     reset_reduce = 3
     reduce = 2
+    load_reduce = 4
 
 
 class nc_version(IntEnum):
@@ -170,6 +173,108 @@ def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarra
     return tile, where
 
 
+# -- instructions run by the core instruction set -------------------------------------------
+def _core_tensor(tile: Tensor) -> NkiTensor:
+    """A legacy tile's values as a core tensor in the same memory (for a core instruction)."""
+    return NkiTensor(tile.read().copy(), tile.dtype, tile.buffer, None)
+
+
+def _core_operand(value: Any) -> Any:
+    """A legacy operand for a core instruction: tiles as core tensors, ALU operators and
+    enums as the core's, anything else unchanged."""
+    if isinstance(value, Tensor):
+        return _core_tensor(value)
+    if isinstance(value, np.ndarray):  # values an adapter prepared (e.g. masked out)
+        return NkiTensor(value, value.dtype, MemoryRegion.sbuf, None)
+    if isinstance(value, reduce_cmd):
+        return core_isa.reduce_cmd[value.name]
+    if isinstance(value, engine):
+        return core_isa.engine[value.name]
+    if callable(value) and value in nl.ALU_OPS:
+        name = getattr(value, "__name__", "")
+        renamed = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum"}
+        return getattr(core_language, renamed.get(name, name))
+    return value
+
+
+def _run_core(
+    api: str,
+    instruction: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    mask: Any,
+    dst: Tensor | None = None,
+    buffer: MemoryRegion = MemoryRegion.sbuf,
+    **operands: Any,
+) -> Tensor:
+    """Runs the core ``instruction(dst, **operands)`` on copies of the legacy operands and
+    writes its result into ``dst`` (or a new tile of ``shape``/``dtype``) where ``mask``
+    holds: the legacy generation's calling convention over the one implementation."""
+    for name, value in operands.items():
+        if isinstance(value, Tensor):  # the mask covers inputs shaped like the result
+            _input(api, name, value, mask if value.shape == tuple(shape) else None)
+    # The result's memory is the legacy tile's (accounted there): an empty core allocation.
+    scratch = runtime.Allocation(runtime.active_run(api), buffer is MemoryRegion.psum, 0)
+    core_dst = NkiTensor(np.zeros(shape, dtype), dtype, buffer, scratch)
+    if dst is not None:
+        nl.require_tile(api, "dst", dst, nl.ON_CHIP)
+        core_dst = _core_tensor(dst)
+    converted = {name: _core_operand(v) for name, v in operands.items()}
+    instruction(core_dst, **converted)
+    out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
+    out.write(core_dst.data, mask_values(api, mask, out.shape), api)
+    for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
+        if isinstance(operands[name], Tensor):
+            operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
+    return out
+
+
+# Operands a core instruction writes besides ``dst``.
+_WRITTEN_OPERANDS = frozenset({"reduce_res", "dst_idx"})
+
+
+def tensor_scalar_cumulative(
+    src: Tensor,
+    dst: Tensor,
+    op0: Any,
+    op1: Any,
+    imm0: Any,
+    imm1: Any = None,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    *,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """Per partition, ``reg = op1(op0(src[i], imm0), reg); dst[i] = reg`` along the free
+    elements (the core ``tensor_scalar_cumulative``; AWS's test,
+    nki/test/test_nki_isa_tensor_scalar_cumulative.py@81ce03a, passes ``dst``)."""
+    return _run_core(
+        "tensor_scalar_cumulative", core_isa.tensor_scalar_cumulative, dst.shape, dst.dtype,
+        mask, dst, src=src, op0=op0, op1=op1, imm0=imm0, imm1=imm1, reduce_cmd=reduce_cmd,
+    )  # fmt: skip
+
+
+def local_gather(
+    src_buffer: Tensor,
+    index: Tensor,
+    num_elem_per_idx: int = 1,
+    num_valid_indices: int | None = None,
+    *,
+    mask: Any = None,
+    **kwargs: Any,
+) -> Tensor:
+    """GpSimd gather (the core ``local_gather``): a ``[P, num_valid_indices,
+    num_elem_per_idx]`` tile (by default every index of a core's 16 partitions is valid)."""
+    per_core = 16 * math.prod(index.shape[1:])
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    shape = (src_buffer.shape[0], valid, int(num_elem_per_idx))
+    return _run_core(
+        "local_gather", core_isa.local_gather, shape, src_buffer.dtype, mask,
+        src_buffer=src_buffer, index=index, num_elem_per_idx=num_elem_per_idx,
+        num_valid_indices=num_valid_indices,
+    )  # fmt: skip
+
+
 # -- Scalar engine -----------------------------------------------------------------------
 def activation(
     op: Any,
@@ -261,24 +366,38 @@ def tensor_tensor(
     engine: Any = engine.unknown,
     **kwargs: Any,
 ) -> Tensor:
-    """``op(data1, data2)`` element-wise: equal partitions and elements per partition, not
-    both inputs in PSUM (Vector engine, or GpSimd)."""
-    api = "tensor_tensor"
-    first, where = _input(api, "data1", data1, mask)
-    second, _ = _input(api, "data2", data2, mask)
-    _same_layout(api, {"data1": first, "data2": second})
-    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data1 and data2 from PSUM")
-    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
-    if chosen == "gpsimd" and MemoryRegion.psum in (first.buffer, second.buffer):
-        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
-    function = _alu(api, op)
-    bitvec = function in nl.BITVEC
-    values = function(
-        nl.operand_values(api, first, bitvec),
-        nl.operand_values(api, second, bitvec).reshape(first.shape),
-    )
-    return _result(api, np.asarray(values), dtype, nl.promote([first, second]), where, chosen)
+    """``op(data1, data2)`` element-wise (the core ``tensor_tensor``): equal partitions and
+    elements per partition; the result in ``dtype`` or the promoted input dtype."""
+    out_dtype = nki_dtype(dtype) if dtype else nl.promote([data1, data2])
+    data1, data2 = _broadcast_vector("tensor_tensor", data1, data2)
+    return _run_core(
+        "tensor_tensor", core_isa.tensor_tensor, data1.shape, out_dtype, mask,
+        data1=data1, data2=data2, op=op, engine=engine,
+    )  # fmt: skip
+
+
+def _broadcast_vector(api: str, data1: Tensor, data2: Tensor) -> tuple[Tensor, Tensor]:
+    """A ``[P, 1]`` operand repeated along the other's free axes, with a warning: the
+    reference wants "the same number of elements per partition", but AWS's device-tested
+    ``quantized_double_row_matmul`` (nki-samples reference/double_row_matmul.py@8370e11)
+    multiplies a ``[128, 512]`` tile by a ``[128, 1]`` scale."""
+    for vector, other in ((data2, data1), (data1, data2)):
+        if (
+            isinstance(vector, Tensor)
+            and isinstance(other, Tensor)
+            and vector.shape[0] == other.shape[0]
+            and math.prod(vector.shape[1:]) == 1 < math.prod(other.shape[1:])
+        ):
+            warnings.warn(
+                f"'{api}' repeats the [P, 1] operand {vector!r} along the free axes of "
+                f"{other!r}; the reference asks for equal elements per partition",
+                errors.BroadcastOperandWarning,
+                stacklevel=3,
+            )
+            repeated = vector.reshape((vector.shape[0],) + (1,) * (other.ndim - 1))
+            repeated = repeated.broadcast_to(other.shape)
+            return (other, repeated) if vector is data2 else (repeated, other)
+    return data1, data2
 
 
 def tensor_scalar(
@@ -295,32 +414,15 @@ def tensor_scalar(
     engine: Any = engine.unknown,
     **kwargs: Any,
 ) -> Tensor:
-    """``(data op0 operand0) op1 operand1``; each operand a scalar or a ``[P, 1]`` vector
-    broadcast along the free axes; ``reverse`` swaps an operator's sides."""
-    api = "tensor_scalar"
-    tile, where = _input(api, "data", data, mask)
-    if (op1 is None) != (operand1 is None):
-        raise TypeError(f"'{api}': op1 and operand1 must both be given or both be None")
-    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    steps = [
-        (_alu(api, op), operand, reverse, name)
-        for op, operand, reverse, name in (
-            (op0, operand0, reverse0, "operand0"),
-            (op1, operand1, reverse1, "operand1"),
-        )
-        if op is not None
-    ]
-    kinds = {function in nl.BITVEC for function, *_ in steps}
-    if len(kinds) > 1:  # "must be of the same type (both bitvec or both arithmetic)"
-        raise errors.UnsupportedOperator(f"'{api}' mixes a bitvec and an arithmetic operator")
-    bitvec = kinds == {True}
-    if bitvec and chosen != "vector":
-        raise errors.UnsupportedEngine(f"'{api}' runs bitvec operators on the Vector engine")
-    values = nl.operand_values(api, tile, bitvec)
-    for function, operand, reverse, name in steps:
-        scalar = _per_partition_scalar(api, name, operand, tile, bitvec)
-        values = np.asarray(function(scalar, values) if reverse else function(values, scalar))
-    return _result(api, values, dtype, tile.dtype, where, chosen)
+    """``(data op0 operand0) op1 operand1`` (the core ``tensor_scalar``); each operand a
+    scalar or a ``[P, 1]`` vector broadcast along the free axes; ``reverse`` swaps an
+    operator's sides."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "tensor_scalar", core_isa.tensor_scalar, data.shape, out_dtype, mask, data=data,
+        op0=op0, operand0=operand0, reverse0=reverse0, op1=op1, operand1=operand1,
+        reverse1=reverse1, engine=engine,
+    )  # fmt: skip
 
 
 def tensor_scalar_reduce(
@@ -336,13 +438,13 @@ def tensor_scalar_reduce(
     **kwargs: Any,
 ) -> Tensor:
     """``data op0 operand0`` (as :func:`tensor_scalar`), also reduced with ``reduce_op``
-    over all free axes into ``reduce_res`` ``[P, 1]`` (Vector engine)."""
-    api = "tensor_scalar_reduce"
-    out = tensor_scalar(data, op0, operand0, reverse0, dtype=dtype, mask=mask)
-    tile = nl.require_tile(api, "data", data, nl.ON_CHIP)
-    values = nl.as_f32(out).reshape(tile.shape)
-    _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
-    return out
+    over all free axes into ``reduce_res`` ``[P, 1]`` (the core ``tensor_scalar_reduce``)."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "tensor_scalar_reduce", core_isa.tensor_scalar_reduce, data.shape, out_dtype, mask,
+        data=data, op0=op0, operand0=operand0, reduce_op=reduce_op, reduce_res=reduce_res,
+        reverse0=reverse0,
+    )  # fmt: skip
 
 
 def scalar_tensor_tensor(
@@ -358,51 +460,17 @@ def scalar_tensor_tensor(
     mask: Any = None,
     **kwargs: Any,
 ) -> Tensor:
-    """``(data op0 operand0) op1 operand1``: ``operand0`` a scalar or ``[P, 1]`` vector,
-    ``operand1`` a tile shaped like ``data`` (not both it and ``data`` in PSUM)."""
-    api = "scalar_tensor_tensor"
-    tile, where = _input(api, "data", data, mask)
-    other, _ = _input(api, "operand1", operand1, mask)
-    if other.shape != tile.shape:
-        raise errors.ShapeMismatch(f"'{api}' operand1 {other!r} must have the shape of {tile!r}")
-    if tile.buffer is MemoryRegion.psum and other.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data and operand1 from PSUM")
-    first, second = _alu(api, op0), _alu(api, op1)
-    scalar = _per_partition_scalar(api, "operand0", operand0, tile)
-    values = nl.as_f32(tile)
-    values = np.asarray(first(scalar, values) if reverse0 else first(values, scalar))
-    rhs = nl.as_f32(other)
-    values = np.asarray(second(rhs, values) if reverse1 else second(values, rhs), np.float32)
-    return _result(api, values, dtype, tile.dtype, where, "vector")
+    """``(data op0 operand0) op1 operand1`` (the core ``scalar_tensor_tensor``):
+    ``operand0`` a scalar or ``[P, 1]`` vector, ``operand1`` a tile shaped like ``data``."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "scalar_tensor_tensor", core_isa.scalar_tensor_tensor, data.shape, out_dtype, mask,
+        data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1, reverse0=reverse0,
+        reverse1=reverse1,
+    )  # fmt: skip
 
 
 _COMPARISONS = (np.equal, np.less, np.less_equal, np.greater, np.greater_equal)
-# The Vector engine's accumulation registers, kept per run (reset to -inf).
-_VECTOR_ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _vector_reduction(
-    api: str, values: np.ndarray, command: Any, reduce_op: Any, reduce_res: Tensor | None
-) -> None:
-    """The max-reduction of ``values`` [P, ...] over the free axes, through the Vector
-    engine's registers as ``command`` (a ``reduce_cmd``) says; ``reduce_res`` reads them."""
-    if _alu(api, reduce_op) is not np.maximum:
-        raise errors.UnsupportedOperator(f"'{api}' reduces with max only")
-    partitions = values.shape[0]
-    reduced = values.reshape(partitions, -1).max(axis=1)
-    command = _ReduceCmd(command)
-    if command is not _ReduceCmd.idle:
-        run = runtime.active_run(api)
-        registers = _VECTOR_ACCUMULATORS.setdefault(run, np.full(runtime.PMAX, -np.inf, np.float32))
-        if command in (_ReduceCmd.reset, _ReduceCmd.reset_reduce):
-            registers[:] = -np.inf
-        if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce):
-            registers[:partitions] = np.maximum(registers[:partitions], reduced)
-        reduced = registers[:partitions].copy()
-    if reduce_res is not None:
-        _write_reduction(api, reduce_res, reduced)
 
 
 def range_select(
@@ -423,24 +491,21 @@ def range_select(
 ) -> Tensor:
     """``on_true_tile`` where ``comp_op0(i, bound0) & comp_op1(i, bound1)`` for the free
     index ``i`` (plus ``range_start``), else ``on_false_value``; the max of the result goes
-    to ``reduce_res`` through the Vector accumulators. NeuronCore-v3 and later."""
+    to ``reduce_res`` through the Vector accumulators (the core ``range_select``,
+    NeuronCore-v3 and later)."""
     api = "range_select"
-    tile, where = _input(api, "on_true_tile", on_true_tile, mask)
-    if runtime.current_target().version < 3:
-        raise errors.UnsupportedEngine(f"'{api}' needs NeuronCore-v3 (trn2) or later")
+    tile, _ = _input(api, "on_true_tile", on_true_tile, mask)
     if comp_op0 not in _COMPARISONS or comp_op1 not in _COMPARISONS:
         raise errors.UnsupportedOperator(f"'{api}' compares with np.equal/less/greater(_equal)")
     if not is_float(tile.dtype):
         raise errors.UnsupportedDtype(f"'{api}' selects from float tiles, got {tile.dtype}")
-    free = math.prod(tile.shape[1:])
-    index = (np.arange(free, dtype=np.float32) + np.float32(range_start))[None, :]
-    low = _per_partition_scalar(api, "bound0", bound0, tile).reshape(-1, 1)
-    high = _per_partition_scalar(api, "bound1", bound1, tile).reshape(-1, 1)
-    chosen = (comp_op0(index, low) & comp_op1(index, high)).reshape(tile.shape)
-    values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
-    out = _result(api, values, dtype, tile.dtype, where, "vector")
-    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
-    return out
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(
+        api, core_isa.range_select, tile.shape, out_dtype, mask, on_true_tile=tile,
+        comp_op0=comp_op0, comp_op1=comp_op1, bound0=bound0, bound1=bound1,
+        reduce_cmd=reduce_cmd, reduce_res=reduce_res, reduce_op=reduce_op,
+        range_start=range_start, on_false_value=on_false_value,
+    )  # fmt: skip
 
 
 def select_reduce(
@@ -459,23 +524,12 @@ def select_reduce(
 ) -> None:
     """``dst = where(predicate, on_true, on_false)`` (``on_false`` a float32 scalar or a
     ``[P, 1]`` vector); its max per partition goes to ``reduce_res`` through the Vector
-    accumulators."""
-    api = "select_reduce"
-    target, where = _input(api, "dst", dst, mask)
-    condition, _ = _input(api, "predicate", predicate, mask)
-    source, _ = _input(api, "on_true", on_true, mask)
-    _same_layout(api, {"dst": target, "predicate": condition, "on_true": source})
-    if condition.dtype not in (nl.bool_, nl.int8, nl.uint8, nl.int16, nl.uint16):
-        raise errors.UnsupportedDtype(f"'{api}' predicate must be 8/16-bit integers")
-    if source.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read on_true and predicate from PSUM")
-    chosen = condition.read().reshape(source.shape) != 0
-    chosen = ~chosen if reverse_pred else chosen
-    otherwise = _per_partition_scalar(api, "on_false", on_false, source)
-    values = np.where(chosen, nl.as_f32(source), otherwise)
-    target.write(values.reshape(target.shape), where, api)
-    runtime.active_run(api).count("vector")
-    _vector_reduction(api, values, reduce_cmd, reduce_op, reduce_res)
+    accumulators (the core ``select_reduce``)."""
+    _run_core(
+        "select_reduce", core_isa.select_reduce, dst.shape, dst.dtype, mask, dst,
+        predicate=predicate, on_true=on_true, on_false=on_false, reduce_res=reduce_res,
+        reduce_cmd=reduce_cmd, reduce_op=reduce_op, reverse_pred=reverse_pred,
+    )  # fmt: skip
 
 
 def tensor_reduce(
@@ -511,27 +565,14 @@ def tensor_tensor_scan(
     **kwargs: Any,
 ) -> Tensor:
     """Per partition, ``result[:, i] = op1(op0(data0[:, i], result[:, i-1]), data1[:, i])``
-    with ``result[:, -1] = initial`` (a scalar or a ``[P, 1]`` tile), over the flattened free
-    elements (Vector engine)."""
-    api = "tensor_tensor_scan"
-    first, where = _input(api, "data0", data0, mask)
-    second, _ = _input(api, "data1", data1, mask)
-    _same_layout(api, {"data0": first, "data1": second})
-    if first.buffer is MemoryRegion.psum and second.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read both data0 and data1 from PSUM")
-    combine0, combine1 = _alu(api, op0), _alu(api, op1)
-    a = nl.as_f32(first).reshape(first.shape[0], -1)
-    b = nl.as_f32(second).reshape(first.shape[0], -1)
-    state = np.broadcast_to(_per_partition_scalar(api, "initial", initial, first), a.shape)
-    carried = np.asarray(state[:, 0], np.float32)
-    result = np.empty_like(a)
-    for i in range(a.shape[1]):
-        step = combine0(carried, a[:, i]) if reverse0 else combine0(a[:, i], carried)
-        carried = np.asarray(combine1(b[:, i], step) if reverse1 else combine1(step, b[:, i]))
-        carried = carried.astype(np.float32)
-        result[:, i] = carried
-    default = nl.promote([first, second])
-    return _result(api, result.reshape(first.shape), dtype, default, where, "vector")
+    from ``initial`` (the core ``tensor_tensor_scan``); the result in ``dtype`` or the
+    promoted dtype of the inputs."""
+    out_dtype = nki_dtype(dtype) if dtype else nl.promote([data0, data1])
+    return _run_core(
+        "tensor_tensor_scan", core_isa.tensor_tensor_scan, data0.shape, out_dtype, mask,
+        data0=data0, data1=data1, initial=initial, op0=op0, op1=op1, reverse0=reverse0,
+        reverse1=reverse1,
+    )  # fmt: skip
 
 
 def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
@@ -546,18 +587,9 @@ def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any
             f"'{api}' of {tile!r}: {free} elements per partition exceed the architecture "
             f"limitation of {nl.tile_size.bn_stats_fmax}"
         )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free).astype(np.float64)
-    included = np.ones(values.shape, np.bool_)
-    if where is not None:
-        included = np.broadcast_to(where, tile.shape).reshape(values.shape)
-    stats = []
-    for parity in (0, 1):
-        part, keep = values[:, parity::2], included[:, parity::2]
-        count = keep.sum(axis=1)
-        mean = np.where(keep, part, 0).sum(axis=1) / np.maximum(count, 1)
-        m2 = np.where(keep, (part - mean[:, None]) ** 2, 0).sum(axis=1)
-        stats += [count, mean, m2]
-    result = np.stack(stats, axis=1).astype(np.float32)
+    values = nl.as_f32(tile).reshape(tile.shape[0], free)
+    included = None if where is None else np.broadcast_to(where, tile.shape).reshape(values.shape)
+    result = alu.batch_norm_stats(values, included)
     return _result(api, result, dtype, tile.dtype, None, "vector")
 
 
@@ -572,16 +604,11 @@ def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any)
             f"'{api}' takes (count, mean, variance*count) triples; {tile!r} has {free} elements "
             "per partition"
         )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3).astype(np.float64)
-    if where is not None:
+    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3)
+    if where is not None:  # masked-out triples take no part
         keep: Any = np.broadcast_to(where, tile.shape).reshape(values.shape).all(axis=2)
         values = np.where(keep[..., None], values, 0)
-    count, mean, m2 = values[..., 0], values[..., 1], values[..., 2]
-    total = count.sum(axis=1)
-    overall = (count * mean).sum(axis=1) / np.maximum(total, 1)
-    variance = (m2 + count * (mean - overall[:, None]) ** 2).sum(axis=1) / np.maximum(total, 1)
-    result = np.stack([overall, variance], axis=1).astype(np.float32)
-    return _result(api, result, dtype, tile.dtype, None, "vector")
+    return _result(api, alu.batch_norm_aggregate(values), dtype, tile.dtype, None, "vector")
 
 
 def tensor_copy_predicated(
@@ -594,56 +621,34 @@ def tensor_copy_predicated(
     dtype: Any = None,
     **kwargs: Any,
 ) -> None:
-    """Copies ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` (uint8/16/32) is
-    nonzero (zero with ``reverse_pred``); other ``dst`` elements keep their values."""
-    api = "tensor_copy_predicated"
-    target, where = _input(api, "dst", dst, mask)
-    condition, _ = _input(api, "predicate", predicate, mask)
-    operands = {"dst": target, "predicate": condition}
-    if isinstance(src, Tensor):
-        operands["src"] = _input(api, "src", src, mask)[0]
-        if src.dtype != target.dtype:
-            raise errors.UnsupportedDtype(f"'{api}' src {src.dtype} and dst {target.dtype} differ")
-        if src.buffer is MemoryRegion.psum and condition.buffer is MemoryRegion.psum:
-            raise errors.UnsupportedMemory(f"'{api}' cannot read src and predicate from PSUM")
-    _same_layout(api, operands)
-    if condition.dtype not in (nl.bool_, nl.uint8, nl.uint16, nl.uint32):  # bool_ is 8-bit
-        raise errors.UnsupportedDtype(
-            f"'{api}' predicate must be uint8/16/32, got {condition.dtype}"
-        )
-    chosen = condition.read().reshape(target.shape) != 0
-    chosen = ~chosen if reverse_pred else chosen
-    if where is not None:
-        chosen &= np.broadcast_to(where, target.shape)
-    values = (
-        src.read().reshape(target.shape) if isinstance(src, Tensor) else np.full(target.shape, src)
-    )
-    target.write(values, chosen, api)
-    runtime.active_run(api).count("vector")
+    """Copies ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` (bool or
+    uint8/16/32) is nonzero (zero with ``reverse_pred``); other ``dst`` elements keep their
+    values (the core ``tensor_copy_predicated``)."""
+    _run_core(
+        "tensor_copy_predicated", core_isa.tensor_copy_predicated, dst.shape, dst.dtype, mask,
+        dst, src=src, predicate=predicate, reverse_pred=reverse_pred,
+    )  # fmt: skip
 
 
 def tensor_copy(
     src: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
-    """A copy of the on-chip tile ``src`` (Vector, Scalar or GpSimd engine)."""
-    api = "tensor_copy"
-    tile, where = _input(api, "src", src, mask)
-    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    if chosen == "gpsimd" and tile.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
-    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
-    values = tile.read() if out_dtype == tile.dtype else nl.as_f32(tile)
-    return _result(api, values, out_dtype, out_dtype, where, chosen)
+    """A copy of the on-chip tile ``src`` in ``dtype`` (the core ``tensor_copy``; Vector,
+    Scalar or GpSimd engine)."""
+    out_dtype = nki_dtype(dtype) if dtype else src.dtype
+    return _run_core(
+        "tensor_copy", core_isa.tensor_copy, src.shape, out_dtype, mask, src=src, engine=engine
+    )
 
 
 def max8(*, src: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
-    """The 8 largest values of each partition, in descending order: ``[P, 8]`` (8 to 16384
-    elements per partition; Vector engine)."""
+    """The 8 largest values of each partition, in descending order: ``[P, 8]`` (the core
+    ``max8``; masked-out elements are never selected)."""
     api = "max8"
     tile, _ = _input(api, "src", src, None)
-    values = _per_partition_elements(api, tile, mask)
-    top = -np.sort(-values, axis=1)[:, :8]
-    return _result(api, top, dtype, tile.dtype, None, "vector")
+    values = _per_partition_elements(api, tile, mask).astype(np.float32)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(api, core_isa.max8, (tile.shape[0], 8), out_dtype, None, src=values)
 
 
 def nc_find_index8(
@@ -706,27 +711,11 @@ def nc_stream_shuffle(
     src: Tensor, dst: Tensor, shuffle_mask: Any, *, dtype: Any = None, mask: Any = None, **kw: Any
 ) -> None:
     """Within each quadrant of 32 partitions, ``dst`` partition ``i`` takes ``src``
-    partition ``shuffle_mask[i]`` (255: unmodified); same dtype and elements per partition
-    (Vector engine)."""
-    api = "nc_stream_shuffle"
-    source, _ = _input(api, "src", src, None)
-    target, where = _input(api, "dst", dst, mask)
-    order = [int(m) for m in shuffle_mask]
-    if len(order) != 32 or any(not (0 <= m < 32 or m == 255) for m in order):
-        raise ValueError(f"'{api}': shuffle_mask is 32 partition indices (0-31, or 255)")
-    if source.dtype != target.dtype:
-        raise errors.UnsupportedDtype(f"'{api}': src {source.dtype} and dst {target.dtype} differ")
-    if math.prod(source.shape[1:]) != math.prod(target.shape[1:]):
-        raise errors.ShapeMismatch(f"'{api}': elements per partition of {source!r}, {target!r}")
-    rows = source.read().reshape(source.shape[0], -1)
-    result = target.read().reshape(target.shape[0], -1).copy()
-    for p in range(target.shape[0]):
-        quadrant, lane = divmod(p, 32)
-        pick = order[lane]
-        if pick != 255 and quadrant * 32 + pick < rows.shape[0]:
-            result[p] = rows[quadrant * 32 + pick]
-    target.write(result.reshape(target.shape), where, api)
-    runtime.active_run(api).count("vector")
+    partition ``shuffle_mask[i]`` (255: unmodified) (the core ``nc_stream_shuffle``)."""
+    _run_core(
+        "nc_stream_shuffle", core_isa.nc_stream_shuffle, dst.shape, dst.dtype, mask, dst,
+        src=src, shuffle_mask=shuffle_mask,
+    )  # fmt: skip
 
 
 def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
@@ -809,10 +798,9 @@ def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any
 
 
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
-    """``1 / data`` element-wise (Vector engine)."""
-    tile, where = _input("reciprocal", "data", data, mask)
-    values = np.reciprocal(nl.as_f32(tile))
-    return _result("reciprocal", values, dtype, tile.dtype, where, "vector")
+    """``1 / data`` element-wise (the core ``reciprocal``, Vector engine)."""
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core("reciprocal", core_isa.reciprocal, data.shape, out_dtype, mask, data=data)
 
 
 def tensor_partition_reduce(
@@ -864,6 +852,15 @@ def nc_matmul(
     requirements and computes the same product."""
     if tile_position or tile_size:
         _check_pe_tiling(tuple(tile_position), tuple(tile_size), stationary)
+    perf_mode = kwargs.get("perf_mode")
+    if perf_mode is not None and core_isa.matmul_perf_mode(perf_mode).name != "none":
+        # [K, 2, free] fp8 operands (nki/test/test_nki_isa_nc_matmul.py@81ce03a): the core
+        # instruction's double-row mode.
+        shape = (math.prod(stationary.shape[2:]), math.prod(moving.shape[2:]))
+        return _run_core(
+            "nc_matmul", core_isa.nc_matmul, shape, nl.float32, mask, None, MemoryRegion.psum,
+            stationary=stationary, moving=moving, perf_mode=perf_mode,
+        )  # fmt: skip
     return nl.tensor_engine_matmul("nc_matmul", stationary, moving, mask)
 
 
@@ -1004,10 +1001,9 @@ def dma_copy(
 def memset(
     shape: Any, value: Any, dtype: Any, *, mask: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
-    """A new SBUF tile of ``shape`` filled with ``value`` (Vector or GpSimd engine)."""
-    api = "memset"
-    runtime.active_run(api)
-    chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
+    """A new SBUF tile of ``shape`` filled with ``value`` (the core ``memset``; Vector or
+    GpSimd engine)."""
     dims = tuple(int(s) for s in shape)
-    where = mask_values(api, mask, dims)
-    return _result(api, np.full(dims, value), dtype, nki_dtype(dtype), where, chosen)
+    return _run_core(
+        "memset", core_isa.memset, dims, nki_dtype(dtype), mask, value=value, engine=engine
+    )

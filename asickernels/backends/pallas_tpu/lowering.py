@@ -1,20 +1,22 @@
-"""How a Pallas call runs (Mosaic or interpreted), and per-generation block sizes.
+"""How a Pallas call runs: compiled by Mosaic, in Pallas interpret mode, or in TPU interpret
+mode.
 
 A kernel is written as ``build(target) -> function`` and called through :func:`run`. The
 target is decided when JAX *lowers* the computation, not when it traces it: lowered for a
 TPU (a TPU host, or a TPU topology device from ``jax.experimental.topologies`` on any host)
-it is Mosaic with that generation's block tables; lowered for anything else, Pallas
+it is Mosaic for that generation (its block sizes and VMEM); lowered for anything else, Pallas
 interpret mode. So ``jax.jit(f).lower(args on a TPU device).compile()`` builds Mosaic
 kernels with no context manager, and the same ``f`` on CPU interprets them.
 
 Limits: the generation comes from the lowering's XLA client (its devices' ``device_kind``);
 a lowering for the TPU platform without a TPU client (``jax.export(...,
-platforms=("tpu", ...))`` on a CPU host) uses :data:`asickernels.tpu_generations.DEFAULT`'s
-tables. Eager calls jit one primitive per (kernel, static arguments), cached.
+platforms=("tpu", ...))`` on a CPU host) builds for
+:data:`asickernels.tpu_generations.DEFAULT`. Eager calls jit one primitive per (kernel,
+static arguments), cached.
 
-Block sizes come from tables per generation, checked with the real compiler by the compile
-gate (``asickernels compile``) and tuned with the schedule estimate (``asickernels
-estimate``). Callers override them by passing a config object as ``config=``.
+Each kernel's block sizes are a config dataclass beside the kernel (its defaults; callers
+pass their own as ``config=``); tuned per-generation blocks, where there are any, are data in
+:mod:`asickernels.backends.pallas_tpu.tuned_block_sizes`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import jax
 import jax.extend
@@ -43,7 +45,7 @@ _vmem_requests: contextvars.ContextVar[list[int] | None] = contextvars.ContextVa
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What a kernel is being built for: ``generation`` picks the block tables and VMEM
+    """What a kernel is being built for: ``generation`` picks tuned blocks and VMEM
     limits; ``interpret`` is ``pallas_call``'s ``interpret=`` (False: Mosaic)."""
 
     generation: str
@@ -69,9 +71,9 @@ class Build:
 def run(build: Build, mode: InterpretMode, *args: Any) -> Any:
     """``build(target)(*args)``, with the target decided where it can be known.
 
-    For ``mode="tpu_interpret"`` that is now: TPU interpret mode, default tables. Otherwise
-    the choice is made when the computation is *lowered* (see :func:`lowered_for`): Mosaic
-    with the tables of the TPU generation being lowered for, else Pallas interpret mode.
+    For ``mode="tpu_interpret"`` that is now: TPU interpret mode, for the default generation.
+    Otherwise the choice is made when the computation is *lowered* (see :func:`lowered_for`):
+    Mosaic for the TPU generation being lowered for, else Pallas interpret mode.
     The built function's outputs may be any pytree of arrays."""
     if mode == "tpu_interpret":
         out = batchable(build(Target(generations.DEFAULT, tpu_interpret_params())), mode)(*args)
@@ -97,7 +99,7 @@ class _FlatBuild:
         return lambda *args: jax.tree.leaves(function(*args))
 
 
-# A Pallas call whose Mosaic-or-interpret choice (and block tables) is made at lowering:
+# A Pallas call whose Mosaic-or-interpret choice (and generation) is made at lowering:
 # JAX exposes no device at trace time (tracers carry an abstract mesh without devices), but a
 # lowering rule sees the platform it lowers for and the client it lowers with, whose devices
 # name the TPU generation (a compile-only topology client or the TPU host's own).
@@ -125,7 +127,7 @@ def _batch(args: Any, dims: Any, *, build: _FlatBuild) -> tuple[list[Any], list[
 def lowered_for(backend: Any) -> Target:
     """The target for a lowering on the TPU platform with ``backend`` (the lowering's XLA
     client): that client's TPU generation, else (e.g. ``jax.export`` for several platforms
-    from a CPU host) :data:`generations.DEFAULT`'s tables."""
+    from a CPU host) :data:`generations.DEFAULT`."""
     devices = backend.devices() if backend is not None else []
     generation = generations.generation_of(devices[0]) if devices else None
     return Target(generation or generations.DEFAULT, False)
@@ -179,6 +181,7 @@ def check_no_races(mode: InterpretMode) -> None:
     """After an eager TPU-interpret run, raises if the interpreter saw a data race."""
     if mode != "tpu_interpret":
         return
+    # JAX has no public accessor for the race detector's findings (its own tests read this).
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as state
 
     races = getattr(state, "races", None)
@@ -245,94 +248,7 @@ def batchable(kernel_call: Callable[..., Any], mode: InterpretMode) -> Callable[
     return eager_only
 
 
-@dataclasses.dataclass(frozen=True)
-class GiouConfig:
-    """GIOU kernels: each grid step handles ``block_rows`` x 128 box pairs."""
-
-    block_rows: int = 256
-
-    def __post_init__(self) -> None:
-        if self.block_rows <= 0 or self.block_rows % 16:
-            raise ValueError(f"block_rows must be a positive multiple of 16, got {self.block_rows}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Int8MatmulConfig:
-    """int8 matmul blocks: ``block_m`` a multiple of 32 (int8 sublane tiling), ``block_n``
-    and ``block_k`` multiples of 128 (lanes). K is the last, sequential grid axis."""
-
-    block_m: int = 512
-    block_n: int = 512
-    block_k: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.block_m <= 0 or self.block_m % 32:
-            raise ValueError(f"block_m must be a positive multiple of 32, got {self.block_m}")
-        for name in ("block_n", "block_k"):
-            value = getattr(self, name)
-            if value <= 0 or value % 128:
-                raise ValueError(f"{name} must be a positive multiple of 128, got {value}")
-
-
-@dataclasses.dataclass(frozen=True)
-class NmsConfig:
-    """Tiled NMS: boxes are decided ``tile`` at a time (a multiple of 128). Up to
-    ``rank_in_kernel_max`` (padded) boxes the kernel ranks the scores itself (N^2 compares);
-    above, XLA sorts them first."""
-
-    tile: int = 256
-    rank_in_kernel_max: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.tile <= 0 or self.tile % 128:
-            raise ValueError(f"tile must be a positive multiple of 128, got {self.tile}")
-        if self.rank_in_kernel_max < 0:
-            raise ValueError(f"rank_in_kernel_max must be >= 0, got {self.rank_in_kernel_max}")
-
-
-GIOU_CONFIGS = {gen: GiouConfig() for gen in generations.NAMES}
-# int8 matmul blocks per generation and shape class: (largest M of the class, blocks), in
-# order; the last class has no bound. Chosen with compiler-schedule estimates (`asickernels
-# estimate --tune` at 8192^3 and 2048^3 for large M; the users' shapes of
-# benchmarks/results/tpu_estimates.md for small M): larger K blocks amortise the
-# accumulator traffic; with M small the weights stream, and a whole-M block is never padded.
-INT8_MATMUL_TABLES: dict[str, tuple[tuple[int | None, Int8MatmulConfig], ...]] = {
-    "v5e": (
-        (2048, Int8MatmulConfig(1024, 1024, 2048)),
-        (None, Int8MatmulConfig(1024, 1024, 8192)),
-    ),
-    "v5p": (
-        (128, Int8MatmulConfig(1024, 1024, 2048)),
-        (None, Int8MatmulConfig(1024, 1024, 8192)),
-    ),
-    "v6e": (
-        (128, Int8MatmulConfig(1024, 2048, 2048)),
-        (2048, Int8MatmulConfig(2048, 1024, 4096)),
-        (None, Int8MatmulConfig(2048, 1024, 8192)),
-    ),
-}
-NMS_CONFIGS = {gen: NmsConfig() for gen in generations.NAMES}
-
-
-def int8_matmul_config(generation: str, m: int) -> Int8MatmulConfig:
-    """The int8 blocks for ``m`` rows on ``generation`` (defaults where it has no table)."""
-    for largest, config in INT8_MATMUL_TABLES.get(generation, ()):
-        if largest is None or m <= largest:
-            return config
-    return Int8MatmulConfig()
-
-
-Config = TypeVar("Config")
-
-
 def check_config(override: Any, kind: type) -> None:
     """Refuses a ``config=`` of the wrong kind before anything is traced."""
     if override is not None and not isinstance(override, kind):
         raise TypeError(f"config must be a {kind.__name__}, got {type(override).__name__}")
-
-
-def config_for(table: dict[str, Config], default: Config, override: Any, generation: str) -> Config:
-    """``override`` when given, else ``generation``'s entry of ``table``."""
-    if override is not None:
-        return override  # type: ignore[no-any-return]
-    return table.get(generation, default)

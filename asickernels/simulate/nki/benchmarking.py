@@ -1,0 +1,221 @@
+"""``nki.benchmark`` and ``nki.profile`` without a Neuron device.
+
+On a device these decorators compile a kernel, run it with ``neuron-bench`` / ``neuron-profile``
+and report latency (general/nki/api/nki/__init__.py at aws-neuron-sdk 0521004c, ``benchmark``
+and ``profile``; the 2.27+ ``nki`` reference keeps only ``jit`` and ``simulate``). Here they
+run the kernel once in the simulator, so kernels and test files that benchmark run unchanged,
+and say plainly that no device time was measured: a :class:`NoDeviceTimeWarning` on every call,
+``benchmark_result.device_time_measured`` is False and every latency percentile is NaN.
+
+Inputs may be arrays or placeholders (``nt.tensor[[8192, 4096], nl.bfloat16]``, which the SDK
+accepts because it never uses the values: "the output c tensor is undefined"); placeholders run
+as zero arrays of their shape and dtype.
+
+:class:`Latency` holds latency samples in microseconds; the simulator records none. An
+estimate from the run's instruction trace (``benchmark_result.counters``) can fill them in
+without changing the API.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import runtime
+from asickernels.simulate.nki.tensor import nki_dtype
+
+__all__ = [
+    "BenchmarkResult",
+    "Benchmarked",
+    "Latency",
+    "NoDeviceTimeWarning",
+    "Profiled",
+    "decorators",
+]
+
+# benchmark's docstring: "Available percentiles: [0, 1, 10, 25, 50, 90, 99, 100]".
+PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
+NO_DEVICE = "no Neuron device: the kernel ran in the CPU simulator and no device time was measured"
+
+
+class NoDeviceTimeWarning(UserWarning):
+    """A benchmark or profile ran in the simulator: it measured no device time."""
+
+
+class Latency:
+    """``benchmark_result.nc_latency``: latency statistics in microseconds."""
+
+    def __init__(self, samples_us: Sequence[float] = ()) -> None:
+        self.samples_us = [float(s) for s in samples_us]
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.samples_us)
+
+    def get_latency_percentile(self, percentile: int) -> float:
+        """The ``percentile``-th latency in microseconds (one of 0, 1, 10, 25, 50, 90, 99,
+        100); NaN when nothing was measured."""
+        if isinstance(percentile, bool) or percentile not in PERCENTILES:
+            raise ValueError(f"percentile must be one of {list(PERCENTILES)}, got {percentile!r}")
+        if not self.samples_us:
+            return math.nan
+        return float(np.percentile(self.samples_us, percentile))
+
+    def __repr__(self) -> str:
+        return f"Latency({len(self.samples_us)} samples)" if self.measured else "Latency(none)"
+
+
+class BenchmarkResult:
+    """What one benchmarked call reports: latency (none here), whether device time was
+    measured, why not, and the simulator's counters of the run (see ``last_counters``)."""
+
+    def __init__(self, counters: dict[str, float], note: str = NO_DEVICE) -> None:
+        self.nc_latency = Latency()
+        self.device_time_measured = False
+        self.note = note
+        self.counters = counters
+
+    def __repr__(self) -> str:
+        return f"BenchmarkResult({self.note})"
+
+
+def _placeholder_or_value(value: Any) -> Any:
+    """A ``nt.tensor[shape, dtype]`` placeholder as a zero array; anything else unchanged."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(value, np.ndarray) or shape is None or not isinstance(shape, (tuple, list)):
+        return value
+    if dtype is None:
+        raise TypeError(f"placeholder {value!r} needs a dtype to be simulated")
+    return np.zeros(tuple(int(s) for s in shape), nki_dtype(dtype))
+
+
+class _Decorated:
+    """A kernel wrapped for benchmarking or profiling; ``wrapped[grid]`` keeps the wrapping."""
+
+    def __init__(self, kernel: Any, options: dict[str, Any]) -> None:
+        self.kernel = kernel
+        self.options = options
+        self.__name__ = getattr(kernel, "__name__", type(self).__name__)
+        self.__doc__ = getattr(kernel, "__doc__", None)
+
+    def __getitem__(self, grid: Any) -> Any:
+        return type(self)(self.kernel[grid], self.options)
+
+    def _simulate(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        warnings.warn(f"nki.{what}: {NO_DEVICE}", NoDeviceTimeWarning, stacklevel=3)
+        args = tuple(_placeholder_or_value(a) for a in args)
+        kwargs = {k: _placeholder_or_value(v) for k, v in kwargs.items()}
+        return self.kernel(*args, **kwargs)
+
+
+class Benchmarked(_Decorated):
+    """A kernel under ``nki.benchmark``: each call runs it once in the simulator and sets
+    ``benchmark_result`` (no device time; see the module docstring)."""
+
+    benchmark_result: BenchmarkResult | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._simulate("benchmark", args, kwargs)
+        self.benchmark_result = BenchmarkResult(runtime.last_counters())
+        return result
+
+
+class Profiled(_Decorated):
+    """A kernel under ``nki.profile``: each call runs it once in the simulator; no profile
+    artifacts (NEFF, NTFF, JSON summaries) are written, as nothing ran on a device."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self._simulate("profile", args, kwargs)
+
+
+def make_benchmark(
+    decorate: Callable[[Callable[..., Any]], Any],
+    kernel: Any = None,
+    warmup: int = 10,
+    iters: int = 100,
+    save_neff_name: str | None = None,
+    save_trace_name: str | None = None,
+    additional_compile_opt: str | None = None,
+) -> Any:
+    """``benchmark`` of one API generation (``decorate``: its ``jit``), used as
+    ``benchmark(kernel, ...)``, ``@benchmark(...)`` or ``@benchmark``."""
+    for name, count in (("warmup", warmup), ("iters", iters)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"nki.benchmark: {name} must be a non-negative int, got {count!r}")
+    if iters < 1:
+        raise ValueError("nki.benchmark: iters must be at least 1")
+    options = {
+        "warmup": warmup,
+        "iters": iters,
+        "save_neff_name": save_neff_name,
+        "save_trace_name": save_trace_name,
+        "additional_compile_opt": additional_compile_opt,
+    }
+
+    def wrap(function: Any) -> Benchmarked:
+        return Benchmarked(_as_kernel(decorate, function), options)
+
+    return wrap if kernel is None else wrap(kernel)
+
+
+def make_profile(
+    decorate: Callable[[Callable[..., Any]], Any],
+    func: Any = None,
+    working_directory: str | None = None,
+    save_neff_name: str = "file.neff",
+    save_trace_name: str = "profile.ntff",
+    additional_compile_opt: str | None = None,
+    overwrite: bool = False,
+    profile_nth: int = 1,
+) -> Any:
+    """``profile`` of one API generation: ``working_directory`` "must be specified and must
+    also be an absolute path" (the docstring); ``profile_nth`` >= 1."""
+    if working_directory is None or not os.path.isabs(str(working_directory)):
+        raise ValueError(
+            f"nki.profile: working_directory must be an absolute path, got {working_directory!r}"
+        )
+    if isinstance(profile_nth, bool) or not isinstance(profile_nth, int) or profile_nth < 1:
+        raise ValueError(f"nki.profile: profile_nth must be an int >= 1, got {profile_nth!r}")
+    options = {
+        "working_directory": working_directory,
+        "save_neff_name": save_neff_name,
+        "save_trace_name": save_trace_name,
+        "additional_compile_opt": additional_compile_opt,
+        "overwrite": overwrite,
+        "profile_nth": profile_nth,
+    }
+
+    def wrap(function: Any) -> Profiled:
+        return Profiled(_as_kernel(decorate, function), options)
+
+    return wrap if func is None else wrap(func)
+
+
+def _as_kernel(decorate: Callable[[Callable[..., Any]], Any], function: Any) -> Any:
+    if not callable(function):
+        raise TypeError(f"nki.benchmark/profile decorate a kernel function, got {function!r}")
+    return function if hasattr(function, "__getitem__") else decorate(function)
+
+
+def decorators(decorate: Callable[[Callable[..., Any]], Any]) -> tuple[Any, Any]:
+    """``(benchmark, profile)`` of the API generation whose ``jit`` is ``decorate``."""
+
+    def benchmark(kernel: Any = None, **options: Any) -> Any:
+        """``nki.benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None,
+        save_trace_name=None, additional_compile_opt=None)``: without a device, runs the
+        kernel in the simulator and measures no device time
+        (:mod:`asickernels.simulate.nki.benchmarking`)."""
+        return make_benchmark(decorate, kernel, **options)
+
+    def profile(func: Any = None, **options: Any) -> Any:
+        """``nki.profile(func=None, working_directory=..., save_neff_name='file.neff',
+        save_trace_name='profile.ntff', additional_compile_opt=None, overwrite=False,
+        profile_nth=1)``: without a device, runs the kernel in the simulator."""
+        return make_profile(decorate, func, **options)
+
+    return benchmark, profile

@@ -1,0 +1,45 @@
+"""``nki.dtype``: the NKI data types as a module (``from nki.dtype import float8_e4m3fn_x4``),
+the name AWS's NKI kernel library imports them from and annotates parameters with
+(``compute_dtype: nki.dtype = nl.bfloat16``). The same objects as ``nki.language``'s."""
+
+from asickernels.simulate.nki.language import (
+    bfloat16,
+    bool_,
+    float4_e2m1fn_x4,
+    float8_e4m3,
+    float8_e4m3fn,
+    float8_e4m3fn_x4,
+    float8_e5m2,
+    float8_e5m2_x4,
+    float8_e8m0fnu,
+    float16,
+    float32,
+    int8,
+    int16,
+    int32,
+    tfloat32,
+    uint8,
+    uint16,
+    uint32,
+)
+
+__all__ = [
+    "bfloat16",
+    "bool_",
+    "float4_e2m1fn_x4",
+    "float8_e4m3",
+    "float8_e4m3fn",
+    "float8_e4m3fn_x4",
+    "float8_e5m2",
+    "float8_e5m2_x4",
+    "float8_e8m0fnu",
+    "float16",
+    "float32",
+    "int8",
+    "int16",
+    "int32",
+    "tfloat32",
+    "uint8",
+    "uint16",
+    "uint32",
+]
