@@ -21,7 +21,6 @@ from asickernels.benchmarking import harness, report
 from asickernels.benchmarking.harness import BenchRow, BenchSettings, CheckRow
 from asickernels.benchmarking.progress import Progress
 from asickernels.benchmarking.workloads import OPS, Size
-from asickernels.kernels import eager_front
 
 # Commands other modules provide: name -> (module with register_cli, one-line help).
 PLUGINS: dict[str, tuple[str, str]] = {
@@ -131,14 +130,6 @@ def _info(args: argparse.Namespace) -> int:
     print(
         f"machine: {described['cpu_model']}, {described['cores']} cores; JAX platform "
         f"{described['jax_backend']} ({', '.join(described['devices'])})"
-    )
-    in_place = (
-        "read in place" if eager_front.InPlaceCall is not None else "no in-place call (C only)"
-    )
-    print(
-        f"eager calls: route lookup in {eager_front.FRONT_KIND}"
-        + (f" ({eager_front.UNAVAILABLE_REASON})" if eager_front.UNAVAILABLE_REASON else "")
-        + f"; numpy calls on the cpu backend: {in_place}"
     )
     print()
     lines, hints = [], []

@@ -1,6 +1,6 @@
-"""The op declarations and the selection policy: eager calls through cached compiled
-functions, exact dtypes with x64 scoped to the call, one policy with visible fallbacks, and
-bad inputs refused before any kernel runs."""
+"""The op declarations and the selection policy: eager calls validated once per signature
+and run through one jitted function, exact dtypes with x64 scoped to the call, one policy
+with visible fallbacks, and bad inputs refused before any kernel runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import asickernels
-from asickernels.kernels import eager_front, policy, registry
+from asickernels.kernels import policy, registry
 from asickernels.kernels.declaration import host_empty, x64_scope
 from asickernels.testing import oracle
 from asickernels.testing.cases import grid_boxes, random_boxes
@@ -31,19 +31,73 @@ def test_every_op_has_the_declared_signature():
         assert op.__doc__ and "[" in op.__doc__  # docstrings give shapes
 
 
-def test_eager_calls_reuse_one_compiled_function_per_signature():
+def test_eager_calls_validate_once_per_signature(monkeypatch):
     rng = np.random.default_rng(0)
     boxes, other = random_boxes(rng, (64,)), random_boxes(rng, (64,))
     op = asickernels.giou
-    op._compiled.clear()
+    checks = []
+
+    def counted(specs, statics):
+        checks.append(specs["boxes1"].shape)
+        return check(specs, statics)
+
+    check = op.check
+    monkeypatch.setattr(op, "check", counted)
+    monkeypatch.setattr(op, "_calls", {})
+    monkeypatch.setattr(op, "_executors", {})
     first = asickernels.giou(boxes, other, backend="xla")
     second = asickernels.giou(boxes + 1, other, backend="xla")
-    assert len(op._compiled) == 1
+    assert checks == [(64, 4)] and len(op._executors) == 1
     asickernels.giou(random_boxes(rng, (65,)), random_boxes(rng, (65,)), backend="xla")
-    assert len(op._compiled) == 2  # keyed by backend, statics, shapes and dtypes
+    assert checks == [(64, 4), (65, 4)]  # keyed by backend, statics, shapes and dtypes
+    asickernels.giou(jnp.asarray(boxes), other, backend="xla")  # a JAX array: its own key
+    assert len(checks) == 3
     jitted = jax.jit(lambda a, b: asickernels.giou(a, b, backend="xla"))(boxes, other)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(jitted))
     assert not np.array_equal(np.asarray(first), np.asarray(second))
+
+
+def test_a_cached_signature_still_runs_inside_jit_vmap_and_grad():
+    rng = np.random.default_rng(4)
+    boxes1, boxes2 = random_boxes(rng, (8,)), random_boxes(rng, (8,))
+    eager = np.asarray(asickernels.giou(boxes1, boxes2))
+    eager = np.asarray(asickernels.giou(boxes1, boxes2))  # the cached signature
+    np.testing.assert_array_equal(np.asarray(jax.jit(asickernels.giou)(boxes1, boxes2)), eager)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(asickernels.giou)(boxes1, boxes2)), eager)
+    grad = jax.grad(lambda b: asickernels.giou(b, boxes2).sum())(boxes1)
+    d_boxes1, _ = asickernels.giou_vjp(boxes1, boxes2, np.ones(8, np.float32))
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(d_boxes1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cached_signature_still_checks_values_every_call():
+    x = np.array([1.0, 2.0], np.float32)
+    for _ in range(2):
+        asickernels.quantize_int8(x)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        asickernels.quantize_int8(np.array([1.0, np.nan], np.float32))
+
+
+def test_empty_inputs_give_filled_outputs_every_call():
+    boxes = np.zeros((2, 0, 4), np.float32)
+    for _ in range(2):
+        indices, num_valid = asickernels.nms(
+            boxes, np.zeros((2, 0), np.float32), iou_threshold=0.5, max_output_size=3
+        )
+        assert isinstance(indices, jax.Array)
+        assert np.asarray(indices).tolist() == [[-1] * 3] * 2
+        assert np.asarray(num_valid).tolist() == [0, 0]
+
+
+def test_run_with_want_any_returns_the_host_twins_numpy_outputs():
+    rng = np.random.default_rng(5)
+    arrays = {"boxes1": random_boxes(rng, (5,)), "boxes2": random_boxes(rng, (5,))}
+    op = asickernels.giou
+    plan = op.plan(arrays, {})
+    host = op.run("cpu", plan, None, arrays, want="any")
+    assert type(host) is np.ndarray
+    device = op.run("cpu", plan, None, arrays, want="jax")
+    assert isinstance(device, jax.Array)
+    np.testing.assert_array_equal(host, np.asarray(device))
 
 
 def _misaligned(array: np.ndarray) -> np.ndarray:
@@ -57,11 +111,9 @@ def _misaligned(array: np.ndarray) -> np.ndarray:
 
 
 def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
-    """Repeated eager calls of one signature without the in-place call (the Python front's
-    case; the C front's: tests/test_in_place.py): large numpy inputs XLA would copy go to
-    the host twin, aligned ones to the compiled function, decided per call."""
+    """Repeated eager calls of one signature: large numpy inputs XLA would copy go to the
+    host twin, aligned ones to the jitted function, decided per call."""
     registry.check_runs_here("giou", "cpu")
-    monkeypatch.setattr(eager_front, "InPlaceCall", None)
     host_calls = []
     twin = registry.implementation("giou", "cpu", host=True)
 
@@ -82,6 +134,23 @@ def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
         for _ in range(2):
             oracle.assert_agrees("giou", asickernels.giou(*inputs), want)
         assert len(host_calls) == host
+
+
+def test_eager_numpy_inputs_of_a_compute_bound_kernel_stay_compiled(monkeypatch):
+    """int8_matmul does O(M K N) work on O(M K + K N) bytes: XLA's copy of unaligned numpy
+    inputs does not dominate it, so they stay on the jitted function."""
+    registry.check_runs_here("int8_matmul", "cpu")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the host twin ran")
+
+    monkeypatch.setitem(registry._LOADED, ("int8_matmul", "cpu", True), forbidden)
+    rng = np.random.default_rng(6)
+    x = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))  # 256 KiB each
+    y = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))
+    for _ in range(2):
+        got = asickernels.int8_matmul(x, y, backend="cpu")
+    np.testing.assert_array_equal(np.asarray(got), x.astype(np.int32) @ y.astype(np.int32))
 
 
 def test_repeated_calls_replay_the_route_of_their_own_signature():

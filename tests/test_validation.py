@@ -521,3 +521,116 @@ def test_inputs_are_never_modified(backend):
 
     for name, array in inputs.items():
         np.testing.assert_array_equal(array, before[name], err_msg=f"{name} was modified")
+
+
+# Every public argument of every op --------------------------------------------------------
+
+COTANGENT = np.ones(3, np.float32)
+# Valid arguments of every op in asickernels.OPS, optional arrays given.
+VALID_ARGUMENTS = {
+    "giou": {"boxes1": BOXES, "boxes2": BOXES},
+    "giou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
+    "giou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
+    "nms": {"boxes": BOXES, "scores": SCORES, **NMS_ARGS, "score_threshold": 0.1},
+    "batched_nms": {
+        "boxes": BOXES,
+        "scores": SCORES,
+        "idxs": np.array([0, 1, 0]),
+        **NMS_ARGS,
+        "score_threshold": 0.1,
+    },
+    "int8_matmul": {
+        "x": X8,
+        "y": Y8,
+        "x_scale": np.ones(3, np.float32),
+        "y_scale": np.ones(2, np.float32),
+        "out_dtype": np.float32,
+    },
+    "quantize_int8": {"x": np.ones((3, 2), np.float32), "axis": 1},
+    "box_iou": {"boxes1": BOXES, "boxes2": BOXES[:2]},
+    "generalized_box_iou": {"boxes1": BOXES, "boxes2": BOXES[:2]},
+    "diou": {"boxes1": BOXES, "boxes2": BOXES},
+    "diou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
+    "diou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
+    "ciou": {"boxes1": BOXES, "boxes2": BOXES},
+    "ciou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
+    "ciou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
+}
+# Values that are no array: None (refused where the array is required), a plain object, a
+# string, a ragged list.
+NOT_ARRAYS = {"None": None, "object": object(), "string": "boxes", "ragged": [[1.0, 2.0], [3.0]]}
+# Bad values of each static parameter (None where it is required).
+BAD_STATICS = {
+    "reduction": [None, "average", 3],
+    "iou_threshold": [None, "0.5", 1.5, float("nan")],
+    "max_output_size": [None, 2.0, True, -1],
+    "score_threshold": ["0.1", [0.1]],
+    "out_dtype": ["nonsense", np.int8, object()],
+    "axis": ["0", 1.0, 7],
+}
+
+
+def _call(op, arguments):
+    positional = [n for n in op.array_names if n in op._positional]
+    return op(
+        *(arguments[n] for n in positional),
+        **{n: v for n, v in arguments.items() if n not in positional},
+    )
+
+
+def test_every_op_has_valid_arguments_here():
+    assert set(VALID_ARGUMENTS) == {op.name for op in asickernels.OPS}
+    for op in asickernels.OPS:
+        _call(op, VALID_ARGUMENTS[op.name])
+    statics = {name for op in asickernels.OPS for name in op.static_names}
+    assert statics == set(BAD_STATICS)
+
+
+def _not_array_arguments():
+    """(op, param, value) for every array param of every op and every value of
+    :data:`NOT_ARRAYS`, but None for an optional array (its default)."""
+    return [
+        pytest.param(op, p, value, id=f"{op.name}-{p.name}-{label}")
+        for op in asickernels.OPS
+        for p in op.params
+        if p.kind == "array"
+        for label, value in NOT_ARRAYS.items()
+        if not (value is None and p.default is None)
+    ]
+
+
+@pytest.mark.parametrize(("op", "param", "value"), _not_array_arguments())
+def test_an_array_argument_that_is_no_array_is_refused_by_name(op, param, value, no_kernel_runs):
+    arguments = VALID_ARGUMENTS[op.name] | {param.name: value}
+    with pytest.raises((TypeError, ValueError), match=rf"\b{param.name}\b"):
+        _call(op, arguments)
+
+
+def _static_values():
+    return [
+        pytest.param(op, name, value, id=f"{op.name}-{name}-{value!r}")
+        for op in asickernels.OPS
+        for name in op.static_names
+        for value in BAD_STATICS[name]
+    ]
+
+
+@pytest.mark.parametrize(("op", "name", "value"), _static_values())
+def test_a_bad_static_argument_is_refused_by_name(op, name, value, no_kernel_runs):
+    with pytest.raises((TypeError, ValueError), match=rf"\b{name}\b"):
+        _call(op, VALID_ARGUMENTS[op.name] | {name: value})
+
+
+@pytest.mark.parametrize("value", [3, "tpu_v9", object()], ids=["int", "unknown", "object"])
+@pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
+def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
+    with pytest.raises((TypeError, ValueError), match="backend"):
+        _call(op, VALID_ARGUMENTS[op.name] | {"backend": value})
+
+
+@pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
+def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
+    """The cpu backend has no tuning config; ops without a kernel take none either."""
+    backend = {} if op.name == "quantize_int8" else {"backend": "cpu"}
+    with pytest.raises((TypeError, ValueError), match="config"):
+        _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})

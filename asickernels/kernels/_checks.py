@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -31,6 +32,18 @@ def as_array(value: Any, name: str) -> Any:
         return np.asarray(value)
     except Exception as error:
         raise TypeError(f"{name} must be an array, got {type(value).__name__}") from error
+
+
+def required(specs: Mapping[str, Any], name: str) -> Any:
+    """``specs[name]``, which must not be None (a required array).
+
+    Raises:
+      TypeError: it is None.
+    """
+    spec = specs[name]
+    if spec is None:
+        raise TypeError(f"{name} must be an array, got None")
+    return spec
 
 
 def check_float(array: Any, name: str) -> None:

@@ -46,8 +46,7 @@ from asickernels.kernels.giou import (
 
 def _check_pairwise(kernel: str) -> Check:
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = specs["boxes1"], specs["boxes2"]
-        assert a is not None and b is not None
+        a, b = _checks.required(specs, "boxes1"), _checks.required(specs, "boxes2")
         _checks.check_boxes(a, "boxes1", min_ndim=2)
         _checks.check_boxes(b, "boxes2", min_ndim=2)
         if a.shape[:-2] != b.shape[:-2]:
@@ -55,7 +54,7 @@ def _check_pairwise(kernel: str) -> Check:
                 f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
                 f"got {a.shape} and {b.shape}"
             )
-        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b)
+        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
 
     return check
 

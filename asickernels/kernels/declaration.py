@@ -1,32 +1,24 @@
 """Op declarations: each public op is declared once, and everything else derives from it.
 
 An :class:`Op` holds an op's parameters (arrays and static values, with their defaults and
-PyTorch schema types), its validation (:attr:`Op.check`: shapes, dtypes and static values
-only, so it runs once per signature, outside any trace), its output shapes and dtypes (the
-:class:`Plan` that validation returns), its computation over backend kernels
-(:attr:`Op.compute`, written once against ``xp`` = numpy or ``jax.numpy``), its float64
-reference and, for differentiable ops, its vector-Jacobian product. The JAX API is the
-:class:`Op` object itself; the ``torch.library`` operators (with fake implementations and
-autograd), the torch_xla kernels and the SPMD wrappers are generated from it
-(:mod:`asickernels.torch.ops`, :mod:`asickernels.backends.xla_spmd`).
+PyTorch schema types), its validation (:attr:`Op.check`: from shapes, dtypes and static
+values to a :class:`Plan`, raising TypeError/ValueError that names the bad argument), its
+computation over backend kernels (:attr:`Op.compute`, written once against ``xp`` = numpy
+or ``jax.numpy``), its float64 reference and, for differentiable ops, its vector-Jacobian
+product. The JAX API is the :class:`Op` object itself; the ``torch.library`` operators, the
+torch_xla kernels and the SPMD wrappers are generated from it.
 
-A call runs in one of these ways:
+Calling an op:
 
-* inside a trace (``jit``/``vmap``/``grad``): the computation is traced inline;
-* eagerly, through a compiled function cached per (backend, plan, config), where the plan
-  encodes the static arguments, shapes and dtypes;
-* eagerly on host arrays, on the backend's host implementation (numpy in and out, no XLA
-  dispatch): for numpy backends, for callers that take numpy results (the torch frontend),
-  and for numpy inputs XLA would copy (:func:`_runs_on_host`);
-* eagerly on numpy inputs, as the backend's ``numpy_route`` where it has one: the ``cpu``
-  backend's reads the arrays in place (:mod:`asickernels.backends.cpu.in_place`).
-
-An eager call's signature (array shapes, dtypes and kinds, static values) is validated once;
-later calls of it replay its route (:meth:`Op._route`). Calls with numpy arrays by position
-find theirs in the op's C base (:mod:`asickernels.kernels.eager_front`), with no Python run.
-
-64-bit inputs (float64 boxes, int64 category ids) are kept 64-bit: their calls run with
-JAX's x64 mode switched on for that call only (:func:`x64_scope`).
+* inside a trace (``jit``/``vmap``/``grad``), the computation is traced inline;
+* eagerly, the call's signature (each array's shape, dtype and placement; each other
+  argument's type and value) is bound, validated and given a backend once; every call of
+  that signature then runs the same ``jax.jit``-compiled computation, or the backend's host
+  implementation (numpy in, numpy out) on a numpy backend (``array_kind="numpy"``) and,
+  on a JAX backend that has one, for numpy inputs of which XLA would copy 256 KiB or more
+  (those not 64-byte aligned);
+* with 64-bit inputs (float64 boxes, int64 scales), JAX's x64 mode is on for that call only
+  (:func:`x64_scope`).
 """
 
 from __future__ import annotations
@@ -44,15 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.kernels import _checks, policy, registry
-from asickernels.kernels.eager_front import Front
-
-try:  # the primitive under jax.device_put, without its 40 µs of Python per array
-    from jax._src import core as _jax_core
-    from jax._src.lib import xla_client as _xla_client
-except ImportError:  # JAX's internals moved: the public path
-    _jax_core = _xla_client = None  # type: ignore[assignment]
 
 REQUIRED: Any = inspect.Parameter.empty
+Want = Literal["jax", "any"]
 
 
 class Spec(NamedTuple):
@@ -112,6 +98,9 @@ class Plan:
         filled with its entry of ``fill``.
       fill: per output, the value of a trivial output (e.g. -1 for NMS index padding).
       x64: some input or output is 64-bit, so the call runs in JAX's x64 mode.
+      copy_bound: the kernel reads each input element about once, so that XLA's copy of
+        numpy inputs that are not 64-byte aligned costs as much as the kernel: eager calls
+        with 256 KiB or more of such inputs run on the backend's host twin where it has one.
     """
 
     kernel: str | None
@@ -121,20 +110,7 @@ class Plan:
     trivial: bool = False
     fill: tuple[int, ...] = (0,)
     x64: bool = False
-
-    def __post_init__(self) -> None:
-        # Plans key the compiled-function cache on every eager call: hash them once. Plans of
-        # symbolic shapes (torch.compile's dynamic shapes) are not hashable.
-        try:
-            value: int | None = hash(dataclasses.astuple(self))
-        except TypeError:
-            value = None
-        object.__setattr__(self, "_hash", value)
-
-    def __hash__(self) -> int:
-        if self._hash is None:  # type: ignore[attr-defined]
-            raise TypeError("a plan of symbolic shapes is not hashable")
-        return self._hash  # type: ignore[attr-defined,no-any-return]
+    copy_bound: bool = False
 
     def static(self, name: str) -> Any:
         return dict(self.statics)[name]
@@ -165,15 +141,17 @@ class Runner:
 
 Check = Callable[[Mapping[str, Spec | None], Mapping[str, Any]], Plan]
 Compute = Callable[..., Any]
+Call = Callable[..., Any]
 
 
-class Op(Front):
+class Op:
     """A public op, declared once. Calling it runs it (see the module docstring).
 
     Args:
       name: the public name (``asickernels.<name>``, ``torch.ops.asickernels.<name>``).
       params: the parameters in signature order (``backend`` and ``config`` are added).
-      check: ``(array specs, static values) -> Plan``; raises TypeError/ValueError.
+      check: ``(array specs, static values) -> Plan``; raises TypeError/ValueError naming
+        the argument (a required array given as None included).
       compute: ``(runner, plan, **arrays) -> outputs``, written with ``runner.xp``.
       reference: the float64 definition, called with the public arguments (no backend).
       doc: the docstring.
@@ -182,9 +160,9 @@ class Op(Front):
       differentiable: the array parameters ``vjp`` returns gradients for.
       partition: how the SPMD wrappers split the op (``"batch"``: every array along its
         leading batch dims; other rules are named by the op and live in the SPMD modules).
-      check_values: optional checks of concrete input values, run on eager calls only.
+      check_values: optional checks of concrete input values, run on every eager call.
       outputs: the names of the outputs (one name: the op returns an array, not a tuple).
-      prepare: optional host-side preparation of concrete inputs on eager calls, before
+      prepare: optional host-side conversion of concrete inputs on eager calls, before
         validation (e.g. 64-bit category ids to int32 ranks, so that no x64 is needed); it
         returns its argument itself when it has nothing to do, deciding on dtypes only.
     """
@@ -221,32 +199,46 @@ class Op(Front):
         self.__module__ = "asickernels"
         self.array_names = tuple(p.name for p in self.params if p.kind == "array")
         self.static_names = tuple(p.name for p in self.params if p.kind == "static")
-        parameters = []
-        for p in self.params:
-            kind = (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD
-                if p.positional
-                else inspect.Parameter.KEYWORD_ONLY
-            )
-            parameters.append(inspect.Parameter(p.name, kind, default=p.default))
-        parameters += [
-            inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None),
-            inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None),
-        ]
-        self.__signature__ = inspect.Signature(parameters)
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        self.__signature__ = inspect.Signature(
+            [
+                inspect.Parameter(
+                    p.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD if p.positional else keyword,
+                    default=p.default,
+                )
+                for p in self.params
+            ]
+            + [inspect.Parameter(n, keyword, default=None) for n in ("backend", "config")]
+        )
         self._positional = tuple(p.name for p in self.params if p.positional)
         self._defaults = {p.name: p.default for p in self.params} | {
             "backend": None,
             "config": None,
         }
-        self._array_set = frozenset(self.array_names)
-        self._plans: dict[Any, Plan] = {}
-        self._compiled: dict[Any, Callable[..., Any]] = {}
-        self._routes: dict[Any, Callable[..., Any]] = {}
-        self._numpy_routes: dict[Any, Callable[..., Any]] = {}
+        # Eager calls by signature (:func:`_argument_key`): what runs them.
+        self._calls: dict[Any, Call] = {}
+        # The functions that run validated eager calls (:meth:`_executor`).
+        self._executors: dict[Any, Call] = {}
 
     def __repr__(self) -> str:
         return f"<asickernels op {self.name}{self.__signature__}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:  # the call's signature (see _argument_key); keywords by name, as given
+            key: Any = (*map(_argument_key, args), *kwargs, *map(_argument_key, kwargs.values()))
+            call = self._calls.get(key)
+        except (TypeError, _NoKey):  # unhashable or traced
+            key = call = None
+        if call is not None:
+            return call(args, kwargs)
+        given, statics, backend, config = self.bind(args, kwargs)
+        arrays = self.prepared(given)
+        plan = self.plan(arrays, statics)
+        chosen = self.choose(plan, backend, arrays, config)
+        if key is not None and len(self._calls) < _MAX_SIGNATURES:
+            self._calls[key] = self._replay(chosen, plan, config, given, arrays, args, kwargs)
+        return self.run(chosen, plan, config, arrays, want="jax")
 
     # Binding and validation ---------------------------------------------------------------
 
@@ -254,7 +246,12 @@ class Op(Front):
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], str | None, Any]:
         """``(arrays, statics, backend, config)`` from a call's arguments; arrays are made
-        array-like (lists become numpy) but not moved or converted."""
+        array-like (lists become numpy) but not moved or converted.
+
+        Raises:
+          TypeError: an argument is missing, unknown or given twice, or an array argument
+            is not array-like (None stays None: :attr:`check` refuses it where required).
+        """
         values = self._fast_bind(args, kwargs)
         if values is None:  # something unusual: let inspect say what is wrong
             try:
@@ -269,14 +266,6 @@ class Op(Front):
         }
         statics = {n: values[n] for n in self.static_names}
         return arrays, statics, values["backend"], values["config"]
-
-    def prepared(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone); the
-        same dict when preparation changes nothing (``prepare`` looks at dtypes, not values,
-        so that holds for every call of the same signature)."""
-        if self.prepare is None or any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
-            return arrays
-        return self.prepare(arrays)
 
     def _fast_bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The arguments by name with defaults, for the well-formed call (a dict lookup
@@ -293,135 +282,40 @@ class Op(Front):
             return None
         return values
 
-    def plan(self, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Plan:
-        """Validates shapes, dtypes and static values (cached per signature)."""
-        try:
-            key: Any = (
-                tuple(None if a is None else (tuple(a.shape), a.dtype) for a in arrays.values()),
-                tuple(arrays),
-                tuple((name, type(value), value) for name, value in statics.items()),
-            )
-            plan = self._plans.get(key)
-        except TypeError:  # unhashable static values: validate every time
-            key, plan = None, None
-        if plan is None:
-            specs = {
-                n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
-                for n, a in arrays.items()
-            }
-            plan = self.check(specs, statics)
-            if key is not None:
-                self._plans[key] = plan
-        return plan
+    def prepared(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone); the
+        same dict when preparation changes nothing."""
+        if self.prepare is None or any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
+            return arrays
+        return self.prepare(arrays)
 
-    def choose(self, plan: Plan, backend: str | None, arrays: Mapping[str, Any]) -> str | None:
-        """The backend this call runs on (None for ops without a kernel)."""
+    def plan(self, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Plan:
+        """Validates shapes, dtypes and static values (see :attr:`check`)."""
+        specs = {
+            n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
+            for n, a in arrays.items()
+        }
+        return self.check(specs, statics)
+
+    def choose(
+        self, plan: Plan, backend: str | None, arrays: Mapping[str, Any], config: Any = None
+    ) -> str | None:
+        """The backend this call runs on (None for ops without a kernel).
+
+        Raises:
+          TypeError: a backend or config is given to an op without a kernel, or the backend
+            cannot run this call.
+          ValueError, BackendUnavailableError: see :func:`policy.choose`.
+        """
         if plan.kernel is None:
-            if backend is not None:
-                raise TypeError(f"{self.name} takes no backend (it is plain JAX)")
+            for name, value in (("backend", backend), ("config", config)):
+                if value is not None:
+                    raise TypeError(f"{self.name} takes no {name} (it is plain JAX)")
             return None
         where = policy.where_arrays_live([a for a in arrays.values() if a is not None])
         return policy.select(plan.kernel, backend, where, plan.dtype)
 
     # Running ------------------------------------------------------------------------------
-
-    def _miss(self, numpy_key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call whose numpy key (None if it has none) names no route yet: the
-        :class:`~asickernels.kernels.eager_front.Front` looked it up first."""
-        key = self._route_key(args, kwargs)
-        route = self._routes.get(key) if key is not None else None
-        if route is not None:  # the same signature as an earlier call: replay its path
-            if None not in key and self._array_set.isdisjoint(kwargs):  # arrays by position
-                return route(*args)
-            return route(*(a for a in args if a is not None), *self._keyword_arrays(kwargs))
-        given, statics, backend, config = self.bind(args, kwargs)
-        arrays = self.prepared(given)
-        plan = self.plan(arrays, statics)
-        chosen = self.choose(plan, backend, arrays)
-        # A route replays the call on the arrays as given: only if preparation left them be.
-        if key is None or arrays is not given or not self._may_route(plan, chosen):
-            return self.run(chosen, plan, config, arrays, want="jax")
-        route = self._route(chosen, plan, config, arrays)
-        numpy_only = all(type(a) is np.ndarray for a in args)
-        if numpy_key is not None and numpy_only and self._array_set.isdisjoint(kwargs):
-            self._numpy_routes[numpy_key] = route
-        else:
-            self._routes[key] = route
-        # The first call takes the route too: what :meth:`run` would do, or the backend's
-        # numpy route, whose compilation then serves every call (not a second one).
-        return route(*(a for a in arrays.values() if a is not None))
-
-    def _keyword_arrays(self, kwargs: dict[str, Any]) -> list[Any]:
-        return [kwargs[n] for n in self.array_names if kwargs.get(n) is not None]
-
-    def _route_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A key for calls that may skip binding, validation and selection: arrays given as
-        numpy or concrete JAX arrays (positional ones by position, as :func:`_array_key`
-        says; None where absent), the others by name, hashable static values; None for
-        anything else. It is computed on every eager call: kept to a few tuple builds."""
-        key = tuple(map(_array_key, args))
-        if _NO_KEY in key:
-            return None
-        # Static values with their types: True == 1 and 2.0 == 2 must not share a route
-        # (validation refuses a bool or a float where an int is wanted).
-        if kwargs and self._array_set.isdisjoint(kwargs):  # statics only: no array keys
-            # In the order given: another order is another key for the same route.
-            key += (*kwargs.items(), *map(type, kwargs.values()))
-        elif kwargs:
-            parts: list[tuple[Any, ...]] = []
-            for name, value in sorted(kwargs.items()):
-                if name not in self._array_set:
-                    parts.append((name, type(value), value))
-                    continue
-                array_key = _array_key(value)
-                if array_key is _NO_KEY:
-                    return None
-                parts.append((name, array_key))
-            key += tuple(parts)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
-
-    def _may_route(self, plan: Plan, chosen: str | None) -> bool:
-        """Whether every call of the signature just run takes the same path (no value
-        checks, no x64 switch, nothing to run), so that it can be replayed."""
-        if plan.trivial or plan.x64 or not _compilable(chosen):
-            return False
-        return self.check_values is None  # it must see every call's values
-
-    def _route(
-        self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
-    ) -> Callable[..., Any]:
-        """What runs eager calls of this signature (the first included), taking the present
-        arrays by position: for numpy arrays, the backend's ``numpy_route`` where it gives
-        one (the ``cpu`` backend's in-place call); else :meth:`run`'s choice between the
-        host implementation and the compiled computation (see :func:`_runs_on_host`), made
-        once where the signature decides it and per call where the numpy inputs' alignment
-        does."""
-        present = [a for a in arrays.values() if a is not None]
-        numpy_only = all(type(a) is np.ndarray for a in present)
-        spec = None if backend is None else registry.backend(backend)
-        if spec is not None and spec.numpy_route is not None and numpy_only:
-            compiled = self._compiled_for(backend, plan, config, arrays)
-            route = spec.numpy_route(compiled, present)
-            if route is not None:
-                return route
-        kernel = plan.kernel
-        if (
-            backend is None
-            or kernel is None
-            or not registry.has_host_implementation(kernel, backend)
-        ):
-            return self._compiled_for(backend, plan, config, arrays)
-        if registry.backend(backend).array_kind == "numpy":
-            return self._host_call(backend, plan, config, arrays, "jax")
-        compiled = self._compiled_for(backend, plan, config, arrays)
-        if numpy_only and _may_copy(present):
-            host = self._host_call(backend, plan, config, arrays, "jax")
-            return lambda *given: (host if _xla_copies(given) else compiled)(*given)
-        return compiled  # JAX arrays: the compiled call takes them as they are
 
     def run(
         self,
@@ -429,154 +323,202 @@ class Op(Front):
         plan: Plan,
         config: Any,
         arrays: Mapping[str, Any],
-        want: Literal["jax", "any"],
+        want: Want,
     ) -> Any:
         """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
-        returns what the path produced (numpy from a host implementation, JAX arrays from a
-        compiled one), for frontends that convert anyway (inside a trace the outputs are
-        always traced JAX values)."""
-        traced = any(isinstance(a, jax.core.Tracer) for a in arrays.values())
-        if self.check_values is not None and not traced:
-            self.check_values(**arrays)
-        if plan.trivial:
-            xp = np if want == "any" and not traced else jnp
-            specs = plan.output_list()
-            fills = plan.fill + (0,) * (len(specs) - len(plan.fill))
-            with x64_scope(plan.x64):
-                outs = tuple(
-                    xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True)
-                )
-            return _as_single(plan, outs)
-        if traced:
+        may return numpy arrays instead (a host implementation's, for inputs on the host),
+        for frontends that convert anyway. Inside a trace the outputs are traced values."""
+        if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
+            if plan.trivial:
+                with x64_scope(plan.x64):
+                    return _filled(plan, jnp)
             return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
-        if not _compilable(backend):  # op by op, as a compiled call would, x64 included
-            with x64_scope(plan.x64):
-                return self.compute(Runner(backend or "xla", False, config), plan, **arrays)
-        present = [a for a in arrays.values() if a is not None]
-        if backend is not None and _runs_on_host(plan.kernel, backend, arrays, want):
-            with x64_scope(plan.x64):
-                return self._host_call(backend, plan, config, arrays, want)(*present)
-        compiled = self._compiled_for(backend, plan, config, arrays)
-        if not plan.x64:
-            return compiled(*present)
-        with x64_scope(True):
-            return compiled(*present)
-
-    def _host_call(
-        self, backend: str, plan: Plan, config: Any, arrays: Mapping[str, Any], want: str
-    ) -> Callable[..., Any]:
-        """The call on ``backend``'s host implementation, taking the present arrays by
-        position as numpy arrays (JAX CPU arrays are viewed without a copy); its results are
-        handed to JAX unless ``want="any"``."""
-        runner = Runner(backend, True, config)
+        if self.check_values is not None:
+            self.check_values(**arrays)
         names = tuple(n for n, a in arrays.items() if a is not None)
-        absent = dict.fromkeys(self.array_names)
-        single = isinstance(plan.outputs, Spec)
+        present = [arrays[n] for n in names]
+        if want == "any" and not any(_on_accelerator(a) for a in present):
+            return self._executor(backend, plan, config, names, "always")(*present)
+        return self._executor(backend, plan, config, names, _host_use(plan, present))(*present)
 
-        def call(*present: Any) -> Any:
-            given = absent | {n: np.asarray(a) for n, a in zip(names, present, strict=True)}
-            out = self.compute(runner, plan, **given)
-            if want == "any":
-                return out
-            if single:
-                return to_jax(out, plan.x64)
-            return tuple(to_jax(o, plan.x64) for o in out)
-
-        return call
-
-    def _compiled_for(
-        self, backend: str | None, plan: Plan, config: Any, arrays: Mapping[str, Any]
-    ) -> Callable[..., Any]:
-        """The jitted computation for this plan, taking the present arrays by position (the
-        plan fixes which are present; jit's fast path takes no keyword arguments)."""
+    def _replay(
+        self,
+        backend: str | None,
+        plan: Plan,
+        config: Any,
+        given: dict[str, Any],
+        arrays: dict[str, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Call:
+        """What runs later eager calls of this call's signature, as ``call(args, kwargs)``:
+        the executor on the arrays where this call has them (for numpy or JAX arrays that
+        need no value checks or preparation), else after binding, preparing and checking
+        the values."""
         names = tuple(n for n, a in arrays.items() if a is not None)
-        key: Any = (backend, plan, config, names)
+        direct = (
+            self.check_values is None
+            and arrays is given
+            and all(
+                type(a) is np.ndarray or isinstance(a, jax.Array)
+                for a in given.values()
+                if a is not None
+            )
+        )
+        present = [arrays[n] for n in names]
+        execute = self._executor(backend, plan, config, names, _host_use(plan, present))
+        if not direct:
+
+            def rebind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                arrays = self.prepared(self.bind(args, kwargs)[0])
+                if self.check_values is not None:
+                    self.check_values(**arrays)
+                return execute(*[arrays[n] for n in names])
+
+            return rebind
+        slots = tuple(n if n in kwargs else self._positional.index(n) for n in names)
+        if slots == tuple(range(len(args))):  # the arrays are exactly the positional args
+            return lambda args, kwargs: execute(*args)
+        return lambda args, kwargs: execute(
+            *[kwargs[s] if isinstance(s, str) else args[s] for s in slots]
+        )
+
+    def _executor(
+        self, backend: str | None, plan: Plan, config: Any, names: tuple[str, ...], host: Host
+    ) -> Call:
+        """The function that runs validated eager calls of ``plan`` on ``backend``, taking
+        the arrays named ``names`` by position: the filled outputs of a trivial plan; the
+        host implementation on a numpy backend, or with ``host`` where there is one (its
+        outputs stay numpy only with ``host``); else the jitted computation (op by op where
+        the backend cannot be jitted here); in x64 mode for 64-bit plans."""
+        key: Any = (backend, plan, config, names, host)
         try:
-            hash(key)
-        except TypeError:
-            key = None
-        compiled = self._compiled.get(key) if key is not None else None
-        if compiled is None:
-            runner = Runner(backend or "xla", False, config)
-            absent = {n: None for n in self.array_names}
+            executor = self._executors.get(key)
+        except TypeError:  # an unhashable config
+            key, executor = None, None
+        if executor is not None:
+            return executor
+        kernel = plan.kernel
+        has_host = (
+            backend is not None
+            and kernel is not None
+            and registry.has_host_implementation(kernel, backend)
+        )
+        absent = dict.fromkeys(self.array_names)
+        host_only = has_host and registry.backend(backend).array_kind == "numpy"  # type: ignore[arg-type]
 
-            def body(*present: Any) -> Any:
-                given = absent | dict(zip(names, present, strict=True))
-                return self.compute(runner, plan, **given)
+        def on_host(*present: Any) -> Any:
+            given = absent | {n: np.asarray(a) for n, a in zip(names, present, strict=True)}
+            out = self.compute(Runner(backend, True, config), plan, **given)  # type: ignore[arg-type]
+            return out if host == "always" else jax.tree.map(jax.device_put, out)
 
-            compiled = jax.jit(body)
-            if key is not None:
-                self._compiled[key] = compiled
-        return compiled
+        def computation(*present: Any) -> Any:
+            return self.compute(
+                Runner(backend or "xla", False, config),
+                plan,
+                **(absent | dict(zip(names, present, strict=True))),
+            )
+
+        if plan.trivial:
+            xp = np if host == "always" else jnp
+            executor = lambda *present: _filled(plan, xp)  # noqa: E731
+        elif host_only or (has_host and host == "always"):
+            executor = on_host
+        elif not _compilable(backend):
+            executor = computation
+        elif has_host and host == "if_copied":
+            compiled = jax.jit(computation)
+
+            def executor(*present: Any) -> Any:
+                return (on_host if _xla_copies(present) else compiled)(*present)
+
+        else:
+            executor = jax.jit(computation)
+        if plan.x64:
+            executor = _in_x64(executor)
+        if key is not None and len(self._executors) < _MAX_SIGNATURES:
+            self._executors[key] = executor
+        return executor
 
 
-_NO_KEY = object()
+# Signatures kept per op: past this many (e.g. scalar arguments of ever new values), calls
+# are validated each time rather than remembered without bound.
+_MAX_SIGNATURES = 4096
+
+# Where an eager call on a JAX backend with a host twin runs: on the host twin ("always",
+# returning its numpy outputs), on it when XLA would copy enough of its numpy inputs
+# ("if_copied", see _xla_copies), or compiled ("never").
+Host = Literal["always", "if_copied", "never"]
+_HOST_COPY_BYTES = 1 << 18
+_XLA_ALIGNMENT = 64  # XLA's CPU client takes host buffers aligned to this without a copy
+
+
+def _host_use(plan: Plan, present: Sequence[Any]) -> Host:
+    """ "if_copied" for a copy-bound plan's numpy inputs large enough that XLA's copy of
+    them may cost as much as the kernel, else "never"."""
+    numpy = plan.copy_bound and all(type(a) is np.ndarray for a in present)
+    return "if_copied" if numpy and sum(a.nbytes for a in present) >= _HOST_COPY_BYTES else "never"
+
+
+def _xla_copies(present: Sequence[Any]) -> bool:
+    """Whether XLA's CPU client would copy at least :data:`_HOST_COPY_BYTES` of these numpy
+    arrays: those not C-contiguous and aligned to :data:`_XLA_ALIGNMENT`."""
+    copied = 0
+    for a in present:
+        aligned = a.__array_interface__["data"][0] % _XLA_ALIGNMENT == 0
+        copied += 0 if aligned and a.flags.c_contiguous else a.nbytes
+    return copied >= _HOST_COPY_BYTES
+
+
+class _NoKey(Exception):
+    """An argument that gives its call no signature: a traced value."""
+
+
+def _argument_key(value: Any) -> Any:
+    """What identifies an argument in an eager call's signature, for :attr:`Op._calls`: a
+    numpy array's shape and dtype, a JAX array's also its sharding (where it lives decides
+    the backend), anything else's type and value (True, 1 and 1.0 are different static
+    values); :class:`_NoKey` for a traced value."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return (value.shape, value.dtype)
+    if kind in _STATIC_TYPES:
+        return (kind, value)
+    if isinstance(value, jax.core.Tracer):
+        raise _NoKey
+    if isinstance(value, jax.Array):
+        return (value.shape, value.dtype, value.sharding)
+    return (kind, value)
+
+
+_STATIC_TYPES = frozenset({int, float, str, bool, type(None)})
 
 
 def _compilable(backend: str | None) -> bool:
-    """Whether eager calls on ``backend`` may be compiled (see ``Backend.traceable``)."""
+    """Whether eager calls on ``backend`` may be jitted (see ``Backend.traceable``)."""
     traceable = None if backend is None else registry.backend(backend).traceable
     return traceable is None or traceable()
 
 
-def _array_key(value: Any) -> Any:
-    """What identifies an array argument for the route cache: numpy arrays by shape and
-    dtype, JAX arrays also by their sharding (where they live); anything else (tracers,
-    lists, scalars) has no key."""
-    kind = type(value)
-    if kind is np.ndarray:
-        return (value.shape, value.dtype)
-    if value is None:
-        return None
-    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
-        return (value.shape, value.dtype, value.sharding)
-    return _NO_KEY
+def _on_accelerator(value: Any) -> bool:
+    """Whether ``value`` is a JAX array on a device other than the host CPU."""
+    return isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices())
 
 
-def _as_single(plan: Plan, outs: tuple[Any, ...]) -> Any:
-    return outs if not isinstance(plan.outputs, Spec) else outs[0]
+def _filled(plan: Plan, xp: Any) -> Any:
+    """The outputs of a trivial plan, each filled with its entry of ``plan.fill``."""
+    specs = plan.output_list()
+    fills = plan.fill + (0,) * (len(specs) - len(plan.fill))
+    outs = tuple(xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True))
+    return outs[0] if isinstance(plan.outputs, Spec) else outs
 
 
-# Above this many bytes of numpy input that XLA would copy, an eager call goes to the host
-# twin, which reads them in place; below, the compiled call is cheaper than the host path's
-# Python and the hand-over of its outputs to JAX (measured on giou, nms and int8_matmul).
-_HOST_COPY_BYTES = 1 << 18
+def _in_x64(function: Call) -> Call:
+    def call(*args: Any) -> Any:
+        with x64_scope(True):
+            return function(*args)
 
-
-def _runs_on_host(kernel: str | None, backend: str, arrays: Mapping[str, Any], want: str) -> bool:
-    """Whether an eager call goes to the backend's host implementation: always for numpy
-    backends; for JAX backends with a host twin, when the inputs are on the host already
-    (numpy, or JAX CPU arrays, which numpy views without a copy) and either the caller takes
-    host results (``want="any"``) or XLA would copy enough of them (:func:`_xla_copies`)."""
-    if kernel is None or not registry.has_host_implementation(kernel, backend):
-        return False
-    if registry.backend(backend).array_kind == "numpy":
-        return True
-    present = [a for a in arrays.values() if a is not None]
-    if want == "any":
-        return not any(
-            isinstance(a, jax.Array) and any(d.platform != "cpu" for d in a.devices())
-            for a in present
-        )
-    return all(type(a) is np.ndarray for a in present) and _xla_copies(present)
-
-
-def _may_copy(present: Sequence[np.ndarray]) -> bool:
-    """Whether these numpy arrays are large enough for :func:`_xla_copies` to hold (a test
-    on shapes alone, so a route decides it once)."""
-    return sum(a.nbytes for a in present) >= _HOST_COPY_BYTES
-
-
-def _xla_copies(present: Sequence[np.ndarray]) -> bool:
-    """Whether XLA's CPU client would copy at least :data:`_HOST_COPY_BYTES` of these numpy
-    arrays: those not C-contiguous and aligned to :data:`_ALIGNMENT`."""
-    if not _may_copy(present):
-        return False
-    copied = 0
-    for a in present:  # the data pointer costs microseconds to read
-        aligned = a.__array_interface__["data"][0] % _ALIGNMENT == 0
-        copied += 0 if aligned and a.flags.c_contiguous else a.nbytes
-    return copied >= _HOST_COPY_BYTES
+    return call
 
 
 def x64_scope(enabled: bool) -> Any:
@@ -590,69 +532,20 @@ def x64_scope(enabled: bool) -> Any:
     return enable_x64()
 
 
-_ALIGNMENT = 64  # XLA's CPU client wraps host buffers aligned to this without a copy
-# Below this many bytes an output is not aligned: copying it costs less than aligning it.
-_ALIGN_FROM_BYTES = 1 << 18
-
-
-def to_jax(value: Any, x64: bool = False) -> jax.Array:
-    """A host result as a JAX array on the default device, keeping 64-bit dtypes (``x64``);
-    a C-contiguous, 64-byte aligned numpy array becomes a JAX CPU array without a copy."""
-    if isinstance(value, jax.Array):
-        return value
-    value = np.asarray(value)
-    if value.dtype.itemsize == 8 and not x64:  # JAX canonicalizes it: its public path
-        return jax.device_put(value)
-    if not x64:
-        return _device_put(value)
-    with x64_scope(True):
-        return _device_put(value)
-
-
-def _device_put(value: np.ndarray) -> jax.Array:
-    """``jax.device_put(value)``, through the batched primitive it is built on: the public
-    wrapper spends about 40 µs of Python per array, more than many of our kernels."""
-    device = policy.default_device()
-    if _xla_client is None:
-        return jax.device_put(value, device)
-    aval, sharding, devices = _placement(device, value.shape, value.dtype)
-    try:
-        return _xla_client.batched_device_put(aval, sharding, [value], devices, False)  # type: ignore[no-any-return]
-    except TypeError:  # its signature changed: the public path
-        return jax.device_put(value, device)
-
-
-@functools.lru_cache(maxsize=512)
-def _placement(device: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any, list[Any]]:
-    """The abstract value, sharding and device list of a host array put on ``device``."""
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    return _jax_core.ShapedArray(shape, dtype), sharding, [device]
-
-
 def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialised numpy array aligned for a copy-free hand-over to JAX (see
-    :func:`to_jax`); host kernels allocate their outputs with it."""
+    """An uninitialised numpy array for a host kernel's output: from 256 KiB on, aligned
+    to :data:`_XLA_ALIGNMENT`, so that ``jax.device_put`` takes it without a copy."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _ALIGN_FROM_BYTES:
+    if nbytes < _HOST_COPY_BYTES:
         return np.empty(shape, dtype)
-    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % _ALIGNMENT
+    raw = np.empty(nbytes + _XLA_ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % _XLA_ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
-def host_allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], np.ndarray]:
-    """:func:`host_empty` of one shape and dtype as a function of nothing, for calls bound
-    to a signature: numpy's own allocation where :func:`host_empty` would not align."""
-    dtype = np.dtype(dtype)
-    if math.prod(shape) * dtype.itemsize < _ALIGN_FROM_BYTES:
-        return functools.partial(np.empty, shape, dtype)
-    return functools.partial(host_empty, shape, dtype)
-
-
 def cast(array: Any, dtype: Any) -> Any:
-    """``array`` as ``dtype``, without a copy when it already is (numpy's ``astype``
-    copies by default, which on a host path costs as much as the kernel)."""
+    """``array`` as ``dtype``, without a copy when it already is."""
     return array if array.dtype == np.dtype(dtype) else array.astype(dtype)
 
 

@@ -32,8 +32,7 @@ _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 def check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
     """Two float ``[..., 4]`` box arrays of one shape (paired boxes)."""
-    a, b = specs[first], specs[second]
-    assert a is not None and b is not None
+    a, b = _checks.required(specs, first), _checks.required(specs, second)
     _checks.check_boxes(a, first)
     _checks.check_boxes(b, second)
     if a.shape != b.shape:
@@ -62,9 +61,12 @@ def _paired(
 # giou ---------------------------------------------------------------------------------------
 
 
-def metric_plan(kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec) -> Plan:
+def metric_plan(
+    kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec, *, paired: bool
+) -> Plan:
     """The plan of a box metric of ``shape`` (paired or pairwise), computed in float64 for
-    float64 boxes and in float32 otherwise; nothing to run when it is empty."""
+    float64 boxes and in float32 otherwise; nothing to run when it is empty. A paired
+    metric reads each box once: it is copy-bound (see :class:`Plan`)."""
     dtype = float_compute_dtype(boxes1, boxes2)
     return Plan(
         kernel,
@@ -73,6 +75,7 @@ def metric_plan(kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec)
         (),
         trivial=_checks.size(shape) == 0,
         x64=is_64bit(boxes1, boxes2),
+        copy_bound=paired,
     )
 
 
@@ -81,7 +84,7 @@ def paired_metric_check(kernel: str) -> Check:
 
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
         a, b = check_pair(specs, "boxes1", "boxes2")
-        return metric_plan(kernel, a.shape[:-1], a, b)
+        return metric_plan(kernel, a.shape[:-1], a, b, paired=True)
 
     return check
 
@@ -132,8 +135,7 @@ def paired_vjp_check(kernel: str) -> Check:
 
     def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
         a, b = check_pair(specs, "boxes1", "boxes2")
-        cotangent = specs["cotangent"]
-        assert cotangent is not None
+        cotangent = _checks.required(specs, "cotangent")
         _checks.check_float(cotangent, "cotangent")
         if cotangent.shape != a.shape[:-1]:
             raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")

@@ -29,8 +29,7 @@ def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
 
 
 def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    x, y = specs["x"], specs["y"]
-    assert x is not None and y is not None
+    x, y = _checks.required(specs, "x"), _checks.required(specs, "y")
     for name, spec in (("x", x), ("y", y)):
         if spec.dtype != np.int8:
             raise TypeError(f"{name} must be int8, got dtype {spec.dtype}")
@@ -147,8 +146,7 @@ int8_matmul = Op(
 
 
 def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    x = specs["x"]
-    assert x is not None
+    x = _checks.required(specs, "x")
     _checks.check_float(x, "x")
     axis = statics["axis"]
     ndim = len(x.shape)

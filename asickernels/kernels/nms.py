@@ -28,8 +28,8 @@ _MAX_INT32 = 2**31 - 1
 
 
 def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    boxes, scores, idxs = specs["boxes"], specs["scores"], specs.get("idxs")
-    assert boxes is not None and scores is not None
+    boxes, scores = _checks.required(specs, "boxes"), _checks.required(specs, "scores")
+    idxs = _checks.required(specs, "idxs") if "idxs" in specs else None  # batched_nms
     _checks.check_boxes(boxes, "boxes", min_ndim=2)
     _checks.check_float(scores, "scores")
     if scores.shape != boxes.shape[:-1]:

@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
 ArrayKind = Literal["numpy", "jax"]
@@ -85,10 +85,6 @@ class Backend:
         backend runs natively (see :mod:`asickernels.benchmarking.device`).
       traceable: optional; False when this JAX cannot run the JAX backend's kernels under
         ``jit`` (eager calls then run them op by op instead of compiled).
-      numpy_route: optional; ``(compiled, arrays) -> route or None``: given a signature's
-        jitted computation and the numpy arrays of its first eager call, what runs that
-        call and later ones with numpy arrays of the same shapes and dtypes in its place (e.g. the
-        ``cpu`` backend's in-place calls, which read the arrays without XLA's copy).
       package: the module (or package, whose modules are all imported) that declares this
         backend's kernels; its ``__name__``.
       kernels_of: optional; another backend whose kernels this one runs, each call given
@@ -104,9 +100,6 @@ class Backend:
     counters: Callable[[], dict[str, float]] | None = None
     device_timer: Callable[[str, Any, int, int], Any] | None = None
     traceable: Callable[[], bool] | None = None
-    numpy_route: Callable[[Callable[..., Any], Sequence[Any]], Callable[..., Any] | None] | None = (
-        None
-    )
     package: str = ""
     kernels_of: str | None = None
     kernel_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)

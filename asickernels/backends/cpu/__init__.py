@@ -10,7 +10,7 @@ float32 and float64 are computed in their own precision (NMS decides in float64 
 
 from __future__ import annotations
 
-from asickernels.backends.cpu import _library, in_place
+from asickernels.backends.cpu import _library
 from asickernels.kernels.registry import Availability, Backend
 
 
@@ -29,7 +29,6 @@ BACKEND = Backend(
     probe=_probe,
     description="native C++ CPU kernels through XLA's FFI (and numpy for eager host calls)",
     platforms=("cpu",),
-    numpy_route=in_place.numpy_route,
     package=__name__,
 )
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from asickernels import _native_build
-from asickernels.kernels.declaration import host_allocator
+from asickernels.kernels.declaration import host_empty
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(_CSRC.glob("*.cpp")))
@@ -27,8 +27,17 @@ _FLAGS = (
 # sanitizer_preload() (see tests/test_cpu_backend.py).
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 
+_BOX_TARGETS = tuple(
+    f"{kind}_box_metric{part}_{suffix}"
+    for kind, parts in (("paired", ("", "_vjp", "_vjp_first")), ("pairwise", ("", "_vjp")))
+    for part in parts
+    for suffix in ("f32", "f64")
+)
+FFI_TARGETS = _BOX_TARGETS + (
+    "nms_f32", "nms_f64", "batched_nms_f32", "batched_nms_f64", "int8_matmul",
+    "int8_matmul_scaled_f32", "int8_matmul_scaled_f64",
+)  # fmt: skip
 _FFI_PREFIX = "asickernels_cpu_ffi_"
-IN_PLACE_TARGET = "in_place"
 _ERRORS = {1: "unsupported dtype or metric code", 2: "out of memory"}
 
 FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
@@ -116,8 +125,6 @@ def library() -> ctypes.CDLL:
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
     lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
-    lib.asickernels_cpu_ffi_target_name.argtypes = [i64]
-    lib.asickernels_cpu_ffi_target_name.restype = ctypes.c_char_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
     lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
@@ -136,24 +143,12 @@ def int8_matmul_path() -> str:
 
 
 @functools.cache
-def ffi_target_names() -> tuple[str, ...]:
-    """The library's FFI handlers (``csrc/ffi_targets.h``), by their names without
-    :data:`_FFI_PREFIX`, in the order the in-place call indexes them."""
-    name_of = library().asickernels_cpu_ffi_target_name
-    names: list[str] = []
-    while (name := name_of(len(names))) is not None:
-        names.append(name.decode())
-    return tuple(names)
-
-
-@functools.cache
 def ffi_targets() -> None:
-    """Registers every FFI handler of the library with XLA, and the in-place call that
-    forwards to them (``csrc/in_place.cpp``), once per process."""
+    """Registers every FFI handler of the library with XLA (once per process)."""
     import jax
 
     lib = library()
-    for name in (*ffi_target_names(), IN_PLACE_TARGET):
+    for name in FFI_TARGETS:
         symbol = getattr(lib, _FFI_PREFIX + name)
         jax.ffi.register_ffi_target(ffi_name(name), jax.ffi.pycapsule(symbol), platform="cpu")
 
@@ -239,7 +234,7 @@ def bound_entry(
     function = getattr(library(), f"asickernels_cpu_{entry}")
     read = contiguous_data()
     nulls = [i for i, a in enumerate(inputs) if a is None]
-    allocations = [host_allocator(shape, dtype) for shape, dtype in outputs]
+    allocations = [functools.partial(host_empty, shape, dtype) for shape, dtype in outputs]
 
     def call(*arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = tuple(allocate() for allocate in allocations)
