@@ -15,6 +15,9 @@ import pytest
 
 from asickernels.kernels import registry
 
+# Test data (vendor kernels kept verbatim among them) is read by tests, never collected.
+collect_ignore = ["data"]
+
 
 def backends_under_test(op: str) -> list[str]:
     """Every backend implementing ``op`` except the reference it is checked against."""
