@@ -1,6 +1,6 @@
-"""Native CPU kernels: C++ (``csrc/``) built with the system compiler at first use
-(``-O3 -march=native``: an AVX-512 VNNI int8 microkernel where the CPU has it, portable
-loops elsewhere) and cached by content.
+"""Native CPU kernels: C++ (``csrc/``) compiled when the package is built, once per
+instruction-set level (x86-64 baseline, AVX2, AVX-512 with VNNI: an AVX-512 VNNI int8
+microkernel, portable loops below it), the best level the CPU has chosen at load time.
 
 Each kernel has two entry points over the same compiled library: a JAX implementation
 through XLA's FFI (works under ``jit``, ``vmap`` and ``grad``) and a host twin taking and
@@ -10,7 +10,7 @@ float32 and float64 are computed in their own precision (NMS decides in float64 
 
 from __future__ import annotations
 
-from asickernels.backends.cpu import _library, in_place
+from asickernels.backends.cpu import _library
 from asickernels.kernels.registry import Availability, Backend
 
 
@@ -18,9 +18,14 @@ def _probe() -> Availability:
     reason = _library.unavailable_reason()
     if reason is not None:
         return Availability(
-            "missing", reason, install_hint="install g++ (or set $CXX to a C++17 compiler)"
+            "missing",
+            reason,
+            install_hint="install asickernels from a wheel, or `pip install -e .`",
         )
-    return Availability("native", f"C++ kernels built with {_library.compiler_name()}")
+    level = _library.isa_level()
+    return Availability(
+        "native", f"C++ kernels, {level} level (int8: {_library.int8_matmul_path()})"
+    )
 
 
 BACKEND = Backend(
@@ -29,7 +34,6 @@ BACKEND = Backend(
     probe=_probe,
     description="native C++ CPU kernels through XLA's FFI (and numpy for eager host calls)",
     platforms=("cpu",),
-    numpy_route=in_place.numpy_route,
 )
 
 __all__ = ["BACKEND"]

@@ -1,6 +1,5 @@
 // Every XLA FFI handler of the library (xla_ffi.cpp), as X(name) for the symbol
-// asickernels_cpu_ffi_<name>: what Python registers with XLA (asickernels_cpu_ffi_target_name)
-// and what an in-place call may forward to (in_place.cpp).
+// asickernels_cpu_ffi_<name>: what Python registers with XLA (asickernels_cpu_ffi_target_name).
 #pragma once
 
 #define AK_FFI_BOX_TARGETS(X, kind)                                                  \
