@@ -52,4 +52,4 @@ test: lint test-main test-torch-xla
 # The package as pip users get it (.ci/package): sdist, manylinux wheel, and the wheel in
 # fresh environments with no compiler, an unwritable home and the oldest allowed versions.
 package:
-	.ci/package
+	PYTHON=$(PYTHON) .ci/package

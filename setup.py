@@ -32,8 +32,6 @@ FLAGS = (
     "-std=c++17", "-O3", "-pthread", "-Wall", "-Wextra", "-ffp-contract=off", "-g0",
     "-fno-wrapv",
 )  # fmt: skip
-# libstdc++ linked in and hidden: the wheel then runs beside any libstdc++ (auditwheel).
-LINK_FLAGS = ("-pthread", "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL")
 
 
 def levels() -> dict[str, tuple[str, ...]]:
@@ -71,7 +69,7 @@ setup(
             "asickernels.backends.cpu._kernels",
             sources=[str(CSRC / name) for name in COMMON_SOURCES],
             depends=[str(path) for path in sorted([*CSRC.glob("*.h"), *CSRC.glob("*.inc")])],
-            extra_link_args=list(LINK_FLAGS),
+            extra_link_args=["-pthread"],
             language="c++",
             py_limited_api=True,
         )
