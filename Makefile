@@ -10,9 +10,12 @@ TX_STAMP := $(TX_VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
-.PHONY: run test lint test-main test-torch-xla
+# The cpu backend's C++, built in place by the editable install (setup.py).
+NATIVE := setup.py $(wildcard asickernels/backends/cpu/csrc/*)
 
-$(STAMP): pyproject.toml
+.PHONY: run test lint test-main test-torch-xla package
+
+$(STAMP): pyproject.toml $(NATIVE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[tpu,test,bench]'
@@ -23,8 +26,8 @@ run: $(STAMP)
 	$(PY) -m asickernels run
 
 lint: $(STAMP)
-	$(PY) -m ruff check asickernels tests benchmarks
-	$(PY) -m ruff format --check asickernels tests benchmarks
+	$(PY) -m ruff check asickernels tests benchmarks setup.py
+	$(PY) -m ruff format --check asickernels tests benchmarks setup.py
 	$(PY) -m mypy asickernels
 
 # The torch_xla environment first: a few main-tier tests run vendor code that imports
@@ -32,11 +35,10 @@ lint: $(STAMP)
 test-main: $(STAMP) $(TX_STAMP)
 	$(PY) -m pytest -m "slow or not slow"
 
-$(TX_STAMP): requirements-torch-xla.txt pyproject.toml
+$(TX_STAMP): requirements-torch-xla.txt pyproject.toml $(NATIVE)
 	test -x $(TX_PY) || $(PYTHON) -m venv $(TX_VENV)
 	$(TX_PY) -m pip install --quiet --upgrade pip
 	$(TX_PY) -m pip install --quiet -r requirements-torch-xla.txt
-	$(TX_PY) -m pip install --quiet -e . --no-deps
 	touch $(TX_STAMP)
 
 # The PyTorch frontend, the SPMD wrappers and the conformance suite on torch_xla + jax 0.7.1.
@@ -46,3 +48,8 @@ test-torch-xla: $(TX_STAMP)
 		tests/test_torchvision_compat.py
 
 test: lint test-main test-torch-xla
+
+# The package as pip users get it (.ci/package): sdist, manylinux wheel, and the wheel in
+# fresh environments with no compiler, an unwritable home and the oldest allowed versions.
+package:
+	PYTHON=$(PYTHON) .ci/package

@@ -1,11 +1,14 @@
-"""Builds C++ sources into a shared library cached by content, on the machine that runs it.
+"""Builds C++ sources into a shared library cached by content, on the machine that runs it:
+what is compiled at run time (GpSimd operators through the host shim, sanitizer builds for
+tests; the ``cpu`` backend's library comes built with the package).
 
 The cache key covers the sources and headers, the compiler and its version, the flags, and
 the CPU model and feature flags (builds use ``-march=native`` where the compiler takes it),
 so a changed file, compiler or machine gets a fresh build and an unchanged one is reused.
-Libraries live under ``$XDG_CACHE_HOME/asickernels`` (else ``~/.cache/asickernels``).
-Several processes may build at once: each compiles to a temporary file and renames it into
-place atomically.
+Libraries live under ``$ASICKERNELS_CACHE_DIR``, else ``$XDG_CACHE_HOME/asickernels`` (else
+``~/.cache/asickernels``); where that cannot be written, in a private temporary folder for
+the process, with a warning. Several processes may build at once: each compiles to a
+temporary file and renames it into place atomically.
 """
 
 from __future__ import annotations
@@ -17,10 +20,16 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 BUILD_TIMEOUT_SECONDS = 600
+CACHE_ENV = "ASICKERNELS_CACHE_DIR"
+#: Looked for in this order on PATH when ``$CXX`` is not set.
+COMPILERS = ("g++", "c++", "clang++")
+# What a working compiler must get through: the C++17 standard library.
+_PROBE_SOURCE = "#include <vector>\nint main() { return std::vector<int>(1).front(); }\n"
 # Any finding aborts the process (UBSan would otherwise print and continue).
 SANITIZER_FLAGS = (
     "-O1",
@@ -35,21 +44,84 @@ class NativeBuildError(RuntimeError):
     """No C++ compiler, or the build failed (the message has the command and its output)."""
 
 
+class NativeBuildWarning(RuntimeWarning):
+    """A compiler that does not work, or a cache folder that cannot be written."""
+
+
 def compiler() -> str | None:
-    """Path of the C++ compiler: ``$CXX`` if set, else ``g++``; None when not found."""
-    return shutil.which(os.environ.get("CXX") or "g++")
+    """Path of a working C++ compiler: ``$CXX`` if set, else the first of :data:`COMPILERS`
+    on PATH that works; None when there is none. A compiler that is found but fails a
+    one-line C++17 build is skipped with one :class:`NativeBuildWarning`."""
+    explicit = os.environ.get("CXX")
+    for name in (explicit,) if explicit else COMPILERS:
+        path = shutil.which(name)
+        if path is not None and _works(path):
+            return path
+    return None
+
+
+@functools.cache
+def _works(cxx: str) -> bool:
+    """Whether ``cxx`` compiles a C++17 program using the standard library (once per process;
+    a failure warns)."""
+    try:
+        result = subprocess.run(
+            [cxx, "-std=c++17", "-x", "c++", "-fsyntax-only", "-"],
+            input=_PROBE_SOURCE, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as error:
+        problem = str(error)
+    else:
+        if result.returncode == 0:
+            return True
+        problem = (result.stderr or result.stdout).strip()[-500:] or f"exit {result.returncode}"
+    warnings.warn(
+        f"the C++ compiler {cxx} does not work, so it is not used: {problem}",
+        NativeBuildWarning,
+        stacklevel=3,
+    )
+    return False
 
 
 def require_compiler(what: str) -> str:
     cxx = compiler()
     if cxx is None:
-        raise NativeBuildError(f"no C++ compiler to build {what}: install g++ or set $CXX")
+        raise NativeBuildError(
+            f"no working C++ compiler to build {what}: install g++ (or set $CXX)"
+        )
     return cxx
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "asickernels"
+    """The folder builds are cached in (created): ``$ASICKERNELS_CACHE_DIR``, else the XDG
+    cache's ``asickernels``; where that cannot be created or written, a private temporary
+    folder for this process (with one :class:`NativeBuildWarning`)."""
+    try:
+        configured = os.environ.get(CACHE_ENV)
+        if configured:
+            wanted = Path(configured)
+        else:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+            wanted = Path(base) / "asickernels"
+        wanted.mkdir(parents=True, exist_ok=True)
+        if os.access(wanted, os.W_OK | os.X_OK):
+            return wanted
+        problem = f"{wanted} is not writable"
+    except (OSError, RuntimeError) as error:  # RuntimeError: no home directory
+        problem = str(error)
+    return _temporary_cache(problem)
+
+
+@functools.cache
+def _temporary_cache(problem: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="asickernels-cache-"))
+    warnings.warn(
+        f"no writable build cache ({problem}): building in {folder} for this process only; "
+        f"set {CACHE_ENV} to a writable folder to keep builds",
+        NativeBuildWarning,
+        stacklevel=3,
+    )
+    return folder
 
 
 @functools.cache
@@ -126,7 +198,6 @@ def build(
     target = cache_dir() / f"{name}-{key}{'-sanitized' if sanitize else ''}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f"{target.stem}.", suffix=".tmp", dir=target.parent)
     os.close(handle)
     command = [cxx, *all_flags]

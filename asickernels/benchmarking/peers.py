@@ -112,8 +112,7 @@ def _torchvision_probe() -> Availability:
         return Availability(
             "missing",
             f"torchvision does not import here ({error})",
-            "it is in the torch_xla environment (requirements-torch-xla.txt); or pip install "
-            "torch torchvision",
+            "pip install 'asickernels[torch]' (torch and torchvision)",
         )
     return Availability(
         "native", f"torchvision {torchvision.__version__}, torch {torch.__version__}, CPU"

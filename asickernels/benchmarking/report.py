@@ -250,7 +250,7 @@ def document(
     doc = {
         "schema": schema.SCHEMA,
         "command": command,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),
         "settings": settings_json(settings) if settings is not None else None,

@@ -1,6 +1,6 @@
-"""Native CPU kernels: C++ (``csrc/``) built with the system compiler at first use
-(``-O3 -march=native``: an AVX-512 VNNI int8 microkernel where the CPU has it, portable
-loops elsewhere) and cached by content.
+"""Native CPU kernels: C++ (``csrc/``) compiled when the package is built, once per
+instruction-set level (x86-64 baseline, AVX2, AVX-512 with VNNI: an AVX-512 VNNI int8
+microkernel, portable loops below it), the best level the CPU has chosen at load time.
 
 Each kernel has two entry points over the same compiled library: a JAX implementation
 through XLA's FFI (works under ``jit``, ``vmap`` and ``grad``) and a host twin taking and
@@ -18,9 +18,14 @@ def _probe() -> Availability:
     reason = _library.unavailable_reason()
     if reason is not None:
         return Availability(
-            "missing", reason, install_hint="install g++ (or set $CXX to a C++17 compiler)"
+            "missing",
+            reason,
+            install_hint="install asickernels from a wheel, or `pip install -e .`",
         )
-    return Availability("native", f"C++ kernels built with {_library.compiler_name()}")
+    level = _library.isa_level()
+    return Availability(
+        "native", f"C++ kernels, {level} level (int8: {_library.int8_matmul_path()})"
+    )
 
 
 BACKEND = Backend(

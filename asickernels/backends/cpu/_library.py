@@ -1,10 +1,17 @@
-"""The native CPU library: building and loading it, its ctypes signatures (host path) and
-its XLA FFI targets (JAX path)."""
+"""The native CPU library: loading it, its ctypes signatures (host path) and its XLA FFI
+targets (JAX path).
+
+The library (``_kernels*.so`` beside this file) is built with the package (``setup.py``:
+a wheel carries it; an editable install builds it in place), so nothing is compiled at run
+time. The AddressSanitizer + UBSan build of the same sources, for tests, is compiled on
+demand (``SANITIZE_ENV``).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.machinery
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,75 +22,81 @@ import numpy as np
 from asickernels import _native_build
 from asickernels.kernels.declaration import host_empty
 
-_CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(sorted(_CSRC.glob("*.cpp")))
-HEADERS = tuple(sorted(_CSRC.glob("*.h")))
-# FMA contraction off: NMS must round exactly as the float64 reference does.
-_FLAGS = (
+_HERE = Path(__file__).parent
+_CSRC = _HERE / "csrc"
+# "1" selects the AddressSanitizer + UBSan build (one instruction-set level, compiled here);
+# the process needs LD_PRELOAD set to sanitizer_preload() (see tests/test_cpu_backend.py).
+SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
+# The sanitized build's flags; setup.py has the release build's.
+_SANITIZE_FLAGS = (
     "-std=c++17", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-ffp-contract=off",
     "-DNDEBUG",
 )  # fmt: skip
-# "1" selects the AddressSanitizer + UBSan build; the process needs LD_PRELOAD set to
-# sanitizer_preload() (see tests/test_cpu_backend.py).
-SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 
-_BOX_TARGETS = tuple(
-    f"{kind}_box_metric{part}_{suffix}"
-    for kind, parts in (("paired", ("", "_vjp", "_vjp_first")), ("pairwise", ("", "_vjp")))
-    for part in parts
-    for suffix in ("f32", "f64")
-)
-FFI_TARGETS = _BOX_TARGETS + (
-    "nms_f32", "nms_f64", "batched_nms_f32", "batched_nms_f64", "int8_matmul",
-    "int8_matmul_scaled_f32", "int8_matmul_scaled_f64",
-)  # fmt: skip
 _FFI_PREFIX = "asickernels_cpu_ffi_"
 _ERRORS = {1: "unsupported dtype or metric code", 2: "out of memory"}
+#: The kernels' instruction-set levels, lowest first (``csrc/dispatch.cpp``).
+ISA_LEVELS = ("baseline", "avx2", "avx512")
 
 FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 OUT_KIND = {np.dtype(np.int32): 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 
 
 class NativeCpuError(RuntimeError):
-    """A native CPU kernel failed (out of memory) or the library could not be built."""
+    """A native CPU kernel failed (out of memory), or the library is missing."""
 
 
-def compiler_name() -> str:
-    return _native_build.compiler() or "no compiler"
-
-
-def unavailable_reason() -> str | None:
-    """None when the library can be built here, else why not (cheap: builds nothing)."""
-    if _native_build.compiler() is None:
-        return "no C++ compiler to build the native CPU kernels ($CXX or g++ not found)"
-    try:
-        import jax.ffi  # noqa: F401
-    except ImportError as error:
-        return f"this JAX has no jax.ffi: {error}"
+def built_library() -> Path | None:
+    """The library built with the package, None when there is none (a source checkout
+    that was not built: ``pip install -e .``)."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = _HERE / f"_kernels{suffix}"
+        if path.is_file():
+            return path
     return None
 
 
-def _ffi_include_dir() -> Path:
-    import jax
+def unavailable_reason() -> str | None:
+    """None when the library is here and loads, else why not (loads it: no compilation)."""
+    if os.environ.get(SANITIZE_ENV) == "1":
+        if not _CSRC.is_dir():
+            return f"{SANITIZE_ENV}=1 builds from the C++ sources of a source checkout"
+        if _native_build.compiler() is None:
+            return f"{SANITIZE_ENV}=1 needs a C++ compiler ($CXX, g++, c++ or clang++)"
+        return None
+    if built_library() is None:
+        return (
+            f"the native CPU library is not built in {_HERE} (a source checkout: "
+            "run `pip install -e .` to build it)"
+        )
+    try:
+        import jax.ffi  # noqa: F401
 
-    return Path(jax.ffi.include_dir())
+        library()
+    except (ImportError, OSError, NativeCpuError) as error:
+        return f"the native CPU library does not load: {error}"
+    return None
 
 
 def sanitizer_preload() -> str:
     return _native_build.sanitizer_preload(_native_build.require_compiler("sanitizer preload"))
 
 
-def library_path(sanitize: bool = False) -> Path:
-    """Builds (or finds in the cache) the library for this JAX's FFI headers."""
-    include = _ffi_include_dir()
+def sanitized_library_path() -> Path:
+    """Builds (or finds in the cache) the sanitized library for this JAX's FFI headers."""
+    import jax
+
+    include = Path(jax.ffi.include_dir())
+    sources = sorted(_CSRC.glob("*.cpp"))
+    headers = [*_CSRC.glob("*.h"), *_CSRC.glob("*.inc")]
     try:
         return _native_build.build(
             "cpu-kernels",
-            SOURCES,
-            flags=_FLAGS,
-            headers=(*HEADERS, *sorted((include / "xla" / "ffi" / "api").glob("*.h"))),
+            sources,
+            flags=_SANITIZE_FLAGS,
+            headers=(*headers, *sorted((include / "xla" / "ffi" / "api").glob("*.h"))),
             include_dirs=(include,),
-            sanitize=sanitize,
+            sanitize=True,
         )
     except _native_build.NativeBuildError as error:
         raise NativeCpuError(str(error)) from None
@@ -95,14 +108,17 @@ def _pointer_args(count: int) -> list[Any]:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The loaded library (built on first use), its thread count set to the CPU count."""
+    """The loaded library, its thread count set to the CPU count."""
     sanitize = os.environ.get(SANITIZE_ENV) == "1"
     if sanitize and "libasan" not in os.environ.get("LD_PRELOAD", ""):
         raise NativeCpuError(
             "the sanitized native CPU build needs the ASan runtime preloaded: run Python with "
             f"LD_PRELOAD='{sanitizer_preload()}' ASAN_OPTIONS=detect_leaks=0"
         )
-    lib = ctypes.CDLL(str(library_path(sanitize)))
+    path = sanitized_library_path() if sanitize else built_library()
+    if path is None:
+        raise NativeCpuError(str(unavailable_reason()))
+    lib = ctypes.CDLL(str(path))
     i64, c_int, c_double = ctypes.c_int64, ctypes.c_int, ctypes.c_double
     lib.asickernels_cpu_paired_box_metric.argtypes = [c_int, c_int, *_pointer_args(2), i64,
                                                       ctypes.c_void_p]  # fmt: skip
@@ -122,6 +138,7 @@ def library() -> ctypes.CDLL:
         *_pointer_args(2), i64, i64, i64, *_pointer_args(2), c_int, ctypes.c_void_p
     ]  # fmt: skip
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
+    lib.asickernels_cpu_use_isa_level.argtypes = [c_int]
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
     lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
@@ -138,17 +155,48 @@ def check(status: int) -> None:
 
 
 def int8_matmul_path() -> str:
-    """``"avx512-vnni"`` or ``"portable"``: the int8 microkernel this machine's build has."""
+    """``"avx512-vnni"`` or ``"portable"``: the int8 microkernel that runs here."""
     return str(library().asickernels_cpu_int8_matmul_path().decode())
+
+
+def isa_level() -> str:
+    """The instruction-set level the kernels run (one of :data:`ISA_LEVELS`): the best this
+    CPU has, unless lowered with :func:`use_isa_level`."""
+    return ISA_LEVELS[library().asickernels_cpu_isa_level()]
+
+
+def best_isa_level() -> str:
+    """The best instruction-set level of this build that this CPU runs."""
+    return ISA_LEVELS[library().asickernels_cpu_best_isa_level()]
+
+
+def use_isa_level(level: str) -> str:
+    """Runs the kernels at ``level`` (one of :data:`ISA_LEVELS`), or at the best this CPU
+    has if that is lower, from now on; returns the level in effect. For tests: every level
+    computes the same results."""
+    if level not in ISA_LEVELS:
+        raise ValueError(f"level must be one of {ISA_LEVELS}, got {level!r}")
+    return ISA_LEVELS[library().asickernels_cpu_use_isa_level(ISA_LEVELS.index(level))]
+
+
+@functools.cache
+def ffi_target_names() -> tuple[str, ...]:
+    """The library's FFI handlers (``csrc/ffi_targets.h``), by their names without
+    :data:`_FFI_PREFIX`."""
+    name_of = library().asickernels_cpu_ffi_target_name
+    names: list[str] = []
+    while (name := name_of(len(names))) is not None:
+        names.append(name.decode())
+    return tuple(names)
 
 
 @functools.cache
 def ffi_targets() -> None:
-    """Registers every FFI handler of the library with XLA (once per process)."""
+    """Registers every FFI handler of the library with XLA, once per process."""
     import jax
 
     lib = library()
-    for name in FFI_TARGETS:
+    for name in ffi_target_names():
         symbol = getattr(lib, _FFI_PREFIX + name)
         jax.ffi.register_ffi_target(ffi_name(name), jax.ffi.pycapsule(symbol), platform="cpu")
 

@@ -12,7 +12,7 @@
 
 #include "kernels.h"
 
-namespace asickernels_cpu {
+namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
 // The per-pair functions must be inlined into the loops for those to vectorize; GCC's own
@@ -426,4 +426,4 @@ void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
 AK_BOX_METRICS(float)
 AK_BOX_METRICS(double)
 
-}  // namespace asickernels_cpu
+}  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA

@@ -75,6 +75,19 @@ void asickernels_cpu_set_max_threads(int threads) { asickernels_cpu::set_max_thr
 
 const char* asickernels_cpu_int8_matmul_path() { return asickernels_cpu::int8_matmul_path(); }
 
+// Instruction-set levels: 0 = baseline, 1 = avx2, 2 = avx512 (asickernels_cpu::IsaLevel).
+int asickernels_cpu_best_isa_level() { return static_cast<int>(asickernels_cpu::best_isa_level()); }
+
+int asickernels_cpu_isa_level() { return static_cast<int>(asickernels_cpu::isa_level()); }
+
+// Runs the kernels at min(level, best) from now on; returns the level in effect, or -1 for
+// an unknown level.
+int asickernels_cpu_use_isa_level(int level) {
+  if (level < 0 || level > 2) return -1;
+  asickernels_cpu::use_isa_level(static_cast<asickernels_cpu::IsaLevel>(level));
+  return asickernels_cpu_isa_level();
+}
+
 int asickernels_cpu_sanitized() {
 #if defined(__SANITIZE_ADDRESS__)
   return 1;

@@ -22,7 +22,7 @@
 #define ASICKERNELS_CPU_VNNI 1
 #endif
 
-namespace asickernels_cpu {
+namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
 // Below this many multiply-adds the call stays on one thread.
@@ -299,4 +299,4 @@ const char* int8_matmul_path() {
 #endif
 }
 
-}  // namespace asickernels_cpu
+}  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA

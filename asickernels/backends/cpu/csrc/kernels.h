@@ -1,6 +1,11 @@
 // The native CPU kernels of asickernels, shared by the XLA FFI handlers (xla_ffi.cpp) and
 // the C entry points the host (numpy) path calls through ctypes (host_api.cpp).
 //
+// The kernel sources (box_iou.cpp, nms.cpp, int8_matmul.cpp) are compiled once per
+// instruction-set level (setup.py), each into the namespace asickernels_cpu::<level> that
+// ASICKERNELS_CPU_ISA names; dispatch.cpp defines the asickernels_cpu:: kernels, which run
+// the best level this CPU has. A build of one level (the sanitizer build) has the baseline.
+//
 // Semantics are asickernels/reference.py's. T is float or double: every kernel computes in
 // its input's precision, except NMS, whose IoU decisions are always made in double, so that
 // float32 boxes are decided exactly as the float64 reference decides them.
@@ -25,49 +30,40 @@ enum class BoxMetric : int64_t { kIou = 0, kGiou = 1, kDiou = 2, kCiou = 3 };
 
 inline bool is_box_metric(int64_t code) { return code >= 0 && code <= 3; }
 
-// metric [P] of paired boxes [P, 4].
-template <typename T>
-void paired_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t pairs,
-                       T* out);
-
-// Gradient of sum(cotangent * metric) with respect to boxes1 and boxes2 ([P, 4] each), CIoU's
-// alpha held constant; d_boxes2 may be nullptr when only boxes1's gradient is wanted.
-template <typename T>
-void paired_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
-                           const T* cotangent, int64_t pairs, T* d_boxes1, T* d_boxes2);
-
-// metric [B, N, M] of every pair of boxes1 [B, N, 4] and boxes2 [B, M, 4].
-template <typename T>
-void pairwise_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t batch,
-                         int64_t n, int64_t m, T* out);
-
-// Gradient of sum(cotangent [B, N, M] * metric) with respect to boxes1 and boxes2.
-template <typename T>
-void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
-                             const T* cotangent, int64_t batch, int64_t n, int64_t m,
-                             T* d_boxes1, T* d_boxes2);
-
 struct NmsParams {
   double iou_threshold;
   int64_t max_output_size;
   double score_threshold;  // -inf for none
 };
 
-// Greedy NMS per image: boxes [B, N, 4], scores [B, N], categories [B, N] or nullptr ->
-// indices [B, max_output_size] (padded with -1), num_valid [B].
-template <typename T>
-void nms(const T* boxes, const T* scores, const int32_t* categories, int64_t batch, int64_t n,
-         const NmsParams& params, int32_t* indices, int32_t* num_valid);
-
 enum class MatmulOut { kInt32 = 0, kFloat32 = 1, kFloat64 = 2 };
 
-// x [M, K] int8 @ y [K, N] int8, exact int32 accumulation. kInt32 writes int32 and ignores
-// the scales; the float outputs write acc * x_scale[m] * y_scale[n] computed in double and
-// rounded once (scales may be nullptr: 1).
-void int8_matmul(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t n,
-                 const float* x_scale, const float* y_scale, MatmulOut out_kind, void* out);
+// Instruction-set levels of the kernels, lowest first (dispatch.cpp): baseline (the
+// compiler's default target), avx2 (x86-64-v3), avx512 (x86-64-v4 with AVX-512 VNNI).
+enum class IsaLevel : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+// The best level of this build that this CPU runs.
+IsaLevel best_isa_level();
+// The level the kernels run: best_isa_level() unless lowered by use_isa_level.
+IsaLevel isa_level();
+// Runs the kernels at min(level, best_isa_level()) from now on (to test a lower level).
+void use_isa_level(IsaLevel level);
 
-// "avx512-vnni" or "portable": which int8 microkernel this build has.
-const char* int8_matmul_path();
+}  // namespace asickernels_cpu
 
+#ifndef ASICKERNELS_CPU_ISA
+#define ASICKERNELS_CPU_ISA baseline
+#endif
+
+// The kernels: the dispatching entry points, then each level's.
+namespace asickernels_cpu {
+#include "kernel_api.inc"
+namespace baseline {
+#include "kernel_api.inc"
+}  // namespace baseline
+namespace avx2 {
+#include "kernel_api.inc"
+}  // namespace avx2
+namespace avx512 {
+#include "kernel_api.inc"
+}  // namespace avx512
 }  // namespace asickernels_cpu

@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-namespace asickernels_cpu {
+namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
 // Kept boxes are checked in chunks of this many lanes, one vector of doubles on AVX-512.
@@ -310,4 +310,4 @@ template void nms<float>(const float*, const float*, const int32_t*, int64_t, in
 template void nms<double>(const double*, const double*, const int32_t*, int64_t, int64_t,
                           const NmsParams&, int32_t*, int32_t*);
 
-}  // namespace asickernels_cpu
+}  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <new>
 
+#include "ffi_targets.h"
 #include "kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -258,3 +259,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_int8_matmul, Int8Matmul,
                                     .Ret<ffi::Buffer<out_type>>());
 AK_MATMUL_SCALED(asickernels_cpu_ffi_int8_matmul_scaled_f32, ffi::F32)
 AK_MATMUL_SCALED(asickernels_cpu_ffi_int8_matmul_scaled_f64, ffi::F64)
+
+#define AK_TARGET_NAME(name) #name,
+constexpr const char* kTargetNames[] = {AK_FFI_TARGETS(AK_TARGET_NAME)};
+#undef AK_TARGET_NAME
+
+// The name of handler i of ffi_targets.h (without the asickernels_cpu_ffi_ prefix), null
+// past the last: the list Python registers.
+extern "C" const char* asickernels_cpu_ffi_target_name(int64_t i) {
+  constexpr int64_t count = sizeof(kTargetNames) / sizeof(kTargetNames[0]);
+  return i >= 0 && i < count ? kTargetNames[i] : nullptr;
+}
