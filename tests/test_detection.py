@@ -1,0 +1,154 @@
+"""torchvision's detection models made :func:`asickernels.torch.detection.xla_ready`: on
+CPU their trimmed detections are torchvision's; on the torch_xla CPU device a forward pass
+runs with no CPU fallback, compiles one graph per input shape after warm-up, and detects
+what CPU torchvision detects. Small random-weight models (MobileNetV3-small FPN backbones,
+fixed seeds, score thresholds 0 so that NMS has work). Runs in the torch_xla environment
+(``make test-torch-xla``); skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from torchvision.models.detection import FCOS, RetinaNet  # noqa: E402
+from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
+from torchvision.models.detection.backbone_utils import mobilenet_backbone  # noqa: E402
+
+from asickernels.torch import detection  # noqa: E402
+
+NUM_CLASSES = 5
+SIZES = dict(min_size=160, max_size=320)
+# XLA's convolutions sum in another order than CPU torch's: scores move by ~1e-7 and
+# boxes by ~1e-5 px (measured: <= 2e-7 and 3e-5 px here); the tolerances leave room for
+# other CPUs' vector widths while still catching any wrong pick (boxes apart by pixels).
+SCORE_TOL = 1e-5
+BOX_TOL = 1e-3
+
+
+def _backbone():
+    return mobilenet_backbone(
+        backbone_name="mobilenet_v3_small", weights=None, fpn=True, trainable_layers=6
+    )
+
+
+def _retinanet():
+    anchors = AnchorGenerator(
+        sizes=((32, 40, 50), (64, 80, 101), (128, 161, 203)),
+        aspect_ratios=((0.5, 1.0, 2.0),) * 3,
+    )
+    return RetinaNet(_backbone(), NUM_CLASSES, anchor_generator=anchors, score_thresh=0.0, **SIZES)
+
+
+def _fcos():
+    anchors = AnchorGenerator(sizes=((8,), (16,), (32,)), aspect_ratios=((1.0,),) * 3)
+    return FCOS(_backbone(), NUM_CLASSES, anchor_generator=anchors, score_thresh=0.0, **SIZES)
+
+
+MODELS = {"retinanet": _retinanet, "fcos": _fcos}
+HEAD_STD = {"retinanet": 0.5, "fcos": 0.1}
+
+
+def _model(kind):
+    """``kind`` with its heads re-drawn: torchvision's initialization (std 0.01, a prior
+    bias) gives random features nearly equal float32 scores, and which of tied candidates
+    survive a top-k or the ``detections_per_img`` cut is implementation-defined (in
+    torchvision too). These weights (zero biases, the std per model) space the kept scores
+    >= 2.8e-6 apart, well beyond XLA's ~1e-7 deviations, so every cut is decided."""
+    torch.manual_seed(0)
+    model = MODELS[kind]().eval()
+    with torch.no_grad():
+        for name, parameter in model.head.named_parameters():
+            if name.endswith("weight"):
+                parameter.normal_(std=HEAD_STD[kind])
+            else:
+                parameter.zero_()
+    return model
+
+
+def _images():
+    generator = torch.Generator().manual_seed(1)
+    return [
+        torch.rand(3, 160, 200, generator=generator),
+        torch.rand(3, 180, 160, generator=generator),
+    ]
+
+
+def _rows(image):
+    """An image's detections as float64 rows (score, label, x1, y1, x2, y2)."""
+    return torch.cat(
+        [image["scores"][:, None], image["labels"][:, None], image["boxes"]], 1
+    ).double()
+
+
+def assert_same_detections(expected, actual, score_tol=0.0, box_tol=0.0):
+    """Per image: as many detections, each matched one to one with a detection of the same
+    label whose score and box are within the tolerances (any order among equal or, within
+    the tolerance, near-equal scores)."""
+    assert len(expected) == len(actual)
+    for want, got in zip(expected, actual, strict=True):
+        assert set(got) == {"boxes", "scores", "labels"}
+        a, b = _rows(want), _rows(got)
+        assert a.shape == b.shape
+        close = (
+            (a[:, None, 1] == b[None, :, 1])
+            & ((a[:, None, 0] - b[None, :, 0]).abs() <= score_tol)
+            & ((a[:, None, 2:] - b[None, :, 2:]).abs().amax(-1) <= box_tol)
+        )
+        free = torch.ones(len(b), dtype=torch.bool)
+        for row in range(len(a)):
+            candidates = torch.nonzero(close[row] & free).flatten()
+            assert len(candidates) > 0, f"no match for detection {a[row].tolist()}"
+            free[candidates[0]] = False
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_cpu_detections_are_torchvisions(kind):
+    model = _model(kind)
+    images = _images()
+    with torch.no_grad():
+        expected = model(images)
+        padded = detection.xla_ready(copy.deepcopy(model))(images)
+    for image in padded:
+        assert image["boxes"].shape == (model.detections_per_img, 4)
+        count = int(image["num_detections"])
+        assert (image["labels"][count:] == -1).all() and (image["scores"][count:] == 0).all()
+    assert_same_detections(expected, detection.trim(padded))
+
+
+def _compilations(metrics):
+    data = metrics.metric_data("CompileTime")
+    return 0 if data is None else data[0]
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_xla_one_graph_without_fallbacks(kind):
+    torch_xla = pytest.importorskip("torch_xla")
+    metrics = pytest.importorskip("torch_xla.debug.metrics")
+    device = torch_xla.device()
+    model = _model(kind)
+    images = _images()
+    ready = detection.xla_ready(copy.deepcopy(model)).to(device)
+    torch_xla.sync()
+    with torch.no_grad():
+        expected = model(images)
+        runs = []
+        for batch in (images, [image.flip(-1) for image in images]):
+            metrics.clear_all()
+            runs.append(detection.trim(ready([image.to(device) for image in batch])))
+            # A CPU fallback counts as aten::<op> (torchvision::<op> for its custom ops).
+            fallbacks = [
+                n for n in metrics.counter_names() if "::" in n and not n.startswith("xla::")
+            ]
+            assert fallbacks == []
+            compilations = _compilations(metrics)
+        expected_flipped = model([image.flip(-1) for image in images])
+    assert compilations == 0  # new data of the same shape: the first run's graph
+    assert_same_detections(expected, runs[0], SCORE_TOL, BOX_TOL)
+    assert_same_detections(expected_flipped, runs[1], SCORE_TOL, BOX_TOL)
