@@ -17,67 +17,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from torchvision.models.detection import FCOS, RetinaNet  # noqa: E402
-from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
-from torchvision.models.detection.backbone_utils import mobilenet_backbone  # noqa: E402
-
+from asickernels.testing import detection_models  # noqa: E402
 from asickernels.torch import detection  # noqa: E402
 
-NUM_CLASSES = 5
-SIZES = dict(min_size=160, max_size=320)
 # XLA's convolutions sum in another order than CPU torch's: scores move by ~1e-7 and
 # boxes by ~1e-5 px (measured: <= 2e-7 and 3e-5 px here); the tolerances leave room for
 # other CPUs' vector widths while still catching any wrong pick (boxes apart by pixels).
 SCORE_TOL = 1e-5
 BOX_TOL = 1e-3
-
-
-def _backbone():
-    return mobilenet_backbone(
-        backbone_name="mobilenet_v3_small", weights=None, fpn=True, trainable_layers=6
-    )
-
-
-def _retinanet():
-    anchors = AnchorGenerator(
-        sizes=((32, 40, 50), (64, 80, 101), (128, 161, 203)),
-        aspect_ratios=((0.5, 1.0, 2.0),) * 3,
-    )
-    return RetinaNet(_backbone(), NUM_CLASSES, anchor_generator=anchors, score_thresh=0.0, **SIZES)
-
-
-def _fcos():
-    anchors = AnchorGenerator(sizes=((8,), (16,), (32,)), aspect_ratios=((1.0,),) * 3)
-    return FCOS(_backbone(), NUM_CLASSES, anchor_generator=anchors, score_thresh=0.0, **SIZES)
-
-
-MODELS = {"retinanet": _retinanet, "fcos": _fcos}
-HEAD_STD = {"retinanet": 0.5, "fcos": 0.1}
-
-
-def _model(kind):
-    """``kind`` with its heads re-drawn: torchvision's initialization (std 0.01, a prior
-    bias) gives random features nearly equal float32 scores, and which of tied candidates
-    survive a top-k or the ``detections_per_img`` cut is implementation-defined (in
-    torchvision too). These weights (zero biases, the std per model) space the kept scores
-    >= 2.8e-6 apart, well beyond XLA's ~1e-7 deviations, so every cut is decided."""
-    torch.manual_seed(0)
-    model = MODELS[kind]().eval()
-    with torch.no_grad():
-        for name, parameter in model.head.named_parameters():
-            if name.endswith("weight"):
-                parameter.normal_(std=HEAD_STD[kind])
-            else:
-                parameter.zero_()
-    return model
-
-
-def _images():
-    generator = torch.Generator().manual_seed(1)
-    return [
-        torch.rand(3, 160, 200, generator=generator),
-        torch.rand(3, 180, 160, generator=generator),
-    ]
+MODELS = sorted(detection_models.BUILDERS)
 
 
 def _rows(image):
@@ -108,15 +56,15 @@ def assert_same_detections(expected, actual, score_tol=0.0, box_tol=0.0):
             free[candidates[0]] = False
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("kind", MODELS)
 def test_cpu_detections_are_torchvisions(kind):
-    model = _model(kind)
-    images = _images()
+    model = detection_models.model(kind)
+    images = detection_models.images()
     with torch.no_grad():
         expected = model(images)
         padded = detection.xla_ready(copy.deepcopy(model))(images)
     for image in padded:
-        assert image["boxes"].shape == (model.detections_per_img, 4)
+        assert image["boxes"].shape == (detection_models.detections_per_img(model), 4)
         count = int(image["num_detections"])
         assert (image["labels"][count:] == -1).all() and (image["scores"][count:] == 0).all()
     assert_same_detections(expected, detection.trim(padded))
@@ -127,13 +75,13 @@ def _compilations(metrics):
     return 0 if data is None else data[0]
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("kind", MODELS)
 def test_xla_one_graph_without_fallbacks(kind):
     torch_xla = pytest.importorskip("torch_xla")
     metrics = pytest.importorskip("torch_xla.debug.metrics")
     device = torch_xla.device()
-    model = _model(kind)
-    images = _images()
+    model = detection_models.model(kind)
+    images = detection_models.images()
     ready = detection.xla_ready(copy.deepcopy(model)).to(device)
     torch_xla.sync()
     with torch.no_grad():

@@ -93,3 +93,10 @@ for metric in ("diou", "ciou"):
     register(vjp, "xla", _AUTODIFF, support=FLOAT64, forward=f"{_XLA}.box_iou:{metric}")
     for name, mode in PALLAS_MODES:
         register(vjp, name, _AUTODIFF, forward=f"{_PALLAS}.box_iou:{metric}", **mode)
+
+# RoIAlign (asickernels.kernels.roi_align); Pallas TPU, cpu and NKI kernels are still to come.
+_ROI = "asickernels.kernels.roi_align"
+register("roi_align", "reference", f"{_ROI}:_reference_kernel", support=FLOAT64)
+register("roi_align_vjp", "reference", f"{_ROI}:_reference_vjp_kernel", support=FLOAT64)
+register("roi_align", "xla", f"{_XLA}.roi_align:roi_align", support=FLOAT64)
+register("roi_align_vjp", "xla", f"{_XLA}.roi_align:roi_align_vjp", support=FLOAT64)

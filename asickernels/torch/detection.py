@@ -26,12 +26,15 @@ from typing import Any
 
 import jax
 import torch
+import torchvision.ops
 from torch import Tensor
-from torchvision.models.detection import FCOS, RetinaNet
+from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+from torchvision.models.detection.roi_heads import RoIHeads
+from torchvision.models.detection.rpn import RegionProposalNetwork
 from torchvision.ops import boxes as box_ops
 
 from asickernels import detection
-from asickernels.torch import ops
+from asickernels.torch import ops, vision
 
 __all__ = ["trim", "xla_ready"]
 
@@ -71,25 +74,25 @@ def _clip(boxes: Tensor, image_shapes: Sequence[tuple[int, int]]) -> Tensor:
 
 
 def _detections(
-    model: Any,
     boxes: Tensor,
     scores: Tensor,
     labels: Tensor,
     valid: Tensor,
     *,
+    iou_threshold: float,
     max_detections: int,
+    backend: str | None,
     min_size: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`asickernels.detection.select_detections` on torch tensors (labels int64)."""
-    kept = _call(
+    out_boxes, out_scores, out_labels, count = _call(
         detection.select_detections,
         [boxes, scores, labels.to(torch.int32), valid],
-        iou_threshold=float(model.nms_thresh),
+        iou_threshold=float(iou_threshold),
         max_detections=max_detections,
         min_size=min_size,
-        backend=_nms_backend(model._asickernels_backend, boxes.device),
+        backend=_nms_backend(backend, boxes.device),
     )
-    out_boxes, out_scores, out_labels, count = kept
     return out_boxes, out_scores, out_labels.to(torch.int64), count
 
 
@@ -134,12 +137,13 @@ def _dense_postprocess(
         level_labels.append(indices % num_classes)
         level_valid.append(valid)
     out = _detections(
-        model,
         torch.cat(level_boxes, 1),
         torch.cat(level_scores, 1),
         torch.cat(level_labels, 1),
         torch.cat(level_valid, 1),
+        iou_threshold=model.nms_thresh,
         max_detections=model.detections_per_img,
+        backend=model._asickernels_backend,
     )
     return _as_dicts(*out)
 
@@ -178,8 +182,91 @@ def _fcos_postprocess(
     )
 
 
+def _filter_proposals(
+    self: RegionProposalNetwork,
+    proposals: Tensor,
+    objectness: Tensor,
+    image_shapes: list[tuple[int, int]],
+    num_anchors_per_level: list[int],
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The RPN's ``filter_proposals`` with static shapes: per level the ``pre_nms_top_n``
+    best (torchvision's own top-k), clipped, small and low-scoring boxes masked, per-level
+    NMS, ``post_nms_top_n`` proposals per image padded with the box ``(0, 0, 0, 0)`` (whose
+    refined boxes have zero size, so that the RoI heads drop them as small)."""
+    num_images = proposals.shape[0]
+    objectness = objectness.detach().reshape(num_images, -1)
+    levels = torch.cat(
+        [
+            torch.full((n,), level, dtype=torch.int64, device=proposals.device)
+            for level, n in enumerate(num_anchors_per_level)
+        ]
+    )
+    top = self._get_top_n_idx(objectness, num_anchors_per_level)
+    images = torch.arange(num_images, device=proposals.device)[:, None]
+    scores = torch.sigmoid(objectness[images, top])
+    boxes, scores, _, _ = _detections(
+        _clip(proposals[images, top], image_shapes),
+        scores,
+        levels[top],
+        scores >= self.score_thresh,
+        iou_threshold=self.nms_thresh,
+        max_detections=self.post_nms_top_n(),
+        backend=self._asickernels_backend,
+        min_size=self.min_size,
+    )
+    return list(boxes), list(scores)
+
+
+def _roi_heads_postprocess(
+    self: RoIHeads,
+    class_logits: Tensor,
+    box_regression: Tensor,
+    proposals: list[Tensor],
+    image_shapes: list[tuple[int, int]],
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The RoI heads' ``postprocess_detections`` with static shapes: every (proposal,
+    class) pair but the background's is a candidate; scores above ``score_thresh``, boxes
+    of at least 1e-2 px, per-class NMS, ``detections_per_img`` per image, padded."""
+    num_images, num_classes = len(proposals), class_logits.shape[-1]
+    per_image = (num_images, -1, num_classes)
+    boxes = self.box_coder.decode(box_regression, proposals).reshape(*per_image, 4)
+    boxes = _clip(boxes.flatten(1, 2), image_shapes).reshape(*per_image, 4)[:, :, 1:]
+    scores = torch.softmax(class_logits, -1).reshape(per_image)
+    labels = torch.arange(num_classes, device=scores.device).expand_as(scores)[:, :, 1:]
+    boxes, scores, labels = boxes.flatten(1, 2), scores[:, :, 1:].flatten(1), labels.flatten(1)
+    out_boxes, out_scores, out_labels, _ = _detections(
+        boxes,
+        scores,
+        labels,
+        scores > self.score_thresh,
+        iou_threshold=self.nms_thresh,
+        max_detections=self.detections_per_img,
+        backend=self._asickernels_backend,
+        min_size=1e-2,
+    )
+    return list(out_boxes), list(out_scores), list(out_labels)
+
+
+def _roi_heads_forward(self: RoIHeads, *args: Any, **kwargs: Any) -> Any:
+    """torchvision's ``RoIHeads.forward``, whose eval-mode detections also get their
+    ``num_detections`` (labels are -1 past it)."""
+    result, losses = type(self).forward(self, *args, **kwargs)
+    if not self.training:
+        for image in result:
+            image["num_detections"] = (image["labels"] >= 0).sum(dtype=torch.int32)
+    return result, losses
+
+
+def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[..., Any]) -> None:
+    """Binds ``methods`` to ``module`` as instance attributes (its class, and so other
+    instances, keep torchvision's code)."""
+    for name, function in methods.items():
+        setattr(module, name, types.MethodType(function, module))
+    setattr(module, "_asickernels_backend", backend)  # noqa: B010
+
+
 def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn.Module:
-    """``model`` (a torchvision RetinaNet or FCOS), with its post-processing replaced by
+    """``model`` (a torchvision RetinaNet, FCOS or Faster R-CNN), with its post-processing replaced by
     the static-shape one (in place; the model is returned).
 
     Args:
@@ -195,18 +282,33 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
     Raises:
       TypeError: ``model`` is of a kind not supported.
     """
-    postprocess: dict[type, Callable[..., Any]] = {
-        RetinaNet: _retinanet_postprocess,
-        FCOS: _fcos_postprocess,
-    }
-    for kind, function in postprocess.items():
-        if isinstance(model, kind):
-            # Instance attributes: the class (and other instances) keep torchvision's code.
-            setattr(model, "postprocess_detections", types.MethodType(function, model))  # noqa: B010
-            setattr(model, "_asickernels_backend", backend)  # noqa: B010
-            return model
+    if isinstance(model, (RetinaNet, FCOS)):
+        postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
+        _swap(model, backend, postprocess_detections=postprocess)
+        return model
+    if isinstance(model, FasterRCNN) and not (
+        model.roi_heads.has_mask() or model.roi_heads.has_keypoint()
+    ):
+        _swap(model.rpn, backend, filter_proposals=_filter_proposals)
+        _swap(
+            model.roi_heads,
+            backend,
+            postprocess_detections=_roi_heads_postprocess,
+            forward=_roi_heads_forward,
+        )
+        pool = model.roi_heads.box_roi_pool
+        if isinstance(pool, torchvision.ops.MultiScaleRoIAlign):
+            model.roi_heads.box_roi_pool = vision.MultiScaleRoIAlign(
+                pool.featmap_names,
+                pool.output_size,
+                pool.sampling_ratio,
+                canonical_scale=pool.canonical_scale,
+                canonical_level=pool.canonical_level,
+            )
+        return model
     raise TypeError(
-        "xla_ready supports torchvision's RetinaNet and FCOS, got " + type(model).__name__
+        "xla_ready supports torchvision's RetinaNet, FCOS and Faster R-CNN (not Mask or "
+        f"Keypoint R-CNN yet), got {type(model).__name__}"
     )
 
 

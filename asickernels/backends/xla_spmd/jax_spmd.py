@@ -195,7 +195,7 @@ _RULES: dict[str, Rule] = {"batch": _batch_rule, "loss": _loss_rule, "matmul": _
 _WRAPPERS = {
     op.name: sharded_wrapper(op, op.__signature__, _RULES, "a ``jax.sharding.Mesh``")
     for op in asickernels.OPS
-    if op.name != "quantize_int8"
+    if op.name != "quantize_int8" and op.partition in _RULES
 }
 globals().update(_WRAPPERS)
 __all__ = sorted(_WRAPPERS)

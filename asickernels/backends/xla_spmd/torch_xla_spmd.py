@@ -240,7 +240,7 @@ _WRAPPERS = {
         op, inspect.signature(getattr(asickernels.torch, op.name)), _RULES, "a torch_xla SPMD mesh"
     )
     for op in asickernels.OPS
-    if op.name != "quantize_int8"
+    if op.name != "quantize_int8" and op.partition in _RULES
 }
 globals().update(_WRAPPERS)
 __all__ = sorted(_WRAPPERS)
