@@ -67,7 +67,13 @@ def test_cpu_detections_are_torchvisions(kind):
         assert image["boxes"].shape == (detection_models.detections_per_img(model), 4)
         count = int(image["num_detections"])
         assert (image["labels"][count:] == -1).all() and (image["scores"][count:] == 0).all()
-    assert_same_detections(expected, detection.trim(padded))
+    # RetinaNet and FCOS select with torchvision's own arithmetic: the very detections.
+    # Faster R-CNN pools with asickernels' roi_align, whose float32 sums round in another
+    # order than torchvision's C++: ~1e-7 in scores, ~3e-5 px in boxes.
+    exact = kind != "faster_rcnn"
+    assert_same_detections(
+        expected, detection.trim(padded), *((0.0, 0.0) if exact else (SCORE_TOL, BOX_TOL))
+    )
 
 
 def _compilations(metrics):
@@ -100,3 +106,25 @@ def test_xla_one_graph_without_fallbacks(kind):
     assert compilations == 0  # new data of the same shape: the first run's graph
     assert_same_detections(expected, runs[0], SCORE_TOL, BOX_TOL)
     assert_same_detections(expected_flipped, runs[1], SCORE_TOL, BOX_TOL)
+
+
+def test_training_mode_keeps_torchvisions_losses():
+    model = detection_models.model("faster_rcnn").train()
+    ready = detection.xla_ready(copy.deepcopy(model))
+    images = detection_models.images()
+    targets = [
+        {"boxes": torch.tensor([[10.0, 12.0, 90.0, 100.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.tensor([[30.0, 5.0, 70.0, 150.0]]), "labels": torch.tensor([3])},
+    ]
+    torch.manual_seed(5)  # the samplers of training RoIs draw at random
+    want = model(images, targets)
+    torch.manual_seed(5)
+    got = ready(images, targets)
+    assert set(got) == set(want)
+    for name, loss in want.items():
+        torch.testing.assert_close(got[name], loss, rtol=1e-5, atol=1e-6)
+
+
+def test_other_models_are_refused():
+    with pytest.raises(TypeError, match="RetinaNet, FCOS and Faster R-CNN"):
+        detection.xla_ready(torch.nn.Linear(2, 2))

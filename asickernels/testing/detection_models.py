@@ -52,8 +52,13 @@ BUILDERS = {"retinanet": _retinanet, "fcos": _fcos, "faster_rcnn": _faster_rcnn}
 def _heads(model: Any, kind: str) -> list[tuple[torch.nn.Module, float]]:
     """The layers :func:`model` re-draws, each with its weight std."""
     if kind == "faster_rcnn":
-        heads = model.roi_heads
-        return [(model.rpn.head, 0.1), (heads.box_head, 1.0), (heads.box_predictor, 100.0)]
+        predictor = model.roi_heads.box_predictor
+        return [
+            (model.rpn.head, 0.1),
+            (model.roi_heads.box_head, 1.0),
+            (predictor.cls_score, 100.0),
+            (predictor.bbox_pred, 0.1),
+        ]
     return [(model.head, {"retinanet": 0.5, "fcos": 0.1}[kind])]
 
 

@@ -14,7 +14,7 @@ Each image's detections come padded to the model's ``detections_per_img``: ``box
 ``scores [D]``, ``labels [D]`` (int64), and ``num_detections`` (a 0-d int32 tensor); past the
 count boxes and scores are 0 and labels -1. :func:`trim` cuts them on the host, once.
 
-Inference only (``model.eval()``): training keeps torchvision's own code paths.
+Inference only (``model.eval()``): training-mode forwards keep torchvision's code paths.
 """
 
 from __future__ import annotations
@@ -193,6 +193,10 @@ def _filter_proposals(
     best (torchvision's own top-k), clipped, small and low-scoring boxes masked, per-level
     NMS, ``post_nms_top_n`` proposals per image padded with the box ``(0, 0, 0, 0)`` (whose
     refined boxes have zero size, so that the RoI heads drop them as small)."""
+    if self.training:  # the sampling of training RoIs wants only real proposals
+        return type(self).filter_proposals(
+            self, proposals, objectness, image_shapes, num_anchors_per_level
+        )
     num_images = proposals.shape[0]
     objectness = objectness.detach().reshape(num_images, -1)
     levels = torch.cat(
@@ -266,21 +270,27 @@ def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[...,
 
 
 def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn.Module:
-    """``model`` (a torchvision RetinaNet, FCOS or Faster R-CNN), with its post-processing replaced by
-    the static-shape one (in place; the model is returned).
+    """``model`` (a torchvision RetinaNet, FCOS or Faster R-CNN), with its eval-mode
+    post-processing replaced by the static-shape one (in place; the model is returned).
+
+    Faster R-CNN also gets :class:`asickernels.torch.vision.MultiScaleRoIAlign` as its box
+    RoI pooling, and its RPN passes ``post_nms_top_n`` proposals per image on, padded with
+    the box ``(0, 0, 0, 0)``. Training-mode forwards run torchvision's code.
 
     Args:
       model: a ``torchvision.models.detection`` model of a supported kind.
       backend: the NMS backend (see :func:`asickernels.batched_nms`); None lets the
-        selection policy choose (on torch_xla, one that lowers into its graph).
+        selection policy choose: on torch_xla's CPU device that is the TPU kernel run
+        simulated (checking what a TPU runs, slowly); ``"xla"`` is the plain XLA one.
 
     Returns:
       ``model``, whose eval-mode forward returns per image ``boxes [D, 4]``, ``scores [D]``,
-      ``labels [D]`` and ``num_detections`` with ``D = model.detections_per_img`` (see the
-      module docstring); :func:`trim` gives torchvision's variable-length dicts.
+      ``labels [D]`` and ``num_detections`` with ``D`` the model's ``detections_per_img``
+      (see the module docstring); :func:`trim` gives torchvision's variable-length dicts.
 
     Raises:
-      TypeError: ``model`` is of a kind not supported.
+      TypeError: ``model`` is of another kind (SSD, Mask and Keypoint R-CNN are not
+        supported yet).
     """
     if isinstance(model, (RetinaNet, FCOS)):
         postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
@@ -307,8 +317,8 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
             )
         return model
     raise TypeError(
-        "xla_ready supports torchvision's RetinaNet, FCOS and Faster R-CNN (not Mask or "
-        f"Keypoint R-CNN yet), got {type(model).__name__}"
+        "xla_ready supports torchvision's RetinaNet, FCOS and Faster R-CNN (not SSD, Mask "
+        f"or Keypoint R-CNN yet), got {type(model).__name__}"
     )
 
 
