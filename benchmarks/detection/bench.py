@@ -15,7 +15,8 @@ score thresholds 0, batches of 2 images) and per way of running it:
   * ``cpu_torchvision``: torchvision's model on CPU tensors.
 Columns: CPU fallbacks per image (torch_xla counters ``aten::*`` and ``torchvision::*``),
 graph compilations on the first batch and on each later batch of new data of the same
-shape, wall time per image (median over the timed batches, after one warm-up batch), and
+shape, wall time per image (median over the batches after the first; every batch runs
+through every variant in turn, in one process), and
 the largest difference of the detections from CPU torchvision's and from plain torch_xla's
 (each detection matched to one of the same label; "unmatched" counts those without a
 match within 1e-3 px; see tests/test_detection.py for why near-tied scores may reorder).
@@ -68,40 +69,55 @@ def _host(result: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]
     return [{k: v.cpu() for k, v in image.items()} for image in result]
 
 
-def _run_xla(
-    built: torch.nn.Module, batches: list[list[torch.Tensor]], trim: bool
-) -> dict[str, Any]:
+def _on_xla(built: torch.nn.Module, trim: bool) -> Any:
+    """One batch on the XLA device -> (host detections, fallbacks, compilations)."""
     device = torch_xla.device()
     built = built.to(device)
     torch_xla.sync()
-    outputs, fallbacks, compilations, seconds = [], [], [], []
-    with torch.no_grad():
-        for batch in batches:
-            metrics.clear_all()
-            start = time.perf_counter()
-            result = built([image.to(device) for image in batch])
-            result = detection.trim(result) if trim else _host(result)
-            seconds.append((time.perf_counter() - start) / len(batch))
-            outputs.append(result)
-            fallbacks.append(_fallbacks() / len(batch))
-            compilations.append(_compilations())
-    return {
-        "fallbacks_per_image": fallbacks,
-        "compilations_per_batch": compilations,
-        "seconds_per_image": statistics.median(seconds[1:]),
-        "seconds_per_image_first_batch": seconds[0],
-        "outputs": outputs,
+
+    def run(batch: list[torch.Tensor]) -> tuple[Any, float, int]:
+        metrics.clear_all()
+        result = built([image.to(device) for image in batch])
+        result = detection.trim(result) if trim else _host(result)
+        return result, _fallbacks() / len(batch), _compilations()
+
+    return run
+
+
+def _on_cpu(built: torch.nn.Module) -> Any:
+    def run(batch: list[torch.Tensor]) -> tuple[Any, None, None]:
+        return built(batch), None, None
+
+    return run
+
+
+def _measure(runners: dict[str, Any], batches: list[list[torch.Tensor]]) -> dict[str, Any]:
+    """Every batch through every runner in turn (interleaved, so that a change in the
+    machine's load touches all of them alike)."""
+    runs: dict[str, dict[str, list]] = {
+        name: {"outputs": [], "fallbacks": [], "compilations": [], "seconds": []}
+        for name in runners
     }
-
-
-def _run_cpu(built: torch.nn.Module, batches: list[list[torch.Tensor]]) -> dict[str, Any]:
-    outputs, seconds = [], []
     with torch.no_grad():
         for batch in batches:
-            start = time.perf_counter()
-            outputs.append(built(batch))
-            seconds.append((time.perf_counter() - start) / len(batch))
-    return {"seconds_per_image": statistics.median(seconds[1:]), "outputs": outputs}
+            for name, run in runners.items():
+                start = time.perf_counter()
+                output, fallbacks, compilations = run(batch)
+                runs[name]["seconds"].append((time.perf_counter() - start) / len(batch))
+                runs[name]["outputs"].append(output)
+                runs[name]["fallbacks"].append(fallbacks)
+                runs[name]["compilations"].append(compilations)
+    results = {}
+    for name, run in runs.items():
+        results[name] = {
+            "seconds_per_image": statistics.median(run["seconds"][1:]),
+            "seconds_per_image_first_batch": run["seconds"][0],
+            "outputs": run["outputs"],
+        }
+        if name != "cpu_torchvision":
+            results[name]["fallbacks_per_image"] = run["fallbacks"]
+            results[name]["compilations_per_batch"] = run["compilations"]
+    return results
 
 
 def _difference(expected: list, actual: list) -> dict[str, float]:
@@ -144,14 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for kind in args.models:
         reference = detection_models.model(kind)
-        cpu = _run_cpu(reference, batches)
-        runs: dict[str, Any] = {"cpu_torchvision": cpu}
+        runners = {"cpu_torchvision": _on_cpu(reference)}
         if not args.skip_plain:
-            runs["plain_xla"] = _run_xla(_plain(copy.deepcopy(reference)), batches, trim=False)
-        runs["ready"] = _run_xla(detection.xla_ready(copy.deepcopy(reference)), batches, True)
-        runs["ready_xla_nms"] = _run_xla(
-            detection.xla_ready(copy.deepcopy(reference), backend="xla"), batches, True
+            runners["plain_xla"] = _on_xla(_plain(copy.deepcopy(reference)), trim=False)
+        runners["ready"] = _on_xla(detection.xla_ready(copy.deepcopy(reference)), trim=True)
+        runners["ready_xla_nms"] = _on_xla(
+            detection.xla_ready(copy.deepcopy(reference), backend="xla"), trim=True
         )
+        runs = _measure(runners, batches)
+        cpu = runs["cpu_torchvision"]
         for name, run in runs.items():
             row = {"model": kind, "run": name} | {k: v for k, v in run.items() if k != "outputs"}
             if name != "cpu_torchvision":
