@@ -18,6 +18,7 @@ from asickernels.kernels.giou import giou, giou_loss, giou_vjp
 from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quantize_int8
 from asickernels.kernels.nms import batched_nms, nms
 from asickernels.kernels.registry import Availability, BackendUnavailableError
+from asickernels.kernels.roi_align import roi_align, roi_align_vjp
 
 # Every public op, each an asickernels.kernels.declaration.Op: the frontends derive from these.
 OPS = (
@@ -36,6 +37,8 @@ OPS = (
     ciou,
     ciou_vjp,
     ciou_loss,
+    roi_align,
+    roi_align_vjp,
 )
 
 
@@ -68,5 +71,7 @@ __all__ = [
     "int8_matmul",
     "nms",
     "quantize_int8",
+    "roi_align",
+    "roi_align_vjp",
 ]
 __version__ = "0.1.0"

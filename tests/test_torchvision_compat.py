@@ -354,3 +354,92 @@ def test_float64_gradients_pass_gradcheck(name):
     b1 = torch.tensor(random_boxes(rng, (4,)), dtype=torch.float64).requires_grad_()
     b2 = torch.tensor(random_boxes(rng, (4,)), dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(_ours(name), (b1, b2))
+
+
+# roi_align, MultiScaleRoIAlign ---------------------------------------------------------------
+# The checks upstream's TestRoIAlign and TestMultiScaleRoIAlign make (the corpus holds no copy
+# of them), with torchvision's own kernels as the oracle: the same RoIs, dtypes, strides,
+# sampling modes, gradcheck settings and box formats.
+
+UPSTREAM_ROIS = [[0, 0, 0, 9, 9], [0, 0, 5, 4, 9], [0, 5, 5, 9, 9], [1, 0, 0, 9, 9]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_roi_align_matches_torchvision(dtype, contiguous, aligned, sampling_ratio):
+    torch.manual_seed(0)
+    x = torch.rand(2, 50, 10, 10, dtype=dtype)
+    if not contiguous:
+        x = x.permute(0, 1, 3, 2)
+    rois = torch.tensor(UPSTREAM_ROIS, dtype=dtype)
+    args = (5, 0.5 if aligned else 1.0, sampling_ratio, aligned)
+    got = vision.roi_align(x, rois, *args)
+    want = tvo.roi_align(x, rois, *args)
+    assert got.dtype == x.dtype and got.shape == (4, 50, 5, 5)
+    tol = 4e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    # Per-image [L, 4] boxes are the same RoIs.
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(2)]
+    torch.testing.assert_close(vision.roi_align(x, per_image, *args), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_roi_align_gradient_passes_gradcheck_and_matches_torchvision(seed, contiguous):
+    torch.manual_seed(seed)
+    x = torch.rand(1, 8, 5, 5, dtype=torch.float64, requires_grad=True)
+    if not contiguous:
+        x = x.permute(0, 1, 3, 2)
+    rois = torch.tensor([[0, 0, 0, 4, 4], [0, 0, 2, 3, 4], [0, 2, 2, 4, 4]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda z: vision.roi_align(z, rois, 2, 1.0, 1), (x,))
+    cotangent = torch.rand(3, 8, 2, 2, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(vision.roi_align(x, rois, 2, 1.0, -1), x, cotangent)
+    (theirs,) = torch.autograd.grad(tvo.roi_align(x, rois, 2, 1.0, -1), x, cotangent)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+def test_roi_align_refuses_misshapen_boxes_as_torchvision():
+    x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
+    for boxes in (torch.tensor([[0, 0, 3, 3]], dtype=x.dtype), [torch.tensor([[0, 0, 3]])]):
+        with pytest.raises(AssertionError):
+            tvo.roi_align(x, boxes, output_size=(2, 2))
+        with pytest.raises(AssertionError):
+            vision.roi_align(x, boxes, output_size=(2, 2))
+
+
+def test_multiscale_roi_align_matches_torchvision():
+    torch.manual_seed(0)
+    features = {"0": torch.rand(2, 4, 40, 48), "1": torch.rand(2, 4, 20, 24)}
+    features["2"] = torch.rand(2, 4, 10, 12)
+    corners = torch.rand(2, 30, 2) * torch.tensor([190.0, 150.0])
+    sizes = torch.rand(2, 30, 2) ** 2 * 400  # up to past the image: every level
+    boxes = list(torch.cat([corners, corners + sizes], -1))
+    image_shapes = [(160, 192), (150, 180)]
+    theirs = tvo.MultiScaleRoIAlign(["0", "1", "2"], 7, 2)
+    ours = vision.MultiScaleRoIAlign(["0", "1", "2"], 7, 2)
+    want = theirs(features, boxes, image_shapes)
+    assert len(set(theirs.map_levels(boxes).tolist())) == 3  # every level pools something
+    torch.testing.assert_close(ours(features, boxes, image_shapes), want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_on_xla_tensors_without_fallbacks():
+    torch_xla = pytest.importorskip("torch_xla")
+    metrics = pytest.importorskip("torch_xla.debug.metrics")
+    torch.manual_seed(0)
+    x = torch.rand(2, 6, 10, 10, dtype=torch.float32)
+    rois = torch.tensor(UPSTREAM_ROIS, dtype=torch.float32)
+    cotangent = torch.rand(4, 6, 3, 3)
+    device = torch_xla.device()
+    metrics.clear_all()
+    on_device = x.to(device).requires_grad_()
+    out = vision.roi_align(on_device, rois.to(device), 3, 1.0, -1, True)
+    (grad,) = torch.autograd.grad(out, on_device, cotangent.to(device))
+    out, grad = out.cpu(), grad.cpu()
+    assert [n for n in metrics.counter_names() if n.startswith("aten::")] == []
+    leaf = x.clone().requires_grad_()
+    want = tvo.roi_align(leaf, rois, 3, 1.0, -1, True)
+    (want_grad,) = torch.autograd.grad(want, leaf, cotangent)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-5)

@@ -39,6 +39,8 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "diou_vjp": ("cpu", "pallas_tpu", "xla"),
     "ciou": ("cpu", "pallas_tpu", "nki", "xla"),
     "ciou_vjp": ("cpu", "pallas_tpu", "xla"),
+    "roi_align": ("xla",),
+    "roi_align_vjp": ("xla",),
 }
 
 

@@ -164,6 +164,11 @@ def fake_vjp(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any]) -> 
 # Registration -------------------------------------------------------------------------------
 
 
+def single_or_tuple(grads: tuple[Any, ...]) -> Any:
+    """A backward operator's result as its schema returns it: a tensor for one gradient."""
+    return grads[0] if len(grads) == 1 else grads
+
+
 def _define(name: str, text: str, cpu: Callable[..., Any], fake: Callable[..., Any]) -> Any:
     library_op = torch.library.custom_op(f"asickernels::{name}", mutates_args=(), schema=text)(cpu)
     library_op.register_fake(fake)
@@ -211,14 +216,15 @@ def register(op: Op) -> tuple[Any, Any | None]:
         return forward, None
     params = backward_params(op)
 
-    def cpu_backward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    def cpu_backward(*args: Any, **kwargs: Any) -> Any:
         values = bind_values(params, args, kwargs)
         tensors, statics = split_values(op.params, values)
-        return run_vjp_on_cpu(op, tensors, statics, values.get("backend"), values["cotangent"])
+        grads = run_vjp_on_cpu(op, tensors, statics, values.get("backend"), values["cotangent"])
+        return single_or_tuple(grads)
 
-    def fake_backward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    def fake_backward(*args: Any, **kwargs: Any) -> Any:
         tensors, statics = split_values(op.params, bind_values(params, args, kwargs))
-        return fake_vjp(op, tensors, statics)
+        return single_or_tuple(fake_vjp(op, tensors, statics))
 
     backward = _define(
         f"{op.name}_backward",
@@ -239,13 +245,10 @@ def register(op: Op) -> tuple[Any, Any | None]:
         values = {**ctx.values, **saved, "cotangent": cotangent}
         args = [cotangent] + [values[n] for n in positional]
         keyword = {n: values[n] for n in op.static_names} | {"backend": values["backend"]}
-        grads = dict(
-            zip(
-                op.differentiable,
-                getattr(torch.ops.asickernels, backward_name)(*args, **keyword),
-                strict=True,
-            )
-        )
+        computed = getattr(torch.ops.asickernels, backward_name)(*args, **keyword)
+        if isinstance(computed, torch.Tensor):  # one differentiable input
+            computed = (computed,)
+        grads = dict(zip(op.differentiable, computed, strict=True))
         results = []
         for name in positional:
             g = grads.get(name)

@@ -1,4 +1,4 @@
-"""Drop-ins for ``torchvision.ops`` box functions, running asickernels' kernels.
+"""Drop-ins for ``torchvision.ops`` box functions and RoI pooling, running asickernels' kernels.
 
 Same names, signatures and return types as torchvision's (``nms`` returns every kept index,
 int64, in decreasing score order; the IoU functions return ``[N, M]`` matrices; the losses
@@ -17,16 +17,25 @@ Differences from torchvision (kept on purpose; see the README):
 * ``box_iou`` has no gradient (the other functions do).
 * ``distance_box_iou`` / ``complete_box_iou`` run the paired DIoU/CIoU kernels on all
   ``N * M`` pairs.
+* ``nms`` and ``batched_nms`` return as many indices as they keep, so on XLA devices they
+  read the count on the host; :mod:`asickernels.torch.detection` keeps detection models
+  free of that sync (padded outputs with a count).
+* ``MultiScaleRoIAlign`` pools every RoI at every level (RoIs of other levels shrunk to
+  one-pixel boxes, whose sampling is cheap) and keeps each RoI's own level with a mask:
+  static shapes, no ``nonzero``.
 """
 
 from collections.abc import Callable
 
 import torch
+import torchvision.ops
 from torch import Tensor
+from torchvision.ops import poolers
 
 import asickernels.torch  # noqa: F401  (registers torch.ops.asickernels.*)
 
 __all__ = [
+    "MultiScaleRoIAlign",
     "batched_nms",
     "box_iou",
     "complete_box_iou",
@@ -36,6 +45,7 @@ __all__ = [
     "generalized_box_iou",
     "generalized_box_iou_loss",
     "nms",
+    "roi_align",
 ]
 
 
@@ -168,3 +178,87 @@ def _iou_loss(op_name: str, what: str) -> Callable[..., Tensor]:
 generalized_box_iou_loss = _iou_loss("giou_loss", "generalized_box_iou")
 distance_box_iou_loss = _iou_loss("diou_loss", "distance_box_iou")
 complete_box_iou_loss = _iou_loss("ciou_loss", "complete_box_iou")
+
+
+def _rois(boxes: Tensor | list[Tensor]) -> Tensor:
+    """``[K, 5]`` RoIs (batch index first) from a ``[K, 5]`` tensor or per-image ``[L, 4]``
+    boxes, checked as torchvision's ``check_roi_boxes_shape`` checks them."""
+    if isinstance(boxes, (list, tuple)):
+        for per_image in boxes:
+            if per_image.dim() != 2 or per_image.size(1) != 4:
+                raise AssertionError(
+                    "The shape of the tensor in the boxes list is not correct as List[Tensor[L, 4]]"
+                )
+        concatenated = torch.cat(list(boxes), 0)
+        index = torch.cat(
+            [
+                torch.full_like(b[:, :1], i, layout=torch.strided, device=b.device)
+                for i, b in enumerate(boxes)
+            ],
+            0,
+        )
+        return torch.cat([index, concatenated], 1)
+    if not isinstance(boxes, Tensor):
+        raise TypeError(
+            f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes)}"
+        )
+    if boxes.dim() != 2 or boxes.size(1) != 5:
+        raise AssertionError("The boxes tensor shape is not correct as Tensor[K, 5]")
+    return boxes
+
+
+def roi_align(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int] | list[int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+) -> Tensor:
+    """``torchvision.ops.roi_align``: ``input [N, C, H, W]``, ``boxes`` ``Tensor[K, 5]``
+    (batch index, x1, y1, x2, y2) or per-image ``[Tensor[L, 4]]`` -> ``[K, C, *output_size]``
+    in the input's dtype; differentiable in ``input`` (see :func:`asickernels.roi_align`)."""
+    rois = _rois(boxes)
+    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    return torch.ops.asickernels.roi_align(
+        input,
+        rois.to(input.dtype),
+        output_size=list(size),
+        spatial_scale=float(spatial_scale),
+        sampling_ratio=int(sampling_ratio),
+        aligned=bool(aligned),
+    )
+
+
+class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):
+    """``torchvision.ops.MultiScaleRoIAlign`` (same arguments, same results) running
+    :func:`roi_align`, with static shapes: no per-level ``nonzero`` (see the module
+    docstring)."""
+
+    def forward(
+        self,
+        x: dict[str, Tensor],
+        boxes: list[Tensor],
+        image_shapes: list[tuple[int, int]],
+    ) -> Tensor:
+        features = poolers._filter_input(x, self.featmap_names)
+        if self.scales is None or self.map_levels is None:  # type: ignore[has-type]
+            self.scales, self.map_levels = poolers._setup_scales(
+                features, image_shapes, self.canonical_scale, self.canonical_level
+            )
+        rois = _rois(boxes)
+        if len(features) == 1:
+            return roi_align(
+                features[0], rois, self.output_size, self.scales[0], self.sampling_ratio
+            )
+        levels = self.map_levels(boxes)
+        result = None
+        for level, (level_features, scale) in enumerate(zip(features, self.scales, strict=True)):
+            here = levels == level
+            # Elsewhere the RoI shrinks to the point (0, 0): one sample per bin, no cost.
+            shrunk = torch.cat([rois[:, :1], torch.where(here[:, None], rois[:, 1:], 0.0)], 1)
+            pooled = roi_align(level_features, shrunk, self.output_size, scale, self.sampling_ratio)
+            kept = torch.where(here[:, None, None, None], pooled, 0.0).to(features[0].dtype)
+            result = kept if result is None else result + kept
+        assert result is not None
+        return result

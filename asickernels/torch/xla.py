@@ -112,7 +112,8 @@ def _register(op: Op) -> None:
     def backward_kernel(*args: Any, **kwargs: Any) -> Any:
         values = ops.bind_values(params, args, kwargs)
         tensors, statics = ops.split_values(op.params, values)
-        return call(op, tensors, statics, values.get("backend"), values["cotangent"])
+        grads = call(op, tensors, statics, values.get("backend"), values["cotangent"])
+        return ops.single_or_tuple(tuple(grads))
 
     backward.register_kernel("xla")(backward_kernel)
 

@@ -1,0 +1,223 @@
+"""RoIAlign and its gradient in ``jax.numpy`` (any XLA device; inside torch_xla's graph).
+
+torchvision's kernel loops over a per-RoI sampling grid whose size, with the adaptive
+``sampling_ratio <= 0``, depends on the box. Here one loop step takes the same grid point
+``(iy, ix)`` of every bin of every RoI at once (RoIs whose grid is smaller skip it), for as
+many steps as the largest grid in the call needs: shapes stay static, and small boxes cost
+few steps. The gradient runs the same steps, scatter-adding instead of gathering.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from asickernels.backends.xla import BACKEND
+from asickernels.kernels.registry import FLOAT32_AND_64
+
+
+class _Grid(NamedTuple):
+    """Per RoI (``[K]``): batch index, top-left corner, bin size and sampling grid."""
+
+    batch: jax.Array
+    y0: jax.Array
+    x0: jax.Array
+    bin_h: jax.Array
+    bin_w: jax.Array
+    grid_h: jax.Array
+    grid_w: jax.Array
+    samples: jax.Array
+
+
+def _grid(
+    rois: jax.Array,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+) -> _Grid:
+    offset = 0.5 if aligned else 0.0
+    x1, y1, x2, y2 = (rois[:, i] * spatial_scale - offset for i in range(1, 5))
+    roi_w, roi_h = x2 - x1, y2 - y1
+    if not aligned:  # torchvision: malformed RoIs are forced to 1x1
+        roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
+    bin_h, bin_w = roi_h / output_size[0], roi_w / output_size[1]
+    if sampling_ratio > 0:
+        grid_h = grid_w = jnp.full(rois.shape[:1], sampling_ratio, jnp.int32)
+    else:
+        grid_h = jnp.ceil(roi_h / output_size[0]).astype(jnp.int32)
+        grid_w = jnp.ceil(roi_w / output_size[1]).astype(jnp.int32)
+    count = jnp.maximum(grid_h * grid_w, 1).astype(rois.dtype)
+    return _Grid(rois[:, 0].astype(jnp.int32), y1, x1, bin_h, bin_w, grid_h, grid_w, count)
+
+
+def _axis_weights(
+    start: jax.Array, bin_size: jax.Array, grid: jax.Array, step: jax.Array, bins: int, size: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Along one axis, the sample ``step`` of each of ``bins`` bins of each RoI (``[K, bins]``):
+    low and high pixel indices and their weights (0 outside the map or past the RoI's grid),
+    as torchvision's ``bilinear_interpolate``."""
+    position = (
+        start[:, None]
+        + jnp.arange(bins, dtype=start.dtype) * bin_size[:, None]
+        + (step.astype(start.dtype) + 0.5) * bin_size[:, None] / grid[:, None].astype(start.dtype)
+    )
+    inside = (position >= -1.0) & (position <= size) & (step < grid)[:, None]
+    position = jnp.maximum(position, 0.0)
+    low = jnp.floor(position).astype(jnp.int32)
+    at_edge = low >= size - 1
+    low = jnp.where(at_edge, size - 1, low)
+    high = jnp.where(at_edge, size - 1, low + 1)
+    position = jnp.where(at_edge, low.astype(position.dtype), position)
+    frac = position - low
+    zero = jnp.zeros_like(frac)
+    return low, high, jnp.where(inside, 1.0 - frac, zero), jnp.where(inside, frac, zero)
+
+
+def _for_each_sample(
+    grid: _Grid,
+    output_size: tuple[int, int],
+    shape: tuple[int, ...],
+    body: Callable[[Any, tuple[Any, ...]], Any],
+    init: Any,
+) -> Any:
+    """Runs ``body(carry, corners)`` for each grid point up to the largest grid of the call;
+    ``corners`` are four ``(rows [K, PH, 1], columns [K, 1, PW], weights [K, PH, PW])``."""
+    height, width = shape[2], shape[3]
+    steps_w = jnp.max(grid.grid_w, initial=0)
+    steps = jnp.max(grid.grid_h, initial=0) * steps_w
+
+    def step(index: jax.Array, carry: Any) -> Any:
+        iy, ix = index // steps_w, index % steps_w
+        y_lo, y_hi, wy_lo, wy_hi = _axis_weights(
+            grid.y0, grid.bin_h, grid.grid_h, iy, output_size[0], height
+        )
+        x_lo, x_hi, wx_lo, wx_hi = _axis_weights(
+            grid.x0, grid.bin_w, grid.grid_w, ix, output_size[1], width
+        )
+        rows = (y_lo[:, :, None], y_hi[:, :, None])
+        columns = (x_lo[:, None, :], x_hi[:, None, :])
+        row_weights = (wy_lo[:, :, None], wy_hi[:, :, None])
+        column_weights = (wx_lo[:, None, :], wx_hi[:, None, :])
+        corners = tuple(
+            (rows[a], columns[b], row_weights[a] * column_weights[b])
+            for a in (0, 1)
+            for b in (0, 1)
+        )
+        return body(carry, corners)
+
+    return lax.fori_loop(0, steps, step, init)
+
+
+def _forward(
+    input: jax.Array,
+    rois: jax.Array,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+) -> jax.Array:
+    grid = _grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
+    channels_last = jnp.moveaxis(input, 1, -1)  # [N, H, W, C]: one gather per sample
+    batch = grid.batch[:, None, None]
+
+    def body(total: jax.Array, corners: tuple[Any, ...]) -> jax.Array:
+        value = sum(
+            weight[..., None] * channels_last[batch, row, column] for row, column, weight in corners
+        )
+        return total + value
+
+    zeros = jnp.zeros((rois.shape[0], *output_size, input.shape[1]), input.dtype)
+    total = _for_each_sample(grid, output_size, input.shape, body, zeros)
+    return jnp.moveaxis(total / grid.samples[:, None, None, None], -1, 1)
+
+
+def _backward(
+    input_shape: tuple[int, ...],
+    rois: jax.Array,
+    cotangent: jax.Array,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+) -> jax.Array:
+    grid = _grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
+    scaled = jnp.moveaxis(cotangent, 1, -1) / grid.samples[:, None, None, None]
+    batch = grid.batch[:, None, None]
+
+    def body(grad: jax.Array, corners: tuple[Any, ...]) -> jax.Array:
+        for row, column, weight in corners:
+            grad = grad.at[batch, row, column].add(weight[..., None] * scaled)
+        return grad
+
+    n, c, h, w = input_shape
+    grad = _for_each_sample(
+        grid, output_size, input_shape, body, jnp.zeros((n, h, w, c), rois.dtype)
+    )
+    return jnp.moveaxis(grad, -1, 1)
+
+
+@BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
+def roi_align(
+    input: jax.Array,
+    rois: jax.Array,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: Any = None,
+) -> jax.Array:
+    """``[N, C, H, W]``, ``[K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``; differentiable
+    in ``input`` with ``jax.grad`` (through :func:`roi_align_vjp`)."""
+    return _differentiable(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
+
+
+@BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
+def roi_align_vjp(
+    rois: jax.Array,
+    cotangent: jax.Array,
+    *,
+    input_shape: tuple[int, ...],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: Any = None,
+) -> jax.Array:
+    """``[K, 5]``, ``[K, C, PH, PW]`` -> the ``input_shape`` gradient."""
+    return _backward(
+        input_shape, rois, cotangent, output_size, spatial_scale, sampling_ratio, aligned
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _differentiable(
+    input: jax.Array,
+    rois: jax.Array,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+) -> jax.Array:
+    return _forward(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
+
+
+def _differentiable_forward(
+    input: jax.Array, rois: jax.Array, *statics: Any
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    return _forward(input, rois, *statics), (input.shape, rois)
+
+
+def _differentiable_backward(*args: Any) -> tuple[Any, ...]:
+    *statics, (input_shape, rois), cotangent = args
+    grad = _backward(input_shape, rois, cotangent, *statics)
+    return grad, jnp.zeros_like(rois)
+
+
+_differentiable.defvjp(_differentiable_forward, _differentiable_backward)

@@ -1,0 +1,337 @@
+"""torchvision's detection models on XLA devices: :func:`xla_ready` swaps their
+post-processing for static-shape versions, so that a forward pass is one XLA graph with no
+CPU fallback and no host sync.
+
+torchvision's post-processing indexes with boolean masks, ``torch.where`` and ``nonzero``,
+whose output shapes depend on the data: torch_xla runs those on the CPU (``aten::nonzero``
+fallbacks) and compiles a new graph for every new count. Here the same steps run with fixed
+shapes (:mod:`asickernels.detection`, JAX functions spliced into torch_xla's graph with
+``call_jax``; on CPU tensors they run under ``jax.jit``): per-level top-k with a validity
+mask, per-class NMS (asickernels' kernels) and padding. Scores and box decoding stay
+torchvision's own code, so on CPU the trimmed detections are torchvision's.
+
+Each image's detections come padded to the model's ``detections_per_img``: ``boxes [D, 4]``,
+``scores [D]``, ``labels [D]`` (int64), and ``num_detections`` (a 0-d int32 tensor); past the
+count boxes and scores are 0 and labels -1. :func:`trim` cuts them on the host, once.
+
+Inference only (``model.eval()``): training-mode forwards keep torchvision's code paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import torch
+import torchvision.ops
+from torch import Tensor
+from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+from torchvision.models.detection.roi_heads import RoIHeads
+from torchvision.models.detection.rpn import RegionProposalNetwork
+from torchvision.ops import boxes as box_ops
+
+from asickernels import detection
+from asickernels.torch import ops, vision
+
+__all__ = ["trim", "xla_ready"]
+
+
+@functools.cache
+def _jitted(function: Callable[..., Any], statics: tuple[tuple[str, Any], ...]) -> Any:
+    return jax.jit(functools.partial(function, **dict(statics)))
+
+
+def _nms_backend(requested: str | None, device: torch.device) -> str | None:
+    """The NMS backend for tensors on ``device``: for XLA devices the selection policy's
+    answer for torch_xla (a backend that lowers into its graph); on CPU, ``requested``."""
+    if device.type != "xla":
+        return requested
+    from asickernels.kernels import policy
+    from asickernels.torch.xla import where_xla_tensors_live
+
+    return policy.select("nms", requested, where_xla_tensors_live(), "float32")
+
+
+def _call(function: Callable[..., Any], tensors: Sequence[Tensor], **statics: Any) -> Any:
+    """``function`` (of :mod:`asickernels.detection`) on torch tensors: inside torch_xla's
+    graph for XLA tensors, else under ``jax.jit`` on host copies. Returns torch tensors."""
+    if tensors[0].device.type == "xla":
+        from torch_xla.core import xla_builder
+
+        return xla_builder.call_jax(function, tuple(tensors), statics)
+    out = _jitted(function, tuple(sorted(statics.items())))(*(ops.to_host(t) for t in tensors))
+    return tuple(ops.to_torch(o) for o in out)
+
+
+def _clip(boxes: Tensor, image_shapes: Sequence[tuple[int, int]]) -> Tensor:
+    """``[B, N, 4]`` boxes clipped to each image (torchvision's ``clip_boxes_to_image``)."""
+    return torch.stack(
+        [box_ops.clip_boxes_to_image(b, s) for b, s in zip(boxes, image_shapes, strict=True)]
+    )
+
+
+def _detections(
+    boxes: Tensor,
+    scores: Tensor,
+    labels: Tensor,
+    valid: Tensor,
+    *,
+    iou_threshold: float,
+    max_detections: int,
+    backend: str | None,
+    min_size: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`asickernels.detection.select_detections` on torch tensors (labels int64)."""
+    out_boxes, out_scores, out_labels, count = _call(
+        detection.select_detections,
+        [boxes, scores, labels.to(torch.int32), valid],
+        iou_threshold=float(iou_threshold),
+        max_detections=max_detections,
+        min_size=min_size,
+        backend=_nms_backend(backend, boxes.device),
+    )
+    return out_boxes, out_scores, out_labels.to(torch.int64), count
+
+
+def _as_dicts(boxes: Tensor, scores: Tensor, labels: Tensor, count: Tensor) -> list[dict]:
+    return [
+        {"boxes": b, "scores": s, "labels": lab, "num_detections": c}
+        for b, s, lab, c in zip(boxes, scores, labels, count, strict=True)
+    ]
+
+
+def _dense_postprocess(
+    model: Any,
+    scores: list[Tensor],
+    box_regression: list[Tensor],
+    anchors: list[list[Tensor]],
+    image_shapes: list[tuple[int, int]],
+    decode: Callable[[Tensor, Tensor], Tensor],
+) -> list[dict[str, Tensor]]:
+    """RetinaNet's and FCOS's ``postprocess_detections`` with static shapes: per level the
+    ``topk_candidates`` best scores above ``score_thresh`` (``scores [B, A_l * C]``), their
+    boxes decoded and clipped, then per-class NMS over all levels."""
+    level_boxes, level_scores, level_labels, level_valid = [], [], [], []
+    for level, (level_score, regression) in enumerate(zip(scores, box_regression, strict=True)):
+        num_classes = level_score.shape[1] // regression.shape[1]
+        k = min(model.topk_candidates, level_score.shape[1])
+        indices, valid = _call(
+            detection.top_candidates,
+            [level_score],
+            k=k,
+            score_threshold=float(model.score_thresh),
+        )
+        indices = indices.to(torch.int64)
+        anchor_idxs = torch.div(indices, num_classes, rounding_mode="floor")
+        level_anchors = torch.stack([a[level] for a in anchors])
+        rows = anchor_idxs.unsqueeze(-1).expand(-1, -1, 4)
+        decoded = decode(
+            torch.gather(regression, 1, rows).reshape(-1, 4),
+            torch.gather(level_anchors, 1, rows).reshape(-1, 4),
+        )
+        level_boxes.append(_clip(decoded.reshape(rows.shape), image_shapes))
+        level_scores.append(torch.gather(level_score, 1, indices))
+        level_labels.append(indices % num_classes)
+        level_valid.append(valid)
+    out = _detections(
+        torch.cat(level_boxes, 1),
+        torch.cat(level_scores, 1),
+        torch.cat(level_labels, 1),
+        torch.cat(level_valid, 1),
+        iou_threshold=model.nms_thresh,
+        max_detections=model.detections_per_img,
+        backend=model._asickernels_backend,
+    )
+    return _as_dicts(*out)
+
+
+def _retinanet_postprocess(
+    self: RetinaNet,
+    head_outputs: dict[str, list[Tensor]],
+    anchors: list[list[Tensor]],
+    image_shapes: list[tuple[int, int]],
+) -> list[dict[str, Tensor]]:
+    scores = [torch.sigmoid(logits).flatten(1) for logits in head_outputs["cls_logits"]]
+    return _dense_postprocess(
+        self,
+        scores,
+        head_outputs["bbox_regression"],
+        anchors,
+        image_shapes,
+        self.box_coder.decode_single,
+    )
+
+
+def _fcos_postprocess(
+    self: FCOS,
+    head_outputs: dict[str, list[Tensor]],
+    anchors: list[list[Tensor]],
+    image_shapes: list[tuple[int, int]],
+) -> list[dict[str, Tensor]]:
+    scores = [
+        torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(ctrness)).flatten(1)
+        for logits, ctrness in zip(
+            head_outputs["cls_logits"], head_outputs["bbox_ctrness"], strict=True
+        )
+    ]
+    return _dense_postprocess(
+        self, scores, head_outputs["bbox_regression"], anchors, image_shapes, self.box_coder.decode
+    )
+
+
+def _filter_proposals(
+    self: RegionProposalNetwork,
+    proposals: Tensor,
+    objectness: Tensor,
+    image_shapes: list[tuple[int, int]],
+    num_anchors_per_level: list[int],
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The RPN's ``filter_proposals`` with static shapes: per level the ``pre_nms_top_n``
+    best (torchvision's own top-k), clipped, small and low-scoring boxes masked, per-level
+    NMS, ``post_nms_top_n`` proposals per image padded with the box ``(0, 0, 0, 0)`` (whose
+    refined boxes have zero size, so that the RoI heads drop them as small)."""
+    if self.training:  # the sampling of training RoIs wants only real proposals
+        return type(self).filter_proposals(
+            self, proposals, objectness, image_shapes, num_anchors_per_level
+        )
+    num_images = proposals.shape[0]
+    objectness = objectness.detach().reshape(num_images, -1)
+    levels = torch.cat(
+        [
+            torch.full((n,), level, dtype=torch.int64, device=proposals.device)
+            for level, n in enumerate(num_anchors_per_level)
+        ]
+    )
+    top = self._get_top_n_idx(objectness, num_anchors_per_level)
+    images = torch.arange(num_images, device=proposals.device)[:, None]
+    scores = torch.sigmoid(objectness[images, top])
+    boxes, scores, _, _ = _detections(
+        _clip(proposals[images, top], image_shapes),
+        scores,
+        levels[top],
+        scores >= self.score_thresh,
+        iou_threshold=self.nms_thresh,
+        max_detections=self.post_nms_top_n(),
+        backend=self._asickernels_backend,
+        min_size=self.min_size,
+    )
+    return list(boxes), list(scores)
+
+
+def _roi_heads_postprocess(
+    self: RoIHeads,
+    class_logits: Tensor,
+    box_regression: Tensor,
+    proposals: list[Tensor],
+    image_shapes: list[tuple[int, int]],
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The RoI heads' ``postprocess_detections`` with static shapes: every (proposal,
+    class) pair but the background's is a candidate; scores above ``score_thresh``, boxes
+    of at least 1e-2 px, per-class NMS, ``detections_per_img`` per image, padded."""
+    num_images, num_classes = len(proposals), class_logits.shape[-1]
+    per_image = (num_images, -1, num_classes)
+    boxes = self.box_coder.decode(box_regression, proposals).reshape(*per_image, 4)
+    boxes = _clip(boxes.flatten(1, 2), image_shapes).reshape(*per_image, 4)[:, :, 1:]
+    scores = torch.softmax(class_logits, -1).reshape(per_image)
+    labels = torch.arange(num_classes, device=scores.device).expand_as(scores)[:, :, 1:]
+    boxes, scores, labels = boxes.flatten(1, 2), scores[:, :, 1:].flatten(1), labels.flatten(1)
+    out_boxes, out_scores, out_labels, _ = _detections(
+        boxes,
+        scores,
+        labels,
+        scores > self.score_thresh,
+        iou_threshold=self.nms_thresh,
+        max_detections=self.detections_per_img,
+        backend=self._asickernels_backend,
+        min_size=1e-2,
+    )
+    return list(out_boxes), list(out_scores), list(out_labels)
+
+
+def _roi_heads_forward(self: RoIHeads, *args: Any, **kwargs: Any) -> Any:
+    """torchvision's ``RoIHeads.forward``, whose eval-mode detections also get their
+    ``num_detections`` (labels are -1 past it)."""
+    result, losses = type(self).forward(self, *args, **kwargs)
+    if not self.training:
+        for image in result:
+            image["num_detections"] = (image["labels"] >= 0).sum(dtype=torch.int32)
+    return result, losses
+
+
+def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[..., Any]) -> None:
+    """Binds ``methods`` to ``module`` as instance attributes (its class, and so other
+    instances, keep torchvision's code)."""
+    for name, function in methods.items():
+        setattr(module, name, types.MethodType(function, module))
+    setattr(module, "_asickernels_backend", backend)  # noqa: B010
+
+
+def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn.Module:
+    """``model`` (a torchvision RetinaNet, FCOS or Faster R-CNN), with its eval-mode
+    post-processing replaced by the static-shape one (in place; the model is returned).
+
+    Faster R-CNN also gets :class:`asickernels.torch.vision.MultiScaleRoIAlign` as its box
+    RoI pooling, and its RPN passes ``post_nms_top_n`` proposals per image on, padded with
+    the box ``(0, 0, 0, 0)``. Training-mode forwards run torchvision's code.
+
+    Args:
+      model: a ``torchvision.models.detection`` model of a supported kind.
+      backend: the NMS backend (see :func:`asickernels.batched_nms`); None lets the
+        selection policy choose: on torch_xla's CPU device that is the TPU kernel run
+        simulated (checking what a TPU runs, slowly); ``"xla"`` is the plain XLA one.
+
+    Returns:
+      ``model``, whose eval-mode forward returns per image ``boxes [D, 4]``, ``scores [D]``,
+      ``labels [D]`` and ``num_detections`` with ``D`` the model's ``detections_per_img``
+      (see the module docstring); :func:`trim` gives torchvision's variable-length dicts.
+
+    Raises:
+      TypeError: ``model`` is of another kind (SSD, Mask and Keypoint R-CNN are not
+        supported yet).
+    """
+    if isinstance(model, (RetinaNet, FCOS)):
+        postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
+        _swap(model, backend, postprocess_detections=postprocess)
+        return model
+    if isinstance(model, FasterRCNN) and not (
+        model.roi_heads.has_mask() or model.roi_heads.has_keypoint()
+    ):
+        _swap(model.rpn, backend, filter_proposals=_filter_proposals)
+        _swap(
+            model.roi_heads,
+            backend,
+            postprocess_detections=_roi_heads_postprocess,
+            forward=_roi_heads_forward,
+        )
+        pool = model.roi_heads.box_roi_pool
+        if isinstance(pool, torchvision.ops.MultiScaleRoIAlign):
+            model.roi_heads.box_roi_pool = vision.MultiScaleRoIAlign(
+                pool.featmap_names,
+                pool.output_size,
+                pool.sampling_ratio,
+                canonical_scale=pool.canonical_scale,
+                canonical_level=pool.canonical_level,
+            )
+        return model
+    raise TypeError(
+        "xla_ready supports torchvision's RetinaNet, FCOS and Faster R-CNN (not SSD, Mask "
+        f"or Keypoint R-CNN yet), got {type(model).__name__}"
+    )
+
+
+def trim(detections: Sequence[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """Padded detections (from a model made :func:`xla_ready`) -> torchvision's per-image
+    dicts of CPU tensors holding only the ``num_detections`` real entries. One host
+    transfer for XLA tensors (after one ``torch_xla.sync()``)."""
+    if any(t.device.type == "xla" for d in detections for t in d.values()):
+        import torch_xla
+
+        torch_xla.sync()
+    trimmed = []
+    for image in detections:
+        count = int(image["num_detections"].cpu())
+        trimmed.append({k: v.cpu()[:count] for k, v in image.items() if k != "num_detections"})
+    return trimmed

@@ -1,0 +1,130 @@
+"""torchvision's detection models made :func:`asickernels.torch.detection.xla_ready`: on
+CPU their trimmed detections are torchvision's; on the torch_xla CPU device a forward pass
+runs with no CPU fallback, compiles one graph per input shape after warm-up, and detects
+what CPU torchvision detects. Small random-weight models (MobileNetV3-small FPN backbones,
+fixed seeds, score thresholds 0 so that NMS has work). Runs in the torch_xla environment
+(``make test-torch-xla``); skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from asickernels.testing import detection_models  # noqa: E402
+from asickernels.torch import detection  # noqa: E402
+
+# XLA's convolutions sum in another order than CPU torch's: scores move by ~1e-7 and
+# boxes by ~1e-5 px (measured: <= 2e-7 and 3e-5 px here); the tolerances leave room for
+# other CPUs' vector widths while still catching any wrong pick (boxes apart by pixels).
+SCORE_TOL = 1e-5
+BOX_TOL = 1e-3
+MODELS = sorted(detection_models.BUILDERS)
+
+
+def _rows(image):
+    """An image's detections as float64 rows (score, label, x1, y1, x2, y2)."""
+    return torch.cat(
+        [image["scores"][:, None], image["labels"][:, None], image["boxes"]], 1
+    ).double()
+
+
+def assert_same_detections(expected, actual, score_tol=0.0, box_tol=0.0):
+    """Per image: as many detections, each matched one to one with a detection of the same
+    label whose score and box are within the tolerances (any order among equal or, within
+    the tolerance, near-equal scores)."""
+    assert len(expected) == len(actual)
+    for want, got in zip(expected, actual, strict=True):
+        assert set(got) == {"boxes", "scores", "labels"}
+        a, b = _rows(want), _rows(got)
+        assert a.shape == b.shape
+        close = (
+            (a[:, None, 1] == b[None, :, 1])
+            & ((a[:, None, 0] - b[None, :, 0]).abs() <= score_tol)
+            & ((a[:, None, 2:] - b[None, :, 2:]).abs().amax(-1) <= box_tol)
+        )
+        free = torch.ones(len(b), dtype=torch.bool)
+        for row in range(len(a)):
+            candidates = torch.nonzero(close[row] & free).flatten()
+            assert len(candidates) > 0, f"no match for detection {a[row].tolist()}"
+            free[candidates[0]] = False
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_cpu_detections_are_torchvisions(kind):
+    model = detection_models.model(kind)
+    images = detection_models.images()
+    with torch.no_grad():
+        expected = model(images)
+        padded = detection.xla_ready(copy.deepcopy(model))(images)
+    for image in padded:
+        assert image["boxes"].shape == (detection_models.detections_per_img(model), 4)
+        count = int(image["num_detections"])
+        assert (image["labels"][count:] == -1).all() and (image["scores"][count:] == 0).all()
+    # RetinaNet and FCOS select with torchvision's own arithmetic: the very detections.
+    # Faster R-CNN pools with asickernels' roi_align, whose float32 sums round in another
+    # order than torchvision's C++: ~1e-7 in scores, ~3e-5 px in boxes.
+    exact = kind != "faster_rcnn"
+    assert_same_detections(
+        expected, detection.trim(padded), *((0.0, 0.0) if exact else (SCORE_TOL, BOX_TOL))
+    )
+
+
+def _compilations(metrics):
+    data = metrics.metric_data("CompileTime")
+    return 0 if data is None else data[0]
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_xla_one_graph_without_fallbacks(kind):
+    torch_xla = pytest.importorskip("torch_xla")
+    metrics = pytest.importorskip("torch_xla.debug.metrics")
+    device = torch_xla.device()
+    model = detection_models.model(kind)
+    images = detection_models.images()
+    ready = detection.xla_ready(copy.deepcopy(model)).to(device)
+    torch_xla.sync()
+    with torch.no_grad():
+        expected = model(images)
+        runs = []
+        for batch in (images, [image.flip(-1) for image in images]):
+            metrics.clear_all()
+            runs.append(detection.trim(ready([image.to(device) for image in batch])))
+            # A CPU fallback counts as aten::<op> (torchvision::<op> for its custom ops).
+            fallbacks = [
+                n for n in metrics.counter_names() if "::" in n and not n.startswith("xla::")
+            ]
+            assert fallbacks == []
+            compilations = _compilations(metrics)
+        expected_flipped = model([image.flip(-1) for image in images])
+    assert compilations == 0  # new data of the same shape: the first run's graph
+    assert_same_detections(expected, runs[0], SCORE_TOL, BOX_TOL)
+    assert_same_detections(expected_flipped, runs[1], SCORE_TOL, BOX_TOL)
+
+
+def test_training_mode_keeps_torchvisions_losses():
+    model = detection_models.model("faster_rcnn").train()
+    ready = detection.xla_ready(copy.deepcopy(model))
+    images = detection_models.images()
+    targets = [
+        {"boxes": torch.tensor([[10.0, 12.0, 90.0, 100.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.tensor([[30.0, 5.0, 70.0, 150.0]]), "labels": torch.tensor([3])},
+    ]
+    torch.manual_seed(5)  # the samplers of training RoIs draw at random
+    want = model(images, targets)
+    torch.manual_seed(5)
+    got = ready(images, targets)
+    assert set(got) == set(want)
+    for name, loss in want.items():
+        torch.testing.assert_close(got[name], loss, rtol=1e-5, atol=1e-6)
+
+
+def test_other_models_are_refused():
+    with pytest.raises(TypeError, match="RetinaNet, FCOS and Faster R-CNN"):
+        detection.xla_ready(torch.nn.Linear(2, 2))
