@@ -11,8 +11,11 @@ import numpy as np
 import asickernels
 from asickernels.testing.cases import random_boxes
 
-# Every op but quantize_int8, whose scale spans the whole array, has SPMD wrappers.
-SHARDED_OPS = [op for op in asickernels.OPS if op.name != "quantize_int8"]
+# Every op has SPMD wrappers but quantize_int8, whose scale spans the whole array, and the
+# ops without a partition rule (roi_align: a RoI names its image by index).
+SHARDED_OPS = [
+    op for op in asickernels.OPS if op.name != "quantize_int8" and op.partition != "none"
+]
 
 
 def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
@@ -47,6 +50,14 @@ def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
         "boxes1": random_boxes(rng, (*batch, 3)),
         "boxes2": random_boxes(rng, (*batch, 6)),
     }
+    roi = {  # two RoIs on two images; every optional argument off its default
+        "input": rng.normal(size=(2, 3, 9, 11)).astype(np.float32),
+        "rois": np.array([[0, 1.5, 0.5, 7.0, 6.0], [1, 0.0, 2.0, 9.5, 8.5]], np.float32),
+        "output_size": (2, 4),
+        "spatial_scale": 0.75,
+        "sampling_ratio": 2,
+        "aligned": True,
+    }
     return {
         "giou": pairs,
         "diou": pairs,
@@ -69,6 +80,8 @@ def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
         "quantize_int8": {"x": rng.normal(size=(*batch, 4, 6)).astype(np.float32), "axis": 1},
         "box_iou": pairwise,
         "generalized_box_iou": pairwise,
+        "roi_align": roi,
+        "roi_align_vjp": {**roi, "cotangent": rng.normal(size=(2, 3, 2, 4)).astype(np.float32)},
     }[name]
 
 

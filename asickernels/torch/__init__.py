@@ -53,6 +53,8 @@ __all__ = [
     "int8_matmul",
     "nms",
     "quantize_int8",
+    "roi_align",
+    "roi_align_vjp",
 ]
 
 ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
@@ -288,5 +290,57 @@ def ciou_loss(
         targets=targets,
         mask=mask,
         reduction=reduction,
+        backend=backend,
+    )
+
+
+def roi_align(
+    input: ArrayLike,
+    rois: ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    backend: str | None = None,
+) -> Tensor:
+    """RoIAlign of feature maps ``input [N, C, H, W]`` over ``rois [K, 5]`` rows
+    ``(batch index, x1, y1, x2, y2)`` -> ``[K, C, PH, PW]``, as ``torchvision.ops.roi_align``;
+    differentiable in ``input``. Contract: :func:`asickernels.roi_align`."""
+    return _call(
+        asickernels.roi_align,
+        input=input,
+        rois=rois,
+        output_size=output_size,
+        spatial_scale=spatial_scale,
+        sampling_ratio=sampling_ratio,
+        aligned=aligned,
+        backend=backend,
+    )
+
+
+def roi_align_vjp(
+    input: ArrayLike,
+    rois: ArrayLike,
+    cotangent: ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    backend: str | None = None,
+) -> Tensor:
+    """The gradient ``[N, C, H, W]`` of ``sum(cotangent * roi_align(input, rois, ...))`` with
+    respect to ``input`` (whose shape it takes), for ``cotangent [K, C, PH, PW]``. Contract:
+    :func:`asickernels.roi_align_vjp`."""
+    return _call(
+        asickernels.roi_align_vjp,
+        input=input,
+        rois=rois,
+        cotangent=cotangent,
+        output_size=output_size,
+        spatial_scale=spatial_scale,
+        sampling_ratio=sampling_ratio,
+        aligned=aligned,
         backend=backend,
     )
