@@ -555,6 +555,20 @@ VALID_ARGUMENTS = {
     "ciou": {"boxes1": BOXES, "boxes2": BOXES},
     "ciou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
     "ciou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
+    "roi_align": {
+        "input": np.ones((1, 2, 5, 5), np.float32),
+        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
+        "output_size": (2, 2),
+        "spatial_scale": 0.5,
+        "sampling_ratio": 2,
+        "aligned": True,
+    },
+    "roi_align_vjp": {
+        "input": np.ones((1, 2, 5, 5), np.float32),
+        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
+        "cotangent": np.ones((1, 2, 2, 2), np.float32),
+        "output_size": (2, 2),
+    },
 }
 # Values that are no array: None (refused where the array is required), a plain object, a
 # string, a ragged list.
@@ -567,6 +581,10 @@ BAD_STATICS = {
     "score_threshold": ["0.1", [0.1]],
     "out_dtype": ["nonsense", np.int8, object()],
     "axis": ["0", 1.0, 7],
+    "output_size": [None, (2, 0), (2, 2, 2), "2"],
+    "spatial_scale": [None, "0.5", -1.0, float("nan")],
+    "sampling_ratio": [None, 2.0, True],
+    "aligned": [None, 1, "yes"],
 }
 
 
@@ -631,6 +649,10 @@ def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
 @pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
 def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
     """The cpu backend has no tuning config; ops without a kernel take none either."""
-    backend = {} if op.name == "quantize_int8" else {"backend": "cpu"}
+    backend = {
+        "quantize_int8": {},
+        "roi_align": {"backend": "xla"},  # no cpu kernel yet
+        "roi_align_vjp": {"backend": "xla"},
+    }.get(op.name, {"backend": "cpu"})
     with pytest.raises((TypeError, ValueError), match="config"):
         _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})

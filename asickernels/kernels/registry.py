@@ -199,7 +199,13 @@ def _import_kernels(name: str) -> str | None:
             if package:
                 path = getattr(importlib.import_module(package), "__path__", None)
                 if path is not None:
-                    modules = [f"{package}.{m.name}" for m in pkgutil.iter_modules(path)]
+                    # Kernel modules have public names; private ones (helpers, the cpu
+                    # backend's compiled library) are imported by them as they need.
+                    modules = [
+                        f"{package}.{m.name}"
+                        for m in pkgutil.iter_modules(path)
+                        if not m.name.startswith("_")
+                    ]
             for module in modules:
                 importlib.import_module(module)
             _IMPORTED[name] = None

@@ -54,8 +54,7 @@ def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def _check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
-    features, rois = specs["input"], specs["rois"]
-    assert features is not None and rois is not None
+    features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
     _checks.check_float(features, "input")
     _checks.check_float(rois, "rois")
     if len(features.shape) != 4:
@@ -92,8 +91,7 @@ def _compute_roi_align(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any
 def _check_roi_align_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
     features, rois = _check_input_and_rois(specs)
     normalized = _check_statics(statics)
-    cotangent = specs["cotangent"]
-    assert cotangent is not None
+    cotangent = _checks.required(specs, "cotangent")
     _checks.check_float(cotangent, "cotangent")
     height, width = dict(normalized)["output_size"]
     expected = (rois.shape[0], features.shape[1], height, width)
