@@ -142,6 +142,8 @@ def library() -> ctypes.CDLL:
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
     lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
+    lib.asickernels_cpu_ffi_target_name.argtypes = [i64]
+    lib.asickernels_cpu_ffi_target_name.restype = ctypes.c_char_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
     lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
