@@ -45,7 +45,7 @@ $(TX_STAMP): requirements-torch-xla.txt pyproject.toml $(NATIVE)
 test-torch-xla: $(TX_STAMP)
 	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/test_torch_frontend.py \
 		tests/test_spmd_torch_xla.py tests/test_spmd_jax.py tests/test_conformance.py \
-		tests/test_torchvision_compat.py
+		tests/test_torchvision_compat.py tests/test_detection.py tests/test_readme.py
 
 test: lint test-main test-torch-xla
 

@@ -181,10 +181,15 @@ def check_no_races(mode: InterpretMode) -> None:
     """After an eager TPU-interpret run, raises if the interpreter saw a data race."""
     if mode != "tpu_interpret":
         return
-    # JAX has no public accessor for the race detector's findings (its own tests read this).
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as state
+    # JAX has no public accessor for the race detector's findings (its own tests read this
+    # state); it moved in jax 0.8.
+    import importlib
 
-    races = getattr(state, "races", None)
+    try:  # jax >= 0.8
+        state = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
+    except ImportError:  # jax 0.7: interpret is a module
+        state = importlib.import_module("jax._src.pallas.mosaic.interpret")
+    races = state.races
     if races is not None and races.races_found:
         raise RuntimeError("TPU interpret mode detected a data race in a Pallas kernel")
 
