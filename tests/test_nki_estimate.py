@@ -155,6 +155,20 @@ def test_benchmark_reports_an_estimate_marked_as_such_and_the_bound_engine():
     assert result.estimate.instructions == 3  # load, multiply, dma_copy
 
 
+def test_benchmark_result_writes_its_timeline_as_a_chrome_trace(tmp_path):
+    bench = nki.benchmark(_scaled_add)
+    with pytest.warns(NoDeviceTimeWarning):
+        bench(nt.tensor[[128, 512], nl.float32])
+    path = tmp_path / "timeline.json"
+    bench.benchmark_result.write_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in spans] == ["load", "multiply", "dma_copy"]
+    assert trace["otherData"]["estimate"] is True
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert end == pytest.approx(bench.benchmark_result.estimate.latency_us)
+
+
 def test_placeholder_inputs_trace_only_and_estimate_as_arrays_do():
     bench = nki.benchmark(_scaled_add)
     with pytest.warns(NoDeviceTimeWarning):
@@ -214,3 +228,25 @@ def test_tutorial_kernel_computes_the_product_with_array_inputs():
     np.testing.assert_allclose(out, lhs_t.T @ rhs, rtol=1e-4, atol=1e-3)
     assert bench.benchmark_result.estimate.latency_us > 0
     assert runtime.last_traces()[0][0] == 2  # the legacy API's default target: trn1
+
+
+@pytest.mark.slow
+def test_sdk_tutorial_main_prints_four_estimated_latencies():
+    """``python -m asickernels.simulate.nki`` runs the 2.20 tutorial file unchanged: its
+    ``__main__`` benchmarks [4096, 8192] @ [8192, 8192] bf16 placeholders four times."""
+    import subprocess
+
+    script = TUTORIAL / "matrix_multiplication_nki_kernels.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "asickernels.simulate.nki", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=True,
+    )
+    latencies = [
+        float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("Latency:")
+    ]
+    assert len(latencies) == 4 and all(ms > 0 for ms in latencies), done.stdout
+    assert latencies[3] < latencies[2] < latencies[1] < latencies[0]  # the tutorial's order
+    assert "cost-model estimate" in done.stderr

@@ -31,6 +31,7 @@ import numpy as np
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.estimate import Estimate, estimate
 from asickernels.simulate.nki.tensor import nki_dtype
+from asickernels.simulate.nki.trace import Instruction
 
 __all__ = [
     "BenchmarkResult",
@@ -94,13 +95,26 @@ class BenchmarkResult:
     slowest logical core's) and the simulator's ``counters`` of the run."""
 
     def __init__(
-        self, counters: dict[str, float], estimated: Estimate | None = None, note: str = NO_DEVICE
+        self,
+        counters: dict[str, float],
+        estimated: Estimate | None = None,
+        note: str = NO_DEVICE,
+        trace: tuple[int, list[Instruction]] | None = None,
     ) -> None:
         self.nc_latency = Latency(estimate_us=None if estimated is None else estimated.latency_us)
         self.device_time_measured = False
         self.estimate = estimated
         self.note = note if estimated is None else f"{note}; {ESTIMATED}"
         self.counters = counters
+        self._trace = trace  # (NeuronCore version, instructions) of the estimated core
+
+    def write_chrome_trace(self, path: str) -> None:
+        """Writes the estimated engine timeline as Chrome/Perfetto trace JSON (open it in
+        ui.perfetto.dev or chrome://tracing); modelled, not a profile."""
+        if self._trace is None:
+            raise ValueError("this benchmark result has no instruction trace to lay out")
+        version, instructions = self._trace
+        estimate(instructions, version, timeline=True).write_chrome_trace(path)
 
     def __repr__(self) -> str:
         return f"BenchmarkResult({self.note})"
@@ -154,9 +168,15 @@ class Benchmarked(_Decorated):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self._simulate("benchmark", args, kwargs, f"{NO_DEVICE}; {ESTIMATED}")
-        estimates = [estimate(trace, version) for version, trace in runtime.last_traces()]
-        slowest = max(estimates, key=lambda e: e.latency_us, default=None)
-        self.benchmark_result = BenchmarkResult(runtime.last_counters(), slowest)
+        traces = runtime.last_traces()
+        estimates = [estimate(trace, version) for version, trace in traces]
+        if not estimates:  # nothing ran
+            self.benchmark_result = BenchmarkResult(runtime.last_counters())
+            return result
+        slowest = max(range(len(estimates)), key=lambda i: estimates[i].latency_us)
+        self.benchmark_result = BenchmarkResult(
+            runtime.last_counters(), estimates[slowest], trace=traces[slowest]
+        )
         return result
 
 
