@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from asickernels.simulate.nki.tensor import MemoryRegion
+
 __all__ = ["Access", "Instruction", "access", "instruction"]
 
 
@@ -57,9 +59,8 @@ class Instruction:
     writes: tuple[Access, ...]
 
 
-def _memory(buffer: Any) -> str:
-    name = str(getattr(buffer, "value", buffer)).lower()
-    return "psum" if "psum" in name else "sbuf" if "sbuf" in name else "hbm"
+def _memory(buffer: MemoryRegion) -> str:
+    return buffer.value if buffer in (MemoryRegion.sbuf, MemoryRegion.psum) else "hbm"
 
 
 def _runs(first_partition: np.ndarray) -> int:
