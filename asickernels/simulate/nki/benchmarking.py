@@ -46,8 +46,8 @@ __all__ = [
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
 NO_DEVICE = "no Neuron device: the kernel ran in the CPU simulator and no device time was measured"
 ESTIMATED = (
-    "no device time measured: latencies are a cost-model estimate from the simulator's "
-    "instruction trace (asickernels.simulate.nki.estimate)"
+    "latencies are a cost-model estimate from the simulator's instruction trace, not a "
+    "measurement (asickernels.simulate.nki.estimate)"
 )
 
 
