@@ -265,3 +265,27 @@ def test_sdk_tutorial_main_prints_four_estimated_latencies():
     assert len(latencies) == 4 and all(ms > 0 for ms in latencies), done.stdout
     assert latencies[3] < latencies[2] < latencies[1] < latencies[0]  # the tutorial's order
     assert "cost-model estimate" in done.stderr
+
+
+def test_legacy_isa_adapters_trace_the_kernels_tiles():
+    """Legacy ``nisa`` calls that run through the current API's implementation are traced
+    with the kernel's own tiles, so they depend on the load that wrote their input."""
+    _, legacy_nki, legacy_nl, legacy_nt = _legacy_tutorial()
+    import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
+
+    def kernel(x, out):
+        tile = legacy_nl.load(x)
+        summed = legacy_nisa.tensor_tensor(tile, tile, op=legacy_nl.add)
+        legacy_nl.store(out, summed)
+
+    bench = legacy_nki.benchmark(kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoDeviceTimeWarning)
+        bench(
+            legacy_nt.tensor[[128, 512], legacy_nl.float32],
+            legacy_nt.tensor[[128, 512], legacy_nl.float32],
+        )
+    ((_, trace),) = runtime.last_traces()
+    load, add, store = trace
+    assert (load.api, add.api, store.api) == ("load", "tensor_tensor", "store")
+    assert add.reads[0].key == load.writes[0].key and store.reads[0].key == add.writes[0].key

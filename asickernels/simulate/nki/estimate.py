@@ -183,7 +183,8 @@ def _compute_ns(instruction: Instruction, generation: Generation, engine: str) -
         return cycles / generation.clock_ghz[engine]
     tiles = reads + writes
     n = max((a.free_size for a in tiles), default=1)
-    inputs = max(1, sum(a.memory != "hbm" for a in reads))
+    # Input tiles of the full free size ([P, 1] per-partition scalars ride along for free).
+    inputs = max(1, sum(a.memory != "hbm" and a.free_size >= n for a in reads))
     if engine == "vector":
         n = math.ceil(n / _lanes(generation.vector_rate, tiles))
     elif engine == "scalar":
