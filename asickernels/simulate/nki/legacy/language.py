@@ -933,7 +933,7 @@ def broadcast_to(src: Tensor, *, shape: Sequence[int], **kwargs: Any) -> Tensor:
         raise errors.ShapeMismatch(f"cannot broadcast {src!r} to {list(target)}") from None
     oob = None if src.out_of_bounds is None else np.broadcast_to(src.out_of_bounds, target)
     if target[0] != src.shape[0]:  # the partition broadcast is a TensorE instruction
-        runtime.active_run("broadcast_to").count("tensor")
+        runtime.active_run("broadcast_to").count("tensor", "broadcast_to", (src,))
     return Tensor(src.storage, offsets, 0, oob, repeats=True, dynamic=src.dynamic)
 
 

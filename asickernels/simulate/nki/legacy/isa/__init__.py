@@ -781,7 +781,7 @@ def tensor_copy_dynamic_dst(
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
     values = source.read() if source.dtype == target.dtype else nl.as_f32(source)
     target.write(values.reshape(target.shape), where, api)
-    runtime.active_run(api).count(chosen)
+    runtime.active_run(api).count(chosen, api, (source,), (target,))
 
 
 def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
