@@ -289,3 +289,14 @@ def test_legacy_isa_adapters_trace_the_kernels_tiles():
     load, add, store = trace
     assert (load.api, add.api, store.api) == ("load", "tensor_tensor", "store")
     assert add.reads[0].key == load.writes[0].key and store.reads[0].key == add.writes[0].key
+
+
+def test_recorded_calibration_matches_the_models_constants():
+    """benchmarks/nki_estimate/calibration.json was recorded with the model's DMA constant;
+    re-run the script when a constant changes."""
+    path = pathlib.Path(__file__).parents[1] / "benchmarks/nki_estimate/calibration.json"
+    record = json.loads(path.read_text())
+    assert record["model"]["dma_buffer_ns"] == cost_model.DMA_BUFFER_NS
+    rows = [r for r in record["model"]["rows"] if r["absolute"]]
+    errors = sorted(abs(r["estimate_ms"] / r["published_ms"] - 1) for r in rows)
+    assert record["model"]["median_abs_error"] == pytest.approx(errors[len(errors) // 2], abs=1e-3)
