@@ -29,7 +29,7 @@ from asickernels.simulate.nki.install import install
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "tests/data/vendor/aws-neuron-sdk@72825d5/general/nki/examples"
 DOCS = "aws-neuron-sdk@72825d5 general/nki/tutorials/"
-BUFFER_NS_GRID = [float(ns) for ns in range(0, 401, 5)]
+BUFFER_NS_GRID = [float(ns) for ns in range(0, 401, 10)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ The model:
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
-``+=`` of a matmul result is the matmul accumulating (no instruction either).
+``+=`` of a matmul result is the matmul accumulating (no instruction either), and zeroing a
+PSUM tile costs nothing (the next matmul starts a new accumulation group).
 
 Sources (aws-neuron-sdk, file@commit):
 
@@ -207,6 +208,17 @@ def _dma_ns(instruction: Instruction, generation: Generation, buffer_ns: float) 
     return max(engine_ns, nbytes / generation.hbm_bytes_per_ns)
 
 
+def _elided(instruction: Instruction) -> bool:
+    """Instructions the compiler removes: ``assign`` (the producer writes the destination
+    directly) and zeroing a PSUM tile (the next matmul into it starts a new accumulation
+    group instead: the tutorials' ``nl.zeros(..., buffer=nl.psum)`` before ``+=``)."""
+    if instruction.api == "assign":
+        return True
+    writes = instruction.writes
+    zeroing = instruction.api in ("full", "memset") and not instruction.reads
+    return zeroing and bool(writes) and all(a.memory == "psum" for a in writes)
+
+
 class _Regions:
     """When each written element range of each storage is ready."""
 
@@ -243,7 +255,7 @@ def estimate(
     finish = 0.0
     for instruction in trace:
         ready = regions.ready(instruction.reads + instruction.writes)
-        if instruction.api == "assign":  # the producer writes the destination directly
+        if _elided(instruction):
             regions.write(instruction.writes, ready)
             continue
         engine = instruction.engine
