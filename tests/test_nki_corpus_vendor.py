@@ -167,7 +167,7 @@ def test_benchmark_decorated_kernel_runs_and_says_no_device_time(vendor):
     np.testing.assert_allclose(out, module.cpu_golden_result(x, out.shape))
     result = bench.benchmark_result
     assert result.device_time_measured is False
-    assert np.isnan(result.nc_latency.get_latency_percentile(50))
+    assert result.nc_latency.get_latency_percentile(50) == result.estimate.latency_us > 0
     assert result.counters["dma_transfers"] > 0
 
 

@@ -4,16 +4,18 @@ On a device these decorators compile a kernel, run it with ``neuron-bench`` / ``
 and report latency (general/nki/api/nki/__init__.py at aws-neuron-sdk 0521004c, ``benchmark``
 and ``profile``; the 2.27+ ``nki`` reference keeps only ``jit`` and ``simulate``). Here they
 run the kernel once in the simulator, so kernels and test files that benchmark run unchanged,
-and say plainly that no device time was measured: a :class:`NoDeviceTimeWarning` on every call,
-``benchmark_result.device_time_measured`` is False and every latency percentile is NaN.
+and say plainly that no device time was measured: a :class:`NoDeviceTimeWarning` on every call
+and ``benchmark_result.device_time_measured`` is False.
+
+``benchmark`` reports a model estimate instead: the cost model
+(:mod:`asickernels.simulate.nki.estimate`) schedules the run's instruction trace, and every
+latency percentile is that one estimate (``nc_latency.estimated`` is True;
+``benchmark_result.estimate`` has the bound engine and each engine's busy share).
 
 Inputs may be arrays or placeholders (``nt.tensor[[8192, 4096], nl.bfloat16]``, which the SDK
-accepts because it never uses the values: "the output c tensor is undefined"); placeholders run
-as zero arrays of their shape and dtype.
-
-:class:`Latency` holds latency samples in microseconds; the simulator records none. An
-estimate from the run's instruction trace (``benchmark_result.counters``) can fill them in
-without changing the API.
+accepts because it never uses the values: "the output c tensor is undefined"). With
+placeholders only the run is trace-only: shapes and dtypes matter, every value reads as zero
+and no values are computed, so large shapes estimate quickly.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import runtime
+from asickernels.simulate.nki.estimate import Estimate, estimate
 from asickernels.simulate.nki.tensor import nki_dtype
+from asickernels.simulate.nki.trace import Instruction
 
 __all__ = [
     "BenchmarkResult",
@@ -41,6 +45,10 @@ __all__ = [
 # benchmark's docstring: "Available percentiles: [0, 1, 10, 25, 50, 90, 99, 100]".
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
 NO_DEVICE = "no Neuron device: the kernel ran in the CPU simulator and no device time was measured"
+ESTIMATED = (
+    "latencies are a cost-model estimate from the simulator's instruction trace, not a "
+    "measurement (asickernels.simulate.nki.estimate)"
+)
 
 
 class NoDeviceTimeWarning(UserWarning):
@@ -48,40 +56,73 @@ class NoDeviceTimeWarning(UserWarning):
 
 
 class Latency:
-    """``benchmark_result.nc_latency``: latency statistics in microseconds."""
+    """``benchmark_result.nc_latency``: latency statistics in microseconds, measured
+    ``samples_us`` or one model ``estimate_us`` (then every percentile is the estimate)."""
 
-    def __init__(self, samples_us: Sequence[float] = ()) -> None:
+    def __init__(self, samples_us: Sequence[float] = (), estimate_us: float | None = None) -> None:
         self.samples_us = [float(s) for s in samples_us]
+        self.estimate_us = estimate_us
 
     @property
     def measured(self) -> bool:
         return bool(self.samples_us)
 
+    @property
+    def estimated(self) -> bool:
+        return not self.samples_us and self.estimate_us is not None
+
     def get_latency_percentile(self, percentile: int) -> float:
         """The ``percentile``-th latency in microseconds (one of 0, 1, 10, 25, 50, 90, 99,
-        100); NaN when nothing was measured."""
+        100); the estimate when one was modelled instead; NaN when neither exists."""
         if isinstance(percentile, bool) or percentile not in PERCENTILES:
             raise ValueError(f"percentile must be one of {list(PERCENTILES)}, got {percentile!r}")
-        if not self.samples_us:
-            return math.nan
-        return float(np.percentile(self.samples_us, percentile))
+        if self.samples_us:
+            return float(np.percentile(self.samples_us, percentile))
+        return math.nan if self.estimate_us is None else float(self.estimate_us)
 
     def __repr__(self) -> str:
-        return f"Latency({len(self.samples_us)} samples)" if self.measured else "Latency(none)"
+        if self.measured:
+            return f"Latency({len(self.samples_us)} samples)"
+        if self.estimated:
+            return f"Latency(estimate {self.estimate_us:.3f} us, not measured)"
+        return "Latency(none)"
 
 
 class BenchmarkResult:
-    """What one benchmarked call reports: latency (none here), whether device time was
-    measured, why not, and the simulator's counters of the run (see ``last_counters``)."""
+    """What one benchmarked call reports: ``nc_latency`` (a model estimate here, never a
+    measurement), ``device_time_measured`` (False), ``note`` (why), ``estimate`` (the
+    :class:`~asickernels.simulate.nki.estimate.Estimate`: bound engine, busy shares; the
+    slowest logical core's) and the simulator's ``counters`` of the run."""
 
-    def __init__(self, counters: dict[str, float], note: str = NO_DEVICE) -> None:
-        self.nc_latency = Latency()
+    def __init__(
+        self,
+        counters: dict[str, float],
+        estimated: Estimate | None = None,
+        note: str = NO_DEVICE,
+        trace: tuple[int, list[Instruction]] | None = None,
+    ) -> None:
+        self.nc_latency = Latency(estimate_us=None if estimated is None else estimated.latency_us)
         self.device_time_measured = False
-        self.note = note
+        self.estimate = estimated
+        self.note = note if estimated is None else f"{note}; {ESTIMATED}"
         self.counters = counters
+        self._trace = trace  # (NeuronCore version, instructions) of the estimated core
+
+    def write_chrome_trace(self, path: str) -> None:
+        """Writes the estimated engine timeline as Chrome/Perfetto trace JSON (open it in
+        ui.perfetto.dev or chrome://tracing); modelled, not a profile."""
+        if self._trace is None:
+            raise ValueError("this benchmark result has no instruction trace to lay out")
+        version, instructions = self._trace
+        estimate(instructions, version, timeline=True).write_chrome_trace(path)
 
     def __repr__(self) -> str:
         return f"BenchmarkResult({self.note})"
+
+
+def _is_placeholder(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return not isinstance(value, np.ndarray) and isinstance(shape, (tuple, list))
 
 
 def _placeholder_or_value(value: Any) -> Any:
@@ -106,22 +147,36 @@ class _Decorated:
     def __getitem__(self, grid: Any) -> Any:
         return type(self)(self.kernel[grid], self.options)
 
-    def _simulate(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        warnings.warn(f"nki.{what}: {NO_DEVICE}", NoDeviceTimeWarning, stacklevel=3)
+    def _simulate(
+        self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], note: str = NO_DEVICE
+    ) -> Any:
+        warnings.warn(f"nki.{what}: {note}", NoDeviceTimeWarning, stacklevel=3)
+        values = (*args, *kwargs.values())
+        tensors = [v for v in values if isinstance(v, np.ndarray) or _is_placeholder(v)]
+        trace_only = bool(tensors) and all(_is_placeholder(v) for v in tensors)
         args = tuple(_placeholder_or_value(a) for a in args)
         kwargs = {k: _placeholder_or_value(v) for k, v in kwargs.items()}
-        return self.kernel(*args, **kwargs)
+        with runtime.recording(trace_only):
+            return self.kernel(*args, **kwargs)
 
 
 class Benchmarked(_Decorated):
     """A kernel under ``nki.benchmark``: each call runs it once in the simulator and sets
-    ``benchmark_result`` (no device time; see the module docstring)."""
+    ``benchmark_result`` (an estimate, no device time; see the module docstring)."""
 
     benchmark_result: BenchmarkResult | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._simulate("benchmark", args, kwargs)
-        self.benchmark_result = BenchmarkResult(runtime.last_counters())
+        result = self._simulate("benchmark", args, kwargs, f"{NO_DEVICE}; {ESTIMATED}")
+        traces = runtime.last_traces()
+        estimates = [estimate(trace, version) for version, trace in traces]
+        if not estimates:  # nothing ran
+            self.benchmark_result = BenchmarkResult(runtime.last_counters())
+            return result
+        slowest = max(range(len(estimates)), key=lambda i: estimates[i].latency_us)
+        self.benchmark_result = BenchmarkResult(
+            runtime.last_counters(), estimates[slowest], trace=traces[slowest]
+        )
         return result
 
 

@@ -151,7 +151,7 @@ def full(
             f"cannot create an HBM tensor with an initial value ({name or 'tensor'} {list(shape)})"
         )
     tile = allocate(shape, dtype, buffer, name, "full", fill=fill_value)
-    runtime.active_run("full").count("vector")
+    runtime.active_run("full").count("vector", "full", (), (tile,))
     return tile
 
 
@@ -174,7 +174,7 @@ def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     alu.require("load", "src", src, alu.HBM)
     out = new_tile(src.shape, nki_dtype(dtype) if dtype is not None else src.dtype, "load")
     alu.write(out, alu.dma_values(src, out.dtype), "load")
-    run.count_dma(True, False, src.size * src.dtype.itemsize)
+    run.count_dma(True, False, src.size * src.dtype.itemsize, "load", (src,), (out,))
     return out
 
 
@@ -186,7 +186,7 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     if dst.shape != value.shape:
         raise errors.ShapeMismatch(f"'store' of {value!r} into {dst!r}: shapes differ")
     alu.write(dst, alu.dma_values(value, dst.dtype), "store")
-    run.count_dma(False, True, dst.size * dst.dtype.itemsize)
+    run.count_dma(False, True, dst.size * dst.dtype.itemsize, "store", (value,), (dst,))
 
 
 def copy(x: NkiTensor, dtype: Any = None) -> NkiTensor:
@@ -196,7 +196,7 @@ def copy(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     alu.require("copy", "x", x, alu.ON_CHIP)
     out = new_tile(x.shape, nki_dtype(dtype) if dtype is not None else x.dtype, "copy")
     alu.write(out, x.data if out.dtype == x.dtype else alu.as_f32(x), "copy")
-    run.count("vector")
+    run.count("vector", "copy", (x,), (out,))
     return out
 
 
@@ -234,7 +234,7 @@ def _elementwise(
     out_dtype = nki_dtype(dtype) if dtype is not None else _result_dtype(tiles)
     out = new_tile(tiles[0].shape, out_dtype, api)
     alu.write(out, np.asarray(function(*(read(v) for v in operands.values()))), api)
-    run.count("vector")
+    run.count("vector", api, tiles, (out,))
     return out
 
 
@@ -453,7 +453,7 @@ def _reduce(
         )
     out = new_tile(values.shape, nki_dtype(dtype) if dtype is not None else x.dtype, api)
     alu.write(out, values, api)
-    run.count("vector")
+    run.count("vector", api, (x,), (out,))
     return out
 
 

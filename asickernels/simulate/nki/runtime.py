@@ -3,13 +3,16 @@ accounting and counters) and the counters of the last finished run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
 import threading
 import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from asickernels.simulate.nki import errors
+from asickernels.simulate.nki import errors, trace
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 PMAX = 128
@@ -97,10 +100,13 @@ class Allocation:
     run's SBUF or PSUM until the last view referencing it is gone (Python's reference
     counting plays the role of the compiler's liveness analysis)."""
 
-    __slots__ = ("bytes_per_partition", "in_psum", "matmul_written", "run")
+    __slots__ = ("bytes_per_partition", "in_psum", "matmul_written", "run", "serial")
+
+    _serials = itertools.count(1)
 
     def __init__(self, run: Run, in_psum: bool, bytes_per_partition: int) -> None:
         self.run = run
+        self.serial = next(self._serials)  # names the storage in an instruction trace
         self.in_psum = in_psum
         self.bytes_per_partition = bytes_per_partition
         # PSUM only: which elements a matmul has written (for ``accumulate=None``).
@@ -137,6 +143,9 @@ class Run:
         self.psum_banks_in_use = 0
         self.peak_sbuf = 0
         self.peak_psum_banks = 0
+        # Set by :func:`recording`: the instruction trace, and whether values are skipped.
+        self.trace: list[trace.Instruction] | None = [] if _recording.get("trace") else None
+        self.trace_only = bool(_recording.get("trace_only"))
 
     def allocate(self, in_psum: bool, bytes_per_partition: int, what: str) -> Allocation:
         if in_psum:
@@ -190,11 +199,27 @@ class Run:
         else:
             self.sbuf_in_use -= allocation.bytes_per_partition
 
-    def count(self, engine: str) -> None:
+    def count(
+        self, engine: str, api: str = "", reads: Sequence[Any] = (), writes: Sequence[Any] = ()
+    ) -> None:
+        """One instruction on ``engine``; with a trace, also what it ``reads`` and ``writes``
+        (simulator tensors; scalars are skipped)."""
         self.instructions[engine] += 1
+        if self.trace is not None:
+            self.trace.append(trace.instruction(engine, api, reads, writes))
 
-    def count_dma(self, src_in_hbm: bool, dst_in_hbm: bool, nbytes: int) -> None:
+    def count_dma(
+        self,
+        src_in_hbm: bool,
+        dst_in_hbm: bool,
+        nbytes: int,
+        api: str = "dma",
+        reads: Sequence[Any] = (),
+        writes: Sequence[Any] = (),
+    ) -> None:
         self.dma_transfers += 1
+        if self.trace is not None:
+            self.trace.append(trace.instruction("dma", api, reads, writes))
         if src_in_hbm and not dst_in_hbm:
             self.hbm_to_sbuf_bytes += nbytes
         elif dst_in_hbm and not src_in_hbm:
@@ -217,6 +242,28 @@ class Run:
 # Each logical core (a thread under ``kernel[2]``) has its own run: its own SBUF and PSUM.
 _local = threading.local()
 _last_counters: dict[str, float] = {}
+_last_traces: list[tuple[int, list[trace.Instruction]]] = []
+_recording: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def recording(trace_only: bool = False) -> Iterator[None]:
+    """Runs started inside record an instruction trace (:func:`last_traces`); with
+    ``trace_only`` they skip computing values (placeholder inputs: only shapes and dtypes
+    matter, and every value read is zero)."""
+    previous = dict(_recording)
+    _recording.update(trace=True, trace_only=trace_only)
+    try:
+        yield
+    finally:
+        _recording.clear()
+        _recording.update(previous)
+
+
+def values_skipped() -> bool:
+    """Whether the run in progress skips computing values (trace-only mode)."""
+    run = _active()
+    return run is not None and run.trace_only
 
 
 def _active() -> Run | None:
@@ -255,7 +302,8 @@ def finish_run() -> None:
 def publish_counters(runs: list[Run]) -> None:
     """Makes the finished ``runs`` (one per logical core) the last run's counters: summed
     instructions and bytes, the largest peaks."""
-    global _last_counters
+    global _last_counters, _last_traces
+    _last_traces = [(run.target.version, run.trace) for run in runs if run.trace is not None]
     reports = [run.counters() for run in runs]
     _last_counters = {
         key: (max if key.startswith("peak_") else sum)(r[key] for r in reports)
@@ -265,6 +313,12 @@ def publish_counters(runs: list[Run]) -> None:
 
 def in_kernel() -> bool:
     return _active() is not None
+
+
+def last_traces() -> list[tuple[int, list[trace.Instruction]]]:
+    """``(NeuronCore version, instruction trace)`` per logical core of the most recent
+    finished run started under :func:`recording`; empty otherwise."""
+    return list(_last_traces)
 
 
 def last_counters() -> dict[str, float]:

@@ -210,7 +210,9 @@ def dma_copy(
     if dst.size != src.size:
         raise errors.ShapeMismatch(f"'{api}' from {src!r} to {dst!r}: element counts differ")
     alu.write(dst, alu.dma_values(src, dst.dtype), api)
-    run.count_dma(not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize)
+    run.count_dma(
+        not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize, "dma_copy", (src,), (dst,)
+    )
 
 
 def tensor_copy(
@@ -239,7 +241,7 @@ def tensor_copy(
     if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
         values = alu.cast(np.asarray(alu.as_f32(src)), language.nki_dtype(dtype))
     alu.write(dst, values, api)
-    run.count(chosen)
+    run.count(chosen, "tensor_copy", (src,), (dst,))
 
 
 def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: Any = None) -> None:
@@ -251,7 +253,7 @@ def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: 
     if chosen == "gpsimd":
         alu.check_no_psum_on_gpsimd(api, tiles)
     alu.write(dst, np.full(dst.shape, value), api)
-    run.count(chosen)
+    run.count(chosen, "memset", (value,), (dst,))
 
 
 def tensor_copy_predicated(
@@ -285,7 +287,7 @@ def tensor_copy_predicated(
         chosen = ~chosen
     values = src.data.reshape(dst.shape) if isinstance(src, NkiTensor) else alu.as_f32(src)
     alu.write(dst, np.where(chosen, alu.cast(np.asarray(values), dst.dtype), dst.data), api)
-    run.count("vector")
+    run.count("vector", "tensor_copy_predicated", (src, predicate), (dst,))
 
 
 # -- Tensor engine --------------------------------------------------------------------------
@@ -391,7 +393,7 @@ def nc_matmul(
     if dst.dtype != language.float32 and not (dst.dtype == language.bfloat16 and version >= 4):
         raise errors.UnsupportedDtype(f"'{api}' writes a float32 PSUM tile, got dst {dst.dtype}")
     _accumulate(dst, alu.matmul_f32(stationary_2d, moving_2d), accumulate, api)
-    run.count("tensor")
+    run.count("tensor", "nc_matmul", (stationary, moving), (dst,))
 
 
 def _tiling(api: str, tile_position: Any, tile_size: Any, version: int) -> tuple[int, int]:
@@ -471,7 +473,7 @@ def tensor_tensor(
     if op in language.BITVEC_OPS:
         read = language.read_bits
     alu.write(dst, np.asarray(function(read(data1), read(data2).reshape(data1.shape))), api)
-    run.count(chosen)
+    run.count(chosen, "tensor_tensor", (data1, data2), (dst,))
 
 
 def tensor_scalar(
@@ -493,7 +495,7 @@ def tensor_scalar(
     chosen = _tensor_scalar(
         "tensor_scalar", dst, data, op0, operand0, reverse0, op1, operand1, reverse1, engine
     )
-    run.count(chosen)
+    run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,))
 
 
 def _tensor_scalar(
@@ -577,7 +579,7 @@ def tensor_reduce(
     if alu.per_partition(dst) != values.size // data.shape[0]:
         raise errors.ShapeMismatch(f"'{api}' of {data!r} over {axes} does not fit {dst!r}")
     alu.write(dst, -values if negate else values, api)
-    run.count("vector")
+    run.count("vector", "tensor_reduce", (data,), (dst,))
 
 
 def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any = None) -> None:
@@ -602,7 +604,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
     else:
         values = language.ALU_OPS[op].reduce(_exact_integers(data), axis=0, keepdims=True)
     alu.write(dst, np.asarray(values), api)
-    run.count("gpsimd")
+    run.count("gpsimd", "tensor_partition_reduce", (data,), (dst,))
 
 
 def _affine_values(
@@ -636,7 +638,7 @@ def iota(
     alu.require(api, "dst", dst, alu.SBUF)
     values = _affine_values(api, dst, pattern, offset, channel_multiplier)
     alu.write(dst, values.astype(np.int32), api)
-    run.count("gpsimd")
+    run.count("gpsimd", "iota", (), (dst,))
 
 
 # -- Scalar engine: activations ----------------------------------------------------------
@@ -692,7 +694,7 @@ def activation(
     result = np.asarray(language.ACTIVATIONS[op](values), np.float32)
     alu.write(dst, result, api)
     _scalar_reduce(api, run, result, reduce_op, reduce_res, reduce_cmd)
-    run.count("scalar")
+    run.count("scalar", "activation", (data, bias, scale), (dst, reduce_res))
 
 
 def _scalar_reduce(
@@ -771,7 +773,7 @@ def tensor_tensor_scan(
         )
         result[:, i] = state
     alu.write(dst, result, api)
-    run.count("vector")
+    run.count("vector", "tensor_tensor_scan", (data0, data1, initial), (dst,))
 
 
 def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
@@ -781,7 +783,7 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     alu.write(dst, 1.0 / alu.as_f32(data), api)
-    run.count("vector")
+    run.count("vector", "reciprocal", (data,), (dst,))
 
 
 def nc_transpose(
@@ -806,7 +808,7 @@ def nc_transpose(
         alu.require(api, "dst", dst, alu.PSUM)
         alu.require(api, "data", data, alu.SBUF)
     alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
-    run.count(chosen)
+    run.count(chosen, "nc_transpose", (data,), (dst,))
 
 
 def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
@@ -824,7 +826,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
     if alu.per_partition(dst) != 6:
         raise errors.ShapeMismatch(f"'{api}' writes 6 elements per partition, dst is {dst!r}")
     alu.write(dst, alu.batch_norm_stats(alu.as_f32(data).reshape(data.shape[0], -1)), api)
-    run.count("vector")
+    run.count("vector", "bn_stats", (data,), (dst,))
 
 
 def bn_aggr(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
@@ -841,7 +843,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
         )
     triples = alu.as_f32(data).reshape(data.shape[0], -1, 3)
     alu.write(dst, alu.batch_norm_aggregate(triples), api)
-    run.count("vector")
+    run.count("vector", "bn_aggr", (data,), (dst,))
 
 
 def core_barrier(
@@ -851,7 +853,7 @@ def core_barrier(
     api = "core_barrier"
     run = runtime.active_run(api)
     run.launch.barrier.wait()
-    run.count("gpsimd")
+    run.count("gpsimd", "core_barrier", (data,), ())
 
 
 # -- MX (microscaling) on NeuronCore-v4 --------------------------------------------------
@@ -949,7 +951,9 @@ def nc_matmul_mx(
         "kiq,kjq->ij", dequantized(stationary, stationary_scale), dequantized(moving, moving_scale)
     )
     _accumulate(dst, product.astype(np.float32), accumulate, api)
-    run.count("tensor")
+    run.count(
+        "tensor", "nc_matmul_mx", (stationary, moving, stationary_scale, moving_scale), (dst,)
+    )
 
 
 # Largest unbiased exponent of each MX element type (nki.isa.quantize_mx, "Scale calculation").
@@ -1008,7 +1012,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
     if dst_scale.ndim != 2:
         raise errors.ShapeMismatch(f"'{api}' dst_scale must be 2-D, got {dst_scale!r}")
     dst_scale.data.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
-    run.count("vector")
+    run.count("vector", "quantize_mx", (src,), (dst, dst_scale))
 
 
 def affine_select(
@@ -1030,7 +1034,7 @@ def affine_select(
     predicate = _alu(api, cmp_op)(_affine_values(api, dst, pattern, offset, channel_multiplier), 0)
     values = alu.as_f32(on_true_tile).reshape(predicate.shape)
     alu.write(dst, np.where(predicate, values, np.float32(on_false_value)), api)
-    run.count("gpsimd")
+    run.count("gpsimd", "affine_select", (on_true_tile,), (dst,))
 
 
 def scalar_tensor_tensor(
@@ -1059,7 +1063,7 @@ def scalar_tensor_tensor(
     values = first(scalar, values) if reverse0 else first(values, scalar)
     other = alu.as_f32(operand1).reshape(data.shape)
     alu.write(dst, np.asarray(second(other, values) if reverse1 else second(values, other)), api)
-    run.count("vector")
+    run.count("vector", "scalar_tensor_tensor", (data, operand0, operand1), (dst,))
 
 
 # -- Vector engine accumulators ----------------------------------------------------------
@@ -1155,7 +1159,7 @@ def tensor_scalar_reduce(
     _write_reduce_result(
         api, reduce_res, -registers[:lanes] if reduce_res_negate else registers[:lanes]
     )
-    run.count("vector")
+    run.count("vector", "tensor_scalar_reduce", (data, operand0), (dst, reduce_res))
 
 
 def tensor_scalar_cumulative(
@@ -1197,7 +1201,7 @@ def tensor_scalar_cumulative(
         result[:, i] = state
     registers[:lanes] = state
     alu.write(dst, result, api)
-    run.count("vector")
+    run.count("vector", "tensor_scalar_cumulative", (src, imm0, imm1), (dst,))
 
 
 def exponential(
@@ -1225,7 +1229,7 @@ def exponential(
         )
         registers[:lanes] += np.asarray(result, np.float32).reshape(lanes, -1).sum(axis=1)
         _write_reduce_result(api, reduce_res, registers[:lanes])
-    run.count("vector")
+    run.count("vector", "exponential", (src, max_value), (dst, reduce_res))
 
 
 def select_reduce(
@@ -1268,7 +1272,7 @@ def select_reduce(
         )
         registers[:lanes] = function(registers[:lanes], result.reshape(lanes, -1).max(axis=1))
         _write_reduce_result(api, reduce_res, registers[:lanes])
-    run.count("vector")
+    run.count("vector", "select_reduce", (predicate, on_true, on_false), (dst, reduce_res))
 
 
 _FP32_MIN = float(np.finfo(np.float32).min)
@@ -1327,7 +1331,7 @@ def range_select(
     if reduce_cmd is not reduce_cmd.idle:
         registers[:lanes] = function(registers[:lanes], result.max(axis=1))
         _write_reduce_result(api, reduce_res, registers[:lanes])
-    run.count("vector")
+    run.count("vector", "range_select", (on_true_tile, bound0, bound1), (dst, reduce_res))
 
 
 # -- Vector engine: top-8 search ---------------------------------------------------------
@@ -1337,7 +1341,7 @@ def max8(dst: NkiTensor, src: NkiTensor, name: Any = None) -> None:
     run = runtime.active_run(api)
     values = _top8_source(api, dst, src)
     alu.write(dst, -np.sort(-values, axis=1)[:, :8], api)
-    run.count("vector")
+    run.count("vector", "max8", (src,), (dst,))
 
 
 def _top8_source(api: str, dst: NkiTensor, src: NkiTensor) -> np.ndarray:
@@ -1372,7 +1376,7 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: Any =
                 indices[lane, slot] = matches[0]
                 taken.add(int(matches[0]))
     alu.write(dst, indices, api)
-    run.count("vector")
+    run.count("vector", "nc_find_index8", (data, vals), (dst,))
 
 
 def _eight_values(api: str, vals: NkiTensor, data: NkiTensor) -> np.ndarray:
@@ -1415,7 +1419,7 @@ def nc_match_replace8(
         if dst_idx.shape[0] != lanes or alu.per_partition(dst_idx) != 8:
             raise errors.ShapeMismatch(f"'{api}' dst_idx must be [{lanes}, 8], got {dst_idx!r}")
         alu.write(dst_idx, positions, api)
-    run.count("vector")
+    run.count("vector", "nc_match_replace8", (data, vals, imm), (dst, dst_idx))
 
 
 # -- GpSimd engine: gathers and scans ----------------------------------------------------
@@ -1436,7 +1440,7 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any =
         raise errors.TensorAccessOutOfBound(f"'{api}' index {flat.max()} outside 0..{count - 1}")
     rows = data.data.reshape(data.shape[0], -1)
     alu.write(dst, np.take_along_axis(rows, flat, axis=1), api)
-    run.count("gpsimd")
+    run.count("gpsimd", "nc_n_gather", (data, indices), (dst,))
 
 
 def nonzero_with_count(
@@ -1465,7 +1469,7 @@ def nonzero_with_count(
         row[: found.size] = found
         row[-1] = found.size
         dst.data[lane] = row.astype(np.int32)
-    run.count("gpsimd")
+    run.count("gpsimd", "nonzero_with_count", (src,), (dst,))
 
 
 # -- DMA: transposes ----------------------------------------------------------------------
@@ -1501,7 +1505,14 @@ def dma_transpose(
     if values.shape != dst.shape:
         raise errors.ShapeMismatch(f"'{api}' of {src!r} gives {list(values.shape)}, dst is {dst!r}")
     alu.write(dst, values, api)
-    run.count_dma(not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize)
+    run.count_dma(
+        not src.on_chip,
+        not dst.on_chip,
+        src.size * src.dtype.itemsize,
+        "dma_transpose",
+        (src,),
+        (dst,),
+    )
 
 
 # -- randomness ---------------------------------------------------------------------------
@@ -1523,7 +1534,7 @@ def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any 
     drop = _per_partition_operand(api, "prob", prob, data)
     keep = _random_generator(run).random(data.shape) >= drop
     alu.write(dst, np.where(keep, data.data, 0), api)
-    run.count("vector")
+    run.count("vector", "dropout", (data, prob), (dst,))
 
 
 def rng(dst: NkiTensor, engine: engine = engine.vector, name: Any = None) -> None:
@@ -1540,7 +1551,7 @@ def rng(dst: NkiTensor, engine: engine = engine.vector, name: Any = None) -> Non
     bits = _random_generator(run).integers(0, 2**32, dst.shape, dtype=np.uint32)
     unsigned = np.dtype(f"u{dst.dtype.itemsize}")  # keep the least significant bits
     dst.data[...] = bits.astype(unsigned).view(dst.dtype)
-    run.count(chosen)
+    run.count(chosen, "rng", (), (dst,))
 
 
 def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: Any = None) -> None:
@@ -1554,7 +1565,7 @@ def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: 
     if np.any(np.asarray(low) >= np.asarray(high)):
         raise ValueError(f"'{api}' needs min < max")
     alu.write(dst, low + (high - low) * _random_generator(run).random(dst.shape), api)
-    run.count("vector")
+    run.count("vector", "rand2", (min, max), (dst,))
 
 
 # -- cross-partition movement, DMA compute, core-to-core transfers -------------------------
@@ -1585,7 +1596,7 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: A
                 raise errors.TensorAccessOutOfBound(f"'{api}' reads partition {origin} of {src!r}")
             result[partition] = source[origin]
     alu.write(dst, result, api)
-    run.count("vector")
+    run.count("vector", "nc_stream_shuffle", (src,), (dst,))
 
 
 def dma_compute(
@@ -1615,7 +1626,14 @@ def dma_compute(
             raise errors.ShapeMismatch(f"'{api}' srcs[{i}] {src!r} does not match {dst!r}")
         total += alu.as_f32(src).reshape(-1)
     alu.write(dst, total, api)
-    run.count_dma(any(not s.on_chip for s in srcs), not dst.on_chip, dst.size * dst.dtype.itemsize)
+    run.count_dma(
+        any(not s.on_chip for s in srcs),
+        not dst.on_chip,
+        dst.size * dst.dtype.itemsize,
+        "dma_compute",
+        (*srcs,),
+        (dst,),
+    )
 
 
 def sendrecv(
@@ -1653,7 +1671,7 @@ def sendrecv(
         int(pipe_id), run.program_id, int(send_to_rank), int(recv_from_rank), np.array(src.data)
     )
     alu.write(dst, received, api)
-    run.count_dma(False, False, src.size * src.dtype.itemsize)
+    run.count_dma(False, False, src.size * src.dtype.itemsize, "sendrecv", (src,), (dst,))
 
 
 # -- engine sequencer registers ----------------------------------------------------------
@@ -1787,7 +1805,7 @@ def activate2(
                 folded = function(folded, rows[:, column])
             registers[:lanes] = function(registers[:lanes], folded)
         _write_reduce_result(api, reduce_res, registers[:lanes])
-    run.count("scalar")
+    run.count("scalar", "activate2", (data, imm0, imm1), (dst, reduce_res))
 
 
 def local_gather(
@@ -1839,7 +1857,7 @@ def local_gather(
         columns = core_offsets[:, None] + np.arange(width)[None, :]
         gathered[start : start + 16] = rows[start : start + 16][:, columns]
     alu.write(dst, gathered, api)
-    run.count("gpsimd")
+    run.count("gpsimd", "local_gather", (src_buffer, index), (dst,))
 
 
 def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: Any = None) -> None:
@@ -1867,4 +1885,4 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: Any = None) ->
             -1 if ids[i] == 0 else (ends[i + 1] if i < n - 1 and ids[i] == ids[i + 1] else i + 1)
         )
     alu.write(dst, np.stack([starts, ends])[None], api)
-    run.count("gpsimd")
+    run.count("gpsimd", "sequence_bounds", (segment_ids,), (dst,))

@@ -434,6 +434,8 @@ class Tensor:
     def read(self) -> np.ndarray:
         """The view's values (elements outside the tensor read as the uninitialised
         sentinel; an instruction may only read them under a mask that excludes them)."""
+        if runtime.values_skipped():  # trace-only: every value reads as zero
+            return np.zeros(self.shape, self.dtype)
         offsets = self.offsets
         values = self.storage.flat[offsets]
         if self.out_of_bounds is not None and self.out_of_bounds.any():
@@ -444,16 +446,21 @@ class Tensor:
     def write(self, values: np.ndarray, where: np.ndarray | None, api: str) -> None:
         """Stores ``values`` (this view's shape) where ``where`` holds (everywhere if None)."""
         self.storage.check_writable(api)
-        selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
         if self.out_of_bounds is not None:
             check_in_bounds(api, self, where)
+        if where is None and not self.repeats and runtime.values_skipped():
+            if self.storage.written is not None:  # trace-only: only what is written
+                self.storage.written[self.offsets] = True
+            return
+        selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
         offsets = self.offsets[selected]
         if self.repeats and _has_duplicates(offsets, self.storage.flat.size):
             raise errors.StoreDstShapeSmallerThanOtherShape(
                 f"'{api}' would write several values into one element of {self!r}"
             )
-        cast = alu.cast(np.asarray(values), self.dtype)
-        self.storage.flat[offsets] = np.broadcast_to(cast, self.shape)[selected]
+        if not runtime.values_skipped():
+            cast = alu.cast(np.asarray(values), self.dtype)
+            self.storage.flat[offsets] = np.broadcast_to(cast, self.shape)[selected]
         if self.storage.written is not None:
             self.storage.written[offsets] = True
 

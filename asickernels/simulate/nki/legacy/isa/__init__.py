@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki import alu, errors, runtime, trace
 from asickernels.simulate.nki import isa as core_isa
 from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.legacy import language as nl
@@ -137,10 +138,11 @@ def _result(
     where: np.ndarray | None,
     engine_name: str,
     buffer: MemoryRegion = MemoryRegion.sbuf,
+    reads: Sequence[Any] = (),
 ) -> Tensor:
     out = nl.new_tile(tuple(values.shape), nki_dtype(dtype) if dtype else default, api, buffer)
     out.write(values, where, api)
-    runtime.active_run(api).count(engine_name)
+    runtime.active_run(api).count(engine_name, api, reads, (out,))
     return out
 
 
@@ -220,9 +222,13 @@ def _run_core(
         nl.require_tile(api, "dst", dst, nl.ON_CHIP)
         core_dst = _core_tensor(dst)
     converted = {name: _core_operand(v) for name, v in operands.items()}
+    run = runtime.active_run(api)
     instruction(core_dst, **converted)
     out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
     out.write(core_dst.data, mask_values(api, mask, out.shape), api)
+    if run.trace:  # the core instruction traced its copies: trace the legacy tiles instead
+        tiles = [v for v in operands.values() if isinstance(v, Tensor)]
+        run.trace[-1] = trace.instruction(run.trace[-1].engine, api, tiles, (out,))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
@@ -306,7 +312,7 @@ def activation(
             raise TypeError(f"'{api}' bias must be a [P, 1] tile")
         values = values + _per_partition_scalar(api, "bias", bias, tile)
     values = np.asarray(nl.ACTIVATIONS[op](values), np.float32)
-    out = _result(api, values, dtype, tile.dtype, where, "scalar")
+    out = _result(api, values, dtype, tile.dtype, where, "scalar", reads=(tile, bias, scale))
     command = _ReduceCmd(reduce_cmd)
     if command is _ReduceCmd.idle:
         if (reduce_op is None) != (reduce_res is None):
@@ -590,7 +596,7 @@ def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any
     values = nl.as_f32(tile).reshape(tile.shape[0], free)
     included = None if where is None else np.broadcast_to(where, tile.shape).reshape(values.shape)
     result = alu.batch_norm_stats(values, included)
-    return _result(api, result, dtype, tile.dtype, None, "vector")
+    return _result(api, result, dtype, tile.dtype, None, "vector", reads=(tile,))
 
 
 def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
@@ -608,7 +614,9 @@ def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any)
     if where is not None:  # masked-out triples take no part
         keep: Any = np.broadcast_to(where, tile.shape).reshape(values.shape).all(axis=2)
         values = np.where(keep[..., None], values, 0)
-    return _result(api, alu.batch_norm_aggregate(values), dtype, tile.dtype, None, "vector")
+    return _result(
+        api, alu.batch_norm_aggregate(values), dtype, tile.dtype, None, "vector", reads=(tile,)
+    )
 
 
 def tensor_copy_predicated(
@@ -668,7 +676,7 @@ def nc_find_index8(
     targets = nl.as_f32(wanted).reshape(tile.shape[0], 8)
     matches = values[:, None, :] == targets[:, :, None]  # [P, 8, N]
     found = np.where(matches.any(axis=2), matches.argmax(axis=2), 0)
-    return _result(api, found, out_dtype, out_dtype, None, "vector")
+    return _result(api, found, out_dtype, out_dtype, None, "vector", reads=(tile,))
 
 
 def nc_match_replace8(
@@ -704,7 +712,9 @@ def nc_match_replace8(
         if dst_idx.size != indices.size:
             raise errors.ShapeMismatch(f"'{api}' dst_idx must hold 8 per partition: {dst_idx!r}")
         dst_idx.write(indices.reshape(dst_idx.shape), None, api)
-    return _result(api, replaced.reshape(tile.shape), dtype, tile.dtype, where, "vector")
+    return _result(
+        api, replaced.reshape(tile.shape), dtype, tile.dtype, where, "vector", reads=(tile,)
+    )
 
 
 def nc_stream_shuffle(
@@ -742,7 +752,7 @@ def dropout(data: Tensor, prob: Any, *, mask: Any = None, dtype: Any = None, **k
     probability = _per_partition_scalar(api, "prob", prob, tile)
     keep = nl.generator(api).random(tile.shape) >= probability
     values = np.where(keep, nl.as_f32(tile), np.float32(0))
-    return _result(api, values, dtype, tile.dtype, where, "vector")
+    return _result(api, values, dtype, tile.dtype, where, "vector", reads=(tile,))
 
 
 def tensor_copy_dynamic_src(
@@ -771,7 +781,7 @@ def tensor_copy_dynamic_dst(
     chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
     values = source.read() if source.dtype == target.dtype else nl.as_f32(source)
     target.write(values.reshape(target.shape), where, api)
-    runtime.active_run(api).count(chosen)
+    runtime.active_run(api).count(chosen, api, (source,), (target,))
 
 
 def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
@@ -821,7 +831,7 @@ def tensor_partition_reduce(
         identity = {np.add: 0, np.maximum: -np.inf, np.bitwise_or: 0, np.bitwise_and: -1}
         values = np.where(where, values, identity[function])
     result = function.reduce(values, axis=0, keepdims=True)
-    return _result(api, np.asarray(result), dtype, tile.dtype, None, "gpsimd")
+    return _result(api, np.asarray(result), dtype, tile.dtype, None, "gpsimd", reads=(tile,))
 
 
 _PARTITION_REDUCE: dict[Any, Any] = {
@@ -905,7 +915,7 @@ def nc_transpose(
     values = nl.as_f32(tile).reshape(partitions, free).T
     where = mask_values(api, mask, (free, partitions))
     buffer = MemoryRegion.psum if chosen == "tensor" else MemoryRegion.sbuf
-    return _result(api, values, dtype, tile.dtype, where, chosen, buffer)
+    return _result(api, values, dtype, tile.dtype, where, chosen, buffer, reads=(tile,))
 
 
 # -- GpSimd engine ----------------------------------------------------------------------
@@ -957,7 +967,7 @@ def affine_select(
     chosen = mask_values(api, pred, tile.shape)
     assert chosen is not None  # pred is a Mask
     values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
-    return _result(api, values, dtype, tile.dtype, where, "gpsimd")
+    return _result(api, values, dtype, tile.dtype, where, "gpsimd", reads=(tile,))
 
 
 def dma_copy(
