@@ -25,7 +25,7 @@ from asickernels.kernels.declaration import host_empty
 _HERE = Path(__file__).parent
 _CSRC = _HERE / "csrc"
 # "1" selects the AddressSanitizer + UBSan build (one instruction-set level, compiled here);
-# the process needs LD_PRELOAD set to sanitizer_preload() (see tests/test_cpu_backend.py).
+# the process needs LD_PRELOAD set to sanitizer_preload() (see tests/backends/cpu/test_cpu_backend.py).
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 # The sanitized build's flags; setup.py has the release build's.
 _SANITIZE_FLAGS = (
