@@ -43,9 +43,10 @@ $(TX_STAMP): requirements-torch-xla.txt pyproject.toml $(NATIVE)
 
 # The PyTorch frontend, the SPMD wrappers and the conformance suite on torch_xla + jax 0.7.1.
 test-torch-xla: $(TX_STAMP)
-	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/test_torch_frontend.py \
-		tests/test_spmd_torch_xla.py tests/test_spmd_jax.py tests/test_conformance.py \
-		tests/test_torchvision_compat.py tests/test_detection.py tests/test_readme.py
+	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/kernels/test_conformance.py \
+		tests/frontends/test_torch_frontend.py tests/frontends/test_spmd_torch_xla.py \
+		tests/frontends/test_spmd_jax.py tests/frontends/test_torchvision_compat.py \
+		tests/frontends/test_detection.py tests/docs/test_readme.py
 
 test: lint test-main test-torch-xla
 

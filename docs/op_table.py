@@ -3,7 +3,7 @@
     python docs/op_table.py           # print the table
     python docs/op_table.py --write   # rewrite it in README.md, between its markers
 
-``tests/test_readme.py`` checks that README.md holds what this prints.
+``tests/docs/test_readme.py`` checks that README.md holds what this prints.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -17,6 +18,12 @@ from asickernels.kernels import registry
 
 # Test data (vendor kernels kept verbatim among them) is read by tests, never collected.
 collect_ignore = ["data"]
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+DATA = TESTS / "data"
+# The vendor corpus beside the checkout (CI has it; tests that need it skip without it).
+SHARED = REPO.parent / "shared"
 
 
 def backends_under_test(op: str) -> list[str]:

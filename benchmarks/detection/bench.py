@@ -19,7 +19,7 @@ shape, wall time per image (median over the batches after the first; every batch
 through every variant in turn, in one process), and
 the largest difference of the detections from CPU torchvision's and from plain torch_xla's
 (each detection matched to one of the same label; "unmatched" counts those without a
-match within 1e-3 px; see tests/test_detection.py for why near-tied scores may reorder).
+match within 1e-3 px; see tests/frontends/test_detection.py for why near-tied scores may reorder).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from asickernels.kernels.declaration import host_empty
 _HERE = Path(__file__).parent
 _CSRC = _HERE / "csrc"
 # "1" selects the AddressSanitizer + UBSan build (one instruction-set level, compiled here);
-# the process needs LD_PRELOAD set to sanitizer_preload() (see tests/test_cpu_backend.py).
+# the process needs LD_PRELOAD set to sanitizer_preload() (see tests/backends/cpu/test_cpu_backend.py).
 SANITIZE_ENV = "ASICKERNELS_CPU_SANITIZE"
 # The sanitized build's flags; setup.py has the release build's.
 _SANITIZE_FLAGS = (
@@ -140,8 +140,6 @@ def library() -> ctypes.CDLL:
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
     lib.asickernels_cpu_use_isa_level.argtypes = [c_int]
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
-    lib.asickernels_cpu_numpy_data.argtypes = [ctypes.py_object]
-    lib.asickernels_cpu_numpy_data.restype = ctypes.c_void_p
     lib.asickernels_cpu_ffi_target_name.argtypes = [i64]
     lib.asickernels_cpu_ffi_target_name.restype = ctypes.c_char_p
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
@@ -210,22 +208,10 @@ def ffi_name(target: str) -> str:
 def address(array: np.ndarray | None) -> int | None:
     """The data pointer of a C-contiguous array (None for None, or for an array that is not
     C-contiguous): the zero-copy hand-over."""
-    return None if array is None else contiguous_data()(array)
+    return None if array is None else _data_pointer(array)
 
 
-@functools.cache
-def contiguous_data() -> Callable[[np.ndarray], int | None]:
-    """``array -> data pointer``, None unless the array is C-contiguous: read in C from
-    numpy's array struct when that agrees with ``__array_interface__`` and ``.flags`` here
-    (CPython's and numpy's object layouts), else through them."""
-    read = library().asickernels_cpu_numpy_data
-    probes = [np.arange(3.0), np.zeros((2, 5), np.int8)[1:], np.arange(6)[::2], np.eye(3).T]
-    if all(read(a) == _python_data(a) for a in probes):
-        return read  # type: ignore[no-any-return]
-    return _python_data
-
-
-def _python_data(array: np.ndarray) -> int | None:
+def _data_pointer(array: np.ndarray) -> int | None:
     return array.__array_interface__["data"][0] if array.flags.c_contiguous else None
 
 
@@ -282,16 +268,15 @@ def bound_entry(
     sizes (what :class:`HostTwin`'s ``prepare`` gives), and returns new output arrays of
     ``outputs`` (shape, dtype) pairs, a tuple when there are several."""
     function = getattr(library(), f"asickernels_cpu_{entry}")
-    read = contiguous_data()
     nulls = [i for i, a in enumerate(inputs) if a is None]
     allocations = [functools.partial(host_empty, shape, dtype) for shape, dtype in outputs]
 
     def call(*arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = tuple(allocate() for allocate in allocations)
-        pointers = [*map(read, arrays)]
+        pointers = [*map(_data_pointer, arrays)]
         for i in nulls:
             pointers.insert(i, None)
-        status = function(*leading, *pointers, *trailing, *map(read, outs))
+        status = function(*leading, *pointers, *trailing, *map(_data_pointer, outs))
         if status:
             check(status)
         return outs[0] if len(outs) == 1 else outs

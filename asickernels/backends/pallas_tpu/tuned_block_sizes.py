@@ -6,7 +6,7 @@ block_k))`` in order; the last class has no bound (None). Chosen with compiler-s
 estimates (``asickernels estimate --tune`` at 8192^3 and 2048^3 for large M; the users'
 shapes of benchmarks/results/tpu_estimates.md for small M): larger K blocks amortise the
 accumulator traffic; with M small the weights stream, and a whole-M block is never padded.
-Each entry compiles with the real TPU compiler (tests/test_tpu_compile.py).
+Each entry compiles with the real TPU compiler (tests/backends/pallas_tpu/test_tpu_compile.py).
 """
 
 from __future__ import annotations

@@ -40,34 +40,9 @@ int with_metric_and_float(int metric, int dtype, Run&& run) {
   return with_float(dtype, [&](auto zero) { run(kind, zero); });
 }
 
-// The start of numpy's PyArrayObject_fields (numpy/ndarraytypes.h, the same in numpy 1 and
-// 2): PyObject_HEAD, the data pointer, ..., the flags. Python checks what this reads
-// against __array_interface__ and .flags before relying on it.
-struct NumpyArrayHead {
-  intptr_t refcount;
-  const void* type;
-  void* data;
-  int nd;
-  const intptr_t* dimensions;
-  const intptr_t* strides;
-  const void* base;
-  const void* descr;
-  int flags;
-};
-
-constexpr int kNumpyCContiguous = 0x0001;  // NPY_ARRAY_C_CONTIGUOUS
-
 }  // namespace
 
 extern "C" {
-
-// The data pointer of a C-contiguous numpy array given the array object, null for any
-// other array: ~10x cheaper from Python than __array_interface__ or .ctypes, which build
-// objects on every call.
-void* asickernels_cpu_numpy_data(const void* array_object) {
-  const auto* head = static_cast<const NumpyArrayHead*>(array_object);
-  return (head->flags & kNumpyCContiguous) != 0 ? head->data : nullptr;
-}
 
 int asickernels_cpu_max_threads() { return asickernels_cpu::max_threads(); }
 

@@ -12,14 +12,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from asickernels.backends.gpsimd import _library
 from asickernels.simulate import gpsimd as shim
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
@@ -38,7 +36,7 @@ def test_conformance_under_address_and_undefined_behaviour_sanitizers():
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "-m", "slow or not slow", "-k", selection,
-        "tests/test_conformance.py", "tests/test_gpsimd_shim.py",
+        "tests/kernels/test_conformance.py", "tests/simulate/gpsimd/test_gpsimd_shim.py",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800

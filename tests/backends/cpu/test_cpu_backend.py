@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import REPO
 
 import asickernels
 from asickernels import reference
@@ -34,7 +35,6 @@ from asickernels.testing.cases import (
     random_boxes,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 GIOU_ATOL = 2e-5
 GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5
 
@@ -655,7 +655,7 @@ def test_under_address_and_undefined_behaviour_sanitizers():
     }
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-        "-k", "not without_a_compiler", "tests/test_cpu_backend.py",
+        "-k", "not without_a_compiler", "tests/backends/cpu/test_cpu_backend.py",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800

@@ -14,6 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DATA, REPO
 
 from asickernels import reference, tpu_generations
 from asickernels.simulate import tpu_compile
@@ -24,7 +25,7 @@ from asickernels.simulate.tpu_estimate import report as tpu_cost_report
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate import walk as walking
 
-DUMPS = Path(__file__).parent / "data" / "tpu_dumps"
+DUMPS = DATA / "tpu_dumps"
 STREAM_BYTES = 2 * 1024 * 512 * 4  # the stored stream kernel reads and writes 1024x512 f32
 
 
@@ -301,13 +302,7 @@ def test_json_row_has_the_documented_fields_and_respects_the_roofline(tmp_path: 
     assert floored["floored"] and floored["program_ms"] == floored["roofline_ms"]
 
 
-RECORDED = (
-    Path(__file__).resolve().parents[1]
-    / "benchmarks"
-    / "results"
-    / "tpu_estimates"
-    / "estimates.json"
-)
+RECORDED = REPO / "benchmarks" / "results" / "tpu_estimates" / "estimates.json"
 
 
 def test_recorded_estimates_are_never_below_their_roofline() -> None:

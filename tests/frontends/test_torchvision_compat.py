@@ -30,11 +30,13 @@ try:
 except ImportError:
     pass
 
+from conftest import SHARED  # noqa: E402
+
 from asickernels.testing.cases import giou_cases, random_boxes  # noqa: E402
 from asickernels.torch import vision  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
-CORPUS = TESTS.parents[1] / "shared" / "corpus" / "torchvision"
+CORPUS = SHARED / "corpus" / "torchvision"
 PAIRWISE = ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou")
 LOSSES = ("generalized_box_iou_loss", "distance_box_iou_loss", "complete_box_iou_loss")
 # Boxes whose IoU matrices upstream checks: integer boxes (one nested in another), and three

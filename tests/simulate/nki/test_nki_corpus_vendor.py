@@ -20,17 +20,17 @@ import sys
 import unittest
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import DATA
 
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.errors import BroadcastOperandWarning
 
-VENDOR = Path(__file__).parent / "data" / "vendor"
+VENDOR = DATA / "vendor"
 SAMPLES = VENDOR / "nki-samples@8370e11"
 SDK_TESTS = VENDOR / "aws-neuron-sdk@81ce03a" / "nki" / "test"
 # SDK test files that do not run here, and why (each is a gap in the simulator).

@@ -1,6 +1,6 @@
 """The `asickernels` command and the benchmarking harness behind it: argument errors,
 plug-in commands, `info`, `check` exit codes, a tiny bench with its JSON and plot
-(benchmarks/README.md rendering: tests/test_benchmarks_readme.py)."""
+(benchmarks/README.md rendering: tests/docs/test_benchmarks_readme.py)."""
 
 from __future__ import annotations
 

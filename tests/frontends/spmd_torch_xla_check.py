@@ -1,5 +1,5 @@
 """The torch_xla SPMD wrappers on 4 CPU devices against the unsharded torch ops (run in its
-own process by tests/test_spmd_torch_xla.py: SPMD mode and the device count are fixed when
+own process by tests/frontends/test_spmd_torch_xla.py: SPMD mode and the device count are fixed when
 the XLA runtime starts). Prints "ok" when every check passes."""
 
 from __future__ import annotations

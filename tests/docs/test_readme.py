@@ -19,8 +19,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO as ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # `print(...)  # prints TEXT; a remark`: TEXT must be in what the block printed.

@@ -1,6 +1,6 @@
 """The torch_xla SPMD wrappers (``asickernels.backends.xla_spmd.torch_xla_spmd``): their
 signatures here, and their results on 4 CPU devices in a process of their own
-(tests/spmd_torch_xla_check.py): SPMD mode and the device count are fixed when the XLA
+(tests/frontends/spmd_torch_xla_check.py): SPMD mode and the device count are fixed when the XLA
 runtime starts."""
 
 from __future__ import annotations

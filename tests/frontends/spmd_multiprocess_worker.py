@@ -1,4 +1,4 @@
-"""One process of the multi-process SPMD check (run by tests/test_spmd_multiprocess.py).
+"""One process of the multi-process SPMD check (run by tests/frontends/test_spmd_jax.py).
 
 Usage: python spmd_multiprocess_worker.py PROCESS_ID NUM_PROCESSES PORT
 

@@ -16,18 +16,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import DATA, REPO, SHARED
 
 from asickernels import reference
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki import last_counters
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus" / "nki"
+CORPUS = SHARED / "corpus" / "nki"
 TUTORIALS = "src/nki_samples/tutorials"
 SAMPLES = CORPUS / "nki-samples@6905a68" / TUTORIALS
 NORMS = CORPUS / "nki-samples@7af4e4d" / TUTORIALS
 SOFTMAX = CORPUS / "nki-samples@6dc4cb2" / TUTORIALS / "softmax" / "softmax_nki_kernels.py"
-SEED_KERNEL = Path(__file__).parent / "data" / "seed_001_nki_giou.txt"
+SEED_KERNEL = DATA / "seed_001_nki_giou.txt"
 
 needs_corpus = pytest.mark.skipif(
     not CORPUS.is_dir(), reason=f"vendor kernel corpus not found at {CORPUS}"
@@ -216,7 +216,7 @@ def test_softmax(tmp_path):
     where torch_xla is installed: this interpreter, or the project's torch_xla venv."""
     python = sys.executable
     if importlib.util.find_spec("torch_xla") is None:
-        python = str(ROOT / ".venv-torch-xla" / "bin" / "python")
+        python = str(REPO / ".venv-torch-xla" / "bin" / "python")
         if not Path(python).exists():
             pytest.skip("softmax_nki_kernels.py imports torch_xla, installed nowhere here")
     script = tmp_path / "check_softmax.py"

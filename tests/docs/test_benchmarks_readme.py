@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import pathlib
+
+from conftest import REPO as ROOT
 
 from asickernels import cli
 from asickernels.benchmarking import harness, markdown
 from asickernels.benchmarking.timing import Timing
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _render_module():

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 from asickernels.simulate import gpsimd as shim
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "gpsimd"
+CORPUS = SHARED / "corpus" / "gpsimd"
 
 pytestmark = [
     pytest.mark.skipif(shim.compiler() is None, reason="no C++ compiler for the shim"),

@@ -16,11 +16,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import SHARED
 
 from asickernels.simulate import nki as simulator
 from asickernels.simulate.nki import errors
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "nki"
+CORPUS = SHARED / "corpus" / "nki"
 SDK = CORPUS / "aws-neuron-sdk@81ce03a" / "nki"
 SAMPLES = CORPUS / "nki-samples@6905a68" / "src" / "nki_samples" / "tutorials"
 
