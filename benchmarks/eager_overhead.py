@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         result = {
             "command": shlex.join(["python", *sys.argv]),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "asickernels": asickernels.__file__,
             "settings": vars(args),
             "machine": report.machine(),

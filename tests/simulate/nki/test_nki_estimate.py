@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import pathlib
 import sys
 import warnings
 
 import numpy as np
 import pytest
+from conftest import DATA, REPO
 
 from asickernels.simulate import nki
 from asickernels.simulate.nki import estimate as cost_model
@@ -22,10 +22,7 @@ from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.install import install
 from asickernels.simulate.nki.trace import Access, Instruction
 
-TUTORIAL = (
-    pathlib.Path(__file__).parent
-    / "data/vendor/aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
-)
+TUTORIAL = DATA / "vendor/aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
 KERNELS = (
     "nki_matmul_tiled_",
     "nki_matmul_hoist_load_",
@@ -307,7 +304,7 @@ def test_legacy_isa_adapters_trace_the_kernels_tiles():
 def test_recorded_calibration_matches_the_models_constants():
     """benchmarks/nki_estimate/calibration.json was recorded with the model's DMA constant;
     re-run the script when a constant changes."""
-    path = pathlib.Path(__file__).parents[1] / "benchmarks/nki_estimate/calibration.json"
+    path = REPO / "benchmarks/nki_estimate/calibration.json"
     record = json.loads(path.read_text())
     assert record["model"]["dma_buffer_ns"] == cost_model.DMA_BUFFER_NS
     rows = [r for r in record["model"]["rows"] if r["absolute"]]
