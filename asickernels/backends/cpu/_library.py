@@ -208,11 +208,9 @@ def ffi_name(target: str) -> str:
 def address(array: np.ndarray | None) -> int | None:
     """The data pointer of a C-contiguous array (None for None, or for an array that is not
     C-contiguous): the zero-copy hand-over."""
-    return None if array is None else _data_pointer(array)
-
-
-def _data_pointer(array: np.ndarray) -> int | None:
-    return array.__array_interface__["data"][0] if array.flags.c_contiguous else None
+    if array is None or not array.flags.c_contiguous:
+        return None
+    return array.__array_interface__["data"][0]  # type: ignore[no-any-return]
 
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -273,10 +271,10 @@ def bound_entry(
 
     def call(*arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = tuple(allocate() for allocate in allocations)
-        pointers = [*map(_data_pointer, arrays)]
+        pointers = [*map(address, arrays)]
         for i in nulls:
             pointers.insert(i, None)
-        status = function(*leading, *pointers, *trailing, *map(_data_pointer, outs))
+        status = function(*leading, *pointers, *trailing, *map(address, outs))
         if status:
             check(status)
         return outs[0] if len(outs) == 1 else outs
