@@ -30,7 +30,8 @@ PLUGINS: dict[str, tuple[str, str]] = {
     ),
     "estimate": (
         "asickernels.simulate.tpu_estimate.estimate",
-        "estimate TPU kernel times from the compiler's schedule (estimates, not measurements)",
+        "estimate kernel times: TPU from the compiler's schedule, Neuron (--neuron) from the "
+        "NKI simulator's cost model (estimates, not measurements)",
     ),
     "spmd-plan": (
         "asickernels.backends.xla_spmd.plan",

@@ -14,7 +14,9 @@ Two calibrated constants stand in for what no schedule shows: a fixed latency pe
 the per-call host overhead the seeds' wall-clock timings include.
 
 Commands: ``asickernels estimate`` (estimates for v5e/v6e/v5p), ``--tune`` (block-size
-sweeps), ``--markdown PATH`` (calibration, estimates and tuning as markdown).
+sweeps), ``--markdown PATH`` (calibration, estimates and tuning as markdown). With
+``--neuron``, our NKI kernels on NeuronCores instead, from the NKI simulator's cost model
+(no libtpu; :mod:`asickernels.simulate.nki.kernel_estimates`).
 """
 
 from __future__ import annotations
@@ -250,7 +252,11 @@ def estimate_case(case: Case, generation: str, **options: Any) -> Estimate:
 
 def _run_cli(args: argparse.Namespace) -> int:
     from asickernels.simulate import tpu_compile
+    from asickernels.simulate.nki import kernel_estimates
     from asickernels.simulate.tpu_estimate import report
+
+    if args.neuron is not None or args.kernel or args.timeline:
+        return kernel_estimates.run_cli(args)  # refuses --kernel/--timeline without --neuron
 
     missing = tpu_compile.libtpu_status()
     if missing:
@@ -269,9 +275,12 @@ def _run_cli(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers: Any) -> None:
     """Adds ``asickernels estimate``."""
+    from asickernels.simulate.nki import kernel_estimates
+
     parser = subparsers.add_parser(
         "estimate",
-        help="estimate TPU kernel times from the compiler's schedule (estimates, not measurements)",
+        help="estimate kernel times: TPU from the compiler's schedule, Neuron (--neuron) "
+        "from the NKI simulator's cost model (estimates, not measurements)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -309,6 +318,7 @@ def register_cli(subparsers: Any) -> None:
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="show loops, assumptions, costliest programs"
     )
+    kernel_estimates.add_arguments(parser)
     parser.set_defaults(handler=_run_cli)
 
 

@@ -1,0 +1,370 @@
+"""``asickernels estimate --neuron``: modelled NeuronCore times of our NKI kernels beside their
+roofline (estimates, not measurements: no Neuron device ran anything).
+
+Each kernel runs once in the NKI simulator, on the bench workload
+(:mod:`asickernels.benchmarking.workloads`, seed 0) at the size in :data:`KERNELS`, through
+the public op with ``backend="nki"``, with the simulator's target set to the oldest
+generation asked for (``NEURON_PLATFORM_TARGET_OVERRIDE``: its limits are checked); the cost
+model (:mod:`asickernels.simulate.nki.estimate`) schedules the recorded instruction trace on
+each generation. What it does not see: the compiler's scheduling, fusion and buffer
+allocation, and other NeuronCores sharing HBM.
+
+The roofline is the least time the op can take on one NeuronCore whatever the kernel: the
+larger of its bytes (inputs read once, outputs written once, at the workload's dtypes) over
+the core's share of HBM bandwidth, and its operations over the peak of the engine they run
+on (TensorE: a 128 x 128 bf16 multiply-accumulate array, one moving column per cycle;
+VectorE: 128 partitions x its float32 elements per cycle), with each generation's clocks and
+rates from :data:`asickernels.simulate.nki.estimate.GENERATIONS`. Operation counts take each
+min/max/add/sub/mul/div of the op's formula once (as the TPU roofline's GIOU 28 does; ``+
+eps`` and transcendental functions not counted), so they are lower bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from asickernels.benchmarking.workloads import OPS, Size
+from asickernels.simulate.nki import runtime
+from asickernels.simulate.nki.estimate import ENGINES, Estimate, Generation, estimate, generation_of
+from asickernels.simulate.tpu_estimate.roofline import GIOU_OPS_PER_PAIR
+
+__all__ = ["KERNELS", "KernelCase", "Row", "Work", "add_arguments", "kernel_rows", "run_cli"]
+
+PARTITIONS = 128
+# The generations `--neuron` estimates by default (one row each; trn1 and inf2 share one).
+DEFAULT_VERSIONS = (2, 3, 4)
+# Operations per box pair, counted as the module docstring says. Pairwise kernels compute
+# each box's width, height and area once per box, so only the per-pair part counts there.
+IOU_OPS_PER_PAIR = 17  # intersection 9, areas 6, union 2 (the division: below)
+PAIRWISE_IOU_OPS_PER_PAIR = 12  # intersection 9, union 2, division 1
+PAIRWISE_GIOU_OPS_PER_PAIR = 23  # + hull 7, (hull - union) / hull 3, difference 1
+DIOU_OPS_PER_PAIR = 41  # IoU 18, hull sides 6, centre distance 11, diagonal 5, ratio 1
+CIOU_OPS_PER_PAIR = 52  # + aspect term 6 (arctan not counted), alpha 3, alpha * v 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What an op must move and compute: ``hbm_bytes`` and ``ops`` on ``engine``
+    (``"tensor"``: multiply-adds counted as 2; ``"vector"``: float32 elementwise)."""
+
+    hbm_bytes: float
+    ops: float = 0.0
+    engine: str = "vector"
+
+    def roofline_us(self, generation: Generation) -> float:
+        """The least time on one NeuronCore of ``generation``, in microseconds."""
+        if self.engine == "tensor":
+            ops_per_ns = 2 * PARTITIONS * PARTITIONS * generation.clock_ghz["tensor"]
+        else:
+            ops_per_ns = PARTITIONS * generation.vector_rate[1] * generation.clock_ghz["vector"]
+        return max(self.hbm_bytes / generation.hbm_bytes_per_ns, self.ops / ops_per_ns) / 1000
+
+
+def _pairs(size: Size) -> int:
+    return math.prod(size.params["shape"])
+
+
+def _paired(ops_per_pair: int, in_bytes: int = 32, out_bytes: int = 4) -> Callable[[Size], Work]:
+    """Paired boxes ``[P, 4]`` float32 x2 in, ``out_bytes`` per pair out."""
+    return lambda size: Work(_pairs(size) * (in_bytes + out_bytes), _pairs(size) * ops_per_pair)
+
+
+def _pairwise(ops_per_pair: int) -> Callable[[Size], Work]:
+    """``[N, 4]`` x ``[M, 4]`` float32 in, ``[N, M]`` float32 out."""
+
+    def work(size: Size) -> Work:
+        n, m = size.params["n"], size.params["m"]
+        return Work(16 * (n + m) + 4 * n * m, n * m * ops_per_pair)
+
+    return work
+
+
+def _nms(category_bytes: int) -> Callable[[Size], Work]:
+    """Boxes (16 bytes), a score (4) and a category id (``category_bytes``) per box in, the
+    kept indices and their count (int32) out; no operation count (its bound is its bytes)."""
+
+    def work(size: Size) -> Work:
+        n, kept = size.params["n"], size.params["max_output_size"]
+        return Work((20 + category_bytes) * n + 4 * kept + 4)
+
+    return work
+
+
+def _int8_matmul(size: Size) -> Work:
+    """``[M, K] @ [K, N]`` int8 -> int32 on TensorE (bf16 matmuls: int8 is exact in bf16)."""
+    m, k, n = size.params["m"], size.params["k"], size.params["n"]
+    return Work(m * k + k * n + 4 * m * n, 2.0 * m * n * k, "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+    """One row per generation: the public op ``op`` at ``size`` (its bench size syntax)."""
+
+    op: str
+    size: str
+    work: Callable[[Size], Work]
+    why: str  # why this size
+
+    def parsed_size(self) -> Size:
+        return OPS[self.op].parse_size(self.size)
+
+
+SEED_PAIRS = "the GIOU article's 262,144 pairs"
+KERNELS = (
+    KernelCase("giou", "1024x256", _paired(GIOU_OPS_PER_PAIR), SEED_PAIRS),
+    KernelCase(
+        "giou_vjp",
+        "1024x256",
+        _paired(GIOU_OPS_PER_PAIR, in_bytes=36, out_bytes=32),  # at least the forward's ops
+        SEED_PAIRS,
+    ),
+    KernelCase("diou", "1024x256", _paired(DIOU_OPS_PER_PAIR), SEED_PAIRS),
+    KernelCase("ciou", "1024x256", _paired(CIOU_OPS_PER_PAIR), SEED_PAIRS),
+    KernelCase(
+        "box_iou", "1024x1024", _pairwise(PAIRWISE_IOU_OPS_PER_PAIR), "the largest bench size"
+    ),
+    KernelCase(
+        "generalized_box_iou",
+        "1024x1024",
+        _pairwise(PAIRWISE_GIOU_OPS_PER_PAIR),
+        "the largest bench size",
+    ),
+    KernelCase("nms", "1024", _nms(0), "the NMS article's 1024 boxes, 128 outputs"),
+    KernelCase("batched_nms", "1024", _nms(4), "the bench size, 16 categories"),
+    KernelCase(
+        "int8_matmul",
+        "512",
+        _int8_matmul,
+        "a bench size; simulating its transposing loads takes ~1.5 s per generation at "
+        "1024^3, ~10 s at 2048^3",
+    ),
+)
+KERNEL_NAMES = tuple(case.op for case in KERNELS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One kernel on one generation: the model's :class:`Estimate` and the roofline."""
+
+    case: KernelCase
+    version: int  # NeuronCore-v<version>
+    estimate: Estimate
+    roofline_us: float
+
+    def as_json(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "op": self.case.op,
+            "size": self.case.parsed_size().label,
+            "generation": e.generation,
+            "neuroncore": f"v{self.version}",
+            "estimate_us": e.latency_us,
+            "roofline_us": self.roofline_us,
+            "bound": e.bound,
+            "busy_share": {engine: round(share, 4) for engine, share in e.busy_share.items()},
+            "instructions": e.instructions,
+        }
+
+
+@contextlib.contextmanager
+def _target(version: int) -> Iterator[None]:
+    """Kernels launched inside run on NeuronCore-v``version`` (the SDK's override variable)."""
+    previous = os.environ.get(runtime.TARGET_ENV)
+    os.environ[runtime.TARGET_ENV] = f"gen{version}"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[runtime.TARGET_ENV]
+        else:
+            os.environ[runtime.TARGET_ENV] = previous
+
+
+def kernel_trace(case: KernelCase, version: int) -> list[Any]:
+    """The instruction trace of ``case``'s one NKI kernel launch on NeuronCore-v``version``.
+
+    Raises RuntimeError when the Neuron SDK runs the kernels (its simulator records no
+    trace) or the op launched other than one single-core kernel."""
+    import numpy as np
+
+    import asickernels
+    from asickernels.backends.nki import sdk
+
+    if sdk.USING_SDK:
+        raise RuntimeError(
+            "the Neuron SDK is installed, so the nki backend runs its kernels there; the "
+            "estimate needs asickernels' simulator (it records the instruction trace)"
+        )
+    op = OPS[case.op]
+    inputs = op.bench_case(case.parsed_size(), np.random.default_rng(0))
+    launches: list[Any] = []
+    with (
+        _target(version),
+        sdk.observing_kernels(lambda kernel, args, kwargs: launches.append(kernel)),
+        runtime.recording(),
+    ):
+        getattr(asickernels, case.op)(*inputs.arrays, backend="nki", **inputs.static)
+    traces = runtime.last_traces()
+    if len(launches) != 1 or len(traces) != 1:
+        raise RuntimeError(
+            f"{case.op} launched {len(launches)} kernel(s) on {len(traces)} core(s); the "
+            "estimate covers one single-core launch"
+        )
+    return traces[0][1]
+
+
+def kernel_rows(
+    versions: Sequence[int] = DEFAULT_VERSIONS,
+    ops: Sequence[str] | None = None,
+    *,
+    timeline: bool = False,
+) -> list[Row]:
+    """A :class:`Row` per kernel of :data:`KERNELS` (those named in ``ops``, default all) and
+    NeuronCore version (2, 3 or 4; ValueError otherwise); ``timeline`` keeps each
+    estimate's engine timeline (:meth:`Estimate.chrome_trace`)."""
+    generations = {version: generation_of(version) for version in versions}
+    unknown = sorted(set(ops or ()) - set(KERNEL_NAMES))
+    if unknown:
+        raise ValueError(f"no NKI kernel estimate for {unknown}; choose from {list(KERNEL_NAMES)}")
+    rows = []
+    for case in KERNELS:
+        if ops is not None and case.op not in ops:
+            continue
+        work = case.work(case.parsed_size())
+        # One run on the oldest generation asked for (the smallest SBUF, the fewest
+        # instructions): the simulator checks a target's limits but issues the same
+        # instructions on every target, so its trace is each generation's trace.
+        trace = kernel_trace(case, min(generations))
+        for version, generation in generations.items():
+            modelled = estimate(trace, version, timeline=timeline)
+            rows.append(Row(case, version, modelled, work.roofline_us(generation)))
+    return rows
+
+
+# -- the command -----------------------------------------------------------------------------
+
+DISCLAIMER = (
+    "NKI kernel estimates: a cost model over the NKI simulator's instruction trace "
+    "(asickernels.simulate.nki.estimate), not measurements; no Neuron device ran anything. "
+    "Not modelled: the compiler's scheduling, fusion and buffer allocation, and other "
+    "NeuronCores sharing HBM."
+)
+TPU_ONLY_OPTIONS = ("generation", "tune", "markdown", "render", "op")
+
+
+def parse_generations(text: str) -> list[int]:
+    """``--neuron``'s value: comma-separated Neuron names (``trn1``, ``inf2``, ``trn2``,
+    ``trn3``, ``gen2``..``gen4``) as NeuronCore versions, each once; empty: all."""
+    names = [name for name in text.split(",") if name.strip()]
+    try:
+        versions = [runtime.target_named(name, "--neuron").version for name in names]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return list(dict.fromkeys(versions)) or list(DEFAULT_VERSIONS)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--neuron``, ``--kernel`` and ``--timeline`` on the ``estimate`` command."""
+    parser.add_argument(
+        "--neuron",
+        nargs="?",
+        const="",
+        type=parse_generations,
+        metavar="GEN[,GEN...]",
+        help="estimate our NKI kernels instead (NKI simulator + cost model; no libtpu): "
+        "trn1/inf2 (NeuronCore-v2), trn2, trn3 (default: all three)",
+    )
+    parser.add_argument(
+        "--kernel",
+        action="append",
+        choices=KERNEL_NAMES,
+        help="with --neuron: only this kernel (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="with --neuron, one kernel and one generation: write its modelled engine "
+        "timeline, as a PNG (PATH ending .png; needs matplotlib) or Chrome/Perfetto trace "
+        "JSON (.json)",
+    )
+
+
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with combining the ``estimate`` command's options, or None."""
+    if args.neuron is None:
+        given = [f"--{name}" for name in ("kernel", "timeline") if getattr(args, name, None)]
+        return f"{', '.join(given)} need --neuron" if given else None
+    tpu = [f"--{name}" for name in TPU_ONLY_OPTIONS if getattr(args, name, None)]
+    if tpu:
+        return f"{', '.join(tpu)} apply to TPU estimates, not to --neuron"
+    if args.timeline:
+        kernels = args.kernel or KERNEL_NAMES
+        if len(set(kernels)) != 1 or len(args.neuron) != 1:
+            return (
+                "--timeline draws one kernel on one generation: give --kernel NAME and --neuron GEN"
+            )
+        if Path(args.timeline).suffix.lower() not in (".png", ".json"):
+            return f"--timeline {args.timeline}: the file name must end in .png or .json"
+    return None
+
+
+def text_table(rows: Sequence[Row]) -> list[str]:
+    engines = " ".join(engine[0].upper() for engine in ENGINES)
+    lines = [
+        f"{'kernel':<20} {'size':<24} {'NeuronCore':<26} {'estimate us':>11} "
+        f"{'roofline us':>11} {'roof/est':>8}  {'bound':<8} busy % ({engines})"
+    ]
+    for row in rows:
+        e = row.estimate
+        busy = " ".join(f"{e.busy_share[engine]:.0%}" for engine in ENGINES)
+        lines.append(
+            f"{row.case.op:<20} {row.case.parsed_size().label:<24} {e.generation:<26} "
+            f"{e.latency_us:>11.2f} {row.roofline_us:>11.2f} "
+            f"{row.roofline_us / e.latency_us:>8.0%}  {e.bound:<8} {busy}"
+        )
+    return lines
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``asickernels estimate --neuron [...]``: the table, ``--json`` rows, ``--timeline``."""
+    problem = usage_error(args)
+    if problem:
+        print(f"asickernels estimate: error: {problem}", file=sys.stderr)
+        return 2
+    rows = kernel_rows(args.neuron, args.kernel, timeline=bool(args.timeline))
+    print(DISCLAIMER)
+    print()
+    print("\n".join(text_table(rows)))
+    print()
+    print("Sizes (bench workloads, seed 0; kernel_estimates.KERNELS):")
+    for case in dict.fromkeys(row.case for row in rows):
+        print(f"  {case.op} {case.parsed_size().label}: {case.why}")
+    if args.json:
+        document = {
+            "command": getattr(args, "command_line", None),
+            "note": DISCLAIMER,
+            "rows": [row.as_json() for row in rows],
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.timeline:
+        (row,) = rows
+        if Path(args.timeline).suffix.lower() == ".json":
+            row.estimate.write_chrome_trace(args.timeline)
+        else:
+            from asickernels.simulate.nki.timeline_png import write_timeline_png
+
+            title = f"{row.case.op} {row.case.parsed_size().label}"
+            write_timeline_png(row.estimate.chrome_trace(), args.timeline, title=title)
+        print(f"wrote {args.timeline}")
+    return 0
