@@ -4,8 +4,10 @@
     python benchmarks/render.py                                                 # render
 
 Every ``benchmarks/results/*.json`` (written by ``asickernels bench/run --json``) becomes a
-section; every ``benchmarks/results/*.md`` (written by other tools, e.g. ``asickernels
-estimate --markdown``) is linked, in file-name order.
+section, then the NKI cost model's calibration (``benchmarks/nki_estimate/calibration.json``,
+written by ``benchmarks/nki_estimate/calibrate.py``); every ``benchmarks/results/*.md``
+(written by other tools, e.g. ``asickernels estimate --markdown``) is linked, in file-name
+order.
 """
 
 from __future__ import annotations
@@ -20,19 +22,29 @@ from asickernels.benchmarking.markdown import render
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+NKI_CALIBRATION = HERE / "nki_estimate" / "calibration.json"
 OUT = HERE / "README.md"
 
 
-def rendered(results: pathlib.Path = RESULTS, out: pathlib.Path = OUT) -> str:
-    """The text of ``out`` rendered from ``results`` (links relative to ``out``'s folder)."""
+def _link(path: pathlib.Path, out: pathlib.Path) -> str:
+    return pathlib.Path(os.path.relpath(path.resolve(), out.resolve().parent)).as_posix()
+
+
+def rendered(
+    results: pathlib.Path = RESULTS,
+    out: pathlib.Path = OUT,
+    nki_calibration: pathlib.Path = NKI_CALIBRATION,
+) -> str:
+    """The text of ``out`` rendered from ``results`` and ``nki_calibration`` (when it
+    exists; links relative to ``out``'s folder)."""
     documents = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
     if not documents:
         raise FileNotFoundError(f"no results in {results}: run `asickernels bench --json ...`")
-    links = [
-        pathlib.Path(os.path.relpath(path.resolve(), out.resolve().parent)).as_posix()
-        for path in sorted(results.glob("*.md"))
-    ]
-    return render(documents, links)
+    links = [_link(path, out) for path in sorted(results.glob("*.md"))]
+    calibration = None
+    if nki_calibration.is_file():
+        calibration = (json.loads(nki_calibration.read_text()), _link(nki_calibration, out))
+    return render(documents, links, calibration)
 
 
 def main(argv: list[str] | None = None) -> int:

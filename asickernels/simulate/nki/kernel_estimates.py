@@ -42,13 +42,13 @@ __all__ = ["KERNELS", "KernelCase", "Row", "Work", "add_arguments", "kernel_rows
 PARTITIONS = 128
 # The generations `--neuron` estimates by default (one row each; trn1 and inf2 share one).
 DEFAULT_VERSIONS = (2, 3, 4)
-# Operations per box pair, counted as the module docstring says. Pairwise kernels compute
-# each box's width, height and area once per box, so only the per-pair part counts there.
-IOU_OPS_PER_PAIR = 17  # intersection 9, areas 6, union 2 (the division: below)
+# Operations per box pair, counted as the module docstring says (GIOU: intersection 9,
+# areas 6, union 2, IoU's division 1, hull 7, (hull - union) / hull 2, difference 1 = 28).
+# Pairwise kernels need each box's area once per box, so only the per-pair part counts there.
 PAIRWISE_IOU_OPS_PER_PAIR = 12  # intersection 9, union 2, division 1
-PAIRWISE_GIOU_OPS_PER_PAIR = 23  # + hull 7, (hull - union) / hull 3, difference 1
-DIOU_OPS_PER_PAIR = 41  # IoU 18, hull sides 6, centre distance 11, diagonal 5, ratio 1
-CIOU_OPS_PER_PAIR = 52  # + aspect term 6 (arctan not counted), alpha 3, alpha * v 2
+PAIRWISE_GIOU_OPS_PER_PAIR = 22  # + hull 7, (hull - union) / hull 2, difference 1
+DIOU_OPS_PER_PAIR = 40  # IoU 18, hull sides 6, centre distance 11, diagonal 3, ratio 2
+CIOU_OPS_PER_PAIR = 50  # + aspect term 5 (arctan not counted), alpha 3, alpha * v 2
 
 
 @dataclasses.dataclass(frozen=True)

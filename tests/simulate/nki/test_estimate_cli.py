@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from conftest import DATA
+from conftest import DATA, REPO
 
 from asickernels import cli
 from asickernels.simulate.nki import kernel_estimates
@@ -18,7 +18,7 @@ from asickernels.simulate.nki.timeline_png import write_timeline_png
 from asickernels.simulate.nki.trace import Access, Instruction
 
 RECORDED = DATA / "nki_kernel_estimates.json"
-REGENERATE = f"asickernels estimate --neuron --json {RECORDED.relative_to(DATA.parent.parent)}"
+REGENERATE = f"asickernels estimate --neuron --json {RECORDED.relative_to(REPO)}"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -153,3 +153,21 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     with pytest.raises(ImportError, match=r"pip install 'asickernels\[bench\]'"):
         write_timeline_png(_tiny_estimate(timeline=True).chrome_trace(), tmp_path / "x.png")
+
+
+def test_the_benchmarks_page_shows_the_calibration_with_its_command():
+    """benchmarks/README.md (rendered by benchmarks/render.py; tests/docs checks it is what
+    the renderer gives) has the calibration: command, figures, errors, median, rank order."""
+    calibration = json.loads((REPO / "benchmarks/nki_estimate/calibration.json").read_text())
+    page = (REPO / "benchmarks/README.md").read_text()
+    section = page[page.index("## NKI cost model against published device figures") :]
+    assert f"`{calibration['command']}`" in section
+    for row in calibration["model"]["rows"]:
+        error = f"{row['error']:+.1%}" if row["absolute"] else "ratio only"
+        cells = f"| {row['published_ms']:g} | {row['estimate_ms']:.3f} | {error} | {row['bound']} |"
+        assert f"| {row['kernel']} | {row['family']} |" in section and cells in section
+    absolute = sum(row["absolute"] for row in calibration["model"]["rows"])
+    median = calibration["model"]["median_abs_error"]
+    assert f"Median |error| over the {absolute} absolute rows: {median:.1%}" in section
+    for family in calibration["model"]["rank_order_agrees"]:
+        assert f"{family}: agrees" in section or f"{family}: **does not agree**" in section
