@@ -300,7 +300,8 @@ def register_cli(subparsers: Any) -> None:
         "--json",
         metavar="PATH",
         help="write one row per (case, generation): name, op, impl, shape, generation, "
-        "program_ms, kernel_ms, roofline_ms, calibrated_ms",
+        "program_ms, kernel_ms, roofline_ms, calibrated_ms (with --neuron: op, size, "
+        "generation, estimate_us, roofline_us, bound, busy_share, instructions)",
     )
     parser.add_argument(
         "--render",
