@@ -67,8 +67,9 @@ def test_the_estimates_equal_their_recorded_values(cli_rows):
     ]
     missing = sorted(set(now) ^ {tuple(old[k] for k in key) for old in recorded["rows"]})
     assert not drifted and not missing, (
-        f"NKI kernel estimates drifted from {RECORDED.name} ({'; '.join(drifted)}; rows added "
-        f"or removed: {missing}). If the change is intended, regenerate: `{REGENERATE}`"
+        f"{len(drifted)} NKI kernel estimate(s) drifted from {RECORDED.name} (e.g. "
+        f"{'; '.join(drifted[:3])}) and {len(missing)} row(s) were added or removed "
+        f"{missing[:3]}. If the change is intended, regenerate: `{REGENERATE}`"
     )
 
 
