@@ -35,6 +35,7 @@ from typing import Any
 from asickernels.benchmarking.workloads import OPS, Size
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.estimate import ENGINES, Estimate, Generation, estimate, generation_of
+from asickernels.simulate.nki.trace import Instruction
 from asickernels.simulate.tpu_estimate.roofline import GIOU_OPS_PER_PAIR
 
 __all__ = ["KERNELS", "KernelCase", "Row", "Work", "add_arguments", "kernel_rows", "run_cli"]
@@ -189,7 +190,7 @@ def _target(version: int) -> Iterator[None]:
             os.environ[runtime.TARGET_ENV] = previous
 
 
-def kernel_trace(case: KernelCase, version: int) -> list[Any]:
+def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
     """The instruction trace of ``case``'s one NKI kernel launch on NeuronCore-v``version``.
 
     Raises RuntimeError when the Neuron SDK runs the kernels (its simulator records no
@@ -229,9 +230,11 @@ def kernel_rows(
     timeline: bool = False,
 ) -> list[Row]:
     """A :class:`Row` per kernel of :data:`KERNELS` (those named in ``ops``, default all) and
-    NeuronCore version (2, 3 or 4; ValueError otherwise); ``timeline`` keeps each
+    NeuronCore version in ``versions`` (2, 3 or 4; ValueError otherwise); ``timeline`` keeps each
     estimate's engine timeline (:meth:`Estimate.chrome_trace`)."""
     generations = {version: generation_of(version) for version in versions}
+    if not generations:
+        raise ValueError("versions: give at least one NeuronCore version (2, 3 or 4)")
     unknown = sorted(set(ops or ()) - set(KERNEL_NAMES))
     if unknown:
         raise ValueError(f"no NKI kernel estimate for {unknown}; choose from {list(KERNEL_NAMES)}")

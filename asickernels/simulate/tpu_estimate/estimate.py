@@ -251,12 +251,12 @@ def estimate_case(case: Case, generation: str, **options: Any) -> Estimate:
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from asickernels.simulate import tpu_compile
     from asickernels.simulate.nki import kernel_estimates
-    from asickernels.simulate.tpu_estimate import report
 
-    if args.neuron is not None or args.kernel or args.timeline:
+    if args.neuron is not None or args.kernel or args.timeline:  # no TPU compiler needed
         return kernel_estimates.run_cli(args)  # refuses --kernel/--timeline without --neuron
+    from asickernels.simulate import tpu_compile
+    from asickernels.simulate.tpu_estimate import report
 
     missing = tpu_compile.libtpu_status()
     if missing:

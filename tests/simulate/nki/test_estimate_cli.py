@@ -104,6 +104,8 @@ def test_generation_names_and_versions():
     assert kernel_estimates.parse_generations("trn2,") == [3]
     with pytest.raises(ValueError, match="no cost model for NeuronCore-v5"):
         kernel_estimates.kernel_rows([5], ["giou"])
+    with pytest.raises(ValueError, match="at least one"):
+        kernel_estimates.kernel_rows([], ["giou"])
     with pytest.raises(ValueError, match="no NKI kernel estimate for"):
         kernel_estimates.kernel_rows([2], ["matmul"])
 
