@@ -215,8 +215,16 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _sharded(op: Op, mesh: Mesh, layout: Any, **values: Any) -> Any:
-    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
+def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
+    """``op``'s partition rule (:attr:`Op.partition`) on ``arguments``, the calling
+    wrapper's parameters by name (its ``locals()``): the op's own, ``mesh`` and the
+    partition (``m_axis``/``k_axis``/``n_axis`` for ``"matmul"``, else ``batch_spec``)."""
+    values = dict(arguments)
+    mesh = values.pop("mesh")
+    if op.partition == "matmul":
+        layout: Any = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
+    else:
+        layout = values.pop("batch_spec")
     arrays = {name: values.pop(name) for name in op.array_names}
     return _RULES[op.partition](op, mesh, layout, arrays, values)
 
@@ -235,15 +243,7 @@ def giou(
 ) -> jax.Array:
     """:func:`asickernels.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.giou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou, locals())
 
 
 def giou_vjp(
@@ -258,16 +258,7 @@ def giou_vjp(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.giou_vjp` (the gradient of ``giou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.giou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou_vjp, locals())
 
 
 def giou_loss(
@@ -284,17 +275,7 @@ def giou_loss(
     """:func:`asickernels.giou_loss` (``1 - giou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.giou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou_loss, locals())
 
 
 def nms(
@@ -311,18 +292,7 @@ def nms(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.nms` over ``mesh``, split along the batch dims (those before N) as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.nms, locals())
 
 
 def batched_nms(
@@ -340,19 +310,7 @@ def batched_nms(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.batched_nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.batched_nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        idxs=idxs,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.batched_nms, locals())
 
 
 def int8_matmul(
@@ -372,18 +330,7 @@ def int8_matmul(
     """:func:`asickernels.int8_matmul` over ``mesh`` with M, K and N split over the mesh axes
     ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is
     sharded as ``P(m_axis, n_axis)``."""
-    return _sharded(
-        asickernels.int8_matmul,
-        mesh,
-        (m_axis, k_axis, n_axis),
-        x=x,
-        y=y,
-        x_scale=x_scale,
-        y_scale=y_scale,
-        out_dtype=out_dtype,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.int8_matmul, locals())
 
 
 def box_iou(
@@ -397,15 +344,7 @@ def box_iou(
 ) -> jax.Array:
     """:func:`asickernels.box_iou` over ``mesh``, split along the batch dims (those before N
     and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.box_iou, locals())
 
 
 def generalized_box_iou(
@@ -419,15 +358,7 @@ def generalized_box_iou(
 ) -> jax.Array:
     """:func:`asickernels.generalized_box_iou` over ``mesh``, split along the batch dims
     (those before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.generalized_box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.generalized_box_iou, locals())
 
 
 def diou(
@@ -441,15 +372,7 @@ def diou(
 ) -> jax.Array:
     """:func:`asickernels.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.diou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou, locals())
 
 
 def diou_vjp(
@@ -464,16 +387,7 @@ def diou_vjp(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.diou_vjp` (the gradient of ``diou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.diou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou_vjp, locals())
 
 
 def diou_loss(
@@ -490,17 +404,7 @@ def diou_loss(
     """:func:`asickernels.diou_loss` (``1 - diou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.diou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou_loss, locals())
 
 
 def ciou(
@@ -514,15 +418,7 @@ def ciou(
 ) -> jax.Array:
     """:func:`asickernels.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou, locals())
 
 
 def ciou_vjp(
@@ -537,16 +433,7 @@ def ciou_vjp(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.ciou_vjp` (the gradient of ``ciou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou_vjp, locals())
 
 
 def ciou_loss(
@@ -563,14 +450,4 @@ def ciou_loss(
     """:func:`asickernels.ciou_loss` (``1 - ciou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.ciou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou_loss, locals())

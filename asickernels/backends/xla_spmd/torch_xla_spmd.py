@@ -257,8 +257,16 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _sharded(op: Op, mesh: xs.Mesh, layout: Any, **values: Any) -> Any:
-    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
+def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
+    """``op``'s partition rule (:attr:`Op.partition`) on ``arguments``, the calling
+    wrapper's parameters by name (its ``locals()``): the op's own, ``mesh`` and the
+    partition (``m_axis``/``k_axis``/``n_axis`` for ``"matmul"``, else ``batch_spec``)."""
+    values = dict(arguments)
+    mesh = values.pop("mesh")
+    if op.partition == "matmul":
+        layout: Any = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
+    else:
+        layout = values.pop("batch_spec")
     arrays = {name: values.pop(name) for name in op.array_names}
     return _RULES[op.partition](op, mesh, layout, arrays, values)
 
@@ -276,9 +284,7 @@ def giou(
 ) -> Tensor:
     """:func:`asickernels.torch.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.giou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.giou, locals())
 
 
 def giou_vjp(
@@ -292,15 +298,7 @@ def giou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.giou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.giou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.giou_vjp, locals())
 
 
 def giou_loss(
@@ -316,16 +314,7 @@ def giou_loss(
     """:func:`asickernels.torch.giou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.giou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.giou_loss, locals())
 
 
 def nms(
@@ -341,17 +330,7 @@ def nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-    )
+    return _sharded(asickernels.nms, locals())
 
 
 def batched_nms(
@@ -368,18 +347,7 @@ def batched_nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.batched_nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.batched_nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        idxs=idxs,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-    )
+    return _sharded(asickernels.batched_nms, locals())
 
 
 def int8_matmul(
@@ -398,17 +366,7 @@ def int8_matmul(
     """:func:`asickernels.torch.int8_matmul` over ``mesh`` with M, K and N split over the
     mesh axes ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the
     result is sharded as ``(m_axis, n_axis)``."""
-    return _sharded(
-        asickernels.int8_matmul,
-        mesh,
-        (m_axis, k_axis, n_axis),
-        x=x,
-        y=y,
-        x_scale=x_scale,
-        y_scale=y_scale,
-        out_dtype=out_dtype,
-        backend=backend,
-    )
+    return _sharded(asickernels.int8_matmul, locals())
 
 
 def box_iou(
@@ -421,9 +379,7 @@ def box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.box_iou` over ``mesh``, split along the batch dims (those
     before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.box_iou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.box_iou, locals())
 
 
 def generalized_box_iou(
@@ -436,14 +392,7 @@ def generalized_box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.generalized_box_iou` over ``mesh``, split along the batch
     dims (those before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.generalized_box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-    )
+    return _sharded(asickernels.generalized_box_iou, locals())
 
 
 def diou(
@@ -456,9 +405,7 @@ def diou(
 ) -> Tensor:
     """:func:`asickernels.torch.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.diou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.diou, locals())
 
 
 def diou_vjp(
@@ -472,15 +419,7 @@ def diou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.diou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.diou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.diou_vjp, locals())
 
 
 def diou_loss(
@@ -496,16 +435,7 @@ def diou_loss(
     """:func:`asickernels.torch.diou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.diou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.diou_loss, locals())
 
 
 def ciou(
@@ -518,9 +448,7 @@ def ciou(
 ) -> Tensor:
     """:func:`asickernels.torch.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.ciou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.ciou, locals())
 
 
 def ciou_vjp(
@@ -534,15 +462,7 @@ def ciou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.ciou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.ciou_vjp, locals())
 
 
 def ciou_loss(
@@ -558,13 +478,4 @@ def ciou_loss(
     """:func:`asickernels.torch.ciou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.ciou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.ciou_loss, locals())
