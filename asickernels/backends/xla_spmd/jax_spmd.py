@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 AxisName = str | tuple[str, ...] | None
+Arrays = dict[str, ArrayLike | None]  # an op's array arguments by name
+Outputs = jax.Array | tuple[jax.Array, ...]
 
 
 def _axes_of(spec: PartitionSpec) -> tuple[str, ...]:
@@ -83,7 +86,7 @@ def _check_spec(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int], what: str
             )
 
 
-def _validate(op: Op, arrays: dict[str, Any], statics: dict[str, Any]) -> Plan:
+def _validate(op: Op, arrays: Arrays, statics: dict[str, object]) -> Plan:
     """Runs the op's own validation on the global shapes, without computing anything."""
     specs = {
         n: None if a is None else Spec(np.shape(a), np.result_type(a)) for n, a in arrays.items()
@@ -92,16 +95,20 @@ def _validate(op: Op, arrays: dict[str, Any], statics: dict[str, Any]) -> Plan:
 
 
 def _run(
-    body: Callable[..., Any], mesh: Mesh, in_specs: tuple[Any, ...], out_specs: Any, *arrays: Any
-) -> Any:
+    body: Callable[..., Outputs],
+    mesh: Mesh,
+    in_specs: tuple[PartitionSpec, ...],
+    out_specs: PartitionSpec | tuple[PartitionSpec, ...],
+    *arrays: ArrayLike,
+) -> Outputs:
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
         *arrays
     )
 
 
 def _batch_rule(
-    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
-) -> Any:
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: Arrays, options: dict[str, object]
+) -> Outputs:
     """Each shard runs ``op`` on its slice of the leading batch dims; outputs keep them."""
     params = {p.name: p for p in op.params}
     present = {n: a for n, a in arrays.items() if a is not None}
@@ -113,7 +120,7 @@ def _batch_rule(
     in_specs = (batch_spec,) * len(present)
     out_specs = tuple(batch_spec for _ in plan.output_list())
 
-    def body(*local: Any) -> Any:
+    def body(*local: jax.Array) -> Outputs:
         return op(**dict(zip(present, local, strict=True)), **options)
 
     return _run(
@@ -122,8 +129,8 @@ def _batch_rule(
 
 
 def _loss_rule(
-    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
-) -> Any:
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: Arrays, options: dict[str, object]
+) -> Outputs:
     """A masked loss: per-box losses per shard; ``"sum"`` and ``"mean"`` (over the valid
     boxes of the whole global batch, 0 when there are none) are ``psum``-ed over the
     sharded axes before dividing. ``"none"`` is sharded as ``batch_spec``."""
@@ -138,7 +145,7 @@ def _loss_rule(
         box_spec if np.ndim(a) > len(batch_shape) else batch_spec for a in present.values()
     )
 
-    def shard_loss(*local: Any) -> jax.Array:
+    def shard_loss(*local: jax.Array) -> jax.Array:
         given = dict(zip(present, local, strict=True))
         if reduction == "none":
             return op(**given, **options)
@@ -158,9 +165,9 @@ def _matmul_rule(
     op: Op,
     mesh: Mesh,
     axes: tuple[AxisName, AxisName, AxisName],
-    arrays: dict[str, Any],
-    options: dict[str, Any],
-) -> jax.Array:
+    arrays: Arrays,
+    options: dict[str, object],
+) -> Outputs:
     """int8 matmul with M, K and N sharded over the mesh axes ``(m_axis, k_axis, n_axis)``.
 
     With K sharded, every shard computes its exact int32 partial product and the partials
@@ -171,6 +178,7 @@ def _matmul_rule(
     x, y, x_scale, y_scale = (arrays[n] for n in ("x", "y", "x_scale", "y_scale"))
     out_dtype = options.pop("out_dtype")
     out = _validate(op, arrays, {"out_dtype": out_dtype}).outputs.dtype  # type: ignore[union-attr]
+    assert x is not None and y is not None  # required: validation refused None
     (m, k), n = np.shape(x), np.shape(y)[1]
     _check_spec(mesh, PartitionSpec(m_axis, k_axis), (m, k), "x")
     _check_spec(mesh, PartitionSpec(k_axis, n_axis), (k, n), "y")
@@ -208,7 +216,7 @@ def _vector(scale: jax.Array | None, length: int) -> jax.Array:
     return jnp.broadcast_to(value, (length,))
 
 
-_RULES: dict[str, Callable[..., Any]] = {
+_RULES: dict[str, Callable[..., Outputs]] = {
     "batch": _batch_rule,
     "loss": _loss_rule,
     "matmul": _matmul_rule,
@@ -222,7 +230,7 @@ def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
     values = dict(arguments)
     mesh = values.pop("mesh")
     if op.partition == "matmul":
-        layout: Any = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
+        layout: object = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
     else:
         layout = values.pop("batch_spec")
     arrays = {name: values.pop(name) for name in op.array_names}
@@ -239,7 +247,7 @@ def giou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
@@ -254,7 +262,7 @@ def giou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.giou_vjp` (the gradient of ``giou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
@@ -270,7 +278,7 @@ def giou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.giou_loss` (``1 - giou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
@@ -288,7 +296,7 @@ def nms(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.nms` over ``mesh``, split along the batch dims (those before N) as
     ``batch_spec``."""
@@ -306,7 +314,7 @@ def batched_nms(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.batched_nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
@@ -319,13 +327,13 @@ def int8_matmul(
     *,
     x_scale: ArrayLike | None = None,
     y_scale: ArrayLike | None = None,
-    out_dtype: Any = None,
+    out_dtype: npt.DTypeLike | None = None,
     mesh: Mesh,
     m_axis: AxisName = None,
     k_axis: AxisName = None,
     n_axis: AxisName = None,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.int8_matmul` over ``mesh`` with M, K and N split over the mesh axes
     ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is
@@ -340,7 +348,7 @@ def box_iou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.box_iou` over ``mesh``, split along the batch dims (those before N
     and M) as ``batch_spec``."""
@@ -354,7 +362,7 @@ def generalized_box_iou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.generalized_box_iou` over ``mesh``, split along the batch dims
     (those before N and M) as ``batch_spec``."""
@@ -368,7 +376,7 @@ def diou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
@@ -383,7 +391,7 @@ def diou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.diou_vjp` (the gradient of ``diou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
@@ -399,7 +407,7 @@ def diou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.diou_loss` (``1 - diou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
@@ -414,7 +422,7 @@ def ciou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
@@ -429,7 +437,7 @@ def ciou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.ciou_vjp` (the gradient of ``ciou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
@@ -445,7 +453,7 @@ def ciou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.ciou_loss` (``1 - ciou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across

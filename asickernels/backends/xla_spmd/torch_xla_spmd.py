@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch_xla
@@ -47,8 +47,9 @@ __all__ = [
     "nms",
 ]
 
-Spec = tuple[Any, ...]
-AxisName = str | int | tuple[str | int, ...] | None
+AxisName: TypeAlias = str | int | tuple[str | int, ...] | None
+Spec: TypeAlias = tuple[AxisName, ...]  # one entry per dim
+Tensors: TypeAlias = dict[str, Tensor | None]  # an op's array arguments by name
 
 
 def _ways(mesh: xs.Mesh, entry: AxisName) -> int:
@@ -124,7 +125,7 @@ class _DifferentiableShardMap(torch.autograd.Function):
         return _shard_map(fn, mesh, in_specs, [out_spec], tensors)[0]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         tensors = ctx.saved_tensors
         wanted = [i for i, needs in enumerate(ctx.needs_input_grad[4:]) if needs]
 
@@ -145,7 +146,7 @@ class _DifferentiableShardMap(torch.autograd.Function):
         return (None, None, None, None, *by_input)
 
 
-def _plan(op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, Any]) -> Plan:
+def _plan(op: Op, tensors: Mapping[str, Tensor | None], statics: Mapping[str, object]) -> Plan:
     """The op's own validation of the global shapes and dtypes."""
     statics = {
         k: torch_ops.numpy_dtype(v) if isinstance(v, torch.dtype) else v for k, v in statics.items()
@@ -153,11 +154,13 @@ def _plan(op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[s
     return op.plan({n: torch_ops.spec_of(t) for n, t in tensors.items()}, statics)
 
 
-def _library_call(op: Op, names: Sequence[str], options: Mapping[str, Any]) -> Callable[..., Any]:
+def _library_call(
+    op: Op, names: Sequence[str], options: Mapping[str, object]
+) -> Callable[..., Any]:
     """``torch.ops.asickernels.<op>`` over the tensors ``names``, by position."""
     library_op = getattr(torch.ops.asickernels, op.name)
 
-    def call(*local: torch.Tensor) -> Any:
+    def call(*local: Tensor) -> Any:
         given = dict(zip(names, local, strict=True))
         return library_op(*(given.get(n) for n in op.array_names), **options)
 
@@ -165,7 +168,11 @@ def _library_call(op: Op, names: Sequence[str], options: Mapping[str, Any]) -> C
 
 
 def _batch_rule(
-    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
+    op: Op,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
 ) -> Any:
     """Each device runs the operator on its slice of the leading batch dims (differentiable
     for ops with a VJP; N of NMS and the box coordinates stay whole)."""
@@ -188,8 +195,12 @@ def _batch_rule(
 
 
 def _loss_rule(
-    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
-) -> torch.Tensor:
+    op: Op,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
+) -> Any:
     """Per-box losses per device (0 at padding); ``"sum"`` and ``"mean"`` (over the valid
     boxes of the global batch, 0 when there are none) reduce the global tensor, which the
     partitioner turns into an all-reduce. Differentiable."""
@@ -205,8 +216,12 @@ def _loss_rule(
 
 
 def _matmul_rule(
-    op: Op, mesh: xs.Mesh, axes: tuple[AxisName, AxisName, AxisName], tensors: dict, options: dict
-) -> torch.Tensor:
+    op: Op,
+    mesh: xs.Mesh,
+    axes: tuple[AxisName, AxisName, AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
+) -> Any:
     """int8 matmul of ``x [M, K]``, ``y [K, N]`` with M, K and N sharded over ``m_axis``,
     ``k_axis``, ``n_axis``. With K sharded, each shard's exact int32 partial product is
     summed in int32 across the K shards (exact: K is limited to ``INT8_MATMUL_MAX_K``), and
@@ -214,6 +229,7 @@ def _matmul_rule(
     m_axis, k_axis, n_axis = axes
     x, y, x_scale, y_scale = (tensors[n] for n in ("x", "y", "x_scale", "y_scale"))
     plan = _plan(op, tensors, {"out_dtype": options["out_dtype"]})
+    assert x is not None and y is not None  # required: validation refused None
     x_spec, y_spec = (m_axis, k_axis), (k_axis, n_axis)
     _check_even(mesh, x, x_spec, "x")
     _check_even(mesh, y, y_spec, "y")
@@ -264,7 +280,7 @@ def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
     values = dict(arguments)
     mesh = values.pop("mesh")
     if op.partition == "matmul":
-        layout: Any = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
+        layout: object = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
     else:
         layout = values.pop("batch_spec")
     arrays = {name: values.pop(name) for name in op.array_names}
