@@ -16,7 +16,7 @@ cpu backend, a fourth call is timed in the same turns:
 
 * ``host_twin``: what an eager call on that path runs before it hands its numpy outputs
   to JAX (the op's computation on the cpu backend's host twin, numpy in and out), so that
-  ``eager - host_twin`` is the hand-over (``jax.device_put``) and the call's dispatch.
+  ``eager - host_twin`` is the hand-over to JAX and the call's dispatch.
 
 The JSON output holds the medians, 10-90% spreads and the ratios ``eager / jit_numpy``
 (target <= 1.2 at every size) and ``eager / jit_device`` (target <= 1.3 where

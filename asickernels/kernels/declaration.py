@@ -561,7 +561,7 @@ def x64_scope(enabled: bool) -> contextlib.AbstractContextManager[object]:
 
 def host_empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """An uninitialised numpy array for a host kernel's output: from 256 KiB on, aligned
-    to :data:`_XLA_ALIGNMENT`, so that ``jax.device_put`` takes it without a copy."""
+    to :data:`_XLA_ALIGNMENT`, so that JAX takes it without a copy (:func:`_to_jax`)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _HOST_COPY_BYTES:

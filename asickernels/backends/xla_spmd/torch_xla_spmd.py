@@ -27,6 +27,7 @@ from torch import Tensor
 
 import asickernels
 from asickernels import INT8_MATMUL_MAX_K
+from asickernels.backends.xla_spmd import run_rule
 from asickernels.kernels.declaration import Op, Plan
 from asickernels.torch import ops as torch_ops
 
@@ -274,17 +275,8 @@ _RULES: dict[str, Callable[..., Any]] = {
 
 
 def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
-    """``op``'s partition rule (:attr:`Op.partition`) on ``arguments``, the calling
-    wrapper's parameters by name (its ``locals()``): the op's own, ``mesh`` and the
-    partition (``m_axis``/``k_axis``/``n_axis`` for ``"matmul"``, else ``batch_spec``)."""
-    values = dict(arguments)
-    mesh = values.pop("mesh")
-    if op.partition == "matmul":
-        layout: object = tuple(values.pop(name) for name in ("m_axis", "k_axis", "n_axis"))
-    else:
-        layout = values.pop("batch_spec")
-    arrays = {name: values.pop(name) for name in op.array_names}
-    return _RULES[op.partition](op, mesh, layout, arrays, values)
+    """:func:`~asickernels.backends.xla_spmd.run_rule` with this module's rules."""
+    return run_rule(_RULES, op, arguments)
 
 
 # The ops over a mesh: each op's own arguments, plus ``mesh`` and its partition.
