@@ -517,7 +517,7 @@ def _to_jax(out: Any) -> Any:
     ``jax.device_put`` would put them: on the CPU device an aligned array (``host_empty``)
     is taken without a copy. ``jax.make_array_from_callback`` rather than ``device_put``,
     which binds a primitive first: the hand-over takes about half as long after a kernel
-    has swept the caches (benchmarks/results/eager_overhead/handoff_*.json)."""
+    has swept the caches (benchmarks/results/eager_overhead/s2_handoff_1.json)."""
     sharding = jax.sharding.SingleDeviceSharding(policy.default_device())
 
     def place(array: np.ndarray) -> jax.Array:
