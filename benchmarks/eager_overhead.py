@@ -11,7 +11,12 @@ with ``backend=None`` are timed in turns in one process (see
 With ``--unaligned`` every input is first copied to memory that is not 64-byte aligned
 (numpy's own allocations are 16-byte aligned, so most are not), which XLA's CPU client
 copies before a compiled call: the case the host-twin switch in
-:mod:`asickernels.kernels.declaration` is for.
+:mod:`asickernels.kernels.declaration` is for. For ops whose kernel has a host twin on the
+cpu backend, a fourth call is timed in the same turns:
+
+* ``host_twin``: what an eager call on that path runs before it hands its numpy outputs
+  to JAX (the op's computation on the cpu backend's host twin, numpy in and out), so that
+  ``eager - host_twin`` is the hand-over to JAX and the call's dispatch.
 
 The JSON output holds the medians, 10-90% spreads and the ratios ``eager / jit_numpy``
 (target <= 1.2 at every size) and ``eager / jit_device`` (target <= 1.3 where
@@ -26,12 +31,15 @@ import datetime
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import asickernels
 from asickernels.benchmarking import report, timing, workloads
+from asickernels.kernels import registry
+from asickernels.kernels.declaration import Runner
 
 MODES = {"eager": "eager", "jit_numpy": "jit-numpy", "jit_device": "jit"}
 DEVICE_TARGET_FROM_S = 200e-6
@@ -46,12 +54,29 @@ def misaligned(array: np.ndarray) -> np.ndarray:
     return out
 
 
+def host_twin_call(op: workloads.Op, case: workloads.Case) -> Callable[[], Any] | None:
+    """The op's computation on the cpu backend's host twin, as an eager call runs it (None
+    when the op's kernel has none)."""
+    public = getattr(asickernels, op.name)
+    arrays, statics, _, _ = public.bind(case.arrays, dict(case.static))
+    plan = public.plan(arrays, statics)
+    if plan.kernel is None or not registry.has_host_implementation(plan.kernel, "cpu"):
+        return None
+    runner = Runner("cpu", True, None)
+    return lambda: public.compute(runner, plan, **arrays)
+
+
 def bench_size(op: workloads.Op, text: str, args: argparse.Namespace) -> dict[str, Any]:
     size = op.parse_size(text)
     case = op.bench_case(size, np.random.default_rng(0))
     if args.unaligned:
         case.arrays = tuple(map(misaligned, case.arrays))
     calls = [op.prepare_default(mode, case).call for mode in MODES.values()]  # type: ignore[arg-type]
+    modes = list(MODES)
+    host_twin = host_twin_call(op, case)
+    if host_twin is not None:
+        calls.append(host_twin)
+        modes.append("host_twin")
     first = [timing.timed_call(call)[1] for call in calls]
     timings = timing.measure_alternately(
         calls,
@@ -62,14 +87,14 @@ def bench_size(op: workloads.Op, text: str, args: argparse.Namespace) -> dict[st
         budget_s=args.budget,
     )
     row: dict[str, Any] = {"op": op.name, "size": size.label}
-    for name, measured in zip(MODES, timings, strict=True):
+    for name, measured in zip(modes, timings, strict=True):
         row[name] = {
             "median_us": measured.median_s * 1e6,
             "p10_us": measured.p10_s * 1e6,
             "p90_us": measured.p90_s * 1e6,
             "repeats": measured.repeats,
         }
-    eager, jit_numpy, jit_device = (t.median_s for t in timings)
+    eager, jit_numpy, jit_device = (t.median_s for t in timings[:3])
     row["eager_over_jit_numpy"] = eager / jit_numpy
     row["eager_over_jit_device"] = eager / jit_device
     row["meets_numpy_target"] = eager / jit_numpy <= 1.2
@@ -102,22 +127,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"  jit-numpy {row['jit_numpy']['median_us']:10.1f}"
                 f"  jit-device {row['jit_device']['median_us']:10.1f}"
                 f"  eager/jit-numpy {row['eager_over_jit_numpy']:5.2f}"
-                f"  eager/jit-device {row['eager_over_jit_device']:5.2f}",
+                f"  eager/jit-device {row['eager_over_jit_device']:5.2f}"
+                + (
+                    f"  host-twin {row['host_twin']['median_us']:10.1f}"
+                    if "host_twin" in row
+                    else ""
+                ),
                 flush=True,
             )
     if args.json:
-        result = {
-            "command": shlex.join(["python", *sys.argv]),
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "asickernels": asickernels.__file__,
-            "settings": vars(args),
-            "machine": report.machine(),
-            "versions": report.versions(),
-            "rows": rows,
-        }
-        with open(args.json, "w") as file:
-            json.dump(result, file, indent=1)
+        record(args.json, args, rows=rows)
     return 0
+
+
+def record(path: str, args: argparse.Namespace, **results: Any) -> None:
+    """Writes ``results`` to ``path`` as JSON, with the command, its settings, the time,
+    the machine (load average included) and the versions."""
+    result = {
+        "command": shlex.join(["python", *sys.argv]),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "asickernels": asickernels.__file__,
+        "settings": vars(args),
+        "machine": report.machine(),
+        "versions": report.versions(),
+        **results,
+    }
+    with open(path, "w") as file:
+        json.dump(result, file, indent=1)
 
 
 if __name__ == "__main__":

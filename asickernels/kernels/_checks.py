@@ -7,7 +7,7 @@ import math
 import numbers
 import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol, SupportsIndex, TypeVar
 
 import jax
 import ml_dtypes
@@ -21,7 +21,21 @@ FLOAT_DTYPES = (
 )
 
 
-def as_array(value: Any, name: str) -> Any:
+class Shaped(Protocol):
+    """What the checks read of an array argument: a :class:`~asickernels.kernels.declaration.Spec`,
+    a numpy array or a JAX array (traced or not)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+
+SpecT = TypeVar("SpecT")
+
+
+def as_array(value: object, name: str) -> np.ndarray | jax.Array:
     """``value`` as something with ``.shape`` and ``.dtype`` (JAX arrays and tracers are
     kept as they are, so no device transfer or tracing happens here)."""
     if type(value) is np.ndarray or isinstance(value, (jax.Array, np.ndarray)):
@@ -34,7 +48,7 @@ def as_array(value: Any, name: str) -> Any:
         raise TypeError(f"{name} must be an array, got {type(value).__name__}") from error
 
 
-def required(specs: Mapping[str, Any], name: str) -> Any:
+def required(specs: Mapping[str, SpecT | None], name: str) -> SpecT:
     """``specs[name]``, which must not be None (a required array).
 
     Raises:
@@ -46,7 +60,7 @@ def required(specs: Mapping[str, Any], name: str) -> Any:
     return spec
 
 
-def check_float(array: Any, name: str) -> None:
+def check_float(array: Shaped, name: str) -> None:
     if np.dtype(array.dtype) not in FLOAT_DTYPES:
         raise TypeError(
             f"{name} must be a floating array (float32, bfloat16, float16 or float64), "
@@ -54,7 +68,7 @@ def check_float(array: Any, name: str) -> None:
         )
 
 
-def check_boxes(array: Any, name: str, min_ndim: int = 1) -> None:
+def check_boxes(array: Shaped, name: str, min_ndim: int = 1) -> None:
     check_float(array, name)
     if len(array.shape) < min_ndim or array.shape[-1:] != (4,):
         raise ValueError(
@@ -64,7 +78,7 @@ def check_boxes(array: Any, name: str, min_ndim: int = 1) -> None:
         )
 
 
-def static_float(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> float:
+def static_float(value: object, name: str, low: float = -math.inf, high: float = math.inf) -> float:
     """A Python number in ``[low, high]`` (not NaN): thresholds are static, not traced."""
     if isinstance(value, jax.core.Tracer):
         raise TypeError(f"{name} must be a static Python number, not a traced value")
@@ -76,10 +90,12 @@ def static_float(value: Any, name: str, low: float = -math.inf, high: float = ma
     return number
 
 
-def static_int(value: Any, name: str, low: int = 0, high: int | None = None) -> int:
+def static_int(value: object, name: str, low: int = 0, high: int | None = None) -> int:
     if isinstance(value, (bool, jax.core.Tracer)):
         raise TypeError(f"{name} must be a static Python int, got {value!r}")
     try:
+        if not isinstance(value, SupportsIndex):
+            raise TypeError
         number = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None

@@ -5,8 +5,9 @@ PyTorch schema types), its validation (:attr:`Op.check`: from shapes, dtypes and
 values to a :class:`Plan`, raising TypeError/ValueError that names the bad argument), its
 computation over backend kernels (:attr:`Op.compute`, written once against ``xp`` = numpy
 or ``jax.numpy``), its float64 reference and, for differentiable ops, its vector-Jacobian
-product. The JAX API is the :class:`Op` object itself; the ``torch.library`` operators, the
-torch_xla kernels and the SPMD wrappers are generated from it.
+product. The JAX API is the :class:`Op` object itself; the ``torch.library`` operators and
+the torch_xla kernels are generated from it; the torch functions and the SPMD wrappers are
+written out (signature and docstring) and delegate to it.
 
 Calling an op:
 
@@ -28,17 +29,20 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from asickernels.kernels import _checks, policy, registry
 
-REQUIRED: Any = inspect.Parameter.empty
+REQUIRED: Any = inspect.Parameter.empty  # typed Any: it stands in for any default
 Want = Literal["jax", "any"]
+# An array argument as the op sees it: numpy, or JAX (concrete or traced).
+Array: TypeAlias = np.ndarray | jax.Array
 
 
 class Spec(NamedTuple):
@@ -66,7 +70,7 @@ class Param:
     name: str
     kind: Literal["array", "static"]
     torch_type: str
-    default: Any = REQUIRED
+    default: object = REQUIRED
     positional: bool = False
     core_ndim: int = 0
 
@@ -79,7 +83,7 @@ def array(name: str, core_ndim: int = 0, *, optional: bool = False) -> Param:
 
 
 def static(
-    name: str, torch_type: str, default: Any = REQUIRED, *, positional: bool = False
+    name: str, torch_type: str, default: object = REQUIRED, *, positional: bool = False
 ) -> Param:
     return Param(name, "static", torch_type, default, positional)
 
@@ -126,10 +130,10 @@ class Runner:
 
     backend: str
     host: bool
-    config: Any
+    config: object
 
     @property
-    def xp(self) -> Any:
+    def xp(self) -> Any:  # numpy or jax.numpy: one array API, which no static type names
         return np if self.host else jnp
 
     def kernel(self, name: str) -> Callable[..., Any]:
@@ -217,16 +221,20 @@ class Op:
             "config": None,
         }
         # Eager calls by signature (:func:`_argument_key`): what runs them.
-        self._calls: dict[Any, Call] = {}
+        self._calls: dict[Hashable, Call] = {}
         # The functions that run validated eager calls (:meth:`_executor`).
-        self._executors: dict[Any, Call] = {}
+        self._executors: dict[Hashable, Call] = {}
 
     def __repr__(self) -> str:
         return f"<asickernels op {self.name}{self.__signature__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:  # the call's signature (see _argument_key); keywords by name, as given
-            key: Any = (*map(_argument_key, args), *kwargs, *map(_argument_key, kwargs.values()))
+            key: Hashable = (
+                *map(_argument_key, args),
+                *kwargs,
+                *map(_argument_key, kwargs.values()),
+            )
             call = self._calls.get(key)
         except (TypeError, _NoKey):  # unhashable or traced
             key = call = None
@@ -244,7 +252,7 @@ class Op:
 
     def bind(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any], str | None, Any]:
+    ) -> tuple[dict[str, Array | None], dict[str, Any], str | None, object]:
         """``(arrays, statics, backend, config)`` from a call's arguments; arrays are made
         array-like (lists become numpy) but not moved or converted.
 
@@ -282,14 +290,14 @@ class Op:
             return None
         return values
 
-    def prepared(self, arrays: dict[str, Any]) -> dict[str, Any]:
+    def prepared(self, arrays: dict[str, Array | None]) -> dict[str, Array | None]:
         """``arrays`` after :attr:`prepare`, for eager calls (traced ones are left alone); the
         same dict when preparation changes nothing."""
         if self.prepare is None or any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             return arrays
         return self.prepare(arrays)
 
-    def plan(self, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Plan:
+    def plan(self, arrays: Mapping[str, Array | Spec | None], statics: Mapping[str, Any]) -> Plan:
         """Validates shapes, dtypes and static values (see :attr:`check`)."""
         specs = {
             n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
@@ -298,7 +306,11 @@ class Op:
         return self.check(specs, statics)
 
     def choose(
-        self, plan: Plan, backend: str | None, arrays: Mapping[str, Any], config: Any = None
+        self,
+        plan: Plan,
+        backend: str | None,
+        arrays: Mapping[str, Array | None],
+        config: object = None,
     ) -> str | None:
         """The backend this call runs on (None for ops without a kernel).
 
@@ -321,8 +333,8 @@ class Op:
         self,
         backend: str | None,
         plan: Plan,
-        config: Any,
-        arrays: Mapping[str, Any],
+        config: object,
+        arrays: Mapping[str, Array | None],
         want: Want,
     ) -> Any:
         """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
@@ -336,7 +348,7 @@ class Op:
         if self.check_values is not None:
             self.check_values(**arrays)
         names = tuple(n for n, a in arrays.items() if a is not None)
-        present = [arrays[n] for n in names]
+        present = [a for a in arrays.values() if a is not None]  # in the order of names
         if want == "any" and not any(_on_accelerator(a) for a in present):
             return self._executor(backend, plan, config, names, "always")(*present)
         return self._executor(backend, plan, config, names, _host_use(plan, present))(*present)
@@ -345,9 +357,9 @@ class Op:
         self,
         backend: str | None,
         plan: Plan,
-        config: Any,
-        given: dict[str, Any],
-        arrays: dict[str, Any],
+        config: object,
+        given: dict[str, Array | None],
+        arrays: dict[str, Array | None],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Call:
@@ -365,7 +377,7 @@ class Op:
                 if a is not None
             )
         )
-        present = [arrays[n] for n in names]
+        present = [a for a in arrays.values() if a is not None]  # in the order of names
         execute = self._executor(backend, plan, config, names, _host_use(plan, present))
         if not direct:
 
@@ -384,14 +396,14 @@ class Op:
         )
 
     def _executor(
-        self, backend: str | None, plan: Plan, config: Any, names: tuple[str, ...], host: Host
+        self, backend: str | None, plan: Plan, config: object, names: tuple[str, ...], host: Host
     ) -> Call:
         """The function that runs validated eager calls of ``plan`` on ``backend``, taking
         the arrays named ``names`` by position: the filled outputs of a trivial plan; the
         host implementation on a numpy backend, or with ``host`` where there is one (its
         outputs stay numpy only with ``host``); else the jitted computation (op by op where
         the backend cannot be jitted here); in x64 mode for 64-bit plans."""
-        key: Any = (backend, plan, config, names, host)
+        key: Hashable | None = (backend, plan, config, names, host)
         try:
             executor = self._executors.get(key)
         except TypeError:  # an unhashable config
@@ -407,12 +419,12 @@ class Op:
         absent = dict.fromkeys(self.array_names)
         host_only = has_host and registry.backend(backend).array_kind == "numpy"  # type: ignore[arg-type]
 
-        def on_host(*present: Any) -> Any:
+        def on_host(*present: Array) -> Any:
             given = absent | {n: np.asarray(a) for n, a in zip(names, present, strict=True)}
             out = self.compute(Runner(backend, True, config), plan, **given)  # type: ignore[arg-type]
-            return out if host == "always" else jax.tree.map(jax.device_put, out)
+            return out if host == "always" else _to_jax(out)
 
-        def computation(*present: Any) -> Any:
+        def computation(*present: Array) -> Any:
             return self.compute(
                 Runner(backend or "xla", False, config),
                 plan,
@@ -429,7 +441,7 @@ class Op:
         elif has_host and host == "if_copied":
             compiled = jax.jit(computation)
 
-            def executor(*present: Any) -> Any:
+            def executor(*present: np.ndarray) -> Any:  # "if_copied": numpy inputs
                 return (on_host if _xla_copies(present) else compiled)(*present)
 
         else:
@@ -453,14 +465,14 @@ _HOST_COPY_BYTES = 1 << 18
 _XLA_ALIGNMENT = 64  # XLA's CPU client takes host buffers aligned to this without a copy
 
 
-def _host_use(plan: Plan, present: Sequence[Any]) -> Host:
+def _host_use(plan: Plan, present: Sequence[Array]) -> Host:
     """ "if_copied" for a copy-bound plan's numpy inputs large enough that XLA's copy of
     them may cost as much as the kernel, else "never"."""
     numpy = plan.copy_bound and all(type(a) is np.ndarray for a in present)
     return "if_copied" if numpy and sum(a.nbytes for a in present) >= _HOST_COPY_BYTES else "never"
 
 
-def _xla_copies(present: Sequence[Any]) -> bool:
+def _xla_copies(present: Sequence[np.ndarray]) -> bool:
     """Whether XLA's CPU client would copy at least :data:`_HOST_COPY_BYTES` of these numpy
     arrays: those not C-contiguous and aligned to :data:`_XLA_ALIGNMENT`."""
     copied = 0
@@ -474,14 +486,14 @@ class _NoKey(Exception):
     """An argument that gives its call no signature: a traced value."""
 
 
-def _argument_key(value: Any) -> Any:
+def _argument_key(value: object) -> Hashable:
     """What identifies an argument in an eager call's signature, for :attr:`Op._calls`: a
     numpy array's shape and dtype, a JAX array's also its sharding (where it lives decides
     the backend), anything else's type and value (True, 1 and 1.0 are different static
     values); :class:`_NoKey` for a traced value."""
-    kind = type(value)
-    if kind is np.ndarray:
+    if type(value) is np.ndarray:
         return (value.shape, value.dtype)
+    kind = type(value)
     if kind in _STATIC_TYPES:
         return (kind, value)
     if isinstance(value, jax.core.Tracer):
@@ -500,7 +512,22 @@ def _compilable(backend: str | None) -> bool:
     return traceable is None or traceable()
 
 
-def _on_accelerator(value: Any) -> bool:
+def _to_jax(out: Any) -> Any:
+    """A host implementation's numpy outputs as JAX arrays on JAX's default device, where
+    ``jax.device_put`` would put them: on the CPU device an aligned array (``host_empty``)
+    is taken without a copy. ``jax.make_array_from_callback`` rather than ``device_put``,
+    which binds a primitive first: the hand-over takes about half as long after a kernel
+    has swept the caches (benchmarks/results/eager_overhead/s2_handoff_1.json)."""
+    sharding = jax.sharding.SingleDeviceSharding(policy.default_device())
+
+    def place(array: np.ndarray) -> jax.Array:
+        array = np.asarray(array)
+        return jax.make_array_from_callback(array.shape, sharding, lambda _: array)
+
+    return jax.tree.map(place, out)
+
+
+def _on_accelerator(value: object) -> bool:
     """Whether ``value`` is a JAX array on a device other than the host CPU."""
     return isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices())
 
@@ -514,14 +541,14 @@ def _filled(plan: Plan, xp: Any) -> Any:
 
 
 def _in_x64(function: Call) -> Call:
-    def call(*args: Any) -> Any:
+    def call(*args: Array) -> Any:
         with x64_scope(True):
             return function(*args)
 
     return call
 
 
-def x64_scope(enabled: bool) -> Any:
+def x64_scope(enabled: bool) -> contextlib.AbstractContextManager[object]:
     """JAX's x64 mode for one call (a no-op context when not ``enabled``)."""
     if not enabled:
         return contextlib.nullcontext()
@@ -532,9 +559,9 @@ def x64_scope(enabled: bool) -> Any:
     return enable_x64()
 
 
-def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def host_empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """An uninitialised numpy array for a host kernel's output: from 256 KiB on, aligned
-    to :data:`_XLA_ALIGNMENT`, so that ``jax.device_put`` takes it without a copy."""
+    to :data:`_XLA_ALIGNMENT`, so that JAX takes it without a copy (:func:`_to_jax`)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _HOST_COPY_BYTES:
@@ -544,7 +571,7 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
-def cast(array: Any, dtype: Any) -> Any:
+def cast(array: Any, dtype: npt.DTypeLike) -> Any:
     """``array`` as ``dtype``, without a copy when it already is."""
     return array if array.dtype == np.dtype(dtype) else array.astype(dtype)
 

@@ -148,6 +148,7 @@ def paired_vjp_check(kernel: str) -> Check:
             (),
             trivial=_checks.size(a.shape[:-1]) == 0,
             x64=is_64bit(a, b, cotangent),
+            copy_bound=True,
         )
 
     return check

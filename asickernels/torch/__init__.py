@@ -60,18 +60,22 @@ __all__ = [
 ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
 
 
-def _call(op: Op, **values: Any) -> Any:
-    """``torch.ops.asickernels.<op.name>`` on ``op``'s arguments by name: its arrays by
-    position (in declaration order), the rest by keyword, as the operator's schema takes
-    them."""
-    arrays = tuple(values.pop(name) for name in op.array_names)
+def _call(op: Op, *values: Any) -> Any:
+    """``torch.ops.asickernels.<op.name>`` on the calling function's parameters, given in
+    its signature's order: ``op``'s parameters in declaration order, then ``backend`` (a
+    test holds each function's signature to that). Positional rather than ``locals()``,
+    which ``torch.compile`` cannot trace. The arrays go by position (in declaration order),
+    the rest by keyword, as the operator's schema takes them."""
+    names = [*(p.name for p in op.params), "backend"]
+    given = dict(zip(names, values, strict=True))
+    arrays = tuple(given.pop(name) for name in op.array_names)
     if not all(a is None or isinstance(a, Tensor) for a in arrays):
         device = next((a.device for a in arrays if isinstance(a, Tensor)), None)
         arrays = tuple(
             _as_tensor(a, name, device) for name, a in zip(op.array_names, arrays, strict=True)
         )
     try:
-        return getattr(torch.ops.asickernels, op.name)(*arrays, **values)
+        return getattr(torch.ops.asickernels, op.name)(*arrays, **given)
     except RuntimeError as error:  # the dispatcher's check of the schema's argument types
         message = str(error)
         if message.startswith(f"asickernels::{op.name}() Expected a value of type"):
@@ -94,7 +98,7 @@ def giou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) ->
     """Generalized IoU of paired ``[..., 4]`` boxes ``(x1, y1, x2, y2)`` of one shape ->
     ``[...]`` in ``[-1, 1]``, float32 (float64 for float64 boxes); differentiable.
     Contract: :func:`asickernels.giou`."""
-    return _call(asickernels.giou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+    return _call(asickernels.giou, boxes1, boxes2, backend)
 
 
 def giou_vjp(
@@ -102,9 +106,7 @@ def giou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """``(d_boxes1, d_boxes2)`` ``[..., 4]``: the gradient of ``sum(cotangent * giou(boxes1,
     boxes2))`` for ``cotangent [...]``. Contract: :func:`asickernels.giou_vjp`."""
-    return _call(
-        asickernels.giou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
-    )
+    return _call(asickernels.giou_vjp, boxes1, boxes2, cotangent, backend)
 
 
 def giou_loss(
@@ -119,14 +121,7 @@ def giou_loss(
     reduced by ``reduction`` (``"none"``, ``"sum"``, ``"mean"`` over valid boxes);
     differentiable, with exactly 0 loss and gradient at padding. Contract:
     :func:`asickernels.giou_loss`."""
-    return _call(
-        asickernels.giou_loss,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _call(asickernels.giou_loss, preds, targets, mask, reduction, backend)
 
 
 def nms(
@@ -142,13 +137,7 @@ def nms(
     [..., max_output_size], num_valid [...])``, int32, indices padded with -1. Contract:
     :func:`asickernels.nms`."""
     return _call(
-        asickernels.nms,
-        boxes=boxes,
-        scores=scores,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
+        asickernels.nms, boxes, scores, iou_threshold, max_output_size, score_threshold, backend
     )
 
 
@@ -166,13 +155,13 @@ def batched_nms(
     :func:`asickernels.batched_nms`."""
     return _call(
         asickernels.batched_nms,
-        boxes=boxes,
-        scores=scores,
-        idxs=idxs,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
+        boxes,
+        scores,
+        idxs,
+        iou_threshold,
+        max_output_size,
+        score_threshold,
+        backend,
     )
 
 
@@ -188,15 +177,7 @@ def int8_matmul(
     """``x @ y`` of int8 ``x [M, K]`` and ``y [K, N]``, exact in int32; with ``x_scale``
     (scalar or ``[M]``), ``y_scale`` (scalar or ``[N]``) or a float ``out_dtype``, dequantized
     to ``out_dtype`` (default float32). Contract: :func:`asickernels.int8_matmul`."""
-    return _call(
-        asickernels.int8_matmul,
-        x=x,
-        y=y,
-        x_scale=x_scale,
-        y_scale=y_scale,
-        out_dtype=out_dtype,
-        backend=backend,
-    )
+    return _call(asickernels.int8_matmul, x, y, x_scale, y_scale, out_dtype, backend)
 
 
 def quantize_int8(
@@ -205,13 +186,13 @@ def quantize_int8(
     """Symmetric int8 quantization of finite float ``x`` -> ``(q, scale)``: ``q`` int8 of
     ``x``'s shape, ``scale`` float32 ``[x.shape[axis]]`` (``()`` for ``axis=None``).
     Contract: :func:`asickernels.quantize_int8`."""
-    return _call(asickernels.quantize_int8, x=x, axis=axis, backend=backend)
+    return _call(asickernels.quantize_int8, x, axis, backend)
 
 
 def box_iou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` -> ``[..., N,
     M]``, float32 (float64 for float64 boxes). Contract: :func:`asickernels.box_iou`."""
-    return _call(asickernels.box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+    return _call(asickernels.box_iou, boxes1, boxes2, backend)
 
 
 def generalized_box_iou(
@@ -219,13 +200,13 @@ def generalized_box_iou(
 ) -> Tensor:
     """Generalized IoU of every pair of ``boxes1 [..., N, 4]`` and ``boxes2 [..., M, 4]`` ->
     ``[..., N, M]``; differentiable. Contract: :func:`asickernels.generalized_box_iou`."""
-    return _call(asickernels.generalized_box_iou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+    return _call(asickernels.generalized_box_iou, boxes1, boxes2, backend)
 
 
 def diou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """Distance IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
     :func:`asickernels.diou`."""
-    return _call(asickernels.diou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+    return _call(asickernels.diou, boxes1, boxes2, backend)
 
 
 def diou_vjp(
@@ -233,9 +214,7 @@ def diou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """The gradient of ``sum(cotangent * diou(boxes1, boxes2))``. Contract:
     :func:`asickernels.diou_vjp`."""
-    return _call(
-        asickernels.diou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
-    )
+    return _call(asickernels.diou_vjp, boxes1, boxes2, cotangent, backend)
 
 
 def diou_loss(
@@ -248,20 +227,13 @@ def diou_loss(
 ) -> Tensor:
     """``1 - diou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
     Contract: :func:`asickernels.diou_loss`."""
-    return _call(
-        asickernels.diou_loss,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _call(asickernels.diou_loss, preds, targets, mask, reduction, backend)
 
 
 def ciou(boxes1: ArrayLike, boxes2: ArrayLike, *, backend: str | None = None) -> Tensor:
     """Complete IoU of paired ``[..., 4]`` boxes -> ``[...]``; differentiable. Contract:
     :func:`asickernels.ciou`."""
-    return _call(asickernels.ciou, boxes1=boxes1, boxes2=boxes2, backend=backend)
+    return _call(asickernels.ciou, boxes1, boxes2, backend)
 
 
 def ciou_vjp(
@@ -269,9 +241,7 @@ def ciou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """The gradient of ``sum(cotangent * ciou(boxes1, boxes2))``. Contract:
     :func:`asickernels.ciou_vjp`."""
-    return _call(
-        asickernels.ciou_vjp, boxes1=boxes1, boxes2=boxes2, cotangent=cotangent, backend=backend
-    )
+    return _call(asickernels.ciou_vjp, boxes1, boxes2, cotangent, backend)
 
 
 def ciou_loss(
@@ -284,14 +254,7 @@ def ciou_loss(
 ) -> Tensor:
     """``1 - ciou(preds, targets)`` with :func:`giou_loss`'s ``mask`` and ``reduction``.
     Contract: :func:`asickernels.ciou_loss`."""
-    return _call(
-        asickernels.ciou_loss,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _call(asickernels.ciou_loss, preds, targets, mask, reduction, backend)
 
 
 def roi_align(
@@ -309,13 +272,13 @@ def roi_align(
     differentiable in ``input``. Contract: :func:`asickernels.roi_align`."""
     return _call(
         asickernels.roi_align,
-        input=input,
-        rois=rois,
-        output_size=output_size,
-        spatial_scale=spatial_scale,
-        sampling_ratio=sampling_ratio,
-        aligned=aligned,
-        backend=backend,
+        input,
+        rois,
+        output_size,
+        spatial_scale,
+        sampling_ratio,
+        aligned,
+        backend,
     )
 
 
@@ -335,12 +298,12 @@ def roi_align_vjp(
     :func:`asickernels.roi_align_vjp`."""
     return _call(
         asickernels.roi_align_vjp,
-        input=input,
-        rois=rois,
-        cotangent=cotangent,
-        output_size=output_size,
-        spatial_scale=spatial_scale,
-        sampling_ratio=sampling_ratio,
-        aligned=aligned,
-        backend=backend,
+        input,
+        rois,
+        cotangent,
+        output_size,
+        spatial_scale,
+        sampling_ratio,
+        aligned,
+        backend,
     )

@@ -15,7 +15,7 @@ float64 (``torch.autograd.gradcheck`` works).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import ml_dtypes
@@ -24,6 +24,9 @@ import torch
 
 import asickernels
 from asickernels.kernels.declaration import REQUIRED, Op, Param, Spec
+
+# What an operator returns: one tensor, or a tuple of them (as its schema says).
+Outputs: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...]
 
 # A table, not a conversion through tensors: fake (meta) kernels run under FakeTensorMode.
 _DTYPES = {
@@ -65,7 +68,7 @@ def to_host(tensor: torch.Tensor | None) -> np.ndarray | None:
     return tensor.numpy()
 
 
-def to_torch(array: Any) -> torch.Tensor:
+def to_torch(array: np.ndarray | jax.Array) -> torch.Tensor:
     if isinstance(array, jax.Array):
         if array.dtype == ml_dtypes.bfloat16:
             return torch.from_numpy(np.asarray(array).view(np.int16)).view(torch.bfloat16)
@@ -82,7 +85,7 @@ def spec_of(tensor: torch.Tensor | None) -> Spec | None:
     return None if tensor is None else Spec(tuple(tensor.shape), numpy_dtype(tensor.dtype))
 
 
-def torch_value(param: Param, value: Any) -> Any:
+def torch_value(param: Param, value: object) -> object:
     """A static argument as the JAX op takes it (torch dtypes become numpy dtypes)."""
     if param.torch_type.startswith("ScalarType") and isinstance(value, torch.dtype):
         return numpy_dtype(value)
@@ -92,7 +95,7 @@ def torch_value(param: Param, value: Any) -> Any:
 # Schemas ------------------------------------------------------------------------------------
 
 
-def _default_text(value: Any) -> str:
+def _default_text(value: object) -> str:
     if value is None:
         return "None"
     if isinstance(value, str):
@@ -119,7 +122,9 @@ def schema(op: Op, params: tuple[Param, ...] | None = None, outputs: int | None 
     return "(" + ", ".join([*positional, "*", *keyword]) + f") -> {returns}"
 
 
-def split_values(params: tuple[Param, ...], values: Mapping[str, Any]) -> tuple[dict, dict]:
+def split_values(
+    params: tuple[Param, ...], values: Mapping[str, Any]
+) -> tuple[dict[str, torch.Tensor | None], dict[str, object]]:
     """``(tensors, statics)`` of bound values (torch dtypes as numpy dtypes)."""
     tensors = {p.name: values[p.name] for p in params if p.kind == "array"}
     statics = {p.name: torch_value(p, values[p.name]) for p in params if p.kind == "static"}
@@ -129,7 +134,12 @@ def split_values(params: tuple[Param, ...], values: Mapping[str, Any]) -> tuple[
 # Running on CPU tensors ---------------------------------------------------------------------
 
 
-def run_on_cpu(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], backend: Any) -> Any:
+def run_on_cpu(
+    op: Op,
+    tensors: Mapping[str, torch.Tensor | None],
+    statics: Mapping[str, object],
+    backend: str | None,
+) -> Outputs:
     """``op`` on CPU tensors through the JAX API's own path; returns torch tensors."""
     arrays = op.prepared({name: to_host(t) for name, t in tensors.items()})
     plan = op.plan(arrays, statics)
@@ -138,7 +148,9 @@ def run_on_cpu(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], b
     return tuple(map(to_torch, out)) if isinstance(out, tuple) else to_torch(out)
 
 
-def fake_outputs(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any]) -> Any:
+def fake_outputs(
+    op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, object]
+) -> Outputs:
     """Empty tensors of ``op``'s output shapes and dtypes, from its own plan."""
     like = next(t for t in tensors.values() if t is not None)
     plan = op.plan({n: spec_of(t) for n, t in tensors.items()}, statics)
@@ -147,7 +159,11 @@ def fake_outputs(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any])
 
 
 def run_vjp_on_cpu(
-    op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any], backend: Any, cotangent: Any
+    op: Op,
+    tensors: Mapping[str, torch.Tensor | None],
+    statics: Mapping[str, object],
+    backend: str | None,
+    cotangent: torch.Tensor,
 ) -> tuple[torch.Tensor, ...]:
     assert op.vjp is not None
     arrays = {name: to_host(t) for name, t in tensors.items()}
@@ -155,16 +171,19 @@ def run_vjp_on_cpu(
     return tuple(to_torch(g) for g in grads)
 
 
-def fake_vjp(op: Op, tensors: Mapping[str, Any], statics: Mapping[str, Any]) -> tuple:
+def fake_vjp(
+    op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, object]
+) -> tuple[torch.Tensor, ...]:
     wide = any(t is not None and t.dtype == torch.float64 for t in tensors.values())
     dtype = torch.float64 if wide else torch.float32
-    return tuple(tensors[n].new_empty(tensors[n].shape, dtype=dtype) for n in op.differentiable)
+    inputs = [tensors[n] for n in op.differentiable]  # required arrays: never None
+    return tuple(t.new_empty(t.shape, dtype=dtype) for t in inputs if t is not None)
 
 
 # Registration -------------------------------------------------------------------------------
 
 
-def single_or_tuple(grads: tuple[Any, ...]) -> Any:
+def single_or_tuple(grads: tuple[torch.Tensor, ...]) -> Outputs:
     """A backward operator's result as its schema returns it: a tensor for one gradient."""
     return grads[0] if len(grads) == 1 else grads
 
@@ -181,7 +200,9 @@ def backward_params(op: Op) -> tuple[Param, ...]:
     return (Param("cotangent", "array", "Tensor", positional=True), *op.params)
 
 
-def bind_values(params: tuple[Param, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+def bind_values(
+    params: tuple[Param, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """Positional (array) and keyword values by parameter name, with defaults (as the
     schema). The dispatcher lets None through for a required tensor: refused here.
 
@@ -235,12 +256,12 @@ def register(op: Op) -> tuple[Any, Any | None]:
     positional = list(op.array_names)
 
     def setup_context(
-        ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict, output: Any
+        ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Outputs
     ) -> None:
         ctx.values = bind_values(op.params, inputs, keyword_only_inputs)
         ctx.save_for_backward(*(ctx.values[n] for n in op.array_names))
 
-    def grad(ctx: Any, cotangent: torch.Tensor) -> tuple[Any, ...]:
+    def grad(ctx: Any, cotangent: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = dict(zip(op.array_names, ctx.saved_tensors, strict=True))
         values = {**ctx.values, **saved, "cotangent": cotangent}
         args = [cotangent] + [values[n] for n in positional]

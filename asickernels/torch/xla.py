@@ -64,10 +64,10 @@ def _jax_vjp(op: Op, present: tuple[str, ...]) -> Callable[..., Any]:
 def call(
     op: Op,
     tensors: Mapping[str, torch.Tensor | None],
-    statics: Mapping[str, Any],
+    statics: Mapping[str, object],
     backend: str | None,
     cotangent: torch.Tensor | None = None,
-) -> Any:
+) -> ops.Outputs:
     """``op`` (or its VJP, given a cotangent) on XLA tensors."""
     from torch_xla.core import xla_builder
 

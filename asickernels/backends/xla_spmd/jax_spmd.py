@@ -24,11 +24,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
 import asickernels
 from asickernels.backends.xla.int8_matmul import dequantize
+from asickernels.backends.xla_spmd import run_rule
 from asickernels.kernels.declaration import Op, Plan, Spec
 
 __all__ = [
@@ -49,6 +51,8 @@ __all__ = [
 ]
 
 AxisName = str | tuple[str, ...] | None
+Arrays = dict[str, ArrayLike | None]  # an op's array arguments by name
+Outputs = jax.Array | tuple[jax.Array, ...]
 
 
 def _axes_of(spec: PartitionSpec) -> tuple[str, ...]:
@@ -83,7 +87,7 @@ def _check_spec(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int], what: str
             )
 
 
-def _validate(op: Op, arrays: dict[str, Any], statics: dict[str, Any]) -> Plan:
+def _validate(op: Op, arrays: Arrays, statics: dict[str, object]) -> Plan:
     """Runs the op's own validation on the global shapes, without computing anything."""
     specs = {
         n: None if a is None else Spec(np.shape(a), np.result_type(a)) for n, a in arrays.items()
@@ -92,16 +96,20 @@ def _validate(op: Op, arrays: dict[str, Any], statics: dict[str, Any]) -> Plan:
 
 
 def _run(
-    body: Callable[..., Any], mesh: Mesh, in_specs: tuple[Any, ...], out_specs: Any, *arrays: Any
-) -> Any:
+    body: Callable[..., Outputs],
+    mesh: Mesh,
+    in_specs: tuple[PartitionSpec, ...],
+    out_specs: PartitionSpec | tuple[PartitionSpec, ...],
+    *arrays: ArrayLike,
+) -> Outputs:
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
         *arrays
     )
 
 
 def _batch_rule(
-    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
-) -> Any:
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: Arrays, options: dict[str, object]
+) -> Outputs:
     """Each shard runs ``op`` on its slice of the leading batch dims; outputs keep them."""
     params = {p.name: p for p in op.params}
     present = {n: a for n, a in arrays.items() if a is not None}
@@ -113,7 +121,7 @@ def _batch_rule(
     in_specs = (batch_spec,) * len(present)
     out_specs = tuple(batch_spec for _ in plan.output_list())
 
-    def body(*local: Any) -> Any:
+    def body(*local: jax.Array) -> Outputs:
         return op(**dict(zip(present, local, strict=True)), **options)
 
     return _run(
@@ -122,8 +130,8 @@ def _batch_rule(
 
 
 def _loss_rule(
-    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: dict[str, Any], options: dict[str, Any]
-) -> Any:
+    op: Op, mesh: Mesh, batch_spec: PartitionSpec, arrays: Arrays, options: dict[str, object]
+) -> Outputs:
     """A masked loss: per-box losses per shard; ``"sum"`` and ``"mean"`` (over the valid
     boxes of the whole global batch, 0 when there are none) are ``psum``-ed over the
     sharded axes before dividing. ``"none"`` is sharded as ``batch_spec``."""
@@ -138,7 +146,7 @@ def _loss_rule(
         box_spec if np.ndim(a) > len(batch_shape) else batch_spec for a in present.values()
     )
 
-    def shard_loss(*local: Any) -> jax.Array:
+    def shard_loss(*local: jax.Array) -> jax.Array:
         given = dict(zip(present, local, strict=True))
         if reduction == "none":
             return op(**given, **options)
@@ -158,9 +166,9 @@ def _matmul_rule(
     op: Op,
     mesh: Mesh,
     axes: tuple[AxisName, AxisName, AxisName],
-    arrays: dict[str, Any],
-    options: dict[str, Any],
-) -> jax.Array:
+    arrays: Arrays,
+    options: dict[str, object],
+) -> Outputs:
     """int8 matmul with M, K and N sharded over the mesh axes ``(m_axis, k_axis, n_axis)``.
 
     With K sharded, every shard computes its exact int32 partial product and the partials
@@ -171,6 +179,7 @@ def _matmul_rule(
     x, y, x_scale, y_scale = (arrays[n] for n in ("x", "y", "x_scale", "y_scale"))
     out_dtype = options.pop("out_dtype")
     out = _validate(op, arrays, {"out_dtype": out_dtype}).outputs.dtype  # type: ignore[union-attr]
+    assert x is not None and y is not None  # required: validation refused None
     (m, k), n = np.shape(x), np.shape(y)[1]
     _check_spec(mesh, PartitionSpec(m_axis, k_axis), (m, k), "x")
     _check_spec(mesh, PartitionSpec(k_axis, n_axis), (k, n), "y")
@@ -208,17 +217,16 @@ def _vector(scale: jax.Array | None, length: int) -> jax.Array:
     return jnp.broadcast_to(value, (length,))
 
 
-_RULES: dict[str, Callable[..., Any]] = {
+_RULES: dict[str, Callable[..., Outputs]] = {
     "batch": _batch_rule,
     "loss": _loss_rule,
     "matmul": _matmul_rule,
 }
 
 
-def _sharded(op: Op, mesh: Mesh, layout: Any, **values: Any) -> Any:
-    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
-    arrays = {name: values.pop(name) for name in op.array_names}
-    return _RULES[op.partition](op, mesh, layout, arrays, values)
+def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
+    """:func:`~asickernels.backends.xla_spmd.run_rule` with this module's rules."""
+    return run_rule(_RULES, op, arguments)
 
 
 # The ops over a mesh: each op's own arguments, plus ``mesh`` and its partition.
@@ -231,19 +239,11 @@ def giou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.giou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou, locals())
 
 
 def giou_vjp(
@@ -254,20 +254,11 @@ def giou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.giou_vjp` (the gradient of ``giou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.giou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou_vjp, locals())
 
 
 def giou_loss(
@@ -279,22 +270,12 @@ def giou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.giou_loss` (``1 - giou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.giou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.giou_loss, locals())
 
 
 def nms(
@@ -307,22 +288,11 @@ def nms(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.nms` over ``mesh``, split along the batch dims (those before N) as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.nms, locals())
 
 
 def batched_nms(
@@ -336,23 +306,11 @@ def batched_nms(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.batched_nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.batched_nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        idxs=idxs,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.batched_nms, locals())
 
 
 def int8_matmul(
@@ -361,29 +319,18 @@ def int8_matmul(
     *,
     x_scale: ArrayLike | None = None,
     y_scale: ArrayLike | None = None,
-    out_dtype: Any = None,
+    out_dtype: npt.DTypeLike | None = None,
     mesh: Mesh,
     m_axis: AxisName = None,
     k_axis: AxisName = None,
     n_axis: AxisName = None,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.int8_matmul` over ``mesh`` with M, K and N split over the mesh axes
     ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is
     sharded as ``P(m_axis, n_axis)``."""
-    return _sharded(
-        asickernels.int8_matmul,
-        mesh,
-        (m_axis, k_axis, n_axis),
-        x=x,
-        y=y,
-        x_scale=x_scale,
-        y_scale=y_scale,
-        out_dtype=out_dtype,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.int8_matmul, locals())
 
 
 def box_iou(
@@ -393,19 +340,11 @@ def box_iou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.box_iou` over ``mesh``, split along the batch dims (those before N
     and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.box_iou, locals())
 
 
 def generalized_box_iou(
@@ -415,19 +354,11 @@ def generalized_box_iou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.generalized_box_iou` over ``mesh``, split along the batch dims
     (those before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.generalized_box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.generalized_box_iou, locals())
 
 
 def diou(
@@ -437,19 +368,11 @@ def diou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.diou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou, locals())
 
 
 def diou_vjp(
@@ -460,20 +383,11 @@ def diou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.diou_vjp` (the gradient of ``diou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.diou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou_vjp, locals())
 
 
 def diou_loss(
@@ -485,22 +399,12 @@ def diou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.diou_loss` (``1 - diou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.diou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.diou_loss, locals())
 
 
 def ciou(
@@ -510,19 +414,11 @@ def ciou(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou, locals())
 
 
 def ciou_vjp(
@@ -533,20 +429,11 @@ def ciou_vjp(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.ciou_vjp` (the gradient of ``ciou``) over ``mesh``, split along the
     batch dims as ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou_vjp, locals())
 
 
 def ciou_loss(
@@ -558,19 +445,9 @@ def ciou_loss(
     mesh: Mesh,
     batch_spec: PartitionSpec,
     backend: str | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.ciou_loss` (``1 - ciou`` over the valid boxes) over ``mesh``,
     split along the batch dims as ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across
     the shards (the mean over the valid boxes of the global batch)."""
-    return _sharded(
-        asickernels.ciou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-        config=config,
-    )
+    return _sharded(asickernels.ciou_loss, locals())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch_xla
@@ -27,6 +27,7 @@ from torch import Tensor
 
 import asickernels
 from asickernels import INT8_MATMUL_MAX_K
+from asickernels.backends.xla_spmd import run_rule
 from asickernels.kernels.declaration import Op, Plan
 from asickernels.torch import ops as torch_ops
 
@@ -47,8 +48,9 @@ __all__ = [
     "nms",
 ]
 
-Spec = tuple[Any, ...]
-AxisName = str | int | tuple[str | int, ...] | None
+AxisName: TypeAlias = str | int | tuple[str | int, ...] | None
+Spec: TypeAlias = tuple[AxisName, ...]  # one entry per dim
+Tensors: TypeAlias = dict[str, Tensor | None]  # an op's array arguments by name
 
 
 def _ways(mesh: xs.Mesh, entry: AxisName) -> int:
@@ -124,7 +126,7 @@ class _DifferentiableShardMap(torch.autograd.Function):
         return _shard_map(fn, mesh, in_specs, [out_spec], tensors)[0]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         tensors = ctx.saved_tensors
         wanted = [i for i, needs in enumerate(ctx.needs_input_grad[4:]) if needs]
 
@@ -145,7 +147,7 @@ class _DifferentiableShardMap(torch.autograd.Function):
         return (None, None, None, None, *by_input)
 
 
-def _plan(op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, Any]) -> Plan:
+def _plan(op: Op, tensors: Mapping[str, Tensor | None], statics: Mapping[str, object]) -> Plan:
     """The op's own validation of the global shapes and dtypes."""
     statics = {
         k: torch_ops.numpy_dtype(v) if isinstance(v, torch.dtype) else v for k, v in statics.items()
@@ -153,11 +155,13 @@ def _plan(op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[s
     return op.plan({n: torch_ops.spec_of(t) for n, t in tensors.items()}, statics)
 
 
-def _library_call(op: Op, names: Sequence[str], options: Mapping[str, Any]) -> Callable[..., Any]:
+def _library_call(
+    op: Op, names: Sequence[str], options: Mapping[str, object]
+) -> Callable[..., Any]:
     """``torch.ops.asickernels.<op>`` over the tensors ``names``, by position."""
     library_op = getattr(torch.ops.asickernels, op.name)
 
-    def call(*local: torch.Tensor) -> Any:
+    def call(*local: Tensor) -> Any:
         given = dict(zip(names, local, strict=True))
         return library_op(*(given.get(n) for n in op.array_names), **options)
 
@@ -165,7 +169,11 @@ def _library_call(op: Op, names: Sequence[str], options: Mapping[str, Any]) -> C
 
 
 def _batch_rule(
-    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
+    op: Op,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
 ) -> Any:
     """Each device runs the operator on its slice of the leading batch dims (differentiable
     for ops with a VJP; N of NMS and the box coordinates stay whole)."""
@@ -188,8 +196,12 @@ def _batch_rule(
 
 
 def _loss_rule(
-    op: Op, mesh: xs.Mesh, batch_spec: Sequence[AxisName], tensors: dict, options: dict
-) -> torch.Tensor:
+    op: Op,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
+) -> Any:
     """Per-box losses per device (0 at padding); ``"sum"`` and ``"mean"`` (over the valid
     boxes of the global batch, 0 when there are none) reduce the global tensor, which the
     partitioner turns into an all-reduce. Differentiable."""
@@ -205,8 +217,12 @@ def _loss_rule(
 
 
 def _matmul_rule(
-    op: Op, mesh: xs.Mesh, axes: tuple[AxisName, AxisName, AxisName], tensors: dict, options: dict
-) -> torch.Tensor:
+    op: Op,
+    mesh: xs.Mesh,
+    axes: tuple[AxisName, AxisName, AxisName],
+    tensors: Tensors,
+    options: dict[str, object],
+) -> Any:
     """int8 matmul of ``x [M, K]``, ``y [K, N]`` with M, K and N sharded over ``m_axis``,
     ``k_axis``, ``n_axis``. With K sharded, each shard's exact int32 partial product is
     summed in int32 across the K shards (exact: K is limited to ``INT8_MATMUL_MAX_K``), and
@@ -214,6 +230,7 @@ def _matmul_rule(
     m_axis, k_axis, n_axis = axes
     x, y, x_scale, y_scale = (tensors[n] for n in ("x", "y", "x_scale", "y_scale"))
     plan = _plan(op, tensors, {"out_dtype": options["out_dtype"]})
+    assert x is not None and y is not None  # required: validation refused None
     x_spec, y_spec = (m_axis, k_axis), (k_axis, n_axis)
     _check_even(mesh, x, x_spec, "x")
     _check_even(mesh, y, y_spec, "y")
@@ -257,10 +274,9 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _sharded(op: Op, mesh: xs.Mesh, layout: Any, **values: Any) -> Any:
-    """``op``'s partition rule (:attr:`Op.partition`) on the op's arguments by name."""
-    arrays = {name: values.pop(name) for name in op.array_names}
-    return _RULES[op.partition](op, mesh, layout, arrays, values)
+def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
+    """:func:`~asickernels.backends.xla_spmd.run_rule` with this module's rules."""
+    return run_rule(_RULES, op, arguments)
 
 
 # The ops over a mesh: each op's own arguments, plus ``mesh`` and its partition.
@@ -276,9 +292,7 @@ def giou(
 ) -> Tensor:
     """:func:`asickernels.torch.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.giou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.giou, locals())
 
 
 def giou_vjp(
@@ -292,15 +306,7 @@ def giou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.giou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.giou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.giou_vjp, locals())
 
 
 def giou_loss(
@@ -316,16 +322,7 @@ def giou_loss(
     """:func:`asickernels.torch.giou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.giou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.giou_loss, locals())
 
 
 def nms(
@@ -341,17 +338,7 @@ def nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-    )
+    return _sharded(asickernels.nms, locals())
 
 
 def batched_nms(
@@ -368,18 +355,7 @@ def batched_nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.batched_nms` over ``mesh``, split along the batch dims (those
     before N) as ``batch_spec``."""
-    return _sharded(
-        asickernels.batched_nms,
-        mesh,
-        batch_spec,
-        boxes=boxes,
-        scores=scores,
-        idxs=idxs,
-        iou_threshold=iou_threshold,
-        max_output_size=max_output_size,
-        score_threshold=score_threshold,
-        backend=backend,
-    )
+    return _sharded(asickernels.batched_nms, locals())
 
 
 def int8_matmul(
@@ -398,17 +374,7 @@ def int8_matmul(
     """:func:`asickernels.torch.int8_matmul` over ``mesh`` with M, K and N split over the
     mesh axes ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the
     result is sharded as ``(m_axis, n_axis)``."""
-    return _sharded(
-        asickernels.int8_matmul,
-        mesh,
-        (m_axis, k_axis, n_axis),
-        x=x,
-        y=y,
-        x_scale=x_scale,
-        y_scale=y_scale,
-        out_dtype=out_dtype,
-        backend=backend,
-    )
+    return _sharded(asickernels.int8_matmul, locals())
 
 
 def box_iou(
@@ -421,9 +387,7 @@ def box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.box_iou` over ``mesh``, split along the batch dims (those
     before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.box_iou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.box_iou, locals())
 
 
 def generalized_box_iou(
@@ -436,14 +400,7 @@ def generalized_box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.generalized_box_iou` over ``mesh``, split along the batch
     dims (those before N and M) as ``batch_spec``."""
-    return _sharded(
-        asickernels.generalized_box_iou,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        backend=backend,
-    )
+    return _sharded(asickernels.generalized_box_iou, locals())
 
 
 def diou(
@@ -456,9 +413,7 @@ def diou(
 ) -> Tensor:
     """:func:`asickernels.torch.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.diou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.diou, locals())
 
 
 def diou_vjp(
@@ -472,15 +427,7 @@ def diou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.diou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.diou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.diou_vjp, locals())
 
 
 def diou_loss(
@@ -496,16 +443,7 @@ def diou_loss(
     """:func:`asickernels.torch.diou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.diou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.diou_loss, locals())
 
 
 def ciou(
@@ -518,9 +456,7 @@ def ciou(
 ) -> Tensor:
     """:func:`asickernels.torch.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``; differentiable."""
-    return _sharded(
-        asickernels.ciou, mesh, batch_spec, boxes1=boxes1, boxes2=boxes2, backend=backend
-    )
+    return _sharded(asickernels.ciou, locals())
 
 
 def ciou_vjp(
@@ -534,15 +470,7 @@ def ciou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.ciou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(
-        asickernels.ciou_vjp,
-        mesh,
-        batch_spec,
-        boxes1=boxes1,
-        boxes2=boxes2,
-        cotangent=cotangent,
-        backend=backend,
-    )
+    return _sharded(asickernels.ciou_vjp, locals())
 
 
 def ciou_loss(
@@ -558,13 +486,4 @@ def ciou_loss(
     """:func:`asickernels.torch.ciou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the
     valid boxes of the global batch). Differentiable."""
-    return _sharded(
-        asickernels.ciou_loss,
-        mesh,
-        batch_spec,
-        preds=preds,
-        targets=targets,
-        mask=mask,
-        reduction=reduction,
-        backend=backend,
-    )
+    return _sharded(asickernels.ciou_loss, locals())
