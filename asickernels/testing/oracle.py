@@ -39,6 +39,9 @@ _FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
     "generalized_box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
     "diou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
     "ciou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+    # RoIAlign: sums of a few bilinear samples of O(1) features, rounded in float32.
+    "roi_align": (Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
+    "roi_align_vjp": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
 }
 EXACT = Tolerance(0.0, 0.0)
 # int8 matmul: exact as int32; dequantized results are rounded once to the output dtype.

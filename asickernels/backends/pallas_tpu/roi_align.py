@@ -1,0 +1,340 @@
+"""RoIAlign (torchvision's ``roi_align``) and its gradient as Pallas TPU kernels.
+
+Bilinear sampling is separable: a sample's weight on pixel ``(h, w)`` is a row weight
+times a column weight, and torchvision's "outside the map" test and border clamps apply per
+axis. So one RoI's ``[PH, PW]`` bins of one channel are two small matmuls,
+``out = A_y @ F @ A_x^T``, where ``A_y [PH, H]`` holds, per bin row, the mean over the
+bin's ``grid_h`` sample rows of their bilinear row weights (and ``A_x [PW, W]`` likewise
+for columns); the mean over ``grid_h x grid_w`` samples is the product of the two means.
+The kernel builds ``A_y`` and ``A_x`` in VMEM from each RoI's corner, bin size and sampling
+grid (held in SMEM by scalar prefetch), one dense ``[bins, pixels]`` tile per sample row or
+column: the adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output size)``) is a
+loop whose trip count each RoI reads from SMEM, so it needs no static bound.
+
+Forward: the grid is ``(C / block, K)``; a step reads one image's ``[block, H, W]`` feature
+block (the image the RoI names, by scalar prefetch) and writes ``[block, PH, PW]``. RoIs of
+one image in a row (torchvision's order) keep that block in VMEM: Pallas skips the copy
+when the block index repeats. Gradient: the grid is ``(N, C / block, K)``; each step adds
+``A_y^T @ G @ A_x`` of the RoIs of image ``n`` into its ``[block, H, W]`` gradient block
+(the K axis accumulates, "arbitrary"), so images without RoIs get zeros.
+
+Runs as Mosaic on a TPU (v5e, v6e, v5p are compile-tested) and in Pallas or TPU interpret
+mode elsewhere. Computes in float32 (MXU products at HIGHEST precision). Limits: the whole
+``H x W`` map of ``block`` channels sits in VMEM (``block`` shrinks to 1 for large maps; a
+single channel must fit, about 3000 x 3000 pixels); batch indices are clamped to
+``[0, N - 1]``, as XLA's gather does. Features are assumed finite: a NaN or infinity
+reaches every bin of its image and channel through the matmul's zero weights, where
+torchvision reaches only the bins that sample it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from asickernels.backends.pallas_tpu import BACKEND, lowering
+from asickernels.backends.xla.roi_align import _grid as sampling_grid
+
+LANES, SUBLANES = 128, 8
+# Per-RoI parameters in SMEM, float32: the box corner, bin size and grid of each axis.
+Y0, X0, BIN_H, BIN_W, GRID_H, GRID_W = range(6)
+FIELDS = 6
+# Bytes of VMEM the double-buffered feature (or gradient) blocks may take.
+MAP_BUDGET = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RoiAlignConfig:
+    """Channels per grid step (at most; fewer when the map is large, see the module
+    docstring)."""
+
+    block_channels: int = 8
+
+    def __post_init__(self) -> None:
+        if self.block_channels <= 0:
+            raise ValueError(f"block_channels must be positive, got {self.block_channels}")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return pl.cdiv(value, multiple) * multiple
+
+
+def _plane_bytes(height: int, width: int) -> int:
+    """VMEM bytes of one float32 ``[height, width]`` plane (tiles of 8 x 128)."""
+    return _round_up(height, SUBLANES) * _round_up(width, LANES) * 4
+
+
+def _block_channels(channels: int, height: int, width: int, config: RoiAlignConfig) -> int:
+    fits = max(1, MAP_BUDGET // (2 * _plane_bytes(height, width)))
+    return min(channels, config.block_channels, fits)
+
+
+def _interpolation(
+    params_ref: Any, k: Any, axis: int, bins: int, size: int, pixels_first: bool
+) -> jax.Array:
+    """RoI ``k``'s mean bilinear weights along ``axis`` (0: rows, 1: columns) as
+    ``[bins, size]`` (``pixels_first``: ``[size, bins]``), torchvision's
+    ``bilinear_interpolate`` per axis: samples beyond one pixel outside the map weigh 0,
+    positions clamp at 0 and at the last pixel."""
+    base = FIELDS * k
+    start = params_ref[base + (Y0, X0)[axis]]
+    bin_size = params_ref[base + (BIN_H, BIN_W)[axis]]
+    grid = params_ref[base + (GRID_H, GRID_W)[axis]]
+    shape = (size, bins) if pixels_first else (bins, size)
+    bin_axis = 1 if pixels_first else 0
+    bin_index = lax.broadcasted_iota(jnp.int32, shape, bin_axis).astype(jnp.float32)
+    pixel = lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis).astype(jnp.float32)
+    grid_v = jnp.full(shape, grid, jnp.float32)
+    first = start + bin_index * bin_size
+    last = float(size - 1)
+
+    def add_sample(step: jax.Array, total: jax.Array) -> jax.Array:
+        step_v = jnp.full(shape, step, jnp.int32).astype(jnp.float32)
+        position = first + (step_v + 0.5) * bin_size / grid_v
+        inside = (position >= -1.0) & (position <= float(size))
+        position = jnp.maximum(position, 0.0)
+        low = jnp.floor(position)
+        at_edge = low >= last
+        low = jnp.where(at_edge, last, low)
+        high = jnp.where(at_edge, last, low + 1.0)
+        frac = jnp.where(at_edge, 0.0, position - low)
+        weight = jnp.where(pixel == low, 1.0 - frac, 0.0) + jnp.where(pixel == high, frac, 0.0)
+        return total + jnp.where(inside, weight, 0.0)
+
+    steps = grid.astype(jnp.int32)
+    total = lax.fori_loop(0, steps, add_sample, jnp.zeros(shape, jnp.float32))
+    return total / jnp.maximum(grid_v, 1.0)
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+    return lax.dot_general(
+        a,
+        b,
+        ((contract[:1], contract[1:]), ((), ())),
+        precision=lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _forward_kernel(batch_ref: Any, params_ref: Any, features_ref: Any, out_ref: Any) -> None:
+    # features_ref [block, H, W] of the RoI's image; out_ref [block, PH, PW].
+    del batch_ref  # read by the index maps
+    k = pl.program_id(1)
+    _, height, width = features_ref.shape
+    _, bins_h, bins_w = out_ref.shape
+    rows = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=False)
+    columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+
+    def channel(c: jax.Array, carry: None) -> None:
+        sampled = _dot(rows, features_ref[c].astype(jnp.float32), (1, 0))  # [PH, W]
+        out_ref[c] = _dot(sampled, columns, (1, 1)).astype(out_ref.dtype)  # [PH, PW]
+
+    lax.fori_loop(0, out_ref.shape[0], channel, None)
+
+
+def _backward_kernel(batch_ref: Any, params_ref: Any, cotangent_ref: Any, grad_ref: Any) -> None:
+    # cotangent_ref [block, PH, PW] of RoI k; grad_ref [block, H, W] of image n.
+    n, k = pl.program_id(0), pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _() -> None:
+        grad_ref[...] = jnp.zeros_like(grad_ref)
+
+    @pl.when(batch_ref[k] == n)
+    def _() -> None:
+        _, height, width = grad_ref.shape
+        _, bins_h, bins_w = cotangent_ref.shape
+        rows_t = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=True)
+        columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+
+        def channel(c: jax.Array, carry: None) -> None:
+            spread = _dot(rows_t, cotangent_ref[c].astype(jnp.float32), (1, 0))  # [H, PW]
+            grad_ref[c] += _dot(spread, columns, (1, 0))  # [H, W]
+
+        lax.fori_loop(0, grad_ref.shape[0], channel, None)
+
+
+def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[jax.Array, jax.Array]:
+    """Per RoI: the clamped batch index ``[K]`` int32 and the flat ``[K * FIELDS]``
+    float32 parameters (both for SMEM)."""
+    output_size, spatial_scale, sampling_ratio, aligned = statics
+    grid = sampling_grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
+    params = jnp.stack(
+        [grid.y0, grid.x0, grid.bin_h, grid.bin_w, grid.grid_h, grid.grid_w], axis=1
+    ).astype(jnp.float32)
+    return jnp.clip(grid.batch, 0, images - 1), params.reshape(-1)
+
+
+def _build_forward(
+    statics: tuple[Any, ...], config: RoiAlignConfig, target: lowering.Target
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    def forward(input: jax.Array, rois: jax.Array) -> jax.Array:
+        images, channels, height, width = input.shape
+        bins_h, bins_w = statics[0]
+        count = rois.shape[0]
+        block = _block_channels(channels, height, width, config)
+        batch, params = _scalars(rois, images, statics)
+        vmem = 2 * block * (_plane_bytes(height, width) + _plane_bytes(bins_h, bins_w))
+        vmem += 4 * (_plane_bytes(bins_h, height) + _plane_bytes(bins_w, width))
+        call = pl.pallas_call(
+            _forward_kernel,
+            out_shape=jax.ShapeDtypeStruct((count, channels, bins_h, bins_w), jnp.float32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=2,
+                grid=(pl.cdiv(channels, block), count),
+                in_specs=[
+                    pl.BlockSpec((None, block, height, width), lambda c, k, b, p: (b[k], c, 0, 0))
+                ],
+                out_specs=pl.BlockSpec(
+                    (None, block, bins_h, bins_w), lambda c, k, b, p: (k, c, 0, 0)
+                ),
+            ),
+            compiler_params=lowering.compiler_params(
+                ("parallel", "parallel"), vmem, target.generation
+            ),
+            interpret=target.interpret,
+            name="roi_align_forward",
+        )
+        return call(batch, params, input)  # type: ignore[no-any-return]
+
+    return forward
+
+
+def _build_backward(
+    statics: tuple[Any, ...],
+    input_shape: tuple[int, ...],
+    config: RoiAlignConfig,
+    target: lowering.Target,
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    def backward(rois: jax.Array, cotangent: jax.Array) -> jax.Array:
+        images, channels, height, width = input_shape
+        count, _, bins_h, bins_w = cotangent.shape
+        block = _block_channels(channels, height, width, config)
+        batch, params = _scalars(rois, images, statics)
+        vmem = 2 * block * (_plane_bytes(height, width) + _plane_bytes(bins_h, bins_w))
+        vmem += 4 * (_plane_bytes(height, bins_h) + _plane_bytes(bins_w, width))
+        vmem += _plane_bytes(height, width)  # one channel's product
+        call = pl.pallas_call(
+            _backward_kernel,
+            out_shape=jax.ShapeDtypeStruct(input_shape, jnp.float32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=2,
+                grid=(images, pl.cdiv(channels, block), count),
+                in_specs=[
+                    pl.BlockSpec((None, block, bins_h, bins_w), lambda n, c, k, b, p: (k, c, 0, 0))
+                ],
+                out_specs=pl.BlockSpec(
+                    (None, block, height, width), lambda n, c, k, b, p: (n, c, 0, 0)
+                ),
+            ),
+            compiler_params=lowering.compiler_params(
+                ("parallel", "parallel", "arbitrary"), vmem, target.generation
+            ),
+            interpret=target.interpret,
+            name="roi_align_backward",
+        )
+        return call(batch, params, cotangent)  # type: ignore[no-any-return]
+
+    return backward
+
+
+def _vjp(
+    rois: jax.Array,
+    cotangent: jax.Array,
+    input_shape: tuple[int, ...],
+    statics: tuple[Any, ...],
+    config: RoiAlignConfig,
+    mode: lowering.InterpretMode,
+) -> jax.Array:
+    if rois.shape[0] == 0:  # no grid steps to zero the gradient
+        return jnp.zeros(input_shape, jnp.float32)
+    build = lowering.Build(_build_backward, (statics, tuple(input_shape), config))
+    return lowering.run(build, mode, rois, cotangent.astype(jnp.float32))  # type: ignore[no-any-return]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _roi_align(
+    input: jax.Array,
+    rois: jax.Array,
+    statics: tuple[Any, ...],
+    config: RoiAlignConfig,
+    mode: lowering.InterpretMode,
+) -> jax.Array:
+    return lowering.run(lowering.Build(_build_forward, (statics, config)), mode, input, rois)  # type: ignore[no-any-return]
+
+
+def _roi_align_fwd(
+    input: jax.Array,
+    rois: jax.Array,
+    statics: tuple[Any, ...],
+    config: RoiAlignConfig,
+    mode: lowering.InterpretMode,
+) -> tuple[jax.Array, tuple[tuple[int, ...], jax.Array]]:
+    return _roi_align(input, rois, statics, config, mode), (input.shape, rois)
+
+
+def _roi_align_bwd(
+    statics: tuple[Any, ...],
+    config: RoiAlignConfig,
+    mode: lowering.InterpretMode,
+    residuals: tuple[tuple[int, ...], jax.Array],
+    cotangent: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    input_shape, rois = residuals
+    return _vjp(rois, cotangent, input_shape, statics, config, mode), jnp.zeros_like(rois)
+
+
+_roi_align.defvjp(_roi_align_fwd, _roi_align_bwd)
+
+
+def _statics(
+    output_size: tuple[int, int], spatial_scale: float, sampling_ratio: int, aligned: bool
+) -> tuple[Any, ...]:
+    return (tuple(output_size), float(spatial_scale), int(sampling_ratio), bool(aligned))
+
+
+@BACKEND.implements("roi_align")
+def roi_align(
+    input: jax.Array,
+    rois: jax.Array,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: RoiAlignConfig | None = None,
+    mode: lowering.InterpretMode = None,
+) -> jax.Array:
+    """``input [N, C, H, W]``, ``rois [K, 5]`` float32 -> ``[K, C, PH, PW]`` float32;
+    differentiable in ``input`` with ``jax.grad`` (the gradient kernel)."""
+    lowering.check_config(config, RoiAlignConfig)
+    statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
+    return _roi_align(input, rois, statics, config or RoiAlignConfig(), mode)
+
+
+@BACKEND.implements("roi_align_vjp")
+def roi_align_vjp(
+    rois: jax.Array,
+    cotangent: jax.Array,
+    *,
+    input_shape: tuple[int, ...],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: RoiAlignConfig | None = None,
+    mode: lowering.InterpretMode = None,
+) -> jax.Array:
+    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` float32 -> the ``input_shape``
+    gradient, float32."""
+    lowering.check_config(config, RoiAlignConfig)
+    statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
+    return _vjp(rois, cotangent, tuple(input_shape), statics, config or RoiAlignConfig(), mode)
