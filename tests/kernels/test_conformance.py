@@ -393,7 +393,13 @@ class TestGpsimd(GiouConformance, NmsConformance):
     backend = "gpsimd"
 
 
-class TestNki(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestNki(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+):
     backend = "nki"
 
 

@@ -1,0 +1,233 @@
+"""RoIAlign (torchvision's ``roi_align``, forward) as an NKI kernel.
+
+Bilinear sampling is separable (a sample's weight on pixel ``(h, w)`` is a row weight times
+a column weight; torchvision's "outside the map" test and border clamps apply per axis), so
+one RoI's ``[PH, PW]`` bins of channel ``c`` of image ``n`` are
+``A_y @ F[n, c] @ A_x^T``: ``A_y [PH, H]`` holds per bin row the mean of its sample rows'
+bilinear weights, ``A_x [PW, W]`` likewise for columns. Per RoI the kernel builds both,
+transposed (pixels on partitions, tiles of 128), on the Vector engine from the RoI itself:
+its coordinates are DMA'd onto every partition, pixel and bin indices come from ``iota``,
+and each sample row (column) adds one ``[pixels, bins]`` tile of weights. The RoI's image
+is not an address: ``A_y`` is masked per image (``batch index == n``) and the Tensor
+engine accumulates ``F[n, c]^T A_y^T`` over all images and row tiles in PSUM, then
+contracts the columns with ``A_x^T``.
+
+The adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output size)`` samples per
+bin side) is data dependent: the host reads the largest over the call from the concrete
+RoIs (the kernel's own float32 formula, plus one step of margin for a device whose division
+rounds differently) and the kernel runs that many steps, masking each RoI's steps past its
+own grid. All math is float32. A RoI whose batch index names no image gives zeros.
+Features are assumed finite: a NaN or infinity reaches every bin of its channel through
+the zero weights of the products, where torchvision reaches only the bins that sample it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from asickernels.backends.nki import BACKEND
+from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
+
+PMAX = 128
+MAX_BINS_H = 128  # the stationary free size of the second product
+MAX_BINS_W = 512  # the moving free size (one PSUM bank of float32)
+STEP_CHUNK = 32  # sample steps per weight tile: [pixels, bins, 32] float32 temporaries
+
+
+def _column_scalar(
+    data: Any, op0: Any, operand0: Any, op1: Any = None, operand1: Any = None
+) -> Any:
+    """``(data op0 operand0) op1 operand1``, each operand a scalar or a ``[P, 1]`` tile
+    broadcast along the free axes."""
+    out = nl.ndarray(data.shape, dtype=nl.float32)
+    nisa.tensor_scalar(dst=out, data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1)
+    return out
+
+
+def _iota(shape: tuple[int, int, int], axis: int, offset: int = 0) -> Any:
+    """A float32 tile of ``shape`` holding at every element its index along ``axis``
+    (0: the partition), plus ``offset``."""
+    index = nl.ndarray(shape, dtype=nl.int32)
+    pattern = [[int(axis == 1), shape[1]], [int(axis == 2), shape[2]]]
+    nisa.iota(dst=index, pattern=pattern, offset=offset, channel_multiplier=int(axis == 0))
+    return nl.copy(index, dtype=nl.float32)
+
+
+def _axis_weights(
+    corners: Any,
+    axis: int,
+    first_pixel: int,
+    bins: int,
+    size: int,
+    sampling: tuple[float, int, bool],
+    steps: int,
+) -> Any:
+    """One RoI's mean bilinear weights along ``axis`` (0: rows, 1: columns) for pixels
+    ``first_pixel ..`` (on partitions) x ``bins``: ``[pixels, bins]`` float32.
+    ``corners [pixels, 5]`` is the RoI on every partition; ``sampling`` is
+    ``(spatial_scale, sampling_ratio, aligned)``. Sample steps are taken
+    :data:`STEP_CHUNK` at a time along a second free axis."""
+    scale, ratio, aligned = sampling
+    pixels = corners.shape[0]
+    column = (2, 1)[axis]  # y1 or x1; the far corner is two columns on
+    start, end = (
+        _column_scalar(corners[:, i : i + 1], nl.multiply, scale, nl.subtract, 0.5 * aligned)
+        for i in (column, column + 2)
+    )
+    length = nl.subtract(end, start)
+    if not aligned:  # torchvision: malformed RoIs are forced to 1 pixel
+        length = nl.maximum(length, 1.0)
+    bin_size = nl.divide(length, float(bins))
+    grid: Any = float(ratio) if ratio > 0 else nl.ceil(bin_size)
+    total = nl.zeros((pixels, bins), dtype=nl.float32)
+    last = float(size - 1)
+    for first_step in range(0, steps, STEP_CHUNK):
+        shape = (pixels, bins, min(STEP_CHUNK, steps - first_step))
+        pixel = _iota(shape, 0, first_pixel)
+        step = _iota(shape, 2, first_step)
+        # start + bin * bin_size + (step + 0.5) * bin_size / grid, as the other backends
+        bin_start = _column_scalar(_iota(shape, 1), nl.multiply, bin_size, nl.add, start)
+        shift = _column_scalar(step, nl.add, 0.5, nl.multiply, bin_size)
+        position = nl.add(bin_start, _column_scalar(shift, nl.divide, grid))
+        inside = nl.logical_and(
+            nl.greater_equal(position, -1.0), nl.less_equal(position, float(size))
+        )
+        if ratio <= 0:  # steps past this RoI's own grid add nothing
+            inside = nl.logical_and(inside, _column_scalar(step, nl.less, grid))
+        position = nl.maximum(position, 0.0)
+        low = nl.floor(position)
+        at_edge = nl.greater_equal(low, last)
+        low = nl.where(at_edge, last, low)
+        high = nl.where(at_edge, last, nl.add(low, 1.0))
+        frac = nl.where(at_edge, 0.0, nl.subtract(position, low))
+        weight = nl.add(
+            nl.where(nl.equal(pixel, low), nl.subtract(1.0, frac), 0.0),
+            nl.where(nl.equal(pixel, high), frac, 0.0),
+        )
+        total = nl.add(total, nl.sum(nl.where(inside, weight, 0.0), axis=2))
+    count: Any = float(ratio) if ratio > 0 else nl.maximum(grid, 1.0)
+    return _column_scalar(total, nl.divide, count)
+
+
+def _tiles(size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + PMAX, size)) for start in range(0, size, PMAX)]
+
+
+@nki.jit
+def roi_align_kernel(
+    input: Any,
+    rois: Any,
+    bins_h: int,
+    bins_w: int,
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    steps_h: int,
+    steps_w: int,
+) -> Any:
+    """``input [N, C, H, W]``, ``rois [K, 5]`` float32 (HBM) -> ``[K, C, bins_h,
+    bins_w]`` float32; ``steps_h``/``steps_w``: sample steps per bin side to run (at least
+    every RoI's grid)."""
+    images, channels, height, width = input.shape
+    sampling = (spatial_scale, sampling_ratio, aligned)
+    out = nl.ndarray(
+        (rois.shape[0], channels, bins_h, bins_w), dtype=nl.float32, buffer=nl.shared_hbm
+    )
+    row_tiles, column_tiles = _tiles(height), _tiles(width)
+    for k in range(rois.shape[0]):
+        # A_y^T per image and row tile (zero unless the RoI is on that image), A_x^T per
+        # column tile.
+        rows_t = []
+        for h0, h1 in row_tiles:
+            corners = nl.load(rois[k : k + 1].broadcast(0, h1 - h0))
+            weights = _axis_weights(corners, 0, h0, bins_h, height, sampling, steps_h)
+            image = nl.trunc(corners[:, 0:1])
+            rows_t.append(
+                [
+                    _column_scalar(weights, nl.multiply, nl.equal(image, float(n)))
+                    for n in range(images)
+                ]
+            )
+        columns_t = []
+        for w0, w1 in column_tiles:
+            corners = nl.load(rois[k : k + 1].broadcast(0, w1 - w0))
+            columns_t.append(_axis_weights(corners, 1, w0, bins_w, width, sampling, steps_w))
+        for c in range(channels):
+            result = nl.ndarray((bins_h, bins_w), dtype=nl.float32, buffer=nl.psum)
+            for j, (w0, w1) in enumerate(column_tiles):
+                # (A_y F)^T for these columns: [w, PH], summed over images and row tiles.
+                sampled_t = nl.ndarray((w1 - w0, bins_h), dtype=nl.float32, buffer=nl.psum)
+                first = True
+                for n in range(images):
+                    for i, (h0, h1) in enumerate(row_tiles):
+                        features = nl.load(input[n, c, h0:h1, w0:w1])
+                        nisa.nc_matmul(
+                            dst=sampled_t,
+                            stationary=features,
+                            moving=rows_t[i][n],
+                            accumulate=not first,
+                        )
+                        first = False
+                nisa.nc_matmul(
+                    dst=result,
+                    stationary=nl.copy(sampled_t),
+                    moving=columns_t[j],
+                    accumulate=j > 0,
+                )
+            nl.store(out[k, c], nl.copy(result))
+    return out
+
+
+def _max_steps(rois: np.ndarray, axis: int, bins: int, sampling: tuple[float, int, bool]) -> int:
+    """The largest sampling grid along ``axis`` over the RoIs, by the kernel's float32
+    formula, plus one step of margin (the kernel masks what a RoI does not use)."""
+    scale, ratio, aligned = np.float32(sampling[0]), sampling[1], sampling[2]
+    if ratio > 0:
+        return ratio
+    if rois.shape[0] == 0:
+        return 0
+    offset = np.float32(0.5 if aligned else 0.0)
+    column = (2, 1)[axis]
+    start = rois[:, column] * scale - offset
+    length = rois[:, column + 2] * scale - offset - start
+    if not aligned:
+        length = np.maximum(length, np.float32(1.0))
+    grid = np.ceil(length / np.float32(bins))
+    largest = float(np.max(grid))
+    if not math.isfinite(largest):
+        raise ValueError("rois must be finite for the adaptive sampling grid")
+    return max(int(largest), 0) + 1
+
+
+@BACKEND.implements("roi_align")
+def roi_align(
+    input: np.ndarray,
+    rois: np.ndarray,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: Any = None,
+) -> np.ndarray:
+    """``input [N, C, H, W]``, ``rois [K, 5]`` -> ``[K, C, PH, PW]`` float32 (PH <= 128,
+    PW <= 512)."""
+    reject_config(config)
+    bins_h, bins_w = output_size
+    if bins_h > MAX_BINS_H or bins_w > MAX_BINS_W:
+        raise ValueError(
+            f"the nki roi_align takes output_size up to ({MAX_BINS_H}, {MAX_BINS_W}), "
+            f"got {tuple(output_size)}"
+        )
+    features = float_input(np.asarray(input)).astype(np.float32, copy=False)
+    boxes = float_input(np.asarray(rois)).astype(np.float32, copy=False)
+    sampling = (float(spatial_scale), int(sampling_ratio), bool(aligned))
+    steps_h = _max_steps(boxes, 0, bins_h, sampling)
+    steps_w = _max_steps(boxes, 1, bins_w, sampling)
+    result: np.ndarray = run(
+        roi_align_kernel, features, boxes, bins_h, bins_w, *sampling, steps_h, steps_w
+    )
+    return result
