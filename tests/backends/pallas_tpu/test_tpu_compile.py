@@ -29,6 +29,16 @@ SMALL_SHAPES = (
         "100x300x200 scaled",
         functools.partial(tpu_compile._matmul, 100, 300, 200, True),
     ),
+    tpu_compile.KernelShape(
+        "roi_align_forward",
+        "2x11x7x9 K=13",
+        functools.partial(tpu_compile._roi_align, False, (2, 11, 7, 9), 13, 3),
+    ),
+    tpu_compile.KernelShape(
+        "roi_align_backward",
+        "2x11x7x9 K=13",
+        functools.partial(tpu_compile._roi_align, True, (2, 11, 7, 9), 13, 3),
+    ),
 )
 
 
@@ -53,6 +63,8 @@ def test_kernels_compile_at_benchmark_shapes(generation):
         "diou_forward",
         "ciou_forward",
         "ciou_backward",
+        "roi_align_forward",
+        "roi_align_backward",
     }
     assert all(r.ok for r in results), tpu_compile.format_table(results)
     # The tuned int8 blocks outgrow the default scoped VMEM: the raised limit must show.
