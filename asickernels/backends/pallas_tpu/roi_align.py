@@ -124,24 +124,45 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
     )
 
 
-def _forward_kernel(batch_ref: Any, params_ref: Any, features_ref: Any, out_ref: Any) -> None:
-    # features_ref [block, H, W] of the RoI's image; out_ref [block, PH, PW].
+def _flat_layout(bins_h: int, bins_w: int) -> tuple[jax.Array, jax.Array]:
+    """For bins flattened row-major onto lanes (``j = ph * PW + pw``): ``rows [PH, PH*PW]``
+    (1 where ``j`` is in bin row ``ph``) and ``columns [PW, PH*PW]`` (1 where ``j`` is in bin
+    column ``pw``), float32."""
+    flat = bins_h * bins_w
+    j = lax.broadcasted_iota(jnp.int32, (1, flat), 1).astype(jnp.float32)
+    row_of_j = jnp.floor((j + 0.5) / bins_w)  # exact: small integers
+    column_of_j = j - row_of_j * bins_w
+    ph = lax.broadcasted_iota(jnp.int32, (bins_h, flat), 0).astype(jnp.float32)
+    pw = lax.broadcasted_iota(jnp.int32, (bins_w, flat), 0).astype(jnp.float32)
+    return (ph == row_of_j).astype(jnp.float32), (pw == column_of_j).astype(jnp.float32)
+
+
+def _forward_kernel(
+    bins: tuple[int, int], batch_ref: Any, params_ref: Any, features_ref: Any, out_ref: Any
+) -> None:
+    # features_ref [block, H, W] of the RoI's image; out_ref [block, PH * PW].
     del batch_ref  # read by the index maps
     k = pl.program_id(1)
     _, height, width = features_ref.shape
-    _, bins_h, bins_w = out_ref.shape
+    bins_h, bins_w = bins
     rows = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=False)
     columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+    in_row, in_column = _flat_layout(bins_h, bins_w)
 
     def channel(c: jax.Array, carry: None) -> None:
         sampled = _dot(rows, features_ref[c].astype(jnp.float32), (1, 0))  # [PH, W]
-        out_ref[c] = _dot(sampled, columns, (1, 1)).astype(out_ref.dtype)  # [PH, PW]
+        values = _dot(sampled, columns, (1, 1))  # [PH, PW]
+        # Row-major onto lanes: spread each row over all columns' slots, keep its own.
+        flat = jnp.sum(_dot(values, in_column, (1, 0)) * in_row, axis=0, keepdims=True)
+        out_ref[pl.ds(c, 1), :] = flat.astype(out_ref.dtype)
 
     lax.fori_loop(0, out_ref.shape[0], channel, None)
 
 
-def _backward_kernel(batch_ref: Any, params_ref: Any, cotangent_ref: Any, grad_ref: Any) -> None:
-    # cotangent_ref [block, PH, PW] of RoI k; grad_ref [block, H, W] of image n.
+def _backward_kernel(
+    bins: tuple[int, int], batch_ref: Any, params_ref: Any, cotangent_ref: Any, grad_ref: Any
+) -> None:
+    # cotangent_ref [block, PH * PW] of RoI k; grad_ref [block, H, W] of image n.
     n, k = pl.program_id(0), pl.program_id(2)
 
     @pl.when(k == 0)
@@ -151,12 +172,15 @@ def _backward_kernel(batch_ref: Any, params_ref: Any, cotangent_ref: Any, grad_r
     @pl.when(batch_ref[k] == n)
     def _() -> None:
         _, height, width = grad_ref.shape
-        _, bins_h, bins_w = cotangent_ref.shape
+        bins_h, bins_w = bins
         rows_t = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=True)
         columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+        in_row, in_column = _flat_layout(bins_h, bins_w)
 
         def channel(c: jax.Array, carry: None) -> None:
-            spread = _dot(rows_t, cotangent_ref[c].astype(jnp.float32), (1, 0))  # [H, PW]
+            flat = cotangent_ref[pl.ds(c, 1), :].astype(jnp.float32)  # [1, PH * PW]
+            values = _dot(in_row * flat, in_column, (1, 1))  # [PH, PW]
+            spread = _dot(rows_t, values, (1, 0))  # [H, PW]
             grad_ref[c] += _dot(spread, columns, (1, 0))  # [H, W]
 
         lax.fori_loop(0, grad_ref.shape[0], channel, None)
@@ -173,6 +197,16 @@ def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[ja
     return jnp.clip(grid.batch, 0, images - 1), params.reshape(-1)
 
 
+def _weights_bytes(height: int, width: int, bins_h: int, bins_w: int) -> int:
+    """VMEM of one RoI's interpolation weights (both orientations budgeted), the bin
+    layout matrices and one channel's temporaries."""
+    flat = bins_h * bins_w
+    weights = _plane_bytes(bins_h, height) + _plane_bytes(height, bins_h)
+    weights += 2 * _plane_bytes(bins_w, width)
+    layout = _plane_bytes(bins_h, flat) + _plane_bytes(bins_w, flat)
+    return 4 * weights + 2 * layout + _plane_bytes(bins_h, width) + _plane_bytes(height, width)
+
+
 def _build_forward(
     statics: tuple[Any, ...], config: RoiAlignConfig, target: lowering.Target
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -182,11 +216,12 @@ def _build_forward(
         count = rois.shape[0]
         block = _block_channels(channels, height, width, config)
         batch, params = _scalars(rois, images, statics)
-        vmem = 2 * block * (_plane_bytes(height, width) + _plane_bytes(bins_h, bins_w))
-        vmem += 4 * (_plane_bytes(bins_h, height) + _plane_bytes(bins_w, width))
+        vmem = 2 * (block * _plane_bytes(height, width) + _plane_bytes(block, bins_h * bins_w))
+        vmem += _weights_bytes(height, width, bins_h, bins_w)
         call = pl.pallas_call(
-            _forward_kernel,
-            out_shape=jax.ShapeDtypeStruct((count, channels, bins_h, bins_w), jnp.float32),
+            functools.partial(_forward_kernel, (bins_h, bins_w)),
+            # Bins flattened onto lanes: [PH, PW] blocks would pad to 8 x 128 tiles.
+            out_shape=jax.ShapeDtypeStruct((count, channels, bins_h * bins_w), jnp.float32),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2,
                 grid=(pl.cdiv(channels, block), count),
@@ -194,7 +229,7 @@ def _build_forward(
                     pl.BlockSpec((None, block, height, width), lambda c, k, b, p: (b[k], c, 0, 0))
                 ],
                 out_specs=pl.BlockSpec(
-                    (None, block, bins_h, bins_w), lambda c, k, b, p: (k, c, 0, 0)
+                    (None, block, bins_h * bins_w), lambda c, k, b, p: (k, c, 0)
                 ),
             ),
             compiler_params=lowering.compiler_params(
@@ -203,7 +238,7 @@ def _build_forward(
             interpret=target.interpret,
             name="roi_align_forward",
         )
-        return call(batch, params, input)  # type: ignore[no-any-return]
+        return call(batch, params, input).reshape(count, channels, bins_h, bins_w)
 
     return forward
 
@@ -219,17 +254,16 @@ def _build_backward(
         count, _, bins_h, bins_w = cotangent.shape
         block = _block_channels(channels, height, width, config)
         batch, params = _scalars(rois, images, statics)
-        vmem = 2 * block * (_plane_bytes(height, width) + _plane_bytes(bins_h, bins_w))
-        vmem += 4 * (_plane_bytes(height, bins_h) + _plane_bytes(bins_w, width))
-        vmem += _plane_bytes(height, width)  # one channel's product
+        vmem = 2 * (block * _plane_bytes(height, width) + _plane_bytes(block, bins_h * bins_w))
+        vmem += _weights_bytes(height, width, bins_h, bins_w)
         call = pl.pallas_call(
-            _backward_kernel,
+            functools.partial(_backward_kernel, (bins_h, bins_w)),
             out_shape=jax.ShapeDtypeStruct(input_shape, jnp.float32),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2,
                 grid=(images, pl.cdiv(channels, block), count),
                 in_specs=[
-                    pl.BlockSpec((None, block, bins_h, bins_w), lambda n, c, k, b, p: (k, c, 0, 0))
+                    pl.BlockSpec((None, block, bins_h * bins_w), lambda n, c, k, b, p: (k, c, 0))
                 ],
                 out_specs=pl.BlockSpec(
                     (None, block, height, width), lambda n, c, k, b, p: (n, c, 0, 0)
@@ -241,7 +275,8 @@ def _build_backward(
             interpret=target.interpret,
             name="roi_align_backward",
         )
-        return call(batch, params, cotangent)  # type: ignore[no-any-return]
+        flat = cotangent.reshape(count, channels, bins_h * bins_w)
+        return call(batch, params, flat)  # type: ignore[no-any-return]
 
     return backward
 
