@@ -12,19 +12,23 @@ column: the adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output siz
 loop whose trip count each RoI reads from SMEM, so it needs no static bound.
 
 Forward: the grid is ``(C / block, K)``; a step reads one image's ``[block, H, W]`` feature
-block (the image the RoI names, by scalar prefetch) and writes ``[block, PH, PW]``. RoIs of
-one image in a row (torchvision's order) keep that block in VMEM: Pallas skips the copy
-when the block index repeats. Gradient: the grid is ``(N, C / block, K)``; each step adds
+block (the image the RoI names, by scalar prefetch) and writes ``[block, PH * PW]``: the
+bins flattened row-major onto lanes (by two exact 0/1 products), since ``[PH, PW]`` blocks
+would pad to 8 x 128 tiles in HBM (for 7 x 7 bins, 21 times the output). RoIs of one image
+in a row (torchvision's order) keep the feature block in VMEM: Pallas skips the copy when
+the block index repeats. Gradient: the grid is ``(N, C / block, K)``; each step adds
 ``A_y^T @ G @ A_x`` of the RoIs of image ``n`` into its ``[block, H, W]`` gradient block
 (the K axis accumulates, "arbitrary"), so images without RoIs get zeros.
 
+A map whose ``[block, H, W]`` blocks outgrow :data:`MAP_BUDGET` is cut into bands of rows
+(one more grid axis: the forward accumulates a RoI's bins over the bands, the gradient
+writes one band per step), so any map size fits VMEM.
+
 Runs as Mosaic on a TPU (v5e, v6e, v5p are compile-tested) and in Pallas or TPU interpret
-mode elsewhere. Computes in float32 (MXU products at HIGHEST precision). Limits: the whole
-``H x W`` map of ``block`` channels sits in VMEM (``block`` shrinks to 1 for large maps; a
-single channel must fit, about 3000 x 3000 pixels); batch indices are clamped to
-``[0, N - 1]``, as XLA's gather does. Features are assumed finite: a NaN or infinity
-reaches every bin of its image and channel through the matmul's zero weights, where
-torchvision reaches only the bins that sample it.
+mode elsewhere. Computes in float32 (MXU products at HIGHEST precision). Batch indices are
+clamped to ``[0, N - 1]``, as XLA's gather does. Features are assumed finite: a NaN or
+infinity reaches every bin of its image and channel through the products' zero weights,
+where torchvision reaches only the bins that sample it.
 """
 
 from __future__ import annotations
@@ -47,20 +51,27 @@ LANES, SUBLANES = 128, 8
 # Per-RoI parameters in SMEM, float32: the box corner, bin size and grid of each axis.
 Y0, X0, BIN_H, BIN_W, GRID_H, GRID_W = range(6)
 FIELDS = 6
-# Bytes of VMEM the double-buffered feature (or gradient) blocks may take.
+# Bytes of VMEM the double-buffered feature (or gradient) blocks may take: maps larger
+# than that are cut into bands of rows.
 MAP_BUDGET = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class RoiAlignConfig:
-    """Channels per grid step (at most; fewer when the map is large, see the module
-    docstring)."""
+    """Channels per grid step (a multiple of 8: the flattened output's sublanes; all of
+    them when there are fewer) and map rows per step (a multiple of 8; None: the whole map
+    when its blocks fit :data:`MAP_BUDGET`, else the most rows that do)."""
 
     block_channels: int = 8
+    band_rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.block_channels <= 0:
-            raise ValueError(f"block_channels must be positive, got {self.block_channels}")
+        if self.block_channels <= 0 or self.block_channels % SUBLANES:
+            raise ValueError(
+                f"block_channels must be a positive multiple of 8, got {self.block_channels}"
+            )
+        if self.band_rows is not None and (self.band_rows <= 0 or self.band_rows % SUBLANES):
+            raise ValueError(f"band_rows must be a positive multiple of 8, got {self.band_rows}")
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -72,26 +83,40 @@ def _plane_bytes(height: int, width: int) -> int:
     return _round_up(height, SUBLANES) * _round_up(width, LANES) * 4
 
 
-def _block_channels(channels: int, height: int, width: int, config: RoiAlignConfig) -> int:
-    fits = max(1, MAP_BUDGET // (2 * _plane_bytes(height, width)))
-    return min(channels, config.block_channels, fits)
+def _blocks(channels: int, height: int, width: int, config: RoiAlignConfig) -> tuple[int, int]:
+    """(channels, rows) of a feature block: the whole map when its double-buffered block
+    fits :data:`MAP_BUDGET`, else bands of a multiple of 8 rows."""
+    block = min(channels, config.block_channels)
+    if config.band_rows is not None:
+        return block, min(height, config.band_rows)
+    if 2 * block * _plane_bytes(height, width) <= MAP_BUDGET:
+        return block, height
+    band = MAP_BUDGET // (2 * block * _plane_bytes(SUBLANES, width)) * SUBLANES
+    return block, min(height, max(SUBLANES, band))
 
 
 def _interpolation(
-    params_ref: Any, k: Any, axis: int, bins: int, size: int, pixels_first: bool
+    params_ref: Any,
+    k: Any,
+    axis: int,
+    bins: int,
+    size: int,
+    pixels: tuple[Any, int],
+    pixels_first: bool,
 ) -> jax.Array:
-    """RoI ``k``'s mean bilinear weights along ``axis`` (0: rows, 1: columns) as
-    ``[bins, size]`` (``pixels_first``: ``[size, bins]``), torchvision's
-    ``bilinear_interpolate`` per axis: samples beyond one pixel outside the map weigh 0,
-    positions clamp at 0 and at the last pixel."""
+    """RoI ``k``'s mean bilinear weights along ``axis`` (0: rows, 1: columns) of a map
+    ``size`` pixels long, for the ``pixels = (first, count)`` pixels, as ``[bins, count]``
+    (``pixels_first``: ``[count, bins]``); torchvision's ``bilinear_interpolate`` per axis:
+    samples beyond one pixel outside the map weigh 0, positions clamp at 0 and at the last
+    pixel."""
     base = FIELDS * k
     start = params_ref[base + (Y0, X0)[axis]]
     bin_size = params_ref[base + (BIN_H, BIN_W)[axis]]
     grid = params_ref[base + (GRID_H, GRID_W)[axis]]
-    shape = (size, bins) if pixels_first else (bins, size)
+    shape = (pixels[1], bins) if pixels_first else (bins, pixels[1])
     bin_axis = 1 if pixels_first else 0
     bin_index = lax.broadcasted_iota(jnp.int32, shape, bin_axis).astype(jnp.float32)
-    pixel = lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis).astype(jnp.float32)
+    pixel = (lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis) + pixels[0]).astype(jnp.float32)
     grid_v = jnp.full(shape, grid, jnp.float32)
     first = start + bin_index * bin_size
     last = float(size - 1)
@@ -138,43 +163,65 @@ def _flat_layout(bins_h: int, bins_w: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _forward_kernel(
-    bins: tuple[int, int], batch_ref: Any, params_ref: Any, features_ref: Any, out_ref: Any
+    bins: tuple[int, int],
+    height: int,
+    batch_ref: Any,
+    params_ref: Any,
+    features_ref: Any,
+    out_ref: Any,
 ) -> None:
-    # features_ref [block, H, W] of the RoI's image; out_ref [block, PH * PW].
+    # features_ref [block, band, W]: rows t * band.. of the RoI's image; out_ref
+    # [block, PH * PW] float32, accumulated over the bands t.
     del batch_ref  # read by the index maps
-    k = pl.program_id(1)
-    _, height, width = features_ref.shape
+    k, t = pl.program_id(1), pl.program_id(2)
+    _, band, width = features_ref.shape
     bins_h, bins_w = bins
-    rows = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=False)
-    columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+    first_row = t * band
+    rows = _interpolation(params_ref, k, 0, bins_h, height, (first_row, band), False)
+    columns = _interpolation(params_ref, k, 1, bins_w, width, (0, width), False)
     in_row, in_column = _flat_layout(bins_h, bins_w)
+    # The last band may run past the map: its rows there hold whatever the DMA left.
+    on_map = lax.broadcasted_iota(jnp.int32, (band, width), 0) + first_row < height
+
+    @pl.when(t == 0)
+    def _start() -> None:
+        out_ref[...] = jnp.zeros_like(out_ref)
 
     def channel(c: jax.Array, carry: None) -> None:
-        sampled = _dot(rows, features_ref[c].astype(jnp.float32), (1, 0))  # [PH, W]
+        features = features_ref[c].astype(jnp.float32)
+        if height % band:
+            features = jnp.where(on_map, features, 0.0)
+        sampled = _dot(rows, features, (1, 0))  # [PH, W]
         values = _dot(sampled, columns, (1, 1))  # [PH, PW]
         # Row-major onto lanes: spread each row over all columns' slots, keep its own.
         flat = jnp.sum(_dot(values, in_column, (1, 0)) * in_row, axis=0, keepdims=True)
-        out_ref[pl.ds(c, 1), :] = flat.astype(out_ref.dtype)
+        out_ref[pl.ds(c, 1), :] += flat
 
     lax.fori_loop(0, out_ref.shape[0], channel, None)
 
 
 def _backward_kernel(
-    bins: tuple[int, int], batch_ref: Any, params_ref: Any, cotangent_ref: Any, grad_ref: Any
+    bins: tuple[int, int],
+    height: int,
+    batch_ref: Any,
+    params_ref: Any,
+    cotangent_ref: Any,
+    grad_ref: Any,
 ) -> None:
-    # cotangent_ref [block, PH * PW] of RoI k; grad_ref [block, H, W] of image n.
-    n, k = pl.program_id(0), pl.program_id(2)
+    # cotangent_ref [block, PH * PW] of RoI k; grad_ref [block, band, W]: rows t * band..
+    # of image n (Pallas drops the rows past the map).
+    n, t, k = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(k == 0)
-    def _() -> None:
+    def _start() -> None:
         grad_ref[...] = jnp.zeros_like(grad_ref)
 
     @pl.when(batch_ref[k] == n)
-    def _() -> None:
-        _, height, width = grad_ref.shape
+    def _add_this_roi() -> None:
+        _, band, width = grad_ref.shape
         bins_h, bins_w = bins
-        rows_t = _interpolation(params_ref, k, 0, bins_h, height, pixels_first=True)
-        columns = _interpolation(params_ref, k, 1, bins_w, width, pixels_first=False)
+        rows_t = _interpolation(params_ref, k, 0, bins_h, height, (t * band, band), True)
+        columns = _interpolation(params_ref, k, 1, bins_w, width, (0, width), False)
         in_row, in_column = _flat_layout(bins_h, bins_w)
 
         def channel(c: jax.Array, carry: None) -> None:
@@ -197,14 +244,18 @@ def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[ja
     return jnp.clip(grid.batch, 0, images - 1), params.reshape(-1)
 
 
-def _weights_bytes(height: int, width: int, bins_h: int, bins_w: int) -> int:
-    """VMEM of one RoI's interpolation weights (both orientations budgeted), the bin
-    layout matrices and one channel's temporaries."""
+def _vmem_bytes(block: int, band: int, width: int, bins_h: int, bins_w: int) -> int:
+    """The double-buffered feature (or gradient) and output (or cotangent) blocks, one
+    RoI's interpolation weights in both orientations, the bin layout matrices and one
+    channel's temporaries."""
     flat = bins_h * bins_w
-    weights = _plane_bytes(bins_h, height) + _plane_bytes(height, bins_h)
-    weights += 2 * _plane_bytes(bins_w, width)
+    blocks = 2 * (block * _plane_bytes(band, width) + _plane_bytes(block, flat))
+    weights = (
+        _plane_bytes(bins_h, band) + _plane_bytes(band, bins_h) + 2 * _plane_bytes(bins_w, width)
+    )
     layout = _plane_bytes(bins_h, flat) + _plane_bytes(bins_w, flat)
-    return 4 * weights + 2 * layout + _plane_bytes(bins_h, width) + _plane_bytes(height, width)
+    temporaries = _plane_bytes(bins_h, width) + 2 * _plane_bytes(band, width)
+    return blocks + 4 * weights + 2 * layout + temporaries
 
 
 def _build_forward(
@@ -214,26 +265,26 @@ def _build_forward(
         images, channels, height, width = input.shape
         bins_h, bins_w = statics[0]
         count = rois.shape[0]
-        block = _block_channels(channels, height, width, config)
+        block, band = _blocks(channels, height, width, config)
         batch, params = _scalars(rois, images, statics)
-        vmem = 2 * (block * _plane_bytes(height, width) + _plane_bytes(block, bins_h * bins_w))
-        vmem += _weights_bytes(height, width, bins_h, bins_w)
         call = pl.pallas_call(
-            functools.partial(_forward_kernel, (bins_h, bins_w)),
+            functools.partial(_forward_kernel, (bins_h, bins_w), height),
             # Bins flattened onto lanes: [PH, PW] blocks would pad to 8 x 128 tiles.
             out_shape=jax.ShapeDtypeStruct((count, channels, bins_h * bins_w), jnp.float32),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2,
-                grid=(pl.cdiv(channels, block), count),
+                grid=(pl.cdiv(channels, block), count, pl.cdiv(height, band)),
                 in_specs=[
-                    pl.BlockSpec((None, block, height, width), lambda c, k, b, p: (b[k], c, 0, 0))
+                    pl.BlockSpec((None, block, band, width), lambda c, k, t, b, p: (b[k], c, t, 0))
                 ],
                 out_specs=pl.BlockSpec(
-                    (None, block, bins_h * bins_w), lambda c, k, b, p: (k, c, 0)
+                    (None, block, bins_h * bins_w), lambda c, k, t, b, p: (k, c, 0)
                 ),
             ),
             compiler_params=lowering.compiler_params(
-                ("parallel", "parallel"), vmem, target.generation
+                ("parallel", "parallel", "arbitrary"),
+                _vmem_bytes(block, band, width, bins_h, bins_w),
+                target.generation,
             ),
             interpret=target.interpret,
             name="roi_align_forward",
@@ -252,25 +303,25 @@ def _build_backward(
     def backward(rois: jax.Array, cotangent: jax.Array) -> jax.Array:
         images, channels, height, width = input_shape
         count, _, bins_h, bins_w = cotangent.shape
-        block = _block_channels(channels, height, width, config)
+        block, band = _blocks(channels, height, width, config)
         batch, params = _scalars(rois, images, statics)
-        vmem = 2 * (block * _plane_bytes(height, width) + _plane_bytes(block, bins_h * bins_w))
-        vmem += _weights_bytes(height, width, bins_h, bins_w)
         call = pl.pallas_call(
-            functools.partial(_backward_kernel, (bins_h, bins_w)),
+            functools.partial(_backward_kernel, (bins_h, bins_w), height),
             out_shape=jax.ShapeDtypeStruct(input_shape, jnp.float32),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2,
-                grid=(images, pl.cdiv(channels, block), count),
+                grid=(images, pl.cdiv(channels, block), pl.cdiv(height, band), count),
                 in_specs=[
-                    pl.BlockSpec((None, block, bins_h * bins_w), lambda n, c, k, b, p: (k, c, 0))
+                    pl.BlockSpec((None, block, bins_h * bins_w), lambda n, c, t, k, b, p: (k, c, 0))
                 ],
                 out_specs=pl.BlockSpec(
-                    (None, block, height, width), lambda n, c, k, b, p: (n, c, 0, 0)
+                    (None, block, band, width), lambda n, c, t, k, b, p: (n, c, t, 0)
                 ),
             ),
             compiler_params=lowering.compiler_params(
-                ("parallel", "parallel", "arbitrary"), vmem, target.generation
+                ("parallel", "parallel", "parallel", "arbitrary"),
+                _vmem_bytes(block, band, width, bins_h, bins_w),
+                target.generation,
             ),
             interpret=target.interpret,
             name="roi_align_backward",

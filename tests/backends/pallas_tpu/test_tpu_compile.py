@@ -72,6 +72,19 @@ def test_kernels_compile_at_benchmark_shapes(generation):
     assert big.vmem_bytes and big.vmem_limit_bytes and big.vmem_limit_bytes >= big.vmem_bytes
 
 
+def test_roi_align_on_a_map_larger_than_vmem_compiles_in_bands():
+    """A 2048 x 2048 map (16 MiB a channel) cut into bands of rows, on v5p (the least VMEM
+    of the three)."""
+    shape = tpu_compile.KernelShape(
+        "roi_align_backward",
+        "1x8x2048x2048",
+        functools.partial(tpu_compile._roi_align, True, (1, 8, 2048, 2048), 16, 7),
+    )
+    result = tpu_compile.compile_one(shape, "v5p")
+    assert result.ok, tpu_compile.format_table([result])
+    assert result.vmem_bytes and result.vmem_bytes < 16 << 20
+
+
 def test_int8_kernel_is_refused_on_v4_with_a_clear_error():
     """v4's MXU has no int8 x int8: the kernel says so when lowered for it (choosing XLA
     there is the selection policy's job, never the backend's)."""
