@@ -399,6 +399,7 @@ class TestNki(
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
+    RoiAlignVjpConformance,
 ):
     backend = "nki"
 

@@ -1,4 +1,4 @@
-"""RoIAlign (torchvision's ``roi_align``, forward) as an NKI kernel.
+"""RoIAlign (torchvision's ``roi_align``) and its gradient as NKI kernels.
 
 Bilinear sampling is separable (a sample's weight on pixel ``(h, w)`` is a row weight times
 a column weight; torchvision's "outside the map" test and border clamps apply per axis), so
@@ -7,10 +7,14 @@ one RoI's ``[PH, PW]`` bins of channel ``c`` of image ``n`` are
 bilinear weights, ``A_x [PW, W]`` likewise for columns. Per RoI the kernel builds both,
 transposed (pixels on partitions, tiles of 128), on the Vector engine from the RoI itself:
 its coordinates are DMA'd onto every partition, pixel and bin indices come from ``iota``,
-and each sample row (column) adds one ``[pixels, bins]`` tile of weights. The RoI's image
+and the sample rows (columns) are weighed :data:`STEP_CHUNK` at a time along a third axis
+of ``[pixels, bins, steps]`` tiles, then summed. The RoI's image
 is not an address: ``A_y`` is masked per image (``batch index == n``) and the Tensor
 engine accumulates ``F[n, c]^T A_y^T`` over all images and row tiles in PSUM, then
-contracts the columns with ``A_x^T``.
+contracts the columns with ``A_x^T``. The gradient of image ``n``, channel ``c`` is
+``sum_k [batch_k == n] A_y^T @ G[k, c] @ A_x``: per image, tile of pixels and group of
+:data:`CHANNEL_GROUP` channels, PSUM accumulates it over the RoIs (the weights built with
+bins on partitions this time).
 
 The adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output size)`` samples per
 bin side) is data dependent: the host reads the largest over the call from the concrete
@@ -35,6 +39,7 @@ PMAX = 128
 MAX_BINS_H = 128  # the stationary free size of the second product
 MAX_BINS_W = 512  # the moving free size (one PSUM bank of float32)
 STEP_CHUNK = 32  # sample steps per weight tile: [pixels, bins, 32] float32 temporaries
+CHANNEL_GROUP = 4  # gradient tiles accumulated in PSUM at once (a bank each, and one spare)
 
 
 def _column_scalar(
@@ -59,19 +64,23 @@ def _iota(shape: tuple[int, int, int], axis: int, offset: int = 0) -> Any:
 def _axis_weights(
     corners: Any,
     axis: int,
-    first_pixel: int,
+    pixels: tuple[int, int],
     bins: int,
     size: int,
     sampling: tuple[float, int, bool],
     steps: int,
+    pixels_on_partitions: bool = True,
 ) -> Any:
-    """One RoI's mean bilinear weights along ``axis`` (0: rows, 1: columns) for pixels
-    ``first_pixel ..`` (on partitions) x ``bins``: ``[pixels, bins]`` float32.
-    ``corners [pixels, 5]`` is the RoI on every partition; ``sampling`` is
-    ``(spatial_scale, sampling_ratio, aligned)``. Sample steps are taken
-    :data:`STEP_CHUNK` at a time along a second free axis."""
+    """One RoI's mean bilinear weights along ``axis`` (0: rows, 1: columns) of a map
+    ``size`` pixels long, for the ``pixels = (first, count)`` pixels: ``[count, bins]``
+    float32 (not ``pixels_on_partitions``: ``[bins, count]``). ``corners`` is the RoI on
+    every partition (``[partitions, 5]``); ``sampling`` is ``(spatial_scale,
+    sampling_ratio, aligned)``. Sample steps are taken :data:`STEP_CHUNK` at a time along a
+    second free axis."""
     scale, ratio, aligned = sampling
-    pixels = corners.shape[0]
+    first_pixel, count = pixels
+    pixel_axis, bin_axis = (0, 1) if pixels_on_partitions else (1, 0)
+    plane = (count, bins) if pixels_on_partitions else (bins, count)
     column = (2, 1)[axis]  # y1 or x1; the far corner is two columns on
     start, end = (
         _column_scalar(corners[:, i : i + 1], nl.multiply, scale, nl.subtract, 0.5 * aligned)
@@ -82,14 +91,14 @@ def _axis_weights(
         length = nl.maximum(length, 1.0)
     bin_size = nl.divide(length, float(bins))
     grid: Any = float(ratio) if ratio > 0 else nl.ceil(bin_size)
-    total = nl.zeros((pixels, bins), dtype=nl.float32)
+    total = nl.zeros(plane, dtype=nl.float32)
     last = float(size - 1)
     for first_step in range(0, steps, STEP_CHUNK):
-        shape = (pixels, bins, min(STEP_CHUNK, steps - first_step))
-        pixel = _iota(shape, 0, first_pixel)
+        shape = (*plane, min(STEP_CHUNK, steps - first_step))
+        pixel = _iota(shape, pixel_axis, first_pixel)
         step = _iota(shape, 2, first_step)
         # start + bin * bin_size + (step + 0.5) * bin_size / grid, as the other backends
-        bin_start = _column_scalar(_iota(shape, 1), nl.multiply, bin_size, nl.add, start)
+        bin_start = _column_scalar(_iota(shape, bin_axis), nl.multiply, bin_size, nl.add, start)
         shift = _column_scalar(step, nl.add, 0.5, nl.multiply, bin_size)
         position = nl.add(bin_start, _column_scalar(shift, nl.divide, grid))
         inside = nl.logical_and(
@@ -108,8 +117,8 @@ def _axis_weights(
             nl.where(nl.equal(pixel, high), frac, 0.0),
         )
         total = nl.add(total, nl.sum(nl.where(inside, weight, 0.0), axis=2))
-    count: Any = float(ratio) if ratio > 0 else nl.maximum(grid, 1.0)
-    return _column_scalar(total, nl.divide, count)
+    samples: Any = float(ratio) if ratio > 0 else nl.maximum(grid, 1.0)
+    return _column_scalar(total, nl.divide, samples)
 
 
 def _tiles(size: int) -> list[tuple[int, int]]:
@@ -143,7 +152,7 @@ def roi_align_kernel(
         rows_t = []
         for h0, h1 in row_tiles:
             corners = nl.load(rois[k : k + 1].broadcast(0, h1 - h0))
-            weights = _axis_weights(corners, 0, h0, bins_h, height, sampling, steps_h)
+            weights = _axis_weights(corners, 0, (h0, h1 - h0), bins_h, height, sampling, steps_h)
             image = nl.trunc(corners[:, 0:1])
             rows_t.append(
                 [
@@ -154,7 +163,9 @@ def roi_align_kernel(
         columns_t = []
         for w0, w1 in column_tiles:
             corners = nl.load(rois[k : k + 1].broadcast(0, w1 - w0))
-            columns_t.append(_axis_weights(corners, 1, w0, bins_w, width, sampling, steps_w))
+            columns_t.append(
+                _axis_weights(corners, 1, (w0, w1 - w0), bins_w, width, sampling, steps_w)
+            )
         for c in range(channels):
             result = nl.ndarray((bins_h, bins_w), dtype=nl.float32, buffer=nl.psum)
             for j, (w0, w1) in enumerate(column_tiles):
@@ -179,6 +190,72 @@ def roi_align_kernel(
                 )
             nl.store(out[k, c], nl.copy(result))
     return out
+
+
+def _gradient_tiles(
+    rois: Any,
+    cotangent: Any,
+    grad: Any,
+    n: int,
+    pixels: tuple[tuple[int, int], tuple[int, int]],
+    group: range,
+    sampling: tuple[float, int, bool],
+    steps: tuple[int, int],
+) -> None:
+    """The gradient of image ``n``, rows ``pixels[0]``, columns ``pixels[1]`` (``(start,
+    stop)``) and the channels of ``group``: ``sum_k [batch_k == n] A_y^T @ G[k, c] @ A_x``,
+    one PSUM bank per channel."""
+    count, _, bins_h, bins_w = cotangent.shape
+    _, _, height, width = grad.shape
+    (h0, h1), (w0, w1) = pixels
+    sums = [nl.ndarray((h1 - h0, w1 - w0), dtype=nl.float32, buffer=nl.psum) for _ in group]
+    for k in range(count):
+        # A_y [PH, h] (zero unless the RoI is on image n), A_x [PW, w].
+        corners = nl.load(rois[k : k + 1].broadcast(0, bins_h))
+        rows = _axis_weights(corners, 0, (h0, h1 - h0), bins_h, height, sampling, steps[0], False)
+        rows = _column_scalar(rows, nl.multiply, nl.equal(nl.trunc(corners[:, 0:1]), float(n)))
+        corners = nl.load(rois[k : k + 1].broadcast(0, bins_w))
+        columns = _axis_weights(corners, 1, (w0, w1 - w0), bins_w, width, sampling, steps[1], False)
+        spread = nl.ndarray((bins_h, w1 - w0), dtype=nl.float32, buffer=nl.psum)
+        for total, c in zip(sums, group, strict=True):
+            # G[k, c] @ A_x: [PH, w], then A_y^T @ that: [h, w].
+            g_t = nl.load(cotangent[k, c].permute((1, 0)))
+            nisa.nc_matmul(dst=spread, stationary=g_t, moving=columns, accumulate=False)
+            nisa.nc_matmul(dst=total, stationary=rows, moving=nl.copy(spread), accumulate=k > 0)
+    for total, c in zip(sums, group, strict=True):
+        nl.store(grad[n, c, h0:h1, w0:w1], nl.copy(total))
+
+
+@nki.jit
+def roi_align_vjp_kernel(
+    rois: Any,
+    cotangent: Any,
+    images: int,
+    height: int,
+    width: int,
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    steps_h: int,
+    steps_w: int,
+) -> Any:
+    """``rois [K, 5]`` (K >= 1), ``cotangent [K, C, PH, PW]`` float32 (HBM) -> the
+    gradient ``[images, C, height, width]`` float32, accumulated in PSUM over the RoIs per
+    image, tile of pixels and group of channels."""
+    channels = cotangent.shape[1]
+    sampling = (spatial_scale, sampling_ratio, aligned)
+    grad = nl.ndarray((images, channels, height, width), dtype=nl.float32, buffer=nl.shared_hbm)
+    column_tiles = [(w0, min(w0 + MAX_BINS_W, width)) for w0 in range(0, width, MAX_BINS_W)]
+    for n in range(images):
+        for rows in _tiles(height):
+            for columns in column_tiles:
+                for c0 in range(0, channels, CHANNEL_GROUP):
+                    group = range(c0, min(c0 + CHANNEL_GROUP, channels))
+                    _gradient_tiles(
+                        rois, cotangent, grad, n, (rows, columns), group, sampling,
+                        (steps_h, steps_w),
+                    )  # fmt: skip
+    return grad
 
 
 def _max_steps(rois: np.ndarray, axis: int, bins: int, sampling: tuple[float, int, bool]) -> int:
@@ -229,5 +306,40 @@ def roi_align(
     steps_w = _max_steps(boxes, 1, bins_w, sampling)
     result: np.ndarray = run(
         roi_align_kernel, features, boxes, bins_h, bins_w, *sampling, steps_h, steps_w
+    )
+    return result
+
+
+@BACKEND.implements("roi_align_vjp")
+def roi_align_vjp(
+    rois: np.ndarray,
+    cotangent: np.ndarray,
+    *,
+    input_shape: tuple[int, ...],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    config: Any = None,
+) -> np.ndarray:
+    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient,
+    float32 (PH, PW <= 128)."""
+    reject_config(config)
+    bins_h, bins_w = output_size
+    if bins_h > PMAX or bins_w > PMAX:
+        raise ValueError(
+            f"the nki roi_align_vjp takes output_size up to ({PMAX}, {PMAX}), "
+            f"got {tuple(output_size)}"
+        )
+    boxes = float_input(np.asarray(rois)).astype(np.float32, copy=False)
+    grad_out = float_input(np.asarray(cotangent)).astype(np.float32, copy=False)
+    if boxes.shape[0] == 0:
+        return np.zeros(input_shape, np.float32)
+    images, _, height, width = input_shape
+    sampling = (float(spatial_scale), int(sampling_ratio), bool(aligned))
+    steps_h = _max_steps(boxes, 0, bins_h, sampling)
+    steps_w = _max_steps(boxes, 1, bins_w, sampling)
+    result: np.ndarray = run(
+        roi_align_vjp_kernel, boxes, grad_out, images, height, width, *sampling, steps_h, steps_w
     )
     return result

@@ -181,12 +181,23 @@ def test_roi_align_tiles_maps_beyond_128_pixels(rng):
     oracle.assert_agrees("roi_align", got, want)
     counters = registry.backend("nki").counters()
     assert counters["tensor_instructions"] == 3 * 2 * (2 * 2 * 2 + 2)
+    # The gradient: per image, row tile (one column tile of <= 512 pixels), RoI and
+    # channel, two products.
+    cotangent = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    grad = asickernels.roi_align_vjp(features, rois, cotangent, backend="nki", **statics)
+    arrays = {"input": features, "rois": rois, "cotangent": cotangent}
+    oracle.assert_agrees("roi_align_vjp", grad, oracle.expected("roi_align_vjp", arrays, statics))
+    counters = registry.backend("nki").counters()
+    assert counters["tensor_instructions"] == 2 * 2 * 3 * 2 * 2
 
 
 def test_roi_align_refuses_more_bins_than_its_tiles_hold():
     features, rois = np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
     with pytest.raises(ValueError, match=r"output_size up to \(128, 512\)"):
         asickernels.roi_align(features, rois, (129, 2), backend="nki")
+    cotangent = np.zeros((1, 1, 2, 129), np.float32)
+    with pytest.raises(ValueError, match=r"output_size up to \(128, 128\)"):
+        asickernels.roi_align_vjp(features, rois, cotangent, (2, 129), backend="nki")
 
 
 @settings(max_examples=10, deadline=None)
@@ -197,7 +208,7 @@ def test_roi_align_refuses_more_bins_than_its_tiles_hold():
     ratio=st.integers(-1, 2),
     aligned=st.booleans(),
 )
-def test_roi_align_random_maps_match_reference(seed, height, width, ratio, aligned):
+def test_roi_align_and_gradient_on_random_maps_match_reference(seed, height, width, ratio, aligned):
     rng = np.random.default_rng(seed)
     features = rng.standard_normal((2, 2, height, width)).astype(np.float32)
     span = float(max(height, width))
@@ -210,5 +221,8 @@ def test_roi_align_random_maps_match_reference(seed, height, width, ratio, align
         "aligned": aligned,
     }
     got = asickernels.roi_align(features, rois, backend="nki", **statics)
-    want = oracle.expected("roi_align", {"input": features, "rois": rois}, statics)
-    oracle.assert_agrees("roi_align", got, want)
+    arrays = {"input": features, "rois": rois}
+    oracle.assert_agrees("roi_align", got, oracle.expected("roi_align", arrays, statics))
+    arrays["cotangent"] = rng.standard_normal((4, 2, 2, 3)).astype(np.float32)
+    grad = asickernels.roi_align_vjp(**arrays, backend="nki", **statics)
+    oracle.assert_agrees("roi_align_vjp", grad, oracle.expected("roi_align_vjp", arrays, statics))
