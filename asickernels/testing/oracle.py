@@ -97,7 +97,7 @@ def compare(name: str, got: Any, want: Any) -> Verdict:
         else:
             diff = np.abs(g64 - w64)
             ratio = diff / (tol.atol + tol.rtol * np.abs(w64))
-            ratio = np.where(np.isnan(g64) & np.isnan(w64), 0.0, ratio)
+            ratio = np.where((np.isnan(g64) & np.isnan(w64)) | (g64 == w64), 0.0, ratio)
             error = float(np.nanmax(np.where(np.isnan(ratio), np.inf, ratio), initial=0.0))
             at = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
             detail = f"worst at {at}: got {g64[at] if ratio.size else '-'}, want {w64[at] if ratio.size else '-'}"

@@ -349,6 +349,44 @@ class RoiAlignVjpConformance(Conformance):
         )
 
 
+class RoiAlignNonFiniteConformance(Conformance):
+    """NaN and infinities in the features and the cotangent give torchvision's results:
+    for backends whose arithmetic could spread them (a product with a zero weight gives
+    NaN); the others join once they take them as torchvision does."""
+
+    def test_roi_align_and_gradient_take_non_finite_values_as_torchvision_does(self):
+        """NaN where a NaN is sampled, an infinity is sampled with weight 0 (at the map's
+        last row, or a sample on a pixel) or both infinities are; +-inf where one is; the
+        rest exact, however many bins share the channel."""
+        rng = np.random.default_rng(6)
+        features = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+        features[0, 0, 2, 3] = np.nan
+        features[0, 1, 4, 4] = np.inf
+        features[0, 2, 0, 0], features[0, 2, 1, 0] = np.inf, -np.inf
+        features[1, 1, 6, 2] = np.inf  # the last row: clamped samples weigh it 0 too
+        features[1, 2, 6, 8] = -np.inf
+        # Binary fractions: every sample position is exact in float32 (one on the pixel
+        # lattice is in or out of a pixel by its last bit otherwise), some whole pixels.
+        rois = np.array(
+            [[0, 0.5, 0.5, 6.5, 4.5], [0, 2.0, 1.0, 6.0, 5.0], [1, 1.25, 4.25, 8.75, 7.75],
+             [1, 0.0, 0.0, 8.0, 6.0], [0, 6.25, 6.25, 8.75, 8.75]],
+            np.float32,
+        )  # fmt: skip
+        cotangent = rng.standard_normal((5, 3, 2, 2)).astype(np.float32)
+        cotangent[0, 0, 0, 0], cotangent[1, 1, 1, 1] = np.nan, np.inf
+        cotangent[2, 2, 0, 1], cotangent[3, 2, 1, 1] = -np.inf, np.inf
+        statics = {"output_size": (2, 2), "spatial_scale": 1.0, "sampling_ratio": 2}
+        arrays = {"input": features, "rois": rois, "cotangent": cotangent}
+        got = asickernels.roi_align(features, rois, backend=self.backend, **statics)
+        want = oracle.expected("roi_align", {"input": features, "rois": rois}, statics)
+        assert np.isnan(want).any() and np.isinf(want).any() and np.isfinite(want).any()
+        oracle.assert_agrees("roi_align", got, want)
+        grad = asickernels.roi_align_vjp(**arrays, backend=self.backend, **statics)
+        want = oracle.expected("roi_align_vjp", arrays, statics)
+        assert np.isnan(want).any() and np.isinf(want).any() and np.isfinite(want).any()
+        oracle.assert_agrees("roi_align_vjp", grad, want)
+
+
 # -- the backends: one subclass each, naming the kernels it implements ----------------------
 
 
@@ -374,6 +412,7 @@ class TestPallasTpu(
     Int8MatmulConformance,
     RoiAlignConformance,
     RoiAlignVjpConformance,
+    RoiAlignNonFiniteConformance,
 ):
     backend = "pallas_tpu"
 
@@ -400,6 +439,7 @@ class TestNki(
     Int8MatmulConformance,
     RoiAlignConformance,
     RoiAlignVjpConformance,
+    RoiAlignNonFiniteConformance,
 ):
     backend = "nki"
 

@@ -26,9 +26,14 @@ writes one band per step), so any map size fits VMEM.
 
 Runs as Mosaic on a TPU (v5e, v6e, v5p are compile-tested) and in Pallas or TPU interpret
 mode elsewhere. Computes in float32 (MXU products at HIGHEST precision). Batch indices are
-clamped to ``[0, N - 1]``, as XLA's gather does. Features are assumed finite: a NaN or
-infinity reaches every bin of its image and channel through the products' zero weights,
-where torchvision reaches only the bins that sample it.
+clamped to ``[0, N - 1]``, as XLA's gather does.
+
+Non-finite values: a product with a zero weight would spread a NaN or an infinity to every
+bin (``0 * inf`` is NaN). A channel holding one (a cheap check per channel and RoI) is
+computed with them zeroed, then given torchvision's non-finite results from 0/1 products
+of where each axis's samples take a pixel with a positive and with a zero weight: NaN
+where a NaN is taken, an infinity is taken with weight 0, or both infinities are; +-inf
+where one infinity is. The gradient does the same for a non-finite cotangent.
 """
 
 from __future__ import annotations
@@ -95,20 +100,17 @@ def _blocks(channels: int, height: int, width: int, config: RoiAlignConfig) -> t
     return block, min(height, max(SUBLANES, band))
 
 
-def _interpolation(
-    params_ref: Any,
-    k: Any,
-    axis: int,
-    bins: int,
-    size: int,
-    pixels: tuple[Any, int],
-    pixels_first: bool,
-) -> jax.Array:
-    """RoI ``k``'s mean bilinear weights along ``axis`` (0: rows, 1: columns) of a map
-    ``size`` pixels long, for the ``pixels = (first, count)`` pixels, as ``[bins, count]``
-    (``pixels_first``: ``[count, bins]``); torchvision's ``bilinear_interpolate`` per axis:
-    samples beyond one pixel outside the map weigh 0, positions clamp at 0 and at the last
-    pixel."""
+def _over_samples(
+    where: tuple[Any, ...], add: Callable[..., Any], init: Callable[..., Any]
+) -> tuple[Any, jax.Array]:
+    """Folds ``add(total, pixel, low, high, frac, inside)`` over the sample steps given by
+    ``where = (params_ref, k, axis, bins, size, pixels, pixels_first)``: RoI ``k``'s
+    samples along ``axis`` (0: rows, 1: columns) of a map ``size`` pixels long, for the
+    ``pixels = (first, count)`` pixels, on ``[bins, count]`` tiles (``pixels_first``:
+    ``[count, bins]``), as torchvision's ``bilinear_interpolate`` per axis (samples beyond
+    one pixel outside the map are not ``inside``; positions clamp at 0 and at the last
+    pixel). Returns the total and the grid size as a tile."""
+    params_ref, k, axis, bins, size, pixels, pixels_first = where
     base = FIELDS * k
     start = params_ref[base + (Y0, X0)[axis]]
     bin_size = params_ref[base + (BIN_H, BIN_W)[axis]]
@@ -121,7 +123,7 @@ def _interpolation(
     first = start + bin_index * bin_size
     last = float(size - 1)
 
-    def add_sample(step: jax.Array, total: jax.Array) -> jax.Array:
+    def add_sample(step: jax.Array, total: Any) -> Any:
         step_v = jnp.full(shape, step, jnp.int32).astype(jnp.float32)
         position = first + (step_v + 0.5) * bin_size / grid_v
         inside = (position >= -1.0) & (position <= float(size))
@@ -131,12 +133,77 @@ def _interpolation(
         low = jnp.where(at_edge, last, low)
         high = jnp.where(at_edge, last, low + 1.0)
         frac = jnp.where(at_edge, 0.0, position - low)
+        return add(total, pixel, low, high, frac, inside)
+
+    total = lax.fori_loop(0, grid.astype(jnp.int32), add_sample, init(shape))
+    return total, grid_v
+
+
+def _interpolation(*where: Any) -> jax.Array:
+    """The mean bilinear weights over the samples (``where``: as :func:`_over_samples`)."""
+
+    def add(total: Any, pixel: Any, low: Any, high: Any, frac: Any, inside: Any) -> Any:
         weight = jnp.where(pixel == low, 1.0 - frac, 0.0) + jnp.where(pixel == high, frac, 0.0)
         return total + jnp.where(inside, weight, 0.0)
 
-    steps = grid.astype(jnp.int32)
-    total = lax.fori_loop(0, steps, add_sample, jnp.zeros(shape, jnp.float32))
-    return total / jnp.maximum(grid_v, 1.0)
+    total, grid = _over_samples(where, add, lambda shape: jnp.zeros(shape, jnp.float32))
+    return total / jnp.maximum(grid, 1.0)  # type: ignore[no-any-return]
+
+
+def _touched(*where: Any) -> tuple[jax.Array, jax.Array]:
+    """0/1 float32 tiles: the pixels some sample takes as a corner with a positive weight,
+    and with weight 0 (``where``: as :func:`_over_samples`). Across both axes, a sample's
+    corner weighs ``w_y * w_x``: positive on ``P_y x P_x``, 0 on ``Z_y x T_x`` and
+    ``T_y x Z_x`` (``T = P | Z``)."""
+
+    def add(total: Any, pixel: Any, low: Any, high: Any, frac: Any, inside: Any) -> Any:
+        positive, zero = total
+        at_low, at_high = inside & (pixel == low), inside & (pixel == high)
+        now_positive = (at_low & (frac < 1.0)) | (at_high & (frac > 0.0))
+        now_zero = (at_low & (frac == 1.0)) | (at_high & (frac == 0.0))
+        return (
+            jnp.maximum(positive, jnp.where(now_positive, 1.0, 0.0)),
+            jnp.maximum(zero, jnp.where(now_zero, 1.0, 0.0)),
+        )
+
+    def init(shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+        return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+    (positive, zero), _ = _over_samples(where, add, init)
+    return positive, zero
+
+
+def _exceptions(
+    values: jax.Array, data: jax.Array, rows: Any, columns: Any, product: Callable[..., jax.Array]
+) -> jax.Array:
+    """``values`` (computed from ``data`` with its non-finite entries zeroed) made what
+    torchvision's sum of ``weight * data`` gives: NaN where a NaN is taken, where an
+    infinity is taken with weight 0 (0 * inf) and where both infinities are taken; else
+    +-inf where an infinity is taken. ``rows``/``columns``: :func:`_touched` of each axis;
+    ``product(row_tile, mask, column_tile)``: the bilinear product as the kernel lays it
+    out."""
+    (rows_positive, rows_zero), (columns_positive, columns_zero) = rows, columns
+    rows_any = jnp.maximum(rows_positive, rows_zero)
+    columns_any = jnp.maximum(columns_positive, columns_zero)
+
+    def hit(row_tile: jax.Array, mask: jax.Array, column_tile: jax.Array) -> jax.Array:
+        return product(row_tile, mask.astype(jnp.float32), column_tile) > 0.5
+
+    infinite = jnp.abs(data) == jnp.inf
+    plus = hit(rows_positive, data == jnp.inf, columns_positive)
+    minus = hit(rows_positive, data == -jnp.inf, columns_positive)
+    nan = (
+        hit(rows_any, data != data, columns_any)
+        | hit(rows_zero, infinite, columns_any)
+        | hit(rows_any, infinite, columns_zero)
+        | (plus & minus)
+    )
+    values = jnp.where(plus, jnp.inf, jnp.where(minus, -jnp.inf, values))
+    return jnp.where(nan, jnp.nan, values)
+
+
+def _has_nonfinite(data: jax.Array) -> jax.Array:
+    return jnp.max(jnp.where(data - data == 0.0, 0.0, 1.0)) > 0.0
 
 
 def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
@@ -177,8 +244,9 @@ def _forward_kernel(
     _, band, width = features_ref.shape
     bins_h, bins_w = bins
     first_row = t * band
-    rows = _interpolation(params_ref, k, 0, bins_h, height, (first_row, band), False)
-    columns = _interpolation(params_ref, k, 1, bins_w, width, (0, width), False)
+    row_samples = (params_ref, k, 0, bins_h, height, (first_row, band), False)
+    column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
+    rows, columns = _interpolation(*row_samples), _interpolation(*column_samples)
     in_row, in_column = _flat_layout(bins_h, bins_w)
     # The last band may run past the map: its rows there hold whatever the DMA left.
     on_map = lax.broadcasted_iota(jnp.int32, (band, width), 0) + first_row < height
@@ -187,15 +255,35 @@ def _forward_kernel(
     def _start() -> None:
         out_ref[...] = jnp.zeros_like(out_ref)
 
+    def bilinear(row_tile: jax.Array, data: jax.Array, column_tile: jax.Array) -> jax.Array:
+        return _dot(_dot(row_tile, data, (1, 0)), column_tile, (1, 1))  # [PH, PW]
+
+    def flatten(values: jax.Array) -> jax.Array:  # [PH, PW] (finite) -> [1, PH * PW]
+        # Row-major onto lanes: spread each row over all columns' slots, keep its own.
+        return jnp.sum(_dot(values, in_column, (1, 0)) * in_row, axis=0, keepdims=True)
+
+    def with_nonfinite(features: jax.Array) -> jax.Array:
+        clean = jnp.where(features - features == 0.0, features, 0.0)
+        values = bilinear(rows, clean, columns)
+        touched = _touched(*row_samples), _touched(*column_samples)
+        values = _exceptions(values, features, *touched, bilinear)
+        # Flattened by 0/1 products, the non-finite bins go as masks (0 * inf is NaN).
+        flat = flatten(jnp.where(values - values == 0.0, values, 0.0))
+        for special in (jnp.inf, -jnp.inf, jnp.nan):
+            at = values != values if special != special else values == special
+            flat = jnp.where(flatten(jnp.where(at, 1.0, 0.0)) > 0.5, special, flat)
+        return flat
+
     def channel(c: jax.Array, carry: None) -> None:
         features = features_ref[c].astype(jnp.float32)
         if height % band:
             features = jnp.where(on_map, features, 0.0)
-        sampled = _dot(rows, features, (1, 0))  # [PH, W]
-        values = _dot(sampled, columns, (1, 1))  # [PH, PW]
-        # Row-major onto lanes: spread each row over all columns' slots, keep its own.
-        flat = jnp.sum(_dot(values, in_column, (1, 0)) * in_row, axis=0, keepdims=True)
-        out_ref[pl.ds(c, 1), :] += flat
+        out_ref[pl.ds(c, 1), :] += lax.cond(
+            _has_nonfinite(features),
+            with_nonfinite,
+            lambda f: flatten(bilinear(rows, f, columns)),
+            features,
+        )
 
     lax.fori_loop(0, out_ref.shape[0], channel, None)
 
@@ -220,15 +308,39 @@ def _backward_kernel(
     def _add_this_roi() -> None:
         _, band, width = grad_ref.shape
         bins_h, bins_w = bins
-        rows_t = _interpolation(params_ref, k, 0, bins_h, height, (t * band, band), True)
-        columns = _interpolation(params_ref, k, 1, bins_w, width, (0, width), False)
+        row_samples = (params_ref, k, 0, bins_h, height, (t * band, band), True)
+        column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
+        rows_t, columns = _interpolation(*row_samples), _interpolation(*column_samples)
         in_row, in_column = _flat_layout(bins_h, bins_w)
+
+        def bins_of(flat: jax.Array) -> jax.Array:  # [1, PH * PW] -> [PH, PW]
+            return _dot(in_row * flat, in_column, (1, 1))
+
+        def bilinear(row_tile: jax.Array, data: jax.Array, column_tile: jax.Array) -> jax.Array:
+            return _dot(_dot(row_tile, data, (1, 0)), column_tile, (1, 0))  # [band, W]
+
+        def with_nonfinite(flat: jax.Array) -> jax.Array:
+            clean = jnp.where(flat - flat == 0.0, flat, 0.0)
+            values = bilinear(rows_t, bins_of(clean), columns)
+            touched = _touched(*row_samples), _touched(*column_samples)
+
+            def at(mask: jax.Array) -> jax.Array:  # exact: a 0/1 product
+                return bins_of(jnp.where(mask, 1.0, 0.0)) > 0.5
+
+            # The non-finite bins of the cotangent, as [PH, PW] (finite ones read 0).
+            data = jnp.where(at(flat == jnp.inf), jnp.inf, 0.0)
+            data = jnp.where(at(flat == -jnp.inf), -jnp.inf, data)
+            data = jnp.where(at(flat != flat), jnp.nan, data)
+            return _exceptions(values, data, *touched, bilinear)
 
         def channel(c: jax.Array, carry: None) -> None:
             flat = cotangent_ref[pl.ds(c, 1), :].astype(jnp.float32)  # [1, PH * PW]
-            values = _dot(in_row * flat, in_column, (1, 1))  # [PH, PW]
-            spread = _dot(rows_t, values, (1, 0))  # [H, PW]
-            grad_ref[c] += _dot(spread, columns, (1, 0))  # [H, W]
+            grad_ref[c] += lax.cond(
+                _has_nonfinite(flat),
+                with_nonfinite,
+                lambda f: bilinear(rows_t, bins_of(f), columns),
+                flat,
+            )
 
         lax.fori_loop(0, grad_ref.shape[0], channel, None)
 
