@@ -12,24 +12,29 @@ column: the adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output siz
 loop whose trip count each RoI reads from SMEM, so it needs no static bound.
 
 Forward: the grid is ``(C / block, K)``; a step reads one image's ``[block, H, W]`` feature
-block (the image the RoI names, by scalar prefetch) and writes ``[block, PH * PW]``: the
-bins flattened row-major onto lanes (by two exact 0/1 products), since ``[PH, PW]`` blocks
-would pad to 8 x 128 tiles in HBM (for 7 x 7 bins, 21 times the output). RoIs of one image
-in a row (torchvision's order) keep the feature block in VMEM: Pallas skips the copy when
-the block index repeats. Gradient: the grid is ``(N, C / block, K)``; each step adds
-``A_y^T @ G @ A_x`` of the RoIs of image ``n`` into its ``[block, H, W]`` gradient block
-(the K axis accumulates, "arbitrary"), so images without RoIs get zeros.
+block (the image the RoI names, by scalar prefetch; ``block`` channels, as many as fit
+:data:`MAP_BUDGET`, at most 128) and writes ``[block, PH * PW]``: the bins flattened
+row-major onto lanes (by exact 0/1 products), since ``[PH, PW]`` blocks would pad to
+8 x 128 tiles in HBM (for 7 x 7 bins, 21 times the output). All channels go at once:
+``A_y`` (its rows padded to PH8, a multiple of 8) against each channel in one batched
+product, then ``[block * PH8, W] @ A_x^T`` and the flattening as plain 2-D products. RoIs
+of one image in a row (torchvision's order) keep the feature block in VMEM: Pallas skips
+the copy when the block index repeats. Gradient: the grid is ``(N, C / block, K)``; each
+step adds ``A_y^T @ G @ A_x`` of the RoIs of image ``n`` into its ``[block, H, W]``
+gradient block (the same products in reverse; the K axis accumulates, "arbitrary"), so
+images without RoIs get zeros.
 
-A map whose ``[block, H, W]`` blocks outgrow :data:`MAP_BUDGET` is cut into bands of rows
-(one more grid axis: the forward accumulates a RoI's bins over the bands, the gradient
-writes one band per step), so any map size fits VMEM.
+A map of which 8 channels outgrow :data:`MAP_BUDGET` is cut into bands of rows (one more
+grid axis: the forward accumulates a RoI's bins over the bands, the gradient writes one
+band per step), so any map size fits VMEM (a 2048 x 2048 map compiles for v5p).
 
 Runs as Mosaic on a TPU (v5e, v6e, v5p are compile-tested) and in Pallas or TPU interpret
 mode elsewhere. Computes in float32 (MXU products at HIGHEST precision). Batch indices are
-clamped to ``[0, N - 1]``, as XLA's gather does.
+clamped to ``[0, N - 1]``, as XLA's gather does. Not measured on a TPU: the selection
+policy runs XLA's ``roi_align`` there; this kernel runs when asked for by name.
 
 Non-finite values: a product with a zero weight would spread a NaN or an infinity to every
-bin (``0 * inf`` is NaN). A channel holding one (a cheap check per channel and RoI) is
+bin (``0 * inf`` is NaN). A block holding one (checked per RoI) goes channel by channel,
 computed with them zeroed, then given torchvision's non-finite results from 0/1 products
 of where each axis's samples take a pixel with a positive and with a zero weight: NaN
 where a NaN is taken, an infinity is taken with weight 0, or both infinities are; +-inf
@@ -63,11 +68,12 @@ MAP_BUDGET = 8 << 20
 
 @dataclasses.dataclass(frozen=True)
 class RoiAlignConfig:
-    """Channels per grid step (a multiple of 8: the flattened output's sublanes; all of
-    them when there are fewer) and map rows per step (a multiple of 8; None: the whole map
-    when its blocks fit :data:`MAP_BUDGET`, else the most rows that do)."""
+    """At most ``block_channels`` channels per grid step (a multiple of 8: the flattened
+    output's sublanes; as many as fit :data:`MAP_BUDGET`, all of them when there are
+    fewer) and map rows per step (a multiple of 8; None: the whole map when 8 channels of
+    it fit, else the most rows that do)."""
 
-    block_channels: int = 8
+    block_channels: int = 128
     band_rows: int | None = None
 
     def __post_init__(self) -> None:
@@ -89,15 +95,16 @@ def _plane_bytes(height: int, width: int) -> int:
 
 
 def _blocks(channels: int, height: int, width: int, config: RoiAlignConfig) -> tuple[int, int]:
-    """(channels, rows) of a feature block: the whole map when its double-buffered block
-    fits :data:`MAP_BUDGET`, else bands of a multiple of 8 rows."""
-    block = min(channels, config.block_channels)
-    if config.band_rows is not None:
-        return block, min(height, config.band_rows)
-    if 2 * block * _plane_bytes(height, width) <= MAP_BUDGET:
-        return block, height
-    band = MAP_BUDGET // (2 * block * _plane_bytes(SUBLANES, width)) * SUBLANES
-    return block, min(height, max(SUBLANES, band))
+    """(channels, rows) of a feature block: the whole map when 8 channels of it fit
+    :data:`MAP_BUDGET` double-buffered, else bands of a multiple of 8 rows; then as many
+    channels as fit (a multiple of 8), at most ``block_channels``."""
+    band = height if config.band_rows is None else min(height, config.band_rows)
+    if config.band_rows is None and 2 * SUBLANES * _plane_bytes(height, width) > MAP_BUDGET:
+        band = MAP_BUDGET // (2 * SUBLANES * _plane_bytes(SUBLANES, width)) * SUBLANES
+        band = min(height, max(SUBLANES, band))
+    fits = MAP_BUDGET // (2 * _plane_bytes(band, width)) // SUBLANES * SUBLANES
+    block = min(config.block_channels, max(SUBLANES, fits))
+    return min(block, channels), band
 
 
 def _over_samples(
@@ -148,6 +155,16 @@ def _interpolation(*where: Any) -> jax.Array:
 
     total, grid = _over_samples(where, add, lambda shape: jnp.zeros(shape, jnp.float32))
     return total / jnp.maximum(grid, 1.0)  # type: ignore[no-any-return]
+
+
+def _padded_interpolation(*where: Any) -> jax.Array:
+    """:func:`_interpolation` with the bins padded to a multiple of 8 by zeros (so that
+    ``[channels, bins, ...]`` tiles merge their leading axes for free)."""
+    params_ref, k, axis, bins, size, pixels, pixels_first = where
+    padded = _round_up(bins, SUBLANES)
+    weights = _interpolation(params_ref, k, axis, padded, size, pixels, pixels_first)
+    real = lax.broadcasted_iota(jnp.int32, weights.shape, 1 if pixels_first else 0) < bins
+    return jnp.where(real, weights, 0.0)
 
 
 def _touched(*where: Any) -> tuple[jax.Array, jax.Array]:
@@ -216,15 +233,15 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
     )
 
 
-def _flat_layout(bins_h: int, bins_w: int) -> tuple[jax.Array, jax.Array]:
+def _flat_layout(bins_h: int, bins_w: int, rows: int | None = None) -> tuple[jax.Array, jax.Array]:
     """For bins flattened row-major onto lanes (``j = ph * PW + pw``): ``rows [PH, PH*PW]``
-    (1 where ``j`` is in bin row ``ph``) and ``columns [PW, PH*PW]`` (1 where ``j`` is in bin
-    column ``pw``), float32."""
+    (1 where ``j`` is in bin row ``ph``; ``rows`` rows, the ones past PH zero) and
+    ``columns [PW, PH*PW]`` (1 where ``j`` is in bin column ``pw``), float32."""
     flat = bins_h * bins_w
     j = lax.broadcasted_iota(jnp.int32, (1, flat), 1).astype(jnp.float32)
     row_of_j = jnp.floor((j + 0.5) / bins_w)  # exact: small integers
     column_of_j = j - row_of_j * bins_w
-    ph = lax.broadcasted_iota(jnp.int32, (bins_h, flat), 0).astype(jnp.float32)
+    ph = lax.broadcasted_iota(jnp.int32, (rows or bins_h, flat), 0).astype(jnp.float32)
     pw = lax.broadcasted_iota(jnp.int32, (bins_w, flat), 0).astype(jnp.float32)
     return (ph == row_of_j).astype(jnp.float32), (pw == column_of_j).astype(jnp.float32)
 
@@ -247,7 +264,9 @@ def _forward_kernel(
     row_samples = (params_ref, k, 0, bins_h, height, (first_row, band), False)
     column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
     rows, columns = _interpolation(*row_samples), _interpolation(*column_samples)
+    padded = _padded_interpolation(*row_samples)  # [PH8, band]
     in_row, in_column = _flat_layout(bins_h, bins_w)
+    padded_in_row, _ = _flat_layout(bins_h, bins_w, _round_up(bins_h, SUBLANES))
     # The last band may run past the map: its rows there hold whatever the DMA left.
     on_map = lax.broadcasted_iota(jnp.int32, (band, width), 0) + first_row < height
 
@@ -262,7 +281,7 @@ def _forward_kernel(
         # Row-major onto lanes: spread each row over all columns' slots, keep its own.
         return jnp.sum(_dot(values, in_column, (1, 0)) * in_row, axis=0, keepdims=True)
 
-    def with_nonfinite(features: jax.Array) -> jax.Array:
+    def with_nonfinite(features: jax.Array, rows: jax.Array) -> jax.Array:
         clean = jnp.where(features - features == 0.0, features, 0.0)
         values = bilinear(rows, clean, columns)
         touched = _touched(*row_samples), _touched(*column_samples)
@@ -274,18 +293,37 @@ def _forward_kernel(
             flat = jnp.where(flatten(jnp.where(at, 1.0, 0.0)) > 0.5, special, flat)
         return flat
 
-    def channel(c: jax.Array, carry: None) -> None:
+    def channel(c: jax.Array, rows: jax.Array) -> jax.Array:
         features = features_ref[c].astype(jnp.float32)
         if height % band:
             features = jnp.where(on_map, features, 0.0)
-        out_ref[pl.ds(c, 1), :] += lax.cond(
-            _has_nonfinite(features),
-            with_nonfinite,
-            lambda f: flatten(bilinear(rows, f, columns)),
-            features,
-        )
+        out_ref[pl.ds(c, 1), :] += with_nonfinite(features, rows)
+        return rows
 
-    lax.fori_loop(0, out_ref.shape[0], channel, None)
+    block = features_ref[...].astype(jnp.float32)
+    if height % band:
+        block = jnp.where(on_map[None], block, 0.0)
+    finite = jnp.logical_not(_has_nonfinite(block))
+
+    @pl.when(finite)
+    def _all_channels() -> None:
+        # [C, PH8, band] x [C, band, W] -> [C, PH8, W]; PH8 (PH padded to 8) lets the
+        # channels and bin rows merge into one axis for the next products.
+        channels = block.shape[0]
+        sampled = lax.dot_general(
+            jnp.broadcast_to(padded[None], (channels, *padded.shape)),
+            block,
+            (((2,), (1,)), ((0,), (0,))),
+            precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
+        values = _dot(sampled.reshape(-1, width), columns, (1, 1))  # [C * PH8, PW]
+        spread = _dot(values, in_column, (1, 0)).reshape(channels, padded.shape[0], -1)
+        out_ref[...] += jnp.sum(spread * padded_in_row[None], axis=1)
+
+    @pl.when(jnp.logical_not(finite))
+    def _each_channel() -> None:
+        lax.fori_loop(0, out_ref.shape[0], channel, rows)
 
 
 def _backward_kernel(
@@ -310,7 +348,8 @@ def _backward_kernel(
         bins_h, bins_w = bins
         row_samples = (params_ref, k, 0, bins_h, height, (t * band, band), True)
         column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
-        rows_t, columns = _interpolation(*row_samples), _interpolation(*column_samples)
+        columns = _interpolation(*column_samples)
+        rows_t, padded_t = _interpolation(*row_samples), _padded_interpolation(*row_samples)
         in_row, in_column = _flat_layout(bins_h, bins_w)
 
         def bins_of(flat: jax.Array) -> jax.Array:  # [1, PH * PW] -> [PH, PW]
@@ -319,7 +358,7 @@ def _backward_kernel(
         def bilinear(row_tile: jax.Array, data: jax.Array, column_tile: jax.Array) -> jax.Array:
             return _dot(_dot(row_tile, data, (1, 0)), column_tile, (1, 0))  # [band, W]
 
-        def with_nonfinite(flat: jax.Array) -> jax.Array:
+        def with_nonfinite(flat: jax.Array, rows_t: jax.Array) -> jax.Array:
             clean = jnp.where(flat - flat == 0.0, flat, 0.0)
             values = bilinear(rows_t, bins_of(clean), columns)
             touched = _touched(*row_samples), _touched(*column_samples)
@@ -333,16 +372,39 @@ def _backward_kernel(
             data = jnp.where(at(flat != flat), jnp.nan, data)
             return _exceptions(values, data, *touched, bilinear)
 
-        def channel(c: jax.Array, carry: None) -> None:
-            flat = cotangent_ref[pl.ds(c, 1), :].astype(jnp.float32)  # [1, PH * PW]
-            grad_ref[c] += lax.cond(
-                _has_nonfinite(flat),
-                with_nonfinite,
-                lambda f: bilinear(rows_t, bins_of(f), columns),
-                flat,
+        cotangent = cotangent_ref[...].astype(jnp.float32)  # [C, PH * PW]
+        finite = jnp.logical_not(_has_nonfinite(cotangent))
+
+        @pl.when(finite)
+        def _all_channels() -> None:
+            # Bins unflattened to [C * PH8, PW] (PH padded to 8: the channels and bin rows
+            # share one axis), times A_x: [C, PH8, W]; then A_y^T per channel.
+            padded_in_row, _ = _flat_layout(bins_h, bins_w, padded_t.shape[1])
+            channels = cotangent.shape[0]
+            spread = cotangent[:, None, :] * padded_in_row[None]  # [C, PH8, PH * PW]
+            values = _dot(spread.reshape(-1, spread.shape[2]), in_column, (1, 1))
+            sampled = _dot(values, columns, (1, 0)).reshape(channels, -1, width)
+            grad_ref[...] += lax.dot_general(
+                jnp.broadcast_to(padded_t[None], (channels, *padded_t.shape)),
+                sampled,
+                (((2,), (1,)), ((0,), (0,))),
+                precision=lax.Precision.HIGHEST,
+                preferred_element_type=jnp.float32,
             )
 
-        lax.fori_loop(0, grad_ref.shape[0], channel, None)
+        @pl.when(jnp.logical_not(finite))
+        def _each_channel() -> None:
+            def channel(c: jax.Array, carry: None) -> None:
+                flat = cotangent_ref[pl.ds(c, 1), :].astype(jnp.float32)  # [1, PH * PW]
+                grad_ref[c] += lax.cond(
+                    _has_nonfinite(flat),
+                    with_nonfinite,
+                    lambda f, r: bilinear(r, bins_of(f), columns),
+                    flat,
+                    rows_t,
+                )
+
+            lax.fori_loop(0, grad_ref.shape[0], channel, None)
 
 
 def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[jax.Array, jax.Array]:
@@ -358,16 +420,16 @@ def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[ja
 
 def _vmem_bytes(block: int, band: int, width: int, bins_h: int, bins_w: int) -> int:
     """The double-buffered feature (or gradient) and output (or cotangent) blocks, one
-    RoI's interpolation weights in both orientations, the bin layout matrices and one
-    channel's temporaries."""
-    flat = bins_h * bins_w
+    RoI's interpolation weights (both orientations, and broadcast over the channels), the
+    bin layout matrices and the whole block's temporaries."""
+    flat, padded = bins_h * bins_w, _round_up(bins_h, SUBLANES)
     blocks = 2 * (block * _plane_bytes(band, width) + _plane_bytes(block, flat))
-    weights = (
-        _plane_bytes(bins_h, band) + _plane_bytes(band, bins_h) + 2 * _plane_bytes(bins_w, width)
-    )
-    layout = _plane_bytes(bins_h, flat) + _plane_bytes(bins_w, flat)
-    temporaries = _plane_bytes(bins_h, width) + 2 * _plane_bytes(band, width)
-    return blocks + 4 * weights + 2 * layout + temporaries
+    weights = _plane_bytes(padded, band) + _plane_bytes(band, padded)
+    weights += 2 * _plane_bytes(bins_w, width) + block * _plane_bytes(padded, band)
+    layout = _plane_bytes(padded, flat) + _plane_bytes(bins_w, flat)
+    temporaries = block * (2 * _plane_bytes(band, width) + 2 * _plane_bytes(padded, width))
+    temporaries += block * 2 * _plane_bytes(padded, max(flat, bins_w))
+    return blocks + 2 * weights + 2 * layout + temporaries
 
 
 def _build_forward(
