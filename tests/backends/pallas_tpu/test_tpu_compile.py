@@ -82,7 +82,8 @@ def test_roi_align_on_a_map_larger_than_vmem_compiles_in_bands():
     )
     result = tpu_compile.compile_one(shape, "v5p")
     assert result.ok, tpu_compile.format_table([result])
-    assert result.vmem_bytes and result.vmem_bytes < 16 << 20
+    # One channel of the whole map, double-buffered, would take 32 MiB of v5p's 64.
+    assert result.vmem_bytes and result.vmem_bytes < 24 << 20
 
 
 def test_int8_kernel_is_refused_on_v4_with_a_clear_error():
