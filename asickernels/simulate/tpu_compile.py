@@ -106,6 +106,24 @@ def _box_metric(
     return fn, [(shape, "float32") for shape in shapes]
 
 
+def _roi_align(
+    backward: bool, features: tuple[int, int, int, int], rois: int, output_size: int
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``asickernels.roi_align`` on Pallas (adaptive sampling, FPN-like scale), or its
+    gradient."""
+    import jax
+
+    import asickernels
+
+    def forward(x: Any, boxes: Any) -> Any:
+        return asickernels.roi_align(
+            x, boxes, output_size, spatial_scale=0.25, sampling_ratio=-1, backend="pallas_tpu"
+        )
+
+    fn = jax.grad(lambda x, boxes: forward(x, boxes).sum()) if backward else forward
+    return fn, [(features, "float32"), ((rois, 5), "float32")]
+
+
 # Every Pallas kernel at its benchmark shapes (the sizes `asickernels bench` uses on a TPU).
 BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
     KernelShape(
@@ -169,6 +187,17 @@ BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
         "ciou_backward",
         "1024x256 pairs",
         functools.partial(_box_metric, "ciou", True, (1024 * 256, 4), (1024 * 256, 4)),
+    ),
+    # Faster R-CNN's box head on an FPN level of an 800 x 1344 image: 2 x 512 RoIs.
+    KernelShape(
+        "roi_align_forward",
+        "2x256x200x336 K=1024",
+        functools.partial(_roi_align, False, (2, 256, 200, 336), 1024, 7),
+    ),
+    KernelShape(
+        "roi_align_backward",
+        "2x256x200x336 K=1024",
+        functools.partial(_roi_align, True, (2, 256, 200, 336), 1024, 7),
     ),
 )
 

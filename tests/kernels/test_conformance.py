@@ -9,6 +9,8 @@ complete: a backend registered for a kernel without its base here fails it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -202,10 +204,200 @@ class Int8MatmulConformance(Conformance):
         _assert_unchanged(before, [case.x, case.y])
 
 
+# RoIAlign: a few small maps (interpret mode is slow), every sampling mode, and the boxes
+# that stress it: zero-size, reversed, wholly off the map, to the last pixel, and huge (a
+# large adaptive grid; off the pixel lattice, so no sample sits exactly on the map's border).
+@dataclasses.dataclass(frozen=True)
+class RoiAlignCase:
+    name: str
+    input: np.ndarray
+    rois: np.ndarray
+    output_size: tuple[int, int]
+    statics: dict
+    slow: bool = False
+
+    def cotangent(self):
+        shape = (len(self.rois), self.input.shape[1], *self.output_size)
+        return np.random.default_rng(5).standard_normal(shape).astype(self.input.dtype)
+
+
+def _roi_boxes(rng, count, images, span):
+    corners = rng.uniform(-0.3 * span, 1.3 * span, (count, 4))
+    low, high = (
+        np.minimum(corners[:, :2], corners[:, 2:]),
+        np.maximum(corners[:, :2], corners[:, 2:]),
+    )
+    edge = [
+        [0.0, 0.0, 0.0, 0.0],
+        [5.0, 3.0, 5.0, 3.0],
+        [6.0, 6.0, 2.0, 1.0],
+        [-50.0, -50.0, -20.0, -20.0],
+        [0.0, 0.0, span - 1.0, span - 1.0],
+        [-2.9 * span - 0.31, -2.1 * span + 0.17, 4.1 * span + 0.23, 2.9 * span - 0.13],
+    ]
+    boxes = np.concatenate([np.concatenate([low, high], 1), edge])
+    index = rng.integers(0, images, (len(boxes), 1))
+    return np.concatenate([index, boxes], 1).astype(np.float32)
+
+
+def roi_align_cases():
+    rng = np.random.default_rng(26)
+
+    def features(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def statics(scale, ratio, aligned):
+        return {"spatial_scale": scale, "sampling_ratio": ratio, "aligned": aligned}
+
+    return [
+        RoiAlignCase(
+            "adaptive",
+            features(2, 3, 7, 9),
+            _roi_boxes(rng, 4, 2, 8.0),
+            (2, 3),
+            statics(1.0, -1, False),
+        ),
+        RoiAlignCase(
+            "aligned_adaptive_0",
+            features(2, 3, 7, 9),
+            _roi_boxes(rng, 6, 2, 8.0),
+            (3, 2),
+            statics(0.5, 0, True),
+            slow=True,
+        ),
+        RoiAlignCase(  # channels no block divides, a map of odd sizes
+            "aligned_fixed_ratio_11_channels",
+            features(1, 11, 5, 13),
+            _roi_boxes(rng, 2, 1, 13.0),
+            (2, 2),
+            statics(0.75, 2, True),
+        ),
+        RoiAlignCase(
+            "float64",
+            features(1, 2, 6, 6).astype(np.float64),
+            _roi_boxes(rng, 3, 1, 6.0).astype(np.float64),
+            (2, 2),
+            statics(1.0, -1, True),
+        ),
+        RoiAlignCase(
+            "no_rois",
+            features(1, 2, 4, 4),
+            np.zeros((0, 5), np.float32),
+            (2, 2),
+            statics(1.0, -1, False),
+        ),
+    ]
+
+
+class RoiAlignConformance(Conformance):
+    @pytest.mark.parametrize("case", _params(roi_align_cases()))
+    def test_roi_align(self, case):
+        backend = self.backend
+        before = _snapshot(case.input, case.rois)
+        call = lambda: asickernels.roi_align(  # noqa: E731
+            case.input, case.rois, case.output_size, backend=backend, **case.statics
+        )
+        if refuses_float64(backend, "roi_align", [case.input], call):
+            return
+        got = call()
+        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
+        assert got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois}
+        want = oracle.expected(
+            "roi_align", arrays, {"output_size": case.output_size, **case.statics}
+        )
+        oracle.assert_agrees("roi_align", got, want)
+        _assert_unchanged(before, [case.input, case.rois])
+
+    def test_roi_align_jax_grad_and_jit(self):
+        """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
+        self.require_jax()
+        backend = self.backend
+        case = roi_align_cases()[0]
+        cotangent = case.cotangent()
+
+        def loss(x):
+            out = asickernels.roi_align(
+                x, case.rois, case.output_size, backend=backend, **case.statics
+            )
+            return (out * cotangent).sum()
+
+        got = jax.jit(jax.grad(loss))(case.input)
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        statics = {"output_size": case.output_size, **case.statics}
+        oracle.assert_agrees(
+            "roi_align_vjp", got, oracle.expected("roi_align_vjp", arrays, statics)
+        )
+
+
+class RoiAlignVjpConformance(Conformance):
+    @pytest.mark.parametrize("case", _params(roi_align_cases()))
+    def test_roi_align_gradient(self, case):
+        backend = self.backend
+        cotangent = case.cotangent()
+        call = lambda: asickernels.roi_align_vjp(  # noqa: E731
+            case.input, case.rois, cotangent, case.output_size, backend=backend, **case.statics
+        )
+        if refuses_float64(backend, "roi_align_vjp", [case.input], call):
+            return
+        got = call()
+        assert got.shape == case.input.shape and got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        statics = {"output_size": case.output_size, **case.statics}
+        oracle.assert_agrees(
+            "roi_align_vjp", got, oracle.expected("roi_align_vjp", arrays, statics)
+        )
+
+
+class RoiAlignNonFiniteConformance(Conformance):
+    """NaN and infinities in the features and the cotangent give torchvision's results:
+    for backends whose arithmetic could spread them (a product with a zero weight gives
+    NaN); the others join once they take them as torchvision does."""
+
+    def test_roi_align_and_gradient_take_non_finite_values_as_torchvision_does(self):
+        """NaN where a NaN is sampled, an infinity is sampled with weight 0 (at the map's
+        last row, or a sample on a pixel) or both infinities are; +-inf where one is; the
+        rest exact, however many bins share the channel."""
+        rng = np.random.default_rng(6)
+        features = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+        features[0, 0, 2, 3] = np.nan
+        features[0, 1, 4, 4] = np.inf
+        features[0, 2, 0, 0], features[0, 2, 1, 0] = np.inf, -np.inf
+        features[1, 1, 6, 2] = np.inf  # the last row: clamped samples weigh it 0 too
+        features[1, 2, 6, 8] = -np.inf
+        # Binary fractions: every sample position is exact in float32 (one on the pixel
+        # lattice is in or out of a pixel by its last bit otherwise), some whole pixels.
+        rois = np.array(
+            [[0, 0.5, 0.5, 6.5, 4.5], [0, 2.0, 1.0, 6.0, 5.0], [1, 1.25, 4.25, 8.75, 7.75],
+             [1, 0.0, 0.0, 8.0, 6.0], [0, 6.25, 6.25, 8.75, 8.75]],
+            np.float32,
+        )  # fmt: skip
+        cotangent = rng.standard_normal((5, 3, 2, 2)).astype(np.float32)
+        cotangent[0, 0, 0, 0], cotangent[1, 1, 1, 1] = np.nan, np.inf
+        cotangent[2, 2, 0, 1], cotangent[3, 2, 1, 1] = -np.inf, np.inf
+        statics = {"output_size": (2, 2), "spatial_scale": 1.0, "sampling_ratio": 2}
+        arrays = {"input": features, "rois": rois, "cotangent": cotangent}
+        got = asickernels.roi_align(features, rois, backend=self.backend, **statics)
+        want = oracle.expected("roi_align", {"input": features, "rois": rois}, statics)
+        assert np.isnan(want).any() and np.isinf(want).any() and np.isfinite(want).any()
+        oracle.assert_agrees("roi_align", got, want)
+        grad = asickernels.roi_align_vjp(**arrays, backend=self.backend, **statics)
+        want = oracle.expected("roi_align_vjp", arrays, statics)
+        assert np.isnan(want).any() and np.isinf(want).any() and np.isfinite(want).any()
+        oracle.assert_agrees("roi_align_vjp", grad, want)
+
+
 # -- the backends: one subclass each, naming the kernels it implements ----------------------
 
 
-class TestXla(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestXla(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiAlignVjpConformance,
+):
     backend = "xla"
 
 
@@ -213,12 +405,25 @@ class TestCpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulCon
     backend = "cpu"
 
 
-class TestPallasTpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestPallasTpu(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiAlignVjpConformance,
+    RoiAlignNonFiniteConformance,
+):
     backend = "pallas_tpu"
 
 
 class TestPallasTpuInterpret(
-    GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiAlignVjpConformance,
 ):
     backend = "pallas_tpu_interpret"
 
@@ -227,7 +432,15 @@ class TestGpsimd(GiouConformance, NmsConformance):
     backend = "gpsimd"
 
 
-class TestNki(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestNki(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiAlignVjpConformance,
+    RoiAlignNonFiniteConformance,
+):
     backend = "nki"
 
 
@@ -236,6 +449,8 @@ SUITES = {
     "giou_vjp": GiouVjpConformance,
     "nms": NmsConformance,
     "int8_matmul": Int8MatmulConformance,
+    "roi_align": RoiAlignConformance,
+    "roi_align_vjp": RoiAlignVjpConformance,
 }
 
 

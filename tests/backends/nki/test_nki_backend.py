@@ -15,6 +15,7 @@ from asickernels.backends.nki import giou as nki_giou
 from asickernels.backends.nki import nms as nki_nms
 from asickernels.backends.nki import sdk
 from asickernels.kernels import registry
+from asickernels.testing import oracle
 from asickernels.testing.cases import grid_boxes, random_boxes
 
 # Counters and the "simulated" report come from asickernels' simulator, not the Neuron SDK.
@@ -159,3 +160,69 @@ def test_giou_and_gradient_match_reference(seed, pairs):
     want = reference.giou_vjp(boxes1, boxes2, cotangent)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+
+
+@our_simulator
+def test_roi_align_tiles_maps_beyond_128_pixels(rng):
+    """A 130 x 140 map takes two row and two column tiles: per RoI and channel the Tensor
+    engine contracts every (image, row tile, column tile) and then each column tile."""
+    features = rng.standard_normal((2, 2, 130, 140)).astype(np.float32)
+    rois = np.array(
+        [
+            [0, 3.5, 100.2, 138.7, 129.0],
+            [1, 120.1, 2.3, 139.9, 20.6],
+            [1, -5.0, -5.0, 150.0, 140.0],
+        ],
+        np.float32,
+    )
+    statics = {"output_size": (3, 4), "spatial_scale": 1.0, "sampling_ratio": 2, "aligned": True}
+    got = asickernels.roi_align(features, rois, backend="nki", **statics)
+    want = oracle.expected("roi_align", {"input": features, "rois": rois}, statics)
+    oracle.assert_agrees("roi_align", got, want)
+    counters = registry.backend("nki").counters()
+    assert counters["tensor_instructions"] == 3 * 2 * (2 * 2 * 2 + 2)
+    # The gradient: per image, row tile (one column tile of <= 512 pixels), RoI and
+    # channel, two products.
+    cotangent = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    grad = asickernels.roi_align_vjp(features, rois, cotangent, backend="nki", **statics)
+    arrays = {"input": features, "rois": rois, "cotangent": cotangent}
+    oracle.assert_agrees("roi_align_vjp", grad, oracle.expected("roi_align_vjp", arrays, statics))
+    counters = registry.backend("nki").counters()
+    assert counters["tensor_instructions"] == 2 * 2 * 3 * 2 * 2
+
+
+def test_roi_align_refuses_more_bins_than_its_tiles_hold():
+    features, rois = np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
+    with pytest.raises(ValueError, match=r"output_size up to \(128, 512\)"):
+        asickernels.roi_align(features, rois, (129, 2), backend="nki")
+    cotangent = np.zeros((1, 1, 2, 129), np.float32)
+    with pytest.raises(ValueError, match=r"output_size up to \(128, 128\)"):
+        asickernels.roi_align_vjp(features, rois, cotangent, (2, 129), backend="nki")
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    height=st.integers(1, 9),
+    width=st.integers(1, 9),
+    ratio=st.integers(-1, 2),
+    aligned=st.booleans(),
+)
+def test_roi_align_and_gradient_on_random_maps_match_reference(seed, height, width, ratio, aligned):
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((2, 2, height, width)).astype(np.float32)
+    span = float(max(height, width))
+    boxes = rng.uniform(-0.5 * span, 1.5 * span, (4, 4))  # reversed ones included
+    rois = np.concatenate([rng.integers(0, 2, (4, 1)), boxes], 1).astype(np.float32)
+    statics = {
+        "output_size": (2, 3),
+        "spatial_scale": 0.75,
+        "sampling_ratio": ratio,
+        "aligned": aligned,
+    }
+    got = asickernels.roi_align(features, rois, backend="nki", **statics)
+    arrays = {"input": features, "rois": rois}
+    oracle.assert_agrees("roi_align", got, oracle.expected("roi_align", arrays, statics))
+    arrays["cotangent"] = rng.standard_normal((4, 2, 2, 3)).astype(np.float32)
+    grad = asickernels.roi_align_vjp(**arrays, backend="nki", **statics)
+    oracle.assert_agrees("roi_align_vjp", grad, oracle.expected("roi_align_vjp", arrays, statics))

@@ -18,6 +18,8 @@ from asickernels.backends.pallas_tpu import lowering
 from asickernels.backends.pallas_tpu.giou import GiouConfig
 from asickernels.backends.pallas_tpu.int8_matmul import Int8MatmulConfig
 from asickernels.backends.pallas_tpu.nms import NmsConfig
+from asickernels.backends.pallas_tpu.roi_align import RoiAlignConfig
+from asickernels.testing import oracle
 from asickernels.testing.cases import random_boxes
 
 
@@ -89,11 +91,37 @@ def test_giou_and_nms_block_overrides():
         ),
         (lambda: NmsConfig(tile=64), "tile must be a positive multiple of 128"),
         (lambda: GiouConfig(block_rows=0), "block_rows must be a positive multiple of 16"),
+        (lambda: RoiAlignConfig(4), "block_channels must be a positive multiple of 8"),
+        (lambda: RoiAlignConfig(band_rows=12), "band_rows must be a positive multiple of 8"),
     ],
 )
 def test_bad_configs_are_refused(make, error):
     with pytest.raises(ValueError, match=error):
         make()
+
+
+@pytest.mark.parametrize("config", [RoiAlignConfig(8, band_rows=8), RoiAlignConfig(16)])
+def test_roi_align_in_bands_and_channel_blocks_with_an_image_without_rois(config):
+    """21 rows in bands of 8 (the last one partial), 11 channels in blocks of 8 or all at
+    once; RoIs alternate between images 2 and 0, image 1 has none (its gradient is 0)."""
+    rng = np.random.default_rng(4)
+    features = rng.standard_normal((3, 11, 21, 9)).astype(np.float32)
+    corners = rng.uniform(-4.0, 24.0, (8, 4))
+    boxes = np.concatenate(
+        [np.minimum(corners[:, :2], corners[:, 2:]), np.maximum(corners[:, :2], corners[:, 2:])], 1
+    )
+    rois = np.concatenate([np.tile([[2.0], [0.0]], (4, 1)), boxes], 1).astype(np.float32)
+    cotangent = rng.standard_normal((8, 11, 3, 2)).astype(np.float32)
+    statics = {"output_size": (3, 2), "spatial_scale": 0.75, "sampling_ratio": -1, "aligned": False}
+    got = asickernels.roi_align(features, rois, backend="pallas_tpu", config=config, **statics)
+    arrays = {"input": features, "rois": rois}
+    oracle.assert_agrees("roi_align", got, oracle.expected("roi_align", arrays, statics))
+    grad = asickernels.roi_align_vjp(
+        features, rois, cotangent, backend="pallas_tpu", config=config, **statics
+    )
+    arrays["cotangent"] = cotangent
+    oracle.assert_agrees("roi_align_vjp", grad, oracle.expected("roi_align_vjp", arrays, statics))
+    assert not np.any(np.asarray(grad)[1])
 
 
 def test_config_of_the_wrong_kind_is_refused():

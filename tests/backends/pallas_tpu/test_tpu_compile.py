@@ -29,6 +29,16 @@ SMALL_SHAPES = (
         "100x300x200 scaled",
         functools.partial(tpu_compile._matmul, 100, 300, 200, True),
     ),
+    tpu_compile.KernelShape(
+        "roi_align_forward",
+        "2x11x7x9 K=13",
+        functools.partial(tpu_compile._roi_align, False, (2, 11, 7, 9), 13, 3),
+    ),
+    tpu_compile.KernelShape(
+        "roi_align_backward",
+        "2x11x7x9 K=13",
+        functools.partial(tpu_compile._roi_align, True, (2, 11, 7, 9), 13, 3),
+    ),
 )
 
 
@@ -53,11 +63,27 @@ def test_kernels_compile_at_benchmark_shapes(generation):
         "diou_forward",
         "ciou_forward",
         "ciou_backward",
+        "roi_align_forward",
+        "roi_align_backward",
     }
     assert all(r.ok for r in results), tpu_compile.format_table(results)
     # The tuned int8 blocks outgrow the default scoped VMEM: the raised limit must show.
     big = next(r for r in results if r.shape == "8192^3")
     assert big.vmem_bytes and big.vmem_limit_bytes and big.vmem_limit_bytes >= big.vmem_bytes
+
+
+def test_roi_align_on_a_map_larger_than_vmem_compiles_in_bands():
+    """A 2048 x 2048 map (16 MiB a channel) cut into bands of rows, on v5p (the least VMEM
+    of the three)."""
+    shape = tpu_compile.KernelShape(
+        "roi_align_backward",
+        "1x8x2048x2048",
+        functools.partial(tpu_compile._roi_align, True, (1, 8, 2048, 2048), 16, 7),
+    )
+    result = tpu_compile.compile_one(shape, "v5p")
+    assert result.ok, tpu_compile.format_table([result])
+    # One channel of the whole map, double-buffered, would take 32 MiB of v5p's 64.
+    assert result.vmem_bytes and result.vmem_bytes < 24 << 20
 
 
 def test_int8_kernel_is_refused_on_v4_with_a_clear_error():
