@@ -32,14 +32,19 @@ _STATICS = [
 ]
 
 
-def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    size = statics["output_size"]
+def check_output_size(size: Any) -> tuple[int, int]:
+    """``output_size`` (an int or a pair of ints, each >= 1) as ``(height, width)``."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         size = (size, size)
     if not isinstance(size, (tuple, list)) or len(size) != 2:
         raise TypeError(f"output_size must be an int or a pair of ints, got {size!r}")
     height = _checks.static_int(size[0], "output_size[0]", low=1)
     width = _checks.static_int(size[1], "output_size[1]", low=1)
+    return height, width
+
+
+def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    height, width = check_output_size(statics["output_size"])
     scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
     ratio = _checks.static_int(statics["sampling_ratio"], "sampling_ratio", low=-(2**31))
     aligned = statics["aligned"]
@@ -53,7 +58,8 @@ def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def _check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
+def check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
+    """``input [N, C, H, W]`` and ``rois [K, 5]``, both floating (RoIAlign's and RoIPool's)."""
     features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
     _checks.check_float(features, "input")
     _checks.check_float(rois, "rois")
@@ -66,8 +72,19 @@ def _check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]
     return features, rois
 
 
+def check_batch_indices(input: Any, rois: Any, **_: Any) -> None:
+    """On eager calls: every RoI names an image of ``input`` (its index, truncated as
+    torchvision truncates it, in ``[0, N)``)."""
+    index = np.asarray(rois)[:, 0].astype(np.float64)
+    if not np.all((index > -1) & (index < np.shape(input)[0])):
+        raise ValueError(
+            f"rois[:, 0] must be image indices of input, in [0, {np.shape(input)[0]}), got "
+            f"{index[~((index > -1) & (index < np.shape(input)[0]))][:3].tolist()}"
+        )
+
+
 def _check_roi_align(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = _check_input_and_rois(specs)
+    features, rois = check_input_and_rois(specs)
     normalized = _check_statics(statics)
     height, width = dict(normalized)["output_size"]
     shape = (rois.shape[0], features.shape[1], height, width)
@@ -89,7 +106,7 @@ def _compute_roi_align(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any
 
 
 def _check_roi_align_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = _check_input_and_rois(specs)
+    features, rois = check_input_and_rois(specs)
     normalized = _check_statics(statics)
     cotangent = _checks.required(specs, "cotangent")
     _checks.check_float(cotangent, "cotangent")
@@ -263,6 +280,7 @@ roi_align = Op(
     "roi_align",
     [array("input", 3), array("rois", 1), *_STATICS],
     check=_check_roi_align,
+    check_values=check_batch_indices,
     compute=_compute_roi_align,
     reference=reference_roi_align,
     vjp=_roi_align_vjp_of_roi_align,
@@ -277,7 +295,9 @@ roi_align = Op(
 
     Args:
       input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
-      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates.
+      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
+        a batch index that names no image of ``input`` is a ValueError (on eager calls;
+        under ``jit`` the cpu backend raises, XLA clamps it).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
       sampling_ratio: samples per bin side; <= 0 for the adaptive grid.
@@ -294,6 +314,7 @@ roi_align_vjp = Op(
     "roi_align_vjp",
     [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
     check=_check_roi_align_vjp,
+    check_values=check_batch_indices,
     compute=_compute_roi_align_vjp,
     reference=reference_roi_align_vjp,
     outputs=("d_input",),

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import backends_under_test, require
+from roi_cases import roi_cases
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
@@ -202,14 +203,141 @@ class Int8MatmulConformance(Conformance):
         _assert_unchanged(before, [case.x, case.y])
 
 
+class RoiAlignConformance(Conformance):
+    """RoIAlign and its gradient (``roi_align_vjp``), which every backend has with it."""
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_align(self, case):
+        before = _snapshot(case.input, case.rois)
+        call = lambda: asickernels.roi_align(  # noqa: E731
+            case.input, case.rois, backend=self.backend, **case.align_statics()
+        )
+        if refuses_float64(self.backend, "roi_align", [case.input], call):
+            return
+        got = call()
+        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
+        assert got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois}
+        want = oracle.expected("roi_align", arrays, case.align_statics())
+        oracle.assert_agrees("roi_align", got, want)
+        _assert_unchanged(before, [case.input, case.rois])
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_align_gradient(self, case):
+        rng = np.random.default_rng(8)
+        shape = (len(case.rois), case.input.shape[1], *case.output_size)
+        cotangent = rng.standard_normal(shape).astype(case.input.dtype)
+        call = lambda: asickernels.roi_align_vjp(  # noqa: E731
+            case.input, case.rois, cotangent, backend=self.backend, **case.align_statics()
+        )
+        if refuses_float64(self.backend, "roi_align_vjp", [case.input], call):
+            return
+        got = call()
+        assert got.shape == case.input.shape and got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        want = oracle.expected("roi_align_vjp", arrays, case.align_statics())
+        oracle.assert_agrees("roi_align_vjp", got, want)
+
+    def test_roi_align_jax_grad_under_jit_and_vmap(self):
+        """``jax.grad`` of the public op under ``jit`` is the reference gradient; ``vmap``
+        over a batch of feature maps is the op per map."""
+        self.require_jax()
+        backend = self.backend
+        case = next(c for c in roi_cases() if c.name == "random_f32")
+        statics = case.align_statics()
+        cotangent = np.random.default_rng(9).standard_normal(
+            (len(case.rois), case.input.shape[1], *case.output_size)
+        )
+        grad = jax.jit(
+            jax.grad(
+                lambda x: (
+                    asickernels.roi_align(x, case.rois, backend=backend, **statics) * cotangent
+                ).sum()
+            )
+        )(case.input)
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        want = oracle.expected("roi_align_vjp", arrays, statics)
+        oracle.assert_agrees("roi_align_vjp", grad, want)
+        maps = np.stack([case.input, case.input[::-1]])
+        batched = jax.jit(
+            jax.vmap(lambda x: asickernels.roi_align(x, case.rois, backend=backend, **statics))
+        )(maps)
+        for got, x in zip(batched, maps, strict=True):
+            want = oracle.expected("roi_align", {"input": x, "rois": case.rois}, statics)
+            oracle.assert_agrees("roi_align", got, want)
+
+
+class RoiPoolConformance(Conformance):
+    """RoIPool and its argmax-routed gradient (``roi_pool_vjp``)."""
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_pool(self, case):
+        before = _snapshot(case.input, case.rois)
+        call = lambda: asickernels.roi_pool(  # noqa: E731
+            case.input, case.rois, backend=self.backend, **case.pool_statics()
+        )
+        if refuses_float64(self.backend, "roi_pool", [case.input], call):
+            return
+        got = call()
+        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
+        assert got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois}
+        want = oracle.expected("roi_pool", arrays, case.pool_statics())
+        oracle.assert_agrees("roi_pool", got, want)
+        _assert_unchanged(before, [case.input, case.rois])
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_pool_gradient(self, case):
+        rng = np.random.default_rng(10)
+        shape = (len(case.rois), case.input.shape[1], *case.output_size)
+        cotangent = rng.standard_normal(shape).astype(case.input.dtype)
+        call = lambda: asickernels.roi_pool_vjp(  # noqa: E731
+            case.input, case.rois, cotangent, backend=self.backend, **case.pool_statics()
+        )
+        if refuses_float64(self.backend, "roi_pool_vjp", [case.input], call):
+            return
+        got = call()
+        assert got.shape == case.input.shape and got.dtype == case.input.dtype
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        want = oracle.expected("roi_pool_vjp", arrays, case.pool_statics())
+        oracle.assert_agrees("roi_pool_vjp", got, want)
+
+    def test_roi_pool_jax_grad_under_jit(self):
+        self.require_jax()
+        backend = self.backend
+        case = next(c for c in roi_cases() if c.name == "random_f32")
+        statics = case.pool_statics()
+        cotangent = np.random.default_rng(11).standard_normal(
+            (len(case.rois), case.input.shape[1], *case.output_size)
+        )
+        grad = jax.jit(
+            jax.grad(
+                lambda x: (
+                    asickernels.roi_pool(x, case.rois, backend=backend, **statics) * cotangent
+                ).sum()
+            )
+        )(case.input)
+        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+        oracle.assert_agrees("roi_pool_vjp", grad, oracle.expected("roi_pool_vjp", arrays, statics))
+
+
 # -- the backends: one subclass each, naming the kernels it implements ----------------------
 
 
-class TestXla(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestXla(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiPoolConformance,
+):
     backend = "xla"
 
 
-class TestCpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestCpu(
+    GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance, RoiAlignConformance
+):
     backend = "cpu"
 
 
@@ -236,6 +364,10 @@ SUITES = {
     "giou_vjp": GiouVjpConformance,
     "nms": NmsConformance,
     "int8_matmul": Int8MatmulConformance,
+    "roi_align": RoiAlignConformance,
+    "roi_align_vjp": RoiAlignConformance,
+    "roi_pool": RoiPoolConformance,
+    "roi_pool_vjp": RoiPoolConformance,
 }
 
 

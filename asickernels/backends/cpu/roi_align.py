@@ -92,8 +92,8 @@ def roi_align(
     config: Any = None,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``;
-    differentiable in ``input`` with ``jax.grad``. A RoI whose batch index is not an image of
-    ``input`` is an error."""
+    differentiable in ``input`` with ``jax.grad``. A RoI whose batch index names no image of
+    ``input`` is an error (the kernel checks, under ``jit`` too)."""
     _library.check_config(config)
     statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
     return _differentiable(input, rois, statics)
@@ -122,16 +122,9 @@ def roi_align_vjp(
 
 
 def _host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
-    """C-contiguous arrays of the kernel dtype (the op gives them all one float dtype);
-    refuses RoIs that name no image of the batch (checked by the caller's ``batch``)."""
+    """C-contiguous arrays of the kernel dtype (the op gives them all one float dtype)."""
     dtype = _library.float_kernel_dtype(*(a.dtype for a in arrays))
     return [np.ascontiguousarray(a, dtype) for a in arrays]
-
-
-def _check_batch_indices(rois: np.ndarray, batch: int) -> None:
-    index = rois[:, 0]
-    if not np.all((index > -1) & (index < batch)):
-        raise ValueError(f"rois[:, 0] must be image indices in [0, {batch}) of the input")
 
 
 def _bind(
@@ -145,7 +138,6 @@ def _bind(
     sampling_ratio: int,
     aligned: bool,
 ) -> _library.Bound:
-    _check_batch_indices(rois, input_shape[0])
     (height, width), scale, ratio, flag = _statics(
         output_size, spatial_scale, sampling_ratio, aligned
     )
