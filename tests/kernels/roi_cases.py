@@ -58,6 +58,7 @@ def roi_cases() -> list[RoiCase]:
     features = rng.standard_normal((2, 3, 11, 13))
     boxes = rois(rng, 24, 2, 12.0)
     f32, b32 = features.astype(np.float32), boxes.astype(np.float32)
+    whole_bins = [[0, 0, 0, 21, 14], [1, 0.5, 1, 21.5, 8], [0, 1, 2, 13, 13], [1, 3, 0, 10, 7]]
     return [
         RoiCase("random_f32", f32, b32, (3, 4), 0.5),
         RoiCase("random_f64", features, boxes, (3, 4), 0.5),
@@ -65,6 +66,9 @@ def roi_cases() -> list[RoiCase]:
         RoiCase("aligned_f64", features, boxes, (5, 3), 0.75, -1, True),
         RoiCase("adaptive_ratio_0", f32, b32, (7, 7), 0.25, 0),
         RoiCase("ratio_1_scale_1", f32, b32, (1, 1), 1.0, 1),
+        # RoI sides that are whole multiples of the output size: 21 / 7 must be 3 (not
+        # 3.0000002, which a reciprocal gives), or the adaptive grid and the bins change.
+        RoiCase("whole_bins", f32, np.array(whole_bins, np.float32), (7, 7)),
         RoiCase("no_rois", f32, np.zeros((0, 5), np.float32), (2, 2)),
         RoiCase("one_pixel_map", f32[:, :, :1, :1].copy(), b32, (2, 3), 0.1),
         # A transposed view: strides the kernels must not assume away.

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
+from asickernels.backends.xla.roi_align import exact_quotient
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.kernels.roi_pool import LOWEST
 
@@ -27,14 +28,6 @@ def _round(value: jax.Array) -> jax.Array:
     """C's ``round`` (half away from zero), exactly."""
     whole = jnp.trunc(value)
     return whole + jnp.where(jnp.abs(value - whole) >= 0.5, jnp.sign(value), 0.0)
-
-
-def exact_quotient(numerator: jax.Array, divisor: int) -> jax.Array:
-    """``numerator / divisor``, correctly rounded: XLA's simplifier turns a division by a
-    constant or a broadcast scalar into a multiplication by its reciprocal, which rounds
-    differently (21 / 7 gives 3.0000002 in float32), and torchvision's bins are decided by
-    correctly rounded quotients. A full-shape divisor behind a barrier is divided by."""
-    return numerator / lax.optimization_barrier(jnp.full(numerator.shape, divisor, numerator.dtype))
 
 
 def _edges(start: jax.Array, end: jax.Array, bins: int, size: int) -> tuple[jax.Array, jax.Array]:
