@@ -41,8 +41,8 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "ciou_vjp": ("cpu", "pallas_tpu", "xla"),
     "roi_align": ("cpu", "xla"),
     "roi_align_vjp": ("cpu", "xla"),
-    "roi_pool": ("xla",),
-    "roi_pool_vjp": ("xla",),
+    "roi_pool": ("cpu", "xla"),
+    "roi_pool_vjp": ("cpu", "xla"),
 }
 
 

@@ -336,7 +336,12 @@ class TestXla(
 
 
 class TestCpu(
-    GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance, RoiAlignConformance
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiPoolConformance,
 ):
     backend = "cpu"
 

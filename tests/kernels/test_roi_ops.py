@@ -136,3 +136,35 @@ def test_no_rois_and_no_channels_give_empty_results(op):
     assert op(features, np.zeros((0, 5), np.float32), 2).shape == (0, 4, 2, 2)
     empty = op(np.ones((1, 0, 5, 5), np.float32), np.array([[0, 0, 0, 2, 2]], np.float32), 3)
     assert empty.shape == (1, 0, 3, 3)
+
+
+def test_cpu_roi_pool_host_and_ffi_entries_and_thread_counts_give_the_same_bits():
+    require("cpu")
+    from asickernels.backends.cpu import _library
+
+    rng = np.random.default_rng(6)
+    features = np.round(rng.standard_normal((2, 5, 17, 19)), 1).astype(np.float32)  # ties
+    boxes = rois(rng, 40, 2, 18.0).astype(np.float32)
+    cotangent = rng.standard_normal((len(boxes), 5, 4, 3)).astype(np.float32)
+    statics = dict(output_size=(4, 3), spatial_scale=0.8)
+    host = registry.implementation("roi_pool", "cpu", host=True)
+    host_vjp = registry.implementation("roi_pool_vjp", "cpu", host=True)
+    jitted = jax.jit(lambda x, b: asickernels.roi_pool(x, b, backend="cpu", **statics))
+    np.testing.assert_array_equal(
+        host(features, boxes, **statics), np.asarray(jitted(features, boxes))
+    )
+    gradients = []
+    lib = _library.library()
+    try:
+        for threads in (1, 3):
+            lib.asickernels_cpu_set_max_threads(threads)
+            gradients.append(host_vjp(features, boxes, cotangent, **statics))
+    finally:
+        lib.asickernels_cpu_set_max_threads(_library.os.cpu_count() or 1)
+    np.testing.assert_array_equal(gradients[1], gradients[0])
+    grad = jax.jit(
+        jax.grad(
+            lambda x: (asickernels.roi_pool(x, boxes, backend="cpu", **statics) * cotangent).sum()
+        )
+    )(features)
+    np.testing.assert_array_equal(np.asarray(grad), gradients[0])

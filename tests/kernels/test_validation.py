@@ -661,10 +661,6 @@ def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
 @pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
 def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
     """The cpu backend has no tuning config; ops without a kernel take none either."""
-    backend = {
-        "quantize_int8": {},
-        "roi_pool": {"backend": "xla"},  # no cpu kernel
-        "roi_pool_vjp": {"backend": "xla"},
-    }.get(op.name, {"backend": "cpu"})
+    backend = {"quantize_int8": {}}.get(op.name, {"backend": "cpu"})
     with pytest.raises((TypeError, ValueError), match="config"):
         _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})

@@ -141,6 +141,9 @@ def library() -> ctypes.CDLL:
     roi_align_args = [c_int, *_pointer_args(2), *[i64] * 7, c_double, i64, c_int, ctypes.c_void_p]
     lib.asickernels_cpu_roi_align.argtypes = roi_align_args
     lib.asickernels_cpu_roi_align_vjp.argtypes = roi_align_args
+    roi_pool_scalars: list[Any] = [*[i64] * 7, c_double, ctypes.c_void_p]
+    lib.asickernels_cpu_roi_pool.argtypes = [c_int, *_pointer_args(2), *roi_pool_scalars]
+    lib.asickernels_cpu_roi_pool_vjp.argtypes = [c_int, *_pointer_args(3), *roi_pool_scalars]
     lib.asickernels_cpu_use_isa_level.argtypes = [c_int]
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_ffi_target_name.argtypes = [i64]

@@ -33,23 +33,26 @@ def _attributes(statics: Statics) -> dict[str, Any]:
     }
 
 
-def _call(kernel: str, result: jax.ShapeDtypeStruct, statics: Statics, *arrays: Any) -> Any:
+def ffi_call(
+    kernel: str, result: jax.ShapeDtypeStruct, attributes: dict[str, Any], *arrays: Any
+) -> jax.Array:
+    """The FFI handler ``<kernel>_<f32|f64>`` (RoIAlign's and RoIPool's) on ``arrays``."""
     _library.ffi_targets()
     target = _library.ffi_name(f"{kernel}_{_SUFFIX[np.dtype(result.dtype)]}")
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
-    return call(*arrays, **_attributes(statics))
+    return call(*arrays, **attributes)  # type: ignore[no-any-return]
 
 
 def _forward(input: jax.Array, rois: jax.Array, statics: Statics) -> jax.Array:
-    shape = (rois.shape[0], input.shape[1], *statics[0])
-    return _call("roi_align", jax.ShapeDtypeStruct(shape, input.dtype), statics, input, rois)  # type: ignore[no-any-return]
+    result = jax.ShapeDtypeStruct((rois.shape[0], input.shape[1], *statics[0]), input.dtype)
+    return ffi_call("roi_align", result, _attributes(statics), input, rois)
 
 
 def _backward(
     input_shape: tuple[int, ...], rois: jax.Array, cotangent: jax.Array, statics: Statics
 ) -> jax.Array:
     result = jax.ShapeDtypeStruct(input_shape, cotangent.dtype)
-    return _call("roi_align_vjp", result, statics, rois, cotangent)  # type: ignore[no-any-return]
+    return ffi_call("roi_align_vjp", result, _attributes(statics), rois, cotangent)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -121,7 +124,7 @@ def roi_align_vjp(
 # -- host twins -----------------------------------------------------------------------------
 
 
-def _host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
+def host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
     """C-contiguous arrays of the kernel dtype (the op gives them all one float dtype)."""
     dtype = _library.float_kernel_dtype(*(a.dtype for a in arrays))
     return [np.ascontiguousarray(a, dtype) for a in arrays]
@@ -164,7 +167,7 @@ def _bind_backward(
 
 roi_align_host = BACKEND.host_twin("roi_align")(
     _library.HostTwin(
-        _host_arrays,
+        host_arrays,
         _bind_forward,
         """Host twin of :func:`roi_align`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
     the statics as keywords) -> numpy ``[K, C, PH, PW]``.""",
@@ -172,7 +175,7 @@ roi_align_host = BACKEND.host_twin("roi_align")(
 )
 roi_align_vjp_host = BACKEND.host_twin("roi_align_vjp")(
     _library.HostTwin(
-        _host_arrays,
+        host_arrays,
         _bind_backward,
         """Host twin of :func:`roi_align_vjp`: numpy ``rois [K, 5]``, ``cotangent
     [K, C, PH, PW]`` (and ``input_shape`` and the statics as keywords) -> numpy d_input.""",

@@ -12,4 +12,5 @@
       AK_FFI_BOX_TARGETS(X, pairwise) X(nms_f32) X(nms_f64) X(batched_nms_f32)        \
           X(batched_nms_f64) X(int8_matmul) X(int8_matmul_scaled_f32)                \
               X(int8_matmul_scaled_f64) X(roi_align_f32) X(roi_align_f64)            \
-                  X(roi_align_vjp_f32) X(roi_align_vjp_f64)
+                  X(roi_align_vjp_f32) X(roi_align_vjp_f64) X(roi_pool_f32) X(roi_pool_f64) \
+                      X(roi_pool_vjp_f32) X(roi_pool_vjp_f64)
