@@ -83,45 +83,41 @@ def check_batch_indices(input: Any, rois: Any, **_: Any) -> None:
         )
 
 
-def _check_roi_align(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+def pooling_plan(
+    kernel: str, specs: Mapping[str, Spec | None], statics: tuple[tuple[str, Any], ...]
+) -> Plan:
+    """The plan of a RoI pooling op (``roi_align``, ``roi_pool``) or, for a ``kernel`` named
+    ``*_vjp``, of its gradient (checking ``cotangent [K, C, height, width]``), given its
+    checked statics."""
     features, rois = check_input_and_rois(specs)
-    normalized = _check_statics(statics)
-    height, width = dict(normalized)["output_size"]
-    shape = (rois.shape[0], features.shape[1], height, width)
-    return Plan(
-        "roi_align",
-        float_compute_dtype(features, rois),
-        Spec(shape, features.dtype),
-        normalized,
-        trivial=_checks.size(shape) == 0,
-        x64=is_64bit(features, rois),
-    )
-
-
-def _compute_roi_align(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
-    dtype = plan.dtype or "float32"
-    out = runner.kernel("roi_align")(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
-    assert isinstance(plan.outputs, Spec)
-    return cast(out, plan.outputs.dtype)
-
-
-def _check_roi_align_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = check_input_and_rois(specs)
-    normalized = _check_statics(statics)
+    height, width = dict(statics)["output_size"]
+    pooled = (rois.shape[0], features.shape[1], height, width)
+    dtype = float_compute_dtype(features, rois)
+    if not kernel.endswith("_vjp"):
+        trivial = _checks.size(pooled) == 0
+        return Plan(kernel, dtype, Spec(pooled, features.dtype), statics, trivial=trivial,
+                    x64=is_64bit(features, rois))  # fmt: skip
     cotangent = _checks.required(specs, "cotangent")
     _checks.check_float(cotangent, "cotangent")
-    height, width = dict(normalized)["output_size"]
-    expected = (rois.shape[0], features.shape[1], height, width)
-    if tuple(cotangent.shape) != expected:
-        raise ValueError(f"cotangent must have shape {expected}, got {tuple(cotangent.shape)}")
+    if tuple(cotangent.shape) != pooled:
+        raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
     return Plan(
-        "roi_align_vjp",
-        float_compute_dtype(features, rois),
+        kernel,
+        dtype,
         Spec(features.shape, features.dtype),
-        normalized,
-        trivial=_checks.size(features.shape) == 0 or _checks.size(expected) == 0,
+        statics,
+        trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
         x64=is_64bit(features, rois, cotangent),
     )
+
+
+def pooling_compute(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
+    """The forward computation of a RoI pooling op: its kernel on ``input`` and ``rois`` in
+    the compute dtype, cast back to the input's."""
+    dtype = plan.dtype or "float32"
+    assert plan.kernel is not None and isinstance(plan.outputs, Spec)
+    out = runner.kernel(plan.kernel)(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
+    return cast(out, plan.outputs.dtype)
 
 
 def _compute_roi_align_vjp(
@@ -279,9 +275,9 @@ def _roi_align_vjp_of_roi_align(
 roi_align = Op(
     "roi_align",
     [array("input", 3), array("rois", 1), *_STATICS],
-    check=_check_roi_align,
+    check=lambda specs, statics: pooling_plan("roi_align", specs, _check_statics(statics)),
     check_values=check_batch_indices,
-    compute=_compute_roi_align,
+    compute=pooling_compute,
     reference=reference_roi_align,
     vjp=_roi_align_vjp_of_roi_align,
     differentiable=("input",),
@@ -313,7 +309,7 @@ roi_align = Op(
 roi_align_vjp = Op(
     "roi_align_vjp",
     [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
-    check=_check_roi_align_vjp,
+    check=lambda specs, statics: pooling_plan("roi_align_vjp", specs, _check_statics(statics)),
     check_values=check_batch_indices,
     compute=_compute_roi_align_vjp,
     reference=reference_roi_align_vjp,

@@ -19,15 +19,14 @@ from asickernels.kernels.declaration import (
     Spec,
     array,
     cast,
-    float_compute_dtype,
-    is_64bit,
     static,
 )
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.kernels.roi_align import (
     check_batch_indices,
-    check_input_and_rois,
     check_output_size,
+    pooling_compute,
+    pooling_plan,
 )
 
 _STATICS = [static("output_size", "int[]", positional=True), static("spatial_scale", "float", 1.0)]
@@ -40,47 +39,6 @@ def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     size = check_output_size(statics["output_size"])
     scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
     return (("output_size", size), ("spatial_scale", scale))
-
-
-def _check_roi_pool(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = check_input_and_rois(specs)
-    normalized = _check_statics(statics)
-    height, width = dict(normalized)["output_size"]
-    shape = (rois.shape[0], features.shape[1], height, width)
-    return Plan(
-        "roi_pool",
-        float_compute_dtype(features, rois),
-        Spec(shape, features.dtype),
-        normalized,
-        trivial=_checks.size(shape) == 0,
-        x64=is_64bit(features, rois),
-    )
-
-
-def _compute_roi_pool(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
-    dtype = plan.dtype or "float32"
-    out = runner.kernel("roi_pool")(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
-    assert isinstance(plan.outputs, Spec)
-    return cast(out, plan.outputs.dtype)
-
-
-def _check_roi_pool_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = check_input_and_rois(specs)
-    normalized = _check_statics(statics)
-    cotangent = _checks.required(specs, "cotangent")
-    _checks.check_float(cotangent, "cotangent")
-    height, width = dict(normalized)["output_size"]
-    expected = (rois.shape[0], features.shape[1], height, width)
-    if tuple(cotangent.shape) != expected:
-        raise ValueError(f"cotangent must have shape {expected}, got {tuple(cotangent.shape)}")
-    return Plan(
-        "roi_pool_vjp",
-        float_compute_dtype(features, rois),
-        Spec(features.shape, features.dtype),
-        normalized,
-        trivial=_checks.size(features.shape) == 0 or _checks.size(expected) == 0,
-        x64=is_64bit(features, rois, cotangent),
-    )
 
 
 def _compute_roi_pool_vjp(runner: Runner, plan: Plan, input: Any, rois: Any, cotangent: Any) -> Any:
@@ -191,9 +149,9 @@ def _roi_pool_vjp_of_roi_pool(
 roi_pool = Op(
     "roi_pool",
     [array("input", 3), array("rois", 1), *_STATICS],
-    check=_check_roi_pool,
+    check=lambda specs, statics: pooling_plan("roi_pool", specs, _check_statics(statics)),
     check_values=check_batch_indices,
-    compute=_compute_roi_pool,
+    compute=pooling_compute,
     reference=reference_roi_pool,
     vjp=_roi_pool_vjp_of_roi_pool,
     differentiable=("input",),
@@ -224,7 +182,7 @@ roi_pool = Op(
 roi_pool_vjp = Op(
     "roi_pool_vjp",
     [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
-    check=_check_roi_pool_vjp,
+    check=lambda specs, statics: pooling_plan("roi_pool_vjp", specs, _check_statics(statics)),
     check_values=check_batch_indices,
     compute=_compute_roi_pool_vjp,
     reference=reference_roi_pool_vjp,

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import backends_under_test, require
-from roi_cases import roi_cases
+from roi_cases import RoiCase, roi_cases
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
@@ -203,61 +203,69 @@ class Int8MatmulConformance(Conformance):
         _assert_unchanged(before, [case.x, case.y])
 
 
+def _check_pooling(backend, name, case, statics):
+    """RoI pooling op ``name`` (``roi_align``, ``roi_pool``) on ``case`` against the
+    reference: shape, dtype, values, inputs untouched."""
+    before = _snapshot(case.input, case.rois)
+    call = lambda: getattr(asickernels, name)(case.input, case.rois, backend=backend, **statics)  # noqa: E731
+    if refuses_float64(backend, name, [case.input], call):
+        return
+    got = call()
+    assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
+    assert got.dtype == case.input.dtype
+    want = oracle.expected(name, {"input": case.input, "rois": case.rois}, statics)
+    oracle.assert_agrees(name, got, want)
+    _assert_unchanged(before, [case.input, case.rois])
+
+
+def _cotangent(case, seed):
+    shape = (len(case.rois), case.input.shape[1], *case.output_size)
+    return np.random.default_rng(seed).standard_normal(shape).astype(case.input.dtype)
+
+
+def _check_pooling_gradient(backend, name, case, statics):
+    """The gradient op ``<name>_vjp`` on ``case`` against the reference."""
+    cotangent = _cotangent(case, 8)
+    vjp = getattr(asickernels, f"{name}_vjp")
+    call = lambda: vjp(case.input, case.rois, cotangent, backend=backend, **statics)  # noqa: E731
+    if refuses_float64(backend, f"{name}_vjp", [case.input], call):
+        return
+    got = call()
+    assert got.shape == case.input.shape and got.dtype == case.input.dtype
+    arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+    oracle.assert_agrees(f"{name}_vjp", got, oracle.expected(f"{name}_vjp", arrays, statics))
+
+
+def _check_pooling_jax_grad(backend, name, statics_of):
+    """``jax.grad`` of op ``name`` under ``jit`` is the reference gradient."""
+    case = next(c for c in roi_cases() if c.name == "random_f32")
+    statics = statics_of(case)
+    cotangent = _cotangent(case, 9)
+    op = getattr(asickernels, name)
+    loss = lambda x: (op(x, case.rois, backend=backend, **statics) * cotangent).sum()  # noqa: E731
+    grad = jax.jit(jax.grad(loss))(case.input)
+    arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+    oracle.assert_agrees(f"{name}_vjp", grad, oracle.expected(f"{name}_vjp", arrays, statics))
+
+
 class RoiAlignConformance(Conformance):
     """RoIAlign and its gradient (``roi_align_vjp``), which every backend has with it."""
 
     @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_align(self, case):
-        before = _snapshot(case.input, case.rois)
-        call = lambda: asickernels.roi_align(  # noqa: E731
-            case.input, case.rois, backend=self.backend, **case.align_statics()
-        )
-        if refuses_float64(self.backend, "roi_align", [case.input], call):
-            return
-        got = call()
-        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
-        assert got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois}
-        want = oracle.expected("roi_align", arrays, case.align_statics())
-        oracle.assert_agrees("roi_align", got, want)
-        _assert_unchanged(before, [case.input, case.rois])
+        _check_pooling(self.backend, "roi_align", case, case.align_statics())
 
     @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_align_gradient(self, case):
-        rng = np.random.default_rng(8)
-        shape = (len(case.rois), case.input.shape[1], *case.output_size)
-        cotangent = rng.standard_normal(shape).astype(case.input.dtype)
-        call = lambda: asickernels.roi_align_vjp(  # noqa: E731
-            case.input, case.rois, cotangent, backend=self.backend, **case.align_statics()
-        )
-        if refuses_float64(self.backend, "roi_align_vjp", [case.input], call):
-            return
-        got = call()
-        assert got.shape == case.input.shape and got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        want = oracle.expected("roi_align_vjp", arrays, case.align_statics())
-        oracle.assert_agrees("roi_align_vjp", got, want)
+        _check_pooling_gradient(self.backend, "roi_align", case, case.align_statics())
 
     def test_roi_align_jax_grad_under_jit_and_vmap(self):
-        """``jax.grad`` of the public op under ``jit`` is the reference gradient; ``vmap``
-        over a batch of feature maps is the op per map."""
+        """``jax.grad`` under ``jit`` is the reference gradient; ``vmap`` over a batch of
+        feature maps is the op per map."""
         self.require_jax()
-        backend = self.backend
+        _check_pooling_jax_grad(self.backend, "roi_align", RoiCase.align_statics)
         case = next(c for c in roi_cases() if c.name == "random_f32")
-        statics = case.align_statics()
-        cotangent = np.random.default_rng(9).standard_normal(
-            (len(case.rois), case.input.shape[1], *case.output_size)
-        )
-        grad = jax.jit(
-            jax.grad(
-                lambda x: (
-                    asickernels.roi_align(x, case.rois, backend=backend, **statics) * cotangent
-                ).sum()
-            )
-        )(case.input)
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        want = oracle.expected("roi_align_vjp", arrays, statics)
-        oracle.assert_agrees("roi_align_vjp", grad, want)
+        statics, backend = case.align_statics(), self.backend
         maps = np.stack([case.input, case.input[::-1]])
         batched = jax.jit(
             jax.vmap(lambda x: asickernels.roi_align(x, case.rois, backend=backend, **statics))
@@ -272,53 +280,15 @@ class RoiPoolConformance(Conformance):
 
     @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_pool(self, case):
-        before = _snapshot(case.input, case.rois)
-        call = lambda: asickernels.roi_pool(  # noqa: E731
-            case.input, case.rois, backend=self.backend, **case.pool_statics()
-        )
-        if refuses_float64(self.backend, "roi_pool", [case.input], call):
-            return
-        got = call()
-        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
-        assert got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois}
-        want = oracle.expected("roi_pool", arrays, case.pool_statics())
-        oracle.assert_agrees("roi_pool", got, want)
-        _assert_unchanged(before, [case.input, case.rois])
+        _check_pooling(self.backend, "roi_pool", case, case.pool_statics())
 
     @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_pool_gradient(self, case):
-        rng = np.random.default_rng(10)
-        shape = (len(case.rois), case.input.shape[1], *case.output_size)
-        cotangent = rng.standard_normal(shape).astype(case.input.dtype)
-        call = lambda: asickernels.roi_pool_vjp(  # noqa: E731
-            case.input, case.rois, cotangent, backend=self.backend, **case.pool_statics()
-        )
-        if refuses_float64(self.backend, "roi_pool_vjp", [case.input], call):
-            return
-        got = call()
-        assert got.shape == case.input.shape and got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        want = oracle.expected("roi_pool_vjp", arrays, case.pool_statics())
-        oracle.assert_agrees("roi_pool_vjp", got, want)
+        _check_pooling_gradient(self.backend, "roi_pool", case, case.pool_statics())
 
     def test_roi_pool_jax_grad_under_jit(self):
         self.require_jax()
-        backend = self.backend
-        case = next(c for c in roi_cases() if c.name == "random_f32")
-        statics = case.pool_statics()
-        cotangent = np.random.default_rng(11).standard_normal(
-            (len(case.rois), case.input.shape[1], *case.output_size)
-        )
-        grad = jax.jit(
-            jax.grad(
-                lambda x: (
-                    asickernels.roi_pool(x, case.rois, backend=backend, **statics) * cotangent
-                ).sum()
-            )
-        )(case.input)
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        oracle.assert_agrees("roi_pool_vjp", grad, oracle.expected("roi_pool_vjp", arrays, statics))
+        _check_pooling_jax_grad(self.backend, "roi_pool", RoiCase.pool_statics)
 
 
 # -- the backends: one subclass each, naming the kernels it implements ----------------------
