@@ -46,7 +46,9 @@ def check_output_size(size: Any) -> tuple[int, int]:
 def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     height, width = check_output_size(statics["output_size"])
     scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
-    ratio = _checks.static_int(statics["sampling_ratio"], "sampling_ratio", low=-(2**31))
+    ratio = _checks.static_int(
+        statics["sampling_ratio"], "sampling_ratio", low=-(2**31), high=2**31 - 1
+    )  # a C int in torchvision
     aligned = statics["aligned"]
     if not isinstance(aligned, (bool, np.bool_)):
         raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")

@@ -168,3 +168,10 @@ def test_cpu_roi_pool_host_and_ffi_entries_and_thread_counts_give_the_same_bits(
         )
     )(features)
     np.testing.assert_array_equal(np.asarray(grad), gradients[0])
+
+
+@pytest.mark.parametrize("ratio", [2**31, -(2**31) - 1])
+def test_a_sampling_ratio_past_a_c_int_is_refused_by_name(ratio):
+    features, boxes = np.ones((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
+    with pytest.raises(ValueError, match="sampling_ratio"):
+        asickernels.roi_align(features, boxes, 2, sampling_ratio=ratio)
