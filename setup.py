@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 CSRC = Path("asickernels/backends/cpu/csrc")
 # Compiled once per level (the rest once, at the baseline).
 LEVEL_SOURCES = ("box_iou.cpp", "int8_matmul.cpp", "nms.cpp")
-COMMON_SOURCES = ("dispatch.cpp", "host_api.cpp", "parallel.cpp", "xla_ffi.cpp")
+COMMON_SOURCES = ("dispatch.cpp", "host_api.cpp", "parallel.cpp", "roi_align.cpp", "xla_ffi.cpp")
 X86_LEVELS = {
     "baseline": (),
     "avx2": ("-march=x86-64-v3",),

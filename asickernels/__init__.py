@@ -19,6 +19,7 @@ from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quan
 from asickernels.kernels.nms import batched_nms, nms
 from asickernels.kernels.registry import Availability, BackendUnavailableError
 from asickernels.kernels.roi_align import roi_align, roi_align_vjp
+from asickernels.kernels.roi_pool import roi_pool, roi_pool_vjp
 
 # Every public op, each an asickernels.kernels.declaration.Op: the frontends derive from these.
 OPS = (
@@ -39,6 +40,8 @@ OPS = (
     ciou_loss,
     roi_align,
     roi_align_vjp,
+    roi_pool,
+    roi_pool_vjp,
 )
 
 
@@ -73,5 +76,7 @@ __all__ = [
     "quantize_int8",
     "roi_align",
     "roi_align_vjp",
+    "roi_pool",
+    "roi_pool_vjp",
 ]
 __version__ = "0.1.0"

@@ -39,8 +39,10 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "diou_vjp": ("cpu", "pallas_tpu", "xla"),
     "ciou": ("cpu", "pallas_tpu", "nki", "xla"),
     "ciou_vjp": ("cpu", "pallas_tpu", "xla"),
-    "roi_align": ("xla",),
-    "roi_align_vjp": ("xla",),
+    "roi_align": ("cpu", "xla"),
+    "roi_align_vjp": ("cpu", "xla"),
+    "roi_pool": ("cpu", "xla"),
+    "roi_pool_vjp": ("cpu", "xla"),
 }
 
 

@@ -32,16 +32,23 @@ _STATICS = [
 ]
 
 
-def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    size = statics["output_size"]
+def check_output_size(size: Any) -> tuple[int, int]:
+    """``output_size`` (an int or a pair of ints, each >= 1) as ``(height, width)``."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         size = (size, size)
     if not isinstance(size, (tuple, list)) or len(size) != 2:
         raise TypeError(f"output_size must be an int or a pair of ints, got {size!r}")
     height = _checks.static_int(size[0], "output_size[0]", low=1)
     width = _checks.static_int(size[1], "output_size[1]", low=1)
+    return height, width
+
+
+def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    height, width = check_output_size(statics["output_size"])
     scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
-    ratio = _checks.static_int(statics["sampling_ratio"], "sampling_ratio", low=-(2**31))
+    ratio = _checks.static_int(
+        statics["sampling_ratio"], "sampling_ratio", low=-(2**31), high=2**31 - 1
+    )  # a C int in torchvision
     aligned = statics["aligned"]
     if not isinstance(aligned, (bool, np.bool_)):
         raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")
@@ -53,7 +60,8 @@ def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def _check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
+def check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
+    """``input [N, C, H, W]`` and ``rois [K, 5]``, both floating (RoIAlign's and RoIPool's)."""
     features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
     _checks.check_float(features, "input")
     _checks.check_float(rois, "rois")
@@ -66,45 +74,52 @@ def _check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]
     return features, rois
 
 
-def _check_roi_align(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = _check_input_and_rois(specs)
-    normalized = _check_statics(statics)
-    height, width = dict(normalized)["output_size"]
-    shape = (rois.shape[0], features.shape[1], height, width)
-    return Plan(
-        "roi_align",
-        float_compute_dtype(features, rois),
-        Spec(shape, features.dtype),
-        normalized,
-        trivial=_checks.size(shape) == 0,
-        x64=is_64bit(features, rois),
-    )
+def check_batch_indices(input: Any, rois: Any, **_: Any) -> None:
+    """On eager calls: every RoI names an image of ``input`` (its index, truncated as
+    torchvision truncates it, in ``[0, N)``)."""
+    index = np.asarray(rois)[:, 0].astype(np.float64)
+    if not np.all((index > -1) & (index < np.shape(input)[0])):
+        raise ValueError(
+            f"rois[:, 0] must be image indices of input, in [0, {np.shape(input)[0]}), got "
+            f"{index[~((index > -1) & (index < np.shape(input)[0]))][:3].tolist()}"
+        )
 
 
-def _compute_roi_align(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
-    dtype = plan.dtype or "float32"
-    out = runner.kernel("roi_align")(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
-    assert isinstance(plan.outputs, Spec)
-    return cast(out, plan.outputs.dtype)
-
-
-def _check_roi_align_vjp(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-    features, rois = _check_input_and_rois(specs)
-    normalized = _check_statics(statics)
+def pooling_plan(
+    kernel: str, specs: Mapping[str, Spec | None], statics: tuple[tuple[str, Any], ...]
+) -> Plan:
+    """The plan of a RoI pooling op (``roi_align``, ``roi_pool``) or, for a ``kernel`` named
+    ``*_vjp``, of its gradient (checking ``cotangent [K, C, height, width]``), given its
+    checked statics."""
+    features, rois = check_input_and_rois(specs)
+    height, width = dict(statics)["output_size"]
+    pooled = (rois.shape[0], features.shape[1], height, width)
+    dtype = float_compute_dtype(features, rois)
+    if not kernel.endswith("_vjp"):
+        trivial = _checks.size(pooled) == 0
+        return Plan(kernel, dtype, Spec(pooled, features.dtype), statics, trivial=trivial,
+                    x64=is_64bit(features, rois))  # fmt: skip
     cotangent = _checks.required(specs, "cotangent")
     _checks.check_float(cotangent, "cotangent")
-    height, width = dict(normalized)["output_size"]
-    expected = (rois.shape[0], features.shape[1], height, width)
-    if tuple(cotangent.shape) != expected:
-        raise ValueError(f"cotangent must have shape {expected}, got {tuple(cotangent.shape)}")
+    if tuple(cotangent.shape) != pooled:
+        raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
     return Plan(
-        "roi_align_vjp",
-        float_compute_dtype(features, rois),
+        kernel,
+        dtype,
         Spec(features.shape, features.dtype),
-        normalized,
-        trivial=_checks.size(features.shape) == 0 or _checks.size(expected) == 0,
+        statics,
+        trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
         x64=is_64bit(features, rois, cotangent),
     )
+
+
+def pooling_compute(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
+    """The forward computation of a RoI pooling op: its kernel on ``input`` and ``rois`` in
+    the compute dtype, cast back to the input's."""
+    dtype = plan.dtype or "float32"
+    assert plan.kernel is not None and isinstance(plan.outputs, Spec)
+    out = runner.kernel(plan.kernel)(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
+    return cast(out, plan.outputs.dtype)
 
 
 def _compute_roi_align_vjp(
@@ -262,8 +277,9 @@ def _roi_align_vjp_of_roi_align(
 roi_align = Op(
     "roi_align",
     [array("input", 3), array("rois", 1), *_STATICS],
-    check=_check_roi_align,
-    compute=_compute_roi_align,
+    check=lambda specs, statics: pooling_plan("roi_align", specs, _check_statics(statics)),
+    check_values=check_batch_indices,
+    compute=pooling_compute,
     reference=reference_roi_align,
     vjp=_roi_align_vjp_of_roi_align,
     differentiable=("input",),
@@ -277,7 +293,9 @@ roi_align = Op(
 
     Args:
       input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
-      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates.
+      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
+        a batch index that names no image of ``input`` is a ValueError (on eager calls;
+        under ``jit`` the cpu backend raises, XLA clamps it).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
       sampling_ratio: samples per bin side; <= 0 for the adaptive grid.
@@ -293,7 +311,8 @@ roi_align = Op(
 roi_align_vjp = Op(
     "roi_align_vjp",
     [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
-    check=_check_roi_align_vjp,
+    check=lambda specs, statics: pooling_plan("roi_align_vjp", specs, _check_statics(statics)),
+    check_values=check_batch_indices,
     compute=_compute_roi_align_vjp,
     reference=reference_roi_align_vjp,
     outputs=("d_input",),

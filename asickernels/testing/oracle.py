@@ -27,6 +27,7 @@ class Tolerance:
     atol: float
 
 
+EXACT = Tolerance(0.0, 0.0)
 # Per op: (computed in float32 or narrower, computed in float64). float32 GIOU carries about
 # 1e-6 relative error per operation; the gradient divides by unions and hulls, hence rtol.
 _FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
@@ -39,11 +40,14 @@ _FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
     "generalized_box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
     "diou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
     "ciou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
-    # RoIAlign: sums of a few bilinear samples of O(1) features, rounded in float32.
-    "roi_align": (Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
-    "roi_align_vjp": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+    # RoIAlign: sums of bilinear samples of O(1) features, and of up to thousands of them in
+    # a gradient pixel under a huge RoI's adaptive grid.
+    "roi_align": (Tolerance(1e-5, 2e-5), Tolerance(1e-12, 1e-12)),
+    "roi_align_vjp": (Tolerance(1e-5, 5e-5), Tolerance(1e-12, 1e-12)),
+    # RoIPool picks input values (exact); its gradient adds cotangents at the argmax pixels.
+    "roi_pool": (EXACT, EXACT),
+    "roi_pool_vjp": (Tolerance(1e-6, 1e-6), Tolerance(1e-12, 1e-12)),
 }
-EXACT = Tolerance(0.0, 0.0)
 # int8 matmul: exact as int32; dequantized results are rounded once to the output dtype.
 _SCALED = {4: Tolerance(1e-6, 1e-6), 8: Tolerance(1e-6, 1e-6), 2: Tolerance(1e-2, 1e-6)}
 

@@ -55,6 +55,8 @@ __all__ = [
     "quantize_int8",
     "roi_align",
     "roi_align_vjp",
+    "roi_pool",
+    "roi_pool_vjp",
 ]
 
 ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
@@ -306,4 +308,48 @@ def roi_align_vjp(
         sampling_ratio,
         aligned,
         backend,
+    )
+
+
+def roi_pool(
+    input: ArrayLike,
+    rois: ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
+    backend: str | None = None,
+) -> Tensor:
+    """RoIPool (max per bin) of feature maps ``input [N, C, H, W]`` over ``rois [K, 5]`` rows
+    ``(batch index, x1, y1, x2, y2)`` -> ``[K, C, PH, PW]``, as ``torchvision.ops.roi_pool``;
+    differentiable in ``input``. Contract: :func:`asickernels.roi_pool`."""
+    return _call(
+        asickernels.roi_pool,
+        input=input,
+        rois=rois,
+        output_size=output_size,
+        spatial_scale=spatial_scale,
+        backend=backend,
+    )
+
+
+def roi_pool_vjp(
+    input: ArrayLike,
+    rois: ArrayLike,
+    cotangent: ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
+    backend: str | None = None,
+) -> Tensor:
+    """The gradient ``[N, C, H, W]`` of ``sum(cotangent * roi_pool(input, rois, ...))`` with
+    respect to ``input``, for ``cotangent [K, C, PH, PW]``. Contract:
+    :func:`asickernels.roi_pool_vjp`."""
+    return _call(
+        asickernels.roi_pool_vjp,
+        input=input,
+        rois=rois,
+        cotangent=cotangent,
+        output_size=output_size,
+        spatial_scale=spatial_scale,
+        backend=backend,
     )

@@ -1,4 +1,4 @@
-"""Drop-ins for ``torchvision.ops`` box functions and RoI pooling, running asickernels' kernels.
+"""Drop-ins for ``torchvision.ops`` box functions and RoI pooling (RoIAlign, RoIPool), running asickernels' kernels.
 
 Same names, signatures and return types as torchvision's (``nms`` returns every kept index,
 int64, in decreasing score order; the IoU functions return ``[N, M]`` matrices; the losses
@@ -36,6 +36,7 @@ import asickernels.torch  # noqa: F401  (registers torch.ops.asickernels.*)
 
 __all__ = [
     "MultiScaleRoIAlign",
+    "RoIPool",
     "batched_nms",
     "box_iou",
     "complete_box_iou",
@@ -46,6 +47,7 @@ __all__ = [
     "generalized_box_iou_loss",
     "nms",
     "roi_align",
+    "roi_pool",
 ]
 
 
@@ -207,6 +209,10 @@ def _rois(boxes: Tensor | list[Tensor]) -> Tensor:
     return boxes
 
 
+def _pair(output_size: int | tuple[int, int] | list[int]) -> list[int]:
+    return [output_size, output_size] if isinstance(output_size, int) else list(output_size)
+
+
 def roi_align(
     input: Tensor,
     boxes: Tensor | list[Tensor],
@@ -219,15 +225,40 @@ def roi_align(
     (batch index, x1, y1, x2, y2) or per-image ``[Tensor[L, 4]]`` -> ``[K, C, *output_size]``
     in the input's dtype; differentiable in ``input`` (see :func:`asickernels.roi_align`)."""
     rois = _rois(boxes)
-    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
     return torch.ops.asickernels.roi_align(
         input,
         rois.to(input.dtype),
-        output_size=list(size),
+        output_size=_pair(output_size),
         spatial_scale=float(spatial_scale),
         sampling_ratio=int(sampling_ratio),
         aligned=bool(aligned),
     )
+
+
+def roi_pool(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int] | list[int],
+    spatial_scale: float = 1.0,
+) -> Tensor:
+    """``torchvision.ops.roi_pool``: ``input [N, C, H, W]``, ``boxes`` ``Tensor[K, 5]``
+    (batch index, x1, y1, x2, y2) or per-image ``[Tensor[L, 4]]`` -> ``[K, C, *output_size]``,
+    each bin's maximum, in the input's dtype; differentiable in ``input`` (see
+    :func:`asickernels.roi_pool`)."""
+    rois = _rois(boxes)
+    return torch.ops.asickernels.roi_pool(
+        input,
+        rois.to(input.dtype),
+        output_size=_pair(output_size),
+        spatial_scale=float(spatial_scale),
+    )
+
+
+class RoIPool(torchvision.ops.RoIPool):
+    """``torchvision.ops.RoIPool`` (same arguments, same results) running :func:`roi_pool`."""
+
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:
+        return roi_pool(input, rois, self.output_size, self.spatial_scale)
 
 
 class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):

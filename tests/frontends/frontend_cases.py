@@ -12,7 +12,7 @@ import asickernels
 from asickernels.testing.cases import random_boxes
 
 # Every op has SPMD wrappers but quantize_int8, whose scale spans the whole array, and the
-# ops without a partition rule (roi_align: a RoI names its image by index).
+# ops without a partition rule (roi_align, roi_pool: a RoI names its image by index).
 SHARDED_OPS = [
     op for op in asickernels.OPS if op.name != "quantize_int8" and op.partition != "none"
 ]
@@ -58,6 +58,7 @@ def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
         "sampling_ratio": 2,
         "aligned": True,
     }
+    pool = {key: roi[key] for key in ("input", "rois", "output_size", "spatial_scale")}
     return {
         "giou": pairs,
         "diou": pairs,
@@ -82,6 +83,8 @@ def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
         "generalized_box_iou": pairwise,
         "roi_align": roi,
         "roi_align_vjp": {**roi, "cotangent": rng.normal(size=(2, 3, 2, 4)).astype(np.float32)},
+        "roi_pool": pool,
+        "roi_pool_vjp": {**pool, "cotangent": rng.normal(size=(2, 3, 2, 4)).astype(np.float32)},
     }[name]
 
 

@@ -445,3 +445,134 @@ def test_roi_align_on_xla_tensors_without_fallbacks():
     (want_grad,) = torch.autograd.grad(want, leaf, cotangent)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-5)
+
+
+def _random_rois(count, batch, span, dtype, seed):
+    """Random RoIs over ``[-0.3, 1.3] * span`` (partly off the map, some tiny)."""
+    generator = torch.Generator().manual_seed(seed)
+    corners = torch.rand(count, 4, generator=generator, dtype=torch.float64) * 1.6 * span
+    corners -= 0.3 * span
+    boxes = torch.cat(
+        [corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])], 1
+    )
+    index = torch.randint(0, batch, (count, 1), generator=generator).to(torch.float64)
+    return torch.cat([index, boxes], 1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_cpu_roi_align_is_torchvisions_bit_for_bit(dtype):
+    """On CPU tensors the drop-in runs the cpu backend, whose kernel is torchvision's
+    arithmetic in torchvision's order: the same bits, forward and gradient."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 16, 23, 31, dtype=dtype)
+    rois = _random_rois(120, 2, 30.0, dtype, seed=2)
+    for args in [
+        (7, 0.5, -1, False),
+        ((3, 5), 1.0, 2, True),
+        (4, 0.25, 0, True),
+        (2, 1.0, 1, False),
+    ]:
+        ours_x, theirs_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours, theirs = vision.roi_align(ours_x, rois, *args), tvo.roi_align(theirs_x, rois, *args)
+        assert torch.equal(ours, theirs), args
+        cotangent = torch.randn_like(ours)
+        ours.backward(cotangent)
+        theirs.backward(cotangent)
+        assert torch.equal(ours_x.grad, theirs_x.grad), args
+
+
+# roi_pool, RoIPool ---------------------------------------------------------------------------
+# The checks of upstream's TestRoiPool (forward on the same RoIs, dtypes and strides, per-image
+# box lists, gradcheck on the same inputs), with torchvision's own kernel as the oracle.
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_roi_pool_matches_torchvision(dtype, contiguous):
+    torch.manual_seed(0)
+    x = torch.rand(2, 50, 10, 10, dtype=dtype)
+    if not contiguous:
+        x = x.permute(0, 1, 3, 2)
+    rois = torch.tensor(UPSTREAM_ROIS, dtype=dtype)
+    for size, scale in ((5, 1.0), ((3, 4), 0.5), (2, 0.3)):
+        want = tvo.roi_pool(x, rois, size, scale)
+        got = vision.roi_pool(x, rois, size, scale)
+        assert got.dtype == x.dtype and got.shape == want.shape
+        assert torch.equal(got, want), (size, scale)
+        per_image = [rois[rois[:, 0] == i, 1:] for i in range(2)]
+        assert torch.equal(vision.roi_pool(x, per_image, size, scale), want)
+        assert torch.equal(vision.RoIPool(size, scale)(x, rois), tvo.RoIPool(size, scale)(x, rois))
+
+
+def test_roi_pool_matches_torchvision_on_random_and_edge_rois():
+    """Ties, NaN, RoIs partly and wholly off the map, zero-size and reversed RoIs, bins
+    smaller than a pixel, fractional scales: the same values and the same gradient."""
+    torch.manual_seed(2)
+    x = torch.randn(2, 6, 13, 17)
+    x[0, 0, 3:6, 3:6] = 1.0  # a tie: the first maximum (row-major) takes the gradient
+    x[1, 2, 2, 2] = float("nan")  # never a maximum
+    rois = torch.cat(
+        [
+            _random_rois(60, 2, 18.0, torch.float32, seed=3),
+            torch.tensor(
+                [[0, 0, 0, 0, 0], [1, 5, 3, 5, 3], [0, 6, 6, 2, 1], [1, -30, -30, -20, -20]],
+                dtype=torch.float32,
+            ),
+        ]
+    )
+    for size, scale in (((7, 7), 1.0), ((3, 4), 0.5), (1, 0.3), ((2, 5), 1.7)):
+        ours_x, theirs_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours = vision.roi_pool(ours_x, rois, size, scale)
+        theirs = tvo.roi_pool(theirs_x, rois, size, scale)
+        assert torch.equal(ours, theirs), (size, scale)
+        cotangent = torch.randn_like(ours)
+        ours.backward(cotangent)
+        theirs.backward(cotangent)
+        torch.testing.assert_close(ours_x.grad, theirs_x.grad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_roi_pool_gradient_passes_gradcheck_and_matches_torchvision(seed, contiguous):
+    torch.manual_seed(seed)
+    x = torch.rand(1, 8, 5, 5, dtype=torch.float64, requires_grad=True)
+    if not contiguous:
+        x = x.permute(0, 1, 3, 2)
+    rois = torch.tensor([[0, 0, 0, 4, 4], [0, 0, 2, 3, 4], [0, 2, 2, 4, 4]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda z: vision.roi_pool(z, rois, 2, 1.0), (x,))
+    cotangent = torch.rand(3, 8, 2, 2, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(vision.roi_pool(x, rois, 2, 1.0), x, cotangent)
+    (theirs,) = torch.autograd.grad(tvo.roi_pool(x, rois, 2, 1.0), x, cotangent)
+    assert torch.equal(ours, theirs)
+
+
+def test_roi_pool_refuses_misshapen_boxes_as_torchvision():
+    x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
+    for boxes in (torch.tensor([[0, 0, 3, 3]], dtype=x.dtype), [torch.tensor([[0, 0, 3]])]):
+        with pytest.raises(AssertionError):
+            tvo.roi_pool(x, boxes, output_size=(2, 2))
+        with pytest.raises(AssertionError):
+            vision.roi_pool(x, boxes, output_size=(2, 2))
+    with pytest.raises(ValueError, match="output_size"):
+        vision.roi_pool(x, torch.zeros(1, 5), output_size=(2, 0))
+
+
+def test_roi_pool_on_xla_tensors_without_fallbacks():
+    torch_xla = pytest.importorskip("torch_xla")
+    metrics = pytest.importorskip("torch_xla.debug.metrics")
+    torch.manual_seed(0)
+    x = torch.rand(2, 6, 10, 10, dtype=torch.float32)
+    rois = torch.tensor(UPSTREAM_ROIS, dtype=torch.float32)
+    cotangent = torch.rand(4, 6, 3, 3)
+    device = torch_xla.device()
+    metrics.clear_all()
+    on_device = x.to(device).requires_grad_()
+    out = vision.roi_pool(on_device, rois.to(device), 3, 0.5)
+    (grad,) = torch.autograd.grad(out, on_device, cotangent.to(device))
+    out, grad = out.cpu(), grad.cpu()
+    assert [n for n in metrics.counter_names() if n.startswith("aten::")] == []
+    leaf = x.clone().requires_grad_()
+    want = tvo.roi_pool(leaf, rois, 3, 0.5)
+    (want_grad,) = torch.autograd.grad(want, leaf, cotangent)
+    assert torch.equal(out, want)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-6)

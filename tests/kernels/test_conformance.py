@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import backends_under_test, require
+from roi_cases import RoiCase, roi_cases
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
@@ -204,149 +205,92 @@ class Int8MatmulConformance(Conformance):
         _assert_unchanged(before, [case.x, case.y])
 
 
-# RoIAlign: a few small maps (interpret mode is slow), every sampling mode, and the boxes
-# that stress it: zero-size, reversed, wholly off the map, to the last pixel, and huge (a
-# large adaptive grid; off the pixel lattice, so no sample sits exactly on the map's border).
-@dataclasses.dataclass(frozen=True)
-class RoiAlignCase:
-    name: str
-    input: np.ndarray
-    rois: np.ndarray
-    output_size: tuple[int, int]
-    statics: dict
-    slow: bool = False
-
-    def cotangent(self):
-        shape = (len(self.rois), self.input.shape[1], *self.output_size)
-        return np.random.default_rng(5).standard_normal(shape).astype(self.input.dtype)
+def _check_pooling(backend, name, case, statics):
+    """RoI pooling op ``name`` (``roi_align``, ``roi_pool``) on ``case`` against the
+    reference: shape, dtype, values, inputs untouched."""
+    before = _snapshot(case.input, case.rois)
+    call = lambda: getattr(asickernels, name)(case.input, case.rois, backend=backend, **statics)  # noqa: E731
+    if refuses_float64(backend, name, [case.input], call):
+        return
+    got = call()
+    assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
+    assert got.dtype == case.input.dtype
+    want = oracle.expected(name, {"input": case.input, "rois": case.rois}, statics)
+    oracle.assert_agrees(name, got, want)
+    _assert_unchanged(before, [case.input, case.rois])
 
 
-def _roi_boxes(rng, count, images, span):
-    corners = rng.uniform(-0.3 * span, 1.3 * span, (count, 4))
-    low, high = (
-        np.minimum(corners[:, :2], corners[:, 2:]),
-        np.maximum(corners[:, :2], corners[:, 2:]),
-    )
-    edge = [
-        [0.0, 0.0, 0.0, 0.0],
-        [5.0, 3.0, 5.0, 3.0],
-        [6.0, 6.0, 2.0, 1.0],
-        [-50.0, -50.0, -20.0, -20.0],
-        [0.0, 0.0, span - 1.0, span - 1.0],
-        [-2.9 * span - 0.31, -2.1 * span + 0.17, 4.1 * span + 0.23, 2.9 * span - 0.13],
-    ]
-    boxes = np.concatenate([np.concatenate([low, high], 1), edge])
-    index = rng.integers(0, images, (len(boxes), 1))
-    return np.concatenate([index, boxes], 1).astype(np.float32)
+def _cotangent(case, seed):
+    shape = (len(case.rois), case.input.shape[1], *case.output_size)
+    return np.random.default_rng(seed).standard_normal(shape).astype(case.input.dtype)
 
 
-def roi_align_cases():
-    rng = np.random.default_rng(26)
+def _check_pooling_gradient(backend, name, case, statics):
+    """The gradient op ``<name>_vjp`` on ``case`` against the reference."""
+    cotangent = _cotangent(case, 8)
+    vjp = getattr(asickernels, f"{name}_vjp")
+    call = lambda: vjp(case.input, case.rois, cotangent, backend=backend, **statics)  # noqa: E731
+    if refuses_float64(backend, f"{name}_vjp", [case.input], call):
+        return
+    got = call()
+    assert got.shape == case.input.shape and got.dtype == case.input.dtype
+    arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+    oracle.assert_agrees(f"{name}_vjp", got, oracle.expected(f"{name}_vjp", arrays, statics))
 
-    def features(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
 
-    def statics(scale, ratio, aligned):
-        return {"spatial_scale": scale, "sampling_ratio": ratio, "aligned": aligned}
-
-    return [
-        RoiAlignCase(
-            "adaptive",
-            features(2, 3, 7, 9),
-            _roi_boxes(rng, 4, 2, 8.0),
-            (2, 3),
-            statics(1.0, -1, False),
-        ),
-        RoiAlignCase(
-            "aligned_adaptive_0",
-            features(2, 3, 7, 9),
-            _roi_boxes(rng, 6, 2, 8.0),
-            (3, 2),
-            statics(0.5, 0, True),
-            slow=True,
-        ),
-        RoiAlignCase(  # channels no block divides, a map of odd sizes
-            "aligned_fixed_ratio_11_channels",
-            features(1, 11, 5, 13),
-            _roi_boxes(rng, 2, 1, 13.0),
-            (2, 2),
-            statics(0.75, 2, True),
-        ),
-        RoiAlignCase(
-            "float64",
-            features(1, 2, 6, 6).astype(np.float64),
-            _roi_boxes(rng, 3, 1, 6.0).astype(np.float64),
-            (2, 2),
-            statics(1.0, -1, True),
-        ),
-        RoiAlignCase(
-            "no_rois",
-            features(1, 2, 4, 4),
-            np.zeros((0, 5), np.float32),
-            (2, 2),
-            statics(1.0, -1, False),
-        ),
-    ]
+def _check_pooling_jax_grad(backend, name, statics_of):
+    """``jax.grad`` of op ``name`` under ``jit`` is the reference gradient."""
+    case = next(c for c in roi_cases() if c.name == "random_f32")
+    statics = statics_of(case)
+    cotangent = _cotangent(case, 9)
+    op = getattr(asickernels, name)
+    loss = lambda x: (op(x, case.rois, backend=backend, **statics) * cotangent).sum()  # noqa: E731
+    grad = jax.jit(jax.grad(loss))(case.input)
+    arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
+    oracle.assert_agrees(f"{name}_vjp", grad, oracle.expected(f"{name}_vjp", arrays, statics))
 
 
 class RoiAlignConformance(Conformance):
-    @pytest.mark.parametrize("case", _params(roi_align_cases()))
+    """RoIAlign and its gradient (``roi_align_vjp``), which every backend has with it."""
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_align(self, case):
-        backend = self.backend
-        before = _snapshot(case.input, case.rois)
-        call = lambda: asickernels.roi_align(  # noqa: E731
-            case.input, case.rois, case.output_size, backend=backend, **case.statics
-        )
-        if refuses_float64(backend, "roi_align", [case.input], call):
-            return
-        got = call()
-        assert got.shape == (len(case.rois), case.input.shape[1], *case.output_size)
-        assert got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois}
-        want = oracle.expected(
-            "roi_align", arrays, {"output_size": case.output_size, **case.statics}
-        )
-        oracle.assert_agrees("roi_align", got, want)
-        _assert_unchanged(before, [case.input, case.rois])
+        _check_pooling(self.backend, "roi_align", case, case.align_statics())
 
-    def test_roi_align_jax_grad_and_jit(self):
-        """``jax.grad`` through the public op, under ``jit``, equals the reference gradient."""
-        self.require_jax()
-        backend = self.backend
-        case = roi_align_cases()[0]
-        cotangent = case.cotangent()
-
-        def loss(x):
-            out = asickernels.roi_align(
-                x, case.rois, case.output_size, backend=backend, **case.statics
-            )
-            return (out * cotangent).sum()
-
-        got = jax.jit(jax.grad(loss))(case.input)
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        statics = {"output_size": case.output_size, **case.statics}
-        oracle.assert_agrees(
-            "roi_align_vjp", got, oracle.expected("roi_align_vjp", arrays, statics)
-        )
-
-
-class RoiAlignVjpConformance(Conformance):
-    @pytest.mark.parametrize("case", _params(roi_align_cases()))
+    @pytest.mark.parametrize("case", _params(roi_cases()))
     def test_roi_align_gradient(self, case):
-        backend = self.backend
-        cotangent = case.cotangent()
-        call = lambda: asickernels.roi_align_vjp(  # noqa: E731
-            case.input, case.rois, cotangent, case.output_size, backend=backend, **case.statics
-        )
-        if refuses_float64(backend, "roi_align_vjp", [case.input], call):
-            return
-        got = call()
-        assert got.shape == case.input.shape and got.dtype == case.input.dtype
-        arrays = {"input": case.input, "rois": case.rois, "cotangent": cotangent}
-        statics = {"output_size": case.output_size, **case.statics}
-        oracle.assert_agrees(
-            "roi_align_vjp", got, oracle.expected("roi_align_vjp", arrays, statics)
-        )
+        _check_pooling_gradient(self.backend, "roi_align", case, case.align_statics())
+
+    def test_roi_align_jax_grad_under_jit_and_vmap(self):
+        """``jax.grad`` under ``jit`` is the reference gradient; ``vmap`` over a batch of
+        feature maps is the op per map."""
+        self.require_jax()
+        _check_pooling_jax_grad(self.backend, "roi_align", RoiCase.align_statics)
+        case = next(c for c in roi_cases() if c.name == "random_f32")
+        statics, backend = case.align_statics(), self.backend
+        maps = np.stack([case.input, case.input[::-1]])
+        batched = jax.jit(
+            jax.vmap(lambda x: asickernels.roi_align(x, case.rois, backend=backend, **statics))
+        )(maps)
+        for got, x in zip(batched, maps, strict=True):
+            want = oracle.expected("roi_align", {"input": x, "rois": case.rois}, statics)
+            oracle.assert_agrees("roi_align", got, want)
+
+
+class RoiPoolConformance(Conformance):
+    """RoIPool and its argmax-routed gradient (``roi_pool_vjp``)."""
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_pool(self, case):
+        _check_pooling(self.backend, "roi_pool", case, case.pool_statics())
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test_roi_pool_gradient(self, case):
+        _check_pooling_gradient(self.backend, "roi_pool", case, case.pool_statics())
+
+    def test_roi_pool_jax_grad_under_jit(self):
+        self.require_jax()
+        _check_pooling_jax_grad(self.backend, "roi_pool", RoiCase.pool_statics)
 
 
 class RoiAlignNonFiniteConformance(Conformance):
@@ -396,12 +340,19 @@ class TestXla(
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
-    RoiAlignVjpConformance,
+    RoiPoolConformance,
 ):
     backend = "xla"
 
 
-class TestCpu(GiouConformance, GiouVjpConformance, NmsConformance, Int8MatmulConformance):
+class TestCpu(
+    GiouConformance,
+    GiouVjpConformance,
+    NmsConformance,
+    Int8MatmulConformance,
+    RoiAlignConformance,
+    RoiPoolConformance,
+):
     backend = "cpu"
 
 
@@ -411,7 +362,6 @@ class TestPallasTpu(
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
-    RoiAlignVjpConformance,
     RoiAlignNonFiniteConformance,
 ):
     backend = "pallas_tpu"
@@ -423,7 +373,6 @@ class TestPallasTpuInterpret(
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
-    RoiAlignVjpConformance,
 ):
     backend = "pallas_tpu_interpret"
 
@@ -438,7 +387,6 @@ class TestNki(
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
-    RoiAlignVjpConformance,
     RoiAlignNonFiniteConformance,
 ):
     backend = "nki"
@@ -450,7 +398,9 @@ SUITES = {
     "nms": NmsConformance,
     "int8_matmul": Int8MatmulConformance,
     "roi_align": RoiAlignConformance,
-    "roi_align_vjp": RoiAlignVjpConformance,
+    "roi_align_vjp": RoiAlignConformance,
+    "roi_pool": RoiPoolConformance,
+    "roi_pool_vjp": RoiPoolConformance,
 }
 
 

@@ -569,6 +569,18 @@ VALID_ARGUMENTS = {
         "cotangent": np.ones((1, 2, 2, 2), np.float32),
         "output_size": (2, 2),
     },
+    "roi_pool": {
+        "input": np.ones((1, 2, 5, 5), np.float32),
+        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
+        "output_size": (2, 2),
+        "spatial_scale": 0.5,
+    },
+    "roi_pool_vjp": {
+        "input": np.ones((1, 2, 5, 5), np.float32),
+        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
+        "cotangent": np.ones((1, 2, 2, 2), np.float32),
+        "output_size": (2, 2),
+    },
 }
 # Values that are no array: None (refused where the array is required), a plain object, a
 # string, a ragged list.
@@ -649,10 +661,6 @@ def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
 @pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
 def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
     """The cpu backend has no tuning config; ops without a kernel take none either."""
-    backend = {
-        "quantize_int8": {},
-        "roi_align": {"backend": "xla"},  # no cpu kernel yet
-        "roi_align_vjp": {"backend": "xla"},
-    }.get(op.name, {"backend": "cpu"})
+    backend = {"quantize_int8": {}}.get(op.name, {"backend": "cpu"})
     with pytest.raises((TypeError, ValueError), match="config"):
         _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})

@@ -138,6 +138,12 @@ def library() -> ctypes.CDLL:
         *_pointer_args(2), i64, i64, i64, *_pointer_args(2), c_int, ctypes.c_void_p
     ]  # fmt: skip
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
+    roi_align_args = [c_int, *_pointer_args(2), *[i64] * 7, c_double, i64, c_int, ctypes.c_void_p]
+    lib.asickernels_cpu_roi_align.argtypes = roi_align_args
+    lib.asickernels_cpu_roi_align_vjp.argtypes = roi_align_args
+    roi_pool_scalars: list[Any] = [*[i64] * 7, c_double, ctypes.c_void_p]
+    lib.asickernels_cpu_roi_pool.argtypes = [c_int, *_pointer_args(2), *roi_pool_scalars]
+    lib.asickernels_cpu_roi_pool_vjp.argtypes = [c_int, *_pointer_args(3), *roi_pool_scalars]
     lib.asickernels_cpu_use_isa_level.argtypes = [c_int]
     lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
     lib.asickernels_cpu_ffi_target_name.argtypes = [i64]

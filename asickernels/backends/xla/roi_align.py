@@ -34,6 +34,14 @@ class _Grid(NamedTuple):
     samples: jax.Array
 
 
+def exact_quotient(numerator: jax.Array, divisor: int) -> jax.Array:
+    """``numerator / divisor``, correctly rounded: XLA's simplifier turns a division by a
+    constant or a broadcast scalar into a multiplication by its reciprocal, which rounds
+    differently (21 / 7 gives 3.0000002 in float32), and torchvision's bins are decided by
+    correctly rounded quotients. A full-shape divisor behind a barrier is divided by."""
+    return numerator / lax.optimization_barrier(jnp.full(numerator.shape, divisor, numerator.dtype))
+
+
 def _grid(
     rois: jax.Array,
     output_size: tuple[int, int],
@@ -46,12 +54,12 @@ def _grid(
     roi_w, roi_h = x2 - x1, y2 - y1
     if not aligned:  # torchvision: malformed RoIs are forced to 1x1
         roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
-    bin_h, bin_w = roi_h / output_size[0], roi_w / output_size[1]
+    bin_h, bin_w = exact_quotient(roi_h, output_size[0]), exact_quotient(roi_w, output_size[1])
     if sampling_ratio > 0:
         grid_h = grid_w = jnp.full(rois.shape[:1], sampling_ratio, jnp.int32)
     else:
-        grid_h = jnp.ceil(roi_h / output_size[0]).astype(jnp.int32)
-        grid_w = jnp.ceil(roi_w / output_size[1]).astype(jnp.int32)
+        grid_h = jnp.ceil(bin_h).astype(jnp.int32)
+        grid_w = jnp.ceil(bin_w).astype(jnp.int32)
     count = jnp.maximum(grid_h * grid_w, 1).astype(rois.dtype)
     return _Grid(rois[:, 0].astype(jnp.int32), y1, x1, bin_h, bin_w, grid_h, grid_w, count)
 

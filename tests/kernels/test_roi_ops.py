@@ -1,0 +1,177 @@
+"""RoIAlign and RoIPool beyond the conformance cases: random maps against the float64
+reference (hypothesis), the cpu kernel's host and FFI entries and thread counts giving the
+same bits, and RoIs that name no image refused by name."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from conftest import backends_under_test, require
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from roi_cases import rois
+
+import asickernels
+from asickernels.kernels import registry
+from asickernels.testing import oracle
+
+
+def _map_and_rois(seed, height, width, dtype):
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((2, 3, height, width)).astype(dtype)
+    return features, rois(rng, 5, 2, float(max(height, width))).astype(dtype)
+
+
+@pytest.mark.parametrize("backend", backends_under_test("roi_align"))
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    height=st.integers(1, 7),
+    width=st.integers(1, 7),
+    aligned=st.booleans(),
+    ratio=st.integers(-1, 3),
+    scale=st.sampled_from([1.0, 0.5, 0.3, 1.7]),
+)
+def test_roi_align_on_random_maps_matches_the_reference(
+    backend, seed, height, width, aligned, ratio, scale
+):
+    require(backend)
+    features, boxes = _map_and_rois(seed, height, width, np.float64)
+    statics = dict(output_size=(3, 2), spatial_scale=scale, sampling_ratio=ratio, aligned=aligned)
+    got = asickernels.roi_align(features, boxes, backend=backend, **statics)
+    arrays = {"input": features, "rois": boxes}
+    oracle.assert_agrees("roi_align", got, oracle.expected("roi_align", arrays, statics))
+
+
+@pytest.mark.parametrize("backend", backends_under_test("roi_pool"))
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    height=st.integers(1, 7),
+    width=st.integers(1, 7),
+    size=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    scale=st.sampled_from([1.0, 0.5, 0.25, 2.0]),
+)
+def test_roi_pool_on_random_maps_matches_the_reference(backend, seed, height, width, size, scale):
+    """float64 maps, with ties (values rounded to a coarse grid) so that the argmax rule
+    (the first maximum in row-major order) decides the gradient."""
+    require(backend)
+    features, boxes = _map_and_rois(seed, height, width, np.float64)
+    features = np.round(features)
+    cotangent = np.random.default_rng(seed).standard_normal((len(boxes), 3, *size))
+    statics = dict(output_size=size, spatial_scale=scale)
+    arrays = {"input": features, "rois": boxes}
+    got = asickernels.roi_pool(features, boxes, backend=backend, **statics)
+    oracle.assert_agrees("roi_pool", got, oracle.expected("roi_pool", arrays, statics))
+    grad = asickernels.roi_pool_vjp(features, boxes, cotangent, backend=backend, **statics)
+    want = oracle.expected("roi_pool_vjp", {**arrays, "cotangent": cotangent}, statics)
+    oracle.assert_agrees("roi_pool_vjp", grad, want)
+
+
+@pytest.mark.parametrize(
+    "op", [asickernels.roi_align, asickernels.roi_pool], ids=lambda op: op.name
+)
+@pytest.mark.parametrize("index", [2.0, -1.0, float("nan")])
+def test_a_roi_naming_no_image_is_refused_by_name(op, index):
+    features = np.ones((2, 1, 4, 4), np.float32)
+    boxes = np.array([[0, 0, 0, 2, 2], [index, 0, 0, 2, 2]], np.float32)
+    for backend in registry.backends_for(op.name):
+        if registry.availability(backend).mode == "missing":
+            continue
+        with pytest.raises(ValueError, match=r"rois\[:, 0\]"):
+            op(features, boxes, 2, backend=backend)
+    # Indices are truncated, as torchvision truncates them: 1.9 is image 1.
+    np.asarray(op(features, np.array([[1.9, 0, 0, 2, 2]], np.float32), 2))
+
+
+def test_cpu_roi_align_refuses_a_roi_naming_no_image_under_jit():
+    require("cpu")
+    features = np.ones((1, 1, 4, 4), np.float32)
+    boxes = np.array([[3, 0, 0, 2, 2]], np.float32)
+    run = jax.jit(lambda x, b: asickernels.roi_align(x, b, 2, backend="cpu"))
+    with pytest.raises(Exception, match=r"rois\[:, 0\]"):
+        np.asarray(run(features, boxes))
+
+
+def test_cpu_roi_align_host_and_ffi_entries_and_thread_counts_give_the_same_bits():
+    """The host twin (numpy, as CPU torch tensors run) and the FFI handler (jit) are one
+    kernel; the gradient's channel chunks over threads add in one fixed order."""
+    require("cpu")
+    from asickernels.backends.cpu import _library
+
+    rng = np.random.default_rng(5)
+    features = rng.standard_normal((2, 7, 19, 23)).astype(np.float32)
+    boxes = rois(rng, 40, 2, 22.0).astype(np.float32)
+    cotangent = rng.standard_normal((len(boxes), 7, 3, 3)).astype(np.float32)
+    statics = dict(output_size=(3, 3), spatial_scale=0.7, sampling_ratio=-1, aligned=True)
+    host = registry.implementation("roi_align", "cpu", host=True)
+    host_vjp = registry.implementation("roi_align_vjp", "cpu", host=True)
+    jitted = jax.jit(lambda x, b: asickernels.roi_align(x, b, backend="cpu", **statics))
+    forward = np.asarray(jitted(features, boxes))
+    np.testing.assert_array_equal(host(features, boxes, **statics), forward)
+    gradients = []
+    lib = _library.library()
+    try:
+        for threads in (1, 2, 3):
+            lib.asickernels_cpu_set_max_threads(threads)
+            gradients.append(host_vjp(boxes, cotangent, input_shape=features.shape, **statics))
+    finally:
+        lib.asickernels_cpu_set_max_threads(_library.os.cpu_count() or 1)
+    for grad in gradients[1:]:
+        np.testing.assert_array_equal(grad, gradients[0])
+    grad = jax.jit(
+        jax.grad(
+            lambda x: (asickernels.roi_align(x, boxes, backend="cpu", **statics) * cotangent).sum()
+        )
+    )(features)
+    np.testing.assert_array_equal(np.asarray(grad), gradients[0])
+
+
+@pytest.mark.parametrize(
+    "op", [asickernels.roi_align, asickernels.roi_pool], ids=lambda op: op.name
+)
+def test_no_rois_and_no_channels_give_empty_results(op):
+    features = np.ones((1, 4, 5, 5), np.float32)
+    assert op(features, np.zeros((0, 5), np.float32), 2).shape == (0, 4, 2, 2)
+    empty = op(np.ones((1, 0, 5, 5), np.float32), np.array([[0, 0, 0, 2, 2]], np.float32), 3)
+    assert empty.shape == (1, 0, 3, 3)
+
+
+def test_cpu_roi_pool_host_and_ffi_entries_and_thread_counts_give_the_same_bits():
+    require("cpu")
+    from asickernels.backends.cpu import _library
+
+    rng = np.random.default_rng(6)
+    features = np.round(rng.standard_normal((2, 5, 17, 19)), 1).astype(np.float32)  # ties
+    boxes = rois(rng, 40, 2, 18.0).astype(np.float32)
+    cotangent = rng.standard_normal((len(boxes), 5, 4, 3)).astype(np.float32)
+    statics = dict(output_size=(4, 3), spatial_scale=0.8)
+    host = registry.implementation("roi_pool", "cpu", host=True)
+    host_vjp = registry.implementation("roi_pool_vjp", "cpu", host=True)
+    jitted = jax.jit(lambda x, b: asickernels.roi_pool(x, b, backend="cpu", **statics))
+    np.testing.assert_array_equal(
+        host(features, boxes, **statics), np.asarray(jitted(features, boxes))
+    )
+    gradients = []
+    lib = _library.library()
+    try:
+        for threads in (1, 3):
+            lib.asickernels_cpu_set_max_threads(threads)
+            gradients.append(host_vjp(features, boxes, cotangent, **statics))
+    finally:
+        lib.asickernels_cpu_set_max_threads(_library.os.cpu_count() or 1)
+    np.testing.assert_array_equal(gradients[1], gradients[0])
+    grad = jax.jit(
+        jax.grad(
+            lambda x: (asickernels.roi_pool(x, boxes, backend="cpu", **statics) * cotangent).sum()
+        )
+    )(features)
+    np.testing.assert_array_equal(np.asarray(grad), gradients[0])
+
+
+@pytest.mark.parametrize("ratio", [2**31, -(2**31) - 1])
+def test_a_sampling_ratio_past_a_c_int_is_refused_by_name(ratio):
+    features, boxes = np.ones((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
+    with pytest.raises(ValueError, match="sampling_ratio"):
+        asickernels.roi_align(features, boxes, 2, sampling_ratio=ratio)
