@@ -18,8 +18,9 @@ from conftest import backends_under_test, require
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
 from asickernels.kernels import registry
+from asickernels.kernels.nms_cases import nms_cases
 from asickernels.testing import oracle
-from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
+from asickernels.testing.cases import giou_cases, matmul_cases
 
 
 def require_traceable(backend):

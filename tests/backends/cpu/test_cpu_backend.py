@@ -26,11 +26,11 @@ from asickernels.backends.cpu import giou as cpu_giou
 from asickernels.backends.cpu import int8_matmul as cpu_matmul
 from asickernels.backends.cpu import nms as cpu_nms
 from asickernels.kernels.declaration import x64_scope
+from asickernels.kernels.nms_cases import nms_cases
 from asickernels.testing.cases import (
     giou_cases,
     grid_boxes,
     matmul_cases,
-    nms_cases,
     pairwise_cases,
     random_boxes,
 )
