@@ -27,9 +27,10 @@ Implementation calling conventions (the op layer validates, flattens and convert
 * ``int8_matmul(x [M, K] int8, y [K, N] int8, *, x_scale [M] | None, y_scale [N] | None,
   out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
 
-Every implementation also takes ``config=None``: a backend-specific tuning object of the type
-its declaration names (``@BACKEND.implements(..., config=GiouConfig)``; none by default), which
-the op checks once per call signature (:func:`check_config`) before the kernel sees it. A JAX
+An implementation whose declaration names a tuning config type
+(``@BACKEND.implements(..., config=GiouConfig)``) also takes ``config=`` (None when the caller
+gave none); the op refuses any other config, and any config at all for an implementation that
+names none, once per call signature (:func:`check_config`), so no kernel sees one. A JAX
 backend may also declare a *host twin* of a kernel (numpy in, numpy out; :meth:`Backend.host_twin`)
 that eager calls on host arrays use instead of a compiled JAX call.
 """
