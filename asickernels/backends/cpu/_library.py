@@ -92,7 +92,7 @@ def sanitized_library_path() -> Path:
 
     include = Path(jax.ffi.include_dir())
     sources = sorted(_CSRC.glob("*.cpp"))
-    headers = [*_CSRC.glob("*.h"), *_CSRC.glob("*.inc")]
+    headers = sorted(_CSRC.glob("*.h"))
     try:
         return _native_build.build(
             "cpu-kernels",
