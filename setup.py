@@ -1,12 +1,14 @@
 """Builds the ``cpu`` backend's native library (``asickernels/backends/cpu/csrc``) into the
 wheel, so that installing asickernels needs no compiler and nothing is compiled at run time.
 
-The kernel sources are compiled once per instruction-set level, each into its own namespace
-(``csrc/kernels.h``): on x86-64 the compiler's baseline, x86-64-v3 (AVX2) and x86-64-v4 with
-AVX-512 VNNI; ``csrc/dispatch.cpp`` runs the best level the CPU has. Elsewhere, the baseline
-only. The XLA FFI headers come from the jax installed in the build environment
-(``jax.ffi.include_dir()``). The library is loaded with ctypes, not imported: it uses no
-Python API, hence the ``abi3`` tag (one wheel for every CPython >= 3.11).
+Each op's source (every ``csrc/*.cpp`` but the library-wide ``COMMON_SOURCES``) is compiled
+once per instruction-set level, each into its own namespace (``csrc/kernels.h``): on x86-64
+the compiler's baseline, x86-64-v3 (AVX2) and x86-64-v4 with AVX-512 VNNI; the baseline
+compile also holds the op's entry points (XLA FFI handlers and host functions), which run the
+best level the CPU has (``csrc/dispatch.cpp``). Elsewhere, the baseline only. The XLA FFI
+headers come from the jax installed in the build environment (``jax.ffi.include_dir()``).
+The library is loaded with ctypes, not imported: it uses no Python API, hence the ``abi3``
+tag (one wheel for every CPython >= 3.11).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CSRC = Path("asickernels/backends/cpu/csrc")
-# Compiled once per level (the rest once, at the baseline).
-LEVEL_SOURCES = ("box_iou.cpp", "int8_matmul.cpp", "nms.cpp")
-COMMON_SOURCES = ("dispatch.cpp", "host_api.cpp", "parallel.cpp", "roi_align.cpp", "xla_ffi.cpp")
+# Compiled once, at the baseline; every other source is an op's, compiled once per level.
+COMMON_SOURCES = ("dispatch.cpp", "parallel.cpp")
+OP_SOURCES = tuple(sorted(p.name for p in CSRC.glob("*.cpp") if p.name not in COMMON_SOURCES))
 X86_LEVELS = {
     "baseline": (),
     "avx2": ("-march=x86-64-v3",),
@@ -41,7 +43,8 @@ def levels() -> dict[str, tuple[str, ...]]:
 
 
 class BuildLevels(build_ext):
-    """Compiles LEVEL_SOURCES once per level into the extension's objects."""
+    """Compiles OP_SOURCES once per level into the extension's objects, the baseline's with
+    the entry points."""
 
     def build_extension(self, ext: Extension) -> None:
         import jax
@@ -49,15 +52,16 @@ class BuildLevels(build_ext):
         # -isystem: third-party headers, whose warnings are not ours.
         ext.extra_compile_args = [*FLAGS, "-isystem", jax.ffi.include_dir()]
         all_levels = levels()
-        if len(all_levels) > 1:
-            ext.define_macros = [("ASICKERNELS_CPU_X86_LEVELS", "1")]
+        x86_levels = [("ASICKERNELS_CPU_X86_LEVELS", "1")] if len(all_levels) > 1 else []
+        ext.define_macros = x86_levels
         ext.extra_objects = []
         for level, flags in all_levels.items():
+            entry_points = [("ASICKERNELS_CPU_ENTRY_POINTS", "1")] if level == "baseline" else []
             ext.extra_objects += self.compiler.compile(
-                [str(CSRC / name) for name in LEVEL_SOURCES],
+                [str(CSRC / name) for name in OP_SOURCES],
                 output_dir=str(Path(self.build_temp) / level),
-                macros=[("ASICKERNELS_CPU_ISA", level)],
-                extra_postargs=[*FLAGS, *flags],
+                macros=[*x86_levels, ("ASICKERNELS_CPU_ISA", level), *entry_points],
+                extra_postargs=[*ext.extra_compile_args, *flags],
                 depends=ext.depends,
             )
         super().build_extension(ext)
@@ -68,7 +72,7 @@ setup(
         Extension(
             "asickernels.backends.cpu._kernels",
             sources=[str(CSRC / name) for name in COMMON_SOURCES],
-            depends=[str(path) for path in sorted([*CSRC.glob("*.h"), *CSRC.glob("*.inc")])],
+            depends=[str(path) for path in sorted(CSRC.glob("*.h"))],
             extra_link_args=["-pthread"],
             language="c++",
             py_limited_api=True,

@@ -79,7 +79,7 @@ class NotApplicable(Exception):
     as not applicable, not as a failure."""
 
 
-def _oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
+def oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
     """The oracle's verdict (:mod:`asickernels.testing.oracle`): error in units of the op's
     tolerance (1 or less passes); for exact ops, the number of differing elements."""
     verdict = oracle.compare(name, got, expected)
@@ -212,7 +212,7 @@ def _pairs_size(text: str) -> Size:
     return Size("x".join(map(str, shape)) + " pairs", {"shape": list(shape)})
 
 
-def _checked(cases: list[Any]) -> list[Any]:
+def checked(cases: list[Any]) -> list[Any]:
     """The conformance suite's cases, less its slow tier."""
     return [case for case in cases if not getattr(case, "slow", False)]
 
@@ -237,13 +237,13 @@ class GiouOp(Op):
         return Case(size.label, (boxes, jittered(rng, boxes)))
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        return [Case(c.name, (c.boxes1, c.boxes2)) for c in _checked(shared_cases.giou_cases())]
+        return [Case(c.name, (c.boxes1, c.boxes2)) for c in checked(shared_cases.giou_cases())]
 
     def expected(self, case: Case) -> Any:
         return reference.giou(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return _oracle_comparison(self.name, got, expected)
+        return oracle_comparison(self.name, got, expected)
 
 
 class GiouVjpOp(Op):
@@ -279,7 +279,7 @@ class GiouVjpOp(Op):
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
         return [
             self._with_cotangent(c.name, c.boxes1, c.boxes2, rng)
-            for c in _checked(shared_cases.giou_cases())
+            for c in checked(shared_cases.giou_cases())
             if c.boxes1.dtype != ml_dtypes.bfloat16
         ]
 
@@ -287,7 +287,7 @@ class GiouVjpOp(Op):
         return reference.giou_vjp(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return _oracle_comparison(self.name, got, expected)
+        return oracle_comparison(self.name, got, expected)
 
 
 class BoxMetricOp(GiouOp):
@@ -334,117 +334,7 @@ class PairwiseOp(Op):
         return getattr(reference, self.name)(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return _oracle_comparison(self.name, got, expected)
-
-
-# -- NMS -----------------------------------------------------------------------------------
-
-
-def seed_style_boxes(
-    rng: np.random.Generator, n: int, image: int = 1024
-) -> tuple[np.ndarray, np.ndarray]:
-    """The NMS article's workload: integer boxes with sides 1..image-1 clipped to the image,
-    uniform scores (float32; integer coordinates keep IoU decisions exact)."""
-    sides = rng.integers(1, image, (n, 2))
-    corner = rng.integers(0, image - 1, (n, 2))
-    boxes = np.concatenate([corner, np.clip(corner + sides, 0, image - 1)], axis=1)
-    return boxes.astype(np.float32), rng.uniform(0.0, 1.0, n).astype(np.float32)
-
-
-class NmsOp(Op):
-    name = "nms"
-    registry_op = "nms"
-    size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
-    default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
-    error_unit = "mismatches"
-    quick_cases = frozenset(
-        {"grid_n130_t0.3", "nan_inf_signed_zero_scores", "iou_equals_threshold"}
-    )
-    quick_sizes = default_sizes
-    categories = 0  # batched_nms draws this many categories
-
-    def parse_size(self, text: str) -> Size:
-        match = re.fullmatch(r"(\d+)(?::(\d+)(?::([0-9.]+))?)?", text)
-        threshold = float(match[3]) if match and match[3] else 0.1
-        if not match or int(match[1]) < 1 or not 0.0 <= threshold <= 1.0:
-            raise ValueError(
-                f"expected N[:max_output[:iou_threshold]] (e.g. 4096:128:0.1), got {text!r}"
-            )
-        n, max_output = int(match[1]), int(match[2] or 128)
-        label = f"N={n} out={max_output} iou>{threshold:g}"
-        return Size(label, {"n": n, "max_output_size": max_output, "iou_threshold": threshold})
-
-    def work(self, size: Size) -> float:
-        return float(size.params["n"] * max(size.params["max_output_size"], 1))
-
-    def _case(
-        self,
-        name: str,
-        boxes: np.ndarray,
-        scores: np.ndarray,
-        rng: np.random.Generator,
-        iou_threshold: float,
-        max_output_size: int,
-        score_threshold: float | None = None,
-    ) -> Case:
-        arrays: tuple[np.ndarray, ...] = (boxes, scores)
-        if self.categories:
-            arrays += (rng.integers(0, self.categories, scores.shape).astype(np.int32),)
-        static = {
-            "iou_threshold": iou_threshold,
-            "max_output_size": max_output_size,
-            "score_threshold": score_threshold,
-        }
-        return Case(name, arrays, static)
-
-    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
-        boxes, scores = seed_style_boxes(rng, size.params["n"])
-        return self._case(
-            size.label,
-            boxes,
-            scores,
-            rng,
-            size.params["iou_threshold"],
-            size.params["max_output_size"],
-        )
-
-    def check_cases(self, rng: np.random.Generator) -> list[Case]:
-        return [
-            Case(c.name, (c.boxes, c.scores), c.kwargs())
-            if c.categories is None
-            else Case(c.name, (c.boxes, c.scores, c.categories.astype(np.int32)), c.kwargs())
-            for c in _checked(shared_cases.nms_cases())
-            if (c.categories is not None) == bool(self.categories)
-        ]
-
-    def expected(self, case: Case) -> Any:
-        boxes, scores = case.arrays[0], case.arrays[1]
-        categories = case.arrays[2] if len(case.arrays) > 2 else None
-        batch_shape, n = scores.shape[:-1], scores.shape[-1]
-        batch = math.prod(batch_shape)
-        score_threshold = case.static["score_threshold"]
-        indices, num_valid = reference.nms(
-            boxes.reshape(batch, n, 4),
-            scores.reshape(batch, n),
-            None if categories is None else categories.reshape(batch, n),
-            iou_threshold=case.static["iou_threshold"],
-            max_output_size=case.static["max_output_size"],
-            score_threshold=-math.inf if score_threshold is None else score_threshold,
-        )
-        return indices.reshape((*batch_shape, -1)), num_valid.reshape(batch_shape)
-
-    def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return _oracle_comparison(self.name, got, expected)
-
-
-class BatchedNmsOp(NmsOp):
-    """Per-category NMS (``torchvision.ops.batched_nms``), 16 categories."""
-
-    name = "batched_nms"
-    default_sizes: tuple[str, ...] = ("256", "1024")
-    quick_cases = frozenset({"categories"})
-    quick_sizes = ("1024",)
-    categories = 16
+        return oracle_comparison(self.name, got, expected)
 
 
 # -- int8 matmul ---------------------------------------------------------------------------
@@ -492,7 +382,7 @@ class Int8MatmulOp(Op):
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
         return [
             Case(c.name, (c.x, c.y), {k: v for k, v in c.kwargs().items() if v is not None})
-            for c in _checked(shared_cases.matmul_cases())
+            for c in checked(shared_cases.matmul_cases())
         ]
 
     def expected(self, case: Case) -> Any:
@@ -536,8 +426,6 @@ OPS: dict[str, Op] = {
     for op in (
         GiouOp(),
         GiouVjpOp(),
-        NmsOp(),
-        BatchedNmsOp(),
         Int8MatmulOp(),
         PairwiseOp("box_iou"),
         PairwiseOp("generalized_box_iou"),
@@ -545,3 +433,12 @@ OPS: dict[str, Op] = {
         BoxMetricOp("ciou"),
     )
 }
+
+
+def register(*ops: Op) -> None:
+    """Adds ops whose workloads are declared with the op (``asickernels/kernels/<op>_cases.py``)."""
+    OPS.update((op.name, op) for op in ops)
+
+
+# Imported last: it registers its workloads here (importing it first works as well).
+from asickernels.kernels import nms_cases  # noqa: E402, F401

@@ -315,8 +315,9 @@ class Op:
         """The backend this call runs on (None for ops without a kernel).
 
         Raises:
-          TypeError: a backend or config is given to an op without a kernel, or the backend
-            cannot run this call.
+          TypeError: a backend or config is given to an op without a kernel, the backend
+            cannot run this call, or it does not take this config
+            (:func:`registry.check_config`).
           ValueError, BackendUnavailableError: see :func:`policy.choose`.
         """
         if plan.kernel is None:
@@ -325,7 +326,9 @@ class Op:
                     raise TypeError(f"{self.name} takes no {name} (it is plain JAX)")
             return None
         where = policy.where_arrays_live([a for a in arrays.values() if a is not None])
-        return policy.select(plan.kernel, backend, where, plan.dtype)
+        chosen = policy.select(plan.kernel, backend, where, plan.dtype)
+        registry.check_config(plan.kernel, chosen, config)
+        return chosen
 
     # Running ------------------------------------------------------------------------------
 

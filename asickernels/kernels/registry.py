@@ -27,7 +27,10 @@ Implementation calling conventions (the op layer validates, flattens and convert
 * ``int8_matmul(x [M, K] int8, y [K, N] int8, *, x_scale [M] | None, y_scale [N] | None,
   out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
 
-Every implementation also takes ``config=None``: a backend-specific tuning object. A JAX
+An implementation whose declaration names a tuning config type
+(``@BACKEND.implements(..., config=GiouConfig)``) also takes ``config=`` (None when the caller
+gave none); the op refuses any other config, and any config at all for an implementation that
+names none, once per call signature (:func:`check_config`), so no kernel sees one. A JAX
 backend may also declare a *host twin* of a kernel (numpy in, numpy out; :meth:`Backend.host_twin`)
 that eager calls on host arrays use instead of a compiled JAX call.
 """
@@ -110,16 +113,18 @@ class Backend:
         *,
         dtypes: frozenset[str] = FLOAT32_ONLY,
         generations: frozenset[str] | None = None,
+        config: type | None = None,
         vjp: str | None = None,
     ) -> Callable[[F], F]:
         """Declares the decorated function as this backend's implementation of ``kernel``.
 
-        ``dtypes`` and ``generations`` state what it supports (:class:`Support`). ``vjp``
+        ``dtypes`` and ``generations`` state what it supports, ``config`` the type of the
+        tuning object it takes (None: it takes none) (:class:`Support`). ``vjp``
         also declares, under that kernel name, its backward kernel by automatic
         differentiation (:func:`asickernels.backends.autodiff.paired_vjp`; for a JAX
         paired-box kernel ``[P, 4] x2 -> [P]``), with the same support.
         """
-        support = Support(dtypes, generations)
+        support = Support(dtypes, generations, config)
 
         def declare(function: F) -> F:
             register(kernel, self.name, function, support=support)
@@ -150,10 +155,12 @@ class Support:
       dtypes: the compute dtypes it decides in (``"float32"``, ``"float64"``); float
         inputs narrower than float32 are upcast before it runs. Integer kernels ignore this.
       generations: TPU generations it compiles for (None: any); elsewhere ignored.
+      config: the type of the ``config=`` tuning object it takes; None: it takes none.
     """
 
     dtypes: frozenset[str] = FLOAT32_ONLY
     generations: frozenset[str] | None = None
+    config: type | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +269,29 @@ def availability(name: str) -> Availability:
 def support(kernel: str, name: str) -> Support:
     """What ``name``'s implementation of ``kernel`` supports (it must implement it)."""
     return _IMPLEMENTATIONS[(kernel, _declared(name))].support
+
+
+def check_config(kernel: str, name: str, config: Any) -> None:
+    """Refuses a ``config`` that backend ``name``'s implementation of ``kernel`` does not
+    take: anything but None where it declares no config type, anything but an instance of
+    the type it declares.
+
+    Raises:
+      TypeError: naming ``config``, the backend and what it takes.
+    """
+    if config is None:
+        return
+    kind = support(kernel, name).config
+    if kind is None:
+        raise TypeError(
+            f"config: backend {name!r} takes no config for {kernel}; pass config=None, "
+            f"got {type(config).__name__}"
+        )
+    if not isinstance(config, kind):
+        raise TypeError(
+            f"config: backend {name!r} takes a {kind.__name__} for {kernel}, "
+            f"got {type(config).__name__}"
+        )
 
 
 def has_host_implementation(kernel: str, name: str) -> bool:

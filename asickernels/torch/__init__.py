@@ -322,14 +322,7 @@ def roi_pool(
     """RoIPool (max per bin) of feature maps ``input [N, C, H, W]`` over ``rois [K, 5]`` rows
     ``(batch index, x1, y1, x2, y2)`` -> ``[K, C, PH, PW]``, as ``torchvision.ops.roi_pool``;
     differentiable in ``input``. Contract: :func:`asickernels.roi_pool`."""
-    return _call(
-        asickernels.roi_pool,
-        input=input,
-        rois=rois,
-        output_size=output_size,
-        spatial_scale=spatial_scale,
-        backend=backend,
-    )
+    return _call(asickernels.roi_pool, input, rois, output_size, spatial_scale, backend)
 
 
 def roi_pool_vjp(
@@ -345,11 +338,5 @@ def roi_pool_vjp(
     respect to ``input``, for ``cotangent [K, C, PH, PW]``. Contract:
     :func:`asickernels.roi_pool_vjp`."""
     return _call(
-        asickernels.roi_pool_vjp,
-        input=input,
-        rois=rois,
-        cotangent=cotangent,
-        output_size=output_size,
-        spatial_scale=spatial_scale,
-        backend=backend,
+        asickernels.roi_pool_vjp, input, rois, cotangent, output_size, spatial_scale, backend
     )

@@ -42,7 +42,8 @@ import torchvision
 import asickernels as ak
 import asickernels.torch as akt
 from asickernels.backends.cpu import _library
-from asickernels.benchmarking.workloads import jittered, random_boxes, seed_style_boxes
+from asickernels.benchmarking.workloads import jittered, random_boxes
+from asickernels.kernels.nms_cases import seed_style_boxes
 
 NMS_SIZES = (256, 1024, 4096, 16384)
 GIOU_SIZES = ((64, 64), (256, 256), (1024, 256))

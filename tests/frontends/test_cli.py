@@ -16,7 +16,7 @@ from asickernels import cli, reference
 from asickernels.benchmarking import device, harness, peers, schema, workloads
 from asickernels.benchmarking.progress import Progress, render_bar
 from asickernels.benchmarking.timing import Timing
-from asickernels.kernels import registry
+from asickernels.kernels import nms_cases, registry
 from asickernels.kernels.registry import Availability, Backend
 
 
@@ -450,7 +450,7 @@ def test_progress_bar_writes_lines_when_not_a_terminal():
 @pytest.mark.parametrize("categories", [False, True])
 def test_numpy_nms_peer_agrees_with_the_reference(categories):
     rng = np.random.default_rng(5)
-    boxes, scores = workloads.seed_style_boxes(rng, 300)
+    boxes, scores = nms_cases.seed_style_boxes(rng, 300)
     cats = rng.integers(0, 4, 300) if categories else None
     kept = peers.numpy_nms(boxes, scores, 0.3, 50, cats)
     want, count = reference.nms(

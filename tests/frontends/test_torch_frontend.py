@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from frontend_cases import every_argument, parameters
 
-from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, nms_cases, random_boxes
+from asickernels.kernels.nms_cases import nms_cases
+from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, random_boxes
 
 torch = pytest.importorskip("torch")
 try:

@@ -9,8 +9,6 @@ complete: a backend registered for a kernel without its base here fails it."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import ml_dtypes
 import numpy as np
@@ -21,8 +19,9 @@ from roi_cases import RoiCase, roi_cases
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
 from asickernels.kernels import registry
+from asickernels.kernels.nms_cases import nms_cases
 from asickernels.testing import oracle
-from asickernels.testing.cases import giou_cases, matmul_cases, nms_cases
+from asickernels.testing.cases import giou_cases, matmul_cases
 
 
 def require_traceable(backend):

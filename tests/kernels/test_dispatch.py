@@ -373,3 +373,25 @@ def test_repeated_eager_calls_keep_wide_category_ids_apart():
             boxes, scores, ids, iou_threshold=0.5, max_output_size=2, backend="xla"
         )
         assert int(kept) == 2
+
+
+def test_a_config_is_checked_against_the_type_the_backend_declares():
+    """One check for every backend: the type its implementation declares, or none."""
+    from asickernels.backends.pallas_tpu.giou import GiouConfig
+    from asickernels.backends.pallas_tpu.nms import NmsConfig
+
+    boxes = random_boxes(np.random.default_rng(3), (9,))
+    want = asickernels.giou(boxes, boxes, backend="xla")
+    tuned = asickernels.giou(boxes, boxes, backend="pallas_tpu_interpret", config=GiouConfig(16))
+    np.testing.assert_allclose(np.asarray(tuned), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert registry.support("giou_vjp", "pallas_tpu").config is GiouConfig  # its vjp too
+    with pytest.raises(
+        TypeError, match="config: backend 'pallas_tpu_interpret' takes a GiouConfig"
+    ):
+        asickernels.giou(boxes, boxes, backend="pallas_tpu_interpret", config=NmsConfig())
+    for name in ("xla", "cpu"):  # XLA refuses one instead of ignoring it
+        with pytest.raises(TypeError, match=f"config: backend '{name}' takes no config"):
+            asickernels.giou(boxes, boxes, backend=name, config=GiouConfig())
+    jitted = jax.jit(lambda b: asickernels.giou(b, b, backend="xla", config=GiouConfig()))
+    with pytest.raises(TypeError, match="config"):
+        jitted(boxes)

@@ -1,5 +1,7 @@
-"""The native CPU library: loading it, its ctypes signatures (host path) and its XLA FFI
-targets (JAX path).
+"""The native CPU library: loading it, calling an op's host entry point through ctypes
+(host path) and registering an op's XLA FFI handler (JAX path). Each op's module names the
+symbols it calls and declares their ctypes argument types (:func:`host_entry`,
+:func:`ffi_target`); ``csrc/kernels.h`` describes the C++ side.
 
 The library (``_kernels*.so`` beside this file) is built with the package (``setup.py``:
 a wheel carries it; an editable install builds it in place), so nothing is compiled at run
@@ -39,6 +41,8 @@ _ERRORS = {1: "unsupported dtype or metric code", 2: "out of memory"}
 ISA_LEVELS = ("baseline", "avx2", "avx512")
 
 FLOAT_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+#: The suffix of an FFI handler's name per float dtype (``nms_f32``).
+FLOAT_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 OUT_KIND = {np.dtype(np.int32): 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 
 
@@ -88,7 +92,7 @@ def sanitized_library_path() -> Path:
 
     include = Path(jax.ffi.include_dir())
     sources = sorted(_CSRC.glob("*.cpp"))
-    headers = [*_CSRC.glob("*.h"), *_CSRC.glob("*.inc")]
+    headers = sorted(_CSRC.glob("*.h"))
     try:
         return _native_build.build(
             "cpu-kernels",
@@ -102,8 +106,9 @@ def sanitized_library_path() -> Path:
         raise NativeCpuError(str(error)) from None
 
 
-def _pointer_args(count: int) -> list[Any]:
-    return [ctypes.c_void_p] * count
+#: ctypes argument types of the host entry points: C ``int``, ``int64_t``, ``double`` and a
+#: pointer (an array's data, or null).
+INT, INT64, DOUBLE, POINTER = ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 
 
 @functools.cache
@@ -119,35 +124,9 @@ def library() -> ctypes.CDLL:
     if path is None:
         raise NativeCpuError(str(unavailable_reason()))
     lib = ctypes.CDLL(str(path))
-    i64, c_int, c_double = ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    lib.asickernels_cpu_paired_box_metric.argtypes = [c_int, c_int, *_pointer_args(2), i64,
-                                                      ctypes.c_void_p]  # fmt: skip
-    lib.asickernels_cpu_paired_box_metric_vjp.argtypes = [
-        c_int, c_int, *_pointer_args(3), i64, *_pointer_args(2)
-    ]  # fmt: skip
-    lib.asickernels_cpu_pairwise_box_metric.argtypes = [
-        c_int, c_int, *_pointer_args(2), i64, i64, i64, ctypes.c_void_p
-    ]  # fmt: skip
-    lib.asickernels_cpu_pairwise_box_metric_vjp.argtypes = [
-        c_int, c_int, *_pointer_args(3), i64, i64, i64, *_pointer_args(2)
-    ]  # fmt: skip
-    lib.asickernels_cpu_nms.argtypes = [
-        c_int, *_pointer_args(3), i64, i64, c_double, i64, c_double, *_pointer_args(2)
-    ]  # fmt: skip
-    lib.asickernels_cpu_int8_matmul.argtypes = [
-        *_pointer_args(2), i64, i64, i64, *_pointer_args(2), c_int, ctypes.c_void_p
-    ]  # fmt: skip
     lib.asickernels_cpu_int8_matmul_path.restype = ctypes.c_char_p
-    roi_align_args = [c_int, *_pointer_args(2), *[i64] * 7, c_double, i64, c_int, ctypes.c_void_p]
-    lib.asickernels_cpu_roi_align.argtypes = roi_align_args
-    lib.asickernels_cpu_roi_align_vjp.argtypes = roi_align_args
-    roi_pool_scalars: list[Any] = [*[i64] * 7, c_double, ctypes.c_void_p]
-    lib.asickernels_cpu_roi_pool.argtypes = [c_int, *_pointer_args(2), *roi_pool_scalars]
-    lib.asickernels_cpu_roi_pool_vjp.argtypes = [c_int, *_pointer_args(3), *roi_pool_scalars]
-    lib.asickernels_cpu_use_isa_level.argtypes = [c_int]
-    lib.asickernels_cpu_set_max_threads.argtypes = [c_int]
-    lib.asickernels_cpu_ffi_target_name.argtypes = [i64]
-    lib.asickernels_cpu_ffi_target_name.restype = ctypes.c_char_p
+    lib.asickernels_cpu_use_isa_level.argtypes = [INT]
+    lib.asickernels_cpu_set_max_threads.argtypes = [INT]
     if bool(lib.asickernels_cpu_sanitized()) != sanitize:
         raise NativeCpuError(f"{lib._name} is not the {'sanitized' if sanitize else 'plain'} build")
     lib.asickernels_cpu_set_max_threads(os.cpu_count() or 1)
@@ -186,29 +165,25 @@ def use_isa_level(level: str) -> str:
 
 
 @functools.cache
-def ffi_target_names() -> tuple[str, ...]:
-    """The library's FFI handlers (``csrc/ffi_targets.h``), by their names without
-    :data:`_FFI_PREFIX`."""
-    name_of = library().asickernels_cpu_ffi_target_name
-    names: list[str] = []
-    while (name := name_of(len(names))) is not None:
-        names.append(name.decode())
-    return tuple(names)
+def host_entry(name: str, *argtypes: Any) -> Any:
+    """The host entry point ``asickernels_cpu_<name>`` (defined in its op's ``csrc`` file),
+    taking ``argtypes`` and returning a status for :func:`check`."""
+    function = getattr(library(), f"asickernels_cpu_{name}")
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
 @functools.cache
-def ffi_targets() -> None:
-    """Registers every FFI handler of the library with XLA, once per process."""
+def ffi_target(name: str) -> str:
+    """The XLA FFI target of the handler ``asickernels_cpu_ffi_<name>`` (defined in its op's
+    ``csrc`` file), registered with XLA on first use in the process."""
     import jax
 
-    lib = library()
-    for name in ffi_target_names():
-        symbol = getattr(lib, _FFI_PREFIX + name)
-        jax.ffi.register_ffi_target(ffi_name(name), jax.ffi.pycapsule(symbol), platform="cpu")
-
-
-def ffi_name(target: str) -> str:
-    return _FFI_PREFIX + target
+    target = _FFI_PREFIX + name
+    handler = getattr(library(), target)
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
+    return target
 
 
 def address(array: np.ndarray | None) -> int | None:
@@ -225,11 +200,6 @@ _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 def float_kernel_dtype(*dtypes: Any) -> np.dtype:
     """float64 if any input is float64, else float32 (bfloat16/float16 are upcast)."""
     return _FLOAT64 if any(d == _FLOAT64 for d in dtypes) else _FLOAT32
-
-
-def check_config(config: Any) -> None:
-    if config is not None:
-        raise ValueError(f"the cpu backend has no tuning config, got {config!r}")
 
 
 Bound = Callable[..., Any]
@@ -253,25 +223,23 @@ class HostTwin:
         self.bind = bind
         self.__doc__ = doc
 
-    def __call__(self, *args: Any, config: Any = None, **kwargs: Any) -> Any:
-        check_config(config)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs = self.prepare(*args)
         return self.bind(*inputs, **kwargs)(*[a for a in inputs if a is not None])
 
 
 def bound_entry(
-    entry: str,
+    entry: Any,
     leading: tuple[Any, ...],
     trailing: tuple[Any, ...],
     inputs: Sequence[np.ndarray | None],
     outputs: Sequence[tuple[tuple[int, ...], np.dtype]],
 ) -> Bound:
-    """Host entry point ``asickernels_cpu_<entry>(*leading, *input pointers, *trailing,
-    *output pointers)`` bound to ``inputs`` (None ones become null pointers): the returned
+    """Host entry point ``entry(*leading, *input pointers, *trailing, *output pointers)``
+    (a :func:`host_entry`) bound to ``inputs`` (None ones become null pointers): the returned
     function takes the arrays that were not None, C-contiguous and of the same dtypes and
     sizes (what :class:`HostTwin`'s ``prepare`` gives), and returns new output arrays of
     ``outputs`` (shape, dtype) pairs, a tuple when there are several."""
-    function = getattr(library(), f"asickernels_cpu_{entry}")
     nulls = [i for i, a in enumerate(inputs) if a is None]
     allocations = [functools.partial(host_empty, shape, dtype) for shape, dtype in outputs]
 
@@ -280,7 +248,7 @@ def bound_entry(
         pointers = [*map(address, arrays)]
         for i in nulls:
             pointers.insert(i, None)
-        status = function(*leading, *pointers, *trailing, *map(address, outs))
+        status = entry(*leading, *pointers, *trailing, *map(address, outs))
         if status:
             check(status)
         return outs[0] if len(outs) == 1 else outs

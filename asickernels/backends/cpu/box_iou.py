@@ -20,13 +20,21 @@ from asickernels.kernels.registry import FLOAT32_AND_64
 
 # The kernels' metric codes (asickernels_cpu::BoxMetric).
 METRIC_CODES = {"iou": 0, "giou": 1, "diou": 2, "ciou": 3}
-_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+_I, _P = _library.INT, _library.POINTER
+_I64 = _library.INT64
+# The host entry points (csrc/box_iou.cpp): metric code, dtype code, input pointers, sizes,
+# output pointers.
+_HOST_ARGTYPES = {
+    "paired_box_metric": (_I, _I, _P, _P, _I64, _P),
+    "paired_box_metric_vjp": (_I, _I, _P, _P, _P, _I64, _P, _P),
+    "pairwise_box_metric": (_I, _I, _P, _P, _I64, _I64, _I64, _P),
+    "pairwise_box_metric_vjp": (_I, _I, _P, _P, _P, _I64, _I64, _I64, _P, _P),
+}
 
 
 def _ffi(kind: str, metric: str, dtype: Any, results: Any) -> Callable[..., Any]:
     """The FFI call of ``kind`` (e.g. ``"paired_box_metric_vjp"``) for ``metric``."""
-    _library.ffi_targets()
-    target = _library.ffi_name(f"{kind}_{_SUFFIX[np.dtype(dtype)]}")
+    target = _library.ffi_target(f"{kind}_{_library.FLOAT_SUFFIX[np.dtype(dtype)]}")
     call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
     return functools.partial(call, metric=np.int64(METRIC_CODES[metric]))
 
@@ -154,8 +162,7 @@ def _jax_inputs(*arrays: Any) -> list[jax.Array]:
 def paired_metric(metric: str) -> Callable[..., jax.Array]:
     """``(boxes1 [P, 4], boxes2 [P, 4]) -> [P]`` ``metric``, differentiable."""
 
-    def run(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
-        _library.check_config(config)
+    def run(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
         return _differentiable_paired(metric, *_jax_inputs(boxes1, boxes2))
 
     run.__doc__ = f"""``[P, 4]`` x2 -> ``[P]`` {metric} (float64 for float64 boxes, else
@@ -167,9 +174,8 @@ def paired_metric_vjp(metric: str) -> Callable[..., tuple[jax.Array, jax.Array]]
     """``(boxes1, boxes2 [P, 4], cotangent [P]) -> (d_boxes1, d_boxes2)`` of ``metric``."""
 
     def run(
-        boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array, *, config: Any = None
+        boxes1: jax.Array, boxes2: jax.Array, cotangent: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        _library.check_config(config)
         return _paired_vjp_call(metric, *_jax_inputs(boxes1, boxes2, cotangent))
 
     run.__doc__ = f"""``[P, 4]``, ``[P, 4]``, ``[P]`` -> gradients ``[P, 4]`` x2 of
@@ -178,10 +184,9 @@ def paired_metric_vjp(metric: str) -> Callable[..., tuple[jax.Array, jax.Array]]
 
 
 def _pairwise_metric(metric: str) -> Callable[..., jax.Array]:
-    def run(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+    def run(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
         """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` (float64 for float64 boxes, else
         float32); differentiable (the backward pass is the native gradient kernel)."""
-        _library.check_config(config)
         return _pairwise(metric, *_jax_inputs(boxes1, boxes2))
 
     return run
@@ -211,7 +216,8 @@ def _metric_twin(entry: str, metric: str, layout: Layout, doc: str) -> _library.
         sizes, shapes = layout(*arrays)
         codes = (METRIC_CODES[metric], _library.FLOAT_CODES[dtype])
         outputs = [(shape, dtype) for shape in shapes]
-        return _library.bound_entry(entry, codes, sizes, arrays, outputs)
+        function = _library.host_entry(entry, *_HOST_ARGTYPES[entry])
+        return _library.bound_entry(function, codes, sizes, arrays, outputs)
 
     return _library.HostTwin(_host_inputs, bind, doc)
 

@@ -13,6 +13,13 @@ import numpy as np
 from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.declaration import host_empty
 
+# asickernels_cpu_int8_matmul (csrc/int8_matmul.cpp): x, y, m, k, n, x_scale or null,
+# y_scale or null, out kind (_library.OUT_KIND), out.
+_HOST_ARGTYPES = (
+    *[_library.POINTER] * 2, *[_library.INT64] * 3, *[_library.POINTER] * 2, _library.INT,
+    _library.POINTER,
+)  # fmt: skip
+
 
 def _kernel_out_dtype(out_dtype: Any, scaled: bool) -> np.dtype:
     """What the kernel writes: int32 unscaled; float64 for a float64 result, else float32."""
@@ -29,11 +36,8 @@ def int8_matmul(
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
     out_dtype: Any,
-    config: Any = None,
 ) -> jax.Array:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` with scales."""
-    _library.check_config(config)
-    _library.ffi_targets()
     m, n = x.shape[0], y.shape[1]
     scaled = x_scale is not None
     kernel_dtype = _kernel_out_dtype(out_dtype, scaled)
@@ -42,12 +46,12 @@ def int8_matmul(
     result = jax.ShapeDtypeStruct((m, n), kernel_dtype)
     if not scaled:
         call = jax.ffi.ffi_call(
-            _library.ffi_name("int8_matmul"), result, vmap_method="broadcast_all"
+            _library.ffi_target("int8_matmul"), result, vmap_method="broadcast_all"
         )
         return call(x, y)
     suffix = "f64" if kernel_dtype == np.float64 else "f32"
     call = jax.ffi.ffi_call(
-        _library.ffi_name(f"int8_matmul_scaled_{suffix}"), result, vmap_method="broadcast_all"
+        _library.ffi_target(f"int8_matmul_scaled_{suffix}"), result, vmap_method="broadcast_all"
     )
     scales = [jnp.asarray(s).astype(jnp.float32) for s in (x_scale, y_scale)]
     return call(x, y, *scales).astype(out_dtype)
@@ -61,10 +65,8 @@ def int8_matmul_host(
     x_scale: np.ndarray | None,
     y_scale: np.ndarray | None,
     out_dtype: Any,
-    config: Any = None,
 ) -> np.ndarray:
     """Host twin of :func:`int8_matmul`: numpy in, numpy out."""
-    _library.check_config(config)
     x = np.ascontiguousarray(x, np.int8)
     y = np.ascontiguousarray(y, np.int8)
     (m, k), n = x.shape, y.shape[1]
@@ -75,7 +77,7 @@ def int8_matmul_host(
     ]
     out = host_empty((m, n), kernel_dtype)
     _library.check(
-        _library.library().asickernels_cpu_int8_matmul(
+        _library.host_entry("int8_matmul", *_HOST_ARGTYPES)(
             _library.address(x),
             _library.address(y),
             m,

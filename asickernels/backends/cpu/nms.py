@@ -3,8 +3,6 @@ are made in float64 (exactly the reference's), whatever the input dtype."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +10,12 @@ import numpy as np
 from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.registry import FLOAT32_AND_64
 
-_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+# asickernels_cpu_nms (csrc/nms.cpp): dtype code, boxes, scores, categories or null, batch,
+# n, iou_threshold, max_output_size, score_threshold, indices, num_valid.
+_HOST_ARGTYPES = (
+    _library.INT, *[_library.POINTER] * 3, _library.INT64, _library.INT64, _library.DOUBLE,
+    _library.INT64, _library.DOUBLE, *[_library.POINTER] * 2,
+)  # fmt: skip
 
 
 @BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
@@ -24,12 +27,9 @@ def nms(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid [B]`` int32)."""
-    _library.check_config(config)
-    _library.ffi_targets()
     dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
     arrays = [jnp.asarray(boxes).astype(dtype), jnp.asarray(scores).astype(dtype)]
     kind = "nms"
@@ -42,7 +42,9 @@ def nms(
         jax.ShapeDtypeStruct(batch_shape, jnp.int32),
     )
     call = jax.ffi.ffi_call(
-        _library.ffi_name(f"{kind}_{_SUFFIX[dtype]}"), results, vmap_method="broadcast_all"
+        _library.ffi_target(f"{kind}_{_library.FLOAT_SUFFIX[dtype]}"),
+        results,
+        vmap_method="broadcast_all",
     )
     indices, num_valid = call(
         *arrays,
@@ -80,7 +82,8 @@ def _bind_host(
     scalars = (batch, n, float(iou_threshold), int(max_output_size), float(score_threshold))
     outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
     inputs = (boxes, scores, categories)
-    return _library.bound_entry("nms", (_library.FLOAT_CODES[dtype],), scalars, inputs, outputs)
+    entry = _library.host_entry("nms", *_HOST_ARGTYPES)
+    return _library.bound_entry(entry, (_library.FLOAT_CODES[dtype],), scalars, inputs, outputs)
 
 
 nms_host = BACKEND.host_twin("nms")(

@@ -17,6 +17,12 @@ from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+# asickernels_cpu_roi_align and _vjp (csrc/roi_align.cpp): dtype code, two array pointers,
+# N, C, H, W, K, pooled height and width, spatial_scale, sampling_ratio, aligned, output.
+_HOST_ARGTYPES = (
+    _library.INT, *[_library.POINTER] * 2, *[_library.INT64] * 7, _library.DOUBLE,
+    _library.INT64, _library.INT, _library.POINTER,
+)  # fmt: skip
 # The statics, as a hashable tuple for jax.custom_vjp: (output_size, spatial_scale,
 # sampling_ratio, aligned).
 Statics = tuple[tuple[int, int], float, int, bool]
@@ -37,8 +43,7 @@ def ffi_call(
     kernel: str, result: jax.ShapeDtypeStruct, attributes: dict[str, Any], *arrays: Any
 ) -> jax.Array:
     """The FFI handler ``<kernel>_<f32|f64>`` (RoIAlign's and RoIPool's) on ``arrays``."""
-    _library.ffi_targets()
-    target = _library.ffi_name(f"{kernel}_{_SUFFIX[np.dtype(result.dtype)]}")
+    target = _library.ffi_target(f"{kernel}_{_SUFFIX[np.dtype(result.dtype)]}")
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
     return call(*arrays, **attributes)  # type: ignore[no-any-return]
 
@@ -92,12 +97,10 @@ def roi_align(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``;
     differentiable in ``input`` with ``jax.grad``. A RoI whose batch index names no image of
     ``input`` is an error (the kernel checks, under ``jit`` too)."""
-    _library.check_config(config)
     statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
     return _differentiable(input, rois, statics)
 
@@ -112,11 +115,9 @@ def roi_align_vjp(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> jax.Array:
     """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient
     (scatter-added in torchvision's order: deterministic)."""
-    _library.check_config(config)
     statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
     return _backward(tuple(input_shape), rois, cotangent, statics)
 
@@ -146,7 +147,8 @@ def _bind(
     )
     scalars = (*input_shape, rois.shape[0], height, width, scale, ratio, int(flag))
     code = (_library.FLOAT_CODES[rois.dtype],)
-    return _library.bound_entry(entry, code, scalars, inputs, [(output, rois.dtype)])
+    function = _library.host_entry(entry, *_HOST_ARGTYPES)
+    return _library.bound_entry(function, code, scalars, inputs, [(output, rois.dtype)])
 
 
 def _bind_forward(

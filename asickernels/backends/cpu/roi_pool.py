@@ -17,6 +17,10 @@ from asickernels.backends.cpu import BACKEND, _library
 from asickernels.backends.cpu.roi_align import ffi_call, host_arrays
 from asickernels.kernels.registry import FLOAT32_AND_64
 
+# asickernels_cpu_roi_pool (csrc/roi_align.cpp): dtype code, input and rois pointers (and the
+# cotangent's for _vjp), N, C, H, W, K, pooled height and width, spatial_scale, output.
+_SCALARS = (*[_library.INT64] * 7, _library.DOUBLE, _library.POINTER)
+
 
 def _attributes(output_size: tuple[int, int], spatial_scale: float) -> dict[str, Any]:
     return {
@@ -74,12 +78,10 @@ def roi_pool(
     *,
     output_size: tuple[int, int],
     spatial_scale: float,
-    config: Any = None,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``;
     differentiable in ``input`` with ``jax.grad``. A RoI whose batch index names no image of
     ``input`` is an error (the kernel checks, under ``jit`` too)."""
-    _library.check_config(config)
     return _differentiable(input, rois, output_size, float(spatial_scale))
 
 
@@ -91,11 +93,9 @@ def roi_pool_vjp(
     *,
     output_size: tuple[int, int],
     spatial_scale: float,
-    config: Any = None,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the gradient
     in ``input`` (added at each bin's argmax in torchvision's order: deterministic)."""
-    _library.check_config(config)
     return _backward(input, rois, cotangent, output_size, float(spatial_scale))
 
 
@@ -112,7 +112,10 @@ def _bind(
     scalars = (*input.shape, rois.shape[0], height, width, float(spatial_scale))
     code = (_library.FLOAT_CODES[rois.dtype],)
     inputs = (input, rois) if cotangent is None else (input, rois, cotangent)
-    return _library.bound_entry(entry, code, scalars, inputs, [(output, rois.dtype)])
+    function = _library.host_entry(
+        entry, _library.INT, *[_library.POINTER] * len(inputs), *_SCALARS
+    )
+    return _library.bound_entry(function, code, scalars, inputs, [(output, rois.dtype)])
 
 
 def _bind_forward(input: np.ndarray, rois: np.ndarray, **statics: Any) -> _library.Bound:

@@ -114,8 +114,3 @@ def run_on_neuron(op: str, *args: Any) -> np.ndarray:
     device = xm.xla_device()
     converted = [torch.from_numpy(a).to(device) if isinstance(a, np.ndarray) else a for a in args]
     return getattr(_neuron_ops(), op)(*converted).cpu().numpy()
-
-
-def check_config(config: Any) -> None:
-    if config is not None:
-        raise ValueError(f"the gpsimd backend has no tuning config, got {config!r}")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from asickernels.backends.gpsimd import BACKEND, _library
 
 
 @BACKEND.implements("giou")
-def giou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
+def giou(boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``boxes1, boxes2 [P, 4]`` (any float dtype, computed in float32) -> ``[P]`` float32."""
-    _library.check_config(config)
     a = np.ascontiguousarray(boxes1, dtype=np.float32)
     b = np.ascontiguousarray(boxes2, dtype=np.float32)
     if _library.on_neuron():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from asickernels.backends.gpsimd import BACKEND, _library
@@ -43,12 +41,10 @@ def nms(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid [B]`` int32).
     Boxes are computed in float32."""
-    _library.check_config(config)
     batch, n = scores.shape
     boxes32 = np.ascontiguousarray(boxes, dtype=np.float32)
     scores32, threshold = _scores_as_float32(np.asarray(scores), score_threshold)

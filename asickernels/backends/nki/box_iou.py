@@ -19,7 +19,7 @@ import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.giou import PMAX, pair_tiles
-from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
+from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
 from asickernels.reference import GIOU_EPS
 
 # Boxes of boxes2 per tile: one 2 KiB PSUM bank of float32 per broadcast plane.
@@ -104,21 +104,15 @@ def paired_kernel(boxes1: Any, boxes2: Any, metric: str) -> Any:
     return out
 
 
-def _pairwise(
-    metric: str, boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None
-) -> np.ndarray:
+def _pairwise(metric: str, boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32."""
-    reject_config(config)
     planes2 = np.ascontiguousarray(np.swapaxes(float_input(boxes2), 1, 2))
     result: np.ndarray = run(pairwise_kernel, float_input(boxes1), planes2, metric)
     return result
 
 
-def _paired(
-    metric: str, boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None
-) -> np.ndarray:
+def _paired(metric: str, boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``[P, 4]`` x2 -> ``[P]`` float32."""
-    reject_config(config)
     result: np.ndarray = run(paired_kernel, float_input(boxes1), float_input(boxes2), metric)
     return result
 

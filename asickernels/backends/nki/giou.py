@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
-from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
+from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
 from asickernels.reference import GIOU_EPS
 
 PMAX = 128
@@ -147,18 +147,16 @@ def _owned(from1: Any, gradient: Any, first: bool) -> Any:
 
 
 @BACKEND.implements("giou")
-def giou(boxes1: np.ndarray, boxes2: np.ndarray, *, config: Any = None) -> np.ndarray:
+def giou(boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``[P, 4]`` x2 -> ``[P]`` float32."""
-    reject_config(config)
     result: np.ndarray = run(giou_kernel, float_input(boxes1), float_input(boxes2))
     return result
 
 
 @BACKEND.implements("giou_vjp")
 def giou_vjp(
-    boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray, *, config: Any = None
+    boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[P, 4]`` x2, ``[P]`` -> ``(d_boxes1, d_boxes2)`` float32 ``[P, 4]``."""
-    reject_config(config)
     d1, d2 = run(giou_vjp_kernel, float_input(boxes1), float_input(boxes2), float_input(cotangent))
     return d1, d2

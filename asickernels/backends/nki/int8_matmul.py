@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
-from asickernels.backends.nki.sdk import FLOAT_DTYPES, nisa, nki, nl, reject_config, run
+from asickernels.backends.nki.sdk import FLOAT_DTYPES, nisa, nki, nl, run
 
 PMAX = 128
 MAX_N = 512
@@ -83,10 +83,8 @@ def int8_matmul(
     x_scale: np.ndarray | None,
     y_scale: np.ndarray | None,
     out_dtype: Any,
-    config: Any = None,
 ) -> np.ndarray:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` (see the module docstring)."""
-    reject_config(config)
     out_dtype = np.dtype(out_dtype)
     # float64 (not an NKI dtype) leaves the kernel as float32: the op computes in float32.
     kernel_dtype = out_dtype if out_dtype in _KERNEL_OUT_DTYPES else np.dtype(np.float32)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
-from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
+from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
 
 PMAX = 128
 # Boxes per image the kernel takes: 512 columns of state per partition stay well inside
@@ -222,10 +222,8 @@ def nms(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
-    reject_config(config)
     batch, n = scores.shape
     if n > MAX_BOXES:
         raise ValueError(f"the nki NMS kernel takes N <= {MAX_BOXES} boxes per image, got {n}")

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
-from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, reject_config, run
+from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
 
 PMAX = 128
 MAX_BINS_H = 128  # the stationary free size of the second product
@@ -446,11 +446,9 @@ def roi_align(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> np.ndarray:
     """``input [N, C, H, W]``, ``rois [K, 5]`` -> ``[K, C, PH, PW]`` float32 (PH <= 128,
     PW <= 512)."""
-    reject_config(config)
     bins_h, bins_w = output_size
     if bins_h > MAX_BINS_H or bins_w > MAX_BINS_W:
         raise ValueError(
@@ -479,11 +477,9 @@ def roi_align_vjp(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> np.ndarray:
     """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient,
     float32 (PH, PW <= 128)."""
-    reject_config(config)
     bins_h, bins_w = output_size
     if bins_h > PMAX or bins_w > PMAX:
         raise ValueError(

@@ -23,7 +23,6 @@ __all__ = [
     "nisa",
     "nki",
     "nl",
-    "reject_config",
     "run",
 ]
 
@@ -96,11 +95,6 @@ def run(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 def last_counters() -> dict[str, float]:
     """Our simulator's counters for its last kernel run (none when the SDK runs kernels)."""
     return {} if USING_SDK else nki.last_counters()
-
-
-def reject_config(config: Any) -> None:
-    if config is not None:
-        raise TypeError(f"the nki backend has no tuning options; pass config=None, got {config!r}")
 
 
 # The float dtypes NKI has (no float64).

@@ -110,13 +110,14 @@ def _run_pairwise(
 ) -> jax.Array:
     """``[B, N, 4]`` x ``[B, M, 4]`` (any float dtype; computed in float32) -> ``[B, N, M]``
     float32."""
-    lowering.check_config(config, PairwiseConfig)
     boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _box_kernel(True, metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
-box_iou = BACKEND.implements("box_iou")(functools.partial(_run_pairwise, "iou"))
-generalized_box_iou = BACKEND.implements("generalized_box_iou")(
+box_iou = BACKEND.implements("box_iou", config=PairwiseConfig)(
+    functools.partial(_run_pairwise, "iou")
+)
+generalized_box_iou = BACKEND.implements("generalized_box_iou", config=PairwiseConfig)(
     functools.partial(_run_pairwise, "giou")
 )
 
@@ -260,11 +261,14 @@ def _run_paired(
     mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    lowering.check_config(config, GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16) or boxes1.dtype != boxes2.dtype:
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _box_kernel(False, metric, boxes1, boxes2, config, mode)
 
 
-diou = BACKEND.implements("diou", vjp="diou_vjp")(functools.partial(_run_paired, "diou"))
-ciou = BACKEND.implements("ciou", vjp="ciou_vjp")(functools.partial(_run_paired, "ciou"))
+diou = BACKEND.implements("diou", config=GiouConfig, vjp="diou_vjp")(
+    functools.partial(_run_paired, "diou")
+)
+ciou = BACKEND.implements("ciou", config=GiouConfig, vjp="ciou_vjp")(
+    functools.partial(_run_paired, "ciou")
+)

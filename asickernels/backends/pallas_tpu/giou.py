@@ -188,7 +188,7 @@ def _giou_bwd(
 _giou.defvjp(_giou_fwd, _giou_bwd)
 
 
-@BACKEND.implements("giou", vjp="giou_vjp")
+@BACKEND.implements("giou", config=GiouConfig, vjp="giou_vjp")
 def giou(
     boxes1: jax.Array,
     boxes2: jax.Array,
@@ -197,7 +197,6 @@ def giou(
     mode: lowering.InterpretMode = None,
 ) -> jax.Array:
     """``[P, 4]`` x2 (float32 or bfloat16; others are cast to float32) -> ``[P]`` float32."""
-    lowering.check_config(config, GiouConfig)
     if boxes1.dtype not in (jnp.float32, jnp.bfloat16):
         boxes1, boxes2 = boxes1.astype(jnp.float32), boxes2.astype(jnp.float32)
     return _giou(boxes1, boxes2, config, mode)

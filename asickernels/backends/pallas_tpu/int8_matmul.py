@@ -165,7 +165,7 @@ def _build(
 
 
 # v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
-@BACKEND.implements("int8_matmul", generations=generations.INT8_MXU)
+@BACKEND.implements("int8_matmul", generations=generations.INT8_MXU, config=Int8MatmulConfig)
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
@@ -180,7 +180,6 @@ def int8_matmul(
     ``x_scale [M]`` and ``y_scale [N]`` (float32) are given. Lowered for a TPU without an
     int8 MXU path (see :data:`asickernels.tpu_generations.INT8_MXU`) it raises
     NotImplementedError: choosing another backend there is the selection policy's job."""
-    lowering.check_config(config, Int8MatmulConfig)
     scales = () if x_scale is None or y_scale is None else (x_scale, y_scale)
     dtype = jnp.dtype(out_dtype).name if scales else "int32"
     build = lowering.Build(_build, (config, dtype))

@@ -251,9 +251,3 @@ def batchable(kernel_call: Callable[..., Any], mode: InterpretMode) -> Callable[
         return kernel_call(*args)
 
     return eager_only
-
-
-def check_config(override: Any, kind: type) -> None:
-    """Refuses a ``config=`` of the wrong kind before anything is traced."""
-    if override is not None and not isinstance(override, kind):
-        raise TypeError(f"config must be a {kind.__name__}, got {type(override).__name__}")

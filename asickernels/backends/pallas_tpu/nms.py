@@ -458,7 +458,7 @@ def counted_loop_trips(
     )
 
 
-@BACKEND.implements("nms")
+@BACKEND.implements("nms", config=NmsConfig)
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
@@ -472,7 +472,6 @@ def nms(
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
-    lowering.check_config(config, NmsConfig)
     static = (config, float(iou_threshold), int(max_output_size), float(score_threshold), False)
     # The kernel carries categories as float32 fields: dense ranks (< B * N) stay exact.
     extra = () if categories is None else (dense_ranks(jnp, categories),)

@@ -561,7 +561,7 @@ def _statics(
     return (tuple(output_size), float(spatial_scale), int(sampling_ratio), bool(aligned))
 
 
-@BACKEND.implements("roi_align")
+@BACKEND.implements("roi_align", config=RoiAlignConfig)
 def roi_align(
     input: jax.Array,
     rois: jax.Array,
@@ -575,12 +575,11 @@ def roi_align(
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` float32 -> ``[K, C, PH, PW]`` float32;
     differentiable in ``input`` with ``jax.grad`` (the gradient kernel)."""
-    lowering.check_config(config, RoiAlignConfig)
     statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
     return _roi_align(input, rois, statics, config or RoiAlignConfig(), mode)
 
 
-@BACKEND.implements("roi_align_vjp")
+@BACKEND.implements("roi_align_vjp", config=RoiAlignConfig)
 def roi_align_vjp(
     rois: jax.Array,
     cotangent: jax.Array,
@@ -595,6 +594,5 @@ def roi_align_vjp(
 ) -> jax.Array:
     """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` float32 -> the ``input_shape``
     gradient, float32."""
-    lowering.check_config(config, RoiAlignConfig)
     statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
     return _vjp(rois, cotangent, tuple(input_shape), statics, config or RoiAlignConfig(), mode)

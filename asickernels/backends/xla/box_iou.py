@@ -79,7 +79,7 @@ def _planes(boxes: jax.Array, dtype: Any) -> list[jax.Array]:
     return [boxes[..., i] for i in range(4)]
 
 
-def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     """``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)
     rows = [p[:, :, None] for p in _planes(boxes1, dtype)]
@@ -87,7 +87,7 @@ def pairwise(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any =
     return metric_from_planes(metric, *rows, *columns)
 
 
-def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)
     return metric_from_planes(metric, *_planes(boxes1, dtype), *_planes(boxes2, dtype))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
@@ -39,7 +37,7 @@ def giou_from_planes(
 
 
 @BACKEND.implements("giou", dtypes=FLOAT32_AND_64, vjp="giou_vjp")
-def giou(boxes1: jax.Array, boxes2: jax.Array, *, config: Any = None) -> jax.Array:
+def giou(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)
     a, b = boxes1.astype(dtype), boxes2.astype(dtype)

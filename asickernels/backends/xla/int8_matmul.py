@@ -24,7 +24,6 @@ def int8_matmul(
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
     out_dtype: Any,
-    config: Any = None,
 ) -> jax.Array:
     acc = lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     if x_scale is None or y_scale is None:

@@ -119,7 +119,6 @@ def nms(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-    config: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
 

@@ -170,11 +170,6 @@ def _backward(
     return jnp.moveaxis(grad, -1, 1)
 
 
-def _no_config(config: Any) -> None:
-    if config is not None:
-        raise ValueError(f"the xla roi_align kernel has no tuning config, got {config!r}")
-
-
 @BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
 def roi_align(
     input: jax.Array,
@@ -184,11 +179,9 @@ def roi_align(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> jax.Array:
     """``[N, C, H, W]``, ``[K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``; differentiable
     in ``input`` with ``jax.grad`` (through :func:`roi_align_vjp`)."""
-    _no_config(config)
     return _differentiable(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
 
 
@@ -202,10 +195,8 @@ def roi_align_vjp(
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-    config: Any = None,
 ) -> jax.Array:
     """``[K, 5]``, ``[K, C, PH, PW]`` -> the ``input_shape`` gradient."""
-    _no_config(config)
     return _backward(
         input_shape, rois, cotangent, output_size, spatial_scale, sampling_ratio, aligned
     )

@@ -88,11 +88,6 @@ def _scatter(
     return grad.reshape(input_shape)
 
 
-def _no_config(config: Any) -> None:
-    if config is not None:
-        raise ValueError(f"the xla roi_pool kernel has no tuning config, got {config!r}")
-
-
 @BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
 def roi_pool(
     input: jax.Array,
@@ -100,11 +95,9 @@ def roi_pool(
     *,
     output_size: tuple[int, int],
     spatial_scale: float,
-    config: Any = None,
 ) -> jax.Array:
     """``[N, C, H, W]``, ``[K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``; differentiable
     in ``input`` with ``jax.grad`` (the argmax-routed gradient)."""
-    _no_config(config)
     return _differentiable(input, rois, output_size, spatial_scale)
 
 
@@ -116,10 +109,8 @@ def roi_pool_vjp(
     *,
     output_size: tuple[int, int],
     spatial_scale: float,
-    config: Any = None,
 ) -> jax.Array:
     """``[N, C, H, W]``, ``[K, 5]``, ``[K, C, PH, PW]`` -> the gradient in ``input``."""
-    _no_config(config)
     _, argmax = _pool(input, rois, output_size, spatial_scale)
     return _scatter(tuple(input.shape), rois, argmax, cotangent)
 

@@ -8,7 +8,6 @@ Every builder returns ``(function, [(shape, dtype), ...])`` for
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ _HERE = __name__
 _SEEDS = seeds.__name__
 
 
-def _case(
+def make_case(
     name: str,
     builder: str,
     kwargs: dict[str, Any],
@@ -33,6 +32,8 @@ def _case(
     shape: str = "",
     work: roofline.Work | None = None,
 ) -> Case:
+    """A :class:`Case` of ``builder`` (``"module:function"``) called with ``kwargs``, whose
+    loops named in ``loop_trips`` run that many trips."""
     return Case(
         name,
         builder,
@@ -47,11 +48,11 @@ def _case(
 
 _SEED_NMS_SHAPE = f"N={seeds.SEED_NMS_BOXES} out={seeds.SEED_NMS_OUTPUTS}"
 _SEED_NMS_WORK = roofline.nms(seeds.SEED_NMS_BOXES, seeds.SEED_NMS_OUTPUTS)
-SEED_NMS_PALLAS = _case(
+SEED_NMS_PALLAS = make_case(
     "seed NMS, Pallas", f"{_SEEDS}:nms_case", {"variant": "pallas"},
     op="nms", impl="seed", shape=_SEED_NMS_SHAPE, work=_SEED_NMS_WORK,
 )  # fmt: skip
-SEED_NMS_JAX = _case(
+SEED_NMS_JAX = make_case(
     "seed NMS, jitted JAX", f"{_SEEDS}:nms_case", {"variant": "jax"},
     op="nms", impl="seed", shape=_SEED_NMS_SHAPE, work=_SEED_NMS_WORK,
 )  # fmt: skip
@@ -61,7 +62,7 @@ def seed_matmul_case(dtype: str, size: int = seeds.SEED_MATMUL_SIZE) -> Case:
     """The seed's Pallas matmul (blocks 512x1024x1024) at ``size``^3 in ``dtype``."""
     short = "int8" if dtype == "int8" else "bf16"
     out_bytes = 4 if dtype == "int8" else 2
-    return _case(
+    return make_case(
         f"seed matmul {short} {size}^3",
         f"{_SEEDS}:matmul_case",
         {"dtype": dtype} if size == seeds.SEED_MATMUL_SIZE else {"dtype": dtype, "size": size},
@@ -84,12 +85,11 @@ def seed_int8_matmul_case(size: int) -> Case:
 
 GIOU_PAIRS = 1024 * 256  # the seeds' GIOU workload
 # The shapes users run (issue #15): W8A8 decode and prefill matmuls, GIOU over 10^4..10^6
-# pairs, NMS over 1024..16384 boxes.
+# pairs (NMS's: asickernels.kernels.nms_cases).
 INT8_USER_M = (1, 8, 32, 128, 512, 2048)
 W8A8_AND_BF16_M = (1, 128, 2048)
 INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
 GIOU_USER_PAIRS = (10_000, 100_000, 1_000_000)
-NMS_USER_N = (1024, 2048, 4096, 8192, 16384)
 INT8_MATMUL_SWEEP = (  # (block_m, block_n, block_k)
     (256, 512, 1024),
     (512, 512, 1024),
@@ -101,7 +101,6 @@ INT8_MATMUL_SWEEP = (  # (block_m, block_n, block_k)
     (1024, 2048, 2048),
 )
 INT8_MATMUL_SWEEP_SIZES = (seeds.SEED_MATMUL_SIZE, 2048)
-NMS_TILE_SWEEP = (128, 256, 512, 1024)
 
 
 # -- our kernels ----------------------------------------------------------------------------
@@ -147,28 +146,6 @@ def xla_matmul_builder(m: int, k: int, n: int, variant: str) -> Built:
     raise ValueError(f"variant must be 'int8', 'w8a8' or 'bf16', got {variant!r}")
 
 
-def nms_builder(
-    n: int, max_output_size: int, iou_threshold: float, tile: int = 0, backend: str = "pallas_tpu"
-) -> Built:
-    """NMS on ``backend`` on one image of ``n`` boxes (ours with this tile, when given)."""
-    import asickernels
-    from asickernels.backends.pallas_tpu.nms import NmsConfig
-
-    config = NmsConfig(tile) if tile else None
-
-    def function(boxes: Any, scores: Any) -> Any:
-        return asickernels.nms(
-            boxes,
-            scores,
-            iou_threshold=iou_threshold,
-            max_output_size=max_output_size,
-            backend=backend,
-            config=config,
-        )
-
-    return function, [((n, 4), "float32"), ((n,), "float32")]
-
-
 def giou_builder(pairs: int, backend: str, gradient: bool) -> Built:
     """GIOU on ``pairs`` float32 box pairs on ``backend``: forward, or the gradient of its
     sum with respect to both box arrays (Pallas: the backward kernel)."""
@@ -212,7 +189,7 @@ def stream_builder(rows: int, cols: int, block_rows: int) -> Built:
 
 def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> Case:
     workload = {"rows": rows, "cols": cols, "block_rows": block_rows}
-    return _case(
+    return make_case(
         f"stream {rows}x{cols} f32",
         f"{_HERE}:stream_builder",
         workload,
@@ -220,100 +197,6 @@ def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> Cas
         impl="pallas_tpu",
         shape=f"{rows}x{cols}",
         work=roofline.Work(2 * rows * cols * 4),
-    )
-
-
-# Loop numbers (preorder in the kernel's schedule) of the tiled NMS kernel's loops whose
-# exit the walk cannot compute: #0 over tiles, #1 over the earlier tiles (t trips for tile t;
-# its bound is carried through the data-dependent loop), #2 the fixed-point passes. The
-# one-hot gather's loop over column chunks has a static trip count, so the walk counts it;
-# when it has more than one trip it is a loop of its own, numbered before the cross loop.
-NMS_PROGRAM = "nms_tiled"
-
-
-def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], ...]:
-    """:class:`~asickernels.backends.pallas_tpu.nms.LoopTrips` -> the walk's
-    ``(loop number, trips)`` pairs for the kernel's program."""
-    shift = 1 if gather_loop else 0
-    return (
-        (0, trips.tiles),
-        (1 + shift, trips.cross[1:] or (1,)),  # entered for tiles 1, 2, ...
-        (2 + shift, trips.passes),
-    )
-
-
-def _seed_nms_kept(n: int, max_output_size: int) -> int:
-    """How many boxes greedy NMS keeps on the seed-style random boxes (capped)."""
-    from asickernels import reference
-
-    boxes, scores = seeds.seed_nms_inputs(n)
-    _, count = reference.nms(
-        boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
-        max_output_size=max_output_size, score_threshold=float("-inf"),
-    )  # fmt: skip
-    return int(count[0])
-
-
-def _nms_workload(n: int, max_output_size: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "n": n,
-        "max_output_size": max_output_size,
-        "iou_threshold": seeds.SEED_NMS_IOU_THRESHOLD,
-        **extra,
-    }
-
-
-@functools.cache
-def nms_case(
-    tile: int, n: int = seeds.SEED_NMS_BOXES, max_output_size: int = seeds.SEED_NMS_OUTPUTS
-) -> Case:
-    """Our NMS on random boxes as the seed draws them, with the loop trips that data
-    produces (from the kernel's own model, :func:`~asickernels.backends.pallas_tpu.nms.
-    loop_trips`)."""
-    from asickernels.backends.pallas_tpu import nms
-
-    boxes, scores = seeds.seed_nms_inputs(n)
-    kernel_trips = nms.loop_trips(
-        boxes,
-        scores,
-        tile=tile,
-        iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
-        max_output_size=max_output_size,
-    )
-    clamped = min(tile, -(-n // 128) * 128)
-    padded = -(-n // clamped) * clamped
-    gather_loop = padded // nms.gather_chunk(padded, clamped) > 1
-    trips = {NMS_PROGRAM: nms_schedule_trips(kernel_trips, gather_loop)}
-    return _case(
-        f"NMS N={n} out={max_output_size} tile={tile}, pallas_tpu",
-        f"{_HERE}:nms_builder",
-        _nms_workload(n, max_output_size, tile=tile),
-        trips,
-        op="nms",
-        impl="pallas_tpu",
-        shape=f"N={n} out={max_output_size}",
-        work=roofline.nms(n, max_output_size),
-    )
-
-
-# The XLA NMS (backends/xla/nms.py) selects one box per trip of its while loop, the only
-# loop of the top-level program whose exit the walk cannot compute.
-XLA_NMS_LOOP = 0
-
-
-@functools.cache
-def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> Case:
-    """Plain XLA NMS (``backend="xla"``) on the same boxes, one loop trip per kept box."""
-    kept = _seed_nms_kept(n, max_output_size)
-    return _case(
-        f"NMS N={n} out={max_output_size}, xla",
-        f"{_HERE}:nms_builder",
-        _nms_workload(n, max_output_size, backend="xla"),
-        {"TLP": ((XLA_NMS_LOOP, max(kept, 1)),)},
-        op="nms",
-        impl="xla",
-        shape=f"N={n} out={max_output_size}",
-        work=roofline.nms(n, max_output_size),
     )
 
 
@@ -330,7 +213,7 @@ def int8_matmul_case(
     if blocks is not None:
         shape.update(zip(("block_m", "block_n", "block_k"), blocks, strict=True))
     label = f"{m}x{k}x{n}"
-    return _case(
+    return make_case(
         f"int8 matmul {label} {named}, pallas_tpu",
         f"{_HERE}:int8_matmul_builder",
         shape,
@@ -352,7 +235,7 @@ def xla_matmul_case(m: int, k: int, n: int, variant: str) -> Case:
     """Plain XLA matmul at ``[m, k] @ [k, n]``; see :func:`xla_matmul_builder`."""
     op, dtype, out_bytes, scales = _XLA_MATMUL[variant]
     label = f"{m}x{k}x{n}"
-    return _case(
+    return make_case(
         f"{op.replace('_', ' ')} {label}, xla",
         f"{_HERE}:xla_matmul_builder",
         {"m": m, "k": k, "n": n, "variant": variant},
@@ -366,7 +249,7 @@ def xla_matmul_case(m: int, k: int, n: int, variant: str) -> Case:
 def giou_case(pairs: int, backend: str, gradient: bool) -> Case:
     """GIOU on ``pairs`` float32 box pairs on ``backend``, forward or gradient."""
     op = "giou_grad" if gradient else "giou"
-    return _case(
+    return make_case(
         f"GIOU {pairs} pairs f32 {'gradient' if gradient else 'forward'}, {backend}",
         f"{_HERE}:giou_builder",
         {"pairs": pairs, "backend": backend, "gradient": gradient},
@@ -384,10 +267,3 @@ GIOU_CASES = tuple(
     for gradient in (False, True)
     for backend in ("pallas_tpu", "xla")
 )
-
-
-def default_nms_tile() -> int:
-    """The NMS kernel's default tile (every generation runs it)."""
-    from asickernels.backends.pallas_tpu.nms import NmsConfig
-
-    return NmsConfig().tile

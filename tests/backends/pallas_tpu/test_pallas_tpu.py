@@ -126,7 +126,7 @@ def test_roi_align_in_bands_and_channel_blocks_with_an_image_without_rois(config
 
 def test_config_of_the_wrong_kind_is_refused():
     boxes = np.zeros((3, 4), np.float32)
-    with pytest.raises(TypeError, match="config must be a GiouConfig"):
+    with pytest.raises(TypeError, match="config: backend 'pallas_tpu' takes a GiouConfig"):
         asickernels.giou(boxes, boxes, backend="pallas_tpu", config=NmsConfig())
 
 

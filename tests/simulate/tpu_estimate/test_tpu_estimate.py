@@ -17,6 +17,7 @@ import pytest
 from conftest import DATA, REPO
 
 from asickernels import reference, tpu_generations
+from asickernels.kernels import nms_cases
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
@@ -349,14 +350,14 @@ def test_unknown_generation_is_rejected(tmp_path: Path) -> None:
 def test_nms_case_takes_its_trips_from_the_kernels_model() -> None:
     from asickernels.backends.pallas_tpu import nms
 
-    case = tpu_cost_cases.nms_case(256)
+    case = nms_cases.nms_case(256)
     boxes, scores = seeds.seed_nms_inputs()
     model = nms.loop_trips(
         boxes, scores, tile=256, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=seeds.SEED_NMS_OUTPUTS,
     )  # fmt: skip
     ((program, trips),) = case.loop_trips
-    assert program == tpu_cost_cases.NMS_PROGRAM
+    assert program == nms_cases.NMS_PROGRAM
     assert dict(trips) == {0: model.tiles, 1: model.cross[1:], 2: model.passes}
 
 

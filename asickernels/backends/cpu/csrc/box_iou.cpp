@@ -12,6 +12,39 @@
 
 #include "kernels.h"
 
+namespace asickernels_cpu {
+
+// Box-pair metrics (asickernels/reference.py's METRICS); the codes are those of the host
+// entry points and of the FFI handlers' "metric" attribute.
+enum class BoxMetric : int64_t { kIou = 0, kGiou = 1, kDiou = 2, kCiou = 3 };
+
+inline bool is_box_metric(int64_t code) { return code >= 0 && code <= 3; }
+
+AK_EVERY_LEVEL(
+    // metric [P] of paired boxes [P, 4].
+    template <typename T>
+    void paired_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t pairs,
+                           T* out);
+
+    // Gradient of sum(cotangent * metric) with respect to boxes1 and boxes2 ([P, 4] each),
+    // CIoU's alpha held constant; d_boxes2 may be nullptr when only boxes1's is wanted.
+    template <typename T>
+    void paired_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                               const T* cotangent, int64_t pairs, T* d_boxes1, T* d_boxes2);
+
+    // metric [B, N, M] of every pair of boxes1 [B, N, 4] and boxes2 [B, M, 4].
+    template <typename T>
+    void pairwise_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2,
+                             int64_t batch, int64_t n, int64_t m, T* out);
+
+    // Gradient of sum(cotangent [B, N, M] * metric) with respect to boxes1 and boxes2.
+    template <typename T>
+    void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                                 const T* cotangent, int64_t batch, int64_t n, int64_t m,
+                                 T* d_boxes1, T* d_boxes2);)
+
+}  // namespace asickernels_cpu
+
 namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
@@ -427,3 +460,222 @@ AK_BOX_METRICS(float)
 AK_BOX_METRICS(double)
 
 }  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA
+
+#ifdef ASICKERNELS_CPU_ENTRY_POINTS
+namespace asickernels_cpu::entry {
+namespace {
+
+template <typename T>
+void paired_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t pairs,
+                       T* out) {
+  AK_DISPATCH(paired_box_metric(metric, boxes1, boxes2, pairs, out));
+}
+
+template <typename T>
+void paired_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                           const T* cotangent, int64_t pairs, T* d_boxes1, T* d_boxes2) {
+  AK_DISPATCH(paired_box_metric_vjp(metric, boxes1, boxes2, cotangent, pairs, d_boxes1,
+                                    d_boxes2));
+}
+
+template <typename T>
+void pairwise_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t batch,
+                         int64_t n, int64_t m, T* out) {
+  AK_DISPATCH(pairwise_box_metric(metric, boxes1, boxes2, batch, n, m, out));
+}
+
+template <typename T>
+void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
+                             const T* cotangent, int64_t batch, int64_t n, int64_t m,
+                             T* d_boxes1, T* d_boxes2) {
+  AK_DISPATCH(pairwise_box_metric_vjp(metric, boxes1, boxes2, cotangent, batch, n, m, d_boxes1,
+                                      d_boxes2));
+}
+
+// XLA FFI. Leading dimensions beyond the kernel's own are batch dimensions (what vmap's
+// "broadcast_all" adds): paired metrics flatten them into pairs, pairwise ones into images.
+
+// A box metric code (the "metric" attribute) as a BoxMetric, or an error.
+ffi::Error box_metric(int64_t code, BoxMetric& metric) {
+  if (!is_box_metric(code)) return ffi::Error::InvalidArgument("unknown box metric code");
+  metric = static_cast<BoxMetric>(code);
+  return ffi::Error::Success();
+}
+
+// Paired boxes [..., 4] x2 -> [...]: leading dimensions are pairs.
+template <ffi::DataType kType>
+ffi::Error PairedBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
+                           ffi::ResultBuffer<kType> out) {
+  BoxMetric metric;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  return ffi_guarded([&] {
+    paired_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                     static_cast<int64_t>(boxes1.element_count() / 4),
+                                     out->typed_data());
+  });
+}
+
+template <ffi::DataType kType>
+ffi::Error RunPairedVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                        ffi::Buffer<kType> cotangent, int64_t code, Native<kType>* d_boxes1,
+                        Native<kType>* d_boxes2) {
+  BoxMetric metric;
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  return ffi_guarded([&] {
+    paired_box_metric_vjp<Native<kType>>(
+        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(),
+        static_cast<int64_t>(boxes1.element_count() / 4), d_boxes1, d_boxes2);
+  });
+}
+
+template <ffi::DataType kType>
+ffi::Error PairedBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                              ffi::Buffer<kType> cotangent, int64_t code,
+                              ffi::ResultBuffer<kType> d_boxes1,
+                              ffi::ResultBuffer<kType> d_boxes2) {
+  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(),
+                             d_boxes2->typed_data());
+}
+
+// The gradient with respect to boxes1 only (boxes2 is not differentiated, e.g. targets).
+template <ffi::DataType kType>
+ffi::Error PairedBoxMetricVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                                   ffi::Buffer<kType> cotangent, int64_t code,
+                                   ffi::ResultBuffer<kType> d_boxes1) {
+  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(), nullptr);
+}
+
+// Pairwise boxes1 [..., N, 4] x boxes2 [..., M, 4]: leading dimensions are images.
+struct PairwiseShape {
+  int64_t batch = 1, n = 0, m = 0;
+};
+
+// The metric and the shape of a pairwise call, or an error.
+template <ffi::DataType kType>
+ffi::Error pairwise_call(int64_t code, const ffi::Buffer<kType>& boxes1,
+                         const ffi::Buffer<kType>& boxes2, BoxMetric& metric,
+                         PairwiseShape& shape) {
+  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  const auto dims1 = boxes1.dimensions(), dims2 = boxes2.dimensions();
+  if (dims1.size() < 2 || dims1.size() != dims2.size()) {
+    return ffi::Error::InvalidArgument("pairwise box metric: boxes of one rank >= 2 expected");
+  }
+  for (size_t i = 0; i + 2 < dims1.size(); ++i) shape.batch *= dims1[i];
+  shape.n = dims1[dims1.size() - 2], shape.m = dims2[dims2.size() - 2];
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType kType>
+ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
+                             ffi::ResultBuffer<kType> out) {
+  BoxMetric metric;
+  PairwiseShape shape;
+  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
+    return error;
+  }
+  return ffi_guarded([&] {
+    pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                       shape.batch, shape.n, shape.m, out->typed_data());
+  });
+}
+
+template <ffi::DataType kType>
+ffi::Error PairwiseBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                                ffi::Buffer<kType> cotangent, int64_t code,
+                                ffi::ResultBuffer<kType> d_boxes1,
+                                ffi::ResultBuffer<kType> d_boxes2) {
+  BoxMetric metric;
+  PairwiseShape shape;
+  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
+    return error;
+  }
+  return ffi_guarded([&] {
+    pairwise_box_metric_vjp<Native<kType>>(
+        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(), shape.batch,
+        shape.n, shape.m, d_boxes1->typed_data(), d_boxes2->typed_data());
+  });
+}
+
+// Runs run(metric, T{}) for a host metric code and dtype code; the status.
+template <typename Run>
+int with_metric_and_float(int metric, int dtype, Run&& run) {
+  if (!is_box_metric(metric)) return 1;
+  const auto kind = static_cast<BoxMetric>(metric);
+  return with_float(dtype, [&](auto zero) { run(kind, zero); });
+}
+
+}  // namespace
+
+// Handlers asickernels_cpu_ffi_<name>_{f32,f64}: (boxes1, boxes2[, cotangent]) of one float
+// type, the "metric" code, results.
+#define AK_BOX_ARGS(type, count) AK_BOX_ARGS_##count(type).Attr<int64_t>("metric")
+#define AK_BOX_ARGS_2(type) ffi::Ffi::Bind().Arg<ffi::Buffer<type>>().Arg<ffi::Buffer<type>>()
+#define AK_BOX_ARGS_3(type) AK_BOX_ARGS_2(type).Arg<ffi::Buffer<type>>()
+#define AK_BOX_HANDLER(name, handler, args, results)                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f32, handler<ffi::F32>,     \
+                                AK_BOX_ARGS(ffi::F32, args) results(ffi::F32));          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f64, handler<ffi::F64>,     \
+                                AK_BOX_ARGS(ffi::F64, args) results(ffi::F64));
+#define AK_ONE_RESULT(type) .Ret<ffi::Buffer<type>>()
+#define AK_TWO_RESULTS(type) .Ret<ffi::Buffer<type>>().Ret<ffi::Buffer<type>>()
+AK_BOX_HANDLER(paired_box_metric, PairedBoxMetric, 2, AK_ONE_RESULT)
+AK_BOX_HANDLER(paired_box_metric_vjp, PairedBoxMetricVjp, 3, AK_TWO_RESULTS)
+AK_BOX_HANDLER(paired_box_metric_vjp_first, PairedBoxMetricVjpFirst, 3, AK_ONE_RESULT)
+AK_BOX_HANDLER(pairwise_box_metric, PairwiseBoxMetric, 2, AK_ONE_RESULT)
+AK_BOX_HANDLER(pairwise_box_metric_vjp, PairwiseBoxMetricVjp, 3, AK_TWO_RESULTS)
+
+}  // namespace asickernels_cpu::entry
+
+// Host: metric 0 = IoU, 1 = GIOU, 2 = DIoU, 3 = CIoU (BoxMetric); dtype 0 = float32,
+// 1 = float64. Each returns a status (kernels.h's host_guarded).
+extern "C" {
+
+int asickernels_cpu_paired_box_metric(int metric, int dtype, const void* boxes1,
+                                      const void* boxes2, int64_t pairs, void* out) {
+  using namespace asickernels_cpu::entry;
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    paired_box_metric(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2), pairs,
+                      static_cast<T*>(out));
+  });
+}
+
+// d_boxes2 may be null (boxes1's gradient only).
+int asickernels_cpu_paired_box_metric_vjp(int metric, int dtype, const void* boxes1,
+                                          const void* boxes2, const void* cotangent,
+                                          int64_t pairs, void* d_boxes1, void* d_boxes2) {
+  using namespace asickernels_cpu::entry;
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    paired_box_metric_vjp(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
+                          static_cast<const T*>(cotangent), pairs, static_cast<T*>(d_boxes1),
+                          static_cast<T*>(d_boxes2));
+  });
+}
+
+int asickernels_cpu_pairwise_box_metric(int metric, int dtype, const void* boxes1,
+                                        const void* boxes2, int64_t batch, int64_t n, int64_t m,
+                                        void* out) {
+  using namespace asickernels_cpu::entry;
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    pairwise_box_metric(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
+                        batch, n, m, static_cast<T*>(out));
+  });
+}
+
+int asickernels_cpu_pairwise_box_metric_vjp(int metric, int dtype, const void* boxes1,
+                                            const void* boxes2, const void* cotangent,
+                                            int64_t batch, int64_t n, int64_t m, void* d_boxes1,
+                                            void* d_boxes2) {
+  using namespace asickernels_cpu::entry;
+  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
+    using T = decltype(zero);
+    pairwise_box_metric_vjp(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
+                            static_cast<const T*>(cotangent), batch, n, m,
+                            static_cast<T*>(d_boxes1), static_cast<T*>(d_boxes2));
+  });
+}
+
+}  // extern "C"
+#endif  // ASICKERNELS_CPU_ENTRY_POINTS

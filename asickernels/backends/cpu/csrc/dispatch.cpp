@@ -1,7 +1,7 @@
-// The kernels of kernels.h, each forwarding to its instruction-set level's definition: the
-// best level this CPU runs (checked once, with the compiler's CPU-feature builtins), so one
-// build is correct on any x86-64 CPU and uses AVX2 or AVX-512 where the CPU has them. Every
-// level computes the same results bit for bit (no FMA contraction, no reassociation).
+// The kernels' instruction-set level: the best level this CPU runs (checked once, with the
+// compiler's CPU-feature builtins), so one build is correct on any x86-64 CPU and uses AVX2
+// or AVX-512 where the CPU has them. Each op's dispatching entry points (AK_DISPATCH in
+// kernels.h) run the level isa_level() returns.
 #include <algorithm>
 #include <atomic>
 
@@ -47,72 +47,30 @@ void use_isa_level(IsaLevel level) {
   current().store(std::min(level, best_isa_level()), std::memory_order_relaxed);
 }
 
-#if defined(ASICKERNELS_CPU_X86_LEVELS)
-#define AK_DISPATCH(call)              \
-  switch (isa_level()) {               \
-    case IsaLevel::kAvx512:            \
-      return avx512::call;             \
-    case IsaLevel::kAvx2:              \
-      return avx2::call;               \
-    case IsaLevel::kBaseline:          \
-      break;                           \
-  }                                    \
-  return baseline::call
-#else
-#define AK_DISPATCH(call) return baseline::call
-#endif
-
-template <typename T>
-void paired_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t pairs,
-                       T* out) {
-  AK_DISPATCH(paired_box_metric(metric, boxes1, boxes2, pairs, out));
-}
-
-template <typename T>
-void paired_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
-                           const T* cotangent, int64_t pairs, T* d_boxes1, T* d_boxes2) {
-  AK_DISPATCH(paired_box_metric_vjp(metric, boxes1, boxes2, cotangent, pairs, d_boxes1,
-                                    d_boxes2));
-}
-
-template <typename T>
-void pairwise_box_metric(BoxMetric metric, const T* boxes1, const T* boxes2, int64_t batch,
-                         int64_t n, int64_t m, T* out) {
-  AK_DISPATCH(pairwise_box_metric(metric, boxes1, boxes2, batch, n, m, out));
-}
-
-template <typename T>
-void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
-                             const T* cotangent, int64_t batch, int64_t n, int64_t m,
-                             T* d_boxes1, T* d_boxes2) {
-  AK_DISPATCH(pairwise_box_metric_vjp(metric, boxes1, boxes2, cotangent, batch, n, m, d_boxes1,
-                                      d_boxes2));
-}
-
-template <typename T>
-void nms(const T* boxes, const T* scores, const int32_t* categories, int64_t batch, int64_t n,
-         const NmsParams& params, int32_t* indices, int32_t* num_valid) {
-  AK_DISPATCH(nms(boxes, scores, categories, batch, n, params, indices, num_valid));
-}
-
-void int8_matmul(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t n,
-                 const float* x_scale, const float* y_scale, MatmulOut out_kind, void* out) {
-  AK_DISPATCH(int8_matmul(x, y, m, k, n, x_scale, y_scale, out_kind, out));
-}
-
-const char* int8_matmul_path() { AK_DISPATCH(int8_matmul_path()); }
-
-#define AK_FLOAT_KERNELS(T)                                                                    \
-  template void paired_box_metric<T>(BoxMetric, const T*, const T*, int64_t, T*);              \
-  template void paired_box_metric_vjp<T>(BoxMetric, const T*, const T*, const T*, int64_t, T*, \
-                                         T*);                                                  \
-  template void pairwise_box_metric<T>(BoxMetric, const T*, const T*, int64_t, int64_t,        \
-                                       int64_t, T*);                                           \
-  template void pairwise_box_metric_vjp<T>(BoxMetric, const T*, const T*, const T*, int64_t,   \
-                                           int64_t, int64_t, T*, T*);                          \
-  template void nms<T>(const T*, const T*, const int32_t*, int64_t, int64_t, const NmsParams&, \
-                       int32_t*, int32_t*);
-AK_FLOAT_KERNELS(float)
-AK_FLOAT_KERNELS(double)
-
 }  // namespace asickernels_cpu
+
+// Host entry points of the library as a whole (the ops' are in their files). Levels:
+// 0 = baseline, 1 = avx2, 2 = avx512 (asickernels_cpu::IsaLevel).
+extern "C" {
+
+int asickernels_cpu_best_isa_level() { return static_cast<int>(asickernels_cpu::best_isa_level()); }
+
+int asickernels_cpu_isa_level() { return static_cast<int>(asickernels_cpu::isa_level()); }
+
+// Runs the kernels at min(level, best) from now on; returns the level in effect, or -1 for
+// an unknown level.
+int asickernels_cpu_use_isa_level(int level) {
+  if (level < 0 || level > 2) return -1;
+  asickernels_cpu::use_isa_level(static_cast<asickernels_cpu::IsaLevel>(level));
+  return asickernels_cpu_isa_level();
+}
+
+int asickernels_cpu_sanitized() {
+#if defined(__SANITIZE_ADDRESS__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+}  // extern "C"

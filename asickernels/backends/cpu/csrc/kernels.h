@@ -1,19 +1,32 @@
-// The native CPU kernels of asickernels, shared by the XLA FFI handlers (xla_ffi.cpp) and
-// the C entry points the host (numpy) path calls through ctypes (host_api.cpp).
+// What every op's file of the native CPU library shares. An op's file (nms.cpp, box_iou.cpp,
+// int8_matmul.cpp, ...) holds, in this order:
 //
-// The kernel sources (box_iou.cpp, nms.cpp, int8_matmul.cpp) are compiled once per
-// instruction-set level (setup.py), each into the namespace asickernels_cpu::<level> that
-// ASICKERNELS_CPU_ISA names; dispatch.cpp defines the asickernels_cpu:: kernels, which run
-// the best level this CPU has. A build of one level (the sanitizer build) has the baseline.
+//   1. its kernels' declarations, in every instruction-set level's namespace (AK_EVERY_LEVEL);
+//   2. the kernels, in namespace asickernels_cpu::ASICKERNELS_CPU_ISA;
+//   3. under #ifdef ASICKERNELS_CPU_ENTRY_POINTS: the dispatching kernels (AK_DISPATCH), its
+//      XLA FFI handlers (symbols asickernels_cpu_ffi_<name>, which Python registers by that
+//      name) and its host entry points (extern "C" asickernels_cpu_<name>, called through
+//      ctypes by the op's Python module, which declares their argument types).
 //
-// Semantics are asickernels/reference.py's. T is float or double: every kernel computes in
-// its input's precision, except NMS, whose IoU decisions are always made in double, so that
-// float32 boxes are decided exactly as the float64 reference decides them.
+// setup.py compiles each op's file once per level (baseline, avx2, avx512 on x86-64), with
+// ASICKERNELS_CPU_ISA naming the level; the baseline compile also defines
+// ASICKERNELS_CPU_ENTRY_POINTS. dispatch.cpp and parallel.cpp are compiled once. A build that
+// compiles every file once without those macros (the sanitizer build) gets the baseline with
+// the entry points. No other file lists the ops: adding one is adding its file.
+//
+// Semantics are asickernels/reference.py's. Every level computes the same results bit for bit
+// (no FMA contraction, no reassociation).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <new>
+
+#ifndef ASICKERNELS_CPU_ISA
+#define ASICKERNELS_CPU_ISA baseline
+#define ASICKERNELS_CPU_ENTRY_POINTS 1
+#endif
 
 namespace asickernels_cpu {
 
@@ -23,20 +36,6 @@ namespace asickernels_cpu {
 void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
 int max_threads();
 void set_max_threads(int threads);
-
-// Box-pair metrics (asickernels/reference.py's METRICS); the codes are those of the host
-// entry points and of the FFI handlers' "metric" attribute.
-enum class BoxMetric : int64_t { kIou = 0, kGiou = 1, kDiou = 2, kCiou = 3 };
-
-inline bool is_box_metric(int64_t code) { return code >= 0 && code <= 3; }
-
-struct NmsParams {
-  double iou_threshold;
-  int64_t max_output_size;
-  double score_threshold;  // -inf for none
-};
-
-enum class MatmulOut { kInt32 = 0, kFloat32 = 1, kFloat64 = 2 };
 
 // Instruction-set levels of the kernels, lowest first (dispatch.cpp): baseline (the
 // compiler's default target), avx2 (x86-64-v3), avx512 (x86-64-v4 with AVX-512 VNNI).
@@ -50,20 +49,81 @@ void use_isa_level(IsaLevel level);
 
 }  // namespace asickernels_cpu
 
-#ifndef ASICKERNELS_CPU_ISA
-#define ASICKERNELS_CPU_ISA baseline
+// Declares a kernel (the macro's argument) in every level's namespace: each level's compile
+// of the op's file defines it in its own, and the entry points dispatch between them.
+#define AK_EVERY_LEVEL(...)        \
+  namespace baseline {             \
+  __VA_ARGS__                      \
+  }                                \
+  namespace avx2 {                 \
+  __VA_ARGS__                      \
+  }                                \
+  namespace avx512 {               \
+  __VA_ARGS__                      \
+  }
+
+// `return <level>::call` for the level the kernels run (isa_level()).
+#if defined(ASICKERNELS_CPU_X86_LEVELS)
+#define AK_DISPATCH(call)                                  \
+  switch (::asickernels_cpu::isa_level()) {                \
+    case ::asickernels_cpu::IsaLevel::kAvx512:             \
+      return ::asickernels_cpu::avx512::call;              \
+    case ::asickernels_cpu::IsaLevel::kAvx2:               \
+      return ::asickernels_cpu::avx2::call;                \
+    case ::asickernels_cpu::IsaLevel::kBaseline:           \
+      break;                                               \
+  }                                                        \
+  return ::asickernels_cpu::baseline::call
+#else
+#define AK_DISPATCH(call) return ::asickernels_cpu::baseline::call
 #endif
 
-// The kernels: the dispatching entry points, then each level's.
-namespace asickernels_cpu {
-#include "kernel_api.inc"
-namespace baseline {
-#include "kernel_api.inc"
-}  // namespace baseline
-namespace avx2 {
-#include "kernel_api.inc"
-}  // namespace avx2
-namespace avx512 {
-#include "kernel_api.inc"
-}  // namespace avx512
-}  // namespace asickernels_cpu
+#ifdef ASICKERNELS_CPU_ENTRY_POINTS
+#include "xla/ffi/api/ffi.h"
+
+namespace asickernels_cpu::entry {
+
+namespace ffi = xla::ffi;
+
+template <ffi::DataType kType>
+using Native = ffi::NativeType<kType>;
+
+// An FFI handler's result: Success, or kResourceExhausted when run() ran out of memory.
+template <typename Run>
+ffi::Error ffi_guarded(Run&& run) {
+  try {
+    run();
+    return ffi::Error::Success();
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "asickernels cpu: out of memory");
+  }
+}
+
+// A host entry point's status: 0, or 1 when run() returns false (an unknown dtype or code),
+// or 2 when it ran out of memory (asickernels/backends/cpu/_library.py's check()).
+template <typename Run>
+int host_guarded(Run&& run) {
+  try {
+    return run() ? 0 : 1;
+  } catch (const std::bad_alloc&) {
+    return 2;
+  }
+}
+
+// Runs run(T{}) with T the float type of host dtype code 0 (float) or 1 (double); the status.
+template <typename Run>
+int with_float(int dtype, Run&& run) {
+  return host_guarded([&] {
+    if (dtype == 0) {
+      run(0.0f);
+    } else if (dtype == 1) {
+      run(0.0);
+    } else {
+      return false;
+    }
+    return true;
+  });
+}
+
+}  // namespace asickernels_cpu::entry
+#endif  // ASICKERNELS_CPU_ENTRY_POINTS

@@ -23,6 +23,24 @@
 #include <immintrin.h>
 #endif
 
+namespace asickernels_cpu {
+
+struct NmsParams {
+  double iou_threshold;
+  int64_t max_output_size;
+  double score_threshold;  // -inf for none
+};
+
+// Greedy NMS per image: boxes [B, N, 4], scores [B, N], categories [B, N] or nullptr ->
+// indices [B, max_output_size] (padded with -1), num_valid [B]. T is float or double; the
+// IoU decisions are made in double whatever T.
+AK_EVERY_LEVEL(template <typename T>
+               void nms(const T* boxes, const T* scores, const int32_t* categories,
+                        int64_t batch, int64_t n, const NmsParams& params, int32_t* indices,
+                        int32_t* num_valid);)
+
+}  // namespace asickernels_cpu
+
 namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
@@ -311,3 +329,88 @@ template void nms<double>(const double*, const double*, const int32_t*, int64_t,
                           const NmsParams&, int32_t*, int32_t*);
 
 }  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA
+
+#ifdef ASICKERNELS_CPU_ENTRY_POINTS
+namespace asickernels_cpu::entry {
+namespace {
+
+template <typename T>
+void nms(const T* boxes, const T* scores, const int32_t* categories, int64_t batch, int64_t n,
+         const NmsParams& params, int32_t* indices, int32_t* num_valid) {
+  AK_DISPATCH(nms(boxes, scores, categories, batch, n, params, indices, num_valid));
+}
+
+// XLA FFI: boxes [..., N, 4], scores [..., N] (leading dimensions are images), categories
+// [..., N] int32 or null; attributes iou_threshold, max_output_size, score_threshold.
+template <ffi::DataType kType>
+ffi::Error RunNms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, const int32_t* categories,
+                  double iou_threshold, int64_t max_output_size, double score_threshold,
+                  ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
+  const auto dims = scores.dimensions();
+  const int64_t n = dims.size() == 0 ? 1 : dims.back();
+  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(scores.element_count()) / n;
+  return ffi_guarded([&] {
+    nms<Native<kType>>(boxes.typed_data(), scores.typed_data(), categories, batch, n,
+                       NmsParams{iou_threshold, max_output_size, score_threshold},
+                       indices->typed_data(), num_valid->typed_data());
+  });
+}
+
+template <ffi::DataType kType>
+ffi::Error Nms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, double iou_threshold,
+               int64_t max_output_size, double score_threshold,
+               ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
+  return RunNms<kType>(boxes, scores, nullptr, iou_threshold, max_output_size, score_threshold,
+                       indices, num_valid);
+}
+
+template <ffi::DataType kType>
+ffi::Error BatchedNms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores,
+                      ffi::Buffer<ffi::S32> categories, double iou_threshold,
+                      int64_t max_output_size, double score_threshold,
+                      ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
+  return RunNms<kType>(boxes, scores, categories.typed_data(), iou_threshold, max_output_size,
+                       score_threshold, indices, num_valid);
+}
+
+}  // namespace
+}  // namespace asickernels_cpu::entry
+
+#define AK_NMS_ATTRS_AND_RESULTS                   \
+  .Attr<double>("iou_threshold")                   \
+      .Attr<int64_t>("max_output_size")            \
+      .Attr<double>("score_threshold")             \
+      .Ret<ffi::Buffer<ffi::S32>>()                \
+      .Ret<ffi::Buffer<ffi::S32>>()
+#define AK_NMS_HANDLERS(suffix, type)                                                        \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_nms_##suffix, Nms<type>,                 \
+                                ffi::Ffi::Bind()                                             \
+                                    .Arg<ffi::Buffer<type>>()                                \
+                                    .Arg<ffi::Buffer<type>>() AK_NMS_ATTRS_AND_RESULTS);     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_batched_nms_##suffix, BatchedNms<type>,  \
+                                ffi::Ffi::Bind()                                             \
+                                    .Arg<ffi::Buffer<type>>()                                \
+                                    .Arg<ffi::Buffer<type>>()                                \
+                                    .Arg<ffi::Buffer<ffi::S32>>() AK_NMS_ATTRS_AND_RESULTS);
+
+namespace asickernels_cpu::entry {
+AK_NMS_HANDLERS(f32, ffi::F32)
+AK_NMS_HANDLERS(f64, ffi::F64)
+}  // namespace asickernels_cpu::entry
+
+// Host: dtype code 0 = float32, 1 = float64; categories may be null (plain NMS). Returns a
+// status (kernels.h's host_guarded).
+extern "C" int asickernels_cpu_nms(int dtype, const void* boxes, const void* scores,
+                                   const int32_t* categories, int64_t batch, int64_t n,
+                                   double iou_threshold, int64_t max_output_size,
+                                   double score_threshold, int32_t* indices,
+                                   int32_t* num_valid) {
+  using namespace asickernels_cpu;
+  const NmsParams params{iou_threshold, max_output_size, score_threshold};
+  return entry::with_float(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    entry::nms(static_cast<const T*>(boxes), static_cast<const T*>(scores), categories, batch,
+               n, params, indices, num_valid);
+  });
+}
+#endif  // ASICKERNELS_CPU_ENTRY_POINTS

@@ -115,3 +115,11 @@ int max_threads() { return pool().max_threads(); }
 void set_max_threads(int threads) { pool().set_max_threads(threads); }
 
 }  // namespace asickernels_cpu
+
+extern "C" {
+
+int asickernels_cpu_max_threads() { return asickernels_cpu::max_threads(); }
+
+void asickernels_cpu_set_max_threads(int threads) { asickernels_cpu::set_max_threads(threads); }
+
+}  // extern "C"

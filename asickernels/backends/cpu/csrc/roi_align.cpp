@@ -23,7 +23,9 @@
 #include <vector>
 
 #include "kernels.h"
-#include "xla/ffi/api/ffi.h"
+
+// Compiled once, at the baseline level (no vector code to gain from the others).
+#ifdef ASICKERNELS_CPU_ENTRY_POINTS
 
 namespace asickernels_cpu {
 namespace {
@@ -413,7 +415,7 @@ AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_f64, RoiAlign, ffi::F64)
 AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f32, RoiAlignVjp, ffi::F32)
 AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f64, RoiAlignVjp, ffi::F64)
 
-// -- Host entry points (ctypes; host_api.cpp's conventions) ----------------------------------
+// -- Host entry points (ctypes; the conventions of the other ops' files) ----------------------------------
 
 namespace {
 
@@ -498,3 +500,5 @@ int asickernels_cpu_roi_pool_vjp(int dtype, const void* input, const void* rois,
 }
 
 }  // extern "C"
+
+#endif  // ASICKERNELS_CPU_ENTRY_POINTS
