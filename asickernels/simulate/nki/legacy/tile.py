@@ -338,6 +338,19 @@ def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
     return Tensor.whole(storage)
 
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _offsets(size: int) -> np.ndarray:
+    """``0..size-1`` as a read-only view of one shared array, grown to the largest tensor
+    so far: a new tensor's offsets without filling an array per allocation."""
+    global _ARANGE
+    if _ARANGE.size < size:
+        _ARANGE = np.arange(size, dtype=np.int64)
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:size]
+
+
 class Tensor:
     """A tensor or tile of the legacy API (``nt.tensor``): a view of a :class:`Storage`.
 
@@ -378,7 +391,7 @@ class Tensor:
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
-        offsets = np.arange(storage.array.size, dtype=np.int64).reshape(storage.array.shape)
+        offsets = _offsets(storage.array.size).reshape(storage.array.shape)
         return cls(storage, offsets, storage.block_dims)
 
     # -- properties ----------------------------------------------------------------------
