@@ -388,6 +388,11 @@ def test_sdk_tutorial_main_prints_four_estimated_latencies():
     assert len(latencies) == 4 and all(ms > 0 for ms in latencies), done.stdout
     assert latencies[3] < latencies[2] < latencies[1] < latencies[0]  # the tutorial's order
     assert "cost-model estimate" in done.stderr
+    # The same kernels and shapes as calibration.json's matmul rows: their recorded
+    # estimates, as the tutorial prints them (ms, 2 decimals), have not drifted.
+    _, record = _calibration()
+    rows = {r["kernel"]: r["estimate_us"] for r in record["model"]["rows"]}
+    assert latencies == [round(rows[name] / 1000, 2) for name in KERNELS]
 
 
 def test_legacy_isa_adapters_trace_the_kernels_tiles():
