@@ -13,9 +13,11 @@ latency percentile is that one estimate (``nc_latency.estimated`` is True;
 ``benchmark_result.estimate`` has the bound engine and each engine's busy share).
 
 Inputs may be arrays or placeholders (``nt.tensor[[8192, 4096], nl.bfloat16]``, which the SDK
-accepts because it never uses the values: "the output c tensor is undefined"). With
-placeholders only the run is trace-only: shapes and dtypes matter, every value reads as zero
-and no values are computed, so large shapes estimate quickly.
+accepts because it never uses the values: "the output c tensor is undefined"), in both API
+generations (the current one's ``nt.tensor[shape]`` annotation needs the dtype added to be
+run). With placeholders only the run is trace-only: shapes and dtypes matter and every value
+reads as zero; the legacy API computes no values, the current one skips its matmuls and runs
+its element-wise instructions on the zeros, so large shapes estimate quickly.
 """
 
 from __future__ import annotations

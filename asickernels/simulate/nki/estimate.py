@@ -7,16 +7,21 @@ or buffer allocation, nor other NeuronCores sharing HBM.
 
 The model:
 
-* one in-order queue per compute engine (``tensor``, ``vector``, ``scalar``, ``gpsimd``) and
-  one for the 16 DMA engines taken together;
-* an instruction starts when its engine is free and every earlier instruction that wrote an
+* one in-order queue per compute engine (``tensor``, ``vector``, ``scalar``, ``gpsimd``); an
+  instruction starts when its engine is free and every earlier instruction that wrote an
   element it reads or writes has finished (dependencies through tiles: storage and element
   range);
-* per-instruction cycle counts from the architecture guide's cost models, at each engine's
-  clock (:class:`Generation`);
-* a DMA transfer occupies the DMA engines for ``(buffers * DMA_BUFFER_NS + bytes / engine
-  bandwidth) / engines used``, no faster than the core's share of HBM bandwidth; a "buffer"
-  is one contiguous piece of one partition (trainium_inferentia2_arch.rst: "DMA buffers").
+* the 16 DMA engines as one resource that takes each transfer as soon as its data is ready,
+  not in program order (a store waiting for a result does not hold back the loads behind it);
+* per-instruction cycle counts from the ISA's "estimated instruction cost" formulas and the
+  architecture guide's cost models, at each engine's clock (:class:`Generation`);
+* a DMA transfer occupies the DMA engines for ``(buffers * DMA_BUFFER_NS + bytes / (engine
+  bandwidth * DMA_EFFICIENCY)) / engines used``, no faster than the core's share of HBM
+  bandwidth; a "buffer" is one contiguous piece of one partition (A2: "DMA buffers");
+* an instruction that repeats an earlier one (same parameters, same tiles read, none of them
+  written since) is computed once, as a compiler's common-subexpression elimination does: a
+  loop-invariant ``tensor_tensor`` inside a loop costs one instruction. Only instructions
+  whose trace records every parameter qualify.
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
@@ -26,6 +31,7 @@ PSUM tile costs nothing (the next matmul starts a new accumulation group).
 Sources (aws-neuron-sdk, file@commit):
 
 * ``A2`` = general/nki/trainium_inferentia2_arch.rst@72825d5 (NeuronCore-v2);
+* ``IS`` = general/nki/api/nki/isa/__init__.py@2086a70 (the ISA docstrings of SDK 2.21);
 * ``A3`` = nki/guides/architecture/trainium2_arch.rst@81ce03a (NeuronCore-v3);
 * ``A4`` = nki/guides/architecture/trainium3_arch.rst@81ce03a (NeuronCore-v4);
 * ``BW`` = nki/deep-dives/nki-dma-bandwidth-guide.rst@81ce03a;
@@ -58,17 +64,25 @@ BOUND_NAMES = {
 # TensorE cycles, MM_INIT_LATENCY = 64 on NeuronCore-v2; FP32 inputs cost "roughly 4x".
 MATMUL_MIN_CYCLES = 64
 FP32_MATMUL_FACTOR = 4
-# The ISA docstrings of the 2.20-era SDK give other engines' costs as max(MIN_II, N); A2
-# "Vector Engine": one input tile ~N cycles, two input tiles ~2N. We take MIN_II as the
-# matmul's 64 cycles (no release states MIN_II's value on this page).
-MIN_CYCLES = 64
-# A2 "Tensor access overhead": starting an SBUF/PSUM access costs ~60 cycles on v2; engines
-# hide part of it, so it is charged once per instruction (not per operand).
-ACCESS_OVERHEAD_CYCLES = 60
-# Fitted on the calibration set (benchmarks/nki_estimate/): DMA per-buffer overhead. BW says
-# every transfer pays descriptor/packet overhead and that >= 2-4 KiB per partition is needed
-# to approach peak; it gives no per-buffer figure, so this one shared constant is fitted.
-DMA_BUFFER_NS = 90.0
+# IS, each instruction's "Estimated instruction cost": max(MIN_II, cost), MIN_II "roughly 64
+# engine cycles"; GpSimd instructions pay GPSIMD_START, "roughly 150 engine cycles" (IS
+# affine_select, iota).
+MIN_II = 64
+GPSIMD_START_CYCLES = 150
+# A2 "Tensor access overhead" (~60 cycles per SBUF/PSUM access) is hidden by the engines'
+# instruction-level parallelism, and A2's extra 100 cycles for back-to-back dependent
+# instructions applies to program order, which the compiler interleaves: neither is
+# charged (the IS formulas include neither).
+# Fitted on the calibration set (benchmarks/nki_estimate/), shared by every kernel. BW says
+# each transfer pays descriptor/packet overhead, that 256 B - 2 KiB per partition is "below
+# peak" and >= 4 KiB "saturates the DMA engines"; it gives no figures for either, so both
+# are fitted: the overhead per DMA buffer (one contiguous piece), and the fraction of BW's
+# per-engine bandwidth the engines sustain. The four published matmul tutorial figures move
+# 5.4 / 4.4 / 2.3 / 0.74 GB in 51.8 / 42.96 / 22.07 / 6.97 ms: 103-106 GB/s each, whatever
+# their pieces (256 B - 4 KiB per partition), i.e. ~0.4 of the 16 engines' 272 GB/s and
+# little per-piece cost.
+DMA_BUFFER_NS = 10.0
+DMA_EFFICIENCY = 0.425
 # BW: "semaphore-to-start latency (~1300 ns cross-engine)": a DMA's result is ready this
 # long after its data has moved; it delays dependants, not other transfers.
 DMA_LATENCY_NS = 1300.0
@@ -170,31 +184,56 @@ def _lanes(rate: tuple[int, int], accesses: Sequence[Access]) -> int:
     return rate[0] if all(a.itemsize == 2 for a in accesses) else rate[1]
 
 
-def _compute_ns(instruction: Instruction, generation: Generation, engine: str) -> float:
-    """Duration of one compute instruction."""
-    reads, writes = instruction.reads, instruction.writes
-    if engine == "tensor":
-        if instruction.api in ("transpose", "nc_transpose"):  # a matmul by an identity: N = P
-            moving = reads[0].partitions if reads else MATMUL_MIN_CYCLES
-            fp32 = False
-        else:
-            moving = reads[-1].free_size if reads else MATMUL_MIN_CYCLES
-            fp32 = any(a.itemsize >= 4 for a in reads)
-        cycles = max(MATMUL_MIN_CYCLES, moving) * (FP32_MATMUL_FACTOR if fp32 else 1)
-        return cycles / generation.clock_ghz[engine]
+def _tensor_cycles(instruction: Instruction) -> float:
+    """TensorE cycles: matmul max(64, N_moving) (x4 for fp32); a transpose (a matmul by an
+    identity) max(P, min(64, F)) (IS nc_transpose)."""
+    reads = instruction.reads
+    if not reads:
+        return MATMUL_MIN_CYCLES
+    if instruction.api in ("transpose", "nc_transpose"):
+        return max(reads[0].partitions, min(MATMUL_MIN_CYCLES, reads[0].free_size))
+    fp32 = any(a.itemsize >= 4 for a in reads)
+    cycles = max(MATMUL_MIN_CYCLES, reads[-1].free_size)
+    return cycles * (FP32_MATMUL_FACTOR if fp32 else 1)
+
+
+def _engine_cycles(instruction: Instruction, generation: Generation, engine: str) -> float:
+    """Vector, Scalar or GpSimd cycles by the IS formulas: N elements per partition per
+    full-size input tile (A2: one input ~N, two ~2N; [P, 1] per-partition scalars ride
+    along), with the IS exceptions below; N counts the wider v3/v4 data paths' lanes."""
+    reads, writes, api = instruction.reads, instruction.writes, instruction.api
     tiles = reads + writes
     n = max((a.free_size for a in tiles), default=1)
-    # Input tiles of the full free size ([P, 1] per-partition scalars ride along for free).
-    inputs = max(1, sum(a.memory != "hbm" and a.free_size >= n for a in reads))
+    on_chip = [a for a in reads if a.memory != "hbm" and a.free_size >= n]
+    inputs = max(1, len(on_chip))
     if engine == "vector":
         n = math.ceil(n / _lanes(generation.vector_rate, tiles))
     elif engine == "scalar":
         n = math.ceil(n / _lanes(generation.scalar_rate, tiles))
-    cycles = ACCESS_OVERHEAD_CYCLES + max(MIN_CYCLES, inputs * n)
-    return cycles / generation.clock_ghz[engine]
+    if engine == "gpsimd":
+        return GPSIMD_START_CYCLES + inputs * n
+    cycles: float = inputs * n
+    if inputs == 2 and api != "tensor_tensor_scan":
+        # IS tensor_tensor: N when one input is in PSUM and the other in SBUF, or when
+        # every operand is bfloat16 in SBUF; 2N otherwise (and always for the scan).
+        psum = sum(a.memory == "psum" for a in on_chip)
+        bf16_sbuf = psum == 0 and all(a.dtype == "bfloat16" for a in tiles)
+        if psum == 1 or bf16_sbuf:
+            cycles = n
+    if api == "bn_aggr":
+        cycles = 13 * n / 3
+    elif api == "reciprocal" and engine == "vector":
+        cycles = 8 * n
+    elif api == "tensor_reduce" and all(a.dtype == "bfloat16" for a in tiles):
+        cycles = n / 2
+    elif api in ("activation_reduce", "tensor_scalar_reduce"):
+        return max(MIN_II, cycles) + MIN_II
+    return max(MIN_II, cycles)
 
 
-def _dma_ns(instruction: Instruction, generation: Generation, buffer_ns: float) -> float:
+def _dma_ns(
+    instruction: Instruction, generation: Generation, buffer_ns: float, efficiency: float
+) -> float:
     """Time the DMA engines are busy with one transfer."""
     accesses = instruction.reads + instruction.writes
     if not accesses:
@@ -204,7 +243,8 @@ def _dma_ns(instruction: Instruction, generation: Generation, buffer_ns: float) 
     side = next((a for a in accesses if a.memory == "hbm"), accesses[0])
     buffers = side.partitions * side.runs_per_partition
     engines = min(generation.dma_engines, buffers)
-    engine_ns = (buffers * buffer_ns + nbytes / generation.dma_engine_bytes_per_ns) / engines
+    engine_rate = generation.dma_engine_bytes_per_ns * efficiency
+    engine_ns = (buffers * buffer_ns + nbytes / engine_rate) / engines
     return max(engine_ns, nbytes / generation.hbm_bytes_per_ns)
 
 
@@ -220,10 +260,13 @@ def _elided(instruction: Instruction) -> bool:
 
 
 class _Regions:
-    """When each written element range of each storage is ready."""
+    """When each written element range of each storage is ready, and how many times each
+    storage has been written (to tell whether a tile still holds what an earlier
+    instruction read)."""
 
     def __init__(self) -> None:
         self.written: dict[int, dict[tuple[int, int], float]] = {}
+        self.versions: dict[int, int] = {}
 
     def ready(self, accesses: Sequence[Access]) -> float:
         when = 0.0
@@ -236,6 +279,43 @@ class _Regions:
     def write(self, accesses: Sequence[Access], end: float) -> None:
         for a in accesses:
             self.written.setdefault(a.key, {})[(a.low, a.high)] = end
+            self.versions[a.key] = self.versions.get(a.key, 0) + 1
+
+    def repeat_key(self, instruction: Instruction) -> tuple[Any, ...] | None:
+        """What makes ``instruction`` the same computation as an earlier one: engine, API,
+        parameters, the tiles read (and their contents' versions) and the result's shape
+        and dtype; None when its parameters are unknown."""
+        if instruction.params is None or not instruction.reads:
+            return None
+        reads = tuple((a.key, a.low, a.high, a.shape, self.versions.get(a.key, 0))
+                      for a in instruction.reads)  # fmt: skip
+        writes = tuple((a.shape, a.dtype) for a in instruction.writes)
+        return (instruction.engine, instruction.api, instruction.params, reads, writes)
+
+
+class _DmaQueue:
+    """The DMA engines as one resource that transfers are issued to as soon as their data
+    is ready, not in program order (A2: the compiler synchronises on data dependencies and
+    instructions without one run in parallel): a store waiting for a result leaves the
+    engines to the loads behind it. ``gaps`` are the idle stretches before ``free``."""
+
+    def __init__(self) -> None:
+        self.free = 0.0
+        self.gaps: list[tuple[float, float]] = []
+
+    def place(self, ready: float, duration: float) -> float:
+        """Books ``duration`` ns at the earliest time >= ``ready``; returns the start."""
+        for index, (low, high) in enumerate(self.gaps):
+            start = max(low, ready)
+            if start + duration <= high:
+                pieces = [(a, b) for a, b in ((low, start), (start + duration, high)) if b > a]
+                self.gaps[index : index + 1] = pieces
+                return start
+        start = max(ready, self.free)
+        if start > self.free:
+            self.gaps.append((self.free, start))
+        self.free = start + duration
+        return start
 
 
 def estimate(
@@ -243,14 +323,22 @@ def estimate(
     version: int,
     timeline: bool = False,
     dma_buffer_ns: float = DMA_BUFFER_NS,
+    dma_efficiency: float = DMA_EFFICIENCY,
 ) -> Estimate:
     """Schedules ``trace`` (one NeuronCore's instructions in program order) on
     NeuronCore-v``version`` and returns the :class:`Estimate`; ``timeline`` keeps each
-    instruction's (engine, api, start, end) for :meth:`Estimate.chrome_trace`."""
+    instruction's (engine, api, start, end) for :meth:`Estimate.chrome_trace`;
+    ``dma_buffer_ns`` and ``dma_efficiency`` override the fitted DMA constants.
+
+    An instruction that repeats an earlier one (same parameters, same tiles read, none
+    rewritten since) is computed once: its result is the earlier one's (a loop-invariant
+    computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
-    free = dict.fromkeys(ENGINES, 0.0)
+    free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
+    computed: dict[tuple[Any, ...], float] = {}
+    dma = _DmaQueue()
     events: list[tuple[str, str, float, float]] = []
     finish = 0.0
     for instruction in trace:
@@ -259,17 +347,24 @@ def estimate(
             regions.write(instruction.writes, ready)
             continue
         engine = instruction.engine
+        repeat = regions.repeat_key(instruction)
+        if repeat is not None and repeat in computed:
+            regions.write(instruction.writes, max(ready, computed[repeat]))
+            continue
         if engine == "dma":
-            duration = _dma_ns(instruction, generation, dma_buffer_ns)
-            start = max(ready, free[engine])
-            free[engine] = start + duration
-            end = free[engine] + DMA_LATENCY_NS
+            duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
+            start = dma.place(ready, duration)
+            end = start + duration + DMA_LATENCY_NS
         else:
-            duration = _compute_ns(instruction, generation, engine)
+            cycles = _tensor_cycles(instruction) if engine == "tensor" else _engine_cycles(
+                instruction, generation, engine)  # fmt: skip
+            duration = cycles / generation.clock_ghz[engine]
             start = max(ready, free[engine])
             end = free[engine] = start + duration
         busy[engine] += duration
         regions.write(instruction.writes, end)
+        if repeat is not None:
+            computed[repeat] = end  # keyed by the versions it read
         finish = max(finish, end)
         if timeline:
             events.append((engine, instruction.api, start, end))

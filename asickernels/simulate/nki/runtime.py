@@ -200,13 +200,19 @@ class Run:
             self.sbuf_in_use -= allocation.bytes_per_partition
 
     def count(
-        self, engine: str, api: str = "", reads: Sequence[Any] = (), writes: Sequence[Any] = ()
+        self,
+        engine: str,
+        api: str = "",
+        reads: Sequence[Any] = (),
+        writes: Sequence[Any] = (),
+        params: Sequence[Any] | None = None,
     ) -> None:
         """One instruction on ``engine``; with a trace, also what it ``reads`` and ``writes``
-        (simulator tensors; scalars are skipped)."""
+        (simulator tensors; scalars are skipped) and, when the caller knows them all, its
+        non-tile ``params`` (:class:`~asickernels.simulate.nki.trace.Instruction`)."""
         self.instructions[engine] += 1
         if self.trace is not None:
-            self.trace.append(trace.instruction(engine, api, reads, writes))
+            self.trace.append(trace.instruction(engine, api, reads, writes, params))
 
     def count_dma(
         self,

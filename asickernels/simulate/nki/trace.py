@@ -51,12 +51,15 @@ class Access:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Instruction:
     """One instruction: ``engine`` is ``tensor``, ``vector``, ``scalar``, ``gpsimd`` or
-    ``dma``; ``api`` the NKI call that issued it."""
+    ``dma``; ``api`` the NKI call that issued it; ``params`` its arguments other than tiles
+    (operators, scalars) when the call site records them all, else None (then two calls on
+    the same tiles are never taken for the same computation)."""
 
     engine: str
     api: str
     reads: tuple[Access, ...]
     writes: tuple[Access, ...]
+    params: tuple[str, ...] | None = None
 
 
 def _memory(buffer: MemoryRegion) -> str:
@@ -131,11 +134,23 @@ def _row_offsets(row: np.ndarray) -> np.ndarray:
     return offsets
 
 
-def instruction(engine: str, api: str, reads: Sequence[Any], writes: Sequence[Any]) -> Instruction:
-    """An :class:`Instruction` from simulator tensors (non-tiles are skipped)."""
+def instruction(
+    engine: str,
+    api: str,
+    reads: Sequence[Any],
+    writes: Sequence[Any],
+    params: Sequence[Any] | None = None,
+) -> Instruction:
+    """An :class:`Instruction` from simulator tensors (non-tiles are skipped); ``params``:
+    every non-tile argument (operators by name), or None when not all are known."""
     return Instruction(
         engine,
         api,
         tuple(a for a in map(access, reads) if a is not None),
         tuple(a for a in map(access, writes) if a is not None),
+        None if params is None else tuple(_param(p) for p in params),
     )
+
+
+def _param(value: Any) -> str:
+    return str(getattr(value, "__name__", value))

@@ -473,7 +473,7 @@ def tensor_tensor(
     if op in language.BITVEC_OPS:
         read = language.read_bits
     alu.write(dst, np.asarray(function(read(data1), read(data2).reshape(data1.shape))), api)
-    run.count(chosen, "tensor_tensor", (data1, data2), (dst,))
+    run.count(chosen, "tensor_tensor", (data1, data2), (dst,), (op,))
 
 
 def tensor_scalar(

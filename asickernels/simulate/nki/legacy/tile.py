@@ -338,6 +338,33 @@ def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
     return Tensor.whole(storage)
 
 
+def _grid_range(grid: IndexGrid, axis: int, ndim: int, size: int) -> slice | None:
+    """The slice selecting what ``grid`` selects on ``axis`` of an ``ndim``-axis access, when
+    the grid runs along that axis only, one by one, inside ``0..size``; else None."""
+    values = grid.values
+    if values.ndim != ndim or any(n != 1 for i, n in enumerate(values.shape) if i != axis):
+        return None
+    line = values.reshape(-1)
+    start = int(line[0])
+    stop = start + line.size
+    if start < 0 or stop > size or not np.array_equal(line, np.arange(start, stop)):
+        return None
+    return slice(start, stop)
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _offsets(size: int) -> np.ndarray:
+    """``0..size-1`` as a read-only view of one shared array, grown to the largest tensor
+    so far: a new tensor's offsets without filling an array per allocation."""
+    global _ARANGE
+    if _ARANGE.size < size:
+        _ARANGE = np.arange(size, dtype=np.int64)
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:size]
+
+
 class Tensor:
     """A tensor or tile of the legacy API (``nt.tensor``): a view of a :class:`Storage`.
 
@@ -378,7 +405,7 @@ class Tensor:
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
-        offsets = np.arange(storage.array.size, dtype=np.int64).reshape(storage.array.shape)
+        offsets = _offsets(storage.array.size).reshape(storage.array.shape)
         return cls(storage, offsets, storage.block_dims)
 
     # -- properties ----------------------------------------------------------------------
@@ -530,6 +557,11 @@ class Tensor:
                 f"index {self!r} either with slices/integers or with index grids "
                 "(nl.arange/nl.mgrid) on every dimension, not a mix"
             )
+        if grids and not dynamic and all(isinstance(k, IndexGrid) for k in keys):
+            ranges = [_grid_range(k, axis, self.ndim, size)
+                      for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True))]  # fmt: skip
+            if all(r is not None for r in ranges):  # the same elements as slices: a view
+                keys, grids = ranges, False
         keys += [slice(None)] * (self.ndim - len(keys))
         if not grids and any(_overhangs(k, size) for k, size in zip(keys, self.shape, strict=True)):
             keys = self._slices_as_grids(keys)

@@ -228,7 +228,8 @@ def _run_core(
     out.write(core_dst.data, mask_values(api, mask, out.shape), api)
     if run.trace:  # the core instruction traced its copies: trace the legacy tiles instead
         tiles = [v for v in operands.values() if isinstance(v, Tensor)]
-        run.trace[-1] = trace.instruction(run.trace[-1].engine, api, tiles, (out,))
+        params = run.trace[-1].params if mask is None else None  # a mask: a partial result
+        run.trace[-1] = trace.instruction(run.trace[-1].engine, api, tiles, (out,), params)
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
