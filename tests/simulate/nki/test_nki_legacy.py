@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 
 from asickernels.simulate.nki import errors, last_counters
 from asickernels.simulate.nki import legacy as nki
-from asickernels.simulate.nki.legacy import error_codes as legacy_errors
-from asickernels.simulate.nki.legacy import isa as nisa
-from asickernels.simulate.nki.legacy import language as nl
-from asickernels.simulate.nki.legacy import typing as nt
-from asickernels.simulate.nki.legacy.error_codes import (
+from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrSharedHbmMustInKernelLevel,
 )
+from asickernels.simulate.nki.legacy import isa as nisa
+from asickernels.simulate.nki.legacy import language as nl
+from asickernels.simulate.nki.legacy import typing as nt
 
 RNG = np.random.default_rng(7)
 
@@ -69,7 +68,7 @@ def test_arange_and_mgrid_select_a_strided_tile():
 
 def test_masks_combine_with_ampersand_only():
     i = nl.arange(4)[:, None]
-    with pytest.raises(legacy_errors.ErrControlFlowConditionDependingOnArange, match="'&'"):
+    with pytest.raises(errors.ErrControlFlowConditionDependingOnArange, match="'&'"):
         bool(i < 2)
     assert ((i < 3) & (i > 0)).values[:, 0].tolist() == [False, True, True, False]
 
@@ -876,11 +875,11 @@ def test_parameters_are_immutable_unless_annotated():
         return out
 
     x = np.zeros((2, 3), np.float32)
-    with pytest.raises(legacy_errors.ErrCannotUpdateImmutableParameter):
+    with pytest.raises(errors.ErrCannotUpdateImmutableParameter):
         writes_input(x)
     np.testing.assert_array_equal(mutable(x), np.ones((2, 3)))
     np.testing.assert_array_equal(x, np.ones((2, 3)))  # updated in place, as on device
-    with pytest.raises(legacy_errors.ErrMutableParameterNotReturned):
+    with pytest.raises(errors.ErrMutableParameterNotReturned):
         forgets_to_return(x)
 
 
@@ -901,13 +900,13 @@ def test_documented_misuse_raises_the_sdk_error():
         inner[2](x)
 
     for kernel, error in (
-        (mixed_indexing, legacy_errors.ErrUnsupportedMixingBasicAdvancedTensorIndexing),
-        (branch_on_grid, legacy_errors.ErrControlFlowConditionDependingOnArange),
-        (nested_grid, legacy_errors.ErrNestedKernelWithSpmdGrid),
+        (mixed_indexing, errors.ErrUnsupportedMixingBasicAdvancedTensorIndexing),
+        (branch_on_grid, errors.ErrControlFlowConditionDependingOnArange),
+        (nested_grid, errors.ErrNestedKernelWithSpmdGrid),
     ):
         with pytest.raises(error):
             run(kernel, rand(2, 3))
-    with pytest.raises(legacy_errors.ErrCannotAssignToIndex):
+    with pytest.raises(errors.ErrCannotAssignToIndex):
         nl.arange(4)[None, :][0, 1] = 3
 
 

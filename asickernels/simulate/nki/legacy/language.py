@@ -26,6 +26,7 @@ import numpy as np
 import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki.errors import ErrSharedHbmMustInKernelLevel
 
 # The dtypes (general/nki/api/nki.api.shared.rst, "Supported Data Types") and buffers are
 # the core simulator's objects.
@@ -51,7 +52,6 @@ from asickernels.simulate.nki.language import (
     uint32,
 )
 from asickernels.simulate.nki.legacy import spmd
-from asickernels.simulate.nki.legacy.error_codes import ErrSharedHbmMustInKernelLevel
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
     Mask,

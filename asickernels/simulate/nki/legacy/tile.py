@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import alu, errors, runtime
-from asickernels.simulate.nki.legacy.error_codes import (
+from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrCannotAssignToIndex,
     ErrCannotUpdateImmutableParameter,
