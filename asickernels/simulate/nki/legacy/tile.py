@@ -115,7 +115,8 @@ class IndexGrid:
 
     def _compare(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
         other_values = other.values if isinstance(other, IndexGrid) else other
-        return Mask(np.asarray(function(self.values, other_values)))
+        difference = np.asarray(self.values - np.asarray(other_values))
+        return Mask(np.asarray(function(self.values, other_values)), (difference, function))
 
     def __lt__(self, other: Any) -> Mask:
         return self._compare(other, np.less)
@@ -143,12 +144,17 @@ class IndexGrid:
 
 class Mask:
     """A compile-time predicate over index values (general/nki/api/nki.api.shared.rst,
-    "NKI API Masking"): comparisons of affine index expressions, combined with ``&``."""
+    "NKI API Masking"): comparisons of affine index expressions, combined with ``&``.
+    ``comparison``: for one comparison ``a <op> b``, ``(a - b, op)`` (what
+    ``nisa.affine_select`` evaluates); None once masks are combined."""
 
-    __slots__ = ("values",)
+    __slots__ = ("comparison", "values")
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(
+        self, values: np.ndarray, comparison: tuple[np.ndarray, Any] | None = None
+    ) -> None:
         self.values = values.astype(np.bool_)
+        self.comparison = comparison
 
     def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
         other_values = other.values if isinstance(other, Mask) else np.bool_(other)
