@@ -26,6 +26,7 @@ import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki import isa as core_isa
+from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.errors import ErrSharedHbmMustInKernelLevel
 
 # The dtypes (general/nki/api/nki.api.shared.rst, "Supported Data Types") and buffers are
@@ -683,12 +684,7 @@ def full(
 ) -> Tensor:
     """A new on-chip tensor holding ``fill_value`` (one memset)."""
     buffer = sbuf if buffer is None else buffer
-    if is_hbm(buffer):
-        raise errors.HbmTensorWithInitValueNotSupported(
-            f"cannot create an HBM tensor with an initial value ({name or list(shape)})"
-        )
-    tile = allocate(shape, dtype, buffer, name, "full", fill=fill_value)
-    runtime.active_run("full").count("vector", "full", (), (tile,))
+    tile: Tensor = core_language._filled(allocate, shape, fill_value, dtype, buffer, name)
     return tile
 
 
