@@ -187,16 +187,6 @@ def broadcast_shape(api: str, shapes: Sequence[tuple[int, ...]], free_only: bool
     return (builtins.max(partitions, default=1), *free)
 
 
-def check_partitions(api: str, operands: dict[str, Tensor]) -> None:
-    """Every operand spans the same partitions (err_num_partition_mismatch)."""
-    if len({t.shape[0] for t in operands.values()}) > 1:
-        listed = ", ".join(f"{n}{list(t.shape)}" for n, t in operands.items())
-        raise errors.NumPartitionMismatch(
-            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
-            f"({listed}) of '{api}'"
-        )
-
-
 def expand(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``array`` (a tile's values) broadcast partition-first to ``shape``."""
     if array.ndim < len(shape):
@@ -806,28 +796,24 @@ def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: 
 
 def gather_flattened(data: Tensor, indices: Tensor, *, mask: Any = None, dtype: Any = None,
                      **kwargs: Any) -> Tensor:  # fmt: skip
-    """Per partition, ``data``'s flattened free elements at the uint32 ``indices`` (the
-    result has ``indices``' shape). Out-of-range indices give garbage on device; here
-    they raise."""
+    """Per partition, ``data``'s flattened free elements at the uint32 ``indices`` (the result
+    has ``indices``' shape): the current API's ``nisa.nc_n_gather``. Out-of-range indices
+    give garbage on device; here they raise."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction it runs
+
     api = "gather_flattened"
-    run = runtime.active_run(api)
+    runtime.active_run(api)
     source = require_tile(api, "data", data, ON_CHIP)
     index = require_tile(api, "indices", indices, ON_CHIP)
-    if index.dtype != uint32:
-        raise errors.UnsupportedDtype(f"'{api}' indices must be uint32, got {index.dtype}")
-    check_partitions(api, {"data": source, "indices": index})
-    flat = as_f32(source).reshape(source.shape[0], -1)
-    positions = index.read().astype(np.int64).reshape(index.shape[0], -1)
-    if (positions >= flat.shape[1]).any():
-        raise errors.TensorAccessOutOfBound(
-            f"'{api}': an index reaches past the {flat.shape[1]} elements per partition"
-        )
-    values = np.take_along_axis(flat, positions, axis=1).reshape(index.shape)
-    where = mask_values(api, mask, index.shape)
-    out = new_tile(index.shape, nki_dtype(dtype) if dtype is not None else source.dtype, api)
-    out.write(values, where, api)
-    run.count("gpsimd", api, (data, indices), (out,))
-    return out
+    check_in_bounds(api, source, None)
+    check_in_bounds(api, index, mask_values(api, mask, index.shape))
+    out_dtype = nki_dtype(dtype) if dtype is not None else source.dtype
+    # GpSimd reads SBUF; the legacy compiler places a PSUM operand there.
+    return isa._run_core(
+        api, core_isa.nc_n_gather, index.shape, out_dtype, mask, core_dtype=source.dtype,
+        reads=(source, index), data=isa._core_tensor(source, sbuf),
+        indices=isa._core_tensor(index, sbuf),
+    )  # fmt: skip
 
 
 def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:

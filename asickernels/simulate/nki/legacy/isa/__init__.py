@@ -96,15 +96,6 @@ def _alu(api: str, op: Any) -> Any:
     return nl.ALU_OPS[op]
 
 
-def _engine(api: str, requested: Any, default: str, allowed: tuple[str, ...]) -> str:
-    chosen = engine(requested)
-    if chosen is engine.unknown:
-        return default
-    if chosen.name not in allowed:
-        raise errors.UnsupportedEngine(f"'{api}' runs on {'/'.join(allowed)}, not {chosen.name}")
-    return chosen.name
-
-
 def _result(
     api: str,
     values: np.ndarray,
