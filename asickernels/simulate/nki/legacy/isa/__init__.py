@@ -129,7 +129,7 @@ def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarra
 def _core_tensor(tile: Tensor, buffer: MemoryRegion | None = None) -> NkiTensor:
     """A legacy tile's values as a core tensor in the same memory (for a core instruction),
     or in ``buffer``, where the compiler places a result tile the instruction needs there."""
-    return NkiTensor(tile.read().copy(), tile.dtype, buffer or tile.buffer, None)
+    return NkiTensor(tile.read(), tile.dtype, buffer or tile.buffer, None)  # read(): a copy
 
 
 def _core_operand(value: Any) -> Any:
@@ -196,12 +196,21 @@ def _run_core(
         core_dst = _core_tensor(dst)
     converted = {name: _core_operand(v) for name, v in operands.items()}
     run = runtime.active_run(api)
-    instruction(core_dst, **converted)
+    # The trace records the kernel's tiles, not the core's copies: the core instruction runs
+    # untraced and the engine it counted itself on is traced here.
+    recorded, run.trace = run.trace, None
+    before, transfers = dict(run.instructions), run.dma_transfers
+    try:
+        instruction(core_dst, **converted)
+    finally:
+        run.trace = recorded
     out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
     out.write(core_dst.data, executed, api)
-    if run.trace:  # the core instruction traced its copies: trace the legacy tiles instead
+    if recorded is not None:
+        counted = [e for e, n in run.instructions.items() if n != before.get(e, 0)]
+        engine = "dma" if run.dma_transfers != transfers else counted[0]
         tiles = [*reads, *(v for v in operands.values() if isinstance(v, Tensor))]
-        run.trace[-1] = trace.instruction(run.trace[-1].engine, api, tiles, (out,))
+        recorded.append(trace.instruction(engine, api, tiles, (out,)))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
