@@ -146,6 +146,19 @@ def full(
     shape: Sequence[int], fill_value: float, dtype: Any, buffer: MemoryRegion = sbuf, name: str = ""
 ) -> NkiTensor:
     """A new on-chip tensor filled with ``fill_value`` (one memset instruction)."""
+    return _filled(allocate, shape, fill_value, dtype, buffer, name)
+
+
+def _filled(
+    allocate: Callable[..., Any],
+    shape: Sequence[int],
+    fill_value: Any,
+    dtype: Any,
+    buffer: MemoryRegion,
+    name: str,
+) -> Any:
+    """``full`` of either generation: ``allocate(shape, dtype, buffer, name, api, fill=)``
+    makes the tensor of its data model; an HBM tensor cannot start with values."""
     if _is_hbm_region(buffer):
         raise errors.HbmTensorWithInitValueNotSupported(
             f"cannot create an HBM tensor with an initial value ({name or 'tensor'} {list(shape)})"

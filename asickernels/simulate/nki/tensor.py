@@ -635,25 +635,11 @@ def allocate(
     sentinel (NaN for floats, 4 for integers)."""
     run = runtime.active_run(api)
     dtype = nki_dtype(dtype)
-    shape = tuple(int(s) for s in shape)
-    if not shape or any(s < 1 for s in shape):
-        raise errors.ShapeMismatch(f"'{api}' needs a shape of positive sizes, got {shape}")
-    if not isinstance(buffer, MemoryRegion):
-        raise TypeError(f"'{api}': buffer must be nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+    shape = storage_shape(api, shape, buffer)
     alloc = None
     if not is_hbm(buffer):
         what = f"{name or 'tensor'} {list(shape)} {dtype} in {buffer.value}"
-        if len(shape) < 2:
-            raise errors.LeadingDimensionOfTensorMustBePartition(
-                f"{what}: an on-chip tile needs a partition axis and at least one free axis"
-            )
-        if shape[0] > runtime.PMAX:
-            raise errors.NumPartitionExceedArchLimit(
-                f"{what}: size of partition dimension {shape[0]} exceeds architecture "
-                f"limitation of {runtime.PMAX}"
-            )
-        per_partition = math.prod(shape[1:]) * dtype.itemsize
-        alloc = run.allocate(buffer is MemoryRegion.psum, per_partition, what)
+        alloc = on_chip_allocation(run, buffer, shape, dtype, what)
     if buffer is MemoryRegion.shared_hbm:  # one storage for all logical cores of the launch
         run.shared_hbm_created += 1
         data = run.launch.shared_tensor(
@@ -667,6 +653,34 @@ def allocate(
     else:
         data = _new_storage(shape, dtype, fill)
     return NkiTensor(data, dtype, buffer, alloc, name)
+
+
+def storage_shape(api: str, shape: Sequence[int], buffer: Any) -> tuple[int, ...]:
+    """``shape`` of a new tensor (positive sizes) in ``buffer`` (a memory region)."""
+    dims = tuple(int(s) for s in shape)
+    if not dims or any(s < 1 for s in dims):
+        raise errors.ShapeMismatch(f"'{api}' needs a shape of positive sizes, got {dims}")
+    if not isinstance(buffer, MemoryRegion):
+        raise TypeError(f"'{api}': buffer must be nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+    return dims
+
+
+def on_chip_allocation(
+    run: runtime.Run, buffer: MemoryRegion, tile: tuple[int, ...], dtype: np.dtype[Any], what: str
+) -> runtime.Allocation:
+    """SBUF/PSUM for one ``tile`` (partitions <= 128, at least one free axis: "Tile on
+    SBUF/PSUM must have at least 2 dimensions", nki_known_issues.rst), its bytes per
+    partition counted against the target's capacity."""
+    if len(tile) < 2:
+        raise errors.LeadingDimensionOfTensorMustBePartition(
+            f"{what}: an on-chip tile needs a partition axis and at least one free axis"
+        )
+    if tile[0] > runtime.PMAX:
+        raise errors.NumPartitionExceedArchLimit(
+            f"{what}: size of partition dimension {tile[0]} exceeds architecture "
+            f"limitation of {runtime.PMAX}"
+        )
+    return run.allocate(buffer is MemoryRegion.psum, math.prod(tile[1:]) * dtype.itemsize, what)
 
 
 def _new_storage(shape: tuple[int, ...], dtype: np.dtype[Any], fill: float | None) -> np.ndarray:

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 
 from asickernels.simulate.nki import errors, last_counters
 from asickernels.simulate.nki import legacy as nki
-from asickernels.simulate.nki.legacy import error_codes as legacy_errors
-from asickernels.simulate.nki.legacy import isa as nisa
-from asickernels.simulate.nki.legacy import language as nl
-from asickernels.simulate.nki.legacy import typing as nt
-from asickernels.simulate.nki.legacy.error_codes import (
+from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrSharedHbmMustInKernelLevel,
 )
+from asickernels.simulate.nki.legacy import isa as nisa
+from asickernels.simulate.nki.legacy import language as nl
+from asickernels.simulate.nki.legacy import typing as nt
 
 RNG = np.random.default_rng(7)
 
@@ -69,7 +68,7 @@ def test_arange_and_mgrid_select_a_strided_tile():
 
 def test_masks_combine_with_ampersand_only():
     i = nl.arange(4)[:, None]
-    with pytest.raises(legacy_errors.ErrControlFlowConditionDependingOnArange, match="'&'"):
+    with pytest.raises(errors.ErrControlFlowConditionDependingOnArange, match="'&'"):
         bool(i < 2)
     assert ((i < 3) & (i > 0)).values[:, 0].tolist() == [False, True, True, False]
 
@@ -876,11 +875,11 @@ def test_parameters_are_immutable_unless_annotated():
         return out
 
     x = np.zeros((2, 3), np.float32)
-    with pytest.raises(legacy_errors.ErrCannotUpdateImmutableParameter):
+    with pytest.raises(errors.ErrCannotUpdateImmutableParameter):
         writes_input(x)
     np.testing.assert_array_equal(mutable(x), np.ones((2, 3)))
     np.testing.assert_array_equal(x, np.ones((2, 3)))  # updated in place, as on device
-    with pytest.raises(legacy_errors.ErrMutableParameterNotReturned):
+    with pytest.raises(errors.ErrMutableParameterNotReturned):
         forgets_to_return(x)
 
 
@@ -901,13 +900,13 @@ def test_documented_misuse_raises_the_sdk_error():
         inner[2](x)
 
     for kernel, error in (
-        (mixed_indexing, legacy_errors.ErrUnsupportedMixingBasicAdvancedTensorIndexing),
-        (branch_on_grid, legacy_errors.ErrControlFlowConditionDependingOnArange),
-        (nested_grid, legacy_errors.ErrNestedKernelWithSpmdGrid),
+        (mixed_indexing, errors.ErrUnsupportedMixingBasicAdvancedTensorIndexing),
+        (branch_on_grid, errors.ErrControlFlowConditionDependingOnArange),
+        (nested_grid, errors.ErrNestedKernelWithSpmdGrid),
     ):
         with pytest.raises(error):
             run(kernel, rand(2, 3))
-    with pytest.raises(legacy_errors.ErrCannotAssignToIndex):
+    with pytest.raises(errors.ErrCannotAssignToIndex):
         nl.arange(4)[None, :][0, 1] = 3
 
 
@@ -1001,3 +1000,66 @@ def test_bn_stats_and_bn_aggr_agree_across_generations():
 
     x = rand(16, 37) * 100
     np.testing.assert_array_equal(run(legacy_kernel, x), current.simulate(core_kernel)(x))
+
+
+def test_match_replace8_duplicate_vals_follow_each_generations_reference():
+    """One implementation, the slot order a parameter: the 2.26 reference's NumPy equivalent
+    matches vals slots 0 to 7, the 2.32 reference 7 down to 0 (its own example)."""
+    from asickernels.simulate import nki as current
+    from asickernels.simulate.nki import isa as core_isa
+    from asickernels.simulate.nki import language as core_nl
+
+    def legacy_kernel(d, v):
+        where = nl.ndarray((1, 8), dtype=nl.uint32)
+        nisa.nc_match_replace8(data=nl.load(d), vals=nl.load(v), imm=0.0, dst_idx=where)
+        out = nl.ndarray((1, 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+        nl.store(out, where)
+        return out
+
+    def core_kernel(d, v):
+        data, vals = core_nl.load(d), core_nl.load(v)
+        replaced = core_nl.ndarray(data.shape, dtype=core_nl.float32)
+        where = core_nl.ndarray((1, 8), dtype=core_nl.uint32)
+        core_isa.nc_match_replace8(replaced, data, vals, 0.0, dst_idx=where)
+        out = core_nl.ndarray((1, 8), dtype=core_nl.uint32, buffer=core_nl.shared_hbm)
+        core_isa.dma_copy(dst=out, src=where)
+        return out
+
+    data = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    vals = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    assert run(legacy_kernel, data, vals).tolist() == [[2, 4, 5, 6, 7, 8, 9, 10]]
+    assert current.simulate(core_kernel)(data, vals).tolist() == [[2, 10, 9, 8, 7, 6, 5, 4]]
+
+
+def test_activation_reduces_with_any_alu_operator():
+    """2.26 reference: ``accu_registers = reduce_op(accu_registers, reduce_op(output))``
+    (the current API takes nl.add only)."""
+
+    def kernel(x):
+        sums = nl.ndarray((4, 1), dtype=nl.float32)
+        nisa.activation(nl.exp, nl.load(x), reduce_op=nl.max, reduce_res=sums,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)  # fmt: skip
+        out = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, sums)
+        return out
+
+    x = rand(4, 9)
+    np.testing.assert_allclose(run(kernel, x), np.exp(x).max(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_iota_and_affine_select_take_affine_expressions():
+    """2.26 reference: ``expr``/``pred`` are affine expressions, and ``pred`` "can't be
+    multiple masks combined using logical operators such as & and |"."""
+    i_p, i_f = nl.arange(4)[:, None], nl.arange(4)[None, :]
+
+    def combined(t):
+        return nisa.affine_select((i_p < 2) & (i_f > 0), t, 0.0)
+
+    with pytest.raises(TypeError, match="one affine comparison"):
+        run(returning(combined), rand(4, 4))
+    with pytest.raises(TypeError, match="affine expression"):
+        run(returning(lambda t: nisa.iota(i_p % 2 + i_f, dtype=nl.int32)), rand(4, 4))
+    np.testing.assert_array_equal(
+        run(returning(lambda t: nisa.iota(5 - 2 * i_p + 3 * i_f, dtype=nl.int32)), rand(4, 4)),
+        5 - 2 * np.arange(4)[:, None] + 3 * np.arange(4)[None, :],
+    )

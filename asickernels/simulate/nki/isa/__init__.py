@@ -203,13 +203,22 @@ def dma_copy(
 ) -> None:
     """``dst = src`` by DMA between HBM and SBUF (any views with equally many elements;
     different dtypes are cast through float32)."""
+    _dma_copy(dst, src, accumulate=False)
+
+
+def _dma_copy(dst: NkiTensor, src: NkiTensor, accumulate: bool) -> None:
+    """:func:`dma_copy`; ``accumulate``: ``dst += src`` in float32, the legacy generation's
+    ``dst_rmw_op=np.add`` (general/nki/api/nki/isa/__init__.py@0521004c, dma_copy)."""
     api = "dma_copy"
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
     alu.require(api, "src", src, (*alu.HBM, *alu.SBUF))
     if dst.size != src.size:
         raise errors.ShapeMismatch(f"'{api}' from {src!r} to {dst!r}: element counts differ")
-    alu.write(dst, alu.dma_values(src, dst.dtype), api)
+    values = alu.dma_values(src, dst.dtype)
+    if accumulate:
+        values = alu.as_f32(dst) + alu.as_f32(src).reshape(dst.shape)
+    alu.write(dst, values, api)
     run.count_dma(
         not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize, "dma_copy", (src,), (dst,)
     )
@@ -311,6 +320,22 @@ def nc_matmul(
     used; ``perf_mode=double_row`` takes fp8 ``[K, 2, free]`` tiles contracting over K and
     the 2. ``accumulate``: False overwrites, True adds, None adds where an earlier matmul
     wrote (accumulation is float32, as in PSUM)."""
+    _nc_matmul(dst, stationary, moving, accumulate, tile_position, tile_size, perf_mode, True)
+
+
+def _nc_matmul(
+    dst: NkiTensor,
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    accumulate: bool | None,
+    tile_position: tuple[int, ...],
+    tile_size: tuple[int, ...],
+    perf_mode: matmul_perf_mode,
+    fp32_pairs: bool,
+) -> None:
+    """:func:`nc_matmul`; ``fp32_pairs``: the rule "if one of the input tiles is
+    tfloat32/float32, the other tile must also be" (nki.isa.nc_matmul), which the legacy
+    generation's reference (general/nki/api/nki/isa/__init__.py@0521004c) does not state."""
     api = "nc_matmul"
     run = runtime.active_run(api)
     version = runtime.current_target().version
@@ -383,7 +408,7 @@ def nc_matmul(
                 f"'{operand}' of '{api}' is {names[operand]}; the Tensor Engine takes fp8, "
                 "bfloat16, float16, tfloat32 or float32, not integers: cast int8 to bfloat16 (exact)"
             )
-    if (names["stationary"] in _FP32_LIKE) != (names["moving"] in _FP32_LIKE):
+    if fp32_pairs and (names["stationary"] in _FP32_LIKE) != (names["moving"] in _FP32_LIKE):
         raise errors.UnsupportedDtype(
             f"'{api}' mixes {names['stationary']} and {names['moving']}: if one input is "
             "float32/tfloat32 the other must be too"
@@ -392,7 +417,10 @@ def nc_matmul(
         raise errors.UnsupportedDtype(f"'{api}' cannot mix float8_e4m3 and float8_e4m3fn")
     if dst.dtype != language.float32 and not (dst.dtype == language.bfloat16 and version >= 4):
         raise errors.UnsupportedDtype(f"'{api}' writes a float32 PSUM tile, got dst {dst.dtype}")
-    _accumulate(dst, alu.matmul_f32(stationary_2d, moving_2d), accumulate, api)
+    if runtime.values_skipped():  # trace-only: what is written matters, not the values
+        _matmul_written(dst)[...] = True
+    else:
+        _accumulate(dst, alu.matmul_f32(stationary_2d, moving_2d), accumulate, api)
     run.count("tensor", "nc_matmul", (stationary, moving), (dst,))
 
 
@@ -608,19 +636,21 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
 
 
 def _affine_values(
-    api: str, dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int
+    api: str, dst: Any, pattern: Any, offset: int, channel_multiplier: int
 ) -> np.ndarray:
     """``offset + p * channel_multiplier + sum(i_k * step_k)`` (int64) for every element of
-    ``dst``, for ``pattern = [[step, count], ...]`` covering its free elements."""
+    ``dst`` (a tensor or its shape), for ``pattern = [[step, count], ...]`` covering its free
+    elements."""
+    shape = tuple(getattr(dst, "shape", dst))
     counts = [int(count) for _, count in pattern]
-    if math.prod(counts) != alu.per_partition(dst):
+    if math.prod(counts) != math.prod(shape[1:]):
         raise errors.ShapeMismatch(f"'{api}' pattern {pattern} does not cover {dst!r}")
-    values = np.full([dst.shape[0], *counts], int(offset), np.int64)
-    values += (np.arange(dst.shape[0]) * int(channel_multiplier)).reshape([-1] + [1] * len(counts))
+    values = np.full([shape[0], *counts], int(offset), np.int64)
+    values += (np.arange(shape[0]) * int(channel_multiplier)).reshape([-1] + [1] * len(counts))
     for axis, (step, count) in enumerate(pattern):
-        shape = [1] * (len(counts) + 1)
-        shape[axis + 1] = int(count)
-        values += (np.arange(int(count)) * int(step)).reshape(shape)
+        along = [1] * (len(counts) + 1)
+        along[axis + 1] = int(count)
+        values += (np.arange(int(count)) * int(step)).reshape(along)
     return values
 
 
@@ -673,6 +703,24 @@ def activation(
     """``dst = op(data * scale + bias)`` on the Scalar engine (float32 math), optionally
     adding the result along the free axes into the engine's reduction registers
     (``reduce_op=nl.add``, ``reduce_cmd``) and reading them into ``reduce_res [P, 1]``."""
+    _activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, (language.add,))
+
+
+def _activation(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    bias: float | NkiTensor | None,
+    scale: float | NkiTensor,
+    reduce_op: Any,
+    reduce_res: NkiTensor | None,
+    reduce_cmd: reduce_cmd,
+    reduce_ops: tuple[Any, ...],
+) -> None:
+    """:func:`activation` with the reduce operators a generation allows: ``nl.add`` here
+    ("reduce_op must be nl.add", nki.isa.activation); any ALU operator in the legacy
+    generation (general/nki/api/nki/isa/__init__.py@0521004c: ``accu_registers =
+    reduce_op(accu_registers, reduce_op(output, axis=<FreeAxis>))``)."""
     api = "activation"
     run = runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
@@ -693,7 +741,7 @@ def activation(
         values = values + _per_partition_operand(api, "bias", bias, data)
     result = np.asarray(language.ACTIVATIONS[op](values), np.float32)
     alu.write(dst, result, api)
-    _scalar_reduce(api, run, result, reduce_op, reduce_res, reduce_cmd)
+    _scalar_reduce(api, run, result, reduce_op, reduce_res, reduce_cmd, reduce_ops)
     run.count("scalar", "activation", (data, bias, scale), (dst, reduce_res))
 
 
@@ -704,18 +752,22 @@ def _scalar_reduce(
     reduce_op: Any,
     reduce_res: NkiTensor | None,
     command: reduce_cmd,
+    reduce_ops: tuple[Any, ...],
 ) -> None:
     """The optional reduction stage of the Scalar engine (pseudo code in nki.isa.activation)."""
     if reduce_op is None and reduce_res is None and command is reduce_cmd.idle:
         return
-    if reduce_op not in (None, language.add):
-        raise errors.UnsupportedOperator(f"'{api}' reduce_op must be nl.add")
+    if reduce_op is not None and reduce_op not in reduce_ops:
+        names = ", ".join(f"nl.{o.__name__}" for o in reduce_ops)
+        raise errors.UnsupportedOperator(f"'{api}' reduce_op must be one of {names}")
+    function = np.add if reduce_op is None else _alu(api, reduce_op)
     registers = _reduce_registers(run)
     lanes = result.shape[0]
     if command in (reduce_cmd.reset, reduce_cmd.reset_reduce):
         registers[:lanes] = 0.0
     if command in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
-        registers[:lanes] += result.reshape(lanes, -1).sum(axis=1)
+        reduced = function.reduce(result.reshape(lanes, -1), axis=1)
+        registers[:lanes] = function(registers[:lanes], reduced)
     if reduce_res is not None:
         alu.require(api, "reduce_res", reduce_res, alu.ON_CHIP)
         if reduce_res.shape[0] != lanes or alu.per_partition(reduce_res) != 1:
@@ -797,6 +849,17 @@ def nc_transpose(
     alu.require(api, "data", data, alu.ON_CHIP)
     if data.ndim != 2 or dst.shape != data.shape[::-1]:
         raise errors.ShapeMismatch(f"'{api}' of {data!r} needs a 2-D dst {list(data.shape[::-1])}")
+    chosen = _transpose_engine(api, data, engine)
+    if chosen == "tensor":
+        alu.require(api, "dst", dst, alu.PSUM)
+        alu.require(api, "data", data, alu.SBUF)
+    alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
+    run.count(chosen, "nc_transpose", (data,), (dst,))
+
+
+def _transpose_engine(api: str, data: Any, engine: engine) -> str:
+    """The engine :func:`nc_transpose` runs ``data`` (2-D) on: the requested one, else the
+    Vector engine when it fits 32x32; the Tensor engine takes up to 128x128."""
     fits_vector = max(data.shape) <= 32
     chosen = _engine(api, engine, "vector" if fits_vector else "tensor", ("tensor", "vector"))
     limit = 32 if chosen == "vector" else runtime.PMAX
@@ -804,11 +867,7 @@ def nc_transpose(
         raise errors.SizeOfDimensionExceedArchLimit(
             f"'{api}' on the {chosen} engine takes tiles up to {limit}x{limit}, got {data!r}"
         )
-    if chosen == "tensor":
-        alu.require(api, "dst", dst, alu.PSUM)
-        alu.require(api, "data", data, alu.SBUF)
-    alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
-    run.count(chosen, "nc_transpose", (data,), (dst,))
+    return chosen
 
 
 def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
@@ -1397,6 +1456,21 @@ def nc_match_replace8(
     """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` replaced by
     ``imm``; ``dst_idx [P, 8]`` gets the matched positions. Duplicate ``vals`` are processed
     from slot 7 down, so the first occurrence lands in the highest duplicate slot."""
+    _match_replace8(dst, data, vals, imm, dst_idx, range(7, -1, -1))
+
+
+def _match_replace8(
+    dst: NkiTensor,
+    data: NkiTensor,
+    vals: NkiTensor,
+    imm: float,
+    dst_idx: NkiTensor | None,
+    slots: range,
+) -> None:
+    """:func:`nc_match_replace8` matching the ``vals`` slots in the order a generation
+    documents: 7 down to 0 here (nki.isa.nc_match_replace8, "Behavior with duplicate
+    vals"); 0 up to 7 in the legacy generation's NumPy equivalent
+    (general/nki/api/nki/isa/__init__.py@0521004c)."""
     api = "nc_match_replace8"
     run = runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
@@ -1407,7 +1481,7 @@ def nc_match_replace8(
     positions = np.full((lanes, 8), np.iinfo(np.uint32).max, np.int64)
     for lane in range(lanes):
         matched = np.zeros(values.shape[1], np.bool_)
-        for slot in range(7, -1, -1):
+        for slot in slots:
             hits = np.flatnonzero((values[lane] == wanted[lane, slot]) & ~matched)
             if hits.size:
                 positions[lane, slot] = hits[0]
@@ -1488,6 +1562,13 @@ def dma_transpose(
 ) -> None:
     """``dst = src`` transposed by a DMA: 2-D [1, 0], 3-D [2, 1, 0], 4-D [3, 1, 2, 0] (or
     ``axes``); 2-byte dtypes, ``src.shape[-1] <= 128``."""
+    _dma_transpose(dst, src, axes, two_byte_rows=True)
+
+
+def _dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any, two_byte_rows: bool) -> None:
+    """:func:`dma_transpose`; ``two_byte_rows``: the rule "src.dtype is 2 bytes,
+    src.shape[-1] <= 128" (nki.isa.dma_transpose), which the legacy generation's reference
+    (general/nki/api/nki/isa/__init__.py@0521004c) does not state."""
     api = "dma_transpose"
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
@@ -1497,7 +1578,7 @@ def dma_transpose(
         raise errors.ShapeMismatch(
             f"'{api}' transposes 2-D to 4-D tensors, got {src!r} axes={axes}"
         )
-    if src.dtype.itemsize != 2 or src.shape[-1] > 128:
+    if two_byte_rows and (src.dtype.itemsize != 2 or src.shape[-1] > 128):
         raise errors.UnsupportedDtype(
             f"'{api}' moves 2-byte dtypes with src.shape[-1] <= 128, got {src!r}"
         )

@@ -40,11 +40,11 @@ import numpy as np
 
 from asickernels.simulate.nki import benchmarking as _benchmark
 from asickernels.simulate.nki import errors, runtime
-from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typing
-from asickernels.simulate.nki.legacy.error_codes import (
+from asickernels.simulate.nki.errors import (
     ErrMutableParameterNotReturned,
     ErrNestedKernelWithSpmdGrid,
 )
+from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typing
 from asickernels.simulate.nki.legacy.tile import Tensor, argument
 from asickernels.simulate.nki.legacy.tile import Tensor as tensor  # the SDK's nki.tensor
 from asickernels.simulate.nki.runtime import last_counters

@@ -17,7 +17,6 @@ from __future__ import annotations
 import builtins
 import math
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +25,9 @@ import numpy as np
 import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki import isa as core_isa
+from asickernels.simulate.nki import language as core_language
+from asickernels.simulate.nki.errors import ErrSharedHbmMustInKernelLevel
 
 # The dtypes (general/nki/api/nki.api.shared.rst, "Supported Data Types") and buffers are
 # the core simulator's objects.
@@ -51,7 +53,6 @@ from asickernels.simulate.nki.language import (
     uint32,
 )
 from asickernels.simulate.nki.legacy import spmd
-from asickernels.simulate.nki.legacy.error_codes import ErrSharedHbmMustInKernelLevel
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
     Mask,
@@ -184,16 +185,6 @@ def broadcast_shape(api: str, shapes: Sequence[tuple[int, ...]], free_only: bool
         listed = ", ".join(str(list(s)) for s in shapes)
         raise errors.ShapeMismatch(f"'{api}': shapes {listed} do not broadcast") from None
     return (builtins.max(partitions, default=1), *free)
-
-
-def check_partitions(api: str, operands: dict[str, Tensor]) -> None:
-    """Every operand spans the same partitions (err_num_partition_mismatch)."""
-    if len({t.shape[0] for t in operands.values()}) > 1:
-        listed = ", ".join(f"{n}{list(t.shape)}" for n, t in operands.items())
-        raise errors.NumPartitionMismatch(
-            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
-            f"({listed}) of '{api}'"
-        )
 
 
 def expand(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -525,14 +516,12 @@ def reduce(
     dtype: Any,
     mask: Any,
     keepdims: bool,
-    negate: bool = False,
-    trailing: bool = False,
 ) -> Tensor:
     """One reduction over the free ``axis`` of ``x`` (Vector engine). Masked-out
     inputs take no part; a result element whose inputs are all masked out is not written."""
     run = runtime.active_run(api)
     require_tile(api, "x", x, ON_CHIP)
-    axes = reduce_axes(api, x, axis, trailing)
+    axes = reduce_axes(api, x, axis, trailing=False)
     where = mask_values(api, mask, x.shape)
     check_in_bounds(api, x, where)
     bitvec = function in BITVEC
@@ -547,15 +536,13 @@ def reduce(
         result = mean if keepdims else np.squeeze(mean, axis=axes)
     elif where is None:
         result = function.reduce(values, axis=axes, keepdims=keepdims)
-    elif function in _IDENTITIES:  # masked-out inputs take the operator's identity
+    elif function in IDENTITIES:  # masked-out inputs take the operator's identity
         result = function.reduce(
             values, axis=axes, keepdims=keepdims, where=_full(where, x.shape),
-            initial=_IDENTITIES[function],
+            initial=IDENTITIES[function],
         )  # fmt: skip
     else:
         raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {function!r}")
-    if negate:
-        result = -result
     written = None if where is None else np.any(where, axis=axes, keepdims=keepdims)
     if result.ndim == 1:
         # Reducing every free axis leaves [P, 1]: AWS's kernels broadcast the result
@@ -570,7 +557,8 @@ def reduce(
     return out
 
 
-_IDENTITIES = {
+# What masked-out inputs of a reduction take.
+IDENTITIES: dict[Any, Any] = {
     np.add: 0.0,
     np.multiply: 1.0,
     np.maximum: -np.inf,
@@ -686,12 +674,7 @@ def full(
 ) -> Tensor:
     """A new on-chip tensor holding ``fill_value`` (one memset)."""
     buffer = sbuf if buffer is None else buffer
-    if is_hbm(buffer):
-        raise errors.HbmTensorWithInitValueNotSupported(
-            f"cannot create an HBM tensor with an initial value ({name or list(shape)})"
-        )
-    tile = allocate(shape, dtype, buffer, name, "full", fill=fill_value)
-    runtime.active_run("full").count("vector", "full", (), (tile,))
+    tile: Tensor = core_language._filled(allocate, shape, fill_value, dtype, buffer, name)
     return tile
 
 
@@ -813,28 +796,24 @@ def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: 
 
 def gather_flattened(data: Tensor, indices: Tensor, *, mask: Any = None, dtype: Any = None,
                      **kwargs: Any) -> Tensor:  # fmt: skip
-    """Per partition, ``data``'s flattened free elements at the uint32 ``indices`` (the
-    result has ``indices``' shape). Out-of-range indices give garbage on device; here
-    they raise."""
+    """Per partition, ``data``'s flattened free elements at the uint32 ``indices`` (the result
+    has ``indices``' shape): the current API's ``nisa.nc_n_gather``. Out-of-range indices
+    give garbage on device; here they raise."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction it runs
+
     api = "gather_flattened"
-    run = runtime.active_run(api)
+    runtime.active_run(api)
     source = require_tile(api, "data", data, ON_CHIP)
     index = require_tile(api, "indices", indices, ON_CHIP)
-    if index.dtype != uint32:
-        raise errors.UnsupportedDtype(f"'{api}' indices must be uint32, got {index.dtype}")
-    check_partitions(api, {"data": source, "indices": index})
-    flat = as_f32(source).reshape(source.shape[0], -1)
-    positions = index.read().astype(np.int64).reshape(index.shape[0], -1)
-    if (positions >= flat.shape[1]).any():
-        raise errors.TensorAccessOutOfBound(
-            f"'{api}': an index reaches past the {flat.shape[1]} elements per partition"
-        )
-    values = np.take_along_axis(flat, positions, axis=1).reshape(index.shape)
-    where = mask_values(api, mask, index.shape)
-    out = new_tile(index.shape, nki_dtype(dtype) if dtype is not None else source.dtype, api)
-    out.write(values, where, api)
-    run.count("gpsimd", api, (data, indices), (out,))
-    return out
+    check_in_bounds(api, source, None)
+    check_in_bounds(api, index, mask_values(api, mask, index.shape))
+    out_dtype = nki_dtype(dtype) if dtype is not None else source.dtype
+    # GpSimd reads SBUF; the legacy compiler places a PSUM operand there.
+    return isa._run_core(
+        api, core_isa.nc_n_gather, index.shape, out_dtype, mask, core_dtype=source.dtype,
+        reads=(source, index), data=isa._core_tensor(source, sbuf),
+        indices=isa._core_tensor(index, sbuf),
+    )  # fmt: skip
 
 
 def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
@@ -938,55 +917,16 @@ def broadcast_to(src: Tensor, *, shape: Sequence[int], **kwargs: Any) -> Tensor:
 
 
 # -- Tensor engine -------------------------------------------------------------------------
-# nki.isa.nc_matmul: "float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32" inputs.
-_MATMUL_DTYPES = (bfloat16, float16, float32, tfloat32, float8_e4m3, float8_e5m2)
-
-
-def tensor_engine_matmul(api: str, stationary: Tensor, moving: Tensor, mask: Any) -> Tensor:
-    """``stationary.T @ moving`` ([K, M], [K, N] in SBUF) into a new float32 PSUM tile."""
-    run = runtime.active_run(api)
-    for name, tile in (("stationary", stationary), ("moving", moving)):
-        require_tile(api, name, tile, (MemoryRegion.sbuf,))
-        if tile.ndim != 2:
-            raise errors.ExceedMaxSupportedDimension(
-                f"parameter '{name}' {tile!r} of '{api}' exceeds max supported number of "
-                "dimensions of 2"
-            )
-        if tile.dtype not in _MATMUL_DTYPES:
-            raise errors.UnsupportedDtype(
-                f"'{name}' of '{api}' is {tile.dtype}; the Tensor Engine takes fp8, bfloat16, "
-                "float16, tfloat32 and float32, not integers"
-            )
-    check_partitions(api, {"stationary": stationary, "moving": moving})
-    (_, m), (_, n) = stationary.shape, moving.shape
-    for name, size, limit in (
-        ("stationary", m, tile_size.gemm_stationary_fmax),
-        ("moving", n, tile_size.gemm_moving_fmax),
-    ):
-        if size > limit:
-            raise errors.SizeOfDimensionExceedArchLimit(
-                f"free size {size} of '{name}' of '{api}' exceeds architecture limitation of "
-                f"{limit}"
-            )
-    where = mask_values(api, mask, (m, n))
-    checked_inputs(api, {"stationary": stationary, "moving": moving}, stationary.shape, None)
-    out = new_tile((m, n), float32, api, psum)
-    if runtime.values_skipped():  # trace-only: what is written matters, not the values
-        out.write(np.zeros((m, n), np.float32), where, api)
-    else:
-        out.write(alu.matmul_f32(stationary.read(), moving.read()), where, api)
-    run.count("tensor", api, (stationary, moving), (out,))
-    return out
-
-
 def matmul(
     x: Tensor, y: Tensor, *, transpose_x: bool = False, mask: Any = None, **kwargs: Any
 ) -> Tensor:
     """``x @ y`` (or ``x.T @ y`` with ``transpose_x``) on the Tensor engine, a float32 PSUM
     tile: ``x`` partition <= 128 and free <= 128, ``y`` partition <= 128 and free <= 512.
     Without ``transpose_x`` an extra transpose of ``x`` runs first, as the SDK lowers it."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction it runs
+
     stationary = x if transpose_x else transpose(x)
-    return tensor_engine_matmul("matmul", stationary, y, mask)
+    return isa.tensor_engine_matmul("matmul", stationary, y, mask)
 
 
 def transpose(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -1095,27 +1035,19 @@ def spmd_dim(*sizes: int) -> int:
     return math.prod(int(s) for s in sizes)
 
 
-# -- random numbers: one generator per run, seeded 0 unless nl.random_seed sets it --------
-_GENERATORS: weakref.WeakKeyDictionary[runtime.Run, np.random.Generator] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def generator(api: str) -> np.random.Generator:
-    run = runtime.active_run(api)
-    return _GENERATORS.setdefault(run, np.random.default_rng(0))
-
-
+# -- random numbers: the run's generator (the core instructions' too), seeded 0 unless
+# nl.random_seed sets it -------------------------------------------------------------------
 def random_seed(seed: Any, *, mask: Any = None, **kwargs: Any) -> None:
     """Seeds the random number generator (the same seed gives the same sequence)."""
-    runtime.active_run("random_seed")
+    run = runtime.active_run("random_seed")
     value = int(seed.read().reshape(-1)[0]) if isinstance(seed, Tensor) else int(seed)
-    _GENERATORS[runtime.active_run("random_seed")] = np.random.default_rng(value)
+    run.random = np.random.default_rng(value)
 
 
 def rand(shape: Sequence[int], dtype: Any = float32, **kwargs: Any) -> Tensor:
     """A new SBUF tile of uniform random values in [0, 1)."""
-    values = generator("rand").random(tuple(int(s) for s in shape), dtype=np.float32)
+    generator = core_isa._random_generator(runtime.active_run("rand"))
+    values = generator.random(tuple(int(s) for s in shape), dtype=np.float32)
     out = new_tile(tuple(values.shape), nki_dtype(dtype), "rand")
     out.write(values, None, "rand")
     runtime.active_run("rand").count("gpsimd")
@@ -1124,10 +1056,11 @@ def rand(shape: Sequence[int], dtype: Any = float32, **kwargs: Any) -> Tensor:
 
 def dropout(x: Tensor, rate: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """``x`` with each element zeroed with probability ``rate`` (a scalar or a one-element
-    tile)."""
+    tile): the instruction ``nisa.dropout``."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction it runs
+
     probability = float(as_f32(rate).reshape(-1)[0]) if isinstance(rate, Tensor) else float(rate)
-    keep = generator("dropout").random(x.shape) >= probability
-    return compute("dropout", lambda v: np.where(keep, v, np.float32(0)), {"x": x}, dtype, mask)
+    return isa.dropout(x, probability, mask=mask, dtype=dtype)
 
 
 def device_print(prefix: str, x: Any, *, mask: Any = None, **kwargs: Any) -> None:

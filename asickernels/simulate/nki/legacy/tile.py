@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from asickernels.simulate.nki import alu, errors, runtime
-from asickernels.simulate.nki.legacy.error_codes import (
+from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrCannotAssignToIndex,
     ErrCannotUpdateImmutableParameter,
@@ -33,6 +33,8 @@ from asickernels.simulate.nki.tensor import (
     is_float,
     is_hbm,
     nki_dtype,
+    on_chip_allocation,
+    storage_shape,
 )
 
 
@@ -115,7 +117,8 @@ class IndexGrid:
 
     def _compare(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
         other_values = other.values if isinstance(other, IndexGrid) else other
-        return Mask(np.asarray(function(self.values, other_values)))
+        difference = np.asarray(self.values - np.asarray(other_values))
+        return Mask(np.asarray(function(self.values, other_values)), (difference, function))
 
     def __lt__(self, other: Any) -> Mask:
         return self._compare(other, np.less)
@@ -143,12 +146,17 @@ class IndexGrid:
 
 class Mask:
     """A compile-time predicate over index values (general/nki/api/nki.api.shared.rst,
-    "NKI API Masking"): comparisons of affine index expressions, combined with ``&``."""
+    "NKI API Masking"): comparisons of affine index expressions, combined with ``&``.
+    ``comparison``: for one comparison ``a <op> b``, ``(a - b, op)`` (what
+    ``nisa.affine_select`` evaluates); None once masks are combined."""
 
-    __slots__ = ("values",)
+    __slots__ = ("comparison", "values")
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(
+        self, values: np.ndarray, comparison: tuple[np.ndarray, Any] | None = None
+    ) -> None:
         self.values = values.astype(np.bool_)
+        self.comparison = comparison
 
     def _combine(self, other: Any, function: Callable[[Any, Any], Any]) -> Mask:
         other_values = other.values if isinstance(other, Mask) else np.bool_(other)
@@ -291,32 +299,16 @@ def allocate(
     partition are counted against the target's capacity)."""
     run = runtime.active_run(api)
     dtype = nki_dtype(dtype)
-    if not isinstance(buffer, MemoryRegion):
-        raise TypeError(f"'{api}': buffer must be nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
-    dims = tuple(int(s) for s in shape)
-    if not dims or any(s < 1 for s in dims):
-        raise errors.ShapeMismatch(f"'{api}' needs a shape of positive sizes, got {dims}")
+    dims = storage_shape(api, shape, buffer)
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     block_dims = marked[0] if marked else 0
     allocations: list[runtime.Allocation] = []
     if not is_hbm(buffer):
         what = f"{name or 'tensor'} {list(dims)} {dtype} in {buffer.value}"
-        tile = dims[block_dims:]
-        if len(tile) < 2:
-            # nki_known_issues.rst: "Tile on SBUF/PSUM must have at least 2 dimensions".
-            raise errors.LeadingDimensionOfTensorMustBePartition(
-                f"{what}: an on-chip tile needs a partition axis and at least one free axis"
-            )
-        if tile[0] > runtime.PMAX:
-            raise errors.NumPartitionExceedArchLimit(
-                f"{what}: size of partition dimension {tile[0]} exceeds architecture "
-                f"limitation of {runtime.PMAX}"
-            )
         # Block dimensions are logical: "the physical tiles may not be alive in the memory
         # simultaneously ... at the very minimum, only 1 physical tile needs to be alive"
         # (general/nki/nki_block_dimension_migration_guide.rst). One tile is counted.
-        per_tile = math.prod(tile[1:]) * dtype.itemsize
-        allocations = [run.allocate(buffer is MemoryRegion.psum, per_tile, what)]
+        allocations = [on_chip_allocation(run, buffer, dims[block_dims:], dtype, what)]
     initialised = fill is not None
     if not initialised:
         fill = UNINITIALISED_FLOAT if is_float(dtype) else UNINITIALISED_INT

@@ -6,9 +6,9 @@ the promoted dtype of two inputs)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-import weakref
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
@@ -96,40 +96,6 @@ def _alu(api: str, op: Any) -> Any:
     return nl.ALU_OPS[op]
 
 
-def _engine(api: str, requested: Any, default: str, allowed: tuple[str, ...]) -> str:
-    chosen = engine(requested)
-    if chosen is engine.unknown:
-        return default
-    if chosen.name not in allowed:
-        raise errors.UnsupportedEngine(f"'{api}' runs on {'/'.join(allowed)}, not {chosen.name}")
-    return chosen.name
-
-
-def _same_layout(api: str, operands: dict[str, Tensor]) -> None:
-    """Equal partitions and equal elements per partition (err_num_partition_mismatch)."""
-    nl.check_partitions(api, operands)
-    if len({math.prod(t.shape[1:]) for t in operands.values()}) > 1:
-        listed = ", ".join(f"{n}{list(t.shape)}" for n, t in operands.items())
-        raise errors.ShapeMismatch(f"'{api}' needs equal elements per partition, got {listed}")
-
-
-def _per_partition_scalar(
-    api: str, name: str, value: Any, data: Tensor, bitvec: bool = False
-) -> Any:
-    """A scalar, or a ``[P, 1]`` (or ``[P]``) tile's values shaped to broadcast on ``data``
-    (float32, or integers for bitvec operators)."""
-    if not isinstance(value, Tensor):
-        return nl.operand_values(api, value, bitvec)
-    nl.require_tile(api, name, value, nl.ON_CHIP)
-    if value.shape[0] != data.shape[0] or math.prod(value.shape[1:]) != 1:
-        raise errors.ShapeMismatch(
-            f"'{api}' {name} must be a scalar or a [{data.shape[0]}, 1] tile, got {value!r}"
-        )
-    check_in_bounds(api, value, None)
-    values = nl.operand_values(api, value, bitvec)
-    return values.reshape((data.shape[0],) + (1,) * (data.ndim - 1))
-
-
 def _result(
     api: str,
     values: np.ndarray,
@@ -148,22 +114,6 @@ def _result(
 
 _ReduceCmd = reduce_cmd
 _OobMode = oob_mode
-_ACCUMULATORS: weakref.WeakKeyDictionary[runtime.Run, np.ndarray] = weakref.WeakKeyDictionary()
-
-
-def _free_reduction(api: str, op: Any, values: np.ndarray, tile: Tensor) -> np.ndarray:
-    """``op``-reduction of ``values`` (shaped like ``tile``) over all its free axes."""
-    return np.asarray(_alu(api, op).reduce(values.reshape(tile.shape[0], -1), axis=1))
-
-
-def _write_reduction(api: str, reduce_res: Tensor, reduced: np.ndarray) -> None:
-    """Writes one value per partition into ``reduce_res`` ``[P, 1]``."""
-    nl.require_tile(api, "reduce_res", reduce_res, nl.ON_CHIP)
-    if reduce_res.shape[0] != reduced.shape[0] or math.prod(reduce_res.shape[1:]) != 1:
-        raise errors.ShapeMismatch(
-            f"'{api}' reduce_res must be [{reduced.shape[0]}, 1], got {reduce_res!r}"
-        )
-    reduce_res.write(reduced.reshape(reduce_res.shape), None, api)
 
 
 def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarray | None]:
@@ -176,9 +126,10 @@ def _input(api: str, name: str, data: Any, mask: Any) -> tuple[Tensor, np.ndarra
 
 
 # -- instructions run by the core instruction set -------------------------------------------
-def _core_tensor(tile: Tensor) -> NkiTensor:
-    """A legacy tile's values as a core tensor in the same memory (for a core instruction)."""
-    return NkiTensor(tile.read().copy(), tile.dtype, tile.buffer, None)
+def _core_tensor(tile: Tensor, buffer: MemoryRegion | None = None) -> NkiTensor:
+    """A legacy tile's values as a core tensor in the same memory (for a core instruction),
+    or in ``buffer``, where the compiler places a result tile the instruction needs there."""
+    return NkiTensor(tile.read(), tile.dtype, buffer or tile.buffer, None)  # read(): a copy
 
 
 def _core_operand(value: Any) -> Any:
@@ -192,11 +143,21 @@ def _core_operand(value: Any) -> Any:
         return core_isa.reduce_cmd[value.name]
     if isinstance(value, engine):
         return core_isa.engine[value.name]
-    if callable(value) and value in nl.ALU_OPS:
+    if callable(value) and value in nl.ALU_OPS:  # by the numpy function it computes
+        function: Any = nl.ALU_OPS[value]
+        return _CORE_ALU_OPS.get(function, value)
+    if callable(value) and (value in nl.ACTIVATIONS or value is np.copy):  # by name
         name = getattr(value, "__name__", "")
-        renamed = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum"}
-        return getattr(core_language, renamed.get(name, name))
+        return getattr(core_language, "abs" if name == "absolute" else name, value)
     return value
+
+
+# The core's binary ALU operators by the numpy function they compute (np.add -> nl.add).
+_CORE_ALU_OPS = {
+    function: op
+    for op, function in core_language.ALU_OPS.items()
+    if isinstance(function, np.ufunc) and function.nin == 2
+}
 
 
 def _run_core(
@@ -207,29 +168,54 @@ def _run_core(
     mask: Any,
     dst: Tensor | None = None,
     buffer: MemoryRegion = MemoryRegion.sbuf,
+    core_dtype: np.dtype[Any] | None = None,
+    masked_inputs: bool = True,
+    reads: tuple[Tensor, ...] = (),
     **operands: Any,
 ) -> Tensor:
     """Runs the core ``instruction(dst, **operands)`` on copies of the legacy operands and
     writes its result into ``dst`` (or a new tile of ``shape``/``dtype``) where ``mask``
-    holds: the legacy generation's calling convention over the one implementation."""
+    holds: the legacy generation's calling convention over the one implementation.
+    ``core_dtype``: the core result's dtype where the instruction fixes it (then cast to
+    ``dtype``); ``masked_inputs``: the mask covers the inputs shaped like the result (not
+    for a transpose); ``reads``: tiles the instruction reads through prepared values (the
+    adapter checked their bounds)."""
+    runtime.active_run(api)
+    executed = mask_values(api, mask, shape)
     for name, value in operands.items():
-        if isinstance(value, Tensor):  # the mask covers inputs shaped like the result
-            _input(api, name, value, mask if value.shape == tuple(shape) else None)
+        if isinstance(value, Tensor):  # the core instruction checks its memories
+            nl.require_tile(api, name, value, (*nl.ON_CHIP, *nl.HBM))
+            aligned = masked_inputs and value.shape == tuple(shape)
+            check_in_bounds(api, value, executed if aligned else None)
     # The result's memory is the legacy tile's (accounted there): an empty core allocation.
     scratch = runtime.Allocation(runtime.active_run(api), buffer is MemoryRegion.psum, 0)
-    core_dst = NkiTensor(np.zeros(shape, dtype), dtype, buffer, scratch)
+    computed = dtype if core_dtype is None else core_dtype
+    core_dst = NkiTensor(np.zeros(shape, computed), computed, buffer, scratch)
     if dst is not None:
-        nl.require_tile(api, "dst", dst, nl.ON_CHIP)
+        nl.require_tile(api, "dst", dst, (*nl.ON_CHIP, *nl.HBM))
         core_dst = _core_tensor(dst)
     converted = {name: _core_operand(v) for name, v in operands.items()}
     run = runtime.active_run(api)
-    instruction(core_dst, **converted)
+    # The trace records the kernel's tiles, not the core's copies: the core instruction
+    # traces into a scratch list, and the engine it counted itself on is traced here.
+    recorded = run.trace
+    core_trace: list[trace.Instruction] | None = None if recorded is None else []
+    run.trace = core_trace
+    before, transfers = dict(run.instructions), run.dma_transfers
+    try:
+        instruction(core_dst, **converted)
+    finally:
+        run.trace = recorded
     out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
-    out.write(core_dst.data, mask_values(api, mask, out.shape), api)
-    if run.trace:  # the core instruction traced its copies: trace the legacy tiles instead
-        tiles = [v for v in operands.values() if isinstance(v, Tensor)]
-        params = run.trace[-1].params if mask is None else None  # a mask: a partial result
-        run.trace[-1] = trace.instruction(run.trace[-1].engine, api, tiles, (out,), params)
+    out.write(core_dst.data, executed, api)
+    if recorded is not None:
+        counted = [e for e, n in run.instructions.items() if n != before.get(e, 0)]
+        engine = "dma" if run.dma_transfers != transfers else counted[0]
+        tiles = [*reads, *(v for v in operands.values() if isinstance(v, Tensor))]
+        # The core's own record gives the parameters (the operator), unless a mask made
+        # this a partial result.
+        params = core_trace[-1].params if core_trace and mask is None else None
+        recorded.append(trace.instruction(engine, api, tiles, (out,), params))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
@@ -296,46 +282,23 @@ def activation(
     dtype: Any = None,
     **kwargs: Any,
 ) -> Tensor:
-    """``op(data * scale + bias)`` on the Scalar engine; ``scale`` a scalar or a float32
-    ``[P, 1]`` vector, ``bias`` a ``[P, 1]`` vector. With ``reduce_cmd`` idle and
-    ``reduce_op``/``reduce_res``, the results reduced over the free axes go to
-    ``reduce_res`` ``[P, 1]``; otherwise ``reduce_cmd`` drives the engine's 128 accumulation
-    registers (reset to zero / reduce into / both) and ``reduce_res`` reads them out."""
+    """``op(data * scale + bias)`` on the Scalar engine (the core ``activation``); ``scale``
+    a scalar or a float32 ``[P, 1]`` vector, ``bias`` a ``[P, 1]`` vector. ``reduce_cmd``
+    drives the engine's 128 accumulation registers (reset to zero / reduce into with any
+    ALU ``reduce_op`` / both) and ``reduce_res`` reads them out."""
     api = "activation"
-    tile, where = _input(api, "data", data, mask)
-    if op not in nl.ACTIVATIONS:
-        raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
-    if isinstance(scale, Tensor) and scale.dtype != nl.float32:
-        raise errors.UnsupportedDtype(f"'{api}' scale must be float32, got {scale.dtype}")
-    values = nl.as_f32(tile) * _per_partition_scalar(api, "scale", scale, tile)
-    if bias is not None:
-        if not isinstance(bias, Tensor):
-            raise TypeError(f"'{api}' bias must be a [P, 1] tile")
-        values = values + _per_partition_scalar(api, "bias", bias, tile)
-    values = np.asarray(nl.ACTIVATIONS[op](values), np.float32)
-    out = _result(api, values, dtype, tile.dtype, where, "scalar", reads=(tile, bias, scale))
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"'{api}' bias must be a [P, 1] tile")  # "a vector" (2.26 reference)
     command = _ReduceCmd(reduce_cmd)
-    if command is _ReduceCmd.idle:
-        if (reduce_op is None) != (reduce_res is None):
-            raise TypeError(f"'{api}': give reduce_op and reduce_res together")
-        if reduce_res is not None:
-            _write_reduction(api, reduce_res, _free_reduction(api, reduce_op, values, tile))
-        return out
-    # The 128 accumulation registers of the Scalar engine, kept per run.
-    registers = _ACCUMULATORS.setdefault(
-        runtime.active_run(api), np.zeros(runtime.PMAX, np.float32)
-    )
-    partitions = tile.shape[0]
-    if command in (_ReduceCmd.reset, _ReduceCmd.reset_reduce):
-        registers[:] = 0
-    if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce):
-        if reduce_op is None:
-            raise TypeError(f"'{api}': reduce_cmd={command.name} needs reduce_op")
-        part = _free_reduction(api, reduce_op, values, tile)
-        registers[:partitions] = _alu(api, reduce_op)(registers[:partitions], part)
-    if reduce_res is not None:
-        _write_reduction(api, reduce_res, registers[:partitions].copy())
-    return out
+    if command in (_ReduceCmd.reduce, _ReduceCmd.reset_reduce) and reduce_op is None:
+        raise TypeError(f"'{api}': reduce_cmd={command.name} needs reduce_op")
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    reduce_ops = tuple(core_language.ALU_OPS)
+    return _run_core(
+        api, functools.partial(core_isa._activation, reduce_ops=reduce_ops), data.shape,
+        out_dtype, mask, op=op, data=data, bias=bias, scale=scale, reduce_op=reduce_op,
+        reduce_res=reduce_res, reduce_cmd=command,
+    )  # fmt: skip
 
 
 def activation_reduce(
@@ -550,12 +513,40 @@ def tensor_reduce(
     keepdims: bool = False,
     **kwargs: Any,
 ) -> Tensor:
-    """``op``-reduction of ``data`` over its trailing free ``axis`` (Vector engine);
-    ``negate`` multiplies the result by -1."""
-    function = _alu("tensor_reduce", op)
-    return nl.reduce(
-        "tensor_reduce", function, data, axis, dtype, mask, keepdims, negate, trailing=True
-    )
+    """``op``-reduction of ``data`` over its trailing free ``axis`` (the core
+    ``tensor_reduce``, Vector engine); ``negate`` multiplies the result by -1. Masked-out
+    inputs take no part; a result element whose inputs are all masked out is not written.
+    Reducing every free axis gives ``[P, 1]``: AWS's kernels broadcast it (nki-samples
+    attention.py@8370e11: ``(1.0 / sum_res).broadcast_to((128, 64))``)."""
+    api = "tensor_reduce"
+    tile, where = _input(api, "data", data, mask)
+    values = _identity_filled(api, tile, where, op)
+    axes = core_language.reduce_axes(api, values, axis)
+    shape = np.sum(np.empty(tile.shape, np.bool_), axis=axes, keepdims=keepdims).shape
+    written = None if where is None else Mask(np.any(where, axis=axes, keepdims=keepdims))
+    if len(shape) == 1:
+        shape = (*shape, 1)
+        written = None if written is None else Mask(written.values[:, None])
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(
+        api, core_isa.tensor_reduce, shape, out_dtype, written, reads=(tile,), op=op,
+        data=values, axis=axes, negate=negate, keepdims=keepdims,
+    )  # fmt: skip
+
+
+def _identity_filled(api: str, tile: Tensor, where: np.ndarray | None, op: Any) -> NkiTensor:
+    """``tile``'s values with the masked-out ones replaced by ``op``'s identity, so that they
+    take no part in a reduction."""
+    values = tile.read()
+    if where is not None:
+        identity = nl.IDENTITIES.get(nl.ALU_OPS.get(op), None)
+        if identity is None:
+            raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {op!r}")
+        if not is_float(tile.dtype) and np.isinf(identity):
+            limits = np.iinfo(tile.dtype)
+            identity = limits.min if identity < 0 else limits.max
+        values = np.where(where, values, np.array(identity).astype(tile.dtype))
+    return NkiTensor(values, tile.dtype, tile.buffer, None)
 
 
 def tensor_tensor_scan(
@@ -664,20 +655,16 @@ def nc_find_index8(
     *, data: Tensor, vals: Tensor, mask: Any = None, dtype: Any = None, **kwargs: Any
 ) -> Tensor:
     """Per partition, the index of the first occurrence in ``data`` of each of the 8
-    ``vals`` (uint32 by default, or uint16); undefined for values ``data`` lacks."""
+    ``vals`` (the core ``nc_find_index8``; uint32 by default, or uint16); the mask applies
+    to ``data`` only (masked-out elements are never found)."""
     api = "nc_find_index8"
     tile, _ = _input(api, "data", data, None)
-    wanted, _ = _input(api, "vals", vals, None)
-    out_dtype = nki_dtype(dtype) if dtype else nl.uint32
-    if out_dtype not in (nl.uint16, nl.uint32):
-        raise errors.UnsupportedDtype(f"'{api}' returns uint16 or uint32, not {out_dtype}")
-    if wanted.shape[0] != tile.shape[0] or math.prod(wanted.shape[1:]) != 8:
-        raise errors.ShapeMismatch(f"'{api}' vals must be [{tile.shape[0]}, 8], got {wanted!r}")
     values = _per_partition_elements(api, tile, mask)
-    targets = nl.as_f32(wanted).reshape(tile.shape[0], 8)
-    matches = values[:, None, :] == targets[:, :, None]  # [P, 8, N]
-    found = np.where(matches.any(axis=2), matches.argmax(axis=2), 0)
-    return _result(api, found, out_dtype, out_dtype, None, "vector", reads=(tile,))
+    out_dtype = nki_dtype(dtype) if dtype else nl.uint32
+    return _run_core(
+        api, core_isa.nc_find_index8, (tile.shape[0], 8), out_dtype, None, reads=(tile,),
+        data=values, vals=vals,
+    )  # fmt: skip
 
 
 def nc_match_replace8(
@@ -691,31 +678,17 @@ def nc_match_replace8(
     **kwargs: Any,
 ) -> Tensor:
     """``data`` with the first occurrence of each of the 8 ``vals`` per partition replaced
-    by ``imm``; their indices go to ``dst_idx`` if given (Vector engine)."""
+    by ``imm``; their indices go to ``dst_idx`` if given (the core ``nc_match_replace8``,
+    matching the slots in the 2.26 reference's order, 0 to 7)."""
     api = "nc_match_replace8"
-    tile, where = _input(api, "data", data, mask)
-    wanted, _ = _input(api, "vals", vals, None)
-    if wanted.shape[0] != tile.shape[0] or math.prod(wanted.shape[1:]) != 8:
-        raise errors.ShapeMismatch(f"'{api}' vals must be [{tile.shape[0]}, 8], got {wanted!r}")
+    tile, _ = _input(api, "data", data, mask)
     values = _per_partition_elements(api, tile, mask)  # masked-out: -inf, never matched
-    replaced = nl.as_f32(tile).reshape(values.shape).copy()
-    targets = nl.as_f32(wanted).reshape(tile.shape[0], 8)
-    indices = np.zeros((tile.shape[0], 8), np.uint32)
-    for p in range(tile.shape[0]):  # the reference's loop: first match of each value
-        for j in range(8):
-            matches = np.flatnonzero(values[p] == targets[p, j])
-            if matches.size:
-                indices[p, j] = matches[0]
-                values[p, matches[0]] = np.nan  # matched once
-                replaced[p, matches[0]] = np.float32(imm)
-    if dst_idx is not None:
-        nl.require_tile(api, "dst_idx", dst_idx, nl.ON_CHIP)
-        if dst_idx.size != indices.size:
-            raise errors.ShapeMismatch(f"'{api}' dst_idx must hold 8 per partition: {dst_idx!r}")
-        dst_idx.write(indices.reshape(dst_idx.shape), None, api)
-    return _result(
-        api, replaced.reshape(tile.shape), dtype, tile.dtype, where, "vector", reads=(tile,)
-    )
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    match = functools.partial(core_isa._match_replace8, slots=range(8))
+    return _run_core(
+        api, match, tile.shape, out_dtype, mask, reads=(tile,), data=values.reshape(tile.shape),
+        vals=vals, imm=imm, dst_idx=dst_idx,
+    )  # fmt: skip
 
 
 def nc_stream_shuffle(
@@ -747,13 +720,14 @@ def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
 
 def dropout(data: Tensor, prob: Any, *, mask: Any = None, dtype: Any = None, **kw: Any) -> Tensor:
     """``data`` with elements replaced by zero with probability ``prob`` (a scalar, or a
-    ``[P, 1]`` tile of per-partition probabilities; Vector engine)."""
-    api = "dropout"
-    tile, where = _input(api, "data", data, mask)
-    probability = _per_partition_scalar(api, "prob", prob, tile)
-    keep = nl.generator(api).random(tile.shape) >= probability
-    values = np.where(keep, nl.as_f32(tile), np.float32(0))
-    return _result(api, values, dtype, tile.dtype, where, "vector", reads=(tile,))
+    ``[P, 1]`` tile of per-partition probabilities; the core ``dropout``), cast to ``dtype``
+    (the 2.26 reference's ``dtype``; the core keeps ``data``'s)."""
+    nl.require_tile("dropout", "data", data, nl.ON_CHIP)
+    out_dtype = nki_dtype(dtype) if dtype else data.dtype
+    return _run_core(
+        "dropout", core_isa.dropout, data.shape, out_dtype, mask, core_dtype=data.dtype,
+        data=data, prob=prob,
+    )  # fmt: skip
 
 
 def tensor_copy_dynamic_src(
@@ -773,39 +747,35 @@ def tensor_copy_dynamic_dst(
     engine: Any = engine.unknown,
     **kwargs: Any,
 ) -> None:
-    """Copies ``src`` into ``dst``, a tile view at a run-time offset within each partition;
-    equal partitions and elements per partition."""
-    api = "tensor_copy_dynamic_dst"
-    target, where = _input(api, "dst", dst, mask)
-    source, _ = _input(api, "src", src, mask)
-    _same_layout(api, {"dst": target, "src": source})
-    chosen = _engine(api, engine, "vector", ("vector", "scalar", "gpsimd"))
-    values = source.read() if source.dtype == target.dtype else nl.as_f32(source)
-    target.write(values.reshape(target.shape), where, api)
-    runtime.active_run(api).count(chosen, api, (source,), (target,))
+    """Copies ``src`` into ``dst``, a tile view at a run-time offset within each partition
+    (the core ``tensor_copy``); equal partitions and elements per partition."""
+    _run_core(
+        "tensor_copy_dynamic_dst", core_isa.tensor_copy, dst.shape, dst.dtype, mask, dst,
+        src=src, engine=engine,
+    )  # fmt: skip
 
 
 def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
                   **kwargs: Any) -> Tensor:  # fmt: skip
-    """``src`` (HBM or SBUF) transposed by DMA into a new SBUF tile: permutation (1, 0),
-    (2, 1, 0) or (3, 1, 2, 0) for 2-, 3- and 4-D tiles."""
+    """``src`` (HBM or SBUF) transposed by DMA into a new SBUF tile (the core
+    ``dma_transpose``): permutation (1, 0), (2, 1, 0) or (3, 1, 2, 0) for 2-, 3- and 4-D
+    tiles, any dtype (the 2.26 reference states no 2-byte rule)."""
     api = "dma_transpose"
-    run = runtime.active_run(api)
     tile = nl.require_tile(api, "src", src, (*nl.HBM, MemoryRegion.sbuf))
-    permutations = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
-    expected = permutations.get(tile.ndim)
+    expected = _DMA_TRANSPOSE_AXES.get(tile.ndim)
     if expected is None or (axes is not None and tuple(axes) != expected):
         raise errors.ShapeMismatch(
             f"'{api}' of {tile!r}: supported axes are (1, 0), (2, 1, 0) and (3, 1, 2, 0)"
         )
-    check_in_bounds(api, tile, None)
-    values = tile.read().transpose(expected)
-    where = mask_values(api, mask, values.shape)
+    shape = tuple(tile.shape[axis] for axis in expected)
     out_dtype = nki_dtype(dtype) if dtype else tile.dtype
-    out = nl.new_tile(tuple(values.shape), out_dtype, api)
-    out.write(values if out_dtype == tile.dtype else values.astype(np.float32), where, api)
-    run.count_dma(not tile.on_chip, False, tile.size * tile.itemsize)
-    return out
+    transpose = functools.partial(core_isa._dma_transpose, two_byte_rows=False)
+    return _run_core(api, transpose, shape, out_dtype, mask, masked_inputs=False, src=tile,
+                     axes=expected)  # fmt: skip
+
+
+# "Supported axes are (1, 0), (2, 1, 0), and (3, 1, 2, 0)" (2.26 reference, dma_transpose).
+_DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
 def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -817,30 +787,16 @@ def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: A
 def tensor_partition_reduce(
     op: Any, data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any
 ) -> Tensor:
-    """``op``-reduction across the partitions of ``data`` into a ``[1, ...]`` tile (GpSimd
-    engine; ``op`` one of add, max, bitwise_or, bitwise_and)."""
+    """``op``-reduction across the partitions of ``data`` into a ``[1, ...]`` tile (the core
+    ``tensor_partition_reduce``, GpSimd engine; ``op`` one of add, max, bitwise_or,
+    bitwise_and); masked-out elements take no part."""
     api = "tensor_partition_reduce"
     tile, where = _input(api, "data", data, mask)
-    if tile.buffer is MemoryRegion.psum:
-        raise errors.UnsupportedMemory(f"'{api}' on the GpSimd engine cannot access PSUM")
-    function = _PARTITION_REDUCE.get(op)
-    if function is None:
-        raise errors.UnsupportedOperator(f"'{api}' takes add, max, bitwise_or, bitwise_and")
-    bitwise = function in (np.bitwise_or, np.bitwise_and)
-    values = tile.read().astype(np.int64) if bitwise else nl.as_f32(tile)
-    if where is not None:  # masked-out elements take no part
-        identity = {np.add: 0, np.maximum: -np.inf, np.bitwise_or: 0, np.bitwise_and: -1}
-        values = np.where(where, values, identity[function])
-    result = function.reduce(values, axis=0, keepdims=True)
-    return _result(api, np.asarray(result), dtype, tile.dtype, None, "gpsimd", reads=(tile,))
-
-
-_PARTITION_REDUCE: dict[Any, Any] = {
-    **dict.fromkeys((nl.add, np.add), np.add),
-    **dict.fromkeys((nl.maximum, nl.max, np.maximum, np.max, np.amax), np.maximum),
-    **dict.fromkeys((nl.bitwise_or, np.bitwise_or), np.bitwise_or),
-    **dict.fromkeys((nl.bitwise_and, np.bitwise_and), np.bitwise_and),
-}
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(
+        api, core_isa.tensor_partition_reduce, (1, *tile.shape[1:]), out_dtype, None,
+        reads=(tile,), op=op, data=_identity_filled(api, tile, where, op),
+    )  # fmt: skip
 
 
 # -- Tensor engine -----------------------------------------------------------------------
@@ -863,16 +819,32 @@ def nc_matmul(
     requirements and computes the same product."""
     if tile_position or tile_size:
         _check_pe_tiling(tuple(tile_position), tuple(tile_size), stationary)
-    perf_mode = kwargs.get("perf_mode")
-    if perf_mode is not None and core_isa.matmul_perf_mode(perf_mode).name != "none":
-        # [K, 2, free] fp8 operands (nki/test/test_nki_isa_nc_matmul.py@81ce03a): the core
-        # instruction's double-row mode.
-        shape = (math.prod(stationary.shape[2:]), math.prod(moving.shape[2:]))
-        return _run_core(
-            "nc_matmul", core_isa.nc_matmul, shape, nl.float32, mask, None, MemoryRegion.psum,
-            stationary=stationary, moving=moving, perf_mode=perf_mode,
-        )  # fmt: skip
-    return nl.tensor_engine_matmul("nc_matmul", stationary, moving, mask)
+    return tensor_engine_matmul("nc_matmul", stationary, moving, mask, kwargs.get("perf_mode"))
+
+
+def tensor_engine_matmul(
+    api: str, stationary: Tensor, moving: Tensor, mask: Any, perf_mode: Any = None
+) -> Tensor:
+    """``stationary.T @ moving`` into a new float32 PSUM tile (the core ``nc_matmul``, without
+    its fp32-pair rule, which the 2.26 reference does not state); ``perf_mode`` double-row
+    takes ``[K, 2, free]`` fp8 operands (nki/test/test_nki_isa_nc_matmul.py@81ce03a). The
+    compiler copies a PSUM result tile to SBUF for it: AWS's flash_attn_bwd (nki-samples
+    attention.py@8370e11) multiplies an nc_transpose result."""
+    mode = core_isa.matmul_perf_mode(perf_mode or "none")
+    for name, tile in (("stationary", stationary), ("moving", moving)):
+        nl.require_tile(api, name, tile, (MemoryRegion.sbuf,))
+        check_in_bounds(api, tile, None)
+    free = 1 if mode is core_isa.matmul_perf_mode.none else 2
+    shape = (math.prod(stationary.shape[free:]), math.prod(moving.shape[free:]))
+    matmul = functools.partial(
+        core_isa._nc_matmul, accumulate=None, tile_position=(), tile_size=(), perf_mode=mode,
+        fp32_pairs=False,
+    )  # fmt: skip
+    return _run_core(
+        api, matmul, shape, nl.float32, mask, None, MemoryRegion.psum, masked_inputs=False,
+        reads=(stationary, moving), stationary=_core_tensor(stationary, MemoryRegion.sbuf),
+        moving=_core_tensor(moving, MemoryRegion.sbuf),
+    )  # fmt: skip
 
 
 def _check_pe_tiling(position: tuple[int, ...], size: tuple[int, ...], stationary: Any) -> None:
@@ -898,25 +870,24 @@ def _check_pe_tiling(position: tuple[int, ...], size: tuple[int, ...], stationar
 def nc_transpose(
     data: Tensor, *, mask: Any = None, dtype: Any = None, engine: Any = engine.unknown, **kw: Any
 ) -> Tensor:
-    """Swaps the partition axis and the (flattened) free axes: on the Tensor engine up to
-    128x128 from SBUF into PSUM, on the Vector engine up to 32x32 (the default engine
-    follows the size)."""
+    """Swaps the partition axis and the (flattened) free axes (the core ``nc_transpose``): on
+    the Tensor engine up to 128x128 from SBUF into PSUM, on the Vector engine up to 32x32
+    (the default engine follows the size)."""
     api = "nc_transpose"
     tile, _ = _input(api, "data", data, None)
-    partitions, free = tile.shape[0], math.prod(tile.shape[1:])
-    default = "vector" if partitions <= 32 and free <= 32 else "tensor"
-    chosen = _engine(api, engine, default, ("tensor", "vector"))
-    limit = 128 if chosen == "tensor" else 32
-    if partitions > limit or free > limit:
-        raise errors.SizeOfDimensionExceedArchLimit(
-            f"'{api}' of {tile!r} on the {chosen} engine: at most {limit}x{limit}"
-        )
-    if chosen == "tensor":
-        nl.require_tile(api, "data", tile, (MemoryRegion.sbuf,))
-    values = nl.as_f32(tile).reshape(partitions, free).T
-    where = mask_values(api, mask, (free, partitions))
+    flat = tile.reshape((tile.shape[0], math.prod(tile.shape[1:])))
+    chosen = core_isa._transpose_engine(api, flat, _core_operand(engine))
     buffer = MemoryRegion.psum if chosen == "tensor" else MemoryRegion.sbuf
-    return _result(api, values, dtype, tile.dtype, where, chosen, buffer, reads=(tile,))
+    source: Any = flat
+    if chosen == "tensor":  # from SBUF (a compiler-placed PSUM result is copied there)
+        nl.require_tile(api, "data", tile, (MemoryRegion.sbuf,))
+        source = _core_tensor(flat, MemoryRegion.sbuf)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(
+        api, core_isa.nc_transpose, flat.shape[::-1], out_dtype, mask, None, buffer,
+        masked_inputs=False, reads=(tile,) if source is not flat else (), data=source,
+        engine=engine,
+    )  # fmt: skip
 
 
 # -- GpSimd engine ----------------------------------------------------------------------
@@ -940,35 +911,72 @@ def sequence_bounds(*, segment_ids: Tensor, dtype: Any = None) -> Tensor:
 
 
 def iota(expr: Any, dtype: Any, *, mask: Any = None, **kwargs: Any) -> Tensor:
-    """A tile holding the values of the affine index expression ``expr`` (of
-    ``nl.arange`` grids), computed in int32 and cast to ``dtype`` (GpSimd engine)."""
+    """A tile holding the values of the affine index expression ``expr`` (of ``nl.arange``
+    grids), computed in int32 and cast to ``dtype`` (the core ``iota``, GpSimd engine)."""
     api = "iota"
     runtime.active_run(api)
     if not isinstance(expr, IndexGrid):
         raise TypeError(f"'{api}' takes an affine expression of nl.arange, got {expr!r}")
-    values = np.asarray(expr.values, np.int64).astype(np.int32)
-    if values.ndim < 2:
+    if expr.values.ndim < 2:
         raise errors.LeadingDimensionOfTensorMustBePartition(
-            f"'{api}' needs a 2-D expression (partition, free), got shape {values.shape}"
+            f"'{api}' needs a 2-D expression (partition, free), got shape {expr.shape}"
         )
-    where = mask_values(api, mask, values.shape)
-    return _result(api, values, dtype, nki_dtype(dtype), where, "gpsimd")
+    pattern, offset, multiplier = _affine_form(api, expr.values)
+    return _run_core(
+        api, core_isa.iota, expr.shape, nki_dtype(dtype), mask, pattern=pattern, offset=offset,
+        channel_multiplier=multiplier,
+    )  # fmt: skip
+
+
+def _affine_form(api: str, values: np.ndarray) -> tuple[list[list[int]], int, int]:
+    """Index-expression ``values`` over ``[P, free...]`` as the core's affine form
+    ``(pattern [[step, count], ...], offset, channel_multiplier)``; the reference takes "an
+    affine expression" (iota's ``expr``, affine_select's ``pred``), anything else is refused."""
+    origin = (0,) * values.ndim
+
+    def step(axis: int) -> int:
+        if values.shape[axis] < 2:
+            return 0
+        return int(
+            values[tuple(1 if a == axis else 0 for a in range(values.ndim))] - values[origin]
+        )
+
+    pattern = [[step(axis), values.shape[axis]] for axis in range(1, values.ndim)]
+    form = (pattern, int(values[origin]), step(0))
+    if not np.array_equal(core_isa._affine_values(api, values.shape, *form), values):
+        raise TypeError(f"'{api}' takes an affine expression of nl.arange values")
+    return form
 
 
 def affine_select(
     pred: Any, on_true_tile: Tensor, on_false_value: float, *, mask: Any = None,
     dtype: Any = None, **kwargs: Any,
 ) -> Tensor:  # fmt: skip
-    """``on_true_tile`` where the affine predicate ``pred`` (one comparison of index
-    expressions, e.g. a causal mask) holds, else ``on_false_value`` (GpSimd engine)."""
+    """``on_true_tile`` where the affine predicate ``pred`` holds, else ``on_false_value``
+    (the core ``affine_select``, GpSimd engine). ``pred`` is one comparison of index
+    expressions (e.g. a causal mask), not masks combined with ``&``/``|`` (2.26 reference)."""
     api = "affine_select"
-    tile, where = _input(api, "on_true_tile", on_true_tile, mask)
-    if not isinstance(pred, Mask):
-        raise TypeError(f"'{api}' takes an affine comparison of nl.arange expressions as pred")
-    chosen = mask_values(api, pred, tile.shape)
-    assert chosen is not None  # pred is a Mask
-    values = np.where(chosen, nl.as_f32(tile), np.float32(on_false_value))
-    return _result(api, values, dtype, tile.dtype, where, "gpsimd", reads=(tile,))
+    tile = nl.require_tile(api, "on_true_tile", on_true_tile, nl.ON_CHIP)
+    if not isinstance(pred, Mask) or pred.comparison is None:
+        raise TypeError(f"'{api}' takes one affine comparison of nl.arange expressions as pred")
+    difference, compare = pred.comparison
+    try:
+        difference = np.broadcast_to(difference, tile.shape)
+    except ValueError:
+        raise errors.ShapeMismatch(
+            f"'{api}': pred of shape {list(difference.shape)} does not fit {tile!r}"
+        ) from None
+    pattern, offset, multiplier = _affine_form(api, difference)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    check_in_bounds(api, tile, mask_values(api, mask, tile.shape))
+    # The legacy compiler copies a PSUM tile to SBUF for GpSimd: AWS's flash_fwd
+    # (nki-samples attention.py@8370e11) selects from ``qk_psum``.
+    source = _core_tensor(tile, MemoryRegion.sbuf)
+    return _run_core(
+        api, core_isa.affine_select, tile.shape, out_dtype, mask, reads=(tile,),
+        pattern=pattern, channel_multiplier=multiplier, on_true_tile=source,
+        on_false_value=on_false_value, cmp_op=compare, offset=offset,
+    )  # fmt: skip
 
 
 def dma_copy(
@@ -983,30 +991,28 @@ def dma_copy(
     """``dst = src`` (or ``dst += src`` with ``dst_rmw_op=np.add``) by DMA between HBM and
     SBUF views of equal shape; different dtypes are cast."""
     api = "dma_copy"
-    run = runtime.active_run(api)
-    regions = (*nl.HBM, MemoryRegion.sbuf)
-    target = nl.require_tile(api, "dst", dst, regions)
-    source = nl.require_tile(api, "src", src, regions)
-    if math.prod(target.shape) != math.prod(source.shape):
-        raise errors.ShapeMismatch(f"'{api}' from {source!r} to {target!r}: sizes differ")
-    where = mask_values(api, mask, target.shape)
+    runtime.active_run(api)
+    for name, side in (("dst", dst), ("src", src)):
+        nl.require_tile(api, name, side, (*nl.HBM, MemoryRegion.sbuf))
+    if dst.size != src.size:
+        raise errors.ShapeMismatch(f"'{api}' from {src!r} to {dst!r}: sizes differ")
+    if dst_rmw_op not in (None, np.add, nl.add):
+        raise errors.UnsupportedOperator(f"'{api}' dst_rmw_op takes only np.add")
+    where = mask_values(api, mask, dst.shape)
     if oob_mode == _OobMode.skip:  # "silently skips any operations involving" them
         if dst_rmw_op is not None:
             raise ValueError(f"'{api}': dst_rmw_op allows only oob_mode.error")
-        skipped = np.zeros(target.shape, np.bool_)
-        for side in (source, target):
+        skipped = np.zeros(dst.shape, np.bool_)
+        for side in (src, dst):
             if side.out_of_bounds is not None:
-                skipped |= side.out_of_bounds.reshape(target.shape)
-        kept = ~skipped
-        where = kept if where is None else where & kept
-    check_in_bounds(api, source, None if where is None else where.reshape(source.shape))
-    values = source.read().reshape(target.shape)
-    if dst_rmw_op is not None:
-        if dst_rmw_op not in (np.add, nl.add):
-            raise errors.UnsupportedOperator(f"'{api}' dst_rmw_op takes only np.add")
-        values = nl.as_f32(target) + values.astype(np.float32)
-    target.write(values if values.dtype == target.dtype else values.astype(np.float32), where, api)
-    run.count_dma(not source.on_chip, not target.on_chip, source.size * source.itemsize)
+                skipped |= side.out_of_bounds.reshape(dst.shape)
+        where = ~skipped if where is None else where & ~skipped
+    # A DMA moves the elements in order: the mask covers src's in that order.
+    check_in_bounds(api, src, None if where is None else where.reshape(src.shape))
+    copy = functools.partial(core_isa._dma_copy, accumulate=dst_rmw_op is not None)
+    executed = None if where is None else Mask(where)
+    _run_core(api, copy, dst.shape, dst.dtype, executed, dst, reads=(src,),
+              src=_core_tensor(src))  # fmt: skip
 
 
 def memset(
