@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+from torchvision.models.detection import (
+    FCOS,
+    FasterRCNN,
+    RetinaNet,
+    ssd300_vgg16,
+    ssdlite320_mobilenet_v3_large,
+)
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import mobilenet_backbone
 
@@ -46,7 +52,24 @@ def _faster_rcnn(sizes: dict[str, int]) -> torch.nn.Module:
     )
 
 
-BUILDERS = {"retinanet": _retinanet, "fcos": _fcos, "faster_rcnn": _faster_rcnn}
+def _ssd(sizes: dict[str, int]) -> torch.nn.Module:
+    # SSD resizes every image to 300x300 (its own fixed size); ``sizes`` does not apply.
+    return ssd300_vgg16(weights=None, weights_backbone=None, num_classes=NUM_CLASSES)
+
+
+def _ssdlite(sizes: dict[str, int]) -> torch.nn.Module:
+    return ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=NUM_CLASSES
+    )
+
+
+BUILDERS = {
+    "retinanet": _retinanet,
+    "fcos": _fcos,
+    "faster_rcnn": _faster_rcnn,
+    "ssd": _ssd,
+    "ssdlite": _ssdlite,
+}
 
 
 def _heads(model: Any, kind: str) -> list[tuple[torch.nn.Module, float]]:
@@ -59,6 +82,9 @@ def _heads(model: Any, kind: str) -> list[tuple[torch.nn.Module, float]]:
             (predictor.cls_score, 100.0),
             (predictor.bbox_pred, 0.1),
         ]
+    if kind in ("ssd", "ssdlite"):  # their convolutions (SSDlite's batch norms stay)
+        std = {"ssd": 0.01, "ssdlite": 0.05}[kind]
+        return [(m, std) for m in model.head.modules() if isinstance(m, torch.nn.Conv2d)]
     return [(model.head, {"retinanet": 0.5, "fcos": 0.1}[kind])]
 
 
@@ -72,6 +98,10 @@ def model(kind: str, min_size: int = 160, max_size: int = 320) -> torch.nn.Modul
     torch.manual_seed(0)
     built = BUILDERS[kind](dict(min_size=min_size, max_size=max_size)).eval()
     with torch.no_grad():
+        if kind == "ssdlite":  # MobileNetV3's own init shrinks the features to ~1e-20
+            for module in built.backbone.modules():
+                if isinstance(module, torch.nn.Conv2d):
+                    torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
         for head, std in _heads(built, kind):
             for name, parameter in head.named_parameters():
                 if name.endswith("weight"):

@@ -31,6 +31,7 @@ from torch import Tensor
 from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
+from torchvision.models.detection.ssd import SSD
 from torchvision.ops import boxes as box_ops
 
 from asickernels import detection
@@ -182,6 +183,49 @@ def _fcos_postprocess(
     )
 
 
+def _ssd_postprocess(
+    self: SSD,
+    head_outputs: dict[str, Tensor],
+    anchors: list[Tensor],
+    image_shapes: list[tuple[int, int]],
+) -> list[dict[str, Tensor]]:
+    """SSD's ``postprocess_detections`` with static shapes: per image and class (but the
+    background) the ``topk_candidates`` best anchors scoring above ``score_thresh``, then
+    per-class NMS over all of them."""
+    boxes = _clip(
+        torch.stack(
+            [
+                self.box_coder.decode_single(regression, image_anchors)
+                for regression, image_anchors in zip(
+                    head_outputs["bbox_regression"], anchors, strict=True
+                )
+            ]
+        ),
+        image_shapes,
+    )
+    scores = torch.softmax(head_outputs["cls_logits"], -1)[:, :, 1:].transpose(1, 2)
+    num_images, num_labels, num_anchors = scores.shape
+    indices, valid = _call(
+        detection.top_candidates,
+        [scores.reshape(num_images * num_labels, num_anchors)],
+        k=min(self.topk_candidates, num_anchors),
+        score_threshold=float(self.score_thresh),
+    )
+    indices = indices.to(torch.int64).reshape(num_images, num_labels, -1)
+    labels = torch.arange(1, num_labels + 1, device=scores.device)[:, None].expand_as(indices[0])
+    rows = indices.flatten(1).unsqueeze(-1).expand(-1, -1, 4)
+    out = _detections(
+        torch.gather(boxes, 1, rows),
+        torch.gather(scores, 2, indices).flatten(1),
+        labels.flatten().expand(num_images, -1),
+        valid.reshape(num_images, -1),
+        iou_threshold=self.nms_thresh,
+        max_detections=self.detections_per_img,
+        backend=self._asickernels_backend,
+    )
+    return _as_dicts(*out)
+
+
 def _filter_proposals(
     self: RegionProposalNetwork,
     proposals: Tensor,
@@ -295,6 +339,9 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
     if isinstance(model, (RetinaNet, FCOS)):
         postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
         _swap(model, backend, postprocess_detections=postprocess)
+        return model
+    if isinstance(model, SSD):
+        _swap(model, backend, postprocess_detections=_ssd_postprocess)
         return model
     if isinstance(model, FasterRCNN) and not (
         model.roi_heads.has_mask() or model.roi_heads.has_keypoint()
