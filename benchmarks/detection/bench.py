@@ -4,22 +4,28 @@ same models made ``asickernels.torch.detection.xla_ready``, and CPU torchvision.
 Run in the torch environment:
 
     PJRT_DEVICE=CPU .venv-torch-xla/bin/python benchmarks/detection/bench.py \
-        --out benchmarks/detection/results.json
+        --batches 3 --plain-timeout 90 --out benchmarks/detection/results.json
 
-Per model (asickernels.testing.detection_models: MobileNetV3-small FPN, random weights,
-score thresholds 0, batches of 2 images) and per way of running it:
+Per model (asickernels.testing.detection_models: RetinaNet, FCOS, Faster and Mask R-CNN on
+MobileNetV3-small FPN backbones, SSD300 on VGG16, SSDlite320 on MobileNetV3-large; random
+weights, low score thresholds, batches of 2 images) and per way of running it:
   * ``plain_xla``: torchvision's model on the XLA device, with a ``torch_xla.sync()`` after
-    the backbone (a forward hook) so that its graphs stay small enough to finish;
+    the backbone (a forward hook) so that its graphs stay small enough to finish; a batch
+    taking longer than ``--plain-timeout`` seconds is interrupted and the row says
+    ``did_not_finish_in_seconds``;
   * ``ready`` / ``ready_xla_nms``: :func:`xla_ready` with the NMS backend the selection
     policy picks on torch_xla's CPU device (the TPU kernel, simulated) / named ``xla``;
   * ``cpu_torchvision``: torchvision's model on CPU tensors.
 Columns: CPU fallbacks per image (torch_xla counters ``aten::*`` and ``torchvision::*``),
 graph compilations on the first batch and on each later batch of new data of the same
-shape, wall time per image (median over the batches after the first; every batch runs
-through every variant in turn, in one process), and
-the largest difference of the detections from CPU torchvision's and from plain torch_xla's
-(each detection matched to one of the same label; "unmatched" counts those without a
-match within 1e-3 px; see tests/frontends/test_detection.py for why near-tied scores may reorder).
+shape, host transfers during the forward (before the detections are read), wall time per
+image (median over the batches after the first; every batch runs through every variant in
+turn, in one process), and the largest difference of the detections (and masks) from CPU
+torchvision's and from plain torch_xla's (each detection matched to one of the same label;
+"unmatched" counts those without a match within 1e-3 px; ``same_within_1e-4``: every
+detection matched, scores and boxes within 1e-4; see tests/frontends/test_detection.py for
+why near-tied scores may reorder). Last, SSD300's batched NMS at COCO's size on CPU:
+torchvision against asickernels' ``cpu`` backend (``--nms-repeats`` turns).
 """
 
 from __future__ import annotations
