@@ -46,7 +46,8 @@ test-torch-xla: $(TX_STAMP)
 	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" tests/kernels/test_conformance.py \
 		tests/frontends/test_torch_frontend.py tests/frontends/test_spmd_torch_xla.py \
 		tests/frontends/test_spmd_jax.py tests/frontends/test_torchvision_compat.py \
-		tests/frontends/test_detection.py tests/docs/test_readme.py
+		tests/frontends/test_detection.py tests/frontends/test_detection_training.py \
+		tests/docs/test_readme.py
 
 test: lint test-main test-torch-xla
 

@@ -11,10 +11,12 @@ mask, per-class NMS (asickernels' kernels) and padding. Scores and box decoding 
 torchvision's own code, so on CPU the trimmed detections are torchvision's.
 
 Each image's detections come padded to the model's ``detections_per_img``: ``boxes [D, 4]``,
-``scores [D]``, ``labels [D]`` (int64), and ``num_detections`` (a 0-d int32 tensor); past the
-count boxes and scores are 0 and labels -1. :func:`trim` cuts them on the host, once.
+``scores [D]``, ``labels [D]`` (int64), Mask R-CNN's ``masks [D, 1, H, W]``, and
+``num_detections`` (a 0-d int32 tensor); past the count boxes, scores and masks are 0 and
+labels -1. :func:`trim` cuts them on the host, once.
 
-Inference only (``model.eval()``): training-mode forwards keep torchvision's code paths.
+Training-mode forwards keep torchvision's code paths (its losses index with boolean masks,
+so they run with CPU fallbacks; RoI pooling and its backward stay on the device).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import jax
 import torch
 import torchvision.ops
 from torch import Tensor
-from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet, roi_heads
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
+from torchvision.models.detection.ssd import SSD
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import boxes as box_ops
 
 from asickernels import detection
@@ -182,6 +186,49 @@ def _fcos_postprocess(
     )
 
 
+def _ssd_postprocess(
+    self: SSD,
+    head_outputs: dict[str, Tensor],
+    anchors: list[Tensor],
+    image_shapes: list[tuple[int, int]],
+) -> list[dict[str, Tensor]]:
+    """SSD's ``postprocess_detections`` with static shapes: per image and class (but the
+    background) the ``topk_candidates`` best anchors scoring above ``score_thresh``, then
+    per-class NMS over all of them."""
+    boxes = _clip(
+        torch.stack(
+            [
+                self.box_coder.decode_single(regression, image_anchors)
+                for regression, image_anchors in zip(
+                    head_outputs["bbox_regression"], anchors, strict=True
+                )
+            ]
+        ),
+        image_shapes,
+    )
+    scores = torch.softmax(head_outputs["cls_logits"], -1)[:, :, 1:].transpose(1, 2)
+    num_images, num_labels, num_anchors = scores.shape
+    indices, valid = _call(
+        detection.top_candidates,
+        [scores.reshape(num_images * num_labels, num_anchors)],
+        k=min(self.topk_candidates, num_anchors),
+        score_threshold=float(self.score_thresh),
+    )
+    indices = indices.to(torch.int64).reshape(num_images, num_labels, -1)
+    labels = torch.arange(1, num_labels + 1, device=scores.device)[:, None].expand_as(indices[0])
+    rows = indices.flatten(1).unsqueeze(-1).expand(-1, -1, 4)
+    out = _detections(
+        torch.gather(boxes, 1, rows),
+        torch.gather(scores, 2, indices).flatten(1),
+        labels.flatten().expand(num_images, -1),
+        valid.reshape(num_images, -1),
+        iou_threshold=self.nms_thresh,
+        max_detections=self.detections_per_img,
+        backend=self._asickernels_backend,
+    )
+    return _as_dicts(*out)
+
+
 def _filter_proposals(
     self: RegionProposalNetwork,
     proposals: Tensor,
@@ -261,6 +308,67 @@ def _roi_heads_forward(self: RoIHeads, *args: Any, **kwargs: Any) -> Any:
     return result, losses
 
 
+def _paste_weights(start: Tensor, end: Tensor, mask_size: int, image_size: int) -> tuple:
+    """Along one image axis, for every (detection, pixel): the two mask rows (or columns)
+    and their weights that ``F.interpolate(mode="bilinear", align_corners=False)`` of the
+    ``mask_size`` mask to the box's ``end - start + 1`` pixels reads (PyTorch's
+    ``area_pixel_compute_source_index``), and whether the pixel is inside the box."""
+    pixel = torch.arange(image_size, device=start.device)
+    offset = pixel - start[:, None]  # [D, image_size]
+    length = (end - start + 1).clamp(min=1)[:, None]
+    scale = mask_size / length.to(torch.float32)
+    source = ((offset.to(torch.float32) + 0.5) * scale - 0.5).clamp(min=0)
+    first = source.floor().to(torch.int64)
+    weight = (source - first).clamp(0, 1)
+    low = first.clamp(max=mask_size - 1)
+    high = low + (first < mask_size - 1).to(torch.int64)
+    inside = (offset >= 0) & (pixel <= end[:, None])
+    return low, high, 1 - weight, weight, inside
+
+
+def _paste_masks(masks: Tensor, boxes: Tensor, image_shape: tuple[int, int]) -> Tensor:
+    """torchvision's ``paste_masks_in_image`` with static shapes: ``masks [D, 1, M, M]``,
+    ``boxes [D, 4]`` -> ``[D, 1, H, W]``, each mask resized to its box (bilinear, as
+    ``F.interpolate``: columns first, then rows) and placed in the image, zero outside."""
+    padded, scale = roi_heads.expand_masks(masks[:, 0], padding=1)
+    boxes = roi_heads.expand_boxes(boxes, scale).to(torch.int64)
+    height, width = image_shape
+    size = padded.shape[-1]
+    left, right, w_left, w_right, in_x = _paste_weights(boxes[:, 0], boxes[:, 2], size, width)
+    top, bottom, w_top, w_bottom, in_y = _paste_weights(boxes[:, 1], boxes[:, 3], size, height)
+    columns = (  # [D, M, W]
+        w_left[:, None] * padded.gather(2, left[:, None].expand(-1, size, -1))
+        + w_right[:, None] * padded.gather(2, right[:, None].expand(-1, size, -1))
+    )
+    pasted = (  # [D, H, W]
+        w_top[..., None] * columns.gather(1, top[..., None].expand(-1, -1, width))
+        + w_bottom[..., None] * columns.gather(1, bottom[..., None].expand(-1, -1, width))
+    )
+    inside = in_y[:, :, None] & in_x[:, None, :]
+    return torch.where(inside, pasted, torch.zeros((), dtype=pasted.dtype, device=pasted.device))[
+        :, None
+    ]
+
+
+def _transform_postprocess(
+    self: GeneralizedRCNNTransform,
+    result: list[dict[str, Tensor]],
+    image_shapes: list[tuple[int, int]],
+    original_image_sizes: list[tuple[int, int]],
+) -> list[dict[str, Tensor]]:
+    """The transform's ``postprocess`` (boxes back to the original image sizes), with the
+    masks pasted by :func:`_paste_masks`; padding detections get zero masks."""
+    if self.training or not any("masks" in image for image in result):
+        return type(self).postprocess(self, result, image_shapes, original_image_sizes)
+    boxes_only = [{k: v for k, v in image.items() if k != "masks"} for image in result]
+    resized = type(self).postprocess(self, boxes_only, image_shapes, original_image_sizes)
+    for image, before, size in zip(resized, result, original_image_sizes, strict=True):
+        pasted = _paste_masks(before["masks"], image["boxes"], size)
+        real = (image["labels"] >= 0)[:, None, None, None]
+        image["masks"] = torch.where(real, pasted, torch.zeros_like(pasted[:1]))
+    return resized
+
+
 def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[..., Any]) -> None:
     """Binds ``methods`` to ``module`` as instance attributes (its class, and so other
     instances, keep torchvision's code)."""
@@ -269,13 +377,27 @@ def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[...,
     setattr(module, "_asickernels_backend", backend)  # noqa: B010
 
 
-def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn.Module:
-    """``model`` (a torchvision RetinaNet, FCOS or Faster R-CNN), with its eval-mode
-    post-processing replaced by the static-shape one (in place; the model is returned).
+def _static_pooler(pool: torchvision.ops.MultiScaleRoIAlign) -> vision.MultiScaleRoIAlign:
+    return vision.MultiScaleRoIAlign(
+        pool.featmap_names,
+        pool.output_size,
+        pool.sampling_ratio,
+        canonical_scale=pool.canonical_scale,
+        canonical_level=pool.canonical_level,
+    )
 
-    Faster R-CNN also gets :class:`asickernels.torch.vision.MultiScaleRoIAlign` as its box
-    RoI pooling, and its RPN passes ``post_nms_top_n`` proposals per image on, padded with
-    the box ``(0, 0, 0, 0)``. Training-mode forwards run torchvision's code.
+
+def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn.Module:
+    """``model`` (a torchvision RetinaNet, FCOS, SSD/SSDlite, Faster or Mask R-CNN), with
+    its eval-mode post-processing replaced by the static-shape one (in place; the model is
+    returned).
+
+    Faster and Mask R-CNN also get :class:`asickernels.torch.vision.MultiScaleRoIAlign` as
+    their RoI pooling, and their RPN passes ``post_nms_top_n`` proposals per image on,
+    padded with the box ``(0, 0, 0, 0)``. Mask R-CNN's masks are computed for every padded
+    detection and pasted into the image with static shapes (torchvision's bilinear resize
+    to the box, written as two gathers); padding detections get zero masks.
+    Training-mode forwards run torchvision's code (its RoI pooling being asickernels').
 
     Args:
       model: a ``torchvision.models.detection`` model of a supported kind.
@@ -285,20 +407,21 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
 
     Returns:
       ``model``, whose eval-mode forward returns per image ``boxes [D, 4]``, ``scores [D]``,
-      ``labels [D]`` and ``num_detections`` with ``D`` the model's ``detections_per_img``
-      (see the module docstring); :func:`trim` gives torchvision's variable-length dicts.
+      ``labels [D]``, for Mask R-CNN ``masks [D, 1, H, W]``, and ``num_detections``, with
+      ``D`` the model's ``detections_per_img`` (see the module docstring); :func:`trim`
+      gives torchvision's variable-length dicts.
 
     Raises:
-      TypeError: ``model`` is of another kind (SSD, Mask and Keypoint R-CNN are not
-        supported yet).
+      TypeError: ``model`` is of another kind (Keypoint R-CNN is not supported yet).
     """
     if isinstance(model, (RetinaNet, FCOS)):
         postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
         _swap(model, backend, postprocess_detections=postprocess)
         return model
-    if isinstance(model, FasterRCNN) and not (
-        model.roi_heads.has_mask() or model.roi_heads.has_keypoint()
-    ):
+    if isinstance(model, SSD):
+        _swap(model, backend, postprocess_detections=_ssd_postprocess)
+        return model
+    if isinstance(model, FasterRCNN) and not model.roi_heads.has_keypoint():
         _swap(model.rpn, backend, filter_proposals=_filter_proposals)
         _swap(
             model.roi_heads,
@@ -306,19 +429,16 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
             postprocess_detections=_roi_heads_postprocess,
             forward=_roi_heads_forward,
         )
-        pool = model.roi_heads.box_roi_pool
-        if isinstance(pool, torchvision.ops.MultiScaleRoIAlign):
-            model.roi_heads.box_roi_pool = vision.MultiScaleRoIAlign(
-                pool.featmap_names,
-                pool.output_size,
-                pool.sampling_ratio,
-                canonical_scale=pool.canonical_scale,
-                canonical_level=pool.canonical_level,
-            )
+        for name in ("box_roi_pool", "mask_roi_pool"):
+            pool = getattr(model.roi_heads, name)
+            if isinstance(pool, torchvision.ops.MultiScaleRoIAlign):
+                setattr(model.roi_heads, name, _static_pooler(pool))
+        if model.roi_heads.has_mask():
+            _swap(model.transform, backend, postprocess=_transform_postprocess)
         return model
     raise TypeError(
-        "xla_ready supports torchvision's RetinaNet, FCOS and Faster R-CNN (not SSD, Mask "
-        f"or Keypoint R-CNN yet), got {type(model).__name__}"
+        "xla_ready supports torchvision's RetinaNet, FCOS, SSD, Faster and Mask R-CNN (not "
+        f"Keypoint R-CNN yet), got {type(model).__name__}"
     )
 
 
