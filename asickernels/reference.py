@@ -20,11 +20,7 @@ GIOU gradient: the exact derivative of that formula, with these conventions wher
 kink: ``max(a, b)`` and ``min(a, b)`` pass the gradient to ``a`` (the ``boxes1`` side) on a
 tie, and ``max(0, w)`` passes it only where ``w > 0``.
 
-NMS IoU: ``inter / union`` when ``union > 0``, else 0; a box with a non-finite coordinate
-has IoU 0 with every box. Greedy NMS visits eligible boxes (score not NaN and
-``>= score_threshold``) by descending score, equal scores by ascending index, and keeps a
-box unless its IoU with an already kept box of the same category is strictly greater than
-``iou_threshold``; it stops after ``max_output_size`` boxes.
+NMS: :mod:`asickernels.kernels.nms` (its reference is written beside its declaration).
 
 int8 matmul: the exact integer product; with scales, ``acc * x_scale[:, None] *
 y_scale[None, :]`` rounded once to ``out_dtype``.
@@ -139,63 +135,6 @@ def giou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "m
     ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
     """
     return _masked_loss(giou(preds, targets), mask, reduction)
-
-
-def iou_one_to_many(box: Array, boxes: Array) -> Array:
-    """NMS IoU (see the module docstring) of one box ``[4]`` with ``boxes [K, 4]``, float64."""
-    box = np.asarray(box, np.float64)
-    boxes = np.asarray(boxes, np.float64)
-    inter = np.maximum(0.0, np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]))
-    inter = inter * np.maximum(
-        0.0, np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])
-    )
-    union = (
-        (box[2] - box[0]) * (box[3] - box[1])
-        + (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-        - inter
-    )
-    finite = np.isfinite(box).all() & np.isfinite(boxes).all(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(finite & (union > 0), inter / np.where(union > 0, union, 1.0), 0.0)
-    return iou
-
-
-@BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
-def nms(
-    boxes: Any,
-    scores: Any,
-    categories: Any,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
-    config: Any = None,
-) -> tuple[Array, Array]:
-    """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
-    [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
-    [B]`` int32)."""
-    boxes = np.asarray(boxes, np.float64)
-    scores = np.asarray(scores, np.float64)
-    batch, n = scores.shape
-    cats = np.zeros((batch, n), np.int64) if categories is None else np.asarray(categories)
-    indices = np.full((batch, max_output_size), -1, np.int32)
-    num_valid = np.zeros((batch,), np.int32)
-    for b in range(batch):
-        s = scores[b]
-        eligible = ~np.isnan(s) & (s >= score_threshold)
-        order = np.argsort(-s, kind="stable")
-        kept: list[int] = []
-        for i in order[eligible[order]]:
-            if len(kept) == max_output_size:
-                break
-            if kept:
-                same = cats[b, kept] == cats[b, i]
-                if np.any(same & (iou_one_to_many(boxes[b, i], boxes[b, kept]) > iou_threshold)):
-                    continue
-            kept.append(int(i))
-        indices[b, : len(kept)] = kept
-        num_valid[b] = len(kept)
-    return indices, num_valid
 
 
 @BACKEND.implements("int8_matmul")

@@ -1,5 +1,12 @@
 """Greedy non-maximum suppression with static output shapes, per image and per category:
-the declarations."""
+the declarations and the float64 reference.
+
+NMS IoU: ``inter / union`` when ``union > 0``, else 0; a box with a non-finite coordinate
+has IoU 0 with every box. Greedy NMS visits eligible boxes (score not NaN and
+``>= score_threshold``) by descending score, equal scores by ascending index, and keeps a
+box unless its IoU with an already kept box of the same category is strictly greater than
+``iou_threshold``; it stops after ``max_output_size`` boxes.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from asickernels.kernels.declaration import (
     is_64bit,
     static,
 )
+from asickernels.kernels.registry import FLOAT32_AND_64
 
 # Indices are int32: an output position or a box index must fit.
 _MAX_INT32 = 2**31 - 1
@@ -126,6 +134,65 @@ _NMS_STATICS = [
 ]
 
 
+# -- the reference: the definition every backend is tested against -----------------------
+
+
+def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """NMS IoU (see this module's docstring) of one box ``[4]`` with ``boxes [K, 4]``, float64."""
+    box = np.asarray(box, np.float64)
+    boxes = np.asarray(boxes, np.float64)
+    inter = np.maximum(0.0, np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]))
+    inter = inter * np.maximum(
+        0.0, np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])
+    )
+    union = (
+        (box[2] - box[0]) * (box[3] - box[1])
+        + (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        - inter
+    )
+    finite = np.isfinite(box).all() & np.isfinite(boxes).all(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = np.where(finite & (union > 0), inter / np.where(union > 0, union, 1.0), 0.0)
+    return iou
+
+
+@reference.BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
+def greedy_nms(
+    boxes: Any,
+    scores: Any,
+    categories: Any,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
+    [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
+    [B]`` int32)."""
+    boxes = np.asarray(boxes, np.float64)
+    scores = np.asarray(scores, np.float64)
+    batch, n = scores.shape
+    cats = np.zeros((batch, n), np.int64) if categories is None else np.asarray(categories)
+    indices = np.full((batch, max_output_size), -1, np.int32)
+    num_valid = np.zeros((batch,), np.int32)
+    for b in range(batch):
+        s = scores[b]
+        eligible = ~np.isnan(s) & (s >= score_threshold)
+        order = np.argsort(-s, kind="stable")
+        kept: list[int] = []
+        for i in order[eligible[order]]:
+            if len(kept) == max_output_size:
+                break
+            if kept:
+                same = cats[b, kept] == cats[b, i]
+                if np.any(same & (iou_one_to_many(boxes[b, i], boxes[b, kept]) > iou_threshold)):
+                    continue
+            kept.append(int(i))
+        indices[b, : len(kept)] = kept
+        num_valid[b] = len(kept)
+    return indices, num_valid
+
+
 def _reference_nms(
     boxes: Any,
     scores: Any,
@@ -144,7 +211,7 @@ def _reference_nms(
             np.full(batch_shape + (max_output_size,), -1, np.int32),
             np.zeros(batch_shape, np.int32),
         )
-    indices, num_valid = reference.nms(
+    indices, num_valid = greedy_nms(
         boxes.reshape(batch, n, 4),
         scores.reshape(batch, n),
         None if idxs is None else np.asarray(idxs).reshape(batch, n),

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from asickernels import reference
 from asickernels.benchmarking import workloads
+from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate.tpu_estimate import cases as estimate_cases
 from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
@@ -264,7 +264,7 @@ class NmsOp(workloads.Op):
         batch_shape, n = scores.shape[:-1], scores.shape[-1]
         batch = math.prod(batch_shape)
         score_threshold = case.static["score_threshold"]
-        indices, num_valid = reference.nms(
+        indices, num_valid = greedy_nms(
             boxes.reshape(batch, n, 4),
             scores.reshape(batch, n),
             None if categories is None else categories.reshape(batch, n),
@@ -341,10 +341,8 @@ def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], 
 
 def _seed_nms_kept(n: int, max_output_size: int) -> int:
     """How many boxes greedy NMS keeps on the seed-style random boxes (capped)."""
-    from asickernels import reference
-
     boxes, scores = seeds.seed_nms_inputs(n)
-    _, count = reference.nms(
+    _, count = greedy_nms(
         boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=max_output_size, score_threshold=float("-inf"),
     )  # fmt: skip

@@ -397,21 +397,21 @@ def loop_trips(
     greedy result: the same sort, the same tile walk and stopping rule, the same fixed-point
     rule (``alive = start & no earlier alive box in the tile suppresses it``, until
     unchanged, at most ``tile + 1`` passes)."""
-    from asickernels import reference
+    from asickernels.kernels import nms as nms_op
 
     n = scores.shape[0]
     tile = min(tile, -(-n // 128) * 128)
     scores = np.asarray(scores, np.float32).astype(np.float64)
     eligible = ~np.isnan(scores) & (scores >= score_threshold)
     order = np.lexsort((np.arange(n), np.where(eligible, -scores, np.inf)))
-    indices, count = reference.nms(
+    indices, count = nms_op.greedy_nms(
         boxes[None], scores[None], None, iou_threshold=iou_threshold,
         max_output_size=n, score_threshold=score_threshold,
     )  # fmt: skip
     kept = np.isin(order, np.asarray(indices)[0, : int(np.asarray(count)[0])])
     sorted_boxes = np.asarray(boxes, np.float64)[order]
     overlaps = np.stack(
-        [reference.iou_one_to_many(box, sorted_boxes) > iou_threshold for box in sorted_boxes]
+        [nms_op.iou_one_to_many(box, sorted_boxes) > iou_threshold for box in sorted_boxes]
     )
     passes: list[int] = []
     kept_so_far = 0

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from conftest import DATA, REPO
 
-from asickernels import reference, tpu_generations
+from asickernels import tpu_generations
 from asickernels.kernels import nms_cases
+from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
@@ -366,7 +367,7 @@ def test_nms_case_takes_its_trips_from_the_kernels_model() -> None:
 
 def test_seed_nms_designs_keep_what_the_reference_keeps() -> None:
     boxes, scores = seeds.seed_nms_inputs(64, seed=3)
-    indices, count = reference.nms(
+    indices, count = greedy_nms(
         boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=64, score_threshold=-math.inf,
     )  # fmt: skip
