@@ -14,8 +14,9 @@
 // compiles every file once without those macros (the sanitizer build) gets the baseline with
 // the entry points. No other file lists the ops: adding one is adding its file.
 //
-// Semantics are asickernels/reference.py's. Every level computes the same results bit for bit
-// (no FMA contraction, no reassociation).
+// Semantics are the float64 references' (asickernels/reference.py, kernels/nms.py,
+// kernels/roi_*.py). Every level computes the same results bit for bit (no FMA contraction,
+// no reassociation).
 #pragma once
 
 #include <cstddef>

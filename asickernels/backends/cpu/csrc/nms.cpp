@@ -1,4 +1,4 @@
-// Greedy NMS per image (asickernels/reference.py's rule, torchvision's decisions).
+// Greedy NMS per image (asickernels/kernels/nms.py's rule, torchvision's decisions).
 //
 // Eligible boxes (score not NaN and >= score_threshold) form a pool of visiting keys
 // (descending score, -0.0 == 0.0, then ascending index). The pool is consumed in sorted

@@ -11,7 +11,7 @@
 //   Output [B, M + 1] kInt: column 0 the number kept, then the kept indices in selection
 //   order, padded with -1.
 //
-// Semantics (asickernels/reference.py): eligible = score not NaN and >= score_threshold;
+// Semantics (asickernels/kernels/nms.py): eligible = score not NaN and >= score_threshold;
 // visit by descending score, equal scores (-0.0 == 0.0) by ascending index; suppress when
 // IoU with a kept box of the same category is > iou_threshold; IoU = inter / union when
 // union > 0 else 0, and 0 when either box has a non-finite coordinate. IoU is computed in
