@@ -21,11 +21,15 @@ OPCHECK_NAMESPACE = "asickernels" if PEER == "asickernels" else "torchvision"
 
 def install() -> None:
     """Replaces torchvision.ops' nms, batched_nms (and both of its implementations),
-    generalized_box_iou and generalized_box_iou_loss with asickernels' (PEER=asickernels)."""
+    generalized_box_iou, generalized_box_iou_loss, roi_align (also inside ``RoIAlign``),
+    roi_pool, RoIPool and MultiScaleRoIAlign with asickernels' (PEER=asickernels)."""
     if PEER != "asickernels":
         return
+    import importlib
+
     import torchvision.ops
     import torchvision.ops.boxes
+    import torchvision.ops.poolers
 
     from asickernels.torch import vision
 
@@ -34,6 +38,10 @@ def install() -> None:
         "batched_nms": vision.batched_nms,
         "generalized_box_iou": vision.generalized_box_iou,
         "generalized_box_iou_loss": vision.generalized_box_iou_loss,
+        "roi_align": vision.roi_align,
+        "roi_pool": vision.roi_pool,
+        "RoIPool": vision.RoIPool,
+        "MultiScaleRoIAlign": vision.MultiScaleRoIAlign,
     }
     for name, function in renames.items():
         setattr(torchvision.ops, name, function)
@@ -41,3 +49,7 @@ def install() -> None:
     torchvision.ops.boxes.batched_nms = vision.batched_nms
     torchvision.ops.boxes._batched_nms_vanilla = vision.batched_nms
     torchvision.ops.boxes._batched_nms_coordinate_trick = vision.batched_nms
+    # torchvision.ops.RoIAlign.forward calls its own module's roi_align.
+    importlib.import_module("torchvision.ops.roi_align").roi_align = vision.roi_align
+    torchvision.ops.poolers.roi_align = vision.roi_align
+    torchvision.ops.poolers.MultiScaleRoIAlign = vision.MultiScaleRoIAlign
