@@ -16,7 +16,7 @@ import pytest
 
 from asickernels.kernels import registry
 
-# Test data (vendor kernels kept verbatim among them) is read by tests, never collected.
+# Test data (and the vendor code tests/fetch_vendor.py fetches) is read by tests, never collected.
 collect_ignore = ["data"]
 
 TESTS = Path(__file__).resolve().parent

@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python benchmarks/nki_estimate/calibrate.py [--out FILE]
 
-Runs AWS's tutorial kernels (aws-neuron-sdk@72825d5, stored verbatim under
-tests/data/vendor/) through ``nki.benchmark`` on ``nt.tensor`` placeholders of the published
+Runs AWS's tutorial kernels (aws-neuron-sdk@72825d5, fetched verbatim into
+tests/data/vendor/ by tests/fetch_vendor.py) through ``nki.benchmark`` on ``nt.tensor`` placeholders of the published
 shapes (trace-only mode), estimates each on trn1 (NeuronCore-v2), fits the two shared DMA
 constants ``DMA_BUFFER_NS`` and ``DMA_EFFICIENCY`` (per-kernel constants are never fitted)
 and writes calibration.json: figure against estimate, the median |error|, and whether the
@@ -95,6 +95,8 @@ FIGURES = (
 
 
 def _install() -> None:
+    if not EXAMPLES.is_dir():
+        sys.exit(f"{EXAMPLES} is absent: run `python tests/fetch_vendor.py` (needs github.com)")
     install()
     for folder in ("matrix_multiplication", "fused_mamba", "layernorm"):
         if str(EXAMPLES / folder) not in sys.path:

@@ -123,7 +123,7 @@ def test_torchvisions_own_tests_pass_against_asickernels(tmp_path):
 
 
 # Upstream's own TestRoIAlign, TestRoiPool and TestMultiScaleRoIAlign (test/test_ops.py up to
-# TestNMS, verbatim; see its README), run unchanged on CPU against torchvision (the control)
+# TestNMS, verbatim; tests/fetch_vendor.py fetches it), run unchanged on CPU against torchvision (the control)
 # and against the drop-in; CUDA/MPS tests skip as upstream skips them.
 VENDORED_VISION = TESTS.parent / "data" / "vendor" / "vision@00673be" / "test"
 ROI_CLASSES = "TestRoIAlign or TestRoiPool or TestMultiScaleRoIAlign"
@@ -142,15 +142,18 @@ ROI_EXCLUSIONS = {
     "TestRoIAlign::test_jit_boxes_list": SCRIPTING,
     "TestRoiPool::test_jit_boxes_list": SCRIPTING,
     "TestRoiPool::test_torch_fx_trace": (
-        "a gap, reported to the lead: torch.fx.symbolic_trace of vision.RoIPool hands roi_pool "
-        "a Proxy (torchvision registers its roi_pool with torch.fx.wrap, ours is not)"
+        "a gap: torch.fx.symbolic_trace of vision.RoIPool hands roi_pool a Proxy (torchvision "
+        "registers its roi_pool with torch.fx.wrap; a module-level wrap of ours did not suffice)"
     ),
 }
 
 
 def _run_upstream_roi_tests(tmp_path: Path, peer: str) -> dict[str, str]:
     if not CORPUS.is_dir() or not VENDORED_VISION.is_dir():
-        pytest.skip(f"torchvision's test files are absent ({CORPUS}, {VENDORED_VISION})")
+        pytest.skip(
+            f"torchvision's test files are absent ({CORPUS}, {VENDORED_VISION}): "
+            "run `python tests/fetch_vendor.py`"
+        )
     run = tmp_path / peer
     run.mkdir()
     for source in [CORPUS / "conftest.py", CORPUS / "common_utils.py"]:

@@ -1,5 +1,5 @@
-"""AWS's own NKI kernels and tests, kept verbatim under tests/data/vendor/<repo>@<commit>/
-(MIT-0, LICENSE beside them), run unchanged through the import hook against their own
+"""AWS's own NKI kernels and tests, fetched verbatim into tests/data/vendor/<repo>@<commit>/
+by tests/fetch_vendor.py (MIT-0; never committed; the tests skip without them), run unchanged through the import hook against their own
 goldens:
 
 - nki-samples@8370e11 (the last commit before the reference kernels were removed,
@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import fetch_vendor
 import numpy as np
 import pytest
 from conftest import DATA
@@ -30,6 +31,13 @@ from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.errors import BroadcastOperandWarning
 
+pytestmark = pytest.mark.skipif(
+    not (
+        fetch_vendor.present("nki-samples@8370e11")
+        and fetch_vendor.present("aws-neuron-sdk@81ce03a")
+    ),
+    reason=fetch_vendor.MISSING,
+)
 VENDOR = DATA / "vendor"
 SAMPLES = VENDOR / "nki-samples@8370e11"
 SDK_TESTS = VENDOR / "aws-neuron-sdk@81ce03a" / "nki" / "test"

@@ -9,6 +9,7 @@ import math
 import sys
 import warnings
 
+import fetch_vendor
 import numpy as np
 import pytest
 from conftest import DATA, REPO, SHARED
@@ -317,16 +318,28 @@ def test_current_api_benchmark_takes_placeholders(monkeypatch):
     assert bench.benchmark_result.estimate.latency_us == pytest.approx(from_arrays)
 
 
-def _legacy_tutorial():
+def _legacy_api():
     install()
-    if str(TUTORIAL) not in sys.path:
-        sys.path.insert(0, str(TUTORIAL))
-    import matrix_multiplication_nki_kernels as tutorial  # type: ignore[import-not-found]
     import neuronxcc.nki as legacy_nki  # type: ignore[import-not-found]
     import neuronxcc.nki.language as legacy_nl  # type: ignore[import-not-found]
     import neuronxcc.nki.typing as legacy_nt  # type: ignore[import-not-found]
 
-    return tutorial, legacy_nki, legacy_nl, legacy_nt
+    return legacy_nki, legacy_nl, legacy_nt
+
+
+def _require_tutorials():
+    if not fetch_vendor.present("aws-neuron-sdk@72825d5"):
+        pytest.skip(fetch_vendor.MISSING)
+
+
+def _legacy_tutorial():
+    _require_tutorials()
+    api = _legacy_api()
+    if str(TUTORIAL) not in sys.path:
+        sys.path.insert(0, str(TUTORIAL))
+    import matrix_multiplication_nki_kernels as tutorial  # type: ignore[import-not-found]
+
+    return tutorial, *api
 
 
 # Recorded estimates (us, trn1) of the tutorial's kernels at K=1024, M=2048, N=1024: a
@@ -374,6 +387,7 @@ def test_sdk_tutorial_main_prints_four_estimated_latencies():
     ``__main__`` benchmarks [4096, 8192] @ [8192, 8192] bf16 placeholders four times."""
     import subprocess
 
+    _require_tutorials()
     script = TUTORIAL / "matrix_multiplication_nki_kernels.py"
     done = subprocess.run(
         [sys.executable, "-m", "asickernels.simulate.nki", str(script)],
@@ -398,7 +412,7 @@ def test_sdk_tutorial_main_prints_four_estimated_latencies():
 def test_legacy_isa_adapters_trace_the_kernels_tiles():
     """Legacy ``nisa`` calls that run through the current API's implementation are traced
     with the kernel's own tiles, so they depend on the load that wrote their input."""
-    _, legacy_nki, legacy_nl, legacy_nt = _legacy_tutorial()
+    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
     import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
 
     def kernel(x, out):
@@ -434,7 +448,8 @@ def test_recorded_calibration_matches_the_models_constants():
 # -- the calibration's recorded estimates ---------------------------------------------------
 def _calibration():
     """benchmarks/nki_estimate/calibrate.py (not a package: loaded from its path) and the
-    calibration.json it recorded."""
+    calibration.json it recorded (the tutorial kernels it runs: tests/fetch_vendor.py)."""
+    _require_tutorials()
     path = REPO / "benchmarks/nki_estimate/calibrate.py"
     module = sys.modules.get("nki_estimate_calibrate")
     if module is None:
