@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from roi_cases import rois
 
 import asickernels
 from asickernels.kernels import registry
@@ -29,31 +30,11 @@ BACKENDS = [
 MODES = [(False, -1, 1.0), (False, 0, 0.5), (False, 2, 0.25), (True, -1, 0.5), (True, 1, 1.0)]
 
 
-def _rois(rng, count, batch, span):
-    corners = rng.uniform(-0.3 * span, 1.3 * span, (count, 4))
-    boxes = np.concatenate(
-        [np.minimum(corners[:, :2], corners[:, 2:]), np.maximum(corners[:, :2], corners[:, 2:])], 1
-    )
-    edge = [
-        [0.0, 0.0, 0.0, 0.0],  # zero size at the corner
-        [5.0, 3.0, 5.0, 3.0],  # zero size inside
-        [6.0, 6.0, 2.0, 1.0],  # reversed
-        [-50.0, -50.0, -20.0, -20.0],  # wholly off the map
-        [0.0, 0.0, span - 1.0, span - 1.0],  # to the last row and column
-        # Huge: a large adaptive grid. Off the pixel lattice: a sample exactly on the map's
-        # border is in or out by the last bit of its position, which an FMA can change.
-        [-2.9 * span - 0.31, -2.1 * span + 0.17, 4.1 * span + 0.23, 2.9 * span - 0.13],
-    ]
-    boxes = np.concatenate([boxes, edge])
-    index = rng.integers(0, batch, (len(boxes), 1)).astype(np.float64)
-    return np.concatenate([index, boxes], 1)
-
-
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(0)
     features = rng.standard_normal((2, 3, 7, 9))
-    return features, _rois(rng, 10, 2, 8.0), rng
+    return features, rois(rng, 10, 2, 8.0), rng
 
 
 def _statics(aligned, ratio, scale):
@@ -117,10 +98,10 @@ def test_jit_equals_eager_and_half_precision_keeps_its_dtype(data, backend):
 def test_random_maps_match_the_reference(seed, height, width, aligned, ratio):
     rng = np.random.default_rng(seed)
     features = rng.standard_normal((1, 2, height, width))
-    rois = _rois(rng, 4, 1, float(max(height, width)))
+    boxes = rois(rng, 4, 1, float(max(height, width)))
     statics = _statics(aligned, ratio, 0.75)
-    want = reference_roi_align(features, rois, (3, 2), **statics)
-    got = asickernels.roi_align(features, rois, (3, 2), backend="xla", **statics)
+    want = reference_roi_align(features, boxes, (3, 2), **statics)
+    got = asickernels.roi_align(features, boxes, (3, 2), backend="xla", **statics)
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-12)
 
 
