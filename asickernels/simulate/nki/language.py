@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki.tensor import (
@@ -269,6 +270,9 @@ def read_bits(value: alu.Operand) -> Any:
 # "Legal Reduction op"); ACTIVATIONS are the Scalar Engine's functions ("Supported Activation
 # Functions").
 ALU_OPS: dict[Any, Any] = {}
+# Every element-wise function's math by name: the ``nl`` functions of both generations
+# compute with these (the legacy ones through ``legacy.language``).
+FUNCTIONS: dict[str, Callable[..., Any]] = {}
 BITVEC_OPS: set[Any] = set()
 REDUCE_OPS: set[Any] = set()
 ACTIVATIONS: dict[Any, Callable[[Any], Any]] = {copy: lambda x: x}  # identity
@@ -298,7 +302,7 @@ def _binary(
         f"``{api}(x, y)`` element-wise (``x``, ``y``: tiles of one shape or scalars); "
         "comparisons give 1 or 0 in the input dtype unless ``dtype`` says otherwise."
     )
-    ALU_OPS[op] = function
+    ALU_OPS[op] = FUNCTIONS[api] = function
     if bitvec:
         BITVEC_OPS.add(op)
     if reduce:
@@ -341,6 +345,7 @@ def _unary(
 
     op.__name__ = op.__qualname__ = api
     op.__doc__ = f"``{api}(x)`` element-wise on a tile, in float32 math."
+    FUNCTIONS[api] = function
     if alu_op:
         ALU_OPS[op] = lambda x, _unused: function(x)
     if activation:
@@ -348,11 +353,8 @@ def _unary(
     return op
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _sigmoid(x: Any) -> Any:
-    return 1.0 / (1.0 + np.exp(-x))
+_erf = scipy.special.erf
+_sigmoid = scipy.special.expit  # no overflow for large negative x
 
 
 def _gelu_dx(x: Any) -> Any:

@@ -22,7 +22,6 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import scipy.special
 
 from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki import isa as core_isa
@@ -291,7 +290,8 @@ _COMPARISONS = {"equal", "not_equal", "greater", "greater_equal", "less", "less_
 _LOGICAL = {"logical_and", "logical_or", "logical_xor"}
 
 
-def _binary(name: str, function: Callable[..., Any]) -> Callable[..., Tensor]:
+def _binary(name: str) -> Callable[..., Tensor]:
+    function = core_language.FUNCTIONS[name]  # a numpy ufunc
     default = bool_ if name in _COMPARISONS | _LOGICAL else None
 
     def op(
@@ -309,29 +309,29 @@ def _binary(name: str, function: Callable[..., Any]) -> Callable[..., Tensor]:
     return op
 
 
-add = _binary("add", np.add)
-subtract = _binary("subtract", np.subtract)
-multiply = _binary("multiply", np.multiply)
-divide = _binary("divide", np.divide)
-maximum = _binary("maximum", np.maximum)
-minimum = _binary("minimum", np.minimum)
-power = _binary("power", np.power)
-fmod = _binary("fmod", np.fmod)
-mod = _binary("mod", np.mod)
-equal = _binary("equal", np.equal)
-not_equal = _binary("not_equal", np.not_equal)
-greater = _binary("greater", np.greater)
-greater_equal = _binary("greater_equal", np.greater_equal)
-less = _binary("less", np.less)
-less_equal = _binary("less_equal", np.less_equal)
-logical_and = _binary("logical_and", np.logical_and)
-logical_or = _binary("logical_or", np.logical_or)
-logical_xor = _binary("logical_xor", np.logical_xor)
-bitwise_and = _binary("bitwise_and", np.bitwise_and)
-bitwise_or = _binary("bitwise_or", np.bitwise_or)
-bitwise_xor = _binary("bitwise_xor", np.bitwise_xor)
-left_shift = _binary("left_shift", np.left_shift)
-right_shift = _binary("right_shift", np.right_shift)
+add = _binary("add")
+subtract = _binary("subtract")
+multiply = _binary("multiply")
+divide = _binary("divide")
+maximum = _binary("maximum")
+minimum = _binary("minimum")
+power = _binary("power")
+fmod = _binary("fmod")
+mod = _binary("mod")
+equal = _binary("equal")
+not_equal = _binary("not_equal")
+greater = _binary("greater")
+greater_equal = _binary("greater_equal")
+less = _binary("less")
+less_equal = _binary("less_equal")
+logical_and = _binary("logical_and")
+logical_or = _binary("logical_or")
+logical_xor = _binary("logical_xor")
+bitwise_and = _binary("bitwise_and")
+bitwise_or = _binary("bitwise_or")
+bitwise_xor = _binary("bitwise_xor")
+left_shift = _binary("left_shift")
+right_shift = _binary("right_shift")
 ALU_OPS[np.true_divide] = np.divide
 
 
@@ -347,55 +347,43 @@ def overloaded_operator(name: str, x: Any, y: Any) -> Tensor:
 # Activation functions run on the Scalar engine, simple arithmetic on the Vector engine.
 ACTIVATIONS: dict[Any, Callable[[Any], Any]] = {}
 
-
-def _sigmoid(x: Any) -> Any:
-    return scipy.special.expit(x)
-
-
-def _gelu(x: Any) -> Any:
-    return 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(np.float32(2))))
-
-
-def _gelu_apprx_tanh(x: Any) -> Any:
-    return 0.5 * x * (1 + np.tanh(np.sqrt(np.float32(2 / np.pi)) * (x + 0.044715 * x**3)))
-
-
-def _softplus(x: Any) -> Any:
-    return np.logaddexp(np.float32(0), x)
-
-
-_UNARY: dict[str, tuple[Callable[[Any], Any], str, Any]] = {
-    # name: (float32 function, engine, the NumPy function accepted as the same op)
-    "abs": (np.abs, "vector", np.abs),
-    "negative": (np.negative, "vector", np.negative),
-    "exp": (np.exp, "scalar", np.exp),
-    "log": (np.log, "scalar", np.log),
-    "sqrt": (np.sqrt, "scalar", np.sqrt),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), "scalar", None),
-    "reciprocal": (np.reciprocal, "vector", np.reciprocal),
-    "square": (np.square, "scalar", np.square),
-    "sign": (np.sign, "scalar", np.sign),
-    "sin": (np.sin, "scalar", np.sin),
-    "cos": (np.cos, "scalar", np.cos),
-    "tan": (np.tan, "scalar", np.tan),
-    "tanh": (np.tanh, "scalar", np.tanh),
-    "arctan": (np.arctan, "scalar", np.arctan),
-    "ceil": (np.ceil, "vector", np.ceil),
-    "floor": (np.floor, "vector", np.floor),
-    "trunc": (np.trunc, "vector", np.trunc),
-    "sigmoid": (_sigmoid, "scalar", None),
-    "relu": (lambda x: np.maximum(x, np.float32(0)), "scalar", None),
-    "gelu": (_gelu, "scalar", None),
-    "gelu_apprx_tanh": (_gelu_apprx_tanh, "scalar", None),
-    "silu": (lambda x: x * _sigmoid(x), "scalar", None),
-    "softplus": (_softplus, "scalar", None),
-    "mish": (lambda x: x * np.tanh(_softplus(x)), "scalar", None),
-    "erf": (scipy.special.erf, "scalar", None),
+# name: (engine, the NumPy function accepted as the same op); the math is the core's
+# (``core_language.FUNCTIONS``).
+_UNARY: dict[str, tuple[str, Any]] = {
+    "abs": ("vector", np.abs),
+    "negative": ("vector", np.negative),
+    "exp": ("scalar", np.exp),
+    "log": ("scalar", np.log),
+    "sqrt": ("scalar", np.sqrt),
+    "rsqrt": ("scalar", None),
+    "reciprocal": ("vector", np.reciprocal),
+    "square": ("scalar", np.square),
+    "sign": ("scalar", np.sign),
+    "sin": ("scalar", np.sin),
+    "cos": ("scalar", np.cos),
+    "tan": ("scalar", np.tan),
+    "tanh": ("scalar", np.tanh),
+    "arctan": ("scalar", np.arctan),
+    "ceil": ("vector", np.ceil),
+    "floor": ("vector", np.floor),
+    "trunc": ("vector", np.trunc),
+    "sigmoid": ("scalar", None),
+    "relu": ("scalar", None),
+    "gelu": ("scalar", None),
+    "gelu_apprx_tanh": ("scalar", None),
+    "silu": ("scalar", None),
+    "softplus": ("scalar", None),
+    "mish": ("scalar", None),
+    "erf": ("scalar", None),
+    "erf_dx": ("scalar", None),
+    "gelu_dx": ("scalar", None),
+    "silu_dx": ("scalar", None),
 }
 
 
 def _unary(name: str) -> Callable[..., Tensor]:
-    function, engine, numpy_alias = _UNARY[name]
+    engine, numpy_alias = _UNARY[name]
+    function = core_language.FUNCTIONS[name]
 
     def op(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
         return compute(name, function, {"x": x}, dtype, mask, engine)
@@ -433,28 +421,6 @@ silu = _unary("silu")
 softplus = _unary("softplus")
 mish = _unary("mish")
 erf = _unary("erf")
-
-
-def _erf_dx(x: Any) -> Any:
-    return 2 / np.sqrt(np.pi) * np.exp(-x * x)
-
-
-def _gelu_dx(x: Any) -> Any:  # d/dx x Phi(x) = Phi(x) + x phi(x)
-    return 0.5 * (1 + scipy.special.erf(x / np.sqrt(2))) + x * np.exp(-x * x / 2) / np.sqrt(
-        2 * np.pi
-    )
-
-
-def _silu_dx(x: Any) -> Any:  # d/dx x sigmoid(x)
-    s = _sigmoid(x)
-    return s * (1 + x * (1 - s))
-
-
-_UNARY.update(
-    erf_dx=(_erf_dx, "scalar", None),
-    gelu_dx=(_gelu_dx, "scalar", None),
-    silu_dx=(_silu_dx, "scalar", None),
-)
 erf_dx = _unary("erf_dx")
 gelu_dx = _unary("gelu_dx")
 silu_dx = _unary("silu_dx")
