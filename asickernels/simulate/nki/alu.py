@@ -11,7 +11,7 @@ test/unit/test_resize_nearest.py@8370e11, run on the SDK simulator and on device
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,39 @@ def check_partitions(api: str, operands: Mapping[str, Any]) -> None:
             f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
             f"({listed}) of '{api}'"
         )
+
+
+def broadcast_shape(
+    api: str, shapes: Sequence[tuple[int, ...]], partitions: bool = True, free: bool = True
+) -> tuple[int, ...]:
+    """The common shape of tile operands of ``shapes``: the partition axes equal, or equal
+    or 1 with ``partitions``; the free axes equal, or broadcast as in NumPy with ``free``
+    (a lower-rank ``[P]`` counts as ``[P, 1, ...]``, see :func:`expand`)."""
+    sizes = {s[0] for s in shapes if s}
+    if len(sizes - {1} if partitions else sizes) > 1:
+        listed = ", ".join(str(list(s)) for s in shapes)
+        raise errors.NumPartitionMismatch(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
+            f"({listed}) of '{api}'"
+        )
+    if not free:
+        if len(set(shapes)) > 1:
+            listed = ", ".join(str(list(s)) for s in shapes)
+            raise errors.ShapeMismatch(f"'{api}' needs tiles of one shape, got {listed}")
+        return tuple(shapes[0])
+    try:
+        free_shape = np.broadcast_shapes(*(s[1:] for s in shapes))
+    except ValueError:
+        listed = ", ".join(str(list(s)) for s in shapes)
+        raise errors.ShapeMismatch(f"'{api}': shapes {listed} do not broadcast") from None
+    return (max(sizes, default=1), *free_shape)
+
+
+def expand(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` (a tile's values) broadcast partition-first to ``shape``."""
+    if array.ndim < len(shape):
+        array = array.reshape(array.shape[:1] + (1,) * (len(shape) - array.ndim) + array.shape[1:])
+    return np.broadcast_to(array, shape)
 
 
 def check_elements(api: str, operands: Mapping[str, Any]) -> None:

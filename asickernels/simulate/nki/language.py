@@ -233,23 +233,45 @@ def _elementwise(
     read: Callable[[Any], Any] = alu.as_f32,
 ) -> NkiTensor:
     """One Vector-engine instruction: float32 math (``read``: how operands are read) on
-    same-shaped tiles (and scalars)."""
-    run = runtime.active_run(api)
+    same-shaped tiles (and scalars), into a new SBUF tile."""
+    tiles = _elementwise_tiles(api, operands)
+    out_dtype = nki_dtype(dtype) if dtype is not None else _result_dtype(tiles)
+    out = new_tile(tiles[0].shape, out_dtype, api)
+    elementwise_into(out, api, function, operands, read)
+    return out
+
+
+def _elementwise_tiles(api: str, operands: dict[str, Any]) -> list[NkiTensor]:
     tiles = alu.check_on_chip(api, operands)
     if not tiles:
         raise TypeError(f"'{api}' needs at least one tile operand")
+    return tiles
+
+
+def elementwise_into(
+    dst: NkiTensor,
+    api: str,
+    function: Callable[..., Any],
+    operands: dict[str, Any],
+    read: Callable[[Any], Any] = alu.as_f32,
+    engine: str = "vector",
+    broadcast: tuple[bool, bool] = (False, False),
+) -> None:
+    """``dst = function(*operands)``, one element-wise instruction of either generation
+    (float32 math, or ``read_bits`` for bitvec operators), counted on ``engine``.
+    ``broadcast`` (partitions, free axes): the generation's operand shape rule (see
+    :func:`alu.broadcast_shape`). This generation's functions take tiles of one shape
+    (nki/api/nki/language/__init__.py@81ce03a); the legacy ``nl`` functions broadcast
+    partition-first (general/nki/api/nki.api.shared.rst@0521004c), its operator overloads
+    along the free axes only (general/nki/nki_known_issues.rst@0521004c)."""
+    run = runtime.active_run(api)
+    tiles = _elementwise_tiles(api, operands)
     alu.check_not_both_psum(api, *tiles)
-    alu.check_partitions(api, operands)
-    if len({t.shape for t in tiles}) > 1:
-        listed = ", ".join(
-            f"{n}{list(t.shape)}" for n, t in operands.items() if isinstance(t, NkiTensor)
-        )
-        raise errors.ShapeMismatch(f"'{api}' needs tiles of one shape, got {listed}")
-    out_dtype = nki_dtype(dtype) if dtype is not None else _result_dtype(tiles)
-    out = new_tile(tiles[0].shape, out_dtype, api)
-    alu.write(out, np.asarray(function(*(read(v) for v in operands.values()))), api)
-    run.count("vector", api, tiles, (out,))
-    return out
+    shape = alu.broadcast_shape(api, [t.shape for t in tiles], *broadcast)
+    values = [alu.expand(read(v), shape) if isinstance(v, NkiTensor) else read(v)
+              for v in operands.values()]  # fmt: skip
+    alu.write(dst, np.asarray(function(*values)), api)
+    run.count(engine, api, tiles, (dst,))
 
 
 def read_bits(value: alu.Operand) -> Any:
@@ -427,49 +449,113 @@ bypass = Operator("bypass")
 average = Operator("average")
 
 
+def select(condition: Any, on_true: Any, on_false: Any) -> Any:
+    """``nl.where``'s math (both generations): ``on_true`` where ``condition`` is nonzero."""
+    return np.where(condition != 0, on_true, on_false)
+
+
 def where(condition: NkiTensor, x: alu.Operand, y: alu.Operand, dtype: Any = None) -> NkiTensor:
     """``x`` where ``condition`` is nonzero, else ``y`` (tiles of one shape or scalars)."""
     if dtype is None:
         dtype = next((v.dtype for v in (x, y) if isinstance(v, NkiTensor)), None)
-    return _elementwise(
-        "where",
-        lambda c, a, b: np.where(c != 0, a, b),
-        {"condition": condition, "x": x, "y": y},
-        dtype,
-    )
+    return _elementwise("where", select, {"condition": condition, "x": x, "y": y}, dtype)
 
 
 # -- reductions -----------------------------------------------------------------------------
-def reduce_axes(api: str, tile: NkiTensor, axis: Any) -> tuple[int, ...]:
-    """``axis`` normalised; it must be the trailing free axes (never the partition axis)."""
-    axes = tuple(
-        sorted(int(a) % tile.ndim for a in (axis if isinstance(axis, (tuple, list)) else [axis]))
-    )
-    if not axes or axes[0] == 0 or axes != tuple(range(axes[0], tile.ndim)):
+def reduce_axes(api: str, tile: Any, axis: Any, trailing: bool = True) -> tuple[int, ...]:
+    """``axis`` normalised: free axes only, never the partition axis. ``trailing``: a
+    contiguous run ending at the last axis ([1], [1, 2], ...), as this generation's
+    reductions (nki/api/nki/language/__init__.py@81ce03a) and ``tensor_reduce`` of both
+    take. The legacy ``nl`` reductions take any free axes: the average_pool2d tutorial
+    (general/nki/tutorials/average_pool2d.rst@0521004c) sums ``axis=[2, 4]`` of a 5-D
+    access pattern, which the compiler reorders."""
+    listed = axis if isinstance(axis, (tuple, list)) else [axis]
+    axes = tuple(sorted({int(a) % tile.ndim for a in listed}))
+    contiguous = bool(axes) and axes == tuple(range(axes[0], tile.ndim))
+    if not axes or axes[0] == 0 or (trailing and not contiguous):
         raise errors.UnsupportedReduceAxis(
-            f"'{api}' over axis {axis} of {tile!r}: reductions run over free axes only, a "
-            "contiguous run ending at the last axis ([1], [1, 2], ...)"
+            f"'{api}' over axis {axis} of {tile!r}: reductions run over free axes only"
+            + (", a contiguous run ending at the last axis ([1], [1, 2], ...)" if trailing else "")
         )
     return axes
+
+
+def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    """``shape`` reduced over ``axes`` (kept as size 1 with ``keepdims``)."""
+    return tuple(1 if i in axes else n for i, n in enumerate(shape) if keepdims or i not in axes)
+
+
+# What masked-out inputs of a (legacy, masked) reduction take.
+IDENTITIES: dict[Any, Any] = {
+    np.add: 0.0,
+    np.multiply: 1.0,
+    np.maximum: -np.inf,
+    np.minimum: np.inf,
+    np.logical_and: True,
+    np.logical_or: False,
+    np.bitwise_or: 0,
+    np.bitwise_xor: 0,
+    np.bitwise_and: -1,
+}
+
+
+def _mean(values: np.ndarray, axis: Any, keepdims: bool, where: Any = True) -> np.ndarray:
+    """The mean over ``axis`` of the ``where`` elements (0 where there are none)."""
+    included = np.broadcast_to(where, values.shape)
+    count = np.maximum(np.sum(included, axis=axis, keepdims=True), 1).astype(np.float32)
+    mean = np.sum(values, axis=axis, keepdims=True, where=included) / count
+    return mean if keepdims else np.squeeze(mean, axis=axis)
+
+
+def _variance(values: np.ndarray, axis: Any, keepdims: bool, where: Any = True) -> np.ndarray:
+    """The population variance over ``axis`` of the ``where`` elements."""
+    return _mean((values - _mean(values, axis, True, where)) ** 2, axis, keepdims, where)
 
 
 def _reduce(
     api: str, function: Any, x: NkiTensor, axis: Any, dtype: Any, keepdims: bool
 ) -> NkiTensor:
-    """``function``: a numpy ufunc (its ``reduce``) or ``f(values, axis=, keepdims=)``."""
-    run = runtime.active_run(api)
+    """:func:`reduce_into` a new SBUF tile, which keeps a free axis."""
     alu.check_on_chip(api, {"x": x})
     axes = reduce_axes(api, x, axis)
-    reduce = function.reduce if isinstance(function, np.ufunc) else function
-    values = np.asarray(reduce(alu.as_f32(x), axis=axes, keepdims=keepdims))
-    if values.ndim < 2:
+    shape = reduced_shape(x.shape, axes, keepdims)
+    if len(shape) < 2:
         raise errors.LeadingDimensionOfTensorMustBePartition(
             f"'{api}' over every free axis of {x!r} leaves no free axis; pass keepdims=True"
         )
-    out = new_tile(values.shape, nki_dtype(dtype) if dtype is not None else x.dtype, api)
-    alu.write(out, values, api)
-    run.count("vector", api, (x,), (out,))
+    out = new_tile(shape, nki_dtype(dtype) if dtype is not None else x.dtype, api)
+    reduce_into(out, api, function, x, axes, keepdims)
     return out
+
+
+def reduce_into(
+    dst: NkiTensor,
+    api: str,
+    function: Any,
+    x: NkiTensor,
+    axes: tuple[int, ...],
+    keepdims: bool = False,
+    included: np.ndarray | None = None,
+) -> None:
+    """``dst`` = ``x`` reduced over ``axes`` by ``function`` (float32 math, Vector engine),
+    one reduction of either generation: a numpy ufunc (its ``reduce``) or
+    ``f(values, axis, keepdims, where)``. ``included``: the elements that take part (a
+    legacy ``mask``: the others take the operator's identity); all of them by default."""
+    run = runtime.active_run(api)
+    alu.check_on_chip(api, {"x": x})
+    values = alu.as_f32(x)
+    if not isinstance(function, np.ufunc):
+        result = function(values, axes, keepdims, True if included is None else included)
+    elif included is None:
+        result = function.reduce(values, axis=axes, keepdims=keepdims)
+    elif function in IDENTITIES:
+        result = function.reduce(
+            values, axis=axes, keepdims=keepdims, where=included, initial=IDENTITIES[function]
+        )
+    else:
+        raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {function!r}")
+    alu.write(dst, np.asarray(result), api)
+    run.count("vector", api, (x,), (dst,))
 
 
 def sum(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
@@ -489,7 +575,7 @@ def min(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> N
 
 def mean(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
     """Arithmetic mean over the trailing free ``axis``."""
-    return _reduce("mean", np.mean, x, axis, dtype, keepdims)
+    return _reduce("mean", _mean, x, axis, dtype, keepdims)
 
 
 def prod(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
@@ -499,7 +585,7 @@ def prod(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> 
 
 def var(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
     """Population variance over the trailing free ``axis``."""
-    return _reduce("var", np.var, x, axis, dtype, keepdims)
+    return _reduce("var", _variance, x, axis, dtype, keepdims)
 
 
 def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:
@@ -507,15 +593,19 @@ def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:
     return _reduce("all", np.logical_and, x, axis, dtype, False)
 
 
-def softmax(x: NkiTensor, axis: Any = -1, dtype: Any = None) -> NkiTensor:
-    """``exp(x - max) / sum(exp(x - max))`` along the trailing free ``axis``."""
-    axes = reduce_axes("softmax", x, axis)
+def softmax_over(axes: tuple[int, ...]) -> Callable[[Any], Any]:
+    """``nl.softmax``'s math (both generations) over ``axes``."""
 
     def function(values: Any) -> Any:
         shifted = np.exp(values - values.max(axis=axes, keepdims=True))
         return shifted / shifted.sum(axis=axes, keepdims=True)
 
-    return _elementwise("softmax", function, {"x": x}, dtype)
+    return function
+
+
+def softmax(x: NkiTensor, axis: Any = -1, dtype: Any = None) -> NkiTensor:
+    """``exp(x - max) / sum(exp(x - max))`` along the trailing free ``axis``."""
+    return _elementwise("softmax", softmax_over(reduce_axes("softmax", x, axis)), {"x": x}, dtype)
 
 
 def rms_norm(

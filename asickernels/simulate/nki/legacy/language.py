@@ -15,6 +15,7 @@ as the rmsnorm and layernorm tutorials rely on.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -171,26 +172,10 @@ def broadcast_shape(api: str, shapes: Sequence[tuple[int, ...]], free_only: bool
     """The common shape of tile operands: partition axes equal or 1, free axes broadcast as
     in NumPy. ``free_only``: partition axes must be equal (operator overloads,
     nki_known_issues.rst; ``nisa`` instructions, err_num_partition_mismatch)."""
-    partitions = {s[0] for s in shapes if s}
-    if len(partitions - {1}) > 1 or (free_only and len(partitions) > 1):
-        listed = ", ".join(str(list(s)) for s in shapes)
-        raise errors.NumPartitionMismatch(
-            f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
-            f"({listed}) of '{api}'"
-        )
-    try:
-        free = np.broadcast_shapes(*(s[1:] for s in shapes))
-    except ValueError:
-        listed = ", ".join(str(list(s)) for s in shapes)
-        raise errors.ShapeMismatch(f"'{api}': shapes {listed} do not broadcast") from None
-    return (builtins.max(partitions, default=1), *free)
+    return alu.broadcast_shape(api, shapes, partitions=not free_only)
 
 
-def expand(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``array`` (a tile's values) broadcast partition-first to ``shape``."""
-    if array.ndim < len(shape):
-        array = array.reshape(array.shape[:1] + (1,) * (len(shape) - array.ndim) + array.shape[1:])
-    return np.broadcast_to(array, shape)
+expand = alu.expand
 
 
 def as_f32(value: Operand) -> Any:
@@ -257,31 +242,28 @@ def compute(
     free_only: bool = False,
     default_dtype: Any = None,
 ) -> Tensor:
-    """One element-wise instruction on tiles (and scalars): float32 math, a new SBUF tile."""
-    run = runtime.active_run(api)
+    """One element-wise instruction on tiles (and scalars) into a new SBUF tile: the core
+    instruction (``core_language.elementwise_into``) with this generation's broadcasting,
+    ``mask``, result dtype (:func:`promote` unless ``dtype`` or ``default_dtype``) and
+    bounds checks of the views read."""
+    from asickernels.simulate.nki.legacy import isa  # the adapter to the core
+
+    runtime.active_run(api)
     tiles = [require_tile(api, n, v, ON_CHIP) for n, v in operands.items() if isinstance(v, Tensor)]
     if not tiles:
         raise TypeError(f"'{api}' needs at least one tile operand")
-    if builtins.sum(t.buffer is MemoryRegion.psum for t in tiles) > 1:
-        raise errors.UnsupportedMemory(f"'{api}' cannot read two inputs from PSUM")
     shape = broadcast_shape(api, [t.shape for t in tiles], free_only)
-    where = mask_values(api, mask, shape)
-    checked_inputs(api, operands, shape, where)
-    bitvec = function in BITVEC
-    values = [operand_values(api, v, bitvec) for v in operands.values()]
-    values = [expand(v, shape) if np.ndim(v) else v for v in values]
-    if dtype is not None:
-        out_dtype = nki_dtype(dtype)
-    else:
-        out_dtype = (
-            nki_dtype(default_dtype)
-            if default_dtype is not None
-            else promote(list(operands.values()))
-        )
-    out = new_tile(shape, out_dtype, api)
-    out.write(np.asarray(function(*values)), where, api)
-    run.count(engine, api, tiles, (out,))
-    return out
+    checked_inputs(api, operands, shape, mask_values(api, mask, shape))
+    if dtype is None:
+        dtype = default_dtype if default_dtype is not None else promote(list(operands.values()))
+    read = core_language.read_bits if function in BITVEC else alu.as_f32
+    core_operands = {n: isa._core_tensor(v) if isinstance(v, Tensor) else v
+                     for n, v in operands.items()}  # fmt: skip
+    instruction = functools.partial(
+        core_language.elementwise_into, api=api, function=function, operands=core_operands,
+        read=read, engine=engine, broadcast=(not free_only, True),
+    )  # fmt: skip
+    return isa._run_core(api, instruction, shape, nki_dtype(dtype), mask, reads=tuple(tiles))
 
 
 # -- ALU operators: the binary functions double as ``op=`` for nki.isa ---------------------
@@ -428,7 +410,7 @@ silu_dx = _unary("silu_dx")
 
 def logical_not(x: Tensor, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:
     """``not x`` element-wise (1 where ``x`` is 0)."""
-    return compute("logical_not", np.logical_not, {"x": x}, dtype, mask)
+    return compute("logical_not", core_language.FUNCTIONS["logical_not"], {"x": x}, dtype, mask)
 
 
 def invert(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -444,36 +426,15 @@ bitwise_not = invert
 def where(
     condition: Tensor, x: Operand, y: Operand, *, dtype: Any = None, mask: Any = None, **kw: Any
 ) -> Tensor:
-    """``x`` where ``condition`` is nonzero, else ``y`` (``y`` may be a scalar)."""
+    """``x`` where ``condition`` is nonzero, else ``y`` (``y`` may be a scalar); the result
+    type is the promoted type of the tiles ``x`` and ``y``."""
     if dtype is None:
         dtype = promote([v for v in (x, y) if isinstance(v, Tensor)] or [x])
-    return compute(
-        "where",
-        lambda c, a, b: np.where(c != 0, a, b),
-        {"condition": condition, "x": x, "y": y},
-        dtype,
-        mask,
-    )
+    operands = {"condition": condition, "x": x, "y": y}
+    return compute("where", core_language.select, operands, dtype, mask)
 
 
 # -- reductions ----------------------------------------------------------------------------
-def reduce_axes(api: str, tile: Tensor, axis: Any, trailing: bool) -> tuple[int, ...]:
-    """``axis`` normalised: free axes only; with ``trailing``, a contiguous run ending at
-    the last axis ([1], [1, 2], ...), as the instruction (``nisa.tensor_reduce``) requires.
-    The ``nl`` reductions take any free axes: the average_pool2d tutorial
-    (general/nki/tutorials/average_pool2d.rst) sums ``axis=[2, 4]`` of a 5-D access
-    pattern, which the compiler reorders."""
-    listed = axis if isinstance(axis, (tuple, list)) else [axis]
-    axes = tuple(sorted({int(a) % tile.ndim for a in listed}))
-    contiguous = axes == tuple(range(axes[0], tile.ndim)) if axes else False
-    if not axes or axes[0] == 0 or (trailing and not contiguous):
-        raise errors.UnsupportedReduceAxis(
-            f"'{api}' over axis {axis} of {tile!r}: reductions run over free axes only"
-            + (", a contiguous run ending at the last axis ([1], [1, 2], ...)" if trailing else "")
-        )
-    return axes
-
-
 def reduce(
     api: str,
     function: Any,
@@ -483,63 +444,38 @@ def reduce(
     mask: Any,
     keepdims: bool,
 ) -> Tensor:
-    """One reduction over the free ``axis`` of ``x`` (Vector engine). Masked-out
-    inputs take no part; a result element whose inputs are all masked out is not written."""
-    run = runtime.active_run(api)
+    """One reduction over any free ``axis`` of ``x`` (the core ``reduce_into``, Vector
+    engine). Masked-out inputs take no part; a result element whose inputs are all masked
+    out is not written."""
+    from asickernels.simulate.nki.legacy import isa  # the adapter to the core
+
+    runtime.active_run(api)
     require_tile(api, "x", x, ON_CHIP)
-    axes = reduce_axes(api, x, axis, trailing=False)
+    axes = core_language.reduce_axes(api, x, axis, trailing=False)
     where = mask_values(api, mask, x.shape)
     check_in_bounds(api, x, where)
-    bitvec = function in BITVEC
-    values: Any = operand_values(api, x, bitvec)
-    if function in ("mean", "var"):
-        included = _full(where, x.shape)
-        count = np.maximum(np.sum(included, axis=axes, keepdims=True), 1)
-        mean = np.sum(values, axis=axes, keepdims=True, where=included) / count
-        if function == "var":
-            squares = (values - mean) ** 2
-            mean = np.sum(squares, axis=axes, keepdims=True, where=included) / count
-        result = mean if keepdims else np.squeeze(mean, axis=axes)
-    elif where is None:
-        result = function.reduce(values, axis=axes, keepdims=keepdims)
-    elif function in IDENTITIES:  # masked-out inputs take the operator's identity
-        result = function.reduce(
-            values, axis=axes, keepdims=keepdims, where=_full(where, x.shape),
-            initial=IDENTITIES[function],
-        )  # fmt: skip
-    else:
-        raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {function!r}")
-    written = None if where is None else np.any(where, axis=axes, keepdims=keepdims)
-    if result.ndim == 1:
-        # Reducing every free axis leaves [P, 1]: AWS's kernels broadcast the result
-        # (attention.py@8370e11 of nki-samples: ``(1.0 / sum_res).broadcast_to((128, 64))``
-        # of a ``tensor_reduce(axis=(1,))``).
-        result = result[:, None]
-        written = None if written is None else written[:, None]
+    shape, written = reduced(x.shape, axes, keepdims, where)
+    instruction = functools.partial(
+        core_language.reduce_into, api=api, function=function, x=isa._core_tensor(x), axes=axes,
+        keepdims=keepdims, included=None if where is None else np.broadcast_to(where, x.shape),
+    )  # fmt: skip
     out_dtype = nki_dtype(dtype) if dtype is not None else x.dtype
-    out = new_tile(tuple(result.shape), out_dtype, api)
-    out.write(result, written, api)
-    run.count("vector", api, (x,), (out,))
-    return out
+    return isa._run_core(api, instruction, shape, out_dtype, written, reads=(x,))
 
 
-# What masked-out inputs of a reduction take.
-IDENTITIES: dict[Any, Any] = {
-    np.add: 0.0,
-    np.multiply: 1.0,
-    np.maximum: -np.inf,
-    np.minimum: np.inf,
-    np.logical_and: True,
-    np.logical_or: False,
-    np.bitwise_or: 0,
-    np.bitwise_xor: 0,
-    np.bitwise_and: -1,
-}
-
-
-def _full(where: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    """The executed elements of an operand of ``shape``."""
-    return np.broadcast_to(np.True_ if where is None else where, shape)
+def reduced(
+    shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool, where: np.ndarray | None
+) -> tuple[tuple[int, ...], Mask | None]:
+    """The result shape of a reduction of a ``shape`` tile over ``axes`` and the elements it
+    writes (those with an input ``where`` holds). Reducing every free axis leaves ``[P, 1]``:
+    AWS's kernels broadcast the result (nki-samples attention.py@8370e11:
+    ``(1.0 / sum_res).broadcast_to((128, 64))`` of a ``tensor_reduce(axis=(1,))``)."""
+    result = core_language.reduced_shape(shape, axes, keepdims)
+    result = result if len(result) >= 2 else (*result, 1)
+    if where is None:
+        return result, None
+    written = np.any(np.broadcast_to(where, shape), axis=axes, keepdims=keepdims)
+    return result, Mask(written.reshape(result))
 
 
 def _reduction(name: str, function: Any, doc: str) -> Callable[..., Tensor]:
@@ -566,7 +502,7 @@ sum = _reduction("sum", np.add, "Sum")
 prod = _reduction("prod", np.multiply, "Product")
 max = _reduction("max", np.maximum, "Maximum")
 min = _reduction("min", np.minimum, "Minimum")
-mean = _reduction("mean", "mean", "Arithmetic mean (float32)")
+mean = _reduction("mean", core_language._mean, "Arithmetic mean (float32)")
 ALU_OPS[max] = ALU_OPS[np.max] = ALU_OPS[np.amax] = np.maximum
 ALU_OPS[min] = ALU_OPS[np.min] = ALU_OPS[np.amin] = np.minimum
 ALU_OPS[sum] = np.add
@@ -574,7 +510,7 @@ ALU_OPS[sum] = np.add
 
 def var(x: Tensor, axis: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """Population variance over the free ``axis`` (as ``numpy.var``), float32 math."""
-    return reduce("var", "var", x, axis, dtype, mask, False)
+    return reduce("var", core_language._variance, x, axis, dtype, mask, False)
 
 
 def softmax(
@@ -588,20 +524,11 @@ def softmax(
 ) -> Tensor:
     """``exp(x - max) / sum(exp(x - max))`` over the trailing free ``axis`` (``compute_dtype``
     acts as ``dtype``, as the reference says)."""
-    api = "softmax"
-    run = runtime.active_run(api)
-    require_tile(api, "x", x, ON_CHIP)
-    axes = reduce_axes(api, x, axis, trailing=True)
-    where = mask_values(api, mask, x.shape)
-    check_in_bounds(api, x, where)
-    values = as_f32(x)
-    shifted = np.exp(values - values.max(axis=axes, keepdims=True))
-    result = shifted / shifted.sum(axis=axes, keepdims=True)
+    require_tile("softmax", "x", x, ON_CHIP)
+    function = core_language.softmax_over(core_language.reduce_axes("softmax", x, axis))
     chosen = dtype if dtype is not None else compute_dtype
-    out = new_tile(x.shape, nki_dtype(chosen) if chosen is not None else x.dtype, api)
-    out.write(result, where, api)
-    run.count("scalar", api, (x,), (out,))
-    return out
+    return compute("softmax", function, {"x": x}, chosen if chosen is not None else x.dtype,
+                   mask, "scalar")  # fmt: skip
 
 
 def all(x: Tensor, axis: Any, *, dtype: Any = bool_, mask: Any = None, **kwargs: Any) -> Tensor:

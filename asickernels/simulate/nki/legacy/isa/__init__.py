@@ -516,17 +516,12 @@ def tensor_reduce(
     """``op``-reduction of ``data`` over its trailing free ``axis`` (the core
     ``tensor_reduce``, Vector engine); ``negate`` multiplies the result by -1. Masked-out
     inputs take no part; a result element whose inputs are all masked out is not written.
-    Reducing every free axis gives ``[P, 1]``: AWS's kernels broadcast it (nki-samples
-    attention.py@8370e11: ``(1.0 / sum_res).broadcast_to((128, 64))``)."""
+    Reducing every free axis gives ``[P, 1]`` (see ``nl.reduced``)."""
     api = "tensor_reduce"
     tile, where = _input(api, "data", data, mask)
     values = _identity_filled(api, tile, where, op)
     axes = core_language.reduce_axes(api, values, axis)
-    shape = np.sum(np.empty(tile.shape, np.bool_), axis=axes, keepdims=keepdims).shape
-    written = None if where is None else Mask(np.any(where, axis=axes, keepdims=keepdims))
-    if len(shape) == 1:
-        shape = (*shape, 1)
-        written = None if written is None else Mask(written.values[:, None])
+    shape, written = nl.reduced(tile.shape, axes, keepdims, where)
     out_dtype = nki_dtype(dtype) if dtype else tile.dtype
     return _run_core(
         api, core_isa.tensor_reduce, shape, out_dtype, written, reads=(tile,), op=op,
@@ -539,7 +534,7 @@ def _identity_filled(api: str, tile: Tensor, where: np.ndarray | None, op: Any) 
     take no part in a reduction."""
     values = tile.read()
     if where is not None:
-        identity = nl.IDENTITIES.get(nl.ALU_OPS.get(op), None)
+        identity = core_language.IDENTITIES.get(nl.ALU_OPS.get(op), None)
         if identity is None:
             raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {op!r}")
         if not is_float(tile.dtype) and np.isinf(identity):
