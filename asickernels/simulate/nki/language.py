@@ -10,7 +10,6 @@ take (``op=nl.add``, ``op=nl.exp``).
 from __future__ import annotations
 
 import math
-import random as _random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -653,7 +652,9 @@ def _psum_result(shape: tuple[int, ...], api: str) -> NkiTensor:
 
 def transpose(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     """A new PSUM tile ``x.T`` of the 2-D SBUF tile ``x`` (both sizes <= 128), by a Tensor
-    Engine transpose."""
+    Engine transpose (the instruction ``nc_transpose``)."""
+    from asickernels.simulate.nki import isa  # isa builds on this module
+
     alu.require("transpose", "x", x, alu.SBUF)
     if x.ndim != 2 or x.shape[1] > runtime.PMAX:
         raise errors.SizeOfDimensionExceedArchLimit(
@@ -662,8 +663,7 @@ def transpose(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     out = allocate(
         x.shape[::-1], nki_dtype(dtype) if dtype is not None else x.dtype, psum, "", "transpose"
     )
-    alu.write(out, alu.as_f32(x).T, "transpose")
-    runtime.active_run("transpose").count("tensor")
+    isa._nc_transpose(out, x, isa.engine.tensor, alu.PSUM, "transpose")
     return out
 
 
@@ -712,17 +712,19 @@ def shared_identity_matrix(n: int, dtype: Any = uint8, dst: NkiTensor | None = N
     return out
 
 
-_RANDOM = _random.Random(0)
+def random_generator(api: str) -> np.random.Generator:
+    """The run's random number generator, which ``rand``, ``dropout`` and the random
+    instructions of both generations draw from; seeded 0 unless :func:`random_seed` sets it."""
+    run = runtime.active_run(api)
+    if run.random is None:
+        run.random = np.random.default_rng(0)
+    return run.random  # type: ignore[no-any-return]
 
 
 def random_seed(seed: Any) -> None:
     """Seeds :func:`rand` and :func:`dropout` (an int, or a tile holding one)."""
     value = seed.data.reshape(-1)[0] if isinstance(seed, NkiTensor) else seed
-    _RANDOM.seed(int(value))
-
-
-def _uniform(shape: tuple[int, ...]) -> np.ndarray:
-    return np.random.default_rng(_RANDOM.getrandbits(64)).random(shape)
+    runtime.active_run("random_seed").random = np.random.default_rng(int(value))
 
 
 def rand(
@@ -730,15 +732,21 @@ def rand(
 ) -> NkiTensor:
     """A new tensor of uniform random values in [0, 1)."""
     out = allocate(shape, dtype, buffer, name, "rand")
-    alu.write(out, _uniform(out.shape), "rand")
-    runtime.active_run("rand").count("gpsimd")
+    rand_into(out)
     return out
+
+
+def rand_into(dst: NkiTensor) -> None:
+    """``dst`` = uniform random values in [0, 1) (GpSimd engine; ``nl.rand`` of both
+    generations)."""
+    alu.write(dst, random_generator("rand").random(dst.shape, dtype=np.float32), "rand")
+    runtime.active_run("rand").count("gpsimd", "rand", (), (dst,))
 
 
 def dropout(x: NkiTensor, rate: alu.Operand, dtype: Any = None) -> NkiTensor:
     """``x`` with each element zeroed with probability ``rate`` (a scalar or a
     ``[partitions, 1]`` tile)."""
-    keep = _uniform(x.shape)
+    keep = random_generator("dropout").random(x.shape)
     return _elementwise(
         "dropout",
         lambda v, r: np.where(keep >= r, v, 0.0),

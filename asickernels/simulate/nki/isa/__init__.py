@@ -841,7 +841,21 @@ def nc_transpose(
 ) -> None:
     """``dst = data.T`` of a 2-D tile: on the Tensor engine (SBUF [<=128, <=128] -> PSUM) or
     the Vector engine (<= 32x32, SBUF or PSUM); default Tensor unless it fits 32x32."""
-    api = "nc_transpose"
+    _nc_transpose(dst, data, engine, alu.PSUM)
+
+
+def _nc_transpose(
+    dst: NkiTensor,
+    data: NkiTensor,
+    engine: engine,
+    tensor_dst: tuple[MemoryRegion, ...],
+    api: str = "nc_transpose",
+) -> None:
+    """:func:`nc_transpose`, also ``nl.transpose`` of both generations (``api``);
+    ``tensor_dst``: where a Tensor-engine transpose writes. PSUM for the instruction
+    (nki.isa.nc_transpose; general/nki/api/nki/isa/__init__.py@0521004c) and the current
+    ``nl.transpose``; the legacy ``nl.transpose`` returns a tile the compiler places, here
+    in SBUF (legacy/language.py)."""
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, alu.ON_CHIP)
     alu.require(api, "data", data, alu.ON_CHIP)
@@ -849,10 +863,10 @@ def nc_transpose(
         raise errors.ShapeMismatch(f"'{api}' of {data!r} needs a 2-D dst {list(data.shape[::-1])}")
     chosen = _transpose_engine(api, data, engine)
     if chosen == "tensor":
-        alu.require(api, "dst", dst, alu.PSUM)
+        alu.require(api, "dst", dst, tensor_dst)
         alu.require(api, "data", data, alu.SBUF)
     alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
-    run.count(chosen, "nc_transpose", (data,), (dst,))
+    run.count(chosen, api, (data,), (dst,))
 
 
 def _transpose_engine(api: str, data: Any, engine: engine) -> str:
@@ -1595,12 +1609,6 @@ def _dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any, two_byte_rows: boo
 
 
 # -- randomness ---------------------------------------------------------------------------
-def _random_generator(run: runtime.Run) -> np.random.Generator:
-    if run.random is None:
-        run.random = np.random.default_rng(0)
-    return run.random  # type: ignore[no-any-return]
-
-
 def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any = None) -> None:
     """``dst = data`` with each element zeroed with probability ``prob`` (a scalar or a
     [P, 1] tile); ``dst`` keeps ``data``'s dtype (Vector engine)."""
@@ -1611,7 +1619,7 @@ def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any 
     if dst.dtype != data.dtype:
         raise errors.UnsupportedDtype(f"'{api}' dst must have data's dtype {data.dtype}")
     drop = _per_partition_operand(api, "prob", prob, data)
-    keep = _random_generator(run).random(data.shape) >= drop
+    keep = language.random_generator(api).random(data.shape) >= drop
     alu.write(dst, np.where(keep, data.data, 0), api)
     run.count("vector", "dropout", (data, prob), (dst,))
 
@@ -1627,7 +1635,7 @@ def rng(dst: NkiTensor, engine: engine = engine.vector, name: Any = None) -> Non
         alu.check_no_psum_on_gpsimd(api, tiles)
     if dst.dtype.kind not in "iu":
         raise errors.UnsupportedDtype(f"'{api}' writes integer tiles, got {dst!r}")
-    bits = _random_generator(run).integers(0, 2**32, dst.shape, dtype=np.uint32)
+    bits = language.random_generator(api).integers(0, 2**32, dst.shape, dtype=np.uint32)
     unsigned = np.dtype(f"u{dst.dtype.itemsize}")  # keep the least significant bits
     dst.data[...] = bits.astype(unsigned).view(dst.dtype)
     run.count(chosen, "rng", (), (dst,))
@@ -1643,7 +1651,7 @@ def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: 
     high = _per_partition_operand(api, "max", max, dst)
     if np.any(np.asarray(low) >= np.asarray(high)):
         raise ValueError(f"'{api}' needs min < max")
-    alu.write(dst, low + (high - low) * _random_generator(run).random(dst.shape), api)
+    alu.write(dst, low + (high - low) * language.random_generator(api).random(dst.shape), api)
     run.count("vector", "rand2", (min, max), (dst,))
 
 

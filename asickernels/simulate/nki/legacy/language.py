@@ -825,8 +825,10 @@ def matmul(
 def transpose(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """Swaps the partition and free dimension of a 2-D tile (each <= 128), a new SBUF tile
     (Tensor engine)."""
+    from asickernels.simulate.nki.legacy import isa  # the adapter to the core
+
     api = "transpose"
-    run = runtime.active_run(api)
+    runtime.active_run(api)
     require_tile(api, "x", x, ON_CHIP)
     if x.ndim != 2:
         raise errors.ExceedMaxSupportedDimension(f"'{api}' takes a 2-D tile, got {x!r}")
@@ -836,13 +838,14 @@ def transpose(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) 
                 f"size of dimension {axis} in 'x{list(x.shape)}' of '{api}' exceed architecture "
                 f"limitation of {runtime.PMAX}"
             )
-    shape = (x.shape[1], x.shape[0])
-    where = mask_values(api, mask, shape)
-    checked_inputs(api, {"x": x}, x.shape, None)
-    out = new_tile(shape, nki_dtype(dtype) if dtype is not None else x.dtype, api)
-    out.write(as_f32(x).T, where, api)
-    run.count("tensor", api, (x,), (out,))
-    return out
+    check_in_bounds(api, x, None)
+    instruction = functools.partial(
+        core_isa._nc_transpose, engine=core_isa.engine.tensor, tensor_dst=ON_CHIP, api=api
+    )
+    out_dtype = nki_dtype(dtype) if dtype is not None else x.dtype
+    # The Tensor engine reads SBUF; the compiler copies a PSUM tile there.
+    return isa._run_core(api, instruction, x.shape[::-1], out_dtype, mask, masked_inputs=False,
+                         reads=(x,), data=isa._core_tensor(x, sbuf))  # fmt: skip
 
 
 # -- loops, SPMD, indexing, debugging ------------------------------------------------------
@@ -931,20 +934,17 @@ def spmd_dim(*sizes: int) -> int:
 # -- random numbers: the run's generator (the core instructions' too), seeded 0 unless
 # nl.random_seed sets it -------------------------------------------------------------------
 def random_seed(seed: Any, *, mask: Any = None, **kwargs: Any) -> None:
-    """Seeds the random number generator (the same seed gives the same sequence)."""
-    run = runtime.active_run("random_seed")
-    value = int(seed.read().reshape(-1)[0]) if isinstance(seed, Tensor) else int(seed)
-    run.random = np.random.default_rng(value)
+    """Seeds the random number generator (the same seed gives the same sequence): the
+    core ``random_seed``."""
+    core_language.random_seed(int(seed.read().reshape(-1)[0]) if isinstance(seed, Tensor) else seed)
 
 
 def rand(shape: Sequence[int], dtype: Any = float32, **kwargs: Any) -> Tensor:
-    """A new SBUF tile of uniform random values in [0, 1)."""
-    generator = core_isa._random_generator(runtime.active_run("rand"))
-    values = generator.random(tuple(int(s) for s in shape), dtype=np.float32)
-    out = new_tile(tuple(values.shape), nki_dtype(dtype), "rand")
-    out.write(values, None, "rand")
-    runtime.active_run("rand").count("gpsimd")
-    return out
+    """A new SBUF tile of uniform random values in [0, 1) (the core ``rand``)."""
+    from asickernels.simulate.nki.legacy import isa  # the adapter to the core
+
+    dims = tuple(int(s) for s in shape)
+    return isa._run_core("rand", core_language.rand_into, dims, nki_dtype(dtype), None)
 
 
 def dropout(x: Tensor, rate: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
