@@ -215,6 +215,11 @@ def copy(x: NkiTensor, dtype: Any = None) -> NkiTensor:
 
 # -- element-wise -------------------------------------------------------------------------
 def _result_dtype(tiles: list[NkiTensor]) -> np.dtype[Any]:
+    """The result dtype of an element-wise function without ``dtype``: the tiles' one dtype,
+    else their float dtype (float32 for several), else NumPy's integer promotion; scalars do not
+    widen it. The legacy generation's rule (``legacy.language.promote``, the "NKI Type
+    Promotion" table of general/nki/api/nki.api.shared.rst@0521004c) counts Python scalars
+    as weakly typed int32/float32, so ``(bfloat16 tile, 0.5)`` gives float32 there."""
     dtypes = {t.dtype for t in tiles}
     if len(dtypes) == 1:
         return tiles[0].dtype

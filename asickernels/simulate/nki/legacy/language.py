@@ -130,8 +130,10 @@ def _promote_pair(a: np.dtype[Any], b: np.dtype[Any]) -> np.dtype[Any]:
 
 
 def promote(values: Sequence[Any]) -> np.dtype[Any]:
-    """The dtype of an arithmetic result on ``values`` (nki.api.shared.rst,
-    "NKI Type Promotion")."""
+    """The dtype of an arithmetic result on ``values`` (general/nki/api/nki.api.shared.rst
+    @0521004c, "NKI Type Promotion"): the legacy generation's rule, which its adapters pass
+    to the one implementation as the result dtype (the current generation's is
+    ``core_language._result_dtype``)."""
     dtypes = [_operand_dtype(v) for v in values]
     result = dtypes[0]
     for dtype in dtypes[1:]:
@@ -184,21 +186,10 @@ def as_f32(value: Operand) -> Any:
     return np.float32(value)
 
 
-# Bitvec operators act on the integers' bits (no float32 conversion); they need integers.
+# Bitvec operators act on the integers' bits (no float32 conversion; core_language.read_bits).
 BITVEC = frozenset(
     {np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift, np.invert}
 )
-
-
-def operand_values(api: str, value: Operand, bitvec: bool) -> Any:
-    """An operand's values as the engine reads them: float32, or int64 for bitvec ops."""
-    if not bitvec:
-        return as_f32(value)
-    if isinstance(value, Tensor):
-        if value.dtype.kind not in "iub":
-            raise errors.UnsupportedDtype(f"'{api}' bitvec operators take integers: {value!r}")
-        return value.read().astype(np.int64)
-    return np.int64(value)
 
 
 def checked_inputs(
