@@ -885,6 +885,13 @@ def _transpose_engine(api: str, data: Any, engine: engine) -> str:
 def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
     """Per partition, ``dst [P, 6] = (count, mean, variance*count)`` of the even and then the
     odd elements of ``data``'s (<= 512) free elements (Vector engine, float32 math)."""
+    _bn_stats(dst, data, None)
+
+
+def _bn_stats(dst: NkiTensor, data: NkiTensor, included: np.ndarray | None) -> None:
+    """:func:`bn_stats`; ``included``: the elements that take part (a legacy ``mask``, which
+    leaves elements out of the counts: general/nki/api/nki/isa/__init__.py@0521004c takes
+    ``mask=``), all of them by default."""
     api = "bn_stats"
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, alu.ON_CHIP)
@@ -896,7 +903,9 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
         )
     if alu.per_partition(dst) != 6:
         raise errors.ShapeMismatch(f"'{api}' writes 6 elements per partition, dst is {dst!r}")
-    alu.write(dst, alu.batch_norm_stats(alu.as_f32(data).reshape(data.shape[0], -1)), api)
+    rows = alu.as_f32(data).reshape(data.shape[0], -1)
+    kept = None if included is None else np.broadcast_to(included, data.shape).reshape(rows.shape)
+    alu.write(dst, alu.batch_norm_stats(rows, kept), api)
     run.count("vector", "bn_stats", (data,), (dst,))
 
 

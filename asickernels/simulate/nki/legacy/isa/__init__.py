@@ -9,13 +9,12 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import alu, errors, runtime, trace
+from asickernels.simulate.nki import errors, runtime, trace
 from asickernels.simulate.nki import isa as core_isa
 from asickernels.simulate.nki import language as core_language
 from asickernels.simulate.nki.legacy import language as nl
@@ -94,22 +93,6 @@ def _alu(api: str, op: Any) -> Any:
     if op not in nl.ALU_OPS:
         raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
     return nl.ALU_OPS[op]
-
-
-def _result(
-    api: str,
-    values: np.ndarray,
-    dtype: Any,
-    default: np.dtype[Any],
-    where: np.ndarray | None,
-    engine_name: str,
-    buffer: MemoryRegion = MemoryRegion.sbuf,
-    reads: Sequence[Any] = (),
-) -> Tensor:
-    out = nl.new_tile(tuple(values.shape), nki_dtype(dtype) if dtype else default, api, buffer)
-    out.write(values, where, api)
-    runtime.active_run(api).count(engine_name, api, reads, (out,))
-    return out
 
 
 _ReduceCmd = reduce_cmd
@@ -570,40 +553,30 @@ def tensor_tensor_scan(
 
 def bn_stats(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
     """Per partition, 6 statistics of ``data`` (<= 512 elements per partition): count,
-    mean and variance*count of the even elements, then of the odd elements (Vector
-    engine). Masked-out elements are left out."""
+    mean and variance*count of the even elements, then of the odd elements (the core
+    ``bn_stats``, Vector engine). Masked-out elements are left out."""
     api = "bn_stats"
     tile, where = _input(api, "data", data, mask)
-    free = math.prod(tile.shape[1:])
-    if free > nl.tile_size.bn_stats_fmax:
-        raise errors.SizeOfDimensionExceedArchLimit(
-            f"'{api}' of {tile!r}: {free} elements per partition exceed the architecture "
-            f"limitation of {nl.tile_size.bn_stats_fmax}"
-        )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free)
-    included = None if where is None else np.broadcast_to(where, tile.shape).reshape(values.shape)
-    result = alu.batch_norm_stats(values, included)
-    return _result(api, result, dtype, tile.dtype, None, "vector", reads=(tile,))
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    statistics = functools.partial(core_isa._bn_stats, included=where)
+    return _run_core(api, statistics, (tile.shape[0], 6), out_dtype, None, reads=(tile,),
+                     data=_core_tensor(tile))  # fmt: skip
 
 
 def bn_aggr(data: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
     """Per partition, the mean and (population) variance from ``bn_stats`` outputs: a
-    multiple of 3 elements per partition, ``(count, mean, variance*count)`` tuples."""
+    multiple of 3 elements per partition, ``(count, mean, variance*count)`` tuples (the core
+    ``bn_aggr``); masked-out triples take no part."""
     api = "bn_aggr"
     tile, where = _input(api, "data", data, mask)
-    free = math.prod(tile.shape[1:])
-    if free % 3:
-        raise errors.ShapeMismatch(
-            f"'{api}' takes (count, mean, variance*count) triples; {tile!r} has {free} elements "
-            "per partition"
-        )
-    values = nl.as_f32(tile).reshape(tile.shape[0], free // 3, 3)
-    if where is not None:  # masked-out triples take no part
-        keep: Any = np.broadcast_to(where, tile.shape).reshape(values.shape).all(axis=2)
-        values = np.where(keep[..., None], values, 0)
-    return _result(
-        api, alu.batch_norm_aggregate(values), dtype, tile.dtype, None, "vector", reads=(tile,)
-    )
+    values = nl.as_f32(tile).reshape(tile.shape[0], -1)
+    if where is not None and values.shape[1] % 3 == 0:  # a masked triple counts 0 elements
+        triples = values.reshape(tile.shape[0], -1, 3)
+        keep: Any = np.broadcast_to(where, tile.shape).reshape(triples.shape).all(axis=2)
+        values = np.where(keep[..., None], triples, 0).reshape(values.shape)
+    out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    return _run_core(api, core_isa.bn_aggr, (tile.shape[0], 2), out_dtype, None, reads=(tile,),
+                     data=values)  # fmt: skip
 
 
 def tensor_copy_predicated(
