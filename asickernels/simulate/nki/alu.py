@@ -65,7 +65,7 @@ def cast(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
                 "copied bit for bit, not converted"
             )
         return values
-    if dtype_name(dtype) == "tfloat32":
+    if dtype.metadata is not None and dtype_name(dtype) == "tfloat32":  # only tagged dtypes
         return _round_to_tfloat32(values.astype(np.float32))
     if values.dtype == dtype:
         return values
