@@ -750,21 +750,13 @@ def rand_into(dst: NkiTensor) -> None:
 
 def dropout(x: NkiTensor, rate: alu.Operand, dtype: Any = None) -> NkiTensor:
     """``x`` with each element zeroed with probability ``rate`` (a scalar or a
-    ``[partitions, 1]`` tile)."""
-    keep = random_generator("dropout").random(x.shape)
-    return _elementwise(
-        "dropout",
-        lambda v, r: np.where(keep >= r, v, 0.0),
-        {"x": x, "rate": _per_partition(rate, x)},
-        dtype,
-    )
+    ``[partitions, 1]`` tile): the instruction ``nisa.dropout`` into a new SBUF tile."""
+    from asickernels.simulate.nki import isa  # isa builds on this module
 
-
-def _per_partition(value: alu.Operand, like: NkiTensor) -> alu.Operand:
-    """A ``[partitions, 1]`` tile operand broadcast along ``like``'s free axes."""
-    if isinstance(value, NkiTensor) and value.shape != like.shape:
-        return broadcast_to(value.reshape((value.shape[0],) + (1,) * (like.ndim - 1)), like.shape)
-    return value
+    alu.require("dropout", "x", x, alu.ON_CHIP)
+    out = new_tile(x.shape, nki_dtype(dtype) if dtype is not None else x.dtype, "dropout")
+    isa._dropout(out, x, rate, same_dtype=False)
+    return out
 
 
 def gather_flattened(

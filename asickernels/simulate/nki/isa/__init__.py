@@ -1621,11 +1621,19 @@ def _dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any, two_byte_rows: boo
 def dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, name: Any = None) -> None:
     """``dst = data`` with each element zeroed with probability ``prob`` (a scalar or a
     [P, 1] tile); ``dst`` keeps ``data``'s dtype (Vector engine)."""
+    _dropout(dst, data, prob, same_dtype=True)
+
+
+def _dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, same_dtype: bool) -> None:
+    """:func:`dropout`, also ``nl.dropout`` of both generations; ``same_dtype``: the rule
+    that ``dst`` keeps ``data``'s dtype (nki.isa.dropout, nki/api/nki/isa/__init__.py
+    @81ce03a), where ``nl.dropout`` and the legacy instruction take a ``dtype``
+    (general/nki/api/nki/isa/__init__.py@0521004c)."""
     api = "dropout"
     run = runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
-    if dst.dtype != data.dtype:
+    if same_dtype and dst.dtype != data.dtype:
         raise errors.UnsupportedDtype(f"'{api}' dst must have data's dtype {data.dtype}")
     drop = _per_partition_operand(api, "prob", prob, data)
     keep = language.random_generator(api).random(data.shape) >= drop

@@ -688,14 +688,12 @@ def _per_partition_elements(api: str, tile: Tensor, mask: Any) -> np.ndarray:
 
 def dropout(data: Tensor, prob: Any, *, mask: Any = None, dtype: Any = None, **kw: Any) -> Tensor:
     """``data`` with elements replaced by zero with probability ``prob`` (a scalar, or a
-    ``[P, 1]`` tile of per-partition probabilities; the core ``dropout``), cast to ``dtype``
-    (the 2.26 reference's ``dtype``; the core keeps ``data``'s)."""
+    ``[P, 1]`` tile of per-partition probabilities; the core ``dropout``) in ``dtype``
+    (the 2.26 reference's ``dtype``)."""
     nl.require_tile("dropout", "data", data, nl.ON_CHIP)
     out_dtype = nki_dtype(dtype) if dtype else data.dtype
-    return _run_core(
-        "dropout", core_isa.dropout, data.shape, out_dtype, mask, core_dtype=data.dtype,
-        data=data, prob=prob,
-    )  # fmt: skip
+    drop = functools.partial(core_isa._dropout, same_dtype=False)
+    return _run_core("dropout", drop, data.shape, out_dtype, mask, data=data, prob=prob)
 
 
 def tensor_copy_dynamic_src(
