@@ -540,14 +540,18 @@ def reduce_into(
     axes: tuple[int, ...],
     keepdims: bool = False,
     included: np.ndarray | None = None,
+    read: Callable[[Any], Any] = alu.as_f32,
+    negate: bool = False,
 ) -> None:
-    """``dst`` = ``x`` reduced over ``axes`` by ``function`` (float32 math, Vector engine),
-    one reduction of either generation: a numpy ufunc (its ``reduce``) or
-    ``f(values, axis, keepdims, where)``. ``included``: the elements that take part (a
-    legacy ``mask``: the others take the operator's identity); all of them by default."""
+    """``dst`` = ``x`` reduced over ``axes`` by ``function`` (Vector engine), the reduction
+    of ``nl.sum`` & co. and ``nisa.tensor_reduce`` of both generations: a numpy ufunc (its
+    ``reduce``) or ``f(values, axis, keepdims, where)``, on the values ``read`` gives
+    (float32, or ``read_bits`` for bitvec operators), times -1 with ``negate``.
+    ``included``: the elements that take part (a legacy ``mask``: the others take the
+    operator's identity); all of them by default."""
     run = runtime.active_run(api)
     alu.check_on_chip(api, {"x": x})
-    values = alu.as_f32(x)
+    values = read(x)
     if not isinstance(function, np.ufunc):
         result = function(values, axes, keepdims, True if included is None else included)
     elif included is None:
@@ -558,7 +562,7 @@ def reduce_into(
         )
     else:
         raise errors.UnsupportedOperator(f"'{api}' cannot mask a reduction by {function!r}")
-    alu.write(dst, np.asarray(result), api)
+    alu.write(dst, -np.asarray(result) if negate else np.asarray(result), api)
     run.count("vector", api, (x,), (dst,))
 
 

@@ -591,8 +591,22 @@ def tensor_reduce(
     name: Any = None,
 ) -> None:
     """``dst = op``-reduction of ``data`` over its trailing free ``axis`` (Vector engine)."""
+    _tensor_reduce(dst, op, data, axis, negate, keepdims, None)
+
+
+def _tensor_reduce(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    axis: Any,
+    negate: bool,
+    keepdims: bool,
+    included: np.ndarray | None,
+) -> None:
+    """:func:`tensor_reduce` (``language.reduce_into``); ``included``: the elements that
+    take part (a legacy ``mask``), all of them by default."""
     api = "tensor_reduce"
-    run = runtime.active_run(api)
+    runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_partitions(api, operands)
     axes = language.reduce_axes(api, data, axis)
@@ -600,12 +614,11 @@ def tensor_reduce(
     bitvec = op in language.BITVEC_OPS
     if bitvec and negate:
         raise errors.UnsupportedOperator(f"'{api}' negate applies to arithmetic operators only")
-    read = language.read_bits if bitvec else alu.as_f32
-    values = function.reduce(read(data), axis=axes, keepdims=keepdims)
-    if alu.per_partition(dst) != values.size // data.shape[0]:
+    reduced = language.reduced_shape(data.shape, axes, keepdims)
+    if alu.per_partition(dst) != math.prod(reduced[1:]):
         raise errors.ShapeMismatch(f"'{api}' of {data!r} over {axes} does not fit {dst!r}")
-    alu.write(dst, -values if negate else values, api)
-    run.count("vector", "tensor_reduce", (data,), (dst,))
+    read = language.read_bits if bitvec else alu.as_f32
+    language.reduce_into(dst, api, function, data, axes, keepdims, included, read, negate)
 
 
 def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any = None) -> None:

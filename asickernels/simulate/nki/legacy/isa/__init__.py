@@ -502,13 +502,13 @@ def tensor_reduce(
     Reducing every free axis gives ``[P, 1]`` (see ``nl.reduced``)."""
     api = "tensor_reduce"
     tile, where = _input(api, "data", data, mask)
-    values = _identity_filled(api, tile, where, op)
-    axes = core_language.reduce_axes(api, values, axis)
+    axes = core_language.reduce_axes(api, tile, axis)
     shape, written = nl.reduced(tile.shape, axes, keepdims, where)
     out_dtype = nki_dtype(dtype) if dtype else tile.dtype
+    reduce = functools.partial(core_isa._tensor_reduce, included=where)
     return _run_core(
-        api, core_isa.tensor_reduce, shape, out_dtype, written, reads=(tile,), op=op,
-        data=values, axis=axes, negate=negate, keepdims=keepdims,
+        api, reduce, shape, out_dtype, written, reads=(tile,), op=op, data=_core_tensor(tile),
+        axis=axes, negate=negate, keepdims=keepdims,
     )  # fmt: skip
 
 
