@@ -10,6 +10,11 @@ int32/float32. Tile operands broadcast partition-first: the partition axes must 
 one of them 1, and the free axes broadcast as in NumPy, so a reduction result ``[P]`` (the
 reduced axes removed, as ``nl.sum`` documents) broadcasts along the free axes of ``[P, F]``
 as the rmsnorm and layernorm tutorials rely on.
+
+The compute functions are adapters over the current API's one implementation
+(``language.elementwise_into``, ``language.reduce_into`` and the ``isa`` instructions, run
+through ``legacy.isa._run_core``): this generation's broadcasting, result dtypes, masks
+and bounds checks are what they add.
 """
 
 from __future__ import annotations
