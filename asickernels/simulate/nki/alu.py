@@ -40,12 +40,20 @@ def require(
     if not isinstance(value, NkiTensor):
         raise TypeError(f"operand '{name}' of '{api}' must be a tensor, got {type(value).__name__}")
     if value.buffer not in regions:
-        spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
-        raise errors.UnsupportedMemory(
-            f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
-            f"a tile in '{value.buffer.value}' instead"
-        )
+        raise unsupported_memory(api, name, value.buffer, regions)
     return value
+
+
+def unsupported_memory(
+    api: str, name: str, buffer: MemoryRegion, regions: tuple[MemoryRegion, ...]
+) -> errors.UnsupportedMemory:
+    """The error for operand ``name`` of ``api`` in ``buffer`` instead of one of ``regions``,
+    in the words of both generations (err_unsupported_memory)."""
+    spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
+    return errors.UnsupportedMemory(
+        f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
+        f"a tile in '{buffer.value}' instead"
+    )
 
 
 def require_all(
