@@ -264,10 +264,11 @@ def elementwise_into(
     """``dst = function(*operands)``, one element-wise instruction of either generation
     (float32 math, or ``read_bits`` for bitvec operators), counted on ``engine``.
     ``broadcast`` (partitions, free axes): the generation's operand shape rule (see
-    :func:`alu.broadcast_shape`). This generation's functions take tiles of one shape
-    (nki/api/nki/language/__init__.py@81ce03a); the legacy ``nl`` functions broadcast
-    partition-first (general/nki/api/nki.api.shared.rst@0521004c), its operator overloads
-    along the free axes only (general/nki/nki_known_issues.rst@0521004c)."""
+    :func:`alu.broadcast_shape`). This generation's functions take tiles of one shape; the
+    legacy ``nl`` functions broadcast partition-first (the rmsnorm and layernorm tutorials
+    of general/nki/tutorials@0521004c add a ``[P]`` reduction result to a ``[P, F]`` tile),
+    its operator overloads along the free axes only (general/nki/nki_known_issues.rst
+    @0521004c: "use nki.language APIs instead")."""
     run = runtime.active_run(api)
     tiles = _elementwise_tiles(api, operands)
     alu.check_not_both_psum(api, *tiles)
@@ -469,8 +470,8 @@ def where(condition: NkiTensor, x: alu.Operand, y: alu.Operand, dtype: Any = Non
 def reduce_axes(api: str, tile: Any, axis: Any, trailing: bool = True) -> tuple[int, ...]:
     """``axis`` normalised: free axes only, never the partition axis. ``trailing``: a
     contiguous run ending at the last axis ([1], [1, 2], ...), as this generation's
-    reductions (nki/api/nki/language/__init__.py@81ce03a) and ``tensor_reduce`` of both
-    take. The legacy ``nl`` reductions take any free axes: the average_pool2d tutorial
+    reductions and ``tensor_reduce`` of both take. The legacy ``nl`` reductions take any
+    free axes: the average_pool2d tutorial
     (general/nki/tutorials/average_pool2d.rst@0521004c) sums ``axis=[2, 4]`` of a 5-D
     access pattern, which the compiler reorders."""
     listed = axis if isinstance(axis, (tuple, list)) else [axis]
