@@ -40,20 +40,12 @@ def require(
     if not isinstance(value, NkiTensor):
         raise TypeError(f"operand '{name}' of '{api}' must be a tensor, got {type(value).__name__}")
     if value.buffer not in regions:
-        raise unsupported_memory(api, name, value.buffer, regions)
+        spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
+        raise errors.UnsupportedMemory(
+            f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
+            f"a tile in '{value.buffer.value}' instead"
+        )
     return value
-
-
-def unsupported_memory(
-    api: str, name: str, buffer: MemoryRegion, regions: tuple[MemoryRegion, ...]
-) -> errors.UnsupportedMemory:
-    """The error for operand ``name`` of ``api`` in ``buffer`` instead of one of ``regions``,
-    in the words of both generations (err_unsupported_memory)."""
-    spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
-    return errors.UnsupportedMemory(
-        f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
-        f"a tile in '{buffer.value}' instead"
-    )
 
 
 def require_all(

@@ -69,7 +69,7 @@ from asickernels.simulate.nki.legacy.tile import (
     mgrid,
     par_dim,
 )
-from asickernels.simulate.nki.tensor import DTYPES, MemoryRegion, is_float, nki_dtype
+from asickernels.simulate.nki.tensor import DTYPES, MemoryRegion, is_float, is_hbm, nki_dtype
 
 __all__ = [
     "IndexGrid",
@@ -156,7 +156,11 @@ def require_tile(api: str, name: str, value: Any, regions: tuple[MemoryRegion, .
     # (flash_attn_bwd) feeds a Tensor Engine nc_transpose result (PSUM) to nc_matmul.
     moved = value.storage.compiler_placed and value.on_chip and bool(set(regions) & set(ON_CHIP))
     if value.buffer not in regions and not moved:
-        raise alu.unsupported_memory(api, name, value.buffer, regions)
+        spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
+        raise errors.UnsupportedMemory(
+            f"Expected operand '{name}' of '{api}' to be in address space '{spaces}', but got "
+            f"a tile in '{value.buffer.value}' instead"
+        )
     if value.block_dims:
         raise TypeError(f"'{api}': index the block dimensions of {value!r} to get a tile")
     if value.on_chip and value.ndim and value.shape[0] > runtime.PMAX:
