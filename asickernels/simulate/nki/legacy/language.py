@@ -324,44 +324,13 @@ def overloaded_operator(name: str, x: Any, y: Any) -> Tensor:
 # -- unary functions ------------------------------------------------------------------------
 # Activation functions run on the Scalar engine, simple arithmetic on the Vector engine.
 ACTIVATIONS: dict[Any, Callable[[Any], Any]] = {}
-
-# name: (engine, the NumPy function accepted as the same op); the math is the core's
-# (``core_language.FUNCTIONS``).
-_UNARY: dict[str, tuple[str, Any]] = {
-    "abs": ("vector", np.abs),
-    "negative": ("vector", np.negative),
-    "exp": ("scalar", np.exp),
-    "log": ("scalar", np.log),
-    "sqrt": ("scalar", np.sqrt),
-    "rsqrt": ("scalar", None),
-    "reciprocal": ("vector", np.reciprocal),
-    "square": ("scalar", np.square),
-    "sign": ("scalar", np.sign),
-    "sin": ("scalar", np.sin),
-    "cos": ("scalar", np.cos),
-    "tan": ("scalar", np.tan),
-    "tanh": ("scalar", np.tanh),
-    "arctan": ("scalar", np.arctan),
-    "ceil": ("vector", np.ceil),
-    "floor": ("vector", np.floor),
-    "trunc": ("vector", np.trunc),
-    "sigmoid": ("scalar", None),
-    "relu": ("scalar", None),
-    "gelu": ("scalar", None),
-    "gelu_apprx_tanh": ("scalar", None),
-    "silu": ("scalar", None),
-    "softplus": ("scalar", None),
-    "mish": ("scalar", None),
-    "erf": ("scalar", None),
-    "erf_dx": ("scalar", None),
-    "gelu_dx": ("scalar", None),
-    "silu_dx": ("scalar", None),
-}
+_VECTOR_UNARY = frozenset({"abs", "negative", "reciprocal", "ceil", "floor", "trunc"})
 
 
 def _unary(name: str) -> Callable[..., Tensor]:
-    engine, numpy_alias = _UNARY[name]
-    function = core_language.FUNCTIONS[name]
+    engine = "vector" if name in _VECTOR_UNARY else "scalar"
+    function = core_language.FUNCTIONS[name]  # the math is the core's
+    numpy_alias = getattr(np, name, None)  # accepted as the same op (``op=np.exp``)
 
     def op(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
         return compute(name, function, {"x": x}, dtype, mask, engine)
