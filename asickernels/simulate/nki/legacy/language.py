@@ -422,7 +422,7 @@ def reduce(
     shape, written = reduced(x.shape, axes, keepdims, where)
     instruction = functools.partial(
         core_language.reduce_into, api=api, function=function, x=isa._core_tensor(x), axes=axes,
-        keepdims=keepdims, included=None if where is None else np.broadcast_to(where, x.shape),
+        keepdims=keepdims, included=where,
     )  # fmt: skip
     out_dtype = nki_dtype(dtype) if dtype is not None else x.dtype
     return isa._run_core(api, instruction, shape, out_dtype, written, reads=(x,))
@@ -432,14 +432,15 @@ def reduced(
     shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool, where: np.ndarray | None
 ) -> tuple[tuple[int, ...], Mask | None]:
     """The result shape of a reduction of a ``shape`` tile over ``axes`` and the elements it
-    writes (those with an input ``where`` holds). Reducing every free axis leaves ``[P, 1]``:
-    AWS's kernels broadcast the result (nki-samples attention.py@8370e11:
-    ``(1.0 / sum_res).broadcast_to((128, 64))`` of a ``tensor_reduce(axis=(1,))``)."""
+    writes (those with an input ``where``, a mask over ``shape``, holds). Reducing every
+    free axis leaves ``[P, 1]``: AWS's kernels broadcast the result (nki-samples
+    attention.py@8370e11: ``(1.0 / sum_res).broadcast_to((128, 64))`` of a
+    ``tensor_reduce(axis=(1,))``)."""
     result = core_language.reduced_shape(shape, axes, keepdims)
     result = result if len(result) >= 2 else (*result, 1)
     if where is None:
         return result, None
-    written = np.any(np.broadcast_to(where, shape), axis=axes, keepdims=keepdims)
+    written = np.any(where, axis=axes, keepdims=keepdims)
     return result, Mask(written.reshape(result))
 
 
