@@ -82,7 +82,8 @@ def access(tensor: Any) -> Access | None:
         storage, offsets = tensor.storage, tensor.offsets
         # On-chip storage is freed and recreated during a run: its allocation's serial
         # number names it (negated: never an id); HBM tensors live for the whole run.
-        key = -storage.allocations[0].serial if storage.allocations else id(storage)
+        allocation = storage.tensor.allocation
+        key = -allocation.serial if allocation is not None else id(storage.tensor.root)
         blocks = min(tensor.block_dims, offsets.ndim - 1)
         partitions = offsets.shape[blocks] if offsets.ndim else 1
         memory, dtype = _memory(storage.buffer), storage.dtype

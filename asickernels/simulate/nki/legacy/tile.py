@@ -30,12 +30,14 @@ from asickernels.simulate.nki.tensor import (
     UNINITIALISED_FLOAT,
     UNINITIALISED_INT,
     MemoryRegion,
+    NkiTensor,
+    checked_slice,
     is_float,
     is_hbm,
     nki_dtype,
-    on_chip_allocation,
-    storage_shape,
+    wrap_argument,
 )
+from asickernels.simulate.nki.tensor import allocate as core_allocate
 
 
 class par_dim(int):  # the SDK's (lowercase) name
@@ -248,41 +250,37 @@ def mask_values(api: str, mask: Any, shape: tuple[int, ...]) -> np.ndarray | Non
 
 # -- storage and views --------------------------------------------------------------------
 class Storage:
-    """The memory behind a tensor and all its views."""
+    """The memory behind a legacy tensor and all its views: a whole core :class:`NkiTensor`
+    from the core allocator (one storage object and one SBUF/PSUM accounting for both
+    generations), plus the state only the legacy API keeps."""
 
-    __slots__ = (
-        "allocations",
-        "array",
-        "block_dims",
-        "buffer",
-        "compiler_placed",
-        "dtype",
-        "flat",
-        "name",
-        "read_only",
-        "written",
-    )
+    __slots__ = ("block_dims", "compiler_placed", "flat", "read_only", "tensor", "written")
 
-    def __init__(
-        self,
-        array: np.ndarray,
-        buffer: MemoryRegion,
-        name: str,
-        block_dims: int = 0,
-        allocations: Sequence[runtime.Allocation] = (),
-        read_only: bool = False,
-    ) -> None:
-        self.array = array
-        self.flat = array.reshape(-1)  # a view: storage is created C-contiguous
-        self.dtype = array.dtype
-        self.buffer = buffer
-        self.name = name
+    def __init__(self, tensor: NkiTensor, block_dims: int = 0, read_only: bool = False) -> None:
+        self.tensor = tensor
+        self.flat = tensor.data.reshape(-1)  # a view: storage is created C-contiguous
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
-        self.allocations = tuple(allocations)  # released when the storage is collected
         self.read_only = read_only  # an immutable kernel parameter
         self.compiler_placed = False  # an instruction's result: the compiler places it
         # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
-        self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
+        psum = tensor.buffer is MemoryRegion.psum
+        self.written = np.zeros(self.flat.size, np.bool_) if psum else None
+
+    @property
+    def array(self) -> np.ndarray:
+        return self.tensor.data
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.tensor.dtype
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        return self.tensor.buffer
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
 
     def check_writable(self, api: str) -> None:
         if self.read_only:
@@ -295,39 +293,19 @@ class Storage:
 def allocate(
     shape: Sequence[int], dtype: Any, buffer: MemoryRegion, name: str, api: str, fill: Any = None
 ) -> Tensor:
-    """New storage of ``shape`` (``par_dim`` marks the partition dim; the SBUF/PSUM bytes per
-    partition are counted against the target's capacity)."""
-    run = runtime.active_run(api)
-    dtype = nki_dtype(dtype)
-    dims = storage_shape(api, shape, buffer)
+    """New storage of ``shape`` from the core allocator (``par_dim`` marks the partition
+    dim; the dimensions before it are block dimensions)."""
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     block_dims = marked[0] if marked else 0
-    allocations: list[runtime.Allocation] = []
-    if not is_hbm(buffer):
-        what = f"{name or 'tensor'} {list(dims)} {dtype} in {buffer.value}"
-        # Block dimensions are logical: "the physical tiles may not be alive in the memory
-        # simultaneously ... at the very minimum, only 1 physical tile needs to be alive"
-        # (general/nki/nki_block_dimension_migration_guide.rst). One tile is counted.
-        allocations = [on_chip_allocation(run, buffer, dims[block_dims:], dtype, what)]
-    initialised = fill is not None
-    if not initialised:
-        fill = UNINITIALISED_FLOAT if is_float(dtype) else UNINITIALISED_INT
-    storage = Storage(np.full(dims, fill, dtype), buffer, name, block_dims, allocations)
-    if storage.written is not None and initialised:
+    storage = Storage(core_allocate(shape, dtype, buffer, name, api, fill, block_dims), block_dims)
+    if storage.written is not None and fill is not None:
         storage.written[:] = True
     return Tensor.whole(storage)
 
 
 def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
     """A kernel argument in HBM viewing the caller's (C-contiguous) array."""
-    try:
-        nki_dtype(array.dtype)
-    except errors.UnsupportedDtype as error:
-        raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
-    if array.ndim == 0 or array.size == 0:
-        raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
-    storage = Storage(array, MemoryRegion.private_hbm, position, read_only=not writable)
-    return Tensor.whole(storage)
+    return Tensor.whole(Storage(wrap_argument(array, position), read_only=not writable))
 
 
 def _grid_range(grid: IndexGrid, axis: int, ndim: int, size: int) -> slice | None:
@@ -567,7 +545,7 @@ class Tensor:
                 numpy_key.append(np.clip(k.values, 0, size - 1))
                 shifts.append((k.values - numpy_key[-1]) * self._stride(axis))
             elif isinstance(k, slice):
-                numpy_key.append(_checked_slice(self, axis, k, size))
+                numpy_key.append(checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
                 i = int(k) + size if int(k) < 0 else int(k)
                 if not 0 <= i < size:
@@ -617,7 +595,7 @@ class Tensor:
                 start = 0 if k.start is None else int(k.start)
                 stop = self.shape[axis] if k.stop is None else int(k.stop)
                 if step < 1 or start < 0 or stop <= start:
-                    _checked_slice(self, axis, k, self.shape[axis])  # raises
+                    checked_slice(self, axis, k, self.shape[axis])  # raises
                 values = np.arange(start, stop, step)
             else:
                 values = np.array([int(k)])
@@ -680,8 +658,9 @@ class Tensor:
                 f"view of {self!r} as {new}: only dtypes of the same size ({self.itemsize} bytes)"
             )
         old = self.storage
-        storage = Storage(old.array.view(new), old.buffer, old.name, old.block_dims)
-        storage.allocations = old.allocations  # the same memory: counted once
+        core = old.tensor  # the same memory (and allocation: counted once) as ``new``
+        viewed = NkiTensor(old.array.view(new), new, core.buffer, core.allocation, core.name)
+        storage = Storage(viewed, old.block_dims, old.read_only)
         storage.written = old.written
         storage.compiler_placed = old.compiler_placed
         return Tensor(storage, self.offsets, self.block_dims, self.out_of_bounds, self.repeats,
@@ -831,22 +810,6 @@ def _overhangs(key: Any, size: int) -> bool:
     if not isinstance(key, slice) or key.stop is None or int(key.stop) <= size:
         return False
     return 0 <= (0 if key.start is None else int(key.start)) < size
-
-
-def _checked_slice(tensor: Tensor, axis: int, k: slice, size: int) -> slice:
-    step = 1 if k.step is None else int(k.step)
-    start = 0 if k.start is None else int(k.start)
-    stop = size if k.stop is None else int(k.stop)
-    start += size if start < 0 else 0
-    stop += size if stop < 0 else 0
-    if step < 1:
-        raise errors.TensorAccessOutOfBound(f"slice step {step} on {tensor!r}: steps must be >= 1")
-    if not 0 <= start < stop <= size:
-        raise errors.TensorAccessOutOfBound(
-            f"index range [{start}, {stop - 1}] on dimension {axis} of {tensor!r} exceeds its "
-            f"size {size}"
-        )
-    return slice(start, stop, step)
 
 
 def check_in_bounds(api: str, tensor: Tensor, where: np.ndarray | None) -> None:
