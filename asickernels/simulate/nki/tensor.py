@@ -249,28 +249,14 @@ class NkiTensor(NKIObject):
     def __getitem__(self, key: Any) -> NkiTensor:
         """Integers, slices (step >= 1), ``Ellipsis`` and :func:`nki.language.ds`; every
         index must lie inside the tensor. On-chip, an integer on axis 0 keeps the axis."""
-        keys = list(key) if isinstance(key, tuple) else [key]
-        if sum(k is Ellipsis for k in keys) > 1:
-            raise TypeError("an index can have only one Ellipsis")
-        explicit = len(keys) - (Ellipsis in keys)
-        if explicit > self.ndim:
-            raise errors.TensorAccessOutOfBound(
-                f"{explicit} indices for {self!r} with {self.ndim} dimensions"
-            )
-        if Ellipsis in keys:
-            at = keys.index(Ellipsis)
-            keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        keys = expand_ellipsis(self, list(key) if isinstance(key, tuple) else [key])
         keys += [slice(None)] * (self.ndim - len(keys))
         numpy_key: list[int | slice] = []
         for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
             if isinstance(k, slice):
                 numpy_key.append(checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                i = int(k) + size if int(k) < 0 else int(k)
-                if not 0 <= i < size:
-                    raise errors.TensorAccessOutOfBound(
-                        f"index {int(k)} on dimension {axis} of {self!r} (size {size})"
-                    )
+                i = checked_index(self, axis, k, size)
                 numpy_key.append(slice(i, i + 1) if axis == 0 and self.on_chip else i)
             else:
                 raise TypeError(f"unsupported index {k!r} for {self!r}: use ints, slices or nl.ds")
@@ -594,6 +580,35 @@ class NkiTensor(NKIObject):
         return self._view(data, dtype=new_dtype)
 
     reinterpret_cast = view
+
+
+def expand_ellipsis(tensor: Any, keys: list[Any]) -> list[Any]:
+    """The index ``keys`` of ``tensor`` (either generation's) with their one ``Ellipsis``, if
+    any, replaced by whole slices of the dimensions it stands for; more explicit keys than
+    dimensions are out of bound."""
+    ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: index grids compare
+    if len(ellipses) > 1:
+        raise TypeError("an index can have only one Ellipsis")
+    explicit = len(keys) - len(ellipses)
+    if explicit > tensor.ndim:
+        raise errors.TensorAccessOutOfBound(
+            f"{explicit} indices for {tensor!r} with {tensor.ndim} dimensions"
+        )
+    if ellipses:
+        at = ellipses[0]
+        keys[at : at + 1] = [slice(None)] * (tensor.ndim - explicit)
+    return keys
+
+
+def checked_index(tensor: Any, axis: int, k: int | np.integer[Any], size: int) -> int:
+    """The integer index ``k`` (negative: from the end) on dimension ``axis`` (of ``size``)
+    of ``tensor`` (either generation's), which must lie inside it."""
+    i = int(k) + size if int(k) < 0 else int(k)
+    if not 0 <= i < size:
+        raise errors.TensorAccessOutOfBound(
+            f"index {int(k)} on dimension {axis} of {tensor!r} (size {size})"
+        )
+    return i
 
 
 def checked_slice(tensor: Any, axis: int, k: slice, size: int) -> slice:

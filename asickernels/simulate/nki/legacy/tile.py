@@ -31,7 +31,9 @@ from asickernels.simulate.nki.tensor import (
     UNINITIALISED_INT,
     MemoryRegion,
     NkiTensor,
+    checked_index,
     checked_slice,
+    expand_ellipsis,
     is_float,
     is_hbm,
     nki_dtype,
@@ -490,17 +492,7 @@ class Tensor:
         return view
 
     def _index(self, keys: list[Any]) -> Tensor:
-        ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: grids compare
-        if len(ellipses) > 1:
-            raise TypeError("an index can have only one Ellipsis")
-        explicit = len(keys) - len(ellipses)
-        if explicit > self.ndim:
-            raise errors.TensorAccessOutOfBound(
-                f"{explicit} indices for {self!r} with {self.ndim} dimensions"
-            )
-        if ellipses:
-            at = ellipses[0]
-            keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        keys = expand_ellipsis(self, keys)
         keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
         first = keys[0] if keys else None
         # A [P, 1] index tile on the first axis holds one index per partition, whatever the
@@ -547,11 +539,7 @@ class Tensor:
             elif isinstance(k, slice):
                 numpy_key.append(checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                i = int(k) + size if int(k) < 0 else int(k)
-                if not 0 <= i < size:
-                    raise errors.TensorAccessOutOfBound(
-                        f"index {int(k)} on dimension {axis} of {self!r} (size {size})"
-                    )
+                i = checked_index(self, axis, k, size)
                 keep_partition = axis == 0 and self.on_chip and not grids
                 numpy_key.append(slice(i, i + 1) if keep_partition else i)
             else:
