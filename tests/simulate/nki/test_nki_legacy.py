@@ -763,6 +763,19 @@ def test_atomic_rmw_applies_repeated_indices():
     np.testing.assert_allclose(run(kernel, x, idx, value), expected, rtol=1e-6)
 
 
+def test_atomic_rmw_leaves_the_rest_of_the_tensor_exact():
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        nl.atomic_rmw(out[0:1, 0:1], value=1, op=np.add)
+        return out
+
+    x = np.full((2, 3), 2**24 + 1, np.int32)
+    expected = x.copy()
+    expected[0, 0] += 1  # float32 accumulation: 2**24 + 2 is exact
+    np.testing.assert_array_equal(run(kernel, x), expected)
+
+
 def test_dma_transpose_permutations():
     x2, x3 = rand(2, 3), rand(2, 3, 4)
     np.testing.assert_array_equal(run(returning(lambda t: nisa.dma_transpose(t)), x2), x2.T)

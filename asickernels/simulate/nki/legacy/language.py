@@ -789,9 +789,11 @@ def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: 
     else:
         values = np.full(dst.shape, np.float32(value))
     selected = np.ones(dst.shape, np.bool_) if where is None else np.array(where)
+    offsets = dst.offsets[selected]
     totals = dst.storage.flat.astype(np.float64)
-    np.add.at(totals, dst.offsets[selected], np.broadcast_to(values, dst.shape)[selected])
-    dst.storage.flat[...] = alu.cast(totals.astype(np.float32), dst.dtype)
+    np.add.at(totals, offsets, np.broadcast_to(values, dst.shape)[selected])
+    touched = np.unique(offsets)  # the rest of the storage is not rewritten (nor rounded)
+    dst.storage.flat[touched] = alu.cast(totals[touched].astype(np.float32), dst.dtype)
     run.count_dma(False, True, dst.size * dst.itemsize, api, (value, dst), (dst,))
 
 
