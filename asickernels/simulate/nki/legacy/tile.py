@@ -7,7 +7,13 @@ indexing that offset array. Accesses an index grid takes outside the tensor are 
 rather than refused at once, because a ``mask=`` may exclude them ("out-of-bound access can
 be avoided by providing a proper mask", general/nki/api/nki.errors.rst,
 err_tensor_access_out_of_bound); the instruction that uses the view checks that.
-Storage is accounted in the core simulator's run (SBUF/PSUM capacity, counters).
+Offsets rather than the core's strided views, because index grids may repeat elements
+(``broadcast_to``), read run-time indices from a tile (indirect DMA) and reach outside the
+tensor under a mask: none of these is a NumPy strided view.
+
+The storage is the core's: a whole core tensor from the core allocator (SBUF/PSUM capacity,
+counters), and the index rules both generations share (ellipsis, integer and slice bounds)
+are the core's functions.
 """
 
 from __future__ import annotations
@@ -284,6 +290,12 @@ class Storage:
     def name(self) -> str:
         return self.tensor.name
 
+    def view(self, data: np.ndarray) -> NkiTensor:
+        """``data``, a NumPy view of this storage, as a core tensor view."""
+        core = self.tensor
+        return NkiTensor(data, core.dtype, core.buffer, core.allocation, core.name,
+                         core.is_argument, root=core.data)  # fmt: skip
+
     def check_writable(self, api: str) -> None:
         if self.read_only:
             raise ErrCannotUpdateImmutableParameter(
@@ -345,6 +357,7 @@ class Tensor:
 
     __slots__ = (
         "block_dims",
+        "core",
         "dynamic",
         "offsets",
         "out_of_bounds",
@@ -371,14 +384,30 @@ class Tensor:
         # Run-time indexed views: each element's storage offset before clipping (the offset an
         # out-of-bounds access reports).
         self.unclipped: np.ndarray | None = None
+        # The same elements as a core (strided) view of the storage, where slices and
+        # integers made this view: what values are read and written through.
+        self.core: NkiTensor | None = None
 
-    def _derived(self, offsets: np.ndarray, oob: np.ndarray | None, repeats: bool) -> Tensor:
-        return Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
+    def _derived(
+        self,
+        offsets: np.ndarray,
+        oob: np.ndarray | None,
+        repeats: bool,
+        core: np.ndarray | None = None,
+    ) -> Tensor:
+        """A view of the same storage; ``core``: its elements as a NumPy view of the storage
+        (of ``offsets``' shape), where this view is strided."""
+        view = Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
+        if core is not None and core.shape == offsets.shape:
+            view.core = self.storage.view(core)
+        return view
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
         offsets = _offsets(storage.array.size).reshape(storage.array.shape)
-        return cls(storage, offsets, storage.block_dims)
+        tensor = cls(storage, offsets, storage.block_dims)
+        tensor.core = storage.tensor
+        return tensor
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -435,8 +464,9 @@ class Tensor:
         sentinel; an instruction may only read them under a mask that excludes them)."""
         if runtime.values_skipped():  # trace-only: every value reads as zero
             return np.zeros(self.shape, self.dtype)
-        offsets = self.offsets
-        values = self.storage.flat[offsets]
+        if self.core is not None:
+            return self.core.data.copy()
+        values = self.storage.flat[self.offsets]
         if self.out_of_bounds is not None and self.out_of_bounds.any():
             fill = UNINITIALISED_FLOAT if is_float(self.dtype) else UNINITIALISED_INT
             values[self.out_of_bounds] = fill
@@ -450,6 +480,17 @@ class Tensor:
         if where is None and not self.repeats and runtime.values_skipped():
             if self.storage.written is not None:  # trace-only: only what is written
                 self.storage.written[self.offsets] = True
+            return
+        if self.core is not None and not self.repeats:  # a strided view: no offsets needed
+            if not runtime.values_skipped():
+                cast = np.broadcast_to(alu.cast(np.asarray(values), self.dtype), self.shape)
+                target = self.core.data
+                if where is None:
+                    target[...] = cast
+                else:
+                    target[where] = cast[where]
+            if self.storage.written is not None:
+                self.storage.written[self.offsets if where is None else self.offsets[where]] = True
             return
         selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
         offsets = self.offsets[selected]
@@ -487,7 +528,8 @@ class Tensor:
                     f"block index {i} on dimension {axis} of {self!r} (size {size})"
                 )
         oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
-        view = self._derived(self.offsets[index], oob, self.repeats)
+        core = None if self.core is None else self.core.data[index]
+        view = self._derived(self.offsets[index], oob, self.repeats, core)
         view.block_dims = self.block_dims - len(index)
         return view
 
@@ -560,7 +602,11 @@ class Tensor:
             # an activation bias, ``m_buffer[:, 0]`` assigned a [P, 1] tile).
             offsets = offsets[:, None]
             oob = None if oob is None else oob[:, None]
-        view = self._derived(offsets, oob, self.repeats or grids)
+        core = None
+        if self.core is not None and not grids:  # slices and integers: a strided view
+            core = self.core.data[tuple(numpy_key)]
+            core = core[:, None] if core.ndim < offsets.ndim else core
+        view = self._derived(offsets, oob, self.repeats or grids, core)
         view.dynamic = self.dynamic or dynamic
         if view.dynamic and oob is not None:
             view.unclipped = offsets + sum(np.broadcast_to(d, offsets.shape) for d in shifts)
@@ -627,7 +673,10 @@ class Tensor:
                 f"reshape of {self!r} to {dims} would change its partition axis"
             )
         oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
-        return self._derived(self.offsets.reshape(dims), oob, self.repeats)
+        core = None if self.core is None else self.core.data.reshape(dims)
+        if core is not None and not np.may_share_memory(core, self.storage.array):
+            core = None  # the layout needs a copy: not a view
+        return self._derived(self.offsets.reshape(dims), oob, self.repeats, core)
 
     def expand_dims(self, axis: int) -> Tensor:
         """Inserts a size-1 dimension at ``axis`` (not in front of an on-chip partition axis)."""
@@ -636,7 +685,8 @@ class Tensor:
                 f"expand_dims(0) on {self!r} would move its partition axis"
             )
         oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
-        return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats)
+        core = None if self.core is None else np.expand_dims(self.core.data, axis)
+        return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats, core)
 
     def view(self, dtype: Any) -> Tensor:
         """The same bytes reinterpreted as ``dtype`` of the same size (no copy)."""
