@@ -646,6 +646,7 @@ def allocate(
     name: str,
     api: str,
     fill: float | None = None,
+    *,
     block_dims: int = 0,
 ) -> NkiTensor:
     """New storage in ``buffer``, holding ``fill`` or, for ``None``, the uninitialised

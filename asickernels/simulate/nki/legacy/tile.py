@@ -290,7 +290,7 @@ class Storage:
     def name(self) -> str:
         return self.tensor.name
 
-    def view(self, data: np.ndarray) -> NkiTensor:
+    def core_view(self, data: np.ndarray) -> NkiTensor:
         """``data``, a NumPy view of this storage, as a core tensor view."""
         core = self.tensor
         return NkiTensor(data, core.dtype, core.buffer, core.allocation, core.name,
@@ -311,7 +311,9 @@ def allocate(
     dim; the dimensions before it are block dimensions)."""
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     block_dims = marked[0] if marked else 0
-    storage = Storage(core_allocate(shape, dtype, buffer, name, api, fill, block_dims), block_dims)
+    storage = Storage(
+        core_allocate(shape, dtype, buffer, name, api, fill, block_dims=block_dims), block_dims
+    )
     if storage.written is not None and fill is not None:
         storage.written[:] = True
     return Tensor.whole(storage)
@@ -399,7 +401,7 @@ class Tensor:
         (of ``offsets``' shape), where this view is strided."""
         view = Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
         if core is not None and core.shape == offsets.shape:
-            view.core = self.storage.view(core)
+            view.core = self.storage.core_view(core)
         return view
 
     @classmethod
