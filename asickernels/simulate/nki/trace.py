@@ -86,7 +86,7 @@ def access(tensor: Any) -> Access | None:
         key = -allocation.serial if allocation is not None else id(storage.tensor.root)
         blocks = min(tensor.block_dims, offsets.ndim - 1)
         partitions = offsets.shape[blocks] if offsets.ndim else 1
-        memory, dtype = _memory(storage.buffer), storage.dtype
+        memory, dtype = _memory(tensor.buffer), tensor.dtype
         runs = 1
         if memory == "hbm" and offsets.ndim > 1:  # only DMAs price an HBM view's pieces
             runs = _runs(offsets[(0,) * (blocks + 1)])

@@ -274,22 +274,6 @@ class Storage:
         psum = tensor.buffer is MemoryRegion.psum
         self.written = np.zeros(self.flat.size, np.bool_) if psum else None
 
-    @property
-    def array(self) -> np.ndarray:
-        return self.tensor.data
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self.tensor.dtype
-
-    @property
-    def buffer(self) -> MemoryRegion:
-        return self.tensor.buffer
-
-    @property
-    def name(self) -> str:
-        return self.tensor.name
-
     def core_view(self, data: np.ndarray) -> NkiTensor:
         """``data``, a NumPy view of this storage, as a core tensor view."""
         core = self.tensor
@@ -299,7 +283,7 @@ class Storage:
     def check_writable(self, api: str) -> None:
         if self.read_only:
             raise ErrCannotUpdateImmutableParameter(
-                f"'{api}' writes kernel parameter {self.name}, which is immutable: annotate it "
+                f"'{api}' writes kernel parameter {self.tensor.name}, which is immutable: annotate it "
                 "nt.mutable_tensor (and return it), or write a new nl.shared_hbm tensor"
             )
 
@@ -406,7 +390,7 @@ class Tensor:
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
-        offsets = _offsets(storage.array.size).reshape(storage.array.shape)
+        offsets = _offsets(storage.flat.size).reshape(storage.tensor.shape)
         tensor = cls(storage, offsets, storage.block_dims)
         tensor.core = storage.tensor
         return tensor
@@ -426,23 +410,23 @@ class Tensor:
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self.storage.dtype
+        return self.storage.tensor.dtype
 
     @property
     def itemsize(self) -> int:
-        return int(self.storage.dtype.itemsize)
+        return int(self.dtype.itemsize)
 
     @property
     def buffer(self) -> MemoryRegion:
-        return self.storage.buffer
+        return self.storage.tensor.buffer
 
     @property
     def on_chip(self) -> bool:
-        return not is_hbm(self.storage.buffer)
+        return not is_hbm(self.buffer)
 
     def __repr__(self) -> str:
         return (
-            f"Tensor({self.storage.name or '?'}: {list(self.shape)} {self.dtype} in "
+            f"Tensor({self.storage.tensor.name or '?'}: {list(self.shape)} {self.dtype} in "
             f"{self.buffer.value})"
         )
 
@@ -676,7 +660,7 @@ class Tensor:
             )
         oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
         core = None if self.core is None else self.core.data.reshape(dims)
-        if core is not None and not np.may_share_memory(core, self.storage.array):
+        if core is not None and not np.may_share_memory(core, self.storage.flat):
             core = None  # the layout needs a copy: not a view
         return self._derived(self.offsets.reshape(dims), oob, self.repeats, core)
 
@@ -699,7 +683,7 @@ class Tensor:
             )
         old = self.storage
         core = old.tensor  # the same memory (and allocation: counted once) as ``new``
-        viewed = NkiTensor(old.array.view(new), new, core.buffer, core.allocation, core.name)
+        viewed = NkiTensor(core.data.view(new), new, core.buffer, core.allocation, core.name)
         storage = Storage(viewed, old.block_dims, old.read_only)
         storage.written = old.written
         storage.compiler_placed = old.compiler_placed
