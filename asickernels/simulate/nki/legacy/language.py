@@ -667,7 +667,6 @@ def ndarray(
                 f"shared_hbm tensor {name or list(shape)} created in {caller.co_name}, not at "
                 "the top level of the kernel"
             )
-        return spmd.shared_output(lambda: allocate(shape, dtype, buffer, name, "ndarray"))
     return allocate(shape, dtype, buffer, name, "ndarray")
 
 
