@@ -249,28 +249,14 @@ class NkiTensor(NKIObject):
     def __getitem__(self, key: Any) -> NkiTensor:
         """Integers, slices (step >= 1), ``Ellipsis`` and :func:`nki.language.ds`; every
         index must lie inside the tensor. On-chip, an integer on axis 0 keeps the axis."""
-        keys = list(key) if isinstance(key, tuple) else [key]
-        if sum(k is Ellipsis for k in keys) > 1:
-            raise TypeError("an index can have only one Ellipsis")
-        explicit = len(keys) - (Ellipsis in keys)
-        if explicit > self.ndim:
-            raise errors.TensorAccessOutOfBound(
-                f"{explicit} indices for {self!r} with {self.ndim} dimensions"
-            )
-        if Ellipsis in keys:
-            at = keys.index(Ellipsis)
-            keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        keys = expand_ellipsis(self, list(key) if isinstance(key, tuple) else [key])
         keys += [slice(None)] * (self.ndim - len(keys))
         numpy_key: list[int | slice] = []
         for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
             if isinstance(k, slice):
-                numpy_key.append(self._checked_slice(axis, k, size))
+                numpy_key.append(checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                i = int(k) + size if int(k) < 0 else int(k)
-                if not 0 <= i < size:
-                    raise errors.TensorAccessOutOfBound(
-                        f"index {int(k)} on dimension {axis} of {self!r} (size {size})"
-                    )
+                i = checked_index(self, axis, k, size)
                 numpy_key.append(slice(i, i + 1) if axis == 0 and self.on_chip else i)
             else:
                 raise TypeError(f"unsupported index {k!r} for {self!r}: use ints, slices or nl.ds")
@@ -279,25 +265,6 @@ class NkiTensor(NKIObject):
             assert isinstance(last, int)
             numpy_key[-1] = slice(last, last + 1)  # HBM views stay at least 1-D
         return self._view(self._data[tuple(numpy_key)])
-
-    def _checked_slice(self, axis: int, k: slice, size: int) -> slice:
-        step = 1 if k.step is None else int(k.step)
-        start = 0 if k.start is None else int(k.start)
-        stop = size if k.stop is None else int(k.stop)
-        start += size if start < 0 else 0
-        stop += size if stop < 0 else 0
-        if step < 1:
-            raise errors.TensorAccessOutOfBound(
-                f"slice step {step} on {self!r}: steps must be >= 1"
-            )
-        if not 0 <= start < stop <= size:
-            raise errors.TensorAccessOutOfBound(
-                f"index range [{start}, {stop - 1}] on dimension {axis} of {self!r} exceeds "
-                f"its size {size}"
-                if stop > start
-                else f"empty range [{start}, {stop}) on dimension {axis} of {self!r}"
-            )
-        return slice(start, stop, step)
 
     # -- views ---------------------------------------------------------------------------
     def _check_partition_axis_kept(self, moves_axis_0: bool, what: str) -> None:
@@ -615,6 +582,55 @@ class NkiTensor(NKIObject):
     reinterpret_cast = view
 
 
+def expand_ellipsis(tensor: Any, keys: list[Any]) -> list[Any]:
+    """The index ``keys`` of ``tensor`` (either generation's) with their one ``Ellipsis``, if
+    any, replaced by whole slices of the dimensions it stands for; more explicit keys than
+    dimensions are out of bound."""
+    ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: index grids compare
+    if len(ellipses) > 1:
+        raise TypeError("an index can have only one Ellipsis")
+    explicit = len(keys) - len(ellipses)
+    if explicit > tensor.ndim:
+        raise errors.TensorAccessOutOfBound(
+            f"{explicit} indices for {tensor!r} with {tensor.ndim} dimensions"
+        )
+    if ellipses:
+        at = ellipses[0]
+        keys[at : at + 1] = [slice(None)] * (tensor.ndim - explicit)
+    return keys
+
+
+def checked_index(tensor: Any, axis: int, k: int | np.integer[Any], size: int) -> int:
+    """The integer index ``k`` (negative: from the end) on dimension ``axis`` (of ``size``)
+    of ``tensor`` (either generation's), which must lie inside it."""
+    i = int(k) + size if int(k) < 0 else int(k)
+    if not 0 <= i < size:
+        raise errors.TensorAccessOutOfBound(
+            f"index {int(k)} on dimension {axis} of {tensor!r} (size {size})"
+        )
+    return i
+
+
+def checked_slice(tensor: Any, axis: int, k: slice, size: int) -> slice:
+    """``k`` on dimension ``axis`` (of ``size``) of ``tensor`` (either generation's) with its
+    bounds resolved: a step >= 1 and a non-empty range inside the dimension."""
+    step = 1 if k.step is None else int(k.step)
+    start = 0 if k.start is None else int(k.start)
+    stop = size if k.stop is None else int(k.stop)
+    start += size if start < 0 else 0
+    stop += size if stop < 0 else 0
+    if step < 1:
+        raise errors.TensorAccessOutOfBound(f"slice step {step} on {tensor!r}: steps must be >= 1")
+    if not 0 <= start < stop <= size:
+        raise errors.TensorAccessOutOfBound(
+            f"index range [{start}, {stop - 1}] on dimension {axis} of {tensor!r} exceeds "
+            f"its size {size}"
+            if stop > start
+            else f"empty range [{start}, {stop}) on dimension {axis} of {tensor!r}"
+        )
+    return slice(start, stop, step)
+
+
 def _scalar_value(value: Any) -> int:
     """A run-time index: a one-element tensor's value, or a register's (``nl.fori_loop``
     hands its body a ``VirtualRegister``)."""
@@ -630,16 +646,22 @@ def allocate(
     name: str,
     api: str,
     fill: float | None = None,
+    *,
+    block_dims: int = 0,
 ) -> NkiTensor:
     """New storage in ``buffer``, holding ``fill`` or, for ``None``, the uninitialised
-    sentinel (NaN for floats, 4 for integers)."""
+    sentinel (NaN for floats, 4 for integers). ``block_dims``: leading dimensions before
+    the partition dimension (the legacy generation's ``par_dim``), which are logical: "the
+    physical tiles may not be alive in the memory simultaneously ... at the very minimum,
+    only 1 physical tile needs to be alive" (general/nki/nki_block_dimension_migration_guide.rst),
+    so one tile is counted."""
     run = runtime.active_run(api)
     dtype = nki_dtype(dtype)
     shape = storage_shape(api, shape, buffer)
     alloc = None
     if not is_hbm(buffer):
         what = f"{name or 'tensor'} {list(shape)} {dtype} in {buffer.value}"
-        alloc = on_chip_allocation(run, buffer, shape, dtype, what)
+        alloc = on_chip_allocation(run, buffer, shape[block_dims:], dtype, what)
     if buffer is MemoryRegion.shared_hbm:  # one storage for all logical cores of the launch
         run.shared_hbm_created += 1
         data = run.launch.shared_tensor(

@@ -82,10 +82,11 @@ def access(tensor: Any) -> Access | None:
         storage, offsets = tensor.storage, tensor.offsets
         # On-chip storage is freed and recreated during a run: its allocation's serial
         # number names it (negated: never an id); HBM tensors live for the whole run.
-        key = -storage.allocations[0].serial if storage.allocations else id(storage)
+        allocation = storage.tensor.allocation
+        key = -allocation.serial if allocation is not None else id(storage.tensor.root)
         blocks = min(tensor.block_dims, offsets.ndim - 1)
         partitions = offsets.shape[blocks] if offsets.ndim else 1
-        memory, dtype = _memory(storage.buffer), storage.dtype
+        memory, dtype = _memory(tensor.buffer), tensor.dtype
         runs = 1
         if memory == "hbm" and offsets.ndim > 1:  # only DMAs price an HBM view's pieces
             runs = _runs(offsets[(0,) * (blocks + 1)])

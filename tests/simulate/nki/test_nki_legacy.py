@@ -541,6 +541,38 @@ def test_load_transpose2d_and_dma_copy():
     np.testing.assert_allclose(run(kernel, x), 2 * x.T, rtol=1e-6)
 
 
+def test_data_movement_runs_the_core_instructions():
+    """nl.load/store run the core DMA and nl.copy/assignment the core tensor_copy: int32
+    values beyond float32's 24-bit mantissa move and copy exactly (a bit copy), and the
+    counters are the current generation's for the same transfers."""
+    big = np.array([[2**24 + 1, -(2**30) - 3, 7]] * 4, np.int32)
+
+    def kernel(x):
+        tile = nl.load(x)
+        copied = nl.copy(tile)
+        assigned = nl.ndarray(x.shape, dtype=x.dtype)
+        assigned[...] = copied
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, assigned)
+        return out
+
+    np.testing.assert_array_equal(run(kernel, big), big)
+    counters = last_counters()
+    assert counters["hbm_to_sbuf_bytes"] == big.nbytes == counters["sbuf_to_hbm_bytes"]
+    assert counters["dma_transfers"] == 2
+    assert counters["vector_instructions"] == 2
+
+
+def test_a_dtype_view_of_an_immutable_parameter_is_immutable():
+    @nki.jit
+    def writes_through_a_view(x):
+        nl.store(x.view(nl.int32), nl.zeros((2, 3), nl.int32))
+        return x
+
+    with pytest.raises(errors.ErrCannotUpdateImmutableParameter):
+        writes_through_a_view(np.zeros((2, 3), np.float32))
+
+
 def test_affine_select_causal_mask():
     def kernel(a):
         i_p, i_f = nl.mgrid[0:4, 0:4]
@@ -729,6 +761,19 @@ def test_atomic_rmw_applies_repeated_indices():
     expected = x.copy()
     np.add.at(expected, idx[:, 0], value)
     np.testing.assert_allclose(run(kernel, x, idx, value), expected, rtol=1e-6)
+
+
+def test_atomic_rmw_leaves_the_rest_of_the_tensor_exact():
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        nl.atomic_rmw(out[0:1, 0:1], value=1, op=np.add)
+        return out
+
+    x = np.full((2, 3), 2**24 + 1, np.int32)
+    expected = x.copy()
+    expected[0, 0] += 1  # float32 accumulation: 2**24 + 2 is exact
+    np.testing.assert_array_equal(run(kernel, x), expected)
 
 
 def test_dma_transpose_permutations():

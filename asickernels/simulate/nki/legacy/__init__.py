@@ -48,7 +48,6 @@ from asickernels.simulate.nki.legacy import compiler, isa, language, spmd, typin
 from asickernels.simulate.nki.legacy.tile import Tensor, argument
 from asickernels.simulate.nki.legacy.tile import Tensor as tensor  # the SDK's nki.tensor
 from asickernels.simulate.nki.runtime import last_counters
-from asickernels.simulate.nki.tensor import MemoryRegion
 
 __all__ = [
     "Kernel",
@@ -257,8 +256,7 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_unwrap(v) for v in value)
     if isinstance(value, Tensor):
-        storage = value.storage
-        if storage.buffer in (MemoryRegion.sbuf, MemoryRegion.psum):
+        if value.on_chip:
             # Legacy kernels may return any HBM tensor (nki.simulate_kernel's own example
             # returns an nl.hbm one); the SDK's simulator also returns an on-chip tile's
             # values (nki/test/test_nki_isa_range_select.py@81ce03a), which a device would not.

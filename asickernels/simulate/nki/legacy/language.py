@@ -61,6 +61,7 @@ from asickernels.simulate.nki.legacy import spmd
 from asickernels.simulate.nki.legacy.tile import (
     IndexGrid,
     Mask,
+    Storage,
     Tensor,
     allocate,
     arange,
@@ -69,7 +70,14 @@ from asickernels.simulate.nki.legacy.tile import (
     mgrid,
     par_dim,
 )
-from asickernels.simulate.nki.tensor import DTYPES, MemoryRegion, is_float, is_hbm, nki_dtype
+from asickernels.simulate.nki.tensor import (
+    DTYPES,
+    MemoryRegion,
+    NkiTensor,
+    is_float,
+    is_hbm,
+    nki_dtype,
+)
 
 __all__ = [
     "IndexGrid",
@@ -518,7 +526,6 @@ def ndarray(
                 f"shared_hbm tensor {name or list(shape)} created in {caller.co_name}, not at "
                 "the top level of the kernel"
             )
-        return spmd.shared_output(lambda: allocate(shape, dtype, buffer, name, "ndarray"))
     return allocate(shape, dtype, buffer, name, "ndarray")
 
 
@@ -562,13 +569,11 @@ def empty_like(
 
 
 def shared_constant(constant: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
-    """A constant HBM tensor holding ``constant`` (cast to ``dtype``), e.g. to ``nl.load``."""
-    runtime.active_run("shared_constant")
+    """A constant HBM tensor holding ``constant`` (cast to ``dtype``), e.g. to ``nl.load``:
+    the core ``shared_constant``."""
     values = np.asarray(constant)
-    out_dtype = nki_dtype(dtype if dtype is not None else values.dtype)
-    tile = allocate(values.shape, out_dtype, MemoryRegion.shared_hbm, "constant", "shared_constant")
-    tile.storage.array[...] = alu.cast(values, out_dtype)
-    return tile
+    cast = values if dtype is None else alu.cast(values, nki_dtype(dtype))
+    return Tensor.whole(Storage(core_language.shared_constant(cast)))
 
 
 def shared_identity_matrix(n: int, dtype: Any = uint8, **kwargs: Any) -> Tensor:
@@ -576,57 +581,52 @@ def shared_identity_matrix(n: int, dtype: Any = uint8, **kwargs: Any) -> Tensor:
     return shared_constant(np.identity(int(n)), dtype)
 
 
-# -- data movement -------------------------------------------------------------------------
+# -- data movement: the core DMA and copy instructions, after this generation's index grids,
+# masks and broadcasting are resolved ------------------------------------------------------
 def load(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
-    """A new SBUF tile with the values of the HBM view ``src`` (a DMA)."""
-    run = runtime.active_run("load")
+    """A new SBUF tile with the values of the HBM view ``src``: the core ``nisa.dma_copy``."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction adapter
+
     require_tile("load", "src", src, HBM)
-    where = mask_values("load", mask, src.shape)
-    check_in_bounds("load", src, where)
     out_dtype = nki_dtype(dtype) if dtype is not None else src.dtype
-    out = new_tile(src.shape, out_dtype, "load")
-    if out.shape[0] > runtime.PMAX:
-        raise errors.NumPartitionExceedArchLimit(
-            f"'load' of {src!r}: size of partition dimension {out.shape[0]} exceeds "
-            f"architecture limitation of {runtime.PMAX}"
-        )
-    out.write(_dma(src, out_dtype), where, "load")
-    run.count_dma(True, False, src.size * src.itemsize, "load", (src,), (out,))
-    return out
-
-
-def _dma(src: Tensor, dtype: np.dtype[Any]) -> np.ndarray:
-    if runtime.values_skipped():  # trace-only: every value is zero
-        return np.zeros(src.shape, dtype)
-    values = src.read()
-    return values if values.dtype == dtype else values.astype(np.float32)
+    return isa._run_core("load", core_isa.dma_copy, src.shape, out_dtype, mask, src=src)
 
 
 def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
-    """Writes ``value`` (an SBUF or PSUM tile, or a scalar) into the HBM view ``dst``; a tile
-    broadcasts partition-first to ``dst``'s shape."""
-    run = runtime.active_run("store")
-    require_tile("store", "dst", dst, HBM)
-    where = mask_values("store", mask, dst.shape)
+    """Writes ``value`` (an SBUF or PSUM tile, or a scalar) into the HBM view ``dst``: the
+    core ``nisa.dma_copy``; a tile broadcasts partition-first to ``dst``'s shape."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction adapter
+
+    api = "store"
+    runtime.active_run(api)
+    require_tile(api, "dst", dst, HBM)
     if isinstance(value, Tensor):
-        require_tile("store", "value", value, ON_CHIP)
+        require_tile(api, "value", value, ON_CHIP)
         if value.shape[0] == dst.shape[0] and value.size == dst.size:
             # A DMA moves the elements in order: AWS's tests store a [128, 64, 4] result
             # into a [128, 4, 16, 4] tensor (nki/test/test_nki_isa_local_gather.py@81ce03a)
             # and a [1, 1] tile into ``out_dsinks_ref[b, h]`` of shape [1]
             # (nki-samples attention.py@8370e11, flash_attn_bwd).
             value = value.reshape(dst.shape)
-        shape = broadcast_shape("store", [dst.shape, value.shape])
-        if shape != dst.shape:
-            raise errors.StoreDstShapeSmallerThanOtherShape(
-                f"'store' of {value!r} into {dst!r}: the destination is smaller"
-            )
-        checked_inputs("store", {"value": value}, shape, where)
-        values = expand(_dma(value, dst.dtype), shape)
-    else:
-        values = np.full(dst.shape, value)
-    dst.write(values, where, "store")
-    run.count_dma(False, True, dst.size * dst.itemsize, "store", (value,), (dst,))
+        source = _broadcast_source(api, value, dst, mask_values(api, mask, dst.shape))
+    else:  # a scalar: the values the DMA delivers, already in dst's dtype
+        values = alu.cast(np.full(dst.shape, value), dst.dtype)
+        source = NkiTensor(values, dst.dtype, sbuf, None)
+    isa._run_core(api, core_isa.dma_copy, dst.shape, dst.dtype, mask, dst, reads=(value,),
+                  src=source)  # fmt: skip
+
+
+def _broadcast_source(api: str, value: Tensor, dst: Tensor, where: np.ndarray | None) -> NkiTensor:
+    """The on-chip tile ``value`` broadcast partition-first to ``dst``'s shape, as the core
+    operand of a copy into ``dst`` (its reads under ``where`` checked in bounds)."""
+    shape = broadcast_shape(api, [dst.shape, value.shape])
+    if shape != dst.shape:
+        raise errors.StoreDstShapeSmallerThanOtherShape(
+            f"Illegal assignment destination shape in '{api}': shape {list(dst.shape)} of "
+            f"the destination is smaller than the value's shape {list(value.shape)}"
+        )
+    checked_inputs(api, {"value": value}, shape, where)
+    return NkiTensor(expand(value.read(), shape), value.dtype, sbuf, None)
 
 
 def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: Any) -> None:
@@ -647,9 +647,11 @@ def atomic_rmw(dst: Tensor, value: Any, op: Any, *, mask: Any = None, **kwargs: 
     else:
         values = np.full(dst.shape, np.float32(value))
     selected = np.ones(dst.shape, np.bool_) if where is None else np.array(where)
+    offsets = dst.offsets[selected]
     totals = dst.storage.flat.astype(np.float64)
-    np.add.at(totals, dst.offsets[selected], np.broadcast_to(values, dst.shape)[selected])
-    dst.storage.flat[...] = alu.cast(totals.astype(np.float32), dst.dtype)
+    np.add.at(totals, offsets, np.broadcast_to(values, dst.shape)[selected])
+    touched = np.unique(offsets)  # the rest of the storage is not rewritten (nor rounded)
+    dst.storage.flat[touched] = alu.cast(totals[touched].astype(np.float32), dst.dtype)
     run.count_dma(False, True, dst.size * dst.itemsize, api, (value, dst), (dst,))
 
 
@@ -676,9 +678,13 @@ def gather_flattened(data: Tensor, indices: Tensor, *, mask: Any = None, dtype: 
 
 
 def copy(src: Any, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
-    """A new SBUF tile with the values of the on-chip tile ``src``."""
-    dtype = dtype if dtype is not None else getattr(src, "dtype", None)
-    return compute("copy", lambda v: v, {"src": src}, dtype, mask)
+    """A new SBUF tile with the values of the on-chip tile ``src``: the core
+    ``nisa.tensor_copy`` (Vector engine; a bit copy for the same dtype)."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction adapter
+
+    tile = require_tile("copy", "src", src, ON_CHIP)
+    out_dtype = nki_dtype(dtype) if dtype is not None else tile.dtype
+    return isa._run_core("copy", core_isa.tensor_copy, tile.shape, out_dtype, mask, src=tile)
 
 
 class LoopReduction:
@@ -708,30 +714,24 @@ def loop_reduce(
 
 def assign(dst: Tensor, value: Any) -> None:
     """``dst[...] = value``: writes a tile (broadcast from source to destination) or a scalar
-    into an on-chip view (a Vector-engine copy); a :class:`LoopReduction` combines into it."""
+    into an on-chip view: the core ``nisa.tensor_copy`` or ``nisa.memset`` (Vector engine); a
+    :class:`LoopReduction` combines into it."""
+    from asickernels.simulate.nki.legacy import isa  # the instruction adapter
+
     api = "assign"
-    run = runtime.active_run(api)
+    runtime.active_run(api)
     require_tile(api, "dst", dst, ON_CHIP)
     if isinstance(value, LoopReduction):
         reduced = compute("loop_reduce", value.function, {"dst": dst, "x": value.x},
                           value.dtype or dst.dtype, value.mask)  # fmt: skip
         dst.write(reduced.read(), mask_values(api, value.mask, dst.shape), api)
-        return
-    if isinstance(value, Tensor):
+    elif isinstance(value, Tensor):
         require_tile(api, "value", value, ON_CHIP)
-        shape = broadcast_shape(api, [dst.shape, value.shape])
-        if shape != dst.shape:
-            raise errors.StoreDstShapeSmallerThanOtherShape(
-                f"Illegal assignment destination shape in 'a = b': shape {list(dst.shape)} of "
-                f"parameter 'a' is smaller than other parameter shapes b{list(value.shape)}"
-            )
-        checked_inputs(api, {"value": value}, shape, None)
-        same = value.dtype == dst.dtype
-        values = expand(value.read() if same else as_f32(value), shape)
+        source = _broadcast_source(api, value, dst, None)
+        isa._run_core(api, core_isa.tensor_copy, dst.shape, dst.dtype, None, dst,
+                      reads=(value,), src=source)  # fmt: skip
     else:
-        values = np.full(dst.shape, value)
-    dst.write(values, None, api)
-    run.count("vector", api, (value,), (dst,))
+        isa._run_core(api, core_isa.memset, dst.shape, dst.dtype, None, dst, value=value)
 
 
 def accumulate(dst: Tensor, value: Tensor) -> None:

@@ -2,7 +2,7 @@
 point, serially as nested loops on one NeuronCore (general/nki/programming_model.rst, "SPMD
 programming model"), each reading its coordinates with ``nl.program_id``. ``shared_hbm``
 outputs are shared by all programs: the n-th one a program creates is the n-th the first
-program created."""
+program created, as the core allocator shares them between the logical cores of a launch."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import dataclasses
 import itertools
 import math
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from asickernels.simulate.nki import errors
+from asickernels.simulate.nki import errors, runtime
 
 
 @dataclasses.dataclass
@@ -23,8 +23,6 @@ class Launch:
     code: types.CodeType | None  # the kernel function's code: its frame is the top level
     grid: tuple[int, ...]
     program: tuple[int, ...] = ()
-    shared: list[Any] = dataclasses.field(default_factory=list)
-    created: int = 0  # shared_hbm tensors the current program has created
 
 
 _launch: Launch | None = None
@@ -37,8 +35,10 @@ def _active(api: str) -> Launch:
 
 
 def programs(code: types.CodeType | None, grid: tuple[int, ...]) -> Iterator[None]:
-    """Sets up the launch and steps through its programs (row-major grid order)."""
+    """Sets up the launch and steps through its programs (row-major grid order) in the
+    active run."""
     global _launch
+    run = runtime.active_run("kernel")
     for size in grid:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"SPMD launch grid sizes must be positive integers, got {grid}")
@@ -46,7 +46,7 @@ def programs(code: types.CodeType | None, grid: tuple[int, ...]) -> Iterator[Non
     try:
         for program in itertools.product(*(range(size) for size in grid)):
             _launch.program = program
-            _launch.created = 0
+            run.shared_hbm_created = 0  # its n-th shared_hbm tensor is the launch's n-th
             yield
     finally:
         _launch = None
@@ -54,17 +54,6 @@ def programs(code: types.CodeType | None, grid: tuple[int, ...]) -> Iterator[Non
 
 def kernel_code() -> types.CodeType | None:
     return None if _launch is None else _launch.code
-
-
-def shared_output(create: Callable[[], Any]) -> Any:
-    """The next ``shared_hbm`` tensor of this program: new in the first program, the same
-    tensor in the others."""
-    launch = _active("ndarray")
-    index = launch.created
-    launch.created += 1
-    if index == len(launch.shared):
-        launch.shared.append(create())
-    return launch.shared[index]
 
 
 def program_id(axis: int) -> int:

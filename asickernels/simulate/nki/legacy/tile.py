@@ -7,7 +7,13 @@ indexing that offset array. Accesses an index grid takes outside the tensor are 
 rather than refused at once, because a ``mask=`` may exclude them ("out-of-bound access can
 be avoided by providing a proper mask", general/nki/api/nki.errors.rst,
 err_tensor_access_out_of_bound); the instruction that uses the view checks that.
-Storage is accounted in the core simulator's run (SBUF/PSUM capacity, counters).
+Offsets rather than the core's strided views, because index grids may repeat elements
+(``broadcast_to``), read run-time indices from a tile (indirect DMA) and reach outside the
+tensor under a mask: none of these is a NumPy strided view.
+
+The storage is the core's: a whole core tensor from the core allocator (SBUF/PSUM capacity,
+counters), and the index rules both generations share (ellipsis, integer and slice bounds)
+are the core's functions.
 """
 
 from __future__ import annotations
@@ -30,12 +36,16 @@ from asickernels.simulate.nki.tensor import (
     UNINITIALISED_FLOAT,
     UNINITIALISED_INT,
     MemoryRegion,
+    NkiTensor,
+    checked_index,
+    checked_slice,
+    expand_ellipsis,
     is_float,
     is_hbm,
     nki_dtype,
-    on_chip_allocation,
-    storage_shape,
+    wrap_argument,
 )
+from asickernels.simulate.nki.tensor import allocate as core_allocate
 
 
 class par_dim(int):  # the SDK's (lowercase) name
@@ -248,46 +258,32 @@ def mask_values(api: str, mask: Any, shape: tuple[int, ...]) -> np.ndarray | Non
 
 # -- storage and views --------------------------------------------------------------------
 class Storage:
-    """The memory behind a tensor and all its views."""
+    """The memory behind a legacy tensor and all its views: a whole core :class:`NkiTensor`
+    from the core allocator (one storage object and one SBUF/PSUM accounting for both
+    generations), plus the state only the legacy API keeps."""
 
-    __slots__ = (
-        "allocations",
-        "array",
-        "block_dims",
-        "buffer",
-        "compiler_placed",
-        "dtype",
-        "flat",
-        "name",
-        "read_only",
-        "written",
-    )
+    __slots__ = ("block_dims", "compiler_placed", "flat", "read_only", "tensor", "written")
 
-    def __init__(
-        self,
-        array: np.ndarray,
-        buffer: MemoryRegion,
-        name: str,
-        block_dims: int = 0,
-        allocations: Sequence[runtime.Allocation] = (),
-        read_only: bool = False,
-    ) -> None:
-        self.array = array
-        self.flat = array.reshape(-1)  # a view: storage is created C-contiguous
-        self.dtype = array.dtype
-        self.buffer = buffer
-        self.name = name
+    def __init__(self, tensor: NkiTensor, block_dims: int = 0, read_only: bool = False) -> None:
+        self.tensor = tensor
+        self.flat = tensor.data.reshape(-1)  # a view: storage is created C-contiguous
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
-        self.allocations = tuple(allocations)  # released when the storage is collected
         self.read_only = read_only  # an immutable kernel parameter
         self.compiler_placed = False  # an instruction's result: the compiler places it
         # PSUM: which elements hold a value (a first matmul accumulation overwrites the rest)
-        self.written = np.zeros(array.size, np.bool_) if buffer is MemoryRegion.psum else None
+        psum = tensor.buffer is MemoryRegion.psum
+        self.written = np.zeros(self.flat.size, np.bool_) if psum else None
+
+    def core_view(self, data: np.ndarray) -> NkiTensor:
+        """``data``, a NumPy view of this storage, as a core tensor view."""
+        core = self.tensor
+        return NkiTensor(data, core.dtype, core.buffer, core.allocation, core.name,
+                         core.is_argument, root=core.data)  # fmt: skip
 
     def check_writable(self, api: str) -> None:
         if self.read_only:
             raise ErrCannotUpdateImmutableParameter(
-                f"'{api}' writes kernel parameter {self.name}, which is immutable: annotate it "
+                f"'{api}' writes kernel parameter {self.tensor.name}, which is immutable: annotate it "
                 "nt.mutable_tensor (and return it), or write a new nl.shared_hbm tensor"
             )
 
@@ -295,39 +291,21 @@ class Storage:
 def allocate(
     shape: Sequence[int], dtype: Any, buffer: MemoryRegion, name: str, api: str, fill: Any = None
 ) -> Tensor:
-    """New storage of ``shape`` (``par_dim`` marks the partition dim; the SBUF/PSUM bytes per
-    partition are counted against the target's capacity)."""
-    run = runtime.active_run(api)
-    dtype = nki_dtype(dtype)
-    dims = storage_shape(api, shape, buffer)
+    """New storage of ``shape`` from the core allocator (``par_dim`` marks the partition
+    dim; the dimensions before it are block dimensions)."""
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     block_dims = marked[0] if marked else 0
-    allocations: list[runtime.Allocation] = []
-    if not is_hbm(buffer):
-        what = f"{name or 'tensor'} {list(dims)} {dtype} in {buffer.value}"
-        # Block dimensions are logical: "the physical tiles may not be alive in the memory
-        # simultaneously ... at the very minimum, only 1 physical tile needs to be alive"
-        # (general/nki/nki_block_dimension_migration_guide.rst). One tile is counted.
-        allocations = [on_chip_allocation(run, buffer, dims[block_dims:], dtype, what)]
-    initialised = fill is not None
-    if not initialised:
-        fill = UNINITIALISED_FLOAT if is_float(dtype) else UNINITIALISED_INT
-    storage = Storage(np.full(dims, fill, dtype), buffer, name, block_dims, allocations)
-    if storage.written is not None and initialised:
+    storage = Storage(
+        core_allocate(shape, dtype, buffer, name, api, fill, block_dims=block_dims), block_dims
+    )
+    if storage.written is not None and fill is not None:
         storage.written[:] = True
     return Tensor.whole(storage)
 
 
 def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
     """A kernel argument in HBM viewing the caller's (C-contiguous) array."""
-    try:
-        nki_dtype(array.dtype)
-    except errors.UnsupportedDtype as error:
-        raise errors.UnsupportedDtype(f"kernel argument {position}: {error}") from None
-    if array.ndim == 0 or array.size == 0:
-        raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
-    storage = Storage(array, MemoryRegion.private_hbm, position, read_only=not writable)
-    return Tensor.whole(storage)
+    return Tensor.whole(Storage(wrap_argument(array, position), read_only=not writable))
 
 
 def _grid_range(grid: IndexGrid, axis: int, ndim: int, size: int) -> slice | None:
@@ -365,6 +343,7 @@ class Tensor:
 
     __slots__ = (
         "block_dims",
+        "core",
         "dynamic",
         "offsets",
         "out_of_bounds",
@@ -391,14 +370,30 @@ class Tensor:
         # Run-time indexed views: each element's storage offset before clipping (the offset an
         # out-of-bounds access reports).
         self.unclipped: np.ndarray | None = None
+        # The same elements as a core (strided) view of the storage, where slices and
+        # integers made this view: what values are read and written through.
+        self.core: NkiTensor | None = None
 
-    def _derived(self, offsets: np.ndarray, oob: np.ndarray | None, repeats: bool) -> Tensor:
-        return Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
+    def _derived(
+        self,
+        offsets: np.ndarray,
+        oob: np.ndarray | None,
+        repeats: bool,
+        core: np.ndarray | None = None,
+    ) -> Tensor:
+        """A view of the same storage; ``core``: its elements as a NumPy view of the storage
+        (of ``offsets``' shape), where this view is strided."""
+        view = Tensor(self.storage, offsets, 0, oob, repeats, self.dynamic)
+        if core is not None and core.shape == offsets.shape:
+            view.core = self.storage.core_view(core)
+        return view
 
     @classmethod
     def whole(cls, storage: Storage) -> Tensor:
-        offsets = _offsets(storage.array.size).reshape(storage.array.shape)
-        return cls(storage, offsets, storage.block_dims)
+        offsets = _offsets(storage.flat.size).reshape(storage.tensor.shape)
+        tensor = cls(storage, offsets, storage.block_dims)
+        tensor.core = storage.tensor
+        return tensor
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -415,23 +410,23 @@ class Tensor:
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self.storage.dtype
+        return self.storage.tensor.dtype
 
     @property
     def itemsize(self) -> int:
-        return int(self.storage.dtype.itemsize)
+        return int(self.dtype.itemsize)
 
     @property
     def buffer(self) -> MemoryRegion:
-        return self.storage.buffer
+        return self.storage.tensor.buffer
 
     @property
     def on_chip(self) -> bool:
-        return not is_hbm(self.storage.buffer)
+        return not is_hbm(self.buffer)
 
     def __repr__(self) -> str:
         return (
-            f"Tensor({self.storage.name or '?'}: {list(self.shape)} {self.dtype} in "
+            f"Tensor({self.storage.tensor.name or '?'}: {list(self.shape)} {self.dtype} in "
             f"{self.buffer.value})"
         )
 
@@ -455,8 +450,9 @@ class Tensor:
         sentinel; an instruction may only read them under a mask that excludes them)."""
         if runtime.values_skipped():  # trace-only: every value reads as zero
             return np.zeros(self.shape, self.dtype)
-        offsets = self.offsets
-        values = self.storage.flat[offsets]
+        if self.core is not None:
+            return self.core.data.copy()
+        values = self.storage.flat[self.offsets]
         if self.out_of_bounds is not None and self.out_of_bounds.any():
             fill = UNINITIALISED_FLOAT if is_float(self.dtype) else UNINITIALISED_INT
             values[self.out_of_bounds] = fill
@@ -470,6 +466,17 @@ class Tensor:
         if where is None and not self.repeats and runtime.values_skipped():
             if self.storage.written is not None:  # trace-only: only what is written
                 self.storage.written[self.offsets] = True
+            return
+        if self.core is not None and not self.repeats:  # a strided view: no offsets needed
+            if not runtime.values_skipped():
+                cast = np.broadcast_to(alu.cast(np.asarray(values), self.dtype), self.shape)
+                target = self.core.data
+                if where is None:
+                    target[...] = cast
+                else:
+                    target[where] = cast[where]
+            if self.storage.written is not None:
+                self.storage.written[self.offsets if where is None else self.offsets[where]] = True
             return
         selected = np.ones(self.shape, np.bool_) if where is None else np.array(where)
         offsets = self.offsets[selected]
@@ -507,22 +514,13 @@ class Tensor:
                     f"block index {i} on dimension {axis} of {self!r} (size {size})"
                 )
         oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
-        view = self._derived(self.offsets[index], oob, self.repeats)
+        core = None if self.core is None else self.core.data[index]
+        view = self._derived(self.offsets[index], oob, self.repeats, core)
         view.block_dims = self.block_dims - len(index)
         return view
 
     def _index(self, keys: list[Any]) -> Tensor:
-        ellipses = [i for i, k in enumerate(keys) if k is Ellipsis]  # no ==: grids compare
-        if len(ellipses) > 1:
-            raise TypeError("an index can have only one Ellipsis")
-        explicit = len(keys) - len(ellipses)
-        if explicit > self.ndim:
-            raise errors.TensorAccessOutOfBound(
-                f"{explicit} indices for {self!r} with {self.ndim} dimensions"
-            )
-        if ellipses:
-            at = ellipses[0]
-            keys[at : at + 1] = [slice(None)] * (self.ndim - explicit)
+        keys = expand_ellipsis(self, keys)
         keys = [_dynamic_indices(k) if isinstance(k, Tensor) else k for k in keys]
         first = keys[0] if keys else None
         # A [P, 1] index tile on the first axis holds one index per partition, whatever the
@@ -567,13 +565,9 @@ class Tensor:
                 numpy_key.append(np.clip(k.values, 0, size - 1))
                 shifts.append((k.values - numpy_key[-1]) * self._stride(axis))
             elif isinstance(k, slice):
-                numpy_key.append(_checked_slice(self, axis, k, size))
+                numpy_key.append(checked_slice(self, axis, k, size))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                i = int(k) + size if int(k) < 0 else int(k)
-                if not 0 <= i < size:
-                    raise errors.TensorAccessOutOfBound(
-                        f"index {int(k)} on dimension {axis} of {self!r} (size {size})"
-                    )
+                i = checked_index(self, axis, k, size)
                 keep_partition = axis == 0 and self.on_chip and not grids
                 numpy_key.append(slice(i, i + 1) if keep_partition else i)
             else:
@@ -594,7 +588,11 @@ class Tensor:
             # an activation bias, ``m_buffer[:, 0]`` assigned a [P, 1] tile).
             offsets = offsets[:, None]
             oob = None if oob is None else oob[:, None]
-        view = self._derived(offsets, oob, self.repeats or grids)
+        core = None
+        if self.core is not None and not grids:  # slices and integers: a strided view
+            core = self.core.data[tuple(numpy_key)]
+            core = core[:, None] if core.ndim < offsets.ndim else core
+        view = self._derived(offsets, oob, self.repeats or grids, core)
         view.dynamic = self.dynamic or dynamic
         if view.dynamic and oob is not None:
             view.unclipped = offsets + sum(np.broadcast_to(d, offsets.shape) for d in shifts)
@@ -617,7 +615,7 @@ class Tensor:
                 start = 0 if k.start is None else int(k.start)
                 stop = self.shape[axis] if k.stop is None else int(k.stop)
                 if step < 1 or start < 0 or stop <= start:
-                    _checked_slice(self, axis, k, self.shape[axis])  # raises
+                    checked_slice(self, axis, k, self.shape[axis])  # raises
                 values = np.arange(start, stop, step)
             else:
                 values = np.array([int(k)])
@@ -661,7 +659,10 @@ class Tensor:
                 f"reshape of {self!r} to {dims} would change its partition axis"
             )
         oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
-        return self._derived(self.offsets.reshape(dims), oob, self.repeats)
+        core = None if self.core is None else self.core.data.reshape(dims)
+        if core is not None and not np.may_share_memory(core, self.storage.flat):
+            core = None  # the layout needs a copy: not a view
+        return self._derived(self.offsets.reshape(dims), oob, self.repeats, core)
 
     def expand_dims(self, axis: int) -> Tensor:
         """Inserts a size-1 dimension at ``axis`` (not in front of an on-chip partition axis)."""
@@ -670,7 +671,8 @@ class Tensor:
                 f"expand_dims(0) on {self!r} would move its partition axis"
             )
         oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
-        return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats)
+        core = None if self.core is None else np.expand_dims(self.core.data, axis)
+        return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats, core)
 
     def view(self, dtype: Any) -> Tensor:
         """The same bytes reinterpreted as ``dtype`` of the same size (no copy)."""
@@ -680,8 +682,9 @@ class Tensor:
                 f"view of {self!r} as {new}: only dtypes of the same size ({self.itemsize} bytes)"
             )
         old = self.storage
-        storage = Storage(old.array.view(new), old.buffer, old.name, old.block_dims)
-        storage.allocations = old.allocations  # the same memory: counted once
+        core = old.tensor  # the same memory (and allocation: counted once) as ``new``
+        viewed = NkiTensor(core.data.view(new), new, core.buffer, core.allocation, core.name)
+        storage = Storage(viewed, old.block_dims, old.read_only)
         storage.written = old.written
         storage.compiler_placed = old.compiler_placed
         return Tensor(storage, self.offsets, self.block_dims, self.out_of_bounds, self.repeats,
@@ -831,22 +834,6 @@ def _overhangs(key: Any, size: int) -> bool:
     if not isinstance(key, slice) or key.stop is None or int(key.stop) <= size:
         return False
     return 0 <= (0 if key.start is None else int(key.start)) < size
-
-
-def _checked_slice(tensor: Tensor, axis: int, k: slice, size: int) -> slice:
-    step = 1 if k.step is None else int(k.step)
-    start = 0 if k.start is None else int(k.start)
-    stop = size if k.stop is None else int(k.stop)
-    start += size if start < 0 else 0
-    stop += size if stop < 0 else 0
-    if step < 1:
-        raise errors.TensorAccessOutOfBound(f"slice step {step} on {tensor!r}: steps must be >= 1")
-    if not 0 <= start < stop <= size:
-        raise errors.TensorAccessOutOfBound(
-            f"index range [{start}, {stop - 1}] on dimension {axis} of {tensor!r} exceeds its "
-            f"size {size}"
-        )
-    return slice(start, stop, step)
 
 
 def check_in_bounds(api: str, tensor: Tensor, where: np.ndarray | None) -> None:
