@@ -6,6 +6,20 @@ has IoU 0 with every box. Greedy NMS visits eligible boxes (score not NaN and
 ``>= score_threshold``) by descending score, equal scores by ascending index, and keeps a
 box unless its IoU with an already kept box of the same category is strictly greater than
 ``iou_threshold``; it stops after ``max_output_size`` boxes.
+
+Where NMS is written, so what a change edits:
+
+* its computation: this file (the reference and the doc), each backend's kernel
+  (``backends/xla/nms.py``, ``backends/pallas_tpu/nms.py``, ``backends/nki/nms.py``,
+  ``backends/cpu/csrc/nms.cpp``, ``backends/gpsimd/csrc/nms.cpp``) and the cases that show
+  the change (:mod:`asickernels.kernels.nms_cases`);
+* a new argument, also: the declaration's parameters and checks here, each backend's ``nms``
+  signature (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++
+  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature), and
+  the frontends written out by hand: ``asickernels/torch/__init__.py``,
+  ``backends/xla_spmd/jax_spmd.py``, ``backends/xla_spmd/torch_xla_spmd.py`` (and
+  ``asickernels/torch/vision.py`` where torchvision's signature has it). The torch operator
+  schema and the torch_xla kernels are generated from the declaration.
 """
 
 from __future__ import annotations
