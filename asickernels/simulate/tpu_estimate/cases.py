@@ -260,12 +260,3 @@ def giou_case(pairs: int, backend: str, gradient: bool) -> Case:
         shape=f"P={pairs}",
         work=roofline.giou(pairs, gradient=gradient),
     )
-
-
-# Ours and plain XLA side by side: on TPU v5e the seed found jitted JAX slightly faster
-# than its Pallas GIOU; `backend=None` picks Pallas on TPUs, so this should say otherwise.
-GIOU_CASES = tuple(
-    giou_case(GIOU_PAIRS, backend, gradient)
-    for gradient in (False, True)
-    for backend in ("pallas_tpu", "xla")
-)
