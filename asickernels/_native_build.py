@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 BUILD_TIMEOUT_SECONDS = 600
@@ -196,25 +196,42 @@ def build(
     files = sorted({*map(Path, sources), *map(Path, headers)})
     key = source_digest(files, cxx, compiler_version(cxx), host_cpu(), *all_flags)
     target = cache_dir() / f"{name}-{key}{'-sanitized' if sanitize else ''}.so"
-    if target.exists():
-        return target
-    handle, temporary = tempfile.mkstemp(prefix=f"{target.stem}.", suffix=".tmp", dir=target.parent)
-    os.close(handle)
     command = [cxx, *all_flags]
     for directory in include_dirs:
         command += ["-isystem", str(directory)]
-    command += [*map(str, sources), "-o", temporary]
+    command += [*map(str, sources), "-o"]
+    return build_atomically(target, lambda output: run_compiler([*command, output], name))
+
+
+def run_compiler(
+    command: Sequence[str], what: str, error: type[Exception] = NativeBuildError
+) -> None:
+    """Runs a compiler ``command`` building ``what``.
+
+    Raises:
+      error: it failed (the message has the command and the compiler's output) or took
+        longer than :data:`BUILD_TIMEOUT_SECONDS`.
+    """
     try:
-        try:
-            result = subprocess.run(
-                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS
-            )
-        except subprocess.TimeoutExpired:
-            raise NativeBuildError(f"building {name} timed out: {' '.join(command)}") from None
-        if result.returncode != 0:
-            raise NativeBuildError(
-                f"building {name} failed:\n$ {' '.join(command)}\n{result.stderr[-8000:]}"
-            )
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        raise error(f"building {what} timed out: {' '.join(command)}") from None
+    if result.returncode != 0:
+        raise error(f"building {what} failed:\n$ {' '.join(command)}\n{result.stderr[-8000:]}")
+
+
+def build_atomically(target: Path, build: Callable[[str], None]) -> Path:
+    """``target``, built by ``build(temporary_path)`` unless it exists, the result renamed
+    into place: safe when several processes build the same target at once."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f"{target.stem}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        build(temporary)
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):

@@ -28,9 +28,8 @@ y_scale[None, :]`` rounded once to ``out_dtype``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+import numpy.typing as npt
 
 from asickernels.kernels.registry import FLOAT32_AND_64, Availability, Backend
 
@@ -40,20 +39,19 @@ BACKEND = Backend(
     name="reference",
     array_kind="numpy",
     probe=lambda: Availability("native", "numpy, float64"),
-    description="the numerical reference: numpy in float64, the definition of every op",
     package=__name__,
 )
 
 Array = np.ndarray
 
 
-def _planes(boxes: Any) -> tuple[Array, Array, Array, Array]:
+def _planes(boxes: npt.ArrayLike) -> tuple[Array, Array, Array, Array]:
     b = np.asarray(boxes).astype(np.float64)
     return b[..., 0], b[..., 1], b[..., 2], b[..., 3]
 
 
 @BACKEND.implements("giou", dtypes=FLOAT32_AND_64)
-def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def giou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """GIOU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     x1, y1, x2, y2 = _planes(boxes1)
     u1, v1, u2, v2 = _planes(boxes2)
@@ -67,7 +65,7 @@ def giou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
 
 @BACKEND.implements("giou_vjp", dtypes=FLOAT32_AND_64)
 def giou_vjp(
-    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[Array, Array]:
     """Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` w.r.t. both box arrays (float64)."""
     x1, y1, x2, y2 = _planes(boxes1)
@@ -129,7 +127,13 @@ def giou_vjp(
     return d1, d2
 
 
-def giou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
+def giou_loss(
+    preds: npt.ArrayLike,
+    targets: npt.ArrayLike,
+    *,
+    mask: npt.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> Array:
     """``1 - giou`` over valid boxes (``mask`` True); padding contributes exactly 0.
 
     ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
@@ -139,13 +143,12 @@ def giou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "m
 
 @BACKEND.implements("int8_matmul")
 def int8_matmul(
-    x: Any,
-    y: Any,
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
     *,
-    x_scale: Any = None,
-    y_scale: Any = None,
-    out_dtype: Any = np.int32,
-    config: Any = None,
+    x_scale: npt.ArrayLike | None = None,
+    y_scale: npt.ArrayLike | None = None,
+    out_dtype: npt.DTypeLike = np.int32,
 ) -> Array:
     """Exact ``x [M, K] @ y [K, N]`` (int8) as int32, or dequantized to ``out_dtype``."""
     acc = np.asarray(x).astype(np.int64) @ np.asarray(y).astype(np.int64)
@@ -188,14 +191,14 @@ class _Dual:
 
     __slots__ = ("tangent", "value")
 
-    def __init__(self, value: Any, tangent: Array | None = None) -> None:
+    def __init__(self, value: npt.ArrayLike, tangent: Array | None = None) -> None:
         self.value = np.asarray(value, np.float64)
         self.tangent = tangent
 
-    def _scaled(self, scale: Any) -> Array | None:
+    def _scaled(self, scale: npt.ArrayLike) -> Array | None:
         return None if self.tangent is None else self.tangent * np.asarray(scale)[..., None]
 
-    def __add__(self, other: Any) -> _Dual:
+    def __add__(self, other: Operand) -> _Dual:
         other = _lift(other)
         return _Dual(self.value + other.value, _sum(self.tangent, other.tangent))
 
@@ -204,13 +207,13 @@ class _Dual:
     def __neg__(self) -> _Dual:
         return _Dual(-self.value, self._scaled(-1.0))
 
-    def __sub__(self, other: Any) -> _Dual:
+    def __sub__(self, other: Operand) -> _Dual:
         return self + -_lift(other)
 
-    def __rsub__(self, other: Any) -> _Dual:
+    def __rsub__(self, other: Operand) -> _Dual:
         return _lift(other) - self
 
-    def __mul__(self, other: Any) -> _Dual:
+    def __mul__(self, other: Operand) -> _Dual:
         other = _lift(other)
         return _Dual(
             self.value * other.value, _sum(self._scaled(other.value), other._scaled(self.value))
@@ -218,16 +221,20 @@ class _Dual:
 
     __rmul__ = __mul__
 
-    def __truediv__(self, other: Any) -> _Dual:
+    def __truediv__(self, other: Operand) -> _Dual:
         other = _lift(other)
         with np.errstate(divide="ignore", invalid="ignore"):
             value = self.value / other.value
-            numerator = _sum(self.tangent, None if other.tangent is None else -other._scaled(value))
+            numerator = _sum(self.tangent, (-other)._scaled(value))
             tangent = None if numerator is None else numerator / other.value[..., None]
         return _Dual(value, tangent)
 
 
-def _lift(x: Any) -> _Dual:
+# What a dual number combines with: another, or a float64 constant (an array or a number).
+Operand = _Dual | npt.ArrayLike
+
+
+def _lift(x: Operand) -> _Dual:
     return x if isinstance(x, _Dual) else _Dual(x)
 
 
@@ -263,7 +270,9 @@ def _atan(a: _Dual) -> _Dual:
     return _Dual(np.arctan(a.value), a._scaled(1.0 / (1.0 + a.value**2)))
 
 
-def _box_metric(metric: str, boxes1: Any, boxes2: Any, with_tangents: bool) -> _Dual:
+def _box_metric(
+    metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, with_tangents: bool
+) -> _Dual:
     """``metric`` of paired (broadcast) boxes ``[..., 4]`` as a :class:`_Dual` ``[...]``."""
     planes = np.broadcast_arrays(*_planes(boxes1), *_planes(boxes2))
     eye = np.eye(8)
@@ -292,7 +301,7 @@ def _box_metric(metric: str, boxes1: Any, boxes2: Any, with_tangents: bool) -> _
     return diou - v * alpha
 
 
-def pairwise(metric: str, boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def pairwise(metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """``metric`` (one of :data:`METRICS`) of every pair: ``[..., N, 4]`` x ``[..., M, 4]``
     -> ``[..., N, M]`` float64."""
     b1 = np.asarray(boxes1, np.float64)[..., :, None, :]
@@ -301,30 +310,32 @@ def pairwise(metric: str, boxes1: Any, boxes2: Any, *, config: Any = None) -> Ar
 
 
 @BACKEND.implements("box_iou", dtypes=FLOAT32_AND_64)
-def box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """Pairwise IoU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return pairwise("iou", boxes1, boxes2)
 
 
 @BACKEND.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)
-def generalized_box_iou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def generalized_box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """Pairwise GIOU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return pairwise("giou", boxes1, boxes2)
 
 
 @BACKEND.implements("diou", dtypes=FLOAT32_AND_64)
-def diou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def diou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """DIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("diou", boxes1, boxes2, False).value
 
 
 @BACKEND.implements("ciou", dtypes=FLOAT32_AND_64)
-def ciou(boxes1: Any, boxes2: Any, *, config: Any = None) -> Array:
+def ciou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> Array:
     """CIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("ciou", boxes1, boxes2, False).value
 
 
-def metric_vjp(metric: str, boxes1: Any, boxes2: Any, cotangent: Any) -> tuple[Array, Array]:
+def metric_vjp(
+    metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
+) -> tuple[Array, Array]:
     """Gradient of ``sum(cotangent * metric(boxes1, boxes2))`` for paired boxes ``[..., 4]``
     (``alpha`` constant for CIoU): ``(d_boxes1, d_boxes2)`` float64 ``[..., 4]``."""
     result = _box_metric(metric, boxes1, boxes2, True)
@@ -335,19 +346,19 @@ def metric_vjp(metric: str, boxes1: Any, boxes2: Any, cotangent: Any) -> tuple[A
 
 @BACKEND.implements("diou_vjp", dtypes=FLOAT32_AND_64)
 def diou_vjp(
-    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[Array, Array]:
     return metric_vjp("diou", boxes1, boxes2, cotangent)
 
 
 @BACKEND.implements("ciou_vjp", dtypes=FLOAT32_AND_64)
 def ciou_vjp(
-    boxes1: Any, boxes2: Any, cotangent: Any, *, config: Any = None
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[Array, Array]:
     return metric_vjp("ciou", boxes1, boxes2, cotangent)
 
 
-def _masked_loss(metric: Array, mask: Any, reduction: str) -> Array:
+def _masked_loss(metric: Array, mask: npt.ArrayLike | None, reduction: str) -> Array:
     """``1 - metric`` where ``mask`` is True (0 elsewhere), reduced; "mean" over the valid
     boxes, 0 when there are none."""
     loss = 1.0 - metric
@@ -362,13 +373,25 @@ def _masked_loss(metric: Array, mask: Any, reduction: str) -> Array:
     return np.asarray(total / count if count else 0.0)
 
 
-def diou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
+def diou_loss(
+    preds: npt.ArrayLike,
+    targets: npt.ArrayLike,
+    *,
+    mask: npt.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> Array:
     """``1 - diou`` over valid boxes, reduced as :func:`giou_loss` does."""
     with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
         return _masked_loss(diou(preds, targets), mask, reduction)
 
 
-def ciou_loss(preds: Any, targets: Any, *, mask: Any = None, reduction: str = "mean") -> Array:
+def ciou_loss(
+    preds: npt.ArrayLike,
+    targets: npt.ArrayLike,
+    *,
+    mask: npt.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> Array:
     """``1 - ciou`` over valid boxes, reduced as :func:`giou_loss` does."""
     with np.errstate(all="ignore"):
         return _masked_loss(ciou(preds, targets), mask, reduction)

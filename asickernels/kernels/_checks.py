@@ -78,6 +78,11 @@ def check_boxes(array: Shaped, name: str, min_ndim: int = 1) -> None:
         )
 
 
+def float_compute_dtype(*arrays: Shaped | None) -> str:
+    """The compute dtype of float inputs: float64 if any is float64, else float32."""
+    return "float64" if any(a is not None and a.dtype == np.float64 for a in arrays) else "float32"
+
+
 def static_float(value: object, name: str, low: float = -math.inf, high: float = math.inf) -> float:
     """A Python number in ``[low, high]`` (not NaN): thresholds are static, not traced."""
     if isinstance(value, jax.core.Tracer):

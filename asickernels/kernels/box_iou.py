@@ -19,33 +19,20 @@ import numpy as np
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import (
-    Check,
-    Op,
-    Plan,
-    Runner,
-    Spec,
-    array,
-    cast,
-    static,
-)
+from asickernels.kernels.declaration import Array, Check, Op, Plan, Runner, Spec, array, cast
 from asickernels.kernels.giou import (
-    compute_paired_metric,
-    compute_paired_vjp,
     giou_vjp,
-    masked_loss,
-    masked_loss_check,
-    masked_loss_vjp,
+    masked_loss_op,
     metric_plan,
-    paired_metric_check,
-    paired_vjp_check,
+    paired_metric_op,
+    paired_vjp_op,
 )
 
 # Pairwise ------------------------------------------------------------------------------------
 
 
 def _check_pairwise(kernel: str) -> Check:
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
         a, b = _checks.required(specs, "boxes1"), _checks.required(specs, "boxes2")
         _checks.check_boxes(a, "boxes1", min_ndim=2)
         _checks.check_boxes(b, "boxes2", min_ndim=2)
@@ -59,7 +46,7 @@ def _check_pairwise(kernel: str) -> Check:
     return check
 
 
-def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
     """Runs the kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when unbatched)."""
     out = plan.outputs
     assert isinstance(out, Spec)
@@ -70,8 +57,11 @@ def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> A
 
 
 def _pairwise_giou_vjp(
-    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-) -> tuple[Any, Any]:
+    arrays: Mapping[str, Array | None],
+    statics: Mapping[str, object],
+    backend: str | None,
+    cotangent: Array,
+) -> tuple[Array, Array]:
     """The paired :func:`giou_vjp` on every pair, summed over the other side's boxes."""
     import jax
     import jax.numpy as jnp
@@ -132,38 +122,17 @@ generalized_box_iou = Op(
 # Paired DIoU / CIoU ------------------------------------------------------------------------
 
 
-def _vjp_op(metric: str) -> Op:
-    return Op(
-        f"{metric}_vjp",
-        [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
-        check=paired_vjp_check(f"{metric}_vjp"),
-        compute=compute_paired_vjp,
-        reference=getattr(reference, f"{metric}_vjp"),
-        outputs=("d_boxes1", "d_boxes2"),
-        doc=f"""Gradient of ``sum(cotangent * {metric}(boxes1, boxes2))`` with respect to both
+def _vjp_doc(metric: str) -> str:
+    return f"""Gradient of ``sum(cotangent * {metric}(boxes1, boxes2))`` with respect to both
     inputs{" (``alpha`` held constant, as torchvision and the CIoU paper do)" if metric == "ciou" else ""}.
 
     ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
     float32 (float64 for float64 boxes). JAX backends differentiate their ``{metric}`` kernel.
-    """,
-    )
+    """
 
 
-def _metric_op(metric: str, vjp_op: Op, what: str) -> Op:
-    def vjp(
-        arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-    ) -> tuple[Any, Any]:
-        return vjp_op(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)  # type: ignore[no-any-return]
-
-    return Op(
-        metric,
-        [array("boxes1", 1), array("boxes2", 1)],
-        check=paired_metric_check(metric),
-        compute=compute_paired_metric,
-        reference=getattr(reference, metric),
-        vjp=vjp,
-        differentiable=("boxes1", "boxes2"),
-        doc=f"""{what} of paired boxes.
+def _metric_doc(metric: str, what: str) -> str:
+    return f"""{what} of paired boxes.
 
     Args:
       boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32, bfloat16
@@ -174,46 +143,30 @@ def _metric_op(metric: str, vjp_op: Op, what: str) -> Op:
       ``[...]`` float32 (float64 for float64 inputs), equal to ``1 -
       torchvision.ops.{"distance" if metric == "diou" else "complete"}_box_iou_loss`` (up to
       ``eps``). Differentiable with ``jax.grad`` on the JAX backends.
-    """,
-    )
+    """
 
 
-def _loss_op(metric: str, vjp_op: Op) -> Op:
-    def compute(runner: Runner, plan: Plan, preds: Any, targets: Any, mask: Any) -> Any:
-        return masked_loss(runner, plan, metric, preds, targets, mask)
-
-    def vjp(
-        arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-    ) -> tuple[Any, Any]:
-        return masked_loss_vjp(vjp_op, arrays, statics, backend, cotangent)
-
-    return Op(
-        f"{metric}_loss",
-        [
-            array("preds", 1),
-            array("targets", 1),
-            array("mask", 0, optional=True),
-            static("reduction", "str", "mean"),
-        ],
-        check=masked_loss_check(metric),
-        compute=compute,
-        reference=getattr(reference, f"{metric}_loss"),
-        vjp=vjp,
-        differentiable=("preds", "targets"),
-        partition="loss",
-        doc=f"""``1 - {metric}(preds, targets)`` over the valid (non-padding) boxes, with
+def _loss_doc(metric: str) -> str:
+    return f"""``1 - {metric}(preds, targets)`` over the valid (non-padding) boxes, with
     :func:`asickernels.giou_loss`'s ``mask`` and ``reduction`` (padding may hold anything,
     even NaN: its loss and gradient are exactly 0; ``"mean"`` is 0 when no box is valid).
 
     Returns:
       float32 loss (float64 for float64 boxes): ``[...]`` for ``"none"``, else a scalar.
-    """,
-    )
+    """
 
 
-diou_vjp = _vjp_op("diou")
-ciou_vjp = _vjp_op("ciou")
-diou = _metric_op("diou", diou_vjp, "Distance IoU (DIoU)")
-ciou = _metric_op("ciou", ciou_vjp, "Complete IoU (CIoU)")
-diou_loss = _loss_op("diou", diou_vjp)
-ciou_loss = _loss_op("ciou", ciou_vjp)
+diou_vjp = paired_vjp_op("diou", reference=reference.diou_vjp, doc=_vjp_doc("diou"))
+ciou_vjp = paired_vjp_op("ciou", reference=reference.ciou_vjp, doc=_vjp_doc("ciou"))
+diou = paired_metric_op(
+    "diou", reference=reference.diou, vjp=diou_vjp, doc=_metric_doc("diou", "Distance IoU (DIoU)")
+)
+ciou = paired_metric_op(
+    "ciou", reference=reference.ciou, vjp=ciou_vjp, doc=_metric_doc("ciou", "Complete IoU (CIoU)")
+)
+diou_loss = masked_loss_op(
+    "diou", reference=reference.diou_loss, vjp=diou_vjp, doc=_loss_doc("diou")
+)
+ciou_loss = masked_loss_op(
+    "ciou", reference=reference.ciou_loss, vjp=ciou_vjp, doc=_loss_doc("ciou")
+)

@@ -101,7 +101,8 @@ class Plan:
       trivial: the outputs are known without running anything (empty inputs): each is
         filled with its entry of ``fill``.
       fill: per output, the value of a trivial output (e.g. -1 for NMS index padding).
-      x64: some input or output is 64-bit, so the call runs in JAX's x64 mode.
+      x64: some input or output is 64-bit, so the call runs in JAX's x64 mode (set by
+        :meth:`Op.plan` from the specs: a check leaves it False).
       copy_bound: the kernel reads each input element about once, so that XLA's copy of
         numpy inputs that are not 64-byte aligned costs as much as the kernel: eager calls
         with 256 KiB or more of such inputs run on the backend's host twin where it has one.
@@ -298,12 +299,17 @@ class Op:
         return self.prepare(arrays)
 
     def plan(self, arrays: Mapping[str, Array | Spec | None], statics: Mapping[str, Any]) -> Plan:
-        """Validates shapes, dtypes and static values (see :attr:`check`)."""
+        """Validates shapes, dtypes and static values (see :attr:`check`); the plan runs in
+        x64 mode when an input or an output is 64-bit."""
         specs = {
             n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
             for n, a in arrays.items()
         }
-        return self.check(specs, statics)
+        plan = self.check(specs, statics)
+        given = [s for s in specs.values() if s is not None]
+        if any(s.dtype.itemsize == 8 for s in (*given, *plan.output_list())):
+            return dataclasses.replace(plan, x64=True)
+        return plan
 
     def choose(
         self,
@@ -577,12 +583,3 @@ def host_empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
 def cast(array: Any, dtype: npt.DTypeLike) -> Any:
     """``array`` as ``dtype``, without a copy when it already is."""
     return array if array.dtype == np.dtype(dtype) else array.astype(dtype)
-
-
-def float_compute_dtype(*specs: Spec | None) -> str:
-    """The compute dtype of float inputs: float64 if any is float64, else float32."""
-    return "float64" if any(s is not None and s.dtype == np.float64 for s in specs) else "float32"
-
-
-def is_64bit(*specs: Spec | None) -> bool:
-    return any(s is not None and s.dtype.itemsize == 8 for s in specs)

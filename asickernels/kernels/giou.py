@@ -1,16 +1,20 @@
-"""GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations."""
+"""GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations, and the
+three op factories every paired box metric (GIOU, DIoU, CIoU) is declared with:
+:func:`paired_metric_op`, :func:`paired_vjp_op`, :func:`masked_loss_op`."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from asickernels import reference
 from asickernels.kernels import _checks, registry
 from asickernels.kernels.declaration import (
+    Array,
     Check,
     Op,
     Plan,
@@ -18,19 +22,16 @@ from asickernels.kernels.declaration import (
     Spec,
     array,
     cast,
-    float_compute_dtype,
-    is_64bit,
     static,
 )
 
-Reduction = Literal["none", "sum", "mean"]
 REDUCTIONS = ("none", "sum", "mean")
 # Padding boxes are replaced by this box on both sides before GIOU runs, so that whatever
 # the padding holds (zeros, NaN) the loss and its gradient there are exactly 0.
 _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 
-def check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
+def _check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
     """Two float ``[..., 4]`` box arrays of one shape (paired boxes)."""
     a, b = _checks.required(specs, first), _checks.required(specs, second)
     _checks.check_boxes(a, first)
@@ -43,12 +44,8 @@ def check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tup
     return a, b
 
 
-def _out_dtype(*specs: Spec | None) -> np.dtype:
-    return np.dtype(float_compute_dtype(*specs))
-
-
 def _paired(
-    runner: Runner, kernel: str, dtype: str, boxes1: Any, boxes2: Any, *per_pair: Any
+    runner: Runner, kernel: str, dtype: str, boxes1: Array, boxes2: Array, *per_pair: Array
 ) -> Any:
     """Runs a paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` boxes; ``per_pair``
     arrays (``[...]``, such as a cotangent) are flattened to ``[P]``."""
@@ -58,7 +55,7 @@ def _paired(
     return runner.kernel(kernel)(*flat)
 
 
-# giou ---------------------------------------------------------------------------------------
+# Paired metrics: validation and computation -------------------------------------------------------
 
 
 def metric_plan(
@@ -67,79 +64,44 @@ def metric_plan(
     """The plan of a box metric of ``shape`` (paired or pairwise), computed in float64 for
     float64 boxes and in float32 otherwise; nothing to run when it is empty. A paired
     metric reads each box once: it is copy-bound (see :class:`Plan`)."""
-    dtype = float_compute_dtype(boxes1, boxes2)
+    dtype = _checks.float_compute_dtype(boxes1, boxes2)
     return Plan(
         kernel,
         dtype,
         Spec(shape, np.dtype(dtype)),
         (),
         trivial=_checks.size(shape) == 0,
-        x64=is_64bit(boxes1, boxes2),
         copy_bound=paired,
     )
 
 
-def paired_metric_check(kernel: str) -> Check:
+def _paired_metric_check(kernel: str) -> Check:
     """Validation of a paired-box metric ``(boxes1, boxes2 [..., 4]) -> [...]``."""
 
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "boxes1", "boxes2")
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
+        a, b = _check_pair(specs, "boxes1", "boxes2")
         return metric_plan(kernel, a.shape[:-1], a, b, paired=True)
 
     return check
 
 
-def compute_paired_metric(runner: Runner, plan: Plan, boxes1: Any, boxes2: Any) -> Any:
+def _compute_paired_metric(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
     assert isinstance(plan.outputs, Spec) and plan.kernel is not None
     out = _paired(runner, plan.kernel, plan.dtype or "float32", boxes1, boxes2)
     return cast(out, plan.outputs.dtype).reshape(boxes1.shape[:-1])
 
 
-def _giou_vjp_of_giou(
-    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-) -> tuple[Any, Any]:
-    return giou_vjp(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)
-
-
-giou = Op(
-    "giou",
-    [array("boxes1", 1), array("boxes2", 1)],
-    check=paired_metric_check("giou"),
-    compute=compute_paired_metric,
-    reference=reference.giou,
-    vjp=_giou_vjp_of_giou,
-    differentiable=("boxes1", "boxes2"),
-    doc="""Generalized IoU of paired boxes.
-
-    Args:
-      boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32, bfloat16
-        or float16 (computed in float32), or float64 (computed in float64).
-      backend: a name from :func:`asickernels.available_backends`, or None for the first
-        backend of the selection policy that runs natively where the inputs live.
-      config: backend-specific tuning (e.g. block sizes); None uses the backend's defaults.
-
-    Returns:
-      ``[...]`` GIOU in ``[-1, 1]``, float32 (float64 for float64 inputs), equal to
-      ``1 - torchvision.ops.generalized_box_iou_loss``. Differentiable with ``jax.grad`` on
-      the JAX backends.
-    """,
-)
-
-
-# giou_vjp -----------------------------------------------------------------------------------
-
-
-def paired_vjp_check(kernel: str) -> Check:
+def _paired_vjp_check(kernel: str) -> Check:
     """Validation of a paired-box metric's VJP ``(boxes1, boxes2 [..., 4], cotangent
     [...]) -> (d_boxes1, d_boxes2)``."""
 
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "boxes1", "boxes2")
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
+        a, b = _check_pair(specs, "boxes1", "boxes2")
         cotangent = _checks.required(specs, "cotangent")
         _checks.check_float(cotangent, "cotangent")
         if cotangent.shape != a.shape[:-1]:
             raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
-        dtype = float_compute_dtype(a, b)
+        dtype = _checks.float_compute_dtype(a, b)
         out = Spec(a.shape, np.dtype(dtype))
         return Plan(
             kernel,
@@ -147,48 +109,23 @@ def paired_vjp_check(kernel: str) -> Check:
             (out, out),
             (),
             trivial=_checks.size(a.shape[:-1]) == 0,
-            x64=is_64bit(a, b, cotangent),
             copy_bound=True,
         )
 
     return check
 
 
-def compute_paired_vjp(
-    runner: Runner, plan: Plan, boxes1: Any, boxes2: Any, cotangent: Any
-) -> tuple[Any, Any]:
+def _compute_paired_vjp(
+    runner: Runner, plan: Plan, boxes1: Array, boxes2: Array, cotangent: Array
+) -> tuple[Array, Array]:
     assert plan.kernel is not None
     dtype = plan.dtype or "float32"
     d1, d2 = _paired(runner, plan.kernel, dtype, boxes1, boxes2, cast(cotangent, dtype))
     return cast(d1, dtype).reshape(boxes1.shape), cast(d2, dtype).reshape(boxes1.shape)
 
 
-giou_vjp = Op(
-    "giou_vjp",
-    [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
-    check=paired_vjp_check("giou_vjp"),
-    compute=compute_paired_vjp,
-    reference=reference.giou_vjp,
-    outputs=("d_boxes1", "d_boxes2"),
-    doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
-
-    ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
-    float32 (float64 for float64 boxes). JAX backends differentiate their GIOU kernel
-    (a ``custom_vjp`` kernel on Pallas); host backends run their own backward kernel.
-    """,
-)
-
-
-def differentiable_backends() -> list[str]:
-    """Backends :func:`giou_vjp` can run on (the backends with a ``giou_vjp`` kernel)."""
-    return registry.backends_for("giou_vjp")
-
-
-# giou_loss ----------------------------------------------------------------------------------
-
-
-def check_mask_and_reduction(
-    specs: Mapping[str, Spec | None], statics: Mapping[str, Any], batch: tuple[int, ...]
+def _check_mask_and_reduction(
+    specs: Mapping[str, Spec | None], statics: Mapping[str, object], batch: tuple[int, ...]
 ) -> str:
     """A ``[...]`` bool or numeric mask (or None) and a known reduction."""
     reduction = statics["reduction"]
@@ -203,13 +140,13 @@ def check_mask_and_reduction(
     return str(reduction)
 
 
-def masked_loss_check(kernel: str) -> Check:
-    """Validation of a masked loss over a paired metric (see :func:`masked_loss`)."""
+def _masked_loss_check(kernel: str) -> Check:
+    """Validation of a masked loss over a paired metric (see :func:`_masked_loss`)."""
 
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
-        a, b = check_pair(specs, "preds", "targets")
-        reduction = check_mask_and_reduction(specs, statics, a.shape[:-1])
-        dtype = float_compute_dtype(a, b)
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
+        a, b = _check_pair(specs, "preds", "targets")
+        reduction = _check_mask_and_reduction(specs, statics, a.shape[:-1])
+        dtype = _checks.float_compute_dtype(a, b)
         shape = a.shape[:-1] if reduction == "none" else ()
         return Plan(
             kernel,
@@ -217,22 +154,18 @@ def masked_loss_check(kernel: str) -> Check:
             Spec(shape, np.dtype(dtype)),
             (("reduction", reduction),),
             trivial=_checks.size(a.shape[:-1]) == 0,
-            x64=is_64bit(a, b),
         )
 
     return check
 
 
-def masked_loss(
-    runner: Runner,
-    plan: Plan,
-    metric: str,
-    preds: Any,
-    targets: Any,
-    mask: Any,
-) -> Any:
-    """``1 - metric(preds, targets)`` over valid boxes, reduced as ``plan`` says; padding
-    boxes are replaced by a safe box first, so they contribute exactly 0 (no NaN)."""
+def _masked_loss(
+    runner: Runner, plan: Plan, preds: Array, targets: Array, mask: Array | None
+) -> Array:
+    """``1 - metric(preds, targets)`` over valid boxes (the metric: ``plan.kernel``), reduced
+    as ``plan`` says; padding boxes are replaced by a safe box first, so they contribute
+    exactly 0 (no NaN)."""
+    assert plan.kernel is not None
     xp = runner.xp
     dtype = plan.dtype or "float32"
     if mask is None:
@@ -242,7 +175,7 @@ def masked_loss(
         safe = xp.asarray(_SAFE_BOX, preds.dtype)
         preds = xp.where(valid[..., None], preds, safe)
         targets = xp.where(valid[..., None], targets, safe)
-    value = cast(_paired(runner, metric, dtype, preds, targets), dtype)
+    value = cast(_paired(runner, plan.kernel, dtype, preds, targets), dtype)
     loss = xp.where(valid, 1.0 - value.reshape(valid.shape), 0.0).astype(dtype)
     reduction = plan.static("reduction")
     if reduction == "sum":
@@ -252,17 +185,13 @@ def masked_loss(
     return loss.astype(dtype)
 
 
-def _compute_giou_loss(runner: Runner, plan: Plan, preds: Any, targets: Any, mask: Any) -> Any:
-    return masked_loss(runner, plan, "giou", preds, targets, mask)
-
-
-def masked_loss_vjp(
+def _masked_loss_vjp(
     metric_vjp: Op,
-    arrays: Mapping[str, Any],
-    statics: Mapping[str, Any],
+    arrays: Mapping[str, Array | None],
+    statics: Mapping[str, object],
     backend: str | None,
-    cotangent: Any,
-) -> tuple[Any, Any]:
+    cotangent: Array,
+) -> tuple[Array, Array]:
     """The gradient of a masked loss ``sum(-metric * weight)`` (``weight`` 0 at padding,
     ``1 / count`` for "mean"): the metric's VJP with ``-weight * cotangent``. Padding is
     zeroed first so that NaN there cannot leak through ``0 * NaN``."""
@@ -292,26 +221,109 @@ def masked_loss_vjp(
     )
 
 
-def _giou_loss_vjp(
-    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-) -> tuple[Any, Any]:
-    return masked_loss_vjp(giou_vjp, arrays, statics, backend, cotangent)
+# The op factories ---------------------------------------------------------------------------
 
 
-giou_loss = Op(
-    "giou_loss",
-    [
-        array("preds", 1),
-        array("targets", 1),
-        array("mask", 0, optional=True),
-        static("reduction", "str", "mean"),
-    ],
-    check=masked_loss_check("giou"),
-    compute=_compute_giou_loss,
+def _metric_vjp(
+    vjp: Op,
+    arrays: Mapping[str, Array | None],
+    statics: Mapping[str, object],
+    backend: str | None,
+    cotangent: Array,
+) -> tuple[Array, Array]:
+    return vjp(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)  # type: ignore[no-any-return]
+
+
+def paired_metric_op(metric: str, *, reference: Callable[..., np.ndarray], vjp: Op, doc: str) -> Op:
+    """The op ``metric(boxes1, boxes2 [..., 4]) -> [...]``, run by the paired-box kernel
+    named ``metric`` (``[P, 4]`` x2 -> ``[P]``) and differentiated by ``vjp``."""
+    return Op(
+        metric,
+        [array("boxes1", 1), array("boxes2", 1)],
+        check=_paired_metric_check(metric),
+        compute=_compute_paired_metric,
+        reference=reference,
+        vjp=functools.partial(_metric_vjp, vjp),
+        differentiable=("boxes1", "boxes2"),
+        doc=doc,
+    )
+
+
+def paired_vjp_op(
+    metric: str, *, reference: Callable[..., tuple[np.ndarray, np.ndarray]], doc: str
+) -> Op:
+    """The op ``<metric>_vjp(boxes1, boxes2 [..., 4], cotangent [...]) -> (d_boxes1,
+    d_boxes2)``, run by the kernel of that name (``[P, 4]`` x2, ``[P]`` -> ``[P, 4]`` x2)."""
+    return Op(
+        f"{metric}_vjp",
+        [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
+        check=_paired_vjp_check(f"{metric}_vjp"),
+        compute=_compute_paired_vjp,
+        reference=reference,
+        outputs=("d_boxes1", "d_boxes2"),
+        doc=doc,
+    )
+
+
+def masked_loss_op(metric: str, *, reference: Callable[..., np.ndarray], vjp: Op, doc: str) -> Op:
+    """The op ``<metric>_loss(preds, targets [..., 4], *, mask [...] | None, reduction)``:
+    ``1 - metric`` over the valid boxes, run by the paired-box kernel ``metric`` and
+    differentiated by ``vjp`` (the metric's VJP op)."""
+    return Op(
+        f"{metric}_loss",
+        [
+            array("preds", 1),
+            array("targets", 1),
+            array("mask", 0, optional=True),
+            static("reduction", "str", "mean"),
+        ],
+        check=_masked_loss_check(metric),
+        compute=_masked_loss,
+        reference=reference,
+        vjp=functools.partial(_masked_loss_vjp, vjp),
+        differentiable=("preds", "targets"),
+        partition="loss",
+        doc=doc,
+    )
+
+
+# GIOU ---------------------------------------------------------------------------------------
+
+giou_vjp = paired_vjp_op(
+    "giou",
+    reference=reference.giou_vjp,
+    doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
+
+    ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
+    float32 (float64 for float64 boxes). JAX backends differentiate their GIOU kernel
+    (a ``custom_vjp`` kernel on Pallas); host backends run their own backward kernel.
+    """,
+)
+
+giou = paired_metric_op(
+    "giou",
+    reference=reference.giou,
+    vjp=giou_vjp,
+    doc="""Generalized IoU of paired boxes.
+
+    Args:
+      boxes1, boxes2: ``[..., 4]`` boxes ``(x1, y1, x2, y2)``, same shape; float32, bfloat16
+        or float16 (computed in float32), or float64 (computed in float64).
+      backend: a name from :func:`asickernels.available_backends`, or None for the first
+        backend of the selection policy that runs natively where the inputs live.
+      config: backend-specific tuning (e.g. block sizes); None uses the backend's defaults.
+
+    Returns:
+      ``[...]`` GIOU in ``[-1, 1]``, float32 (float64 for float64 inputs), equal to
+      ``1 - torchvision.ops.generalized_box_iou_loss``. Differentiable with ``jax.grad`` on
+      the JAX backends.
+    """,
+)
+
+giou_loss = masked_loss_op(
+    "giou",
     reference=reference.giou_loss,
-    vjp=_giou_loss_vjp,
-    differentiable=("preds", "targets"),
-    partition="loss",
+    vjp=giou_vjp,
     doc="""``1 - giou(preds, targets)`` over the valid (non-padding) boxes.
 
     Args:
@@ -326,3 +338,8 @@ giou_loss = Op(
       float32 loss (float64 for float64 boxes): ``[...]`` for ``"none"``, else a scalar.
     """,
 )
+
+
+def differentiable_backends() -> list[str]:
+    """Backends :func:`giou_vjp` can run on (the backends with a ``giou_vjp`` kernel)."""
+    return registry.backends_for("giou_vjp")

@@ -8,10 +8,11 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, cast, is_64bit, static
+from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
 
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
@@ -28,7 +29,7 @@ def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
         )
 
 
-def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
     x, y = _checks.required(specs, "x"), _checks.required(specs, "y")
     for name, spec in (("x", x), ("y", y)):
         if spec.dtype != np.int8:
@@ -40,8 +41,8 @@ def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, A
         raise ValueError(f"x [M, K] and y [K, N] disagree on K: {x.shape} @ {y.shape}")
     x_scale, y_scale, out_dtype = specs["x_scale"], specs["y_scale"], statics["out_dtype"]
     try:
-        requested = None if out_dtype is None else np.dtype(out_dtype)
-    except TypeError:
+        requested = None if out_dtype is None else np.dtype(out_dtype)  # type: ignore[call-overload]
+    except TypeError:  # np.dtype refuses what is not a dtype
         raise TypeError(f"out_dtype must be a dtype, got {out_dtype!r}") from None
     scaled = x_scale is not None or y_scale is not None or requested not in (None, np.int32)
     out = requested or np.dtype(np.float32 if scaled else np.int32)
@@ -63,11 +64,10 @@ def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, A
         Spec((m, n), out),
         (("out_dtype", out), ("scaled", scaled)),
         trivial=m == 0 or n == 0 or k == 0,
-        x64=is_64bit(x_scale, y_scale) or out.itemsize == 8,
     )
 
 
-def _scale_vector(xp: Any, scale: Any, length: int) -> Any:
+def _scale_vector(xp: Any, scale: Array | None, length: int) -> Array:
     """A float32 ``[length]`` scale from None (ones), a scalar or a ``[length]`` array."""
     if scale is None:
         return xp.ones((length,), np.float32)
@@ -75,8 +75,8 @@ def _scale_vector(xp: Any, scale: Any, length: int) -> Any:
 
 
 def _compute_int8_matmul(
-    runner: Runner, plan: Plan, x: Any, y: Any, x_scale: Any, y_scale: Any
-) -> Any:
+    runner: Runner, plan: Plan, x: Array, y: Array, x_scale: Array | None, y_scale: Array | None
+) -> Array:
     xp, out = runner.xp, plan.static("out_dtype")
     kernel = runner.kernel("int8_matmul")
     (m, k), n = x.shape, y.shape[1]
@@ -97,7 +97,12 @@ def _compute_int8_matmul(
 
 
 def _reference_int8_matmul(
-    x: Any, y: Any, *, x_scale: Any = None, y_scale: Any = None, out_dtype: Any = None
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    *,
+    x_scale: npt.ArrayLike | None = None,
+    y_scale: npt.ArrayLike | None = None,
+    out_dtype: npt.DTypeLike | None = None,
 ) -> np.ndarray:
     m, n = np.shape(x)[0], np.shape(y)[1]
     scaled = x_scale is not None or y_scale is not None or out_dtype not in (None, np.int32)
@@ -145,7 +150,7 @@ int8_matmul = Op(
 # quantize_int8 ------------------------------------------------------------------------------
 
 
-def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
     x = _checks.required(specs, "x")
     _checks.check_float(x, "x")
     axis = statics["axis"]
@@ -161,16 +166,15 @@ def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]
         None,
         (Spec(x.shape, np.dtype(np.int8)), Spec(scale_shape, np.dtype(np.float32))),
         (("axis", axis),),
-        x64=is_64bit(x),
     )
 
 
-def _check_quantize_values(x: Any, **_: Any) -> None:
+def _check_quantize_values(x: Array, **_: Array | None) -> None:
     if not np.all(np.isfinite(np.asarray(x))):
         raise ValueError("quantize_int8: x holds NaN or infinite values, which have no int8 scale")
 
 
-def _compute_quantize(runner: Runner, plan: Plan, x: Any) -> tuple[Any, Any]:
+def _compute_quantize(runner: Runner, plan: Plan, x: Array) -> tuple[Array, Array]:
     axis = plan.static("axis")
     values = jnp.asarray(x).astype(jnp.float32)
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
@@ -186,7 +190,7 @@ def _compute_quantize(runner: Runner, plan: Plan, x: Any) -> tuple[Any, Any]:
     return jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8), scale.astype(jnp.float32)
 
 
-def _reference_quantize(x: Any, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _reference_quantize(x: npt.ArrayLike, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     values = np.asarray(x, np.float64)
     if axis is not None:
         axis %= values.ndim

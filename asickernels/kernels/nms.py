@@ -6,6 +6,20 @@ has IoU 0 with every box. Greedy NMS visits eligible boxes (score not NaN and
 ``>= score_threshold``) by descending score, equal scores by ascending index, and keeps a
 box unless its IoU with an already kept box of the same category is strictly greater than
 ``iou_threshold``; it stops after ``max_output_size`` boxes.
+
+Where NMS is written, so what a change edits:
+
+* its computation: this file (the reference and the doc), each backend's kernel
+  (``backends/xla/nms.py``, ``backends/pallas_tpu/nms.py``, ``backends/nki/nms.py``,
+  ``backends/cpu/csrc/nms.cpp``, ``backends/gpsimd/csrc/nms.cpp``) and the cases that show
+  the change (:mod:`asickernels.kernels.nms_cases`);
+* a new argument, also: the declaration's parameters and checks here, each backend's ``nms``
+  signature (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++
+  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature), and
+  the frontends written out by hand: ``asickernels/torch/__init__.py``,
+  ``backends/xla_spmd/jax_spmd.py``, ``backends/xla_spmd/torch_xla_spmd.py`` (and
+  ``asickernels/torch/vision.py`` where torchvision's signature has it). The torch operator
+  schema and the torch_xla kernels are generated from the declaration.
 """
 
 from __future__ import annotations
@@ -15,27 +29,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import (
-    Op,
-    Plan,
-    Runner,
-    Spec,
-    array,
-    cast,
-    float_compute_dtype,
-    is_64bit,
-    static,
-)
+from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 # Indices are int32: an output position or a box index must fit.
 _MAX_INT32 = 2**31 - 1
 
 
-def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> Plan:
+def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
     boxes, scores = _checks.required(specs, "boxes"), _checks.required(specs, "scores")
     idxs = _checks.required(specs, "idxs") if "idxs" in specs else None  # batched_nms
     _checks.check_boxes(boxes, "boxes", min_ndim=2)
@@ -65,7 +70,7 @@ def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> 
     int32 = np.dtype(np.int32)
     return Plan(
         "nms",
-        float_compute_dtype(boxes, scores),
+        _checks.float_compute_dtype(boxes, scores),
         (Spec(batch + (max_output_size,), int32), Spec(batch, int32)),
         (
             ("iou_threshold", iou_threshold),
@@ -74,18 +79,17 @@ def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, Any]) -> 
         ),
         trivial=_checks.size(batch) == 0 or n == 0 or max_output_size == 0,
         fill=(-1, 0),
-        x64=is_64bit(boxes, scores, idxs),
     )
 
 
-def dense_ranks(xp: Any, ids: Any) -> Any:
+def dense_ranks(xp: Any, ids: Array) -> Array:
     """int32 ranks of integer ids: equal ids get equal ranks, distinct ids distinct ones,
     so category identity survives over the whole int64 range (ranks < ``ids.size``)."""
     flat = ids.reshape(-1)
     return xp.searchsorted(xp.sort(flat), flat).astype(np.int32).reshape(ids.shape)
 
 
-def int32_category_ids(xp: Any, ids: Any) -> Any:
+def int32_category_ids(xp: Any, ids: Array) -> Array:
     """Integer category ids as the kernels take them: int32, equal exactly when the ids are
     (the ids themselves when int32 holds them all, else their :func:`dense_ranks`)."""
     if np.can_cast(ids.dtype, np.int32):
@@ -93,7 +97,7 @@ def int32_category_ids(xp: Any, ids: Any) -> Any:
     return dense_ranks(xp, ids)
 
 
-def _rank_wide_ids(arrays: dict[str, Any]) -> dict[str, Any]:
+def _rank_wide_ids(arrays: dict[str, Array | None]) -> dict[str, Array | None]:
     """Eager calls: 64-bit category ids become int32 dense ranks on the host, so the call
     needs no x64 mode (under a trace the ranks are computed in the graph)."""
     idxs = arrays.get("idxs")
@@ -103,8 +107,8 @@ def _rank_wide_ids(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compute_nms(
-    runner: Runner, plan: Plan, boxes: Any, scores: Any, idxs: Any = None
-) -> tuple[Any, Any]:
+    runner: Runner, plan: Plan, boxes: Array, scores: Array, idxs: Array | None = None
+) -> tuple[Array, Array]:
     batch_shape = scores.shape[:-1]
     n = scores.shape[-1]
     batch = _checks.size(batch_shape)
@@ -158,9 +162,9 @@ def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 
 @reference.BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
 def greedy_nms(
-    boxes: Any,
-    scores: Any,
-    categories: Any,
+    boxes: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    categories: npt.ArrayLike | None,
     *,
     iou_threshold: float,
     max_output_size: int,
@@ -194,9 +198,9 @@ def greedy_nms(
 
 
 def _reference_nms(
-    boxes: Any,
-    scores: Any,
-    idxs: Any = None,
+    boxes: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    idxs: npt.ArrayLike | None = None,
     *,
     iou_threshold: float,
     max_output_size: int,

@@ -1,8 +1,9 @@
 """What exercises NMS, beside its declaration (:mod:`asickernels.kernels.nms`): its
 conformance cases (every backend runs them against the reference), its ``check``/``bench``
 workloads (registered in :data:`asickernels.benchmarking.workloads.OPS`) and its TPU estimate
-cases (``asickernels estimate``). A change to NMS's arguments is made here and in the
-declaration; the machinery these plug into is generic.
+cases (``asickernels estimate``). The machinery these plug into is generic: a new NMS
+argument gets its cases here (the files an argument change touches are listed in
+:mod:`asickernels.kernels.nms`).
 
 Conformance boxes sit on an integer grid so that areas and intersections are exact in
 float32 and float64 alike, and IoU-vs-threshold decisions cannot differ between a float32

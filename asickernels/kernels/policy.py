@@ -16,9 +16,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asickernels.kernels import registry
+
+if TYPE_CHECKING:
+    import jax
 
 # One ordered preference per kernel: fastest first, the portable XLA implementation last.
 # The native CPU backend leads on CPU hosts; on TPUs the Pallas kernels; on Neuron devices
@@ -63,7 +66,7 @@ class Where:
     embedded: bool = False
 
 
-def default_device() -> Any:
+def default_device() -> jax.Device:
     """Where host arrays would go: JAX's default device (``jax.devices()`` costs
     microseconds on every eager call, so the answer is kept unless the setting changes)."""
     import jax
@@ -77,10 +80,10 @@ def default_device() -> Any:
     return _DEFAULT_DEVICE[0]
 
 
-_DEFAULT_DEVICE: list[Any] = []
+_DEFAULT_DEVICE: list[jax.Device] = []
 
 
-def where_arrays_live(arrays: Sequence[Any]) -> Where:
+def where_arrays_live(arrays: Sequence[object]) -> Where:
     """The :class:`Where` of a call on ``arrays`` (JAX arrays, tracers or host arrays)."""
     import jax
 

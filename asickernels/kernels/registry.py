@@ -42,7 +42,11 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from asickernels.benchmarking.timing import Timing
+    from asickernels.benchmarking.workloads import Case
 
 ArrayKind = Literal["numpy", "jax"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,7 +78,6 @@ class Backend:
       array_kind: what its implementations take and return: host ``numpy`` arrays or ``jax``
         arrays (which makes it usable under ``jit``/``vmap``/``grad``).
       probe: returns this backend's :class:`Availability` here; called lazily.
-      description: one line for ``asickernels info`` and the README table.
       platforms: the device platforms it runs natively on (``"cpu"``, ``"tpu"``,
         ``"neuron"``, ...; ``"*"`` for any JAX device). :mod:`~asickernels.kernels.policy`
         picks a backend for ``backend=None`` only where it is native.
@@ -97,15 +100,14 @@ class Backend:
     name: str
     array_kind: ArrayKind
     probe: Callable[[], Availability]
-    description: str
     platforms: tuple[str, ...] = ()
     embeddable: bool = False
     counters: Callable[[], dict[str, float]] | None = None
-    device_timer: Callable[[str, Any, int, int], Any] | None = None
+    device_timer: Callable[[str, Case, int, int], Timing] | None = None
     traceable: Callable[[], bool] | None = None
     package: str = ""
     kernels_of: str | None = None
-    kernel_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    kernel_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict, hash=False)
 
     def implements(
         self,
@@ -271,7 +273,7 @@ def support(kernel: str, name: str) -> Support:
     return _IMPLEMENTATIONS[(kernel, _declared(name))].support
 
 
-def check_config(kernel: str, name: str, config: Any) -> None:
+def check_config(kernel: str, name: str, config: object) -> None:
     """Refuses a ``config`` that backend ``name``'s implementation of ``kernel`` does not
     take: anything but None where it declares no config type, anything but an instance of
     the type it declares.

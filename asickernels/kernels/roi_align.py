@@ -11,17 +11,7 @@ import numpy as np
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import (
-    Op,
-    Plan,
-    Runner,
-    Spec,
-    array,
-    cast,
-    float_compute_dtype,
-    is_64bit,
-    static,
-)
+from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, cast, static
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 _STATICS = [
@@ -94,11 +84,10 @@ def pooling_plan(
     features, rois = check_input_and_rois(specs)
     height, width = dict(statics)["output_size"]
     pooled = (rois.shape[0], features.shape[1], height, width)
-    dtype = float_compute_dtype(features, rois)
+    dtype = _checks.float_compute_dtype(features, rois)
     if not kernel.endswith("_vjp"):
         trivial = _checks.size(pooled) == 0
-        return Plan(kernel, dtype, Spec(pooled, features.dtype), statics, trivial=trivial,
-                    x64=is_64bit(features, rois))  # fmt: skip
+        return Plan(kernel, dtype, Spec(pooled, features.dtype), statics, trivial=trivial)
     cotangent = _checks.required(specs, "cotangent")
     _checks.check_float(cotangent, "cotangent")
     if tuple(cotangent.shape) != pooled:
@@ -109,7 +98,6 @@ def pooling_plan(
         Spec(features.shape, features.dtype),
         statics,
         trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
-        x64=is_64bit(features, rois, cotangent),
     )
 
 

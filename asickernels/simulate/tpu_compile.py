@@ -16,9 +16,14 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asickernels import tpu_generations as generations
+
+if TYPE_CHECKING:
+    import argparse
+
+    import jax
 
 TOPOLOGIES = {
     name: topology
@@ -26,6 +31,10 @@ TOPOLOGIES = {
     if (topology := facts.topology) is not None
 }
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
+# An argument of a compiled function: its shape and dtype name.
+ArgSpec = tuple[tuple[int, ...], str]
+# A function to compile, and its arguments.
+Built = tuple[Callable[..., object], list[ArgSpec]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +43,7 @@ class KernelShape:
 
     kernel: str
     shape: str
-    build: Callable[[], tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]]
+    build: Callable[[], Built]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,26 +58,26 @@ class CompileResult:
     vmem_limit_bytes: int | None = None  # the scoped-VMEM limit asked of Mosaic (None: default)
     hbm_bytes: int | None = None  # arguments + outputs + temporaries, from the compiler
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
-def _giou(backward: bool, pairs: int, dtype: str) -> tuple[Callable[..., Any], list[Any]]:
+def _giou(backward: bool, pairs: int, dtype: str) -> Built:
     import jax
 
     import asickernels
 
-    def forward(a: Any, b: Any) -> Any:
+    def forward(a: jax.Array, b: jax.Array) -> jax.Array:
         return asickernels.giou(a, b, backend="pallas_tpu")
 
     fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
     return fn, [((pairs, 4), dtype)] * 2
 
 
-def _nms(n: int, max_output_size: int) -> tuple[Callable[..., Any], list[Any]]:
+def _nms(n: int, max_output_size: int) -> Built:
     import asickernels
 
-    def fn(boxes: Any, scores: Any) -> Any:
+    def fn(boxes: jax.Array, scores: jax.Array) -> tuple[jax.Array, jax.Array]:
         return asickernels.nms(
             boxes, scores, iou_threshold=0.1, max_output_size=max_output_size, backend="pallas_tpu"
         )
@@ -76,30 +85,28 @@ def _nms(n: int, max_output_size: int) -> tuple[Callable[..., Any], list[Any]]:
     return fn, [((n, 4), "float32"), ((n,), "float32")]
 
 
-def _matmul(m: int, k: int, n: int, scaled: bool) -> tuple[Callable[..., Any], list[Any]]:
+def _matmul(m: int, k: int, n: int, scaled: bool) -> Built:
     import asickernels
 
-    def fn(x: Any, y: Any, *scales: Any) -> Any:
+    def fn(x: jax.Array, y: jax.Array, *scales: jax.Array) -> jax.Array:
         if scaled:
             return asickernels.int8_matmul(
                 x, y, x_scale=scales[0], y_scale=scales[1], backend="pallas_tpu"
             )
         return asickernels.int8_matmul(x, y, backend="pallas_tpu")
 
-    args: list[Any] = [((m, k), "int8"), ((k, n), "int8")]
+    args: list[ArgSpec] = [((m, k), "int8"), ((k, n), "int8")]
     return fn, args + ([((m,), "float32"), ((n,), "float32")] if scaled else [])
 
 
-def _box_metric(
-    op: str, backward: bool, *shapes: tuple[int, ...]
-) -> tuple[Callable[..., Any], list[Any]]:
+def _box_metric(op: str, backward: bool, *shapes: tuple[int, ...]) -> Built:
     """``asickernels.<op>`` (box_iou, generalized_box_iou, diou, ciou) on Pallas, or its
     gradient."""
     import jax
 
     import asickernels
 
-    def forward(a: Any, b: Any) -> Any:
+    def forward(a: jax.Array, b: jax.Array) -> jax.Array:
         return getattr(asickernels, op)(a, b, backend="pallas_tpu")
 
     fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
@@ -108,14 +115,14 @@ def _box_metric(
 
 def _roi_align(
     backward: bool, features: tuple[int, int, int, int], rois: int, output_size: int
-) -> tuple[Callable[..., Any], list[Any]]:
+) -> Built:
     """``asickernels.roi_align`` on Pallas (adaptive sampling, FPN-like scale), or its
     gradient."""
     import jax
 
     import asickernels
 
-    def forward(x: Any, boxes: Any) -> Any:
+    def forward(x: jax.Array, boxes: jax.Array) -> jax.Array:
         return asickernels.roi_align(
             x, boxes, output_size, spatial_scale=0.25, sampling_ratio=-1, backend="pallas_tpu"
         )
@@ -212,7 +219,7 @@ def libtpu_status() -> str | None:
 
 
 @functools.cache
-def topology_device(generation: str) -> Any:
+def topology_device(generation: str) -> jax.Device:
     """A TPU device of ``generation`` from a named topology (no TPU attached)."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: we are not on a TPU VM
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no lockfile between processes
@@ -225,8 +232,8 @@ def topology_device(generation: str) -> Any:
 
 
 def lower_for_tpu(
-    fn: Callable[..., Any], arg_specs: Sequence[tuple[tuple[int, ...], Any]], generation: str
-) -> Any:
+    fn: Callable[..., object], arg_specs: Sequence[ArgSpec], generation: str
+) -> jax.stages.Lowered:
     """``jax.jit(fn).lower(...)`` with the arguments on one TPU device of ``generation``:
     the Pallas kernels lower to Mosaic with that generation's blocks (they follow the
     lowering, see :mod:`asickernels.backends.pallas_tpu.lowering`)."""
@@ -329,7 +336,7 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def register_cli(subparsers: Any) -> None:
+def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds ``asickernels compile``."""
     parser = subparsers.add_parser(
         "compile",

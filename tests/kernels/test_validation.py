@@ -50,7 +50,6 @@ def fake_backend(monkeypatch):
             probe=lambda: registry.Availability(
                 mode, f"{name} probe says {mode}", "pip install it"
             ),
-            description="a backend that exists only in this test",
         )
         monkeypatch.setitem(registry._BACKENDS, name, backend)
         for op in ops:

@@ -28,13 +28,6 @@ def _probe() -> Availability:
     )
 
 
-BACKEND = Backend(
-    name="cpu",
-    array_kind="jax",
-    probe=_probe,
-    description="native C++ CPU kernels through XLA's FFI (and numpy for eager host calls)",
-    platforms=("cpu",),
-    package=__name__,
-)
+BACKEND = Backend(name="cpu", array_kind="jax", probe=_probe, platforms=("cpu",), package=__name__)
 
 __all__ = ["BACKEND"]

@@ -197,7 +197,7 @@ def address(array: np.ndarray | None) -> int | None:
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
-def float_kernel_dtype(*dtypes: Any) -> np.dtype:
+def float_kernel_dtype(*dtypes: np.dtype) -> np.dtype:
     """float64 if any input is float64, else float32 (bfloat16/float16 are upcast)."""
     return _FLOAT64 if any(d == _FLOAT64 for d in dtypes) else _FLOAT32
 

@@ -32,7 +32,12 @@ _HOST_ARGTYPES = {
 }
 
 
-def _ffi(kind: str, metric: str, dtype: Any, results: Any) -> Callable[..., Any]:
+def _ffi(
+    kind: str,
+    metric: str,
+    dtype: np.dtype,
+    results: jax.ShapeDtypeStruct | tuple[jax.ShapeDtypeStruct, ...],
+) -> Callable[..., Any]:
     """The FFI call of ``kind`` (e.g. ``"paired_box_metric_vjp"``) for ``metric``."""
     target = _library.ffi_target(f"{kind}_{_library.FLOAT_SUFFIX[np.dtype(dtype)]}")
     call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
@@ -154,7 +159,7 @@ def _pairwise_vjp_call(
 _pairwise = _with_both_gradients(_pairwise_call, _pairwise_vjp_call)
 
 
-def _jax_inputs(*arrays: Any) -> list[jax.Array]:
+def _jax_inputs(*arrays: jax.Array) -> list[jax.Array]:
     dtype = _library.float_kernel_dtype(*(a.dtype for a in arrays))
     return [jnp.asarray(a).astype(dtype) for a in arrays]
 
@@ -195,7 +200,7 @@ def _pairwise_metric(metric: str) -> Callable[..., jax.Array]:
 # -- host (numpy) --------------------------------------------------------------------------
 
 
-def _host_inputs(*arrays: Any) -> list[np.ndarray]:
+def _host_inputs(*arrays: np.ndarray) -> list[np.ndarray]:
     """C-contiguous arrays of the kernel dtype (no copy when they already are)."""
     dtype = _library.float_kernel_dtype(*(np.asarray(a).dtype for a in arrays))
     return [np.ascontiguousarray(a, dtype) for a in arrays]

@@ -4,8 +4,6 @@ in float64 and rounds once to the output dtype (float32 for bfloat16/float16 fir
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +19,7 @@ _HOST_ARGTYPES = (
 )  # fmt: skip
 
 
-def _kernel_out_dtype(out_dtype: Any, scaled: bool) -> np.dtype:
+def _kernel_out_dtype(out_dtype: np.dtype, scaled: bool) -> np.dtype:
     """What the kernel writes: int32 unscaled; float64 for a float64 result, else float32."""
     if not scaled:
         return np.dtype(np.int32)
@@ -35,7 +33,7 @@ def int8_matmul(
     *,
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
-    out_dtype: Any,
+    out_dtype: np.dtype,
 ) -> jax.Array:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` with scales."""
     m, n = x.shape[0], y.shape[1]
@@ -64,7 +62,7 @@ def int8_matmul_host(
     *,
     x_scale: np.ndarray | None,
     y_scale: np.ndarray | None,
-    out_dtype: Any,
+    out_dtype: np.dtype,
 ) -> np.ndarray:
     """Host twin of :func:`int8_matmul`: numpy in, numpy out."""
     x = np.ascontiguousarray(x, np.int8)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import BACKEND, _library
+from asickernels.kernels.declaration import host_empty
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 # asickernels_cpu_nms (csrc/nms.cpp): dtype code, boxes, scores, categories or null, batch,
@@ -55,20 +56,8 @@ def nms(
     return indices, num_valid
 
 
-def _host_inputs(
-    boxes: np.ndarray, scores: np.ndarray, categories: np.ndarray | None
-) -> list[np.ndarray | None]:
-    """C-contiguous boxes and scores of the kernel dtype, int32 categories (no copies when
-    they already are)."""
-    dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
-    return [
-        np.ascontiguousarray(boxes, dtype),
-        np.ascontiguousarray(scores, dtype),
-        None if categories is None else np.ascontiguousarray(categories, np.int32),
-    ]
-
-
-def _bind_host(
+@BACKEND.host_twin("nms")
+def nms_host(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
@@ -76,22 +65,27 @@ def _bind_host(
     iou_threshold: float,
     max_output_size: int,
     score_threshold: float,
-) -> _library.Bound:
-    dtype = boxes.dtype  # one kernel dtype for boxes and scores, int32 categories: prepared
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host twin of :func:`nms`: numpy in, numpy out (no copies of inputs that are already
+    C-contiguous and of the kernel dtype)."""
+    dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
+    boxes, scores = np.ascontiguousarray(boxes, dtype), np.ascontiguousarray(scores, dtype)
+    if categories is not None:
+        categories = np.ascontiguousarray(categories, np.int32)
     batch, n = scores.shape
-    scalars = (batch, n, float(iou_threshold), int(max_output_size), float(score_threshold))
-    outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
-    inputs = (boxes, scores, categories)
-    entry = _library.host_entry("nms", *_HOST_ARGTYPES)
-    return _library.bound_entry(entry, (_library.FLOAT_CODES[dtype],), scalars, inputs, outputs)
-
-
-nms_host = BACKEND.host_twin("nms")(
-    _library.HostTwin(
-        _host_inputs,
-        _bind_host,
-        """Host twin of :func:`nms`: numpy in (``boxes [B, N, 4]``, ``scores [B, N]``,
-    ``categories [B, N]`` or None; keyword ``iou_threshold``, ``max_output_size``,
-    ``score_threshold``), numpy ``(indices, num_valid)`` out.""",
+    indices = host_empty((batch, max_output_size), np.int32)
+    num_valid = host_empty((batch,), np.int32)
+    _library.check(
+        _library.host_entry("nms", *_HOST_ARGTYPES)(
+            _library.FLOAT_CODES[dtype],
+            *map(_library.address, (boxes, scores, categories)),
+            batch,
+            n,
+            float(iou_threshold),
+            int(max_output_size),
+            float(score_threshold),
+            _library.address(indices),
+            _library.address(num_valid),
+        )
     )
-)
+    return indices, num_valid

@@ -37,7 +37,6 @@ BACKEND = Backend(
     name="gpsimd",
     array_kind="numpy",
     probe=_probe,
-    description="GpSimd custom C++ operators (Neuron), or their host build through the shim",
     platforms=("neuron",),
     counters=_library.host_counters,
     package=__name__,

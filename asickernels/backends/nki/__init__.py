@@ -3,9 +3,13 @@ and otherwise in a strict CPU simulator (:mod:`asickernels.simulate.nki`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asickernels.kernels.registry import Availability, Backend
+
+if TYPE_CHECKING:
+    from asickernels.benchmarking.timing import Timing
+    from asickernels.benchmarking.workloads import Case
 
 
 def _probe() -> Availability:
@@ -31,7 +35,7 @@ def _counters() -> dict[str, float]:
     return sdk.last_counters()
 
 
-def _device_timer(op: str, case: Any, warmup: int, iters: int) -> Any:
+def _device_timer(op: str, case: Case, warmup: int, iters: int) -> Timing:
     from asickernels.benchmarking import device
 
     return device.time_nki_op(op, case, warmup, iters)
@@ -41,7 +45,6 @@ BACKEND = Backend(
     name="nki",
     array_kind="numpy",
     probe=_probe,
-    description="NKI kernels for AWS Trainium/Inferentia (a strict CPU simulator without a device)",
     platforms=("neuron",),
     counters=_counters,
     device_timer=_device_timer,

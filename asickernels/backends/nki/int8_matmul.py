@@ -82,7 +82,7 @@ def int8_matmul(
     *,
     x_scale: np.ndarray | None,
     y_scale: np.ndarray | None,
-    out_dtype: Any,
+    out_dtype: np.dtype,
 ) -> np.ndarray:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` (see the module docstring)."""
     out_dtype = np.dtype(out_dtype)

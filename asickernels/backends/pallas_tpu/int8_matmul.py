@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -103,7 +104,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _build(
-    config: Int8MatmulConfig | None, out_dtype: Any, target: lowering.Target
+    config: Int8MatmulConfig | None, out_dtype: str, target: lowering.Target
 ) -> Callable[..., jax.Array]:
     if target.mosaic and target.generation not in generations.INT8_MXU:
         # Mosaic refuses int8 x int8 there; say so before its compiler error does.
@@ -172,7 +173,7 @@ def int8_matmul(
     *,
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
-    out_dtype: Any,
+    out_dtype: np.dtype,
     config: Int8MatmulConfig | None = None,
     mode: lowering.InterpretMode = None,
 ) -> jax.Array:

@@ -12,11 +12,5 @@ def _probe() -> Availability:
 
 
 BACKEND = Backend(
-    name="xla",
-    array_kind="jax",
-    probe=_probe,
-    description="plain jax.numpy, compiled by XLA for whatever device JAX has",
-    platforms=("*",),
-    embeddable=True,
-    package=__name__,
+    name="xla", array_kind="jax", probe=_probe, platforms=("*",), embeddable=True, package=__name__
 )

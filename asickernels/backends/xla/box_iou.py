@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from asickernels.backends.xla import BACKEND
 from asickernels.backends.xla.giou import giou_from_planes
@@ -74,7 +74,7 @@ def metric_from_planes(metric: str, *planes: jax.Array) -> jax.Array:
     return diou - alpha * v
 
 
-def _planes(boxes: jax.Array, dtype: Any) -> list[jax.Array]:
+def _planes(boxes: jax.Array, dtype: np.dtype) -> list[jax.Array]:
     boxes = boxes.astype(dtype)
     return [boxes[..., i] for i in range(4)]
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
 
 
-def dequantize(acc: jax.Array, x_scale: jax.Array, y_scale: jax.Array, out_dtype: Any) -> jax.Array:
+def dequantize(
+    acc: jax.Array, x_scale: jax.Array, y_scale: jax.Array, out_dtype: np.dtype
+) -> jax.Array:
     """``acc [M, N]`` int32 -> ``acc * x_scale[:, None] * y_scale[None, :]`` in float32, cast once."""
     return (acc.astype(jnp.float32) * x_scale[:, None] * y_scale[None, :]).astype(out_dtype)
 
@@ -23,7 +24,7 @@ def int8_matmul(
     *,
     x_scale: jax.Array | None,
     y_scale: jax.Array | None,
-    out_dtype: Any,
+    out_dtype: np.dtype,
 ) -> jax.Array:
     acc = lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     if x_scale is None or y_scale is None:

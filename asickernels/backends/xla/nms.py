@@ -3,10 +3,11 @@ sorting candidates (Mosaic has no sort) and compacting keep flags into padded in
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
@@ -29,7 +30,7 @@ class Candidates(NamedTuple):
     categories: jax.Array
 
 
-def compute_dtype(*arrays: jax.Array) -> Any:
+def compute_dtype(*arrays: jax.Array) -> np.dtype:
     """float32 for narrower floats, float64 kept (decided in float64 under x64)."""
     return jnp.result_type(jnp.float32, *(a.dtype for a in arrays))
 
@@ -76,15 +77,8 @@ def indices_from_keep(
     return indices[:max_output_size], count
 
 
-def _nms_one(
-    boxes: jax.Array,
-    scores: jax.Array,
-    categories: jax.Array | None,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
-) -> tuple[jax.Array, jax.Array]:
-    cand = sort_candidates(boxes, scores, categories, score_threshold)
+def _greedy_keep(cand: Candidates, iou_threshold: float, max_output_size: int) -> jax.Array:
+    """Keep flags over one image's sorted candidates: greedy NMS, one kept box per step."""
 
     def keep_next(
         state: tuple[jax.Array, jax.Array, jax.Array],
@@ -107,7 +101,7 @@ def _nms_one(
     _, keep, _ = lax.while_loop(
         has_more, keep_next, (cand.eligible, jnp.zeros_like(cand.eligible), jnp.int32(0))
     )
-    return indices_from_keep(cand.order, keep, max_output_size)
+    return keep
 
 
 @BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
@@ -123,7 +117,9 @@ def nms(
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
 
     def one(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-        return _nms_one(b, s, c, iou_threshold, max_output_size, score_threshold)
+        cand = sort_candidates(b, s, c, score_threshold)
+        keep = _greedy_keep(cand, iou_threshold, max_output_size)
+        return indices_from_keep(cand.order, keep, max_output_size)
 
     if categories is None:
         return jax.vmap(lambda b, s: one(b, s, None))(boxes, scores)

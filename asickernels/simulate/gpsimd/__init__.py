@@ -32,13 +32,14 @@ from typing import Any
 import numpy as np
 
 from asickernels._native_build import (
-    BUILD_TIMEOUT_SECONDS,
     SANITIZER_FLAGS,
+    build_atomically,
     cache_dir,
     compiler,
     compiler_version,
     host_cpu,
     optimize_flags,
+    run_compiler,
     source_digest,
 )
 from asickernels._native_build import sanitizer_preload as _sanitizer_preload
@@ -127,41 +128,13 @@ def _require_compiler() -> str:
     return cxx
 
 
-def _compile(command: list[str], what: str) -> None:
-    try:
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS
-        )
-    except subprocess.TimeoutExpired:
-        raise ShimError(f"building {what} timed out: {' '.join(command)}") from None
-    if result.returncode != 0:
-        raise ShimError(f"building {what} failed:\n$ {' '.join(command)}\n{result.stderr[-8000:]}")
-
-
-def _build_atomically(target: Path, build: Any) -> Path:
-    """Runs ``build(temporary_path)`` unless ``target`` exists, then renames the result into
-    place: safe when several processes build the same target at once."""
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f"{target.stem}.", suffix=".tmp", dir=target.parent)
-    os.close(handle)
-    try:
-        build(temporary)
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    return target
-
-
 def _runtime_object(cxx: str, flags: Sequence[str]) -> Path:
     headers = sorted(INCLUDE_DIR.rglob("*.h*"))
     key = source_digest([RUNTIME_SOURCE, *headers], cxx, compiler_version(cxx), host_cpu(), *flags)
     command = [cxx, *flags, "-I", str(INCLUDE_DIR), "-c", str(RUNTIME_SOURCE), "-o"]
-    return _build_atomically(
+    return build_atomically(
         cache_dir() / f"gpsimd-runtime-{key}.o",
-        lambda out: _compile([*command, out], "the GpSimd shim runtime"),
+        lambda out: run_compiler([*command, out], "the GpSimd shim runtime", ShimError),
     )
 
 
@@ -271,9 +244,10 @@ def _build_library(
             objects = []
             for index, source in enumerate(compute_srcs):
                 obj = Path(scratch) / f"compute{index}.o"
-                _compile(
+                run_compiler(
                     [cxx, *flags, *extra_cflags, *includes, "-c", str(source), "-o", str(obj)],
                     f"compute source {source}",
+                    ShimError,
                 )
                 objects.append(obj)
             glue = Path(scratch) / "kernels_glue.cpp"
@@ -282,10 +256,9 @@ def _build_library(
             command += [*map(str, shape_srcs), str(glue), str(runtime), "-o", output]
             if verbose:
                 print("$", " ".join(command), file=sys.stderr)
-            _compile(command, f"the GpSimd library {name!r}")
+            run_compiler(command, f"the GpSimd library {name!r}", ShimError)
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return _build_atomically(target, build)
+    return build_atomically(target, build)
 
 
 def _text(function: Any) -> str:

@@ -8,14 +8,16 @@ Every builder returns ``(function, [(shape, dtype), ...])`` for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from asickernels.simulate.tpu_compile import Built
 from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate.estimate import Case
 
-Built = tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]
+if TYPE_CHECKING:
+    import jax
 
 _HERE = __name__
 _SEEDS = seeds.__name__
@@ -24,8 +26,8 @@ _SEEDS = seeds.__name__
 def make_case(
     name: str,
     builder: str,
-    kwargs: dict[str, Any],
-    loop_trips: Mapping[str, tuple[tuple[int, Any], ...]] | None = None,
+    kwargs: Mapping[str, object],
+    loop_trips: Mapping[str, tuple[tuple[int, int], ...]] | None = None,
     *,
     op: str = "",
     impl: str = "",
@@ -116,7 +118,7 @@ def int8_matmul_builder(
 
     config = Int8MatmulConfig(block_m, block_n, block_k) if block_m else None
 
-    def function(x: Any, y: Any) -> Any:
+    def function(x: jax.Array, y: jax.Array) -> jax.Array:
         return asickernels.int8_matmul(x, y, backend="pallas_tpu", config=config)
 
     return function, [((m, k), "int8"), ((k, n), "int8")]
@@ -128,14 +130,14 @@ def xla_matmul_builder(m: int, k: int, n: int, variant: str) -> Built:
     import jax
     import jax.numpy as jnp
 
-    def int8_dot(x: Any, y: Any) -> Any:
+    def int8_dot(x: jax.Array, y: jax.Array) -> jax.Array:
         return jax.lax.dot(x, y, preferred_element_type=jnp.int32)
 
     if variant == "int8":
         return int8_dot, [((m, k), "int8"), ((k, n), "int8")]
     if variant == "w8a8":
 
-        def w8a8(x: Any, y: Any, x_scale: Any, y_scale: Any) -> Any:
+        def w8a8(x: jax.Array, y: jax.Array, x_scale: jax.Array, y_scale: jax.Array) -> jax.Array:
             product = int8_dot(x, y).astype(jnp.float32)
             return (product * x_scale[:, None] * y_scale[None, :]).astype(jnp.bfloat16)
 
@@ -153,10 +155,10 @@ def giou_builder(pairs: int, backend: str, gradient: bool) -> Built:
 
     import asickernels
 
-    def forward(a: Any, b: Any) -> Any:
+    def forward(a: jax.Array, b: jax.Array) -> jax.Array:
         return asickernels.giou(a, b, backend=backend)
 
-    def function(a: Any, b: Any) -> Any:
+    def function(a: jax.Array, b: jax.Array) -> jax.Array:
         if gradient:
             return jax.grad(lambda x, y: forward(x, y).sum(), argnums=(0, 1))(a, b)
         return forward(a, b)
@@ -173,7 +175,7 @@ def stream_builder(rows: int, cols: int, block_rows: int) -> Built:
     def kernel(x_ref: Any, out_ref: Any) -> None:
         out_ref[...] = x_ref[...] * 2.0 + 1.0
 
-    def function(x: Any) -> Any:
+    def function(x: jax.Array) -> jax.Array:
         block = pl.BlockSpec((block_rows, cols), lambda i: (i, 0))
         return pl.pallas_call(
             kernel,
@@ -209,7 +211,7 @@ def int8_matmul_case(
     block_k)``."""
     m, k, n = mkn or (size, size, size)
     named = "table blocks" if blocks is None else "blocks {}x{}x{}".format(*blocks)
-    shape: dict[str, Any] = {"m": m, "k": k, "n": n}
+    shape: dict[str, object] = {"m": m, "k": k, "n": n}
     if blocks is not None:
         shape.update(zip(("block_m", "block_n", "block_k"), blocks, strict=True))
     label = f"{m}x{k}x{n}"
@@ -258,12 +260,3 @@ def giou_case(pairs: int, backend: str, gradient: bool) -> Case:
         shape=f"P={pairs}",
         work=roofline.giou(pairs, gradient=gradient),
     )
-
-
-# Ours and plain XLA side by side: on TPU v5e the seed found jitted JAX slightly faster
-# than its Pallas GIOU; `backend=None` picks Pallas on TPUs, so this should say otherwise.
-GIOU_CASES = tuple(
-    giou_case(GIOU_PAIRS, backend, gradient)
-    for gradient in (False, True)
-    for backend in ("pallas_tpu", "xla")
-)
