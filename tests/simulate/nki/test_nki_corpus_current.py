@@ -5,7 +5,6 @@ have one). Each file is loaded by a module loader while a local fixture maps ``n
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import SHARED, load_module
 
 from asickernels.simulate import nki as simulator
 from asickernels.simulate.nki import errors
@@ -49,13 +48,8 @@ def load(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def load_file(path: Path) -> ModuleType:
         monkeypatch.syspath_prepend(str(path.parent))  # sibling imports (mx_kernel_utils)
         name = f"corpus_{path.stem.replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         loaded.append(name)
-        spec.loader.exec_module(module)
-        return module
+        return load_module(path, name)
 
     yield load_file
     for name in loaded + ["mx_kernel_utils", "mx_kernels", "mx_cpu_utils"]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DATA, REPO, SHARED
+from conftest import DATA, REPO, SHARED, load_module
 
 from asickernels import reference
 from asickernels.simulate.nki import install as hook
@@ -48,13 +48,8 @@ def load() -> Iterator[Any]:
     def load_file(path: Path) -> ModuleType:
         sys.path.insert(0, str(path.parent))
         name = f"legacy_corpus_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         loaded.append(name)
-        spec.loader.exec_module(module)
-        return module
+        return load_module(path, name)
 
     try:
         yield load_file
