@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import SHARED, load_module
+from mamba import mamba_inputs, selective_scan
 
 from asickernels.simulate import nki as simulator
 from asickernels.simulate.nki import errors
@@ -150,31 +151,12 @@ def test_matmul_tutorial(load, root, kernel, sizes, options):
     np.testing.assert_allclose(result, lhs_t.T @ rhs, atol=1e-3, rtol=1e-4)
 
 
-def _mamba_reference(delta, u, a, b, c):
-    """The selective scan: h_t = exp(delta_t * A) * h_{t-1} + delta_t * u_t * B_t; y_t = sum
-    over states of h_t * C_t."""
-    out = np.zeros_like(delta, dtype=np.float64)
-    for s in range(a.shape[1]):
-        decay = np.exp(delta * a[None, :, s, None])
-        drive = delta * u * b[:, None, s, :]
-        state = np.zeros(delta.shape[:2])
-        for t in range(delta.shape[2]):
-            state = decay[..., t] * state + drive[..., t]
-            out[..., t] += state * c[:, None, s, t]
-    return out
-
-
 @pytest.mark.parametrize("version", ["mamba_v1", "mamba_v2", "mamba_v3"])
 def test_fused_mamba(load, version):
     module = load(SDK / "examples" / "fused_mamba" / "mamba_nki_kernels.py")
-    batch, channels, seq_len, states = 1, 128, 1024, 2
-    delta = RNG.uniform(0.0, 0.2, (batch, channels, seq_len)).astype(np.float32)
-    u = RNG.standard_normal((batch, channels, seq_len)).astype(np.float32)
-    a = -RNG.uniform(0.5, 1.5, (channels, states)).astype(np.float32)
-    b = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    c = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    result = getattr(module, version)(delta, u, a, b, c)
-    np.testing.assert_allclose(result, _mamba_reference(delta, u, a, b, c), rtol=1e-4, atol=1e-4)
+    inputs = mamba_inputs(RNG, (0.0, 0.2), (0.5, 1.5))
+    result = getattr(module, version)(*inputs)
+    np.testing.assert_allclose(result, selective_scan(*inputs), rtol=1e-4, atol=1e-4)
 
 
 MX = SDK / "deep-dives" / "src" / "mxfp-matmul"
