@@ -6,7 +6,6 @@ beside its declaration (NMS: :mod:`asickernels.kernels.nms_cases`) is not listed
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -95,15 +94,18 @@ def giou_cases() -> list[BoxPairCase]:
 
 @dataclasses.dataclass
 class MatmulCase:
+    """int8 ``x [M, K]`` and ``y [K, N]``, per-row and per-column scales (arrays, scalars
+    or None) and the result's dtype (None: int32, or float32 when scaled)."""
+
     name: str
     x: np.ndarray
     y: np.ndarray
-    x_scale: Any = None
-    y_scale: Any = None
-    out_dtype: Any = None
+    x_scale: np.ndarray | np.float32 | None = None
+    y_scale: np.ndarray | np.float32 | None = None
+    out_dtype: npt.DTypeLike | None = None
     slow: bool = False
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, object]:
         return {"x_scale": self.x_scale, "y_scale": self.y_scale, "out_dtype": self.out_dtype}
 
 
