@@ -139,20 +139,30 @@ def _model_detections(
 
 
 def _dense_postprocess(
-    model: RetinaNet | FCOS,
-    scores: list[Tensor],
-    box_regression: list[Tensor],
+    self: RetinaNet | FCOS,
+    head_outputs: dict[str, list[Tensor]],
     anchors: list[list[Tensor]],
     image_shapes: list[tuple[int, int]],
-    decode: Callable[[Tensor, Tensor], Tensor],
 ) -> list[dict[str, Tensor]]:
     """RetinaNet's and FCOS's ``postprocess_detections`` with static shapes: per level the
-    ``topk_candidates`` best scores above ``score_thresh`` (``scores [B, A_l * C]``), their
-    boxes decoded and clipped, then per-class NMS over all levels."""
+    ``topk_candidates`` best scores above ``score_thresh`` (``scores [B, A_l * C]``: the
+    class probability, for FCOS its geometric mean with the centerness), their boxes
+    decoded and clipped, then per-class NMS over all levels."""
+    logits, box_regression = head_outputs["cls_logits"], head_outputs["bbox_regression"]
+    if isinstance(self, FCOS):
+        centerness = head_outputs["bbox_ctrness"]
+        scores = [
+            torch.sqrt(torch.sigmoid(c) * torch.sigmoid(n)).flatten(1)
+            for c, n in zip(logits, centerness, strict=True)
+        ]
+        decode = self.box_coder.decode
+    else:
+        scores = [torch.sigmoid(c).flatten(1) for c in logits]
+        decode = self.box_coder.decode_single
     level_boxes, level_scores, level_labels, level_valid = [], [], [], []
     for level, (level_score, regression) in enumerate(zip(scores, box_regression, strict=True)):
         num_classes = level_score.shape[1] // regression.shape[1]
-        indices, valid = _top_candidates(model, level_score)
+        indices, valid = _top_candidates(self, level_score)
         anchor_idxs = torch.div(indices, num_classes, rounding_mode="floor")
         level_anchors = torch.stack([a[level] for a in anchors])
         rows = anchor_idxs.unsqueeze(-1).expand(-1, -1, 4)
@@ -165,45 +175,11 @@ def _dense_postprocess(
         level_labels.append(indices % num_classes)
         level_valid.append(valid)
     return _model_detections(
-        model,
+        self,
         torch.cat(level_boxes, 1),
         torch.cat(level_scores, 1),
         torch.cat(level_labels, 1),
         torch.cat(level_valid, 1),
-    )
-
-
-def _retinanet_postprocess(
-    self: RetinaNet,
-    head_outputs: dict[str, list[Tensor]],
-    anchors: list[list[Tensor]],
-    image_shapes: list[tuple[int, int]],
-) -> list[dict[str, Tensor]]:
-    scores = [torch.sigmoid(logits).flatten(1) for logits in head_outputs["cls_logits"]]
-    return _dense_postprocess(
-        self,
-        scores,
-        head_outputs["bbox_regression"],
-        anchors,
-        image_shapes,
-        self.box_coder.decode_single,
-    )
-
-
-def _fcos_postprocess(
-    self: FCOS,
-    head_outputs: dict[str, list[Tensor]],
-    anchors: list[list[Tensor]],
-    image_shapes: list[tuple[int, int]],
-) -> list[dict[str, Tensor]]:
-    scores = [
-        torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(ctrness)).flatten(1)
-        for logits, ctrness in zip(
-            head_outputs["cls_logits"], head_outputs["bbox_ctrness"], strict=True
-        )
-    ]
-    return _dense_postprocess(
-        self, scores, head_outputs["bbox_regression"], anchors, image_shapes, self.box_coder.decode
     )
 
 
@@ -438,8 +414,7 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
             raise TypeError(f"backend must be a backend name or None, got {backend!r}")
         registry.backend(backend)  # ValueError for an unknown name
     if isinstance(model, (RetinaNet, FCOS)):
-        postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
-        _swap(model, backend, postprocess_detections=postprocess)
+        _swap(model, backend, postprocess_detections=_dense_postprocess)
         return model
     if isinstance(model, SSD):
         _swap(model, backend, postprocess_detections=_ssd_postprocess)

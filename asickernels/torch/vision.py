@@ -327,6 +327,12 @@ class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):
         boxes: list[Tensor],
         image_shapes: list[tuple[int, int]],
     ) -> Tensor:
+        if not isinstance(x, dict):
+            raise TypeError(f"x must be a dict of feature maps, got {type(x).__name__}")
+        if not isinstance(image_shapes, (list, tuple)):
+            raise TypeError(
+                f"image_shapes must be a list of (height, width), got {type(image_shapes).__name__}"
+            )
         features = poolers._filter_input(x, self.featmap_names)
         if self.scales is None or self.map_levels is None:  # type: ignore[has-type]
             self.scales, self.map_levels = poolers._setup_scales(

@@ -670,3 +670,16 @@ def test_every_argument_given_as_none_is_refused_by_name(function, name):
 def test_a_none_in_per_image_boxes_is_refused_by_name():
     with pytest.raises(TypeError, match=r"boxes\[1\]"):
         vision.roi_align(torch.rand(2, 2, 8, 8), [torch.zeros(1, 4), None], 2)
+
+
+@pytest.mark.parametrize("name", ["x", "boxes", "image_shapes"])
+def test_multiscale_roi_align_refuses_none_by_name(name):
+    arguments = {
+        "x": {"0": torch.rand(1, 2, 8, 8)},
+        "boxes": [torch.tensor([[0.0, 0.0, 4.0, 4.0]])],
+        "image_shapes": [(32, 32)],
+    }
+    pooler = vision.MultiScaleRoIAlign(["0"], 2, 2)
+    pooler(**arguments)
+    with pytest.raises(TypeError, match=name):
+        pooler(**{**arguments, name: None})
