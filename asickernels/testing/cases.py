@@ -18,6 +18,8 @@ RAGGED_SIZES = (1, 7, 130, 257)
 def random_boxes(
     rng: np.random.Generator, shape: tuple[int, ...], scale: float = 10.0
 ) -> np.ndarray:
+    """float32 boxes ``shape + (4,)``: corners uniform in ``[-scale, scale)``, sides in
+    ``[0, scale)`` (some nearly empty)."""
     xy = rng.uniform(-scale, scale, shape + (2,))
     wh = rng.uniform(0.0, scale, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
@@ -26,6 +28,8 @@ def random_boxes(
 def grid_boxes(
     rng: np.random.Generator, shape: tuple[int, ...], span: int = 40, size: int = 16
 ) -> np.ndarray:
+    """float32 boxes ``shape + (4,)`` on the integer grid: corners in ``[0, span)``, sides
+    in ``[0, size)``, so that equal boxes, shared edges and zero sizes occur."""
     xy = rng.integers(0, span, shape + (2,))
     wh = rng.integers(0, size, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)

@@ -29,7 +29,10 @@ def where_xla_tensors_live() -> policy.Where:
     PJRT device (on which the TPU kernels run simulated)."""
     import torch_xla.runtime as xr
 
-    kind = xr.device_type().lower()
+    device_type = xr.device_type()
+    if device_type is None:
+        raise RuntimeError("torch_xla has no device: set PJRT_DEVICE (TPU, NEURON or CPU)")
+    kind = device_type.lower()
     generation = None
     if kind == "tpu":
         from asickernels import tpu_generations
