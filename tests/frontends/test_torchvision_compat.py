@@ -352,6 +352,15 @@ def test_nms_and_batched_nms_match_torchvision():
         )
 
 
+def test_batched_nms_of_no_boxes_is_empty_whatever_the_other_shapes_as_torchvision():
+    for boxes, scores, idxs in (
+        (torch.zeros(0, 4), torch.zeros(0), torch.zeros(0)),
+        (torch.zeros(0), torch.zeros(3), torch.zeros(2)),
+    ):
+        want = tvo.batched_nms(boxes, scores, idxs, 0.5)
+        assert torch.equal(vision.batched_nms(boxes, scores, idxs, 0.5), want)
+
+
 def test_bad_inputs_raise_runtime_error_as_torchvision():
     for boxes, scores in (
         (torch.rand(4), torch.rand(3)),
