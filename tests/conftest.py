@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -24,6 +27,17 @@ REPO = TESTS.parent
 DATA = TESTS / "data"
 # The vendor corpus beside the checkout (CI has it; tests that need it skip without it).
 SHARED = REPO.parent / "shared"
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Runs the Python file at ``path`` (a vendor kernel or script, not in a package) as the
+    module ``sys.modules[name]`` and returns it; the caller removes ``name`` when it is done."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: dataclasses and pickling look it up
+    spec.loader.exec_module(module)
+    return module
 
 
 def backends_under_test(op: str) -> list[str]:

@@ -15,8 +15,7 @@ Neither Neuron path has run here: the SDK is not installable on this machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from asickernels.benchmarking.timing import Timing
 from asickernels.benchmarking.workloads import Case
@@ -27,18 +26,13 @@ DeviceTimer = Callable[[str, Case, int, int], Timing]
 _PERCENTILES = (0, 10, 50, 90, 100)
 
 
-def device_timer(backend: Any) -> DeviceTimer | None:
-    """The backend's device timer, if it declares one."""
-    return getattr(backend, "device_timer", None)
-
-
 def nki_latency(
-    kernel: Callable[..., Any],
-    args: tuple[Any, ...],
+    kernel: Callable[..., object],
+    args: tuple[object, ...],
     *,
     warmup: int,
     iters: int,
-    kwargs: dict[str, Any] | None = None,
+    kwargs: Mapping[str, object] | None = None,
 ) -> Timing:
     """Device latency of an NKI kernel from ``nki.benchmark`` (Neuron SDK, legacy namespace
     ``neuronxcc.nki``, which has the benchmark decorator).
@@ -73,7 +67,9 @@ def time_nki_op(op: str, case: Case, warmup: int, iters: int) -> Timing:
 
     timings: list[Timing] = []
 
-    def observe(kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def observe(
+        kernel: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         timings.append(nki_latency(kernel, args, warmup=warmup, iters=iters, kwargs=kwargs))
 
     with sdk.observing_kernels(observe):

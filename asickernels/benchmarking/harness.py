@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from asickernels.benchmarking.device import DeviceTimer, device_timer
+from asickernels.benchmarking.device import DeviceTimer
 from asickernels.benchmarking.peers import PEER_BACKENDS, PEERS
 from asickernels.benchmarking.progress import Progress
 from asickernels.benchmarking.timing import Timing, measure, measure_alternately, timed_call
@@ -61,7 +61,7 @@ class Contender:
 
 
 # A checked call not yet timed, and its first call's seconds.
-Pending = tuple[Callable[[], Any], float]
+Pending = tuple[Callable[[], object], float]
 
 # What a user gets with backend=None: the same public call jitted (inputs on the device, and
 # the bench's numpy inputs as they are) and called eagerly on those numpy inputs, as the
@@ -116,7 +116,7 @@ def contenders(
                 registry.availability(name),
                 functools.partial(op.prepare_backend, name),
                 backend.counters,
-                device_timer(backend),
+                backend.device_timer,
             )
         )
     for name, mode in DEFAULT_ROWS.items():

@@ -16,12 +16,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from asickernels.benchmarking.workloads import Case, Prepared
 from asickernels.kernels.registry import Availability
+
+if TYPE_CHECKING:
+    import torch
 
 # Registered backends that count as peers (what you get without custom kernels).
 PEER_BACKENDS: dict[str, str] = {
@@ -37,12 +41,12 @@ class Peer:
     builders: dict[str, Callable[[Case], Prepared]]  # op name -> prepared call
 
 
-def _pad_indices(kept: Any, max_output_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _pad_indices(kept: npt.ArrayLike, max_output_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Kept indices (any length, best first) -> (``[max_output_size]`` padded with -1, count)."""
-    kept = np.asarray(kept, np.int64)[:max_output_size]
+    head = np.asarray(kept, np.int64)[:max_output_size]
     indices = np.full((max_output_size,), -1, np.int32)
-    indices[: kept.size] = kept
-    return indices, np.asarray(kept.size, np.int32)
+    indices[: head.size] = head
+    return indices, np.asarray(head.size, np.int32)
 
 
 def _single_image(case: Case) -> None:
@@ -134,7 +138,8 @@ def _torchvision_nms(case: Case) -> Prepared:
     return Prepared(call, lambda kept: _pad_indices(kept.numpy(), max_output))
 
 
-def _torch_pairs(case: Case) -> tuple[Any, Any, tuple[int, ...]]:
+def _torch_pairs(case: Case) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """The case's two box arrays as float32 ``[P, 4]`` CPU tensors, and their batch shape."""
     import torch
 
     shape = case.arrays[0].shape[:-1]
@@ -162,7 +167,7 @@ def _torchvision_giou_vjp(case: Case) -> Prepared:
     # d/dx sum(c * giou) = -d/dx sum(c * loss), since giou = 1 - loss.
     negative_cotangent = -torch.from_numpy(case.arrays[2].reshape(-1).astype(np.float32))
 
-    def call() -> Any:
+    def call() -> tuple[torch.Tensor, ...]:
         loss = ops.generalized_box_iou_loss(first, second, reduction="none")
         return torch.autograd.grad((loss * negative_cotangent).sum(), (first, second))
 

@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from asickernels.benchmarking import schema
 from asickernels.benchmarking.harness import BenchRow, BenchSettings, CheckRow
@@ -39,7 +39,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine() -> dict[str, Any]:
+class Machine(TypedDict):
+    """Where a document's figures were measured."""
+
+    cpu_model: str
+    cores: int
+    platform: str
+    python: str
+    jax_backend: str
+    devices: list[str]
+    load_average: list[float]
+
+
+def machine() -> Machine:
     import jax
 
     return {

@@ -11,12 +11,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import jax
 
+T = TypeVar("T")
 
-def synchronize(value: Any) -> Any:
+
+def synchronize(value: T) -> T:
     """Waits until every JAX array in ``value`` is computed (other values pass through)."""
     return jax.block_until_ready(value)
 
@@ -63,11 +65,11 @@ class Timing:
         """Half the 10-90 percentile range, relative to the median."""
         return (self.p90_s - self.p10_s) / 2 / self.median_s if self.median_s > 0 else 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, float | str | None]:
         return dataclasses.asdict(self)
 
 
-def timed_call(call: Callable[[], Any]) -> tuple[Any, float]:
+def timed_call(call: Callable[[], T]) -> tuple[T, float]:
     """Runs ``call`` once, waiting for its result: (result, seconds)."""
     start = time.perf_counter()
     result = synchronize(call())
@@ -75,7 +77,7 @@ def timed_call(call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def measure(
-    call: Callable[[], Any],
+    call: Callable[[], object],
     *,
     first_call_s: float,
     warmup: int,
@@ -104,7 +106,7 @@ TURN_CALLS = 5
 
 
 def measure_alternately(
-    calls: Sequence[Callable[[], Any]],
+    calls: Sequence[Callable[[], object]],
     *,
     first_calls_s: Sequence[float],
     warmup: int,

@@ -23,7 +23,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import jax
 import ml_dtypes
@@ -37,7 +37,7 @@ from asickernels.kernels.declaration import x64_scope
 from asickernels.testing import cases as shared_cases
 from asickernels.testing import oracle
 
-Canonical = Any  # numpy array or tuple of numpy arrays
+Canonical: TypeAlias = np.ndarray | tuple[np.ndarray, ...]  # an op's outputs, as numpy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +62,8 @@ class Prepared:
     """A ready-to-time call (inputs already converted and placed) and the conversion of its
     output to the op's canonical numpy form (kept out of the timed region)."""
 
-    call: Callable[[], Any]
-    canonical: Callable[[Any], Canonical]
+    call: Callable[[], object]
+    canonical: Callable[[Any], Canonical]  # takes what ``call`` returns (library-specific)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ class NotApplicable(Exception):
     as not applicable, not as a failure."""
 
 
-def oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
+def oracle_comparison(name: str, got: Canonical, expected: oracle.Outputs) -> Comparison:
     """The oracle's verdict (:mod:`asickernels.testing.oracle`): error in units of the op's
     tolerance (1 or less passes); for exact ops, the number of differing elements."""
     verdict = oracle.compare(name, got, expected)
@@ -87,7 +87,7 @@ def oracle_comparison(name: str, got: Canonical, expected: Any) -> Comparison:
     return Comparison(verdict.error, limit, verdict.passed)
 
 
-def _to_numpy(out: Any) -> Canonical:
+def _to_numpy(out: object) -> Canonical:
     if isinstance(out, tuple):
         return tuple(np.asarray(o) for o in out)
     return np.asarray(out)
@@ -122,10 +122,13 @@ class Op:
         raise NotImplementedError
 
     def expected(self, case: Case) -> Any:
-        raise NotImplementedError
+        """What :meth:`compare` checks a result against: by default the float64 reference
+        function of the op's name on the case's arrays."""
+        return getattr(reference, self.name)(*case.arrays)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
-        raise NotImplementedError
+        """By default the oracle's verdict (:func:`oracle_comparison`)."""
+        return oracle_comparison(self.name, got, expected)
 
     def backends(self) -> list[str]:
         return registry.backends_for(self.registry_op)
@@ -150,7 +153,7 @@ class Op:
                 f"this case is {wanted}"
             )
         public = getattr(asickernels, self.name)
-        function: Callable[..., Any] = functools.partial(public, backend=backend, **case.static)
+        function: Callable[..., object] = functools.partial(public, backend=backend, **case.static)
         if chosen.array_kind != "jax":
             return Prepared(lambda: function(*case.arrays), _to_numpy)
         return _jitted(function, case, on_device=True)
@@ -161,7 +164,7 @@ class Op:
         on the device (``"jit"``) or given as the same numpy arrays (``"jit-numpy"``: what
         JAX itself spends taking numpy arguments, which an eager call cannot avoid)."""
         public = getattr(asickernels, self.name)
-        function: Callable[..., Any] = functools.partial(public, **case.static)
+        function: Callable[..., object] = functools.partial(public, **case.static)
         if mode == "eager":
             return Prepared(lambda: function(*case.arrays), _to_numpy)
         return _jitted(function, case, on_device=mode == "jit")
@@ -172,7 +175,7 @@ def _float_dtype(case: Case) -> str:
     return "float64" if any(a.dtype == np.float64 for a in case.arrays) else "float32"
 
 
-def _jitted(function: Callable[..., Any], case: Case, *, on_device: bool) -> Prepared:
+def _jitted(function: Callable[..., object], case: Case, *, on_device: bool) -> Prepared:
     """``function`` under ``jax.jit`` on the case's arrays (placed on the device first if
     ``on_device``); in JAX's x64 mode when an input is 64-bit, so that float64 stays
     float64 (without it ``device_put`` and ``jit`` canonicalize to float32)."""
@@ -183,7 +186,7 @@ def _jitted(function: Callable[..., Any], case: Case, *, on_device: bool) -> Pre
     if not wide:
         return Prepared(lambda: jitted(*arrays), _to_numpy)
 
-    def call() -> Any:
+    def call() -> object:
         with x64_scope(True):
             return jitted(*arrays)
 
@@ -212,7 +215,10 @@ def _pairs_size(text: str) -> Size:
     return Size("x".join(map(str, shape)) + " pairs", {"shape": list(shape)})
 
 
-def checked(cases: list[Any]) -> list[Any]:
+CaseT = TypeVar("CaseT")
+
+
+def checked(cases: list[CaseT]) -> list[CaseT]:
     """The conformance suite's cases, less its slow tier."""
     return [case for case in cases if not getattr(case, "slow", False)]
 
@@ -239,29 +245,11 @@ class GiouOp(Op):
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
         return [Case(c.name, (c.boxes1, c.boxes2)) for c in checked(shared_cases.giou_cases())]
 
-    def expected(self, case: Case) -> Any:
-        return reference.giou(*case.arrays)
 
-    def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return oracle_comparison(self.name, got, expected)
-
-
-class GiouVjpOp(Op):
-    """The GIOU backward pass: gradients of ``sum(cotangent * giou)``."""
+class GiouVjpOp(GiouOp):
+    """The GIOU backward pass: gradients of ``sum(cotangent * giou)``, at GIOU's sizes."""
 
     name = "giou_vjp"
-    registry_op = "giou"
-    size_syntax = GiouOp.size_syntax
-    default_sizes = GiouOp.default_sizes
-    error_unit = "x tol"
-    quick_cases = GiouOp.quick_cases
-    quick_sizes = default_sizes
-
-    def parse_size(self, text: str) -> Size:
-        return _pairs_size(text)
-
-    def work(self, size: Size) -> float:
-        return float(math.prod(size.params["shape"]))
 
     def backends(self) -> list[str]:
         return giou_ops.differentiable_backends()
@@ -283,21 +271,12 @@ class GiouVjpOp(Op):
             if c.boxes1.dtype != ml_dtypes.bfloat16
         ]
 
-    def expected(self, case: Case) -> Any:
-        return reference.giou_vjp(*case.arrays)
-
-    def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return oracle_comparison(self.name, got, expected)
-
 
 class BoxMetricOp(GiouOp):
     """DIoU or CIoU of paired boxes, at GIOU's sizes and on GIOU's cases."""
 
     def __init__(self, name: str) -> None:
         self.name = self.registry_op = name
-
-    def expected(self, case: Case) -> Any:
-        return getattr(reference, self.name)(*case.arrays)
 
 
 class PairwiseOp(Op):
@@ -329,12 +308,6 @@ class PairwiseOp(Op):
 
     def check_cases(self, rng: np.random.Generator) -> list[Case]:
         return [Case(c.name, (c.boxes1, c.boxes2)) for c in shared_cases.pairwise_cases()]
-
-    def expected(self, case: Case) -> Any:
-        return getattr(reference, self.name)(*case.arrays)
-
-    def compare(self, got: Canonical, expected: Any) -> Comparison:
-        return oracle_comparison(self.name, got, expected)
 
 
 # -- int8 matmul ---------------------------------------------------------------------------
@@ -385,7 +358,9 @@ class Int8MatmulOp(Op):
             for c in checked(shared_cases.matmul_cases())
         ]
 
-    def expected(self, case: Case) -> Any:
+    def expected(self, case: Case) -> tuple[np.ndarray | None, np.ndarray, np.dtype | None]:
+        """``(rows, want, out_dtype)``: the sampled rows (None: all), their float64 or exact
+        int32 product, and the result's dtype for scaled products (None: int32)."""
         x, y = case.arrays
         rows = None
         if x.shape[0] * x.shape[1] * y.shape[1] > _FULL_CHECK_MACS:
@@ -408,7 +383,11 @@ class Int8MatmulOp(Op):
         )
         return rows, want, np.dtype(case.static.get("out_dtype") or np.float32)
 
-    def compare(self, got: Canonical, expected: Any) -> Comparison:
+    def compare(
+        self, got: Canonical, expected: tuple[np.ndarray | None, np.ndarray, np.dtype | None]
+    ) -> Comparison:
+        if not isinstance(got, np.ndarray):
+            raise TypeError(f"int8_matmul has one output, got {type(got).__name__}")
         rows, want, out_dtype = expected
         sample = got if rows is None else got[rows]
         checked = "all" if rows is None else f"{len(rows)} sampled rows of {got.shape[0]}"

@@ -6,10 +6,10 @@ beside its declaration (NMS: :mod:`asickernels.kernels.nms_cases`) is not listed
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 # Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
 RAGGED_SIZES = (1, 7, 130, 257)
@@ -18,6 +18,8 @@ RAGGED_SIZES = (1, 7, 130, 257)
 def random_boxes(
     rng: np.random.Generator, shape: tuple[int, ...], scale: float = 10.0
 ) -> np.ndarray:
+    """float32 boxes ``shape + (4,)``: corners uniform in ``[-scale, scale)``, sides in
+    ``[0, scale)`` (some nearly empty)."""
     xy = rng.uniform(-scale, scale, shape + (2,))
     wh = rng.uniform(0.0, scale, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
@@ -26,32 +28,43 @@ def random_boxes(
 def grid_boxes(
     rng: np.random.Generator, shape: tuple[int, ...], span: int = 40, size: int = 16
 ) -> np.ndarray:
+    """float32 boxes ``shape + (4,)`` on the integer grid: corners in ``[0, span)``, sides
+    in ``[0, size)``, so that equal boxes, shared edges and zero sizes occur."""
     xy = rng.integers(0, span, shape + (2,))
     wh = rng.integers(0, size, shape + (2,))
     return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
 
 
 @dataclasses.dataclass
-class GiouCase:
+class BoxPairCase:
+    """Two box arrays ``[..., N, 4]`` and ``[..., M, 4]`` (N = M for the element-wise GIOU)."""
+
     name: str
     boxes1: np.ndarray
     boxes2: np.ndarray
 
 
-def giou_cases() -> list[GiouCase]:
+def _random_pair(
+    rng: np.random.Generator,
+    name: str,
+    shape1: tuple[int, ...],
+    shape2: tuple[int, ...],
+    dtype: npt.DTypeLike = np.float32,
+) -> BoxPairCase:
+    """Random boxes of ``shape1`` then of ``shape2`` (drawn in that order), as ``dtype``."""
+    boxes1 = random_boxes(rng, shape1).astype(dtype)
+    return BoxPairCase(name, boxes1, random_boxes(rng, shape2).astype(dtype))
+
+
+def giou_cases() -> list[BoxPairCase]:
+    """Ragged and large sizes, batches, the adversarial pairs (identical, disjoint, touching,
+    nested, zero-area, huge and tiny coordinates), empty, float64 and bfloat16 boxes."""
     rng = np.random.default_rng(0)
-    cases = [
-        GiouCase(f"random_{n}", random_boxes(rng, (n,)), random_boxes(rng, (n,)))
-        for n in RAGGED_SIZES
-    ]
-    cases.append(
-        GiouCase("random_1024x256", random_boxes(rng, (1024, 256)), random_boxes(rng, (1024, 256)))
-    )
-    cases.append(
-        GiouCase("batch_3x5x7", random_boxes(rng, (3, 5, 7)), random_boxes(rng, (3, 5, 7)))
-    )
+    cases = [_random_pair(rng, f"random_{n}", (n,), (n,)) for n in RAGGED_SIZES]
+    cases.append(_random_pair(rng, "random_1024x256", (1024, 256), (1024, 256)))
+    cases.append(_random_pair(rng, "batch_3x5x7", (3, 5, 7), (3, 5, 7)))
     # A batch whose last dim is 4, like a box: cotangents [2, 4] must not pass for boxes.
-    cases.append(GiouCase("batch_2x4", random_boxes(rng, (2, 4)), random_boxes(rng, (2, 4))))
+    cases.append(_random_pair(rng, "batch_2x4", (2, 4), (2, 4)))
     base = np.array([0.0, 0.0, 4.0, 4.0], np.float32)
     adversarial = {
         "identical": (base, base),
@@ -69,38 +82,34 @@ def giou_cases() -> list[GiouCase]:
     }
     names = list(adversarial)
     cases.append(
-        GiouCase(
+        BoxPairCase(
             "adversarial",
             np.stack([adversarial[k][0] for k in names]),
             np.stack([adversarial[k][1] for k in names]),
         )
     )
-    cases.append(GiouCase("empty", np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)))
+    cases.append(BoxPairCase("empty", np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)))
     # float64 in, float64 out: boxes offset by 1e6 whose GIOU float32 cannot resolve.
     far = random_boxes(rng, (57,)).astype(np.float64) * 1e-3 + 1e6
-    cases.append(GiouCase("float64_offset_1e6", far, far + rng.uniform(0, 1e-3, far.shape)))
-    bf16 = ml_dtypes.bfloat16
-    cases.append(
-        GiouCase(
-            "bfloat16_130",
-            random_boxes(rng, (130,)).astype(bf16),
-            random_boxes(rng, (130,)).astype(bf16),
-        )
-    )
+    cases.append(BoxPairCase("float64_offset_1e6", far, far + rng.uniform(0, 1e-3, far.shape)))
+    cases.append(_random_pair(rng, "bfloat16_130", (130,), (130,), ml_dtypes.bfloat16))
     return cases
 
 
 @dataclasses.dataclass
 class MatmulCase:
+    """int8 ``x [M, K]`` and ``y [K, N]``, per-row and per-column scales (arrays, scalars
+    or None) and the result's dtype (None: int32, or float32 when scaled)."""
+
     name: str
     x: np.ndarray
     y: np.ndarray
-    x_scale: Any = None
-    y_scale: Any = None
-    out_dtype: Any = None
+    x_scale: np.ndarray | np.float32 | None = None
+    y_scale: np.ndarray | np.float32 | None = None
+    out_dtype: npt.DTypeLike | None = None
     slow: bool = False
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, object]:
         return {"x_scale": self.x_scale, "y_scale": self.y_scale, "out_dtype": self.out_dtype}
 
 
@@ -138,37 +147,20 @@ def matmul_cases() -> list[MatmulCase]:
     return cases
 
 
-@dataclasses.dataclass
-class PairwiseCase:
-    """Boxes for the pairwise ops: ``boxes1 [..., N, 4]`` against ``boxes2 [..., M, 4]``."""
-
-    name: str
-    boxes1: np.ndarray
-    boxes2: np.ndarray
-
-
-def pairwise_cases() -> list[PairwiseCase]:
-    """Random and ragged sizes, batches, N or M = 0, and every pair of GIOU's adversarial
-    boxes (disjoint, nested, identical, touching, zero-area points and lines, ...)."""
+def pairwise_cases() -> list[BoxPairCase]:
+    """Boxes for the pairwise ops (``boxes1 [..., N, 4]`` against ``boxes2 [..., M, 4]``):
+    random and ragged sizes, batches, N or M = 0, every pair of GIOU's adversarial boxes
+    (disjoint, nested, identical, touching, zero-area points and lines, ...) and bfloat16."""
     rng = np.random.default_rng(5)
     cases = [
-        PairwiseCase(f"random_{n}x{m}", random_boxes(rng, (n,)), random_boxes(rng, (m,)))
+        _random_pair(rng, f"random_{n}x{m}", (n,), (m,))
         for n, m in ((1, 1), (7, 130), (130, 257), (257, 7))
     ]
-    cases.append(
-        PairwiseCase("batch_3x9x20", random_boxes(rng, (3, 9)), random_boxes(rng, (3, 20)))
-    )
-    cases.append(PairwiseCase("n_zero", np.zeros((0, 4), np.float32), random_boxes(rng, (5,))))
-    cases.append(PairwiseCase("m_zero", random_boxes(rng, (5,)), np.zeros((0, 4), np.float32)))
+    cases.append(_random_pair(rng, "batch_3x9x20", (3, 9), (3, 20)))
+    cases.append(BoxPairCase("n_zero", np.zeros((0, 4), np.float32), random_boxes(rng, (5,))))
+    cases.append(BoxPairCase("m_zero", random_boxes(rng, (5,)), np.zeros((0, 4), np.float32)))
     adversarial = next(c for c in giou_cases() if c.name == "adversarial")
     everything = np.concatenate([adversarial.boxes1, adversarial.boxes2])
-    cases.append(PairwiseCase("adversarial_all_pairs", everything, everything))
-    bf16 = ml_dtypes.bfloat16
-    cases.append(
-        PairwiseCase(
-            "bfloat16_9x130",
-            random_boxes(rng, (9,)).astype(bf16),
-            random_boxes(rng, (130,)).astype(bf16),
-        )
-    )
+    cases.append(BoxPairCase("adversarial_all_pairs", everything, everything))
+    cases.append(_random_pair(rng, "bfloat16_9x130", (9,), (130,), ml_dtypes.bfloat16))
     return cases

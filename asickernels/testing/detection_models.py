@@ -143,5 +143,6 @@ def images_for(kind: str, seed: int = 1) -> list:
 
 
 def detections_per_img(built: Any) -> int:
+    """The number of detections ``built`` (a model of :data:`BUILDERS`) keeps per image."""
     found = getattr(built, "detections_per_img", None)
     return int(found if found is not None else built.roi_heads.detections_per_img)

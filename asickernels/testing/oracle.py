@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 import asickernels
 from asickernels.kernels.declaration import Op
+
+# One output of an op, or the tuple of its outputs (numpy, JAX or torch arrays alike).
+Outputs: TypeAlias = npt.ArrayLike | tuple[npt.ArrayLike, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +71,9 @@ def op_named(name: str) -> Op:
     return next(op for op in asickernels.OPS if op.name == name)
 
 
-def expected(name: str, arrays: Mapping[str, Any], statics: Mapping[str, Any]) -> Any:
+def expected(
+    name: str, arrays: Mapping[str, npt.ArrayLike | None], statics: Mapping[str, object]
+) -> Outputs:
     """The float64 reference outputs of op ``name`` for public arguments (numpy)."""
     reference = op_named(name).reference
     present = {n: np.asarray(a) for n, a in arrays.items() if a is not None}
@@ -84,7 +90,7 @@ def tolerance(name: str, out_dtype: np.dtype) -> Tolerance:
     return EXACT
 
 
-def compare(name: str, got: Any, want: Any) -> Verdict:
+def compare(name: str, got: Outputs, want: Outputs) -> Verdict:
     """How far ``got`` (an output or a tuple of outputs) is from the reference ``want``."""
     gots = got if isinstance(got, tuple) else (got,)
     wants = want if isinstance(want, tuple) else (want,)
@@ -113,7 +119,8 @@ def compare(name: str, got: Any, want: Any) -> Verdict:
     return worst
 
 
-def assert_agrees(name: str, got: Any, want: Any) -> None:
+def assert_agrees(name: str, got: Outputs, want: Outputs) -> None:
+    """Raises an AssertionError naming the worst element unless :func:`compare` passes."""
     verdict = compare(name, got, want)
     if not verdict.passed:
         raise AssertionError(

@@ -59,10 +59,10 @@ __all__ = [
     "roi_pool_vjp",
 ]
 
-ArrayLike: TypeAlias = "Tensor | float | Sequence[Any] | np.ndarray"  # what becomes a tensor
+ArrayLike: TypeAlias = "Tensor | float | Sequence[object] | np.ndarray"  # what becomes a tensor
 
 
-def _call(op: Op, *values: Any) -> Any:
+def _call(op: Op, *values: object) -> Any:  # each caller states what its op returns
     """``torch.ops.asickernels.<op.name>`` on the calling function's parameters, given in
     its signature's order: ``op``'s parameters in declaration order, then ``backend`` (a
     test holds each function's signature to that). Positional rather than ``locals()``,
@@ -85,7 +85,7 @@ def _call(op: Op, *values: Any) -> Any:
         raise
 
 
-def _as_tensor(value: Any, name: str, device: torch.device | None) -> Tensor | None:
+def _as_tensor(value: object, name: str, device: torch.device | None) -> Tensor | None:
     if value is None or isinstance(value, Tensor):
         return value
     try:

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import torch
@@ -38,13 +37,16 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import boxes as box_ops
 
 from asickernels import detection
+from asickernels.kernels import registry
 from asickernels.torch import ops, vision
 
 __all__ = ["trim", "xla_ready"]
 
 
 @functools.cache
-def _jitted(function: Callable[..., Any], statics: tuple[tuple[str, Any], ...]) -> Any:
+def _jitted(
+    function: Callable[..., tuple[jax.Array, ...]], statics: tuple[tuple[str, Hashable], ...]
+) -> Callable[..., tuple[jax.Array, ...]]:
     return jax.jit(functools.partial(function, **dict(statics)))
 
 
@@ -59,7 +61,11 @@ def _nms_backend(requested: str | None, device: torch.device) -> str | None:
     return policy.select("nms", requested, where_xla_tensors_live(), "float32")
 
 
-def _call(function: Callable[..., Any], tensors: Sequence[Tensor], **statics: Any) -> Any:
+def _call(
+    function: Callable[..., tuple[jax.Array, ...]],
+    tensors: Sequence[Tensor],
+    **statics: Hashable,
+) -> tuple[Tensor, ...]:
     """``function`` (of :mod:`asickernels.detection`) on torch tensors: inside torch_xla's
     graph for XLA tensors, else under ``jax.jit`` on host copies. Returns torch tensors."""
     if tensors[0].device.type == "xla":
@@ -100,35 +106,63 @@ def _detections(
     return out_boxes, out_scores, out_labels.to(torch.int64), count
 
 
-def _as_dicts(boxes: Tensor, scores: Tensor, labels: Tensor, count: Tensor) -> list[dict]:
+def _top_candidates(model: RetinaNet | FCOS | SSD, scores: Tensor) -> tuple[Tensor, Tensor]:
+    """The ``model.topk_candidates`` best of each row of ``scores [R, A]`` above
+    ``model.score_thresh``: ``(indices [R, k] int64, valid [R, k])``."""
+    indices, valid = _call(
+        detection.top_candidates,
+        [scores],
+        k=min(model.topk_candidates, scores.shape[1]),
+        score_threshold=float(model.score_thresh),
+    )
+    return indices.to(torch.int64), valid
+
+
+def _model_detections(
+    model: RetinaNet | FCOS | SSD, boxes: Tensor, scores: Tensor, labels: Tensor, valid: Tensor
+) -> list[dict[str, Tensor]]:
+    """Per-class NMS at ``model.nms_thresh`` over ``[B, N]`` candidates, padded to
+    ``model.detections_per_img``: one dict of detections per image."""
+    out = _detections(
+        boxes,
+        scores,
+        labels,
+        valid,
+        iou_threshold=model.nms_thresh,
+        max_detections=model.detections_per_img,
+        backend=model._asickernels_backend,
+    )
     return [
         {"boxes": b, "scores": s, "labels": lab, "num_detections": c}
-        for b, s, lab, c in zip(boxes, scores, labels, count, strict=True)
+        for b, s, lab, c in zip(*out, strict=True)
     ]
 
 
 def _dense_postprocess(
-    model: Any,
-    scores: list[Tensor],
-    box_regression: list[Tensor],
+    self: RetinaNet | FCOS,
+    head_outputs: dict[str, list[Tensor]],
     anchors: list[list[Tensor]],
     image_shapes: list[tuple[int, int]],
-    decode: Callable[[Tensor, Tensor], Tensor],
 ) -> list[dict[str, Tensor]]:
     """RetinaNet's and FCOS's ``postprocess_detections`` with static shapes: per level the
-    ``topk_candidates`` best scores above ``score_thresh`` (``scores [B, A_l * C]``), their
-    boxes decoded and clipped, then per-class NMS over all levels."""
+    ``topk_candidates`` best scores above ``score_thresh`` (``scores [B, A_l * C]``: the
+    class probability, for FCOS its geometric mean with the centerness), their boxes
+    decoded and clipped, then per-class NMS over all levels."""
+    logits, box_regression = head_outputs["cls_logits"], head_outputs["bbox_regression"]
+    if isinstance(self, FCOS):
+        centerness = head_outputs["bbox_ctrness"]
+        scores = [
+            torch.sqrt(torch.sigmoid(c) * torch.sigmoid(n)).flatten(1)
+            for c, n in zip(logits, centerness, strict=True)
+        ]
+        decode = self.box_coder.decode
+    else:
+        scores = [torch.sigmoid(c).flatten(1) for c in logits]
+        decode = self.box_coder.decode_single
     level_boxes, level_scores, level_labels, level_valid = [], [], [], []
     for level, (level_score, regression) in enumerate(zip(scores, box_regression, strict=True)):
         num_classes = level_score.shape[1] // regression.shape[1]
-        k = min(model.topk_candidates, level_score.shape[1])
-        indices, valid = _call(
-            detection.top_candidates,
-            [level_score],
-            k=k,
-            score_threshold=float(model.score_thresh),
-        )
-        indices = indices.to(torch.int64)
+        indices, valid = _top_candidates(self, level_score)
         anchor_idxs = torch.div(indices, num_classes, rounding_mode="floor")
         level_anchors = torch.stack([a[level] for a in anchors])
         rows = anchor_idxs.unsqueeze(-1).expand(-1, -1, 4)
@@ -140,49 +174,12 @@ def _dense_postprocess(
         level_scores.append(torch.gather(level_score, 1, indices))
         level_labels.append(indices % num_classes)
         level_valid.append(valid)
-    out = _detections(
+    return _model_detections(
+        self,
         torch.cat(level_boxes, 1),
         torch.cat(level_scores, 1),
         torch.cat(level_labels, 1),
         torch.cat(level_valid, 1),
-        iou_threshold=model.nms_thresh,
-        max_detections=model.detections_per_img,
-        backend=model._asickernels_backend,
-    )
-    return _as_dicts(*out)
-
-
-def _retinanet_postprocess(
-    self: RetinaNet,
-    head_outputs: dict[str, list[Tensor]],
-    anchors: list[list[Tensor]],
-    image_shapes: list[tuple[int, int]],
-) -> list[dict[str, Tensor]]:
-    scores = [torch.sigmoid(logits).flatten(1) for logits in head_outputs["cls_logits"]]
-    return _dense_postprocess(
-        self,
-        scores,
-        head_outputs["bbox_regression"],
-        anchors,
-        image_shapes,
-        self.box_coder.decode_single,
-    )
-
-
-def _fcos_postprocess(
-    self: FCOS,
-    head_outputs: dict[str, list[Tensor]],
-    anchors: list[list[Tensor]],
-    image_shapes: list[tuple[int, int]],
-) -> list[dict[str, Tensor]]:
-    scores = [
-        torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(ctrness)).flatten(1)
-        for logits, ctrness in zip(
-            head_outputs["cls_logits"], head_outputs["bbox_ctrness"], strict=True
-        )
-    ]
-    return _dense_postprocess(
-        self, scores, head_outputs["bbox_regression"], anchors, image_shapes, self.box_coder.decode
     )
 
 
@@ -208,25 +205,17 @@ def _ssd_postprocess(
     )
     scores = torch.softmax(head_outputs["cls_logits"], -1)[:, :, 1:].transpose(1, 2)
     num_images, num_labels, num_anchors = scores.shape
-    indices, valid = _call(
-        detection.top_candidates,
-        [scores.reshape(num_images * num_labels, num_anchors)],
-        k=min(self.topk_candidates, num_anchors),
-        score_threshold=float(self.score_thresh),
-    )
-    indices = indices.to(torch.int64).reshape(num_images, num_labels, -1)
+    indices, valid = _top_candidates(self, scores.reshape(num_images * num_labels, num_anchors))
+    indices = indices.reshape(num_images, num_labels, -1)
     labels = torch.arange(1, num_labels + 1, device=scores.device)[:, None].expand_as(indices[0])
     rows = indices.flatten(1).unsqueeze(-1).expand(-1, -1, 4)
-    out = _detections(
+    return _model_detections(
+        self,
         torch.gather(boxes, 1, rows),
         torch.gather(scores, 2, indices).flatten(1),
         labels.flatten().expand(num_images, -1),
         valid.reshape(num_images, -1),
-        iou_threshold=self.nms_thresh,
-        max_detections=self.detections_per_img,
-        backend=self._asickernels_backend,
     )
-    return _as_dicts(*out)
 
 
 def _filter_proposals(
@@ -298,7 +287,9 @@ def _roi_heads_postprocess(
     return list(out_boxes), list(out_scores), list(out_labels)
 
 
-def _roi_heads_forward(self: RoIHeads, *args: Any, **kwargs: Any) -> Any:
+def _roi_heads_forward(
+    self: RoIHeads, *args: object, **kwargs: object
+) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
     """torchvision's ``RoIHeads.forward``, whose eval-mode detections also get their
     ``num_detections`` (labels are -1 past it)."""
     result, losses = type(self).forward(self, *args, **kwargs)
@@ -308,7 +299,9 @@ def _roi_heads_forward(self: RoIHeads, *args: Any, **kwargs: Any) -> Any:
     return result, losses
 
 
-def _paste_weights(start: Tensor, end: Tensor, mask_size: int, image_size: int) -> tuple:
+def _paste_weights(
+    start: Tensor, end: Tensor, mask_size: int, image_size: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Along one image axis, for every (detection, pixel): the two mask rows (or columns)
     and their weights that ``F.interpolate(mode="bilinear", align_corners=False)`` of the
     ``mask_size`` mask to the box's ``end - start + 1`` pixels reads (PyTorch's
@@ -369,7 +362,7 @@ def _transform_postprocess(
     return resized
 
 
-def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[..., Any]) -> None:
+def _swap(module: torch.nn.Module, backend: str | None, **methods: Callable[..., object]) -> None:
     """Binds ``methods`` to ``module`` as instance attributes (its class, and so other
     instances, keep torchvision's code)."""
     for name, function in methods.items():
@@ -412,11 +405,16 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
       gives torchvision's variable-length dicts.
 
     Raises:
-      TypeError: ``model`` is of another kind (Keypoint R-CNN is not supported yet).
+      TypeError: ``model`` is of another kind (Keypoint R-CNN is not supported yet), or
+        ``backend`` is neither a string nor None.
+      ValueError: ``backend`` names no backend.
     """
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a backend name or None, got {backend!r}")
+        registry.backend(backend)  # ValueError for an unknown name
     if isinstance(model, (RetinaNet, FCOS)):
-        postprocess = _retinanet_postprocess if isinstance(model, RetinaNet) else _fcos_postprocess
-        _swap(model, backend, postprocess_detections=postprocess)
+        _swap(model, backend, postprocess_detections=_dense_postprocess)
         return model
     if isinstance(model, SSD):
         _swap(model, backend, postprocess_detections=_ssd_postprocess)
@@ -437,7 +435,7 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
             _swap(model.transform, backend, postprocess=_transform_postprocess)
         return model
     raise TypeError(
-        "xla_ready supports torchvision's RetinaNet, FCOS, SSD, Faster and Mask R-CNN (not "
+        "model must be one of torchvision's RetinaNet, FCOS, SSD, Faster and Mask R-CNN (not "
         f"Keypoint R-CNN yet), got {type(model).__name__}"
     )
 
@@ -445,7 +443,23 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
 def trim(detections: Sequence[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
     """Padded detections (from a model made :func:`xla_ready`) -> torchvision's per-image
     dicts of CPU tensors holding only the ``num_detections`` real entries. One host
-    transfer for XLA tensors (after one ``torch_xla.sync()``)."""
+    transfer for XLA tensors (after one ``torch_xla.sync()``).
+
+    Raises:
+      TypeError: ``detections`` is not a sequence of dicts of tensors.
+      ValueError: a dict has no ``num_detections``.
+    """
+    if not isinstance(detections, Sequence) or not all(
+        isinstance(d, dict) and all(isinstance(t, Tensor) for t in d.values()) for d in detections
+    ):
+        raise TypeError(
+            "detections must be a sequence of dicts of tensors (a detection model's output), "
+            f"got {type(detections).__name__}"
+        )
+    if not all("num_detections" in d for d in detections):
+        raise ValueError(
+            "detections must come from a model made xla_ready: a dict has no num_detections"
+        )
     if any(t.device.type == "xla" for d in detections for t in d.values()):
         import torch_xla
 

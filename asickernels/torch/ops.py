@@ -15,7 +15,7 @@ float64 (``torch.autograd.gradcheck`` works).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import jax
 import ml_dtypes
@@ -27,6 +27,24 @@ from asickernels.kernels.declaration import REQUIRED, Op, Param, Spec
 
 # What an operator returns: one tensor, or a tuple of them (as its schema says).
 Outputs: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...]
+Gradients: TypeAlias = tuple[torch.Tensor | None, ...]
+
+
+class CustomOp(Protocol):
+    """What this package uses of an operator made by ``torch.library.custom_op``."""
+
+    def __call__(self, *args: torch.Tensor | None, **kwargs: object) -> Outputs: ...
+
+    def register_fake(self, fn: Callable[..., Outputs], /) -> object: ...
+
+    def register_kernel(
+        self, device_types: str, /
+    ) -> Callable[[Callable[..., Outputs]], object]: ...
+
+    def register_autograd(
+        self, backward: Callable[..., Gradients], /, *, setup_context: Callable[..., None]
+    ) -> None: ...
+
 
 # A table, not a conversion through tensors: fake (meta) kernels run under FakeTensorMode.
 _DTYPES = {
@@ -188,7 +206,9 @@ def single_or_tuple(grads: tuple[torch.Tensor, ...]) -> Outputs:
     return grads[0] if len(grads) == 1 else grads
 
 
-def _define(name: str, text: str, cpu: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+def _define(
+    name: str, text: str, cpu: Callable[..., Outputs], fake: Callable[..., Outputs]
+) -> CustomOp:
     library_op = torch.library.custom_op(f"asickernels::{name}", mutates_args=(), schema=text)(cpu)
     library_op.register_fake(fake)
     return library_op
@@ -201,7 +221,7 @@ def backward_params(op: Op) -> tuple[Param, ...]:
 
 
 def bind_values(
-    params: tuple[Param, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    params: tuple[Param, ...], args: tuple[object, ...], kwargs: Mapping[str, object]
 ) -> dict[str, Any]:
     """Positional (array) and keyword values by parameter name, with defaults (as the
     schema). The dispatcher lets None through for a required tensor: refused here.
@@ -219,16 +239,16 @@ def bind_values(
     return values
 
 
-def register(op: Op) -> tuple[Any, Any | None]:
+def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
     """Defines ``asickernels::<op.name>`` (and its backward operator and autograd for a
     differentiable op); returns the two ``torch.library`` custom ops."""
 
-    def cpu(*args: Any, **kwargs: Any) -> Any:
+    def cpu(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
         values = bind_values(op.params, args, kwargs)
         tensors, statics = split_values(op.params, values)
         return run_on_cpu(op, tensors, statics, values.get("backend"))
 
-    def fake(*args: Any, **kwargs: Any) -> Any:
+    def fake(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
         tensors, statics = split_values(op.params, bind_values(op.params, args, kwargs))
         return fake_outputs(op, tensors, statics)
 
@@ -237,13 +257,13 @@ def register(op: Op) -> tuple[Any, Any | None]:
         return forward, None
     params = backward_params(op)
 
-    def cpu_backward(*args: Any, **kwargs: Any) -> Any:
+    def cpu_backward(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
         values = bind_values(params, args, kwargs)
         tensors, statics = split_values(op.params, values)
         grads = run_vjp_on_cpu(op, tensors, statics, values.get("backend"), values["cotangent"])
         return single_or_tuple(grads)
 
-    def fake_backward(*args: Any, **kwargs: Any) -> Any:
+    def fake_backward(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
         tensors, statics = split_values(op.params, bind_values(params, args, kwargs))
         return single_or_tuple(fake_vjp(op, tensors, statics))
 
@@ -256,12 +276,15 @@ def register(op: Op) -> tuple[Any, Any | None]:
     positional = list(op.array_names)
 
     def setup_context(
-        ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Outputs
+        ctx: Any,  # torch's autograd context, given attributes here
+        inputs: tuple[torch.Tensor | None, ...],
+        keyword_only_inputs: dict[str, object],
+        output: Outputs,
     ) -> None:
         ctx.values = bind_values(op.params, inputs, keyword_only_inputs)
         ctx.save_for_backward(*(ctx.values[n] for n in op.array_names))
 
-    def grad(ctx: Any, cotangent: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def grad(ctx: Any, cotangent: torch.Tensor) -> Gradients:
         saved = dict(zip(op.array_names, ctx.saved_tensors, strict=True))
         values = {**ctx.values, **saved, "cotangent": cotangent}
         args = [cotangent] + [values[n] for n in positional]
@@ -281,4 +304,6 @@ def register(op: Op) -> tuple[Any, Any | None]:
     return forward, backward
 
 
-OPERATORS: dict[str, tuple[Any, Any | None]] = {op.name: register(op) for op in asickernels.OPS}
+OPERATORS: dict[str, tuple[CustomOp, CustomOp | None]] = {
+    op.name: register(op) for op in asickernels.OPS
+}

@@ -7,6 +7,11 @@ the ``torch.ops.asickernels.*`` operators (:mod:`asickernels.torch`), so autogra
 tensors and torch_xla work as they do for those. Integer and float16/bfloat16 boxes are
 upcast to float32 as torchvision upcasts them; float64 is computed in float64.
 
+Errors: an argument of the wrong type (None included) raises a TypeError naming it; the
+shapes torchvision checks raise what torchvision raises (RuntimeError for ``nms`` inputs,
+AssertionError for RoI boxes); values asickernels refuses (an ``eps`` other than 1e-7, an
+``iou_threshold`` outside ``[0, 1]``, an ``output_size`` below 1) raise a ValueError.
+
 Differences from torchvision (kept on purpose; see the README):
 
 * ``eps = 1e-7`` is in every denominator (torchvision's ``box_iou``, ``generalized_box_iou``
@@ -51,9 +56,33 @@ __all__ = [
 ]
 
 
-def _upcast(t: Tensor) -> Tensor:
-    """float32 for everything but float32 and float64 (torchvision's ``_upcast_non_float``)."""
-    if t.dtype not in (torch.float32, torch.float64):
+def _tensor(value: Tensor, name: str) -> Tensor:
+    """``value``, or a TypeError naming the argument ``name`` if it is not a tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a Tensor, got {type(value).__name__}")
+    return value
+
+
+def _number(value: float, name: str, kind: type[float] | type[int] = float) -> float:
+    """``kind(value)`` (as torchvision converts it), or a TypeError naming the argument
+    ``name`` if that fails (None, for one)."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+
+
+def _flag(value: bool, name: str) -> bool:
+    """``bool(value)`` for True, False, 1 or 0; a TypeError naming ``name`` otherwise."""
+    if value not in (True, False):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _upcast(t: Tensor, name: str) -> Tensor:
+    """float32 for everything but float32 and float64 (torchvision's ``_upcast_non_float``);
+    a TypeError naming the argument ``name`` if ``t`` is not a tensor."""
+    if _tensor(t, name).dtype not in (torch.float32, torch.float64):
         return t.float()
     return t
 
@@ -65,6 +94,8 @@ def _check_eps(eps: float) -> None:
 
 
 def _check_nms_inputs(boxes: Tensor, scores: Tensor) -> None:
+    _tensor(boxes, "boxes")
+    _tensor(scores, "scores")
     # torchvision's TORCH_CHECKs (ops/cpu/nms_kernel.cpp), raising RuntimeError as they do.
     if boxes.dim() != 2:
         raise RuntimeError(f"boxes should be a 2d tensor, got {boxes.dim()}D")
@@ -86,14 +117,16 @@ def _kept(indices: Tensor, num_valid: Tensor) -> Tensor:
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """``torchvision.ops.nms``: boxes ``[N, 4]`` ``(x1, y1, x2, y2)``, scores ``[N]`` ->
     the int64 indices of the kept boxes, in decreasing order of score. A box is suppressed
-    when its IoU with a kept box is greater than ``iou_threshold``."""
+    when its IoU with a kept box is greater than ``iou_threshold`` (in ``[0, 1]``: else a
+    ValueError). A non-tensor box or score argument raises a TypeError naming it."""
     _check_nms_inputs(boxes, scores)
+    threshold = _number(iou_threshold, "iou_threshold")
     if boxes.size(0) == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
     indices, num_valid = torch.ops.asickernels.nms(
-        _upcast(boxes),
-        _upcast(scores),
-        iou_threshold=float(iou_threshold),
+        _upcast(boxes, "boxes"),
+        _upcast(scores, "scores"),
+        iou_threshold=threshold,
         max_output_size=boxes.size(0),
     )
     return _kept(indices, num_valid)
@@ -102,7 +135,11 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
     """``torchvision.ops.batched_nms``: NMS within each category ``idxs [N]`` (boxes of
     different categories never suppress each other) -> int64 kept indices in decreasing
-    order of score. Empty ``boxes`` give an empty result whatever the other arguments."""
+    order of score. Empty ``boxes`` give an empty result whatever the shapes of the others
+    (as torchvision); a non-tensor argument raises a TypeError naming it."""
+    for value, name in ((boxes, "boxes"), (scores, "scores"), (idxs, "idxs")):
+        _tensor(value, name)
+    threshold = _number(iou_threshold, "iou_threshold")
     if boxes.numel() == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
     _check_nms_inputs(boxes, scores)
@@ -111,10 +148,10 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
             f"idxs should be a 1d tensor of {boxes.size(0)} elements, got shape {tuple(idxs.shape)}"
         )
     indices, num_valid = torch.ops.asickernels.batched_nms(
-        _upcast(boxes),
-        _upcast(scores),
+        _upcast(boxes, "boxes"),
+        _upcast(scores, "scores"),
         idxs,
-        iou_threshold=float(iou_threshold),
+        iou_threshold=threshold,
         max_output_size=boxes.size(0),
     )
     return _kept(indices, num_valid)
@@ -122,19 +159,22 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
 
 def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     """``torchvision.ops.box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` IoU."""
-    return torch.ops.asickernels.box_iou(_upcast(boxes1), _upcast(boxes2))
+    return torch.ops.asickernels.box_iou(_upcast(boxes1, "boxes1"), _upcast(boxes2, "boxes2"))
 
 
 def generalized_box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
     """``torchvision.ops.generalized_box_iou``: ``[N, 4]`` x ``[M, 4]`` -> ``[N, M]`` GIoU."""
-    return torch.ops.asickernels.generalized_box_iou(_upcast(boxes1), _upcast(boxes2))
+    return torch.ops.asickernels.generalized_box_iou(
+        _upcast(boxes1, "boxes1"), _upcast(boxes2, "boxes2")
+    )
 
 
 def _all_pairs(boxes1: Tensor, boxes2: Tensor) -> tuple[Tensor, Tensor]:
     """``[N, 4]``, ``[M, 4]`` -> both ``[N, M, 4]``: every pair, for the paired kernels."""
-    n, m = boxes1.size(0), boxes2.size(0)
-    first = _upcast(boxes1).unsqueeze(1).expand(n, m, 4)
-    second = _upcast(boxes2).unsqueeze(0).expand(n, m, 4)
+    first, second = _upcast(boxes1, "boxes1"), _upcast(boxes2, "boxes2")
+    n, m = first.size(0), second.size(0)
+    first = first.unsqueeze(1).expand(n, m, 4)
+    second = second.unsqueeze(0).expand(n, m, 4)
     return first, second
 
 
@@ -167,7 +207,7 @@ def _iou_loss(op_name: str, what: str) -> Callable[..., Tensor]:
     def loss(boxes1: Tensor, boxes2: Tensor, reduction: str = "none", eps: float = 1e-7) -> Tensor:
         _check_reduction(reduction)
         _check_eps(eps)
-        return operator(_upcast(boxes1), _upcast(boxes2), reduction=reduction)
+        return operator(_upcast(boxes1, "boxes1"), _upcast(boxes2, "boxes2"), reduction=reduction)
 
     loss.__name__ = loss.__qualname__ = f"{what}_loss"
     loss.__doc__ = (
@@ -186,8 +226,8 @@ def _rois(boxes: Tensor | list[Tensor]) -> Tensor:
     """``[K, 5]`` RoIs (batch index first) from a ``[K, 5]`` tensor or per-image ``[L, 4]``
     boxes, checked as torchvision's ``check_roi_boxes_shape`` checks them."""
     if isinstance(boxes, (list, tuple)):
-        for per_image in boxes:
-            if per_image.dim() != 2 or per_image.size(1) != 4:
+        for i, per_image in enumerate(boxes):
+            if _tensor(per_image, f"boxes[{i}]").dim() != 2 or per_image.size(1) != 4:
                 raise AssertionError(
                     "The shape of the tensor in the boxes list is not correct as List[Tensor[L, 4]]"
                 )
@@ -209,8 +249,31 @@ def _rois(boxes: Tensor | list[Tensor]) -> Tensor:
     return boxes
 
 
-def _pair(output_size: int | tuple[int, int] | list[int]) -> list[int]:
-    return [output_size, output_size] if isinstance(output_size, int) else list(output_size)
+def _pool(
+    operator: Callable[..., Tensor],
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int] | list[int],
+    spatial_scale: float,
+    **options: object,
+) -> Tensor:
+    """``operator`` (``torch.ops.asickernels.roi_align`` or ``roi_pool``) on ``input`` and
+    the RoIs of ``boxes`` (see :func:`_rois`), in the input's dtype."""
+    _tensor(input, "input")
+    rois = _rois(boxes)
+    if isinstance(output_size, int) and not isinstance(output_size, bool):
+        size = [output_size, output_size]
+    elif isinstance(output_size, (tuple, list)) and len(output_size) == 2:
+        size = list(output_size)
+    else:
+        raise TypeError(f"output_size must be an int or a pair of ints, got {output_size!r}")
+    return operator(
+        input,
+        rois.to(input.dtype),
+        output_size=size,
+        spatial_scale=_number(spatial_scale, "spatial_scale"),
+        **options,
+    )
 
 
 def roi_align(
@@ -224,14 +287,14 @@ def roi_align(
     """``torchvision.ops.roi_align``: ``input [N, C, H, W]``, ``boxes`` ``Tensor[K, 5]``
     (batch index, x1, y1, x2, y2) or per-image ``[Tensor[L, 4]]`` -> ``[K, C, *output_size]``
     in the input's dtype; differentiable in ``input`` (see :func:`asickernels.roi_align`)."""
-    rois = _rois(boxes)
-    return torch.ops.asickernels.roi_align(
+    return _pool(
+        torch.ops.asickernels.roi_align,
         input,
-        rois.to(input.dtype),
-        output_size=_pair(output_size),
-        spatial_scale=float(spatial_scale),
-        sampling_ratio=int(sampling_ratio),
-        aligned=bool(aligned),
+        boxes,
+        output_size,
+        spatial_scale,
+        sampling_ratio=int(_number(sampling_ratio, "sampling_ratio", int)),
+        aligned=_flag(aligned, "aligned"),
     )
 
 
@@ -245,13 +308,7 @@ def roi_pool(
     (batch index, x1, y1, x2, y2) or per-image ``[Tensor[L, 4]]`` -> ``[K, C, *output_size]``,
     each bin's maximum, in the input's dtype; differentiable in ``input`` (see
     :func:`asickernels.roi_pool`)."""
-    rois = _rois(boxes)
-    return torch.ops.asickernels.roi_pool(
-        input,
-        rois.to(input.dtype),
-        output_size=_pair(output_size),
-        spatial_scale=float(spatial_scale),
-    )
+    return _pool(torch.ops.asickernels.roi_pool, input, boxes, output_size, spatial_scale)
 
 
 class RoIPool(torchvision.ops.RoIPool):
@@ -272,6 +329,12 @@ class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):
         boxes: list[Tensor],
         image_shapes: list[tuple[int, int]],
     ) -> Tensor:
+        if not isinstance(x, dict):
+            raise TypeError(f"x must be a dict of feature maps, got {type(x).__name__}")
+        if not isinstance(image_shapes, (list, tuple)):
+            raise TypeError(
+                f"image_shapes must be a list of (height, width), got {type(image_shapes).__name__}"
+            )
         features = poolers._filter_input(x, self.featmap_names)
         if self.scales is None or self.map_levels is None:  # type: ignore[has-type]
             self.scales, self.map_levels = poolers._setup_scales(

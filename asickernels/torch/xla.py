@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import torch
@@ -30,7 +29,10 @@ def where_xla_tensors_live() -> policy.Where:
     PJRT device (on which the TPU kernels run simulated)."""
     import torch_xla.runtime as xr
 
-    kind = xr.device_type().lower()
+    device_type = xr.device_type()
+    if device_type is None:
+        raise RuntimeError("torch_xla has no device: set PJRT_DEVICE (TPU, NEURON or CPU)")
+    kind = device_type.lower()
     generation = None
     if kind == "tpu":
         from asickernels import tpu_generations
@@ -40,19 +42,19 @@ def where_xla_tensors_live() -> policy.Where:
 
 
 @functools.cache
-def _jax_function(op: Op, present: tuple[str, ...]) -> Callable[..., Any]:
+def _jax_function(op: Op, present: tuple[str, ...]) -> Callable[..., object]:
     """``op`` over its present arrays by position (one stable function per signature, so
     ``call_jax`` reuses its trace)."""
 
-    def function(*arrays: Any, **statics: Any) -> Any:
+    def function(*arrays: jax.Array, **statics: object) -> object:
         return op(**dict(zip(present, arrays, strict=True)), **statics)
 
     return function
 
 
 @functools.cache
-def _jax_vjp(op: Op, present: tuple[str, ...]) -> Callable[..., Any]:
-    def function(*arrays: Any, backend: str | None, **statics: Any) -> Any:
+def _jax_vjp(op: Op, present: tuple[str, ...]) -> Callable[..., object]:
+    def function(*arrays: jax.Array, backend: str | None, **statics: object) -> object:
         *inputs, cotangent = arrays
         values = {name: None for name in op.array_names} | dict(zip(present, inputs, strict=True))
         assert op.vjp is not None
@@ -99,7 +101,7 @@ def call(
 def _register(op: Op) -> None:
     forward, backward = ops.OPERATORS[op.name]
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
+    def kernel(*args: torch.Tensor | None, **kwargs: object) -> ops.Outputs:
         values = ops.bind_values(op.params, args, kwargs)
         tensors, statics = ops.split_values(op.params, values)
         return call(op, tensors, statics, values.get("backend"))
@@ -109,7 +111,7 @@ def _register(op: Op) -> None:
         return
     params = ops.backward_params(op)
 
-    def backward_kernel(*args: Any, **kwargs: Any) -> Any:
+    def backward_kernel(*args: torch.Tensor | None, **kwargs: object) -> ops.Outputs:
         values = ops.bind_values(params, args, kwargs)
         tensors, statics = ops.split_values(op.params, values)
         grads = call(op, tensors, statics, values.get("backend"), values["cotangent"])

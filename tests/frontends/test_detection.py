@@ -137,6 +137,22 @@ def test_training_mode_keeps_torchvisions_losses():
         torch.testing.assert_close(got[name], loss, rtol=1e-5, atol=1e-6)
 
 
-def test_other_models_are_refused():
-    with pytest.raises(TypeError, match="RetinaNet, FCOS, SSD, Faster and Mask R-CNN"):
-        detection.xla_ready(torch.nn.Linear(2, 2))
+@pytest.mark.parametrize("model", [torch.nn.Linear(2, 2), None], ids=["linear", "none"])
+def test_other_models_are_refused(model):
+    with pytest.raises(TypeError, match=r"model must be .*RetinaNet, FCOS, SSD, Faster and Mask"):
+        detection.xla_ready(model)
+
+
+@pytest.mark.parametrize(("backend", "error"), [(3, TypeError), ("no_such", ValueError)])
+def test_a_backend_that_is_no_name_is_refused(backend, error):
+    with pytest.raises(error, match="backend"):
+        detection.xla_ready(detection_models.model("retinanet"), backend=backend)
+
+
+@pytest.mark.parametrize(
+    ("detections", "error"),
+    [(None, TypeError), ([None], TypeError), ([{"boxes": torch.zeros(2, 4)}], ValueError)],
+)
+def test_trim_refuses_what_no_ready_model_returns(detections, error):
+    with pytest.raises(error, match="detections"):
+        detection.trim(detections)

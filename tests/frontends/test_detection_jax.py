@@ -101,3 +101,46 @@ def test_no_valid_candidate_gives_no_detection():
 def test_k_outside_the_scores_is_refused():
     with pytest.raises(ValueError, match="k must be"):
         detection.top_candidates(np.zeros((1, 3), np.float32), k=4, score_threshold=0.0)
+
+
+_CANDIDATES = {
+    "boxes": np.tile(np.array([0.0, 0.0, 4.0, 4.0], np.float32), (1, 5, 1)),
+    "scores": np.ones((1, 5), np.float32),
+    "labels": np.zeros((1, 5), np.int32),
+    "valid": np.ones((1, 5), bool),
+}
+# Each public function with valid arguments; min_size and backend may be None.
+_VALID_CALLS = {
+    "top_candidates": {"scores": np.zeros((2, 3), np.float32), "k": 2, "score_threshold": 0.0},
+    "large_enough": {"boxes": _CANDIDATES["boxes"], "min_size": 1.0},
+    "select_detections": {**_CANDIDATES, "iou_threshold": 0.5, "max_detections": 3},
+}
+
+
+@pytest.mark.parametrize(
+    ("function", "name"),
+    [(function, name) for function, kwargs in _VALID_CALLS.items() for name in kwargs],
+)
+def test_every_argument_given_as_none_is_refused_by_name(function, name):
+    kwargs = dict(_VALID_CALLS[function])
+    getattr(detection, function)(**kwargs)
+    kwargs[name] = None
+    with pytest.raises((TypeError, ValueError), match=name):
+        getattr(detection, function)(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("boxes", np.zeros((5, 4), np.float32), ValueError),
+        ("scores", np.ones((1, 4), np.float32), ValueError),
+        ("labels", np.zeros((1, 5), np.float32), TypeError),
+        ("valid", np.ones((1, 5), np.int32), TypeError),
+        ("max_detections", -1, ValueError),
+        ("iou_threshold", 1.5, ValueError),
+    ],
+)
+def test_select_detections_refuses_misshapen_or_mistyped_candidates(name, value, error):
+    kwargs = {**_VALID_CALLS["select_detections"], name: value}
+    with pytest.raises(error, match=name):
+        detection.select_detections(**kwargs)

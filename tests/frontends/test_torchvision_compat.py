@@ -129,7 +129,7 @@ VENDORED_VISION = TESTS.parent / "data" / "vendor" / "vision@00673be" / "test"
 ROI_CLASSES = "TestRoIAlign or TestRoiPool or TestMultiScaleRoIAlign"
 SCRIPTING = (
     "torch.jit.script of the drop-in fails (TorchScript rejects list() of the Union "
-    "output_size in vision._pair); test_backward scripts the op before its gradcheck, so "
+    "output_size in vision._pool); test_backward scripts the op before its gradcheck, so "
     "upstream's gradcheck does not run here (the gradcheck tests below cover the same inputs)"
 )
 # Upstream RoI tests that fail against the drop-in, by test (any parameters), and why. The
@@ -352,6 +352,15 @@ def test_nms_and_batched_nms_match_torchvision():
         )
 
 
+def test_batched_nms_of_no_boxes_is_empty_whatever_the_other_shapes_as_torchvision():
+    for boxes, scores, idxs in (
+        (torch.zeros(0, 4), torch.zeros(0), torch.zeros(0)),
+        (torch.zeros(0), torch.zeros(3), torch.zeros(2)),
+    ):
+        want = tvo.batched_nms(boxes, scores, idxs, 0.5)
+        assert torch.equal(vision.batched_nms(boxes, scores, idxs, 0.5), want)
+
+
 def test_bad_inputs_raise_runtime_error_as_torchvision():
     for boxes, scores in (
         (torch.rand(4), torch.rand(3)),
@@ -459,30 +468,6 @@ def test_roi_align_matches_torchvision(dtype, contiguous, aligned, sampling_rati
     torch.testing.assert_close(vision.roi_align(x, per_image, *args), want, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("contiguous", [True, False])
-def test_roi_align_gradient_passes_gradcheck_and_matches_torchvision(seed, contiguous):
-    torch.manual_seed(seed)
-    x = torch.rand(1, 8, 5, 5, dtype=torch.float64, requires_grad=True)
-    if not contiguous:
-        x = x.permute(0, 1, 3, 2)
-    rois = torch.tensor([[0, 0, 0, 4, 4], [0, 0, 2, 3, 4], [0, 2, 2, 4, 4]], dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda z: vision.roi_align(z, rois, 2, 1.0, 1), (x,))
-    cotangent = torch.rand(3, 8, 2, 2, dtype=torch.float64)
-    (ours,) = torch.autograd.grad(vision.roi_align(x, rois, 2, 1.0, -1), x, cotangent)
-    (theirs,) = torch.autograd.grad(tvo.roi_align(x, rois, 2, 1.0, -1), x, cotangent)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
-
-
-def test_roi_align_refuses_misshapen_boxes_as_torchvision():
-    x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
-    for boxes in (torch.tensor([[0, 0, 3, 3]], dtype=x.dtype), [torch.tensor([[0, 0, 3]])]):
-        with pytest.raises(AssertionError):
-            tvo.roi_align(x, boxes, output_size=(2, 2))
-        with pytest.raises(AssertionError):
-            vision.roi_align(x, boxes, output_size=(2, 2))
-
-
 def test_multiscale_roi_align_matches_torchvision():
     torch.manual_seed(0)
     features = {"0": torch.rand(2, 4, 40, 48), "1": torch.rand(2, 4, 20, 24)}
@@ -496,27 +481,6 @@ def test_multiscale_roi_align_matches_torchvision():
     want = theirs(features, boxes, image_shapes)
     assert len(set(theirs.map_levels(boxes).tolist())) == 3  # every level pools something
     torch.testing.assert_close(ours(features, boxes, image_shapes), want, rtol=1e-5, atol=1e-6)
-
-
-def test_roi_align_on_xla_tensors_without_fallbacks():
-    torch_xla = pytest.importorskip("torch_xla")
-    metrics = pytest.importorskip("torch_xla.debug.metrics")
-    torch.manual_seed(0)
-    x = torch.rand(2, 6, 10, 10, dtype=torch.float32)
-    rois = torch.tensor(UPSTREAM_ROIS, dtype=torch.float32)
-    cotangent = torch.rand(4, 6, 3, 3)
-    device = torch_xla.device()
-    metrics.clear_all()
-    on_device = x.to(device).requires_grad_()
-    out = vision.roi_align(on_device, rois.to(device), 3, 1.0, -1, True)
-    (grad,) = torch.autograd.grad(out, on_device, cotangent.to(device))
-    out, grad = out.cpu(), grad.cpu()
-    assert [n for n in metrics.counter_names() if n.startswith("aten::")] == []
-    leaf = x.clone().requires_grad_()
-    want = tvo.roi_align(leaf, rois, 3, 1.0, -1, True)
-    (want_grad,) = torch.autograd.grad(want, leaf, cotangent)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-5)
 
 
 def _random_rois(count, batch, span, dtype, seed):
@@ -603,33 +567,58 @@ def test_roi_pool_matches_torchvision_on_random_and_edge_rois():
         torch.testing.assert_close(ours_x.grad, theirs_x.grad, rtol=0, atol=1e-6)
 
 
+# roi_align and roi_pool: gradient and refusals ------------------------------------------------
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_roi_pool_gradient_passes_gradcheck_and_matches_torchvision(seed, contiguous):
+@pytest.mark.parametrize(
+    ("op", "gradcheck_args", "args", "atol"),
+    [("roi_align", (2, 1.0, 1), (2, 1.0, -1), 1e-12), ("roi_pool", (2, 1.0), (2, 1.0), 0)],
+)
+def test_roi_op_gradient_passes_gradcheck_and_matches_torchvision(
+    seed, contiguous, op, gradcheck_args, args, atol
+):
+    """float64 gradients pass gradcheck (at ``gradcheck_args``) and equal torchvision's at
+    ``args`` within ``atol``."""
+    ours_op, theirs_op = getattr(vision, op), getattr(tvo, op)
     torch.manual_seed(seed)
     x = torch.rand(1, 8, 5, 5, dtype=torch.float64, requires_grad=True)
     if not contiguous:
         x = x.permute(0, 1, 3, 2)
     rois = torch.tensor([[0, 0, 0, 4, 4], [0, 0, 2, 3, 4], [0, 2, 2, 4, 4]], dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda z: vision.roi_pool(z, rois, 2, 1.0), (x,))
+    assert torch.autograd.gradcheck(lambda z: ours_op(z, rois, *gradcheck_args), (x,))
     cotangent = torch.rand(3, 8, 2, 2, dtype=torch.float64)
-    (ours,) = torch.autograd.grad(vision.roi_pool(x, rois, 2, 1.0), x, cotangent)
-    (theirs,) = torch.autograd.grad(tvo.roi_pool(x, rois, 2, 1.0), x, cotangent)
-    assert torch.equal(ours, theirs)
+    (ours,) = torch.autograd.grad(ours_op(x, rois, *args), x, cotangent)
+    (theirs,) = torch.autograd.grad(theirs_op(x, rois, *args), x, cotangent)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol)
 
 
-def test_roi_pool_refuses_misshapen_boxes_as_torchvision():
+@pytest.mark.parametrize("op", ["roi_align", "roi_pool"])
+def test_roi_op_refuses_misshapen_boxes_as_torchvision(op):
     x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
     for boxes in (torch.tensor([[0, 0, 3, 3]], dtype=x.dtype), [torch.tensor([[0, 0, 3]])]):
         with pytest.raises(AssertionError):
-            tvo.roi_pool(x, boxes, output_size=(2, 2))
+            getattr(tvo, op)(x, boxes, output_size=(2, 2))
         with pytest.raises(AssertionError):
-            vision.roi_pool(x, boxes, output_size=(2, 2))
+            getattr(vision, op)(x, boxes, output_size=(2, 2))
     with pytest.raises(ValueError, match="output_size"):
-        vision.roi_pool(x, torch.zeros(1, 5), output_size=(2, 0))
+        getattr(vision, op)(x, torch.zeros(1, 5), output_size=(2, 0))
 
 
-def test_roi_pool_on_xla_tensors_without_fallbacks():
+# roi_align and roi_pool on XLA tensors ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "tolerance", "grad_tolerance"),
+    [
+        ("roi_align", (3, 1.0, -1, True), (1e-5, 1e-5), (1e-5, 1e-5)),
+        ("roi_pool", (3, 0.5), (0, 0), (0, 1e-6)),  # max pooling: the same values exactly
+    ],
+)
+def test_roi_op_on_xla_tensors_without_fallbacks(op, args, tolerance, grad_tolerance):
+    """Forward and gradient on XLA tensors run no aten fallback and match torchvision's
+    CPU kernel at ``(rtol, atol) = tolerance`` (``grad_tolerance`` for the gradient)."""
     torch_xla = pytest.importorskip("torch_xla")
     metrics = pytest.importorskip("torch_xla.debug.metrics")
     torch.manual_seed(0)
@@ -639,12 +628,67 @@ def test_roi_pool_on_xla_tensors_without_fallbacks():
     device = torch_xla.device()
     metrics.clear_all()
     on_device = x.to(device).requires_grad_()
-    out = vision.roi_pool(on_device, rois.to(device), 3, 0.5)
+    out = getattr(vision, op)(on_device, rois.to(device), *args)
     (grad,) = torch.autograd.grad(out, on_device, cotangent.to(device))
     out, grad = out.cpu(), grad.cpu()
     assert [n for n in metrics.counter_names() if n.startswith("aten::")] == []
     leaf = x.clone().requires_grad_()
-    want = tvo.roi_pool(leaf, rois, 3, 0.5)
+    want = getattr(tvo, op)(leaf, rois, *args)
     (want_grad,) = torch.autograd.grad(want, leaf, cotangent)
-    assert torch.equal(out, want)
-    torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-6)
+    rtol, atol = tolerance
+    torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
+    rtol, atol = grad_tolerance
+    torch.testing.assert_close(grad, want_grad, rtol=rtol, atol=atol)
+
+
+# Every argument given as None -------------------------------------------------------------
+_BOXES = torch.tensor([[0.0, 0.0, 4.0, 4.0], [1.0, 1.0, 5.0, 5.0]])
+_PAIR = {"boxes1": _BOXES, "boxes2": _BOXES}
+_ROI = {"input": torch.rand(1, 2, 8, 8), "boxes": torch.tensor([[0.0, 0, 0, 4, 4]])}
+_VALID_CALLS = {
+    "nms": {"boxes": _BOXES, "scores": torch.tensor([0.9, 0.8]), "iou_threshold": 0.5},
+    "batched_nms": {
+        "boxes": _BOXES,
+        "scores": torch.tensor([0.9, 0.8]),
+        "idxs": torch.tensor([0, 1]),
+        "iou_threshold": 0.5,
+    },
+    **{name: _PAIR for name in ("box_iou", "generalized_box_iou")},
+    **{name: {**_PAIR, "eps": 1e-7} for name in ("distance_box_iou", "complete_box_iou")},
+    **{name: {**_PAIR, "reduction": "sum", "eps": 1e-7} for name in LOSSES},
+    "roi_align": {**_ROI, "output_size": 2, "spatial_scale": 1.0, "sampling_ratio": 2},
+    "roi_pool": {**_ROI, "output_size": 2, "spatial_scale": 1.0},
+}
+_VALID_CALLS["roi_align"]["aligned"] = True
+
+
+@pytest.mark.parametrize(
+    ("function", "name"),
+    [(function, name) for function, kwargs in _VALID_CALLS.items() for name in kwargs],
+)
+def test_every_argument_given_as_none_is_refused_by_name(function, name):
+    """A TypeError or ValueError naming the argument, where torchvision raises an
+    AttributeError or a TypeError naming nothing."""
+    kwargs = dict(_VALID_CALLS[function])
+    _ours(function)(**kwargs)
+    kwargs[name] = None
+    with pytest.raises((TypeError, ValueError), match=name):
+        _ours(function)(**kwargs)
+
+
+def test_a_none_in_per_image_boxes_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"boxes\[1\]"):
+        vision.roi_align(torch.rand(2, 2, 8, 8), [torch.zeros(1, 4), None], 2)
+
+
+@pytest.mark.parametrize("name", ["x", "boxes", "image_shapes"])
+def test_multiscale_roi_align_refuses_none_by_name(name):
+    arguments = {
+        "x": {"0": torch.rand(1, 2, 8, 8)},
+        "boxes": [torch.tensor([[0.0, 0.0, 4.0, 4.0]])],
+        "image_shapes": [(32, 32)],
+    }
+    pooler = vision.MultiScaleRoIAlign(["0"], 2, 2)
+    pooler(**arguments)
+    with pytest.raises(TypeError, match=name):
+        pooler(**{**arguments, name: None})

@@ -166,8 +166,10 @@ FAULTY_OPS = (
 )  # fmt: skip
 
 
-def shape_source(library: str, ops: tuple[str, ...], shape_fn: str = "same_shape") -> str:
-    definitions = "".join(f'  m.def("{op}", &{shape_fn}, "{op}");\n' for op in ops)
+def shape_source(library: str, ops: tuple[str, ...]) -> str:
+    """The shape file of a library whose ``ops`` each run the kernel of the same name and
+    return a float32 tensor shaped as their first input."""
+    definitions = "".join(f'  m.def("{op}", &same_shape, "{op}");\n' for op in ops)
     return f"{SHAPE_PREAMBLE}{SAME_SHAPE}NEURON_LIBRARY({library}, m) {{\n{definitions}}}\n"
 
 
@@ -442,13 +444,7 @@ torch::Tensor deep(const torch::Tensor& x) {
   return out;
 }
 """
-DEEP_STACK_SHAPE = (
-    SHAPE_PREAMBLE
-    + r"""
-torch::Tensor deep_shape(torch::Tensor x) { return torch::zeros(x.sizes(), torch::kFloat); }
-NEURON_LIBRARY(stack, m) { m.def("deep", &deep_shape, "deep"); }
-"""
-)
+DEEP_STACK_SHAPE = shape_source("stack", ("deep",))
 
 
 def test_the_stack_limit(tmp_path):
@@ -480,25 +476,14 @@ FRAMES = r"""
     return out;                                                 \
   }
 // 500 KB, written only in its 64 bytes nearest the entry (its top) or farthest from it.
-FRAME_KERNEL(frame_top, 500 * 1024, 500 * 1024 - 64, 500 * 1024)
-FRAME_KERNEL(frame_bottom, 500 * 1024, 0, 64)
+FRAME_KERNEL(top, 500 * 1024, 500 * 1024 - 64, 500 * 1024)
+FRAME_KERNEL(bottom, 500 * 1024, 0, 64)
 // 300 KB written only near its top: within a 400 KB stack.
-FRAME_KERNEL(frame_within, 300 * 1024, 300 * 1024 - 64, 300 * 1024)
+FRAME_KERNEL(within, 300 * 1024, 300 * 1024 - 64, 300 * 1024)
 // 64 MB: past any stack, and past the zone the shim watches beyond the limit.
-FRAME_KERNEL(frame_huge, 64 << 20, (64 << 20) - 64, 64 << 20)
+FRAME_KERNEL(huge, 64 << 20, (64 << 20) - 64, 64 << 20)
 """
-FRAMES_SHAPE = (
-    SHAPE_PREAMBLE
-    + r"""
-torch::Tensor frame_shape(torch::Tensor x) { return torch::zeros(x.sizes(), torch::kFloat); }
-NEURON_LIBRARY(frames, m) {
-  m.def("top", &frame_shape, "frame_top");
-  m.def("bottom", &frame_shape, "frame_bottom");
-  m.def("within", &frame_shape, "frame_within");
-  m.def("huge", &frame_shape, "frame_huge");
-}
-"""
-)
+FRAMES_SHAPE = shape_source("frames", ("top", "bottom", "within", "huge"))
 
 
 @pytest.mark.parametrize("declared", [None, 400 * 1024])

@@ -42,13 +42,13 @@ def erf(x):
     return np.vectorize(math.erf)(x)
 
 
+# nl functions that mean numpy's function of the same name
+UNARY_AS_NUMPY = "exp log sqrt tanh sin cos tan arctan abs square negative sign ceil floor trunc"
+BINARY_AS_NUMPY = "power logical_and logical_or logical_xor greater_equal not_equal"
 UNARY = {  # nl function: its documented meaning
-    "exp": np.exp,
-    "log": np.log,
-    "sqrt": np.sqrt,
+    **{name: getattr(np, name) for name in UNARY_AS_NUMPY.split()},
     "rsqrt": lambda x: 1 / np.sqrt(x),
     "reciprocal": lambda x: 1 / x,
-    "tanh": np.tanh,
     "sigmoid": sigmoid,
     "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x * sigmoid(x),
@@ -60,17 +60,6 @@ UNARY = {  # nl function: its documented meaning
     "mish": lambda x: x * np.tanh(np.log1p(np.exp(x))),
     "erf": erf,
     "erf_dx": lambda x: 2 / np.sqrt(np.pi) * np.exp(-(x**2)),
-    "sin": np.sin,
-    "cos": np.cos,
-    "tan": np.tan,
-    "arctan": np.arctan,
-    "abs": np.abs,
-    "square": np.square,
-    "negative": np.negative,
-    "sign": np.sign,
-    "ceil": np.ceil,
-    "floor": np.floor,
-    "trunc": np.trunc,
 }
 
 
@@ -97,14 +86,9 @@ def test_derivative_activations_match_finite_differences(rng):
 
 
 BINARY = {
-    "power": np.power,
+    **{name: getattr(np, name) for name in BINARY_AS_NUMPY.split()},
     "abs_max": lambda x, y: np.maximum(np.abs(x), np.abs(y)),
     "abs_min": lambda x, y: np.minimum(np.abs(x), np.abs(y)),
-    "logical_and": np.logical_and,
-    "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
-    "greater_equal": np.greater_equal,
-    "not_equal": np.not_equal,
 }
 
 

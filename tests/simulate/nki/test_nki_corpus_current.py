@@ -5,7 +5,6 @@ have one). Each file is loaded by a module loader while a local fixture maps ``n
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import SHARED, load_module
+from mamba import mamba_inputs, selective_scan
 
 from asickernels.simulate import nki as simulator
 from asickernels.simulate.nki import errors
@@ -49,13 +49,8 @@ def load(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def load_file(path: Path) -> ModuleType:
         monkeypatch.syspath_prepend(str(path.parent))  # sibling imports (mx_kernel_utils)
         name = f"corpus_{path.stem.replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         loaded.append(name)
-        spec.loader.exec_module(module)
-        return module
+        return load_module(path, name)
 
     yield load_file
     for name in loaded + ["mx_kernel_utils", "mx_kernels", "mx_cpu_utils"]:
@@ -156,31 +151,12 @@ def test_matmul_tutorial(load, root, kernel, sizes, options):
     np.testing.assert_allclose(result, lhs_t.T @ rhs, atol=1e-3, rtol=1e-4)
 
 
-def _mamba_reference(delta, u, a, b, c):
-    """The selective scan: h_t = exp(delta_t * A) * h_{t-1} + delta_t * u_t * B_t; y_t = sum
-    over states of h_t * C_t."""
-    out = np.zeros_like(delta, dtype=np.float64)
-    for s in range(a.shape[1]):
-        decay = np.exp(delta * a[None, :, s, None])
-        drive = delta * u * b[:, None, s, :]
-        state = np.zeros(delta.shape[:2])
-        for t in range(delta.shape[2]):
-            state = decay[..., t] * state + drive[..., t]
-            out[..., t] += state * c[:, None, s, t]
-    return out
-
-
 @pytest.mark.parametrize("version", ["mamba_v1", "mamba_v2", "mamba_v3"])
 def test_fused_mamba(load, version):
     module = load(SDK / "examples" / "fused_mamba" / "mamba_nki_kernels.py")
-    batch, channels, seq_len, states = 1, 128, 1024, 2
-    delta = RNG.uniform(0.0, 0.2, (batch, channels, seq_len)).astype(np.float32)
-    u = RNG.standard_normal((batch, channels, seq_len)).astype(np.float32)
-    a = -RNG.uniform(0.5, 1.5, (channels, states)).astype(np.float32)
-    b = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    c = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    result = getattr(module, version)(delta, u, a, b, c)
-    np.testing.assert_allclose(result, _mamba_reference(delta, u, a, b, c), rtol=1e-4, atol=1e-4)
+    inputs = mamba_inputs(RNG, (0.0, 0.2), (0.5, 1.5))
+    result = getattr(module, version)(*inputs)
+    np.testing.assert_allclose(result, selective_scan(*inputs), rtol=1e-4, atol=1e-4)
 
 
 MX = SDK / "deep-dives" / "src" / "mxfp-matmul"

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DATA, REPO, SHARED
+from conftest import DATA, REPO, SHARED, load_module
+from mamba import mamba_inputs, selective_scan
 
 from asickernels import reference
 from asickernels.simulate.nki import install as hook
@@ -48,13 +49,8 @@ def load() -> Iterator[Any]:
     def load_file(path: Path) -> ModuleType:
         sys.path.insert(0, str(path.parent))
         name = f"legacy_corpus_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         loaded.append(name)
-        spec.loader.exec_module(module)
-        return module
+        return load_module(path, name)
 
     try:
         yield load_file
@@ -95,34 +91,13 @@ def test_average_pool2d_mgrid(load):
     np.testing.assert_array_equal(out, module.np_average_pool_2D(image, 2))  # exact, as there
 
 
-def _selective_scan(delta, u, a, b, c):
-    """The Mamba SSM the kernels compute, in float64: per state s,
-    h_s[t] = exp(delta[t] A[:, s]) h_s[t-1] + delta[t] u[t] B[s, t]; out = sum_s C[s] h_s."""
-    batch, channels, seq_len = delta.shape
-    out = np.zeros((batch, channels, seq_len))
-    for i in range(batch):
-        for s in range(a.shape[1]):
-            decay = np.exp(delta[i] * a[:, s : s + 1])
-            drive = delta[i] * u[i] * b[i, s]
-            state = np.zeros(channels)
-            for t in range(seq_len):
-                state = decay[:, t] * state + drive[:, t]
-                out[i, :, t] += c[i, s, t] * state
-    return out
-
-
 @needs_corpus
 @pytest.mark.parametrize("version", ["mamba_v1", "mamba_v2", "mamba_v3"])
 def test_fused_mamba(load, version):
     module = load(SAMPLES / "fused_mamba" / "mamba_nki_kernels.py")
-    batch, channels, seq_len, states = 1, 128, 1024, 2  # v3 tiles seq_len by 512
-    delta = RNG.uniform(0.01, 0.1, (batch, channels, seq_len)).astype(np.float32)
-    u = RNG.standard_normal((batch, channels, seq_len)).astype(np.float32)
-    a = -RNG.uniform(0.5, 2.0, (channels, states)).astype(np.float32)
-    b = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    c = RNG.standard_normal((batch, states, seq_len)).astype(np.float32)
-    out = getattr(module, version)(delta, u, a, b, c)
-    np.testing.assert_allclose(out, _selective_scan(delta, u, a, b, c), rtol=1e-4, atol=1e-4)
+    inputs = mamba_inputs(RNG, (0.01, 0.1), (0.5, 2.0))  # seq_len 1024: v3 tiles it by 512
+    out = getattr(module, version)(*inputs)
+    np.testing.assert_allclose(out, selective_scan(*inputs), rtol=1e-4, atol=1e-4)
 
 
 def _attention(q, k, v):

@@ -14,7 +14,6 @@ goldens:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import io
 import sys
 import unittest
@@ -25,7 +24,7 @@ from typing import Any
 import fetch_vendor
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import DATA, load_module
 
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
@@ -205,10 +204,7 @@ SDK_FAILING = {
 def test_sdk_instruction_tests(vendor, name):
     if name in SDK_GAPS:
         pytest.skip(SDK_GAPS[name])
-    spec = importlib.util.spec_from_file_location(f"sdk_{name[:-3]}", SDK_TESTS / name)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(SDK_TESTS / name, f"sdk_{name[:-3]}")
     suite = unittest.defaultTestLoader.loadTestsFromModule(module)
     result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
     problems = [f"{case}: {trace.strip().splitlines()[-1]}" for case, trace in result.errors]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -12,7 +11,7 @@ import warnings
 import fetch_vendor
 import numpy as np
 import pytest
-from conftest import DATA, REPO, SHARED
+from conftest import DATA, REPO, SHARED, load_module
 
 from asickernels.simulate import nki
 from asickernels.simulate.nki import estimate as cost_model
@@ -301,10 +300,8 @@ def test_current_api_benchmark_takes_placeholders(monkeypatch):
     for name, module in {"nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.typing": nt}.items():
         monkeypatch.setitem(sys.modules, name, module)
     path = CURRENT_TUTORIAL / "matrix_multiplication_nki_kernels.py"
-    spec = importlib.util.spec_from_file_location("current_matmul_tutorial", path)
-    assert spec is not None and spec.loader is not None
-    tutorial = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tutorial)
+    tutorial = load_module(path, "current_matmul_tutorial")
+    sys.modules.pop("current_matmul_tutorial")
     bench = nki.benchmark(warmup=5, iters=10)(tutorial.nki_matmul_hoist_load_)
     rng = np.random.default_rng(0)
     lhs_t, rhs = (rng.standard_normal(s).astype(np.float32) for s in ((256, 128), (256, 1024)))
@@ -453,11 +450,7 @@ def _calibration():
     path = REPO / "benchmarks/nki_estimate/calibrate.py"
     module = sys.modules.get("nki_estimate_calibrate")
     if module is None:
-        spec = importlib.util.spec_from_file_location("nki_estimate_calibrate", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
+        module = load_module(path, "nki_estimate_calibrate")
     record = json.loads((path.parent / "calibration.json").read_text())
     return module, record
 

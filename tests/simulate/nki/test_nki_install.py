@@ -83,28 +83,25 @@ def _fake_package(root: Path, name: str, body: str) -> None:
     (package / "__init__.py").write_text(body)
 
 
-def test_hook_never_shadows_a_real_sdk(clean_imports, tmp_path, monkeypatch):
-    """A (fake) real ``neuronxcc.nki`` and ``nki`` on sys.path win: nothing is hooked."""
-    _fake_package(tmp_path, "neuronxcc", "")
-    _fake_package(tmp_path, "neuronxcc.nki", "REAL = True\n")
-    _fake_package(tmp_path, "nki", "REAL = True\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    assert hook.install() == ()
-    assert importlib.import_module("neuronxcc.nki").REAL
-    assert importlib.import_module("nki").REAL
-
-
-def test_hook_replaces_a_broken_sdk_only(clean_imports, tmp_path, monkeypatch):
-    """A real ``nki`` that fails to import counts as absent; a working ``neuronxcc`` stays."""
-    _fake_package(tmp_path, "nki", "raise ImportError('placeholder package')\n")
+@pytest.mark.parametrize(
+    ("nki_body", "hooked"),
+    [("REAL = True\n", ()), ("raise ImportError('placeholder package')\n", ("nki",))],
+    ids=["real", "broken"],
+)
+def test_hook_never_shadows_a_real_sdk(clean_imports, tmp_path, monkeypatch, nki_body, hooked):
+    """A (fake) real ``neuronxcc.nki`` and ``nki`` on sys.path win: nothing is hooked. A real
+    ``nki`` that fails to import counts as absent (hooked); a working ``neuronxcc`` stays."""
+    _fake_package(tmp_path, "nki", nki_body)
     _fake_package(tmp_path, "neuronxcc", "")
     _fake_package(tmp_path, "neuronxcc.nki", "REAL = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    assert hook.install() == ("nki",)
-    assert importlib.import_module("nki") is simulator
+    assert hook.install() == hooked
     assert importlib.import_module("neuronxcc.nki").REAL
+    if hooked:
+        assert importlib.import_module("nki") is simulator
+    else:
+        assert importlib.import_module("nki").REAL
 
 
 SCRIPT = """

@@ -4,6 +4,7 @@ enforces, each proving the rule raises its named error (and its SDK-style code).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,108 +21,144 @@ def _x(shape=(128, 4), dtype=F32):
     return np.ones(shape, dtype)
 
 
+# Each planted kernel, the argument it is called on, and the error it must raise.
+VIOLATIONS: list[tuple[Callable[[np.ndarray], object], np.ndarray, type[Exception]]] = []
+
+
+def violates(error: type[Exception], argument: np.ndarray | None = None):
+    """Plants the kernel below: called on ``argument`` (``_x()`` when None) it must raise
+    ``error``."""
+
+    def plant(kernel):
+        VIOLATIONS.append((kernel, _x() if argument is None else argument, error))
+        return kernel
+
+    return plant
+
+
 # -- one kernel per rule -------------------------------------------------------------------
+@violates(errors.NumPartitionExceedArchLimit)
 def partition_over_128(x):
     nl.ndarray((129, 4), dtype=nl.float32)
 
 
+@violates(errors.NumPartitionExceedArchLimit, _x((256, 4)))
 def load_over_128_partitions(x):
     nl.load(x)  # x is [256, 4]: the SBUF tile would span 256 partitions
 
 
+@violates(errors.NumPartitionMismatch)
 def partition_mismatch(x):
     a = nl.load(x)
     b = nl.load(x[0:64])
     nisa.tensor_tensor(dst=nl.ndarray((128, 4), dtype=nl.float32), data1=a, data2=b, op=nl.add)
 
 
+@violates(errors.NumPartitionMismatch)
 def matmul_contraction_mismatch(x):
     stationary = nl.load(x, dtype=nl.bfloat16)
     moving = nl.load(x[0:64], dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
 
 
+@violates(errors.SizeOfDimensionExceedArchLimit)
 def psum_tile_over_one_bank(x):
     nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.psum)  # 2052 bytes > 2 KiB
 
 
+@violates(errors.PsumCapacityExceeded)
 def psum_over_8_banks(x):
     live = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
     live.append(nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum))
 
 
+@violates(errors.SbufCapacityExceeded)
 def sbuf_over_capacity(x):
     nl.ndarray((128, 192 * 1024 + 1), dtype=nl.uint8)
 
 
+@violates(errors.SbufCapacityExceeded)
 def sbuf_live_allocations_add_up(x):
     first = nl.ndarray((128, 100 * 1024), dtype=nl.uint8)
     second = nl.ndarray((128, 100 * 1024), dtype=nl.uint8)
     del first, second
 
 
+@violates(errors.SizeOfDimensionExceedArchLimit)
 def matmul_stationary_over_128(x):
     stationary = nl.ndarray((128, 129), dtype=nl.bfloat16)
     moving = nl.ndarray((128, 4), dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
 
 
+@violates(errors.SizeOfDimensionExceedArchLimit)
 def matmul_moving_over_512(x):
     stationary = nl.ndarray((128, 4), dtype=nl.bfloat16)
     moving = nl.ndarray((128, 513), dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 513), dtype=nl.bfloat16, buffer=nl.psum), stationary, moving)
 
 
+@violates(errors.UnsupportedDtype, _x(dtype=np.int8))
 def matmul_int8(x):
     tile = nl.load(x)  # int8
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile)
 
 
+@violates(errors.UnsupportedDtype)
 def matmul_fp32_with_bf16(x):
     stationary = nl.load(x)
     moving = nl.load(x, dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
 
 
+@violates(errors.UnsupportedDtype)
 def matmul_result_not_fp32(x):
     tile = nl.load(x, dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.bfloat16, buffer=nl.psum), tile, tile)
 
 
+@violates(errors.UnsupportedMemory)
 def matmul_input_in_psum(x):
     tile = nl.load(x, dtype=nl.bfloat16)
     in_psum = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), in_psum, tile)
 
 
+@violates(errors.UnsupportedMemory)
 def matmul_result_in_sbuf(x):
     tile = nl.load(x, dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32), tile, tile)
 
 
+@violates(errors.ExceedMaxSupportedDimension)
 def matmul_3d_operand(x):
     tile = nl.ndarray((128, 2, 2), dtype=nl.bfloat16)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile)
 
 
+@violates(errors.UnsupportedMemory)
 def load_from_sbuf(x):
     nl.load(nl.load(x))
 
 
+@violates(errors.UnsupportedMemory)
 def store_to_sbuf(x):
     tile = nl.load(x)
     nl.store(nl.ndarray((128, 4), dtype=nl.float32), tile)
 
 
+@violates(errors.UnsupportedMemory)
 def store_from_psum(x):
     out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
     nl.store(out, nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum))
 
 
+@violates(errors.UnsupportedMemory)
 def compute_on_hbm(x):
     nl.add(x, 1.0)
 
 
+@violates(errors.UnsupportedMemory)
 def gpsimd_reads_psum(x):
     in_psum = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
     nisa.tensor_copy(
@@ -129,25 +166,30 @@ def gpsimd_reads_psum(x):
     )
 
 
+@violates(errors.UnsupportedMemory)
 def tensor_tensor_both_in_psum(x):
     a = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
     b = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.psum)
     nisa.tensor_tensor(dst=nl.ndarray((128, 4), dtype=nl.float32), data1=a, data2=b, op=nl.add)
 
 
+@violates(errors.UnsupportedReduceAxis)
 def reduce_over_partitions(x):
     nl.sum(nl.load(x), axis=0)
 
 
+@violates(errors.UnsupportedReduceAxis)
 def reduce_not_trailing(x):
     tile = nl.load(x.reshape((128, 2, 2)))
     nisa.tensor_reduce(nl.ndarray((128, 2), dtype=nl.float32), nl.add, tile, axis=1)
 
 
+@violates(errors.TensorAccessOutOfBound)
 def slice_out_of_bound(x):
     x[0:129]
 
 
+@violates(errors.TensorAccessOutOfBound)
 def index_out_of_bound(x):
     nl.load(x)[:, 4]
 
@@ -158,45 +200,55 @@ def read_uninitialised(x):
     return out
 
 
+@violates(errors.AmbiguousTensorTruthValue)
 def branch_on_tile(x):
     if nl.greater(nl.load(x), 0.0):
         pass
 
 
+@violates(errors.StoreDstShapeSmallerThanOtherShape)
 def write_into_broadcast_view(x):
     row = nl.ndarray((128, 1), dtype=nl.float32)
     nisa.memset(row.broadcast(1, 4), 0.0)
 
 
+@violates(errors.LeadingDimensionOfTensorMustBePartition)
 def one_dimensional_tile(x):
     nl.ndarray((128,), dtype=nl.float32)
 
 
+@violates(errors.LeadingDimensionOfTensorMustBePartition)
 def permute_partition_axis(x):
     nl.load(x).permute((1, 0))
 
 
+@violates(errors.UnsupportedDtype, _x(dtype=np.float64))
 def float64_argument(x):
     nl.load(x)
 
 
+@violates(errors.UnsupportedMemory)
 def return_sbuf_tile(x):
     return nl.load(x)
 
 
+@violates(errors.HbmTensorWithInitValueNotSupported)
 def hbm_with_initial_value(x):
     nl.zeros((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
 
 
+@violates(errors.ShapeMismatch)
 def elementwise_shape_mismatch(x):
     tile = nl.load(x)
     nl.add(tile, tile[:, 0:2])
 
 
+@violates(errors.UnsupportedOperator)
 def partition_reduce_min(x):
     nisa.tensor_partition_reduce(nl.ndarray((1, 4), dtype=nl.float32), nl.minimum, nl.load(x))
 
 
+@violates(errors.UnsupportedEngine)
 def scalar_engine_copy_on_v2(x):
     tile = nl.load(x)
     nisa.tensor_copy(
@@ -204,6 +256,7 @@ def scalar_engine_copy_on_v2(x):
     )
 
 
+@violates(errors.UnsupportedEngine)
 def tensor_scalar_add_on_gpsimd(x):
     """nki.isa.tensor_scalar: the GpSimd engine is "only allowed for rsqrt"."""
     nisa.tensor_scalar(
@@ -220,28 +273,33 @@ def _matmul_operands(x, dtype=nl.bfloat16):
     return nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), tile, tile
 
 
+@violates(errors.UnsupportedOperator)
 def matmul_tile_size_32_on_v2(x):
     """Row tiles of 32 need NeuronCore-v3 (nki.isa.nc_matmul, "Tiling mode")."""
     dst, stationary, moving = _matmul_operands(x[0:32])
     nisa.nc_matmul(dst, stationary, moving, tile_position=(0, 0), tile_size=(32, 128))
 
 
+@violates(errors.SizeOfDimensionExceedArchLimit)
 def matmul_stationary_over_its_row_tile(x):
     dst, stationary, moving = _matmul_operands(x)
     nisa.nc_matmul(dst, stationary, moving, tile_position=(64, 0), tile_size=(64, 128))
 
 
+@violates(errors.UnsupportedOperator)
 def matmul_double_row_on_v2(x):
     dst, stationary, moving = _matmul_operands(x.reshape((64, 2, 4)), nl.float8_e4m3)
     nisa.nc_matmul(dst, stationary, moving, perf_mode=nisa.matmul_perf_mode.double_row)
 
 
+@violates(errors.UnsupportedDtype)
 def matmul_mixes_fp8_formats(x):
     stationary = nl.load(x, dtype=nl.float8_e4m3)
     moving = nl.load(x, dtype=nl.float8_e4m3fn)
     nisa.nc_matmul(nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum), stationary, moving)
 
 
+@violates(errors.UnsupportedOperator)
 def matmul_mx_before_v4(x):
     data = nl.ndarray((32, 4), dtype=nl.float8_e5m2_x4)
     scale = nl.ndarray((4, 4), dtype=nl.uint8)
@@ -249,55 +307,9 @@ def matmul_mx_before_v4(x):
     nisa.nc_matmul_mx(psum, data, data, scale, scale)
 
 
+@violates(errors.TensorAccessOutOfBound)
 def access_pattern_past_the_tile(x):
     nl.load(x).ap([[4, 128], [1, 5]])
-
-
-VIOLATIONS = [
-    (tensor_scalar_add_on_gpsimd, _x(), errors.UnsupportedEngine),
-    (matmul_tile_size_32_on_v2, _x(), errors.UnsupportedOperator),
-    (matmul_stationary_over_its_row_tile, _x(), errors.SizeOfDimensionExceedArchLimit),
-    (matmul_double_row_on_v2, _x(), errors.UnsupportedOperator),
-    (matmul_mixes_fp8_formats, _x(), errors.UnsupportedDtype),
-    (matmul_mx_before_v4, _x(), errors.UnsupportedOperator),
-    (access_pattern_past_the_tile, _x(), errors.TensorAccessOutOfBound),
-    (partition_over_128, _x(), errors.NumPartitionExceedArchLimit),
-    (load_over_128_partitions, _x((256, 4)), errors.NumPartitionExceedArchLimit),
-    (partition_mismatch, _x(), errors.NumPartitionMismatch),
-    (matmul_contraction_mismatch, _x(), errors.NumPartitionMismatch),
-    (psum_tile_over_one_bank, _x(), errors.SizeOfDimensionExceedArchLimit),
-    (psum_over_8_banks, _x(), errors.PsumCapacityExceeded),
-    (sbuf_over_capacity, _x(), errors.SbufCapacityExceeded),
-    (sbuf_live_allocations_add_up, _x(), errors.SbufCapacityExceeded),
-    (matmul_stationary_over_128, _x(), errors.SizeOfDimensionExceedArchLimit),
-    (matmul_moving_over_512, _x(), errors.SizeOfDimensionExceedArchLimit),
-    (matmul_int8, _x(dtype=np.int8), errors.UnsupportedDtype),
-    (matmul_fp32_with_bf16, _x(), errors.UnsupportedDtype),
-    (matmul_result_not_fp32, _x(), errors.UnsupportedDtype),
-    (matmul_input_in_psum, _x(), errors.UnsupportedMemory),
-    (matmul_result_in_sbuf, _x(), errors.UnsupportedMemory),
-    (matmul_3d_operand, _x(), errors.ExceedMaxSupportedDimension),
-    (load_from_sbuf, _x(), errors.UnsupportedMemory),
-    (store_to_sbuf, _x(), errors.UnsupportedMemory),
-    (store_from_psum, _x(), errors.UnsupportedMemory),
-    (compute_on_hbm, _x(), errors.UnsupportedMemory),
-    (gpsimd_reads_psum, _x(), errors.UnsupportedMemory),
-    (tensor_tensor_both_in_psum, _x(), errors.UnsupportedMemory),
-    (reduce_over_partitions, _x(), errors.UnsupportedReduceAxis),
-    (reduce_not_trailing, _x(), errors.UnsupportedReduceAxis),
-    (slice_out_of_bound, _x(), errors.TensorAccessOutOfBound),
-    (index_out_of_bound, _x(), errors.TensorAccessOutOfBound),
-    (branch_on_tile, _x(), errors.AmbiguousTensorTruthValue),
-    (write_into_broadcast_view, _x(), errors.StoreDstShapeSmallerThanOtherShape),
-    (one_dimensional_tile, _x(), errors.LeadingDimensionOfTensorMustBePartition),
-    (permute_partition_axis, _x(), errors.LeadingDimensionOfTensorMustBePartition),
-    (float64_argument, _x(dtype=np.float64), errors.UnsupportedDtype),
-    (return_sbuf_tile, _x(), errors.UnsupportedMemory),
-    (hbm_with_initial_value, _x(), errors.HbmTensorWithInitValueNotSupported),
-    (elementwise_shape_mismatch, _x(), errors.ShapeMismatch),
-    (partition_reduce_min, _x(), errors.UnsupportedOperator),
-    (scalar_engine_copy_on_v2, _x(), errors.UnsupportedEngine),
-]
 
 
 @pytest.fixture(autouse=True)
