@@ -1,0 +1,125 @@
+"""The commands the README and the guides tell a user to type exist as written: every
+``asickernels ...`` line of their shell blocks parses (command and flags), every command they
+name inline exists and has the flags they give it, every ``--help`` prints without an error,
+every ``pip install`` extra is one pyproject.toml declares, every ``python`` script or module
+and ``make`` target they name is there. Nothing here runs a kernel: it is all argument parsing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import tomllib
+
+import pytest
+from conftest import REPO as ROOT
+
+from asickernels import cli
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+COMMANDS = ("info", "check", "bench", "run", *cli.PLUGINS)
+
+
+def _shell_lines(page) -> list[str]:
+    """The commands of a page's ```bash blocks, continuation lines joined, comments cut."""
+    lines = []
+    for language, code in FENCE.findall(page.read_text()):
+        if language not in ("bash", "sh", "shell"):
+            continue
+        for line in code.replace("\\\n", " ").splitlines():
+            command = line.split(" #")[0].strip()
+            if command:
+                lines.append(command)
+    return lines
+
+
+def _inline_spans(page) -> list[str]:
+    text = FENCE.sub("", page.read_text())
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text)]
+
+
+def _documented(prefix: str) -> list[tuple[str, str]]:
+    """(page, command) for every shell line and inline span that starts with ``prefix``."""
+    found = []
+    for page in PAGES:
+        for command in [*_shell_lines(page), *_inline_spans(page)]:
+            if command.startswith(prefix):
+                found.append((str(page.relative_to(ROOT)), command))
+    return found
+
+
+def _help(capsys, command: str) -> str:
+    assert cli.main([command, "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "", f"`asickernels {command} --help` wrote to stderr:\n{err}"
+    return out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_prints_its_help(capsys, command):
+    assert f"usage: asickernels {command}" in _help(capsys, command)
+
+
+def _shell_commands() -> list[tuple[str, str]]:
+    return [
+        (page, command)
+        for page in PAGES
+        for command in _shell_lines(page)
+        if command.startswith("asickernels ")
+    ]
+
+
+@pytest.mark.parametrize(("page", "command"), _shell_commands(), ids=lambda value: str(value))
+def test_every_shell_block_command_parses(page, command):
+    argv = shlex.split(command)[1:]
+    parser = cli.build_parser(argv[0] if argv[0] in cli.PLUGINS else None)
+    try:
+        parser.parse_args(argv)
+    except SystemExit as stop:
+        pytest.fail(f"{page}: `{command}` does not parse (exit {stop.code})")
+
+
+def test_every_command_named_inline_exists_with_its_flags(capsys):
+    helps: dict[str, str] = {}
+    for page, span in _documented("asickernels "):
+        words = shlex.split(span)[1:]
+        if words[0].startswith("-"):
+            continue  # `asickernels --help`, tested above with every command
+        command = words[0]
+        assert command in COMMANDS, f"{page}: `{span}` names no asickernels command"
+        if command not in helps:
+            helps[command] = _help(capsys, command)
+        for flag in (word for word in words[1:] if word.startswith("--")):
+            assert flag in helps[command], f"{page}: `{span}`: {command} has no {flag}"
+
+
+def test_every_pip_extra_named_exists():
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    named = set()
+    for page in [*PAGES, ROOT / "Makefile"]:
+        for group in re.findall(r"(?:asickernels|\.)\[([\w,-]+)\]", page.read_text()):
+            named.update(group.split(","))
+    assert named, "no page names an extra"
+    assert named <= extras, f"extras the docs name that pyproject.toml lacks: {named - extras}"
+
+
+def test_every_python_script_and_module_named_exists():
+    named = _documented("python ")
+    assert named
+    for page, command in named:
+        words = shlex.split(command)
+        if words[1] == "-m":
+            assert importlib.util.find_spec(words[2]) is not None, f"{page}: no module {words[2]}"
+        elif words[1].endswith(".py") and "/" in words[1]:  # a repository script
+            assert (ROOT / words[1]).is_file(), f"{page}: no script {words[1]}"
+
+
+def test_every_make_target_named_exists():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    for page, command in _documented("make "):
+        target = command.split()[1]
+        assert target in targets, f"{page}: `{command}`: the Makefile has no {target}"
