@@ -184,6 +184,7 @@ def _run_check(args: argparse.Namespace) -> tuple[list[CheckRow], bool]:
     finally:
         progress.close()
     print(report.text_table(report.CHECK_HEADERS, report.check_table(rows)))
+    print("\n" + report.CHECK_LEGEND)
     _print_missing(rows)
     bad = [row for row in rows if row.status in ("fail", "error")]
     ran = [row for row in rows if row.status not in ("missing", "n/a")]
