@@ -213,6 +213,8 @@ def _bench_settings(args: argparse.Namespace) -> BenchSettings:
     stray = sorted(set(chosen) - set(ops))
     if stray:
         raise UsageError(f"--size given for {', '.join(stray)}, which --ops leaves out")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot draws with matplotlib: pip install matplotlib")
     defaults = {op: OPS[op].quick_sizes if args.quick else OPS[op].default_sizes for op in ops}
     sizes = {op: chosen.get(op) or [OPS[op].parse_size(s) for s in defaults[op]] for op in ops}
     return BenchSettings(

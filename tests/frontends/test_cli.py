@@ -58,6 +58,13 @@ def test_argument_errors_exit_2_with_a_message(capsys, argv, message):
     assert message in err
 
 
+def test_plot_without_matplotlib_is_refused_before_anything_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec("matplotlib") is None
+    monkeypatch.setattr(harness, "bench", None)  # benchmarking would raise
+    code, _, err = run(capsys, "bench", "--ops", "giou", "--plot", str(tmp_path / "p.png"))
+    assert code == 2 and "--plot draws with matplotlib" in err
+
+
 def test_missing_plugin_module_exits_2_and_stays_listed(capsys, monkeypatch):
     monkeypatch.setitem(cli.PLUGINS, "ghost", ("asickernels.no_such_module", "a future command"))
     code, out, _ = run(capsys, "--help")
