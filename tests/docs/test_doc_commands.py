@@ -123,3 +123,64 @@ def test_every_make_target_named_exists():
     for page, command in _documented("make "):
         target = command.split()[1]
         assert target in targets, f"{page}: `{command}`: the Makefile has no {target}"
+
+
+# -- what the guides say exists --------------------------------------------------------------
+
+# The short names the pages use, as their examples import them.
+ALIASES = {"ak": "asickernels", "akt": "asickernels.torch"}
+REPOSITORY_FILES = [
+    path.relative_to(ROOT).as_posix()
+    for path in ROOT.rglob("*")
+    if not {".git", "__pycache__"} & set(path.parts) and not path.parts[-1].startswith(".venv")
+]
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` (``package.module.attribute...``) imports and has its attributes."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            target = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise  # a module it imports is missing: not what this test looks for
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(target, attribute):
+                return False
+            target = getattr(target, attribute)
+        return True
+    return False
+
+
+def test_every_python_name_the_pages_give_exists():
+    checked = 0
+    for page in PAGES:
+        for span in _inline_spans(page):
+            match = re.match(r"^(asickernels|ak|akt)((?:\.\w+)+)", span)
+            if not match:
+                continue
+            name = ALIASES.get(match[1], match[1]) + match[2]
+            needs_torch = "torch" in name.split(".")[1:] or "torch_xla_spmd" in name
+            if needs_torch and importlib.util.find_spec("torch") is None:
+                continue  # the torch_xla environment checks these names
+            assert _resolves(name), f"{page.name}: `{span}` names nothing ({name})"
+            checked += 1
+    assert checked > 10
+
+
+def test_every_repository_path_the_pages_give_exists():
+    for page in PAGES:
+        for span in _inline_spans(page):
+            for word in re.findall(r"[\w./-]+", span):
+                if "/" not in word or word.startswith(("../", "/")) or "://" in span:
+                    continue
+                if not re.search(r"\.(py|json|md|h|cpp|txt|png|toml)$|/$", word):
+                    continue
+                path = word.rstrip("/")
+                # Pages shorten paths inside the package (`backends/cpu/nms.py`).
+                found = any(f == path or f.endswith("/" + path) for f in REPOSITORY_FILES)
+                corpus = word == "neuron-customops/"  # a folder of ../shared/corpus
+                assert found or corpus, f"{page.name}: no {word} here"
