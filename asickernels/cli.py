@@ -432,6 +432,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # argparse: --help, --version, usage errors
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
     except UsageError as error:
-        parser.print_usage(sys.stderr)
-        print(f"asickernels: error: {error}", file=sys.stderr)
+        print(f"asickernels {command}: error: {error}", file=sys.stderr)
         return 2
