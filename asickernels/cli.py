@@ -257,13 +257,30 @@ def _write_json(args: argparse.Namespace, **parts: Any) -> None:
         print(f"results written to {args.json}")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuses, before any work, an output file whose folder does not exist."""
+    for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
+
+
 def _check(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    ops, selected = _selection(args)
+    if selected:
+        checked = {c.name for _, backends in harness.check_plan(ops, None) for c in backends}
+        if not selected & checked:
+            raise UsageError(
+                f"--backends {','.join(sorted(selected))}: nothing that check compares with the "
+                f"reference (peers are timed by bench); check runs {', '.join(sorted(checked))}"
+            )
     rows, ok = _run_check(args)
     _write_json(args, checks=rows)
     return 0 if ok else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     settings = _bench_settings(args)
     rows, ok = _run_bench(args, settings)
     _write_json(args, results=rows, settings=settings)
@@ -271,6 +288,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     settings = _bench_settings(args)
     print("== check: every op on every backend against the float64 reference ==\n")
     checks, checks_ok = _run_check(args)

@@ -50,6 +50,9 @@ def test_help_lists_every_command_including_plugins(capsys):
         (["bench", "--repeats", "0"], "must be >= 1"),
         (["run", "--budget", "-1"], "must be > 0"),
         (["bench", "--ops", "giou", "--size", "nms=64"], "--ops leaves out"),
+        (["check", "--ops", "nms", "--backends", "torchvision"], "nothing that check compares"),
+        (["check", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no folder"),
+        (["bench", "--plot", "/nonexistent/p.png"], "--plot /nonexistent/p.png: no folder"),
     ],
 )
 def test_argument_errors_exit_2_with_a_message(capsys, argv, message):
