@@ -47,7 +47,7 @@ test-torch-xla: $(TX_STAMP)
 		tests/frontends/test_torch_frontend.py tests/frontends/test_spmd_torch_xla.py \
 		tests/frontends/test_spmd_jax.py tests/frontends/test_torchvision_compat.py \
 		tests/frontends/test_detection.py tests/frontends/test_detection_training.py \
-		tests/docs/test_readme.py
+		tests/docs/test_readme.py tests/docs/test_doc_commands.py
 
 test: lint test-main test-torch-xla
 

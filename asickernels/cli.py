@@ -184,6 +184,7 @@ def _run_check(args: argparse.Namespace) -> tuple[list[CheckRow], bool]:
     finally:
         progress.close()
     print(report.text_table(report.CHECK_HEADERS, report.check_table(rows)))
+    print("\n" + report.CHECK_LEGEND)
     _print_missing(rows)
     bad = [row for row in rows if row.status in ("fail", "error")]
     ran = [row for row in rows if row.status not in ("missing", "n/a")]
@@ -212,6 +213,8 @@ def _bench_settings(args: argparse.Namespace) -> BenchSettings:
     stray = sorted(set(chosen) - set(ops))
     if stray:
         raise UsageError(f"--size given for {', '.join(stray)}, which --ops leaves out")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot draws with matplotlib: pip install matplotlib")
     defaults = {op: OPS[op].quick_sizes if args.quick else OPS[op].default_sizes for op in ops}
     sizes = {op: chosen.get(op) or [OPS[op].parse_size(s) for s in defaults[op]] for op in ops}
     return BenchSettings(
@@ -254,13 +257,30 @@ def _write_json(args: argparse.Namespace, **parts: Any) -> None:
         print(f"results written to {args.json}")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuses, before any work, an output file whose folder does not exist."""
+    for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
+
+
 def _check(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    ops, selected = _selection(args)
+    if selected:
+        checked = {c.name for _, backends in harness.check_plan(ops, None) for c in backends}
+        if not selected & checked:
+            raise UsageError(
+                f"--backends {','.join(sorted(selected))}: nothing that check compares with the "
+                f"reference (peers are timed by bench); check runs {', '.join(sorted(checked))}"
+            )
     rows, ok = _run_check(args)
     _write_json(args, checks=rows)
     return 0 if ok else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     settings = _bench_settings(args)
     rows, ok = _run_bench(args, settings)
     _write_json(args, results=rows, settings=settings)
@@ -268,6 +288,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     settings = _bench_settings(args)
     print("== check: every op on every backend against the float64 reference ==\n")
     checks, checks_ok = _run_check(args)
@@ -429,6 +450,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # argparse: --help, --version, usage errors
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
     except UsageError as error:
-        parser.print_usage(sys.stderr)
-        print(f"asickernels: error: {error}", file=sys.stderr)
+        print(f"asickernels {command}: error: {error}", file=sys.stderr)
         return 2

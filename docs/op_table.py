@@ -18,8 +18,9 @@ END = "<!-- op-table end -->"
 
 def table() -> str:
     """One row per kernel (in the selection policy's order), one column per registered
-    backend: ✓ where it implements the kernel, ✓ f64 where it also computes in float64; the
-    last row: the platforms where ``backend=None`` may pick it (where it runs natively)."""
+    backend: ✓ where it implements the kernel, ✓ f64 where it also computes in float64, and
+    "named" where ``backend=None`` never picks it for that kernel (not in its preference);
+    the last row: the platforms where ``backend=None`` may pick it (where it runs natively)."""
     import asickernels  # noqa: F401  (fills the registry)
     from asickernels.kernels import policy, registry
 
@@ -31,10 +32,12 @@ def table() -> str:
         for name in names:
             if name not in registry.backends_for(kernel):
                 cells.append("")
-            elif "float64" in registry.support(kernel, name).dtypes:
-                cells.append("✓ f64")
-            else:
-                cells.append("✓")
+                continue
+            cell = "✓ f64" if "float64" in registry.support(kernel, name).dtypes else "✓"
+            pickable = bool(registry.backend(name).platforms)
+            if pickable and name not in policy.PREFERENCE[kernel]:
+                cell += " named"
+            cells.append(cell)
         lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
     platforms = []
     for name in names:

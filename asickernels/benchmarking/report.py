@@ -111,6 +111,13 @@ BENCH_HEADERS = (
     "notes",
 )
 CHECK_HEADERS = ("op", "backend", "runs", "cases ok", "worst err", "tol", "result", "details")
+CHECK_LEGEND = (
+    "worst err = the largest error against the float64 reference over the cases, in units of "
+    "the op's allowed error: it passes at tol = 1 or less. Where the result must be exact (tol "
+    "0: NMS indices, int8 matmul's int32) any error fails; int8 matmul with scales: the "
+    "relative error (tol 1e-06). runs: native on this machine, or simulated (its kernel in a "
+    "CPU simulator of the device)."
+)
 
 
 def _counter(value: float) -> str:

@@ -47,8 +47,6 @@ def _missing_requirement(code: str) -> str | None:
                 return f"{top} is not installed"
     if "tpu_compile" in code and importlib.util.find_spec("libtpu") is None:
         return "libtpu is not installed"
-    if "timeline_png" in code and importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed (the timeline PNG)"
     if "gpsimd.load" in code:
         from asickernels.simulate import gpsimd
 

@@ -50,12 +50,22 @@ def test_help_lists_every_command_including_plugins(capsys):
         (["bench", "--repeats", "0"], "must be >= 1"),
         (["run", "--budget", "-1"], "must be > 0"),
         (["bench", "--ops", "giou", "--size", "nms=64"], "--ops leaves out"),
+        (["check", "--ops", "nms", "--backends", "torchvision"], "nothing that check compares"),
+        (["check", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no folder"),
+        (["bench", "--plot", "/nonexistent/p.png"], "--plot /nonexistent/p.png: no folder"),
     ],
 )
 def test_argument_errors_exit_2_with_a_message(capsys, argv, message):
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert message in err
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec("matplotlib") is None
+    monkeypatch.setattr(harness, "bench", None)  # benchmarking would raise
+    code, _, err = run(capsys, "bench", "--ops", "giou", "--plot", str(tmp_path / "p.png"))
+    assert code == 2 and "--plot draws with matplotlib" in err
 
 
 def test_missing_plugin_module_exits_2_and_stays_listed(capsys, monkeypatch):

@@ -253,6 +253,15 @@ def test_spmd_plan_cli_is_registered():
     assert args.handler is not None and args.topology == ["v5e:2x2"] and args.backend == "xla"
 
 
+def test_spmd_plan_cli_names_an_unknown_topology_without_a_traceback(capsys):
+    pytest.importorskip("libtpu")
+    from asickernels import cli
+
+    assert cli.main(["spmd-plan", "--topology", "v9:2x2"]) == 2
+    err = capsys.readouterr().err
+    assert "topology 'v9:2x2' is not a TPU topology" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["pallas_tpu", "xla"])
 def test_spmd_plan_compiles_for_a_v5e_slice(backend):

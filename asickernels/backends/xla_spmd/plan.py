@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -164,19 +166,21 @@ def spmd_plan(topology: str, backend: str = "pallas_tpu") -> TopologyPlan:
     """Compiles every program for ``topology`` (e.g. ``"v5e:2x2"``) with libtpu.
 
     ``backend`` is the per-shard kernel: ``"pallas_tpu"`` builds the Mosaic kernels for
-    the topology's TPU generation; ``"xla"`` the plain XLA ops.
+    the topology's TPU generation; ``"xla"`` the plain XLA ops. Raises ValueError for a
+    topology libtpu does not know, ModuleNotFoundError where libtpu is not installed.
     """
     from jax.experimental import topologies
 
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # Compiling needs no TPU, so other processes compiling at the same time are no conflict.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if importlib.util.find_spec("libtpu") is None:
+        raise ModuleNotFoundError('compiling for a TPU needs libtpu: pip install "jax[tpu]"')
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology)
     except Exception as error:
-        raise RuntimeError(
-            f"libtpu could not describe TPU topology {topology!r} ({error}); "
-            'pip install "jax[tpu]" provides libtpu'
+        raise ValueError(
+            f"topology {topology!r} is not a TPU topology libtpu knows, such as 'v5e:2x2' ({error})"
         ) from error
     devices: list[Any] = list(description.devices)
     programs = []
@@ -216,7 +220,11 @@ def format_plan(plan: TopologyPlan) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    plans = [spmd_plan(t, backend=args.backend) for t in args.topology or DEFAULT_TOPOLOGIES]
+    try:
+        plans = [spmd_plan(t, backend=args.backend) for t in args.topology or DEFAULT_TOPOLOGIES]
+    except (ModuleNotFoundError, ValueError) as error:
+        print(f"asickernels spmd-plan: error: {error}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([dataclasses.asdict(p) for p in plans], indent=2))
     else:

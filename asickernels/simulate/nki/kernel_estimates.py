@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -305,7 +306,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
     """What is wrong with combining the ``estimate`` command's options, or None."""
     if args.neuron is None:
         given = [f"--{name}" for name in ("kernel", "timeline") if getattr(args, name, None)]
-        return f"{', '.join(given)} need --neuron" if given else None
+        verb = "needs" if len(given) == 1 else "need"
+        return f"{' and '.join(given)} {verb} --neuron" if given else None
     tpu = [f"--{name}" for name in TPU_ONLY_OPTIONS if getattr(args, name, None)]
     if tpu:
         return f"{', '.join(tpu)} apply to TPU estimates, not to --neuron"
@@ -315,8 +317,14 @@ def usage_error(args: argparse.Namespace) -> str | None:
             return (
                 "--timeline draws one kernel on one generation: give --kernel NAME and --neuron GEN"
             )
-        if Path(args.timeline).suffix.lower() not in (".png", ".json"):
+        suffix = Path(args.timeline).suffix.lower()
+        if suffix not in (".png", ".json"):
             return f"--timeline {args.timeline}: the file name must end in .png or .json"
+        if suffix == ".png" and importlib.util.find_spec("matplotlib") is None:
+            return (
+                f"--timeline {args.timeline}: a PNG needs matplotlib (pip install matplotlib); "
+                "a .json timeline needs nothing"
+            )
     return None
 
 

@@ -86,7 +86,7 @@ def test_the_roofline_is_bytes_over_hbm_or_ops_over_the_engine_peak():
     ("argv", "message"),
     [
         (["--neuron", "trn9"], "'trn9' is not a NeuronCore target; use one of"),
-        (["--kernel", "giou"], "--kernel need --neuron"),
+        (["--kernel", "giou"], "--kernel needs --neuron"),
         (["--neuron", "--generation", "v5e"], "--generation apply to TPU estimates"),
         (["--neuron", "trn2", "--timeline", "t.png"], "one kernel on one generation"),
         (["--neuron", "--kernel", "giou", "--timeline", "t.png"], "one kernel on one generation"),
@@ -156,6 +156,17 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     with pytest.raises(ImportError, match=r"pip install 'asickernels\[bench\]'"):
         write_timeline_png(_tiny_estimate(timeline=True).chrome_trace(), tmp_path / "x.png")
+
+
+def test_the_cli_refuses_a_png_timeline_without_matplotlib_before_estimating(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec("matplotlib") is None
+    monkeypatch.setattr(kernel_estimates, "kernel_rows", None)  # estimating would raise
+    png = tmp_path / "t.png"
+    argv = ["estimate", "--neuron", "trn2", "--kernel", "giou", "--timeline", str(png)]
+    assert cli.main(argv) == 2
+    assert "a PNG needs matplotlib" in capsys.readouterr().err and not png.exists()
 
 
 def test_the_benchmarks_page_shows_the_calibration_with_its_command():

@@ -1,0 +1,186 @@
+"""The commands the README and the guides tell a user to type exist as written: every
+``asickernels ...`` line of their shell blocks parses (command and flags), every command they
+name inline exists and has the flags they give it, every ``--help`` prints without an error,
+every ``pip install`` extra is one pyproject.toml declares, every ``python`` script or module
+and ``make`` target they name is there. Nothing here runs a kernel: it is all argument parsing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import tomllib
+
+import pytest
+from conftest import REPO as ROOT
+
+from asickernels import cli
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+COMMANDS = ("info", "check", "bench", "run", *cli.PLUGINS)
+
+
+def _shell_lines(page) -> list[str]:
+    """The commands of a page's ```bash blocks, continuation lines joined, comments cut."""
+    lines = []
+    for language, code in FENCE.findall(page.read_text()):
+        if language not in ("bash", "sh", "shell"):
+            continue
+        for line in code.replace("\\\n", " ").splitlines():
+            command = line.split(" #")[0].strip()
+            if command:
+                lines.append(command)
+    return lines
+
+
+def _inline_spans(page) -> list[str]:
+    text = FENCE.sub("", page.read_text())
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text)]
+
+
+def _documented(prefix: str) -> list[tuple[str, str]]:
+    """(page, command) for every shell line and inline span that starts with ``prefix``."""
+    found = []
+    for page in PAGES:
+        for command in [*_shell_lines(page), *_inline_spans(page)]:
+            if command.startswith(prefix):
+                found.append((str(page.relative_to(ROOT)), command))
+    return found
+
+
+def _help(capsys, command: str) -> str:
+    assert cli.main([command, "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "", f"`asickernels {command} --help` wrote to stderr:\n{err}"
+    return out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_prints_its_help(capsys, command):
+    assert f"usage: asickernels {command}" in _help(capsys, command)
+
+
+def _shell_commands() -> list[tuple[str, str]]:
+    return [
+        (page, command)
+        for page in PAGES
+        for command in _shell_lines(page)
+        if command.startswith("asickernels ")
+    ]
+
+
+@pytest.mark.parametrize(("page", "command"), _shell_commands(), ids=lambda value: str(value))
+def test_every_shell_block_command_parses(page, command):
+    argv = shlex.split(command)[1:]
+    parser = cli.build_parser(argv[0] if argv[0] in cli.PLUGINS else None)
+    try:
+        parser.parse_args(argv)
+    except SystemExit as stop:
+        pytest.fail(f"{page}: `{command}` does not parse (exit {stop.code})")
+
+
+def test_every_command_named_inline_exists_with_its_flags(capsys):
+    helps: dict[str, str] = {}
+    for page, span in _documented("asickernels "):
+        words = shlex.split(span)[1:]
+        if words[0].startswith("-"):
+            continue  # `asickernels --help`, tested above with every command
+        command = words[0]
+        assert command in COMMANDS, f"{page}: `{span}` names no asickernels command"
+        if command not in helps:
+            helps[command] = _help(capsys, command)
+        for flag in (word for word in words[1:] if word.startswith("--")):
+            assert flag in helps[command], f"{page}: `{span}`: {command} has no {flag}"
+
+
+def test_every_pip_extra_named_exists():
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    named = set()
+    for page in [*PAGES, ROOT / "Makefile"]:
+        for group in re.findall(r"(?:asickernels|\.)\[([\w,-]+)\]", page.read_text()):
+            named.update(group.split(","))
+    assert named, "no page names an extra"
+    assert named <= extras, f"extras the docs name that pyproject.toml lacks: {named - extras}"
+
+
+def test_every_python_script_and_module_named_exists():
+    named = _documented("python ")
+    assert named
+    for page, command in named:
+        words = shlex.split(command)
+        if words[1] == "-m":
+            assert importlib.util.find_spec(words[2]) is not None, f"{page}: no module {words[2]}"
+        elif words[1].endswith(".py") and "/" in words[1]:  # a repository script
+            assert (ROOT / words[1]).is_file(), f"{page}: no script {words[1]}"
+
+
+def test_every_make_target_named_exists():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    for page, command in _documented("make "):
+        target = command.split()[1]
+        assert target in targets, f"{page}: `{command}`: the Makefile has no {target}"
+
+
+# -- what the guides say exists --------------------------------------------------------------
+
+# The short names the pages use, as their examples import them.
+ALIASES = {"ak": "asickernels", "akt": "asickernels.torch"}
+REPOSITORY_FILES = [
+    path.relative_to(ROOT).as_posix()
+    for path in ROOT.rglob("*")
+    if not {".git", "__pycache__"} & set(path.parts) and not path.parts[-1].startswith(".venv")
+]
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` (``package.module.attribute...``) imports and has its attributes."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            target = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise  # a module it imports is missing: not what this test looks for
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(target, attribute):
+                return False
+            target = getattr(target, attribute)
+        return True
+    return False
+
+
+def test_every_python_name_the_pages_give_exists():
+    checked = 0
+    for page in PAGES:
+        for span in _inline_spans(page):
+            match = re.match(r"^(asickernels|ak|akt)((?:\.\w+)+)", span)
+            if not match:
+                continue
+            name = ALIASES.get(match[1], match[1]) + match[2]
+            needs_torch = "torch" in name.split(".")[1:] or "torch_xla_spmd" in name
+            if needs_torch and importlib.util.find_spec("torch") is None:
+                continue  # the torch_xla environment checks these names
+            assert _resolves(name), f"{page.name}: `{span}` names nothing ({name})"
+            checked += 1
+    assert checked > 10
+
+
+def test_every_repository_path_the_pages_give_exists():
+    for page in PAGES:
+        for span in _inline_spans(page):
+            for word in re.findall(r"[\w./-]+", span):
+                if "/" not in word or word.startswith(("../", "/")) or "://" in span:
+                    continue
+                if not re.search(r"\.(py|json|md|h|cpp|txt|png|toml)$|/$", word):
+                    continue
+                path = word.rstrip("/")
+                # Pages shorten paths inside the package (`backends/cpu/nms.py`).
+                found = any(f == path or f.endswith("/" + path) for f in REPOSITORY_FILES)
+                corpus = word == "neuron-customops/"  # a folder of ../shared/corpus
+                assert found or corpus, f"{page.name}: no {word} here"
