@@ -622,8 +622,8 @@ def _broadcast_source(api: str, value: Tensor, dst: Tensor, where: np.ndarray | 
     shape = broadcast_shape(api, [dst.shape, value.shape])
     if shape != dst.shape:
         raise errors.StoreDstShapeSmallerThanOtherShape(
-            f"Illegal assignment destination shape in '{api}': shape {list(dst.shape)} of "
-            f"the destination is smaller than the value's shape {list(value.shape)}"
+            f"Illegal assignment destination shape in 'a = b': shape {list(dst.shape)} of "
+            f"parameter 'a' is smaller than other parameter shapes b{list(value.shape)}"
         )
     checked_inputs(api, {"value": value}, shape, where)
     return NkiTensor(expand(value.read(), shape), value.dtype, sbuf, None)
