@@ -4,9 +4,10 @@ adversarial, with the statics of each; RoIAlign takes them all, RoIPool its two.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
+
+from asickernels.kernels.roi_align import RoiAlignStatics, RoiStatics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,16 +20,16 @@ class RoiCase:
     sampling_ratio: int = -1
     aligned: bool = False
 
-    def align_statics(self) -> dict[str, Any]:
-        return {
-            "output_size": self.output_size,
-            "spatial_scale": self.spatial_scale,
-            "sampling_ratio": self.sampling_ratio,
-            "aligned": self.aligned,
-        }
+    def align_statics(self) -> RoiAlignStatics:
+        return RoiAlignStatics(
+            output_size=self.output_size,
+            spatial_scale=self.spatial_scale,
+            sampling_ratio=self.sampling_ratio,
+            aligned=self.aligned,
+        )
 
-    def pool_statics(self) -> dict[str, Any]:
-        return {"output_size": self.output_size, "spatial_scale": self.spatial_scale}
+    def pool_statics(self) -> RoiStatics:
+        return RoiStatics(output_size=self.output_size, spatial_scale=self.spatial_scale)
 
 
 def rois(rng: np.random.Generator, count: int, batch: int, span: float) -> np.ndarray:

@@ -1,29 +1,74 @@
-"""RoIAlign (torchvision's ``roi_align``) and its gradient: the declarations, and the float64
-reference, a transcription of torchvision's CPU kernel (``ops/cpu/roi_align_kernel.cpp``)."""
+"""RoIAlign (torchvision's ``roi_align``) and its gradient: the declarations, what every RoI
+pooling op shares (:func:`pooling_ops`, which RoIPool's declarations use too), and the float64
+reference, a transcription of torchvision's CPU kernel (``ops/cpu/roi_align_kernel.cpp``).
+
+A backend implements the kernels ``roi_align`` and ``roi_align_vjp``, called with arrays of
+one float dtype (the compute dtype: float32, or float64 where the backend supports it) and
+the checked statics (:class:`RoiAlignStatics`) as keywords:
+
+* ``roi_align(input [N, C, H, W], rois [K, 5], **statics) -> [K, C, PH, PW]``;
+* ``roi_align_vjp(rois [K, 5], cotangent [K, C, PH, PW], *, input_shape, **statics)
+  -> [N, C, H, W]`` (RoIAlign's gradient does not depend on the input's values).
+
+The op makes ``roi_align`` differentiable in ``input`` through ``roi_align_vjp``
+(:func:`pooling_ops`), so a JAX kernel need not be differentiable itself.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypedDict, Unpack
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from asickernels import reference
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Op, Plan, Runner, Spec, array, cast, static
+from asickernels.kernels.declaration import (
+    Array,
+    Op,
+    Param,
+    Plan,
+    Runner,
+    Spec,
+    array,
+    cast,
+    static,
+)
 from asickernels.kernels.registry import FLOAT32_AND_64
 
-_STATICS = [
-    static("output_size", "int[]", positional=True),
-    static("spatial_scale", "float", 1.0),
-    static("sampling_ratio", "int", -1),
-    static("aligned", "bool", False),
-]
+
+class RoiStatics(TypedDict):
+    """The checked statics every RoI pooling kernel takes (RoIPool's, all of them)."""
+
+    output_size: tuple[int, int]  # (PH, PW), each >= 1
+    spatial_scale: float  # >= 0
 
 
-def check_output_size(size: Any) -> tuple[int, int]:
-    """``output_size`` (an int or a pair of ints, each >= 1) as ``(height, width)``."""
+class RoiAlignStatics(RoiStatics):
+    """The checked statics of the ``roi_align`` and ``roi_align_vjp`` kernels."""
+
+    sampling_ratio: int  # a C int; <= 0: the adaptive grid
+    aligned: bool
+
+
+# How a RoI pooling op calls its ``<name>_vjp`` kernel: ``call(kernel, input, rois,
+# cotangent) -> d_input``, with the statics bound to ``kernel`` and the arrays in the
+# compute dtype.
+VjpCall = Callable[[Callable[..., Array], Array, Array, Array], Array]
+
+
+def check_output_size(size: object) -> tuple[int, int]:
+    """``output_size`` (an int or a pair of ints, each >= 1) as ``(height, width)``.
+
+    Raises:
+      TypeError: it is neither an int nor a pair of ints.
+      ValueError: a side is < 1.
+    """
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         size = (size, size)
     if not isinstance(size, (tuple, list)) or len(size) != 2:
@@ -33,101 +78,201 @@ def check_output_size(size: Any) -> tuple[int, int]:
     return height, width
 
 
-def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    height, width = check_output_size(statics["output_size"])
-    scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
-    ratio = _checks.static_int(
-        statics["sampling_ratio"], "sampling_ratio", low=-(2**31), high=2**31 - 1
-    )  # a C int in torchvision
+def check_roi_statics(statics: Mapping[str, object]) -> RoiStatics:
+    """``output_size`` (see :func:`check_output_size`) and ``spatial_scale`` (a number >= 0).
+
+    Raises:
+      TypeError, ValueError: naming the bad argument.
+    """
+    return RoiStatics(
+        output_size=check_output_size(statics["output_size"]),
+        spatial_scale=_checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0),
+    )
+
+
+def _check_statics(statics: Mapping[str, object]) -> RoiAlignStatics:
     aligned = statics["aligned"]
     if not isinstance(aligned, (bool, np.bool_)):
         raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")
-    return (
-        ("output_size", (height, width)),
-        ("spatial_scale", scale),
-        ("sampling_ratio", ratio),
-        ("aligned", bool(aligned)),
+    return RoiAlignStatics(
+        **check_roi_statics(statics),
+        sampling_ratio=_checks.static_int(
+            statics["sampling_ratio"], "sampling_ratio", low=-(2**31), high=2**31 - 1
+        ),
+        aligned=bool(aligned),
     )
 
 
-def check_input_and_rois(specs: Mapping[str, Spec | None]) -> tuple[Spec, Spec]:
-    """``input [N, C, H, W]`` and ``rois [K, 5]``, both floating (RoIAlign's and RoIPool's)."""
-    features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
-    _checks.check_float(features, "input")
-    _checks.check_float(rois, "rois")
-    if len(features.shape) != 4:
-        raise ValueError(f"input must have shape [N, C, H, W], got {tuple(features.shape)}")
-    if len(rois.shape) != 2 or rois.shape[1] != 5:
-        raise ValueError(
-            f"rois must have shape [K, 5] (batch index, x1, y1, x2, y2), got {tuple(rois.shape)}"
-        )
-    return features, rois
-
-
-def check_batch_indices(input: Any, rois: Any, **_: Any) -> None:
+def check_batch_indices(input: Array, rois: Array, **_: object) -> None:
     """On eager calls: every RoI names an image of ``input`` (its index, truncated as
-    torchvision truncates it, in ``[0, N)``)."""
+    torchvision truncates it, in ``[0, N)``).
+
+    Raises:
+      ValueError: naming ``rois[:, 0]`` and the first bad indices.
+    """
     index = np.asarray(rois)[:, 0].astype(np.float64)
-    if not np.all((index > -1) & (index < np.shape(input)[0])):
+    images = np.shape(input)[0]
+    bad = ~((index > -1) & (index < images))
+    if np.any(bad):
         raise ValueError(
-            f"rois[:, 0] must be image indices of input, in [0, {np.shape(input)[0]}), got "
-            f"{index[~((index > -1) & (index < np.shape(input)[0]))][:3].tolist()}"
+            f"rois[:, 0] must be image indices of input, in [0, {images}), got "
+            f"{index[bad][:3].tolist()}"
         )
 
 
-def pooling_plan(
-    kernel: str, specs: Mapping[str, Spec | None], statics: tuple[tuple[str, Any], ...]
-) -> Plan:
-    """The plan of a RoI pooling op (``roi_align``, ``roi_pool``) or, for a ``kernel`` named
-    ``*_vjp``, of its gradient (checking ``cotangent [K, C, height, width]``), given its
-    checked statics."""
-    features, rois = check_input_and_rois(specs)
-    height, width = dict(statics)["output_size"]
-    pooled = (rois.shape[0], features.shape[1], height, width)
-    dtype = _checks.float_compute_dtype(features, rois)
-    if not kernel.endswith("_vjp"):
-        trivial = _checks.size(pooled) == 0
-        return Plan(kernel, dtype, Spec(pooled, features.dtype), statics, trivial=trivial)
-    cotangent = _checks.required(specs, "cotangent")
-    _checks.check_float(cotangent, "cotangent")
-    if tuple(cotangent.shape) != pooled:
-        raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
-    return Plan(
-        kernel,
-        dtype,
-        Spec(features.shape, features.dtype),
-        statics,
-        trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
+def pooling_ops(
+    name: str,
+    statics: Sequence[Param],
+    check_statics: Callable[[Mapping[str, object]], RoiStatics],
+    reference: Callable[..., np.ndarray],
+    reference_vjp: Callable[..., np.ndarray],
+    call_vjp: VjpCall,
+    doc: str,
+    vjp_doc: str,
+) -> tuple[Op, Op]:
+    """A RoI pooling op and its gradient op ``<name>_vjp``, run by the kernels of those names.
+
+    The op: ``input [N, C, H, W]``, ``rois [K, 5]`` (both floating) and ``statics`` ->
+    ``[K, C, PH, PW]`` in the input's dtype, differentiable in ``input``. The gradient op:
+    the same and ``cotangent [K, C, PH, PW]`` -> ``d_input [N, C, H, W]`` in the input's
+    dtype. Both compute in float32 (float64 for float64 inputs), check the batch indices
+    on eager calls (:func:`check_batch_indices`) and have no SPMD rule (a RoI names its
+    image by index). Under JAX the forward kernel's gradient in ``input`` is the
+    ``<name>_vjp`` kernel (through ``call_vjp``); ``rois`` get none, as in torchvision.
+
+    Validation raises TypeError/ValueError naming the argument: a missing or non-float
+    array, a shape other than the above, or what ``check_statics`` refuses.
+    """
+    vjp_name = f"{name}_vjp"
+
+    def checked(
+        specs: Mapping[str, Spec | None], given: Mapping[str, object]
+    ) -> tuple[Spec, Spec, tuple[int, ...], tuple[tuple[str, object], ...]]:
+        features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
+        _checks.check_float(features, "input")
+        _checks.check_float(rois, "rois")
+        if len(features.shape) != 4:
+            raise ValueError(f"input must have shape [N, C, H, W], got {tuple(features.shape)}")
+        if len(rois.shape) != 2 or rois.shape[1] != 5:
+            raise ValueError(
+                "rois must have shape [K, 5] (batch index, x1, y1, x2, y2), got "
+                f"{tuple(rois.shape)}"
+            )
+        valid = check_statics(given)
+        pooled = (rois.shape[0], features.shape[1], *valid["output_size"])
+        return features, rois, pooled, tuple(valid.items())
+
+    def check(specs: Mapping[str, Spec | None], given: Mapping[str, object]) -> Plan:
+        features, rois, pooled, items = checked(specs, given)
+        return Plan(
+            name,
+            _checks.float_compute_dtype(features, rois),
+            Spec(pooled, features.dtype),
+            items,
+            trivial=_checks.size(pooled) == 0,
+        )
+
+    def check_vjp(specs: Mapping[str, Spec | None], given: Mapping[str, object]) -> Plan:
+        features, rois, pooled, items = checked(specs, given)
+        cotangent = _checks.required(specs, "cotangent")
+        _checks.check_float(cotangent, "cotangent")
+        if tuple(cotangent.shape) != pooled:
+            raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
+        return Plan(
+            vjp_name,
+            _checks.float_compute_dtype(features, rois),
+            Spec(features.shape, features.dtype),
+            items,
+            trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
+        )
+
+    def compute_vjp(
+        runner: Runner, plan: Plan, input: Array, rois: Array, cotangent: Array
+    ) -> Array:
+        dtype = plan.dtype or "float32"
+        kernel = functools.partial(runner.kernel(vjp_name), **dict(plan.statics))
+        grad = call_vjp(kernel, cast(input, dtype), cast(rois, dtype), cast(cotangent, dtype))
+        return cast(grad, input.dtype)
+
+    def compute(runner: Runner, plan: Plan, input: Array, rois: Array) -> Array:
+        dtype = plan.dtype or "float32"
+        forward = functools.partial(runner.kernel(name), **dict(plan.statics))
+        features, boxes = cast(input, dtype), cast(rois, dtype)
+        if runner.host:
+            return cast(forward(features, boxes), input.dtype)
+        backward = functools.partial(compute_vjp, runner, plan)
+        return cast(_differentiable_in_input(forward, backward, features, boxes), input.dtype)
+
+    vjp_op = Op(
+        vjp_name,
+        [array("input", 3), array("rois", 1), array("cotangent", 3), *statics],
+        check=check_vjp,
+        check_values=check_batch_indices,
+        compute=compute_vjp,
+        reference=reference_vjp,
+        outputs=("d_input",),
+        partition="none",
+        doc=vjp_doc,
     )
 
+    def vjp(
+        arrays: Mapping[str, Array],
+        given: Mapping[str, object],
+        backend: str | None,
+        cotangent: Array,
+    ) -> tuple[Array]:
+        return (vjp_op(arrays["input"], arrays["rois"], cotangent, backend=backend, **given),)
 
-def pooling_compute(runner: Runner, plan: Plan, input: Any, rois: Any) -> Any:
-    """The forward computation of a RoI pooling op: its kernel on ``input`` and ``rois`` in
-    the compute dtype, cast back to the input's."""
-    dtype = plan.dtype or "float32"
-    assert plan.kernel is not None and isinstance(plan.outputs, Spec)
-    out = runner.kernel(plan.kernel)(cast(input, dtype), cast(rois, dtype), **dict(plan.statics))
-    return cast(out, plan.outputs.dtype)
-
-
-def _compute_roi_align_vjp(
-    runner: Runner, plan: Plan, input: Any, rois: Any, cotangent: Any
-) -> Any:
-    dtype = plan.dtype or "float32"
-    statics = dict(plan.statics)
-    grad = runner.kernel("roi_align_vjp")(
-        cast(rois, dtype), cast(cotangent, dtype), input_shape=tuple(input.shape), **statics
+    op = Op(
+        name,
+        [array("input", 3), array("rois", 1), *statics],
+        check=check,
+        check_values=check_batch_indices,
+        compute=compute,
+        reference=reference,
+        vjp=vjp,
+        differentiable=("input",),
+        partition="none",
+        doc=doc,
     )
-    assert isinstance(plan.outputs, Spec)
-    return cast(grad, plan.outputs.dtype)
+    return op, vjp_op
+
+
+def _differentiable_in_input(
+    forward: Callable[[jax.Array, jax.Array], Array],
+    backward: Callable[[jax.Array, jax.Array, jax.Array], Array],
+    input: jax.Array,
+    rois: jax.Array,
+) -> Array:
+    """``forward(input, rois)``, whose gradient in ``input`` is ``backward(input, rois,
+    cotangent)``; ``rois`` get zeros."""
+
+    @jax.custom_vjp
+    def pooled(input: jax.Array, rois: jax.Array) -> Array:
+        return forward(input, rois)
+
+    def forward_pass(input: jax.Array, rois: jax.Array) -> tuple[Array, tuple[jax.Array, ...]]:
+        return forward(input, rois), (input, rois)
+
+    def backward_pass(
+        residuals: tuple[jax.Array, ...], cotangent: jax.Array
+    ) -> tuple[Array, jax.Array]:
+        input, rois = residuals
+        return backward(input, rois, cotangent), jnp.zeros_like(rois)
+
+    pooled.defvjp(forward_pass, backward_pass)
+    return pooled(input, rois)  # type: ignore[no-any-return]
 
 
 # The float64 reference ----------------------------------------------------------------------
 
+# A bin's samples: (bin row, bin column, y, x).
+Point = tuple[int, int, float, float]
 
-def _samples(roi: np.ndarray, statics: Mapping[str, Any]) -> tuple[int, Any]:
-    """torchvision's sampling of one RoI: ``(batch index, [(bin row, bin column, y, x)])``
-    and the divisor (samples per bin, at least 1)."""
+
+def _samples(roi: np.ndarray, statics: RoiAlignStatics) -> tuple[int, list[Point], int]:
+    """torchvision's sampling of one RoI: its image, its samples and their number per bin
+    (at least 1)."""
     height, width = statics["output_size"]
     scale, ratio = statics["spatial_scale"], statics["sampling_ratio"]
     offset = 0.5 if statics["aligned"] else 0.0
@@ -150,7 +295,7 @@ def _samples(roi: np.ndarray, statics: Mapping[str, Any]) -> tuple[int, Any]:
         for iy in range(grid_h)
         for ix in range(grid_w)
     ]
-    return int(roi[0]), (points, max(grid_h * grid_w, 1))
+    return int(roi[0]), points, max(grid_h * grid_w, 1)
 
 
 def _corners(y: float, x: float, height: int, width: int) -> list[tuple[int, int, float]]:
@@ -179,99 +324,99 @@ def _corners(y: float, x: float, height: int, width: int) -> list[tuple[int, int
     ]
 
 
+def _taps(
+    boxes: np.ndarray, statics: RoiAlignStatics, height: int, width: int
+) -> Iterator[tuple[int, int, int, int, int, int, float]]:
+    """Every pixel every RoI's bins take: ``(k, image, bin row, bin column, row, column,
+    weight)``, the weight divided by the bin's number of samples (a bin is their mean)."""
+    for k, roi in enumerate(boxes):
+        image, points, count = _samples(roi, statics)
+        for ph, pw, y, x in points:
+            for row, column, weight in _corners(y, x, height, width):
+                yield k, image, ph, pw, row, column, weight / count
+
+
+def _statics_of(
+    output_size: int | Sequence[int], spatial_scale: float, sampling_ratio: int, aligned: bool
+) -> RoiAlignStatics:
+    return _check_statics(
+        dict(
+            output_size=output_size,
+            spatial_scale=spatial_scale,
+            sampling_ratio=sampling_ratio,
+            aligned=aligned,
+        )
+    )
+
+
 def reference_roi_align(
-    input: Any,
-    rois: Any,
-    output_size: Any,
+    input: npt.ArrayLike,
+    rois: npt.ArrayLike,
+    output_size: int | Sequence[int],
     *,
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
 ) -> np.ndarray:
-    """The float64 reference over the public signature."""
+    """The float64 :func:`roi_align` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
+    ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
-    statics = dict(
-        _check_statics(
-            dict(
-                output_size=output_size,
-                spatial_scale=spatial_scale,
-                sampling_ratio=sampling_ratio,
-                aligned=aligned,
-            )
-        )
-    )
-    height, width = statics["output_size"]
-    out = np.zeros((boxes.shape[0], features.shape[1], height, width))
-    for k, roi in enumerate(boxes):
-        batch, (points, count) = _samples(roi, statics)
-        for ph, pw, y, x in points:
-            for row, column, weight in _corners(y, x, features.shape[2], features.shape[3]):
-                out[k, :, ph, pw] += weight * features[batch, :, row, column]
-        out[k] /= count
+    statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
+    out = np.zeros((boxes.shape[0], features.shape[1], *statics["output_size"]))
+    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, *features.shape[2:]):
+        out[k, :, ph, pw] += weight * features[image, :, row, column]
     return out
 
 
 def reference_roi_align_vjp(
-    input: Any,
-    rois: Any,
-    cotangent: Any,
-    output_size: Any,
+    input: npt.ArrayLike,
+    rois: npt.ArrayLike,
+    cotangent: npt.ArrayLike,
+    output_size: int | Sequence[int],
     *,
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
 ) -> np.ndarray:
     """The float64 gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in
-    ``input`` (``rois`` get none, as in torchvision)."""
+    ``input``: ``[N, C, H, W]`` (only ``input``'s shape is read)."""
     shape = np.shape(input)
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
-    statics = dict(
-        _check_statics(
-            dict(
-                output_size=output_size,
-                spatial_scale=spatial_scale,
-                sampling_ratio=sampling_ratio,
-                aligned=aligned,
-            )
-        )
-    )
+    statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
     grad = np.zeros(shape)
-    for k, roi in enumerate(boxes):
-        batch, (points, count) = _samples(roi, statics)
-        for ph, pw, y, x in points:
-            for row, column, weight in _corners(y, x, shape[2], shape[3]):
-                grad[batch, :, row, column] += weight * grad_out[k, :, ph, pw] / count
+    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, *shape[2:]):
+        grad[image, :, row, column] += weight * grad_out[k, :, ph, pw]
     return grad
 
 
-@reference.BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
-def _reference_kernel(input: Any, rois: Any, **statics: Any) -> np.ndarray:
-    return reference_roi_align(input, rois, **statics)
+reference.BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)(reference_roi_align)
 
 
 @reference.BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
-def _reference_vjp_kernel(rois: Any, cotangent: Any, *, input_shape: Any, **statics: Any) -> Any:
+def _reference_vjp_kernel(
+    rois: np.ndarray,
+    cotangent: np.ndarray,
+    *,
+    input_shape: tuple[int, ...],
+    **statics: Unpack[RoiAlignStatics],
+) -> np.ndarray:
     return reference_roi_align_vjp(np.zeros(input_shape), rois, cotangent, **statics)
 
 
-def _roi_align_vjp_of_roi_align(
-    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-) -> tuple[Any]:
-    return (roi_align_vjp(arrays["input"], arrays["rois"], cotangent, backend=backend, **statics),)
-
-
-roi_align = Op(
+roi_align, roi_align_vjp = pooling_ops(
     "roi_align",
-    [array("input", 3), array("rois", 1), *_STATICS],
-    check=lambda specs, statics: pooling_plan("roi_align", specs, _check_statics(statics)),
-    check_values=check_batch_indices,
-    compute=pooling_compute,
-    reference=reference_roi_align,
-    vjp=_roi_align_vjp_of_roi_align,
-    differentiable=("input",),
-    partition="none",  # no SPMD rule yet: RoIs name their image by index
+    [
+        static("output_size", "int[]", positional=True),
+        static("spatial_scale", "float", 1.0),
+        static("sampling_ratio", "int", -1),
+        static("aligned", "bool", False),
+    ],
+    _check_statics,
+    reference_roi_align,
+    reference_roi_align_vjp,
+    lambda kernel, input, rois, cotangent: kernel(rois, cotangent, input_shape=input.shape),
     doc="""RoIAlign, as ``torchvision.ops.roi_align`` defines it (Mask R-CNN's pooling).
 
     Each RoI is cut into ``output_size`` bins; a bin's value is the mean of bilinear
@@ -286,28 +431,21 @@ roi_align = Op(
         under ``jit`` the cpu backend raises, XLA clamps it).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
-      sampling_ratio: samples per bin side; <= 0 for the adaptive grid.
+      sampling_ratio: samples per bin side; <= 0 for the adaptive grid; a C int.
       aligned: shift the box coordinates by -0.5 pixel (torchvision's ``aligned=True``).
       backend, config: see :func:`asickernels.giou`.
 
     Returns:
       ``[K, C, height, width]`` in the input's dtype. Differentiable in ``input``
       (:func:`roi_align_vjp`); ``rois`` get no gradient, as in torchvision.
-    """,
-)
 
-roi_align_vjp = Op(
-    "roi_align_vjp",
-    [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
-    check=lambda specs, statics: pooling_plan("roi_align_vjp", specs, _check_statics(statics)),
-    check_values=check_batch_indices,
-    compute=_compute_roi_align_vjp,
-    reference=reference_roi_align_vjp,
-    outputs=("d_input",),
-    partition="none",  # no SPMD rule yet: RoIs name their image by index
-    doc="""The gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in ``input``.
+    Raises:
+      TypeError, ValueError: naming the argument (shapes, dtypes, statics, batch indices).
+    """,
+    vjp_doc="""The gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in ``input``.
 
     ``input [N, C, H, W]`` (its shape and dtype only), ``rois [K, 5]``, ``cotangent
-    [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype.
+    [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype; the other
+    arguments and errors as :func:`roi_align`'s.
     """,
 )

@@ -1,53 +1,34 @@
 """RoIPool (torchvision's ``roi_pool``, Fast R-CNN's max pooling) and its gradient: the
 declarations, and the float64 reference, a transcription of torchvision's CPU kernel
-(``ops/cpu/roi_pool_kernel.cpp``)."""
+(``ops/cpu/roi_pool_kernel.cpp``).
+
+A backend implements the kernels ``roi_pool`` and ``roi_pool_vjp``, called with arrays of one
+float dtype (the compute dtype) and the checked statics (:class:`RoiStatics`) as keywords:
+
+* ``roi_pool(input [N, C, H, W], rois [K, 5], **statics) -> [K, C, PH, PW]``;
+* ``roi_pool_vjp(input, rois, cotangent [K, C, PH, PW], **statics) -> [N, C, H, W]``
+  (each bin's cotangent added at its maximum's pixel, which the kernel finds again).
+
+The op makes ``roi_pool`` differentiable in ``input`` through ``roi_pool_vjp``
+(:func:`~asickernels.kernels.roi_align.pooling_ops`).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from asickernels import reference
-from asickernels.kernels import _checks
-from asickernels.kernels.declaration import (
-    Op,
-    Plan,
-    Runner,
-    Spec,
-    array,
-    cast,
-    static,
-)
+from asickernels.kernels.declaration import static
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import (
-    check_batch_indices,
-    check_output_size,
-    pooling_compute,
-    pooling_plan,
-)
+from asickernels.kernels.roi_align import RoiStatics, check_roi_statics, pooling_ops
 
-_STATICS = [static("output_size", "int[]", positional=True), static("spatial_scale", "float", 1.0)]
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
 # bin's value is 0; a bin whose values are all below it or NaN keeps it, with no argmax.
 LOWEST = -float(np.finfo(np.float32).max)
-
-
-def _check_statics(statics: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    size = check_output_size(statics["output_size"])
-    scale = _checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0)
-    return (("output_size", size), ("spatial_scale", scale))
-
-
-def _compute_roi_pool_vjp(runner: Runner, plan: Plan, input: Any, rois: Any, cotangent: Any) -> Any:
-    dtype = plan.dtype or "float32"
-    grad = runner.kernel("roi_pool_vjp")(
-        cast(input, dtype), cast(rois, dtype), cast(cotangent, dtype), **dict(plan.statics)
-    )
-    assert isinstance(plan.outputs, Spec)
-    return cast(grad, plan.outputs.dtype)
 
 
 # The float64 reference ----------------------------------------------------------------------
@@ -59,7 +40,9 @@ def _round(value: float) -> int:
     return whole + (int(math.copysign(1, value)) if abs(value - whole) >= 0.5 else 0)
 
 
-def _bins(roi: np.ndarray, statics: Mapping[str, Any], height: int, width: int) -> Any:
+def _bins(
+    roi: np.ndarray, statics: RoiStatics, height: int, width: int
+) -> Iterator[tuple[int, int, range, range]]:
     """torchvision's bins of one RoI: ``(ph, pw, rows, columns)`` with ``rows`` and
     ``columns`` the clipped pixel ranges (possibly empty)."""
     pooled_height, pooled_width = statics["output_size"]
@@ -76,7 +59,9 @@ def _bins(roi: np.ndarray, statics: Mapping[str, Any], height: int, width: int) 
             yield ph, pw, range(h0, h1), range(w0, w1)
 
 
-def _pool(features: np.ndarray, boxes: np.ndarray, statics: Mapping[str, Any]) -> Any:
+def _pool(
+    features: np.ndarray, boxes: np.ndarray, statics: RoiStatics
+) -> tuple[np.ndarray, np.ndarray]:
     """``(out [K, C, PH, PW], argmax [K, C, PH, PW])``: each bin's maximum (the first in
     row-major order; NaN never wins) and its flat pixel index ``h * W + w``, -1 for none."""
     _, channels, height, width = features.shape
@@ -97,25 +82,37 @@ def _pool(features: np.ndarray, boxes: np.ndarray, statics: Mapping[str, Any]) -
     return out, argmax
 
 
-def _statics_of(output_size: Any, spatial_scale: float) -> dict[str, Any]:
-    return dict(_check_statics({"output_size": output_size, "spatial_scale": spatial_scale}))
+def _statics_of(output_size: int | Sequence[int], spatial_scale: float) -> RoiStatics:
+    return check_roi_statics({"output_size": output_size, "spatial_scale": spatial_scale})
 
 
+@reference.BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
 def reference_roi_pool(
-    input: Any, rois: Any, output_size: Any, *, spatial_scale: float = 1.0
+    input: npt.ArrayLike,
+    rois: npt.ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
 ) -> np.ndarray:
-    """The float64 reference over the public signature."""
+    """The float64 :func:`roi_pool` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
+    ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     out, _ = _pool(features, boxes, _statics_of(output_size, spatial_scale))
-    return out  # type: ignore[no-any-return]
+    return out
 
 
+@reference.BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
 def reference_roi_pool_vjp(
-    input: Any, rois: Any, cotangent: Any, output_size: Any, *, spatial_scale: float = 1.0
+    input: npt.ArrayLike,
+    rois: npt.ArrayLike,
+    cotangent: npt.ArrayLike,
+    output_size: int | Sequence[int],
+    *,
+    spatial_scale: float = 1.0,
 ) -> np.ndarray:
-    """The float64 gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in ``input``:
-    each bin's cotangent goes to its argmax pixel (``rois`` get none, as in torchvision)."""
+    """The float64 gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in
+    ``input``: ``[N, C, H, W]``, each bin's cotangent added at its maximum's pixel."""
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
@@ -130,32 +127,13 @@ def reference_roi_pool_vjp(
     return grad.reshape(features.shape)
 
 
-@reference.BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
-def _reference_kernel(input: Any, rois: Any, **statics: Any) -> np.ndarray:
-    return reference_roi_pool(input, rois, **statics)
-
-
-@reference.BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
-def _reference_vjp_kernel(input: Any, rois: Any, cotangent: Any, **statics: Any) -> np.ndarray:
-    return reference_roi_pool_vjp(input, rois, cotangent, **statics)
-
-
-def _roi_pool_vjp_of_roi_pool(
-    arrays: Mapping[str, Any], statics: Mapping[str, Any], backend: str | None, cotangent: Any
-) -> tuple[Any]:
-    return (roi_pool_vjp(arrays["input"], arrays["rois"], cotangent, backend=backend, **statics),)
-
-
-roi_pool = Op(
+roi_pool, roi_pool_vjp = pooling_ops(
     "roi_pool",
-    [array("input", 3), array("rois", 1), *_STATICS],
-    check=lambda specs, statics: pooling_plan("roi_pool", specs, _check_statics(statics)),
-    check_values=check_batch_indices,
-    compute=pooling_compute,
-    reference=reference_roi_pool,
-    vjp=_roi_pool_vjp_of_roi_pool,
-    differentiable=("input",),
-    partition="none",  # no SPMD rule yet: RoIs name their image by index
+    [static("output_size", "int[]", positional=True), static("spatial_scale", "float", 1.0)],
+    check_roi_statics,
+    reference_roi_pool,
+    reference_roi_pool_vjp,
+    lambda kernel, input, rois, cotangent: kernel(input, rois, cotangent),
     doc="""RoIPool, as ``torchvision.ops.roi_pool`` defines it (Fast R-CNN's pooling).
 
     Each RoI's corners are scaled by ``spatial_scale`` and rounded to pixels (half away from
@@ -167,7 +145,7 @@ roi_pool = Op(
       input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
       rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
         a batch index that names no image of ``input`` is a ValueError (on eager calls;
-        under ``jit`` XLA clamps it).
+        under ``jit`` the cpu backend raises, XLA clamps it).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
       backend, config: see :func:`asickernels.giou`.
@@ -176,22 +154,15 @@ roi_pool = Op(
       ``[K, C, height, width]`` in the input's dtype. Differentiable in ``input``
       (:func:`roi_pool_vjp`: each bin's gradient goes to the pixel that was its maximum);
       ``rois`` get no gradient, as in torchvision.
-    """,
-)
 
-roi_pool_vjp = Op(
-    "roi_pool_vjp",
-    [array("input", 3), array("rois", 1), array("cotangent", 3), *_STATICS],
-    check=lambda specs, statics: pooling_plan("roi_pool_vjp", specs, _check_statics(statics)),
-    check_values=check_batch_indices,
-    compute=_compute_roi_pool_vjp,
-    reference=reference_roi_pool_vjp,
-    outputs=("d_input",),
-    partition="none",  # no SPMD rule yet: RoIs name their image by index
-    doc="""The gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in ``input``.
+    Raises:
+      TypeError, ValueError: naming the argument (shapes, dtypes, statics, batch indices).
+    """,
+    vjp_doc="""The gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in ``input``.
 
     ``input [N, C, H, W]`` (its values choose each bin's maximum), ``rois [K, 5]``,
     ``cotangent [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype:
-    each bin's cotangent added at its maximum's pixel (nothing for an empty bin).
+    each bin's cotangent added at its maximum's pixel (nothing for an empty bin); the other
+    arguments and errors as :func:`roi_pool`'s.
     """,
 )

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
+from asickernels.kernels.roi_align import RoiAlignStatics
 
 PMAX = 128
 MAX_BINS_H = 128  # the stationary free size of the second product
@@ -437,32 +438,43 @@ def _max_steps(rois: np.ndarray, axis: int, bins: int, sampling: tuple[float, in
     return max(int(largest), 0) + 1
 
 
+def _sampling(
+    rois: np.ndarray, statics: RoiAlignStatics
+) -> tuple[tuple[float, int, bool], tuple[int, int]]:
+    """The kernels' ``(spatial_scale, sampling_ratio, aligned)`` and sample steps per bin
+    side (:func:`_max_steps`) for float32 ``rois [K, 5]``."""
+    sampling = (statics["spatial_scale"], statics["sampling_ratio"], statics["aligned"])
+    bins_h, bins_w = statics["output_size"]
+    return sampling, (_max_steps(rois, 0, bins_h, sampling), _max_steps(rois, 1, bins_w, sampling))
+
+
+def _refuse_bins(kernel: str, output_size: tuple[int, int], limit: tuple[int, int]) -> None:
+    if output_size[0] > limit[0] or output_size[1] > limit[1]:
+        raise ValueError(
+            f"the nki {kernel} takes output_size up to {limit}, got {tuple(output_size)}"
+        )
+
+
+def _float32(array: np.ndarray) -> np.ndarray:
+    return float_input(np.asarray(array)).astype(np.float32, copy=False)
+
+
 @BACKEND.implements("roi_align")
 def roi_align(
-    input: np.ndarray,
-    rois: np.ndarray,
-    *,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
+    input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiAlignStatics]
 ) -> np.ndarray:
-    """``input [N, C, H, W]``, ``rois [K, 5]`` -> ``[K, C, PH, PW]`` float32 (PH <= 128,
-    PW <= 512)."""
-    bins_h, bins_w = output_size
-    if bins_h > MAX_BINS_H or bins_w > MAX_BINS_W:
-        raise ValueError(
-            f"the nki roi_align takes output_size up to ({MAX_BINS_H}, {MAX_BINS_W}), "
-            f"got {tuple(output_size)}"
-        )
-    features = float_input(np.asarray(input)).astype(np.float32, copy=False)
-    boxes = float_input(np.asarray(rois)).astype(np.float32, copy=False)
-    sampling = (float(spatial_scale), int(sampling_ratio), bool(aligned))
-    steps_h = _max_steps(boxes, 0, bins_h, sampling)
-    steps_w = _max_steps(boxes, 1, bins_w, sampling)
+    """``input [N, C, H, W]``, ``rois [K, 5]`` -> ``[K, C, PH, PW]`` float32.
+
+    Raises:
+      ValueError: ``PH > 128`` or ``PW > 512`` (what one tile holds), or non-finite rois
+        with the adaptive grid.
+    """
+    _refuse_bins("roi_align", statics["output_size"], (MAX_BINS_H, MAX_BINS_W))
+    features, boxes = _float32(input), _float32(rois)
+    sampling, steps = _sampling(boxes, statics)
     finite = bool(np.isfinite(features).all())
     result: np.ndarray = run(
-        roi_align_kernel, features, boxes, bins_h, bins_w, *sampling, steps_h, steps_w, finite
+        roi_align_kernel, features, boxes, *statics["output_size"], *sampling, *steps, finite
     )
     return result
 
@@ -473,30 +485,23 @@ def roi_align_vjp(
     cotangent: np.ndarray,
     *,
     input_shape: tuple[int, ...],
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
+    **statics: Unpack[RoiAlignStatics],
 ) -> np.ndarray:
-    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient,
-    float32 (PH, PW <= 128)."""
-    bins_h, bins_w = output_size
-    if bins_h > PMAX or bins_w > PMAX:
-        raise ValueError(
-            f"the nki roi_align_vjp takes output_size up to ({PMAX}, {PMAX}), "
-            f"got {tuple(output_size)}"
-        )
-    boxes = float_input(np.asarray(rois)).astype(np.float32, copy=False)
-    grad_out = float_input(np.asarray(cotangent)).astype(np.float32, copy=False)
+    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient
+    ``[N, C, H, W]``, float32.
+
+    Raises:
+      ValueError: ``PH > 128`` or ``PW > 128`` (what one tile holds), or non-finite rois
+        with the adaptive grid.
+    """
+    _refuse_bins("roi_align_vjp", statics["output_size"], (PMAX, PMAX))
+    boxes, grad_out = _float32(rois), _float32(cotangent)
     if boxes.shape[0] == 0:
         return np.zeros(input_shape, np.float32)
     images, _, height, width = input_shape
-    sampling = (float(spatial_scale), int(sampling_ratio), bool(aligned))
-    steps_h = _max_steps(boxes, 0, bins_h, sampling)
-    steps_w = _max_steps(boxes, 1, bins_w, sampling)
+    sampling, steps = _sampling(boxes, statics)
     finite = bool(np.isfinite(grad_out).all())
     result: np.ndarray = run(
-        roi_align_vjp_kernel, boxes, grad_out, images, height, width, *sampling, steps_h,
-        steps_w, finite,
-    )  # fmt: skip
+        roi_align_vjp_kernel, boxes, grad_out, images, height, width, *sampling, *steps, finite
+    )
     return result

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeVar, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +55,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
-from asickernels.backends.xla.roi_align import _grid as sampling_grid
+from asickernels.backends.xla.roi_align import sampling_grid
+from asickernels.kernels.roi_align import RoiAlignStatics
 
 LANES, SUBLANES = 128, 8
 # Per-RoI parameters in SMEM, float32: the box corner, bin size and grid of each axis.
@@ -64,6 +65,9 @@ FIELDS = 6
 # Bytes of VMEM the double-buffered feature (or gradient) blocks may take: maps larger
 # than that are cut into bands of rows.
 MAP_BUDGET = 8 << 20
+# The statics as the kernel builders take them (hashable): output_size, spatial_scale,
+# sampling_ratio, aligned.
+Sampling = tuple[tuple[int, int], float, int, bool]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,30 +111,60 @@ def _blocks(channels: int, height: int, width: int, config: RoiAlignConfig) -> t
     return min(block, channels), band
 
 
+class _Samples(NamedTuple):
+    """RoI ``k``'s samples along ``axis`` (0: rows, 1: columns) of a map ``size`` pixels long,
+    for the ``pixels = (first, count)`` pixels, on ``[bins, count]`` tiles
+    (``pixels_first``: ``[count, bins]``)."""
+
+    params_ref: Any  # the [K * FIELDS] float32 SMEM parameters (a Pallas ref)
+    k: jax.Array
+    axis: int
+    bins: int
+    size: int
+    pixels: tuple[jax.Array | int, int]
+    pixels_first: bool
+
+
+class _Step(NamedTuple):
+    """One sample step on a tile: each entry's pixel, the sample's low and high pixels, the
+    high one's weight and whether the sample is on the map (all float32 or bool tiles)."""
+
+    pixel: jax.Array
+    low: jax.Array
+    high: jax.Array
+    frac: jax.Array
+    inside: jax.Array
+
+
+Total = TypeVar("Total")
+# A pair of 0/1 float32 tiles (:func:`_touched`).
+Touched = tuple[jax.Array, jax.Array]
+
+
 def _over_samples(
-    where: tuple[Any, ...], add: Callable[..., Any], init: Callable[..., Any]
-) -> tuple[Any, jax.Array]:
-    """Folds ``add(total, pixel, low, high, frac, inside)`` over the sample steps given by
-    ``where = (params_ref, k, axis, bins, size, pixels, pixels_first)``: RoI ``k``'s
-    samples along ``axis`` (0: rows, 1: columns) of a map ``size`` pixels long, for the
-    ``pixels = (first, count)`` pixels, on ``[bins, count]`` tiles (``pixels_first``:
-    ``[count, bins]``), as torchvision's ``bilinear_interpolate`` per axis (samples beyond
-    one pixel outside the map are not ``inside``; positions clamp at 0 and at the last
-    pixel). Returns the total and the grid size as a tile."""
-    params_ref, k, axis, bins, size, pixels, pixels_first = where
-    base = FIELDS * k
-    start = params_ref[base + (Y0, X0)[axis]]
-    bin_size = params_ref[base + (BIN_H, BIN_W)[axis]]
-    grid = params_ref[base + (GRID_H, GRID_W)[axis]]
-    shape = (pixels[1], bins) if pixels_first else (bins, pixels[1])
-    bin_axis = 1 if pixels_first else 0
+    where: _Samples,
+    add: Callable[[Total, _Step], Total],
+    init: Callable[[tuple[int, int]], Total],
+) -> tuple[Total, jax.Array]:
+    """Folds ``add(total, step)`` over ``where``'s sample steps (:class:`_Step`),
+    from ``init(tile shape)``, as torchvision's ``bilinear_interpolate`` per axis (samples
+    beyond one pixel outside the map are not ``inside``; positions clamp at 0 and at the
+    last pixel). Returns the total and the grid size as a tile."""
+    base = FIELDS * where.k
+    start = where.params_ref[base + (Y0, X0)[where.axis]]
+    bin_size = where.params_ref[base + (BIN_H, BIN_W)[where.axis]]
+    grid = where.params_ref[base + (GRID_H, GRID_W)[where.axis]]
+    first_pixel, count = where.pixels
+    shape = (count, where.bins) if where.pixels_first else (where.bins, count)
+    bin_axis = 1 if where.pixels_first else 0
     bin_index = lax.broadcasted_iota(jnp.int32, shape, bin_axis).astype(jnp.float32)
-    pixel = (lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis) + pixels[0]).astype(jnp.float32)
+    pixel = (lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis) + first_pixel).astype(jnp.float32)
     grid_v = jnp.full(shape, grid, jnp.float32)
     first = start + bin_index * bin_size
+    size = where.size
     last = float(size - 1)
 
-    def add_sample(step: jax.Array, total: Any) -> Any:
+    def add_sample(step: jax.Array, total: Total) -> Total:
         step_v = jnp.full(shape, step, jnp.int32).astype(jnp.float32)
         position = first + (step_v + 0.5) * bin_size / grid_v
         inside = (position >= -1.0) & (position <= float(size))
@@ -140,40 +174,40 @@ def _over_samples(
         low = jnp.where(at_edge, last, low)
         high = jnp.where(at_edge, last, low + 1.0)
         frac = jnp.where(at_edge, 0.0, position - low)
-        return add(total, pixel, low, high, frac, inside)
+        return add(total, _Step(pixel, low, high, frac, inside))
 
     total = lax.fori_loop(0, grid.astype(jnp.int32), add_sample, init(shape))
     return total, grid_v
 
 
-def _interpolation(*where: Any) -> jax.Array:
-    """The mean bilinear weights over the samples (``where``: as :func:`_over_samples`)."""
+def _interpolation(where: _Samples) -> jax.Array:
+    """The mean bilinear weights over ``where``'s samples."""
 
-    def add(total: Any, pixel: Any, low: Any, high: Any, frac: Any, inside: Any) -> Any:
+    def add(total: jax.Array, step: _Step) -> jax.Array:
+        pixel, low, high, frac, inside = step
         weight = jnp.where(pixel == low, 1.0 - frac, 0.0) + jnp.where(pixel == high, frac, 0.0)
         return total + jnp.where(inside, weight, 0.0)
 
     total, grid = _over_samples(where, add, lambda shape: jnp.zeros(shape, jnp.float32))
-    return total / jnp.maximum(grid, 1.0)  # type: ignore[no-any-return]
+    return total / jnp.maximum(grid, 1.0)
 
 
-def _padded_interpolation(*where: Any) -> jax.Array:
+def _padded_interpolation(where: _Samples) -> jax.Array:
     """:func:`_interpolation` with the bins padded to a multiple of 8 by zeros (so that
     ``[channels, bins, ...]`` tiles merge their leading axes for free)."""
-    params_ref, k, axis, bins, size, pixels, pixels_first = where
-    padded = _round_up(bins, SUBLANES)
-    weights = _interpolation(params_ref, k, axis, padded, size, pixels, pixels_first)
-    real = lax.broadcasted_iota(jnp.int32, weights.shape, 1 if pixels_first else 0) < bins
+    weights = _interpolation(where._replace(bins=_round_up(where.bins, SUBLANES)))
+    bin_axis = 1 if where.pixels_first else 0
+    real = lax.broadcasted_iota(jnp.int32, weights.shape, bin_axis) < where.bins
     return jnp.where(real, weights, 0.0)
 
 
-def _touched(*where: Any) -> tuple[jax.Array, jax.Array]:
+def _touched(where: _Samples) -> Touched:
     """0/1 float32 tiles: the pixels some sample takes as a corner with a positive weight,
-    and with weight 0 (``where``: as :func:`_over_samples`). Across both axes, a sample's
-    corner weighs ``w_y * w_x``: positive on ``P_y x P_x``, 0 on ``Z_y x T_x`` and
-    ``T_y x Z_x`` (``T = P | Z``)."""
+    and with weight 0. Across both axes, a sample's corner weighs ``w_y * w_x``: positive
+    on ``P_y x P_x``, 0 on ``Z_y x T_x`` and ``T_y x Z_x`` (``T = P | Z``)."""
 
-    def add(total: Any, pixel: Any, low: Any, high: Any, frac: Any, inside: Any) -> Any:
+    def add(total: Touched, step: _Step) -> Touched:
+        pixel, low, high, frac, inside = step
         positive, zero = total
         at_low, at_high = inside & (pixel == low), inside & (pixel == high)
         now_positive = (at_low & (frac < 1.0)) | (at_high & (frac > 0.0))
@@ -183,15 +217,19 @@ def _touched(*where: Any) -> tuple[jax.Array, jax.Array]:
             jnp.maximum(zero, jnp.where(now_zero, 1.0, 0.0)),
         )
 
-    def init(shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+    def init(shape: tuple[int, int]) -> Touched:
         return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
 
-    (positive, zero), _ = _over_samples(where, add, init)
-    return positive, zero
+    touched, _ = _over_samples(where, add, init)
+    return touched
 
 
 def _exceptions(
-    values: jax.Array, data: jax.Array, rows: Any, columns: Any, product: Callable[..., jax.Array]
+    values: jax.Array,
+    data: jax.Array,
+    rows: Touched,
+    columns: Touched,
+    product: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
 ) -> jax.Array:
     """``values`` (computed from ``data`` with its non-finite entries zeroed) made what
     torchvision's sum of ``weight * data`` gives: NaN where a NaN is taken, where an
@@ -261,10 +299,10 @@ def _forward_kernel(
     _, band, width = features_ref.shape
     bins_h, bins_w = bins
     first_row = t * band
-    row_samples = (params_ref, k, 0, bins_h, height, (first_row, band), False)
-    column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
-    rows, columns = _interpolation(*row_samples), _interpolation(*column_samples)
-    padded = _padded_interpolation(*row_samples)  # [PH8, band]
+    row_samples = _Samples(params_ref, k, 0, bins_h, height, (first_row, band), False)
+    column_samples = _Samples(params_ref, k, 1, bins_w, width, (0, width), False)
+    rows, columns = _interpolation(row_samples), _interpolation(column_samples)
+    padded = _padded_interpolation(row_samples)  # [PH8, band]
     in_row, in_column = _flat_layout(bins_h, bins_w)
     padded_in_row, _ = _flat_layout(bins_h, bins_w, _round_up(bins_h, SUBLANES))
     # The last band may run past the map: its rows there hold whatever the DMA left.
@@ -284,7 +322,7 @@ def _forward_kernel(
     def with_nonfinite(features: jax.Array, rows: jax.Array) -> jax.Array:
         clean = jnp.where(features - features == 0.0, features, 0.0)
         values = bilinear(rows, clean, columns)
-        touched = _touched(*row_samples), _touched(*column_samples)
+        touched = _touched(row_samples), _touched(column_samples)
         values = _exceptions(values, features, *touched, bilinear)
         # Flattened by 0/1 products, the non-finite bins go as masks (0 * inf is NaN).
         flat = flatten(jnp.where(values - values == 0.0, values, 0.0))
@@ -346,10 +384,10 @@ def _backward_kernel(
     def _add_this_roi() -> None:
         _, band, width = grad_ref.shape
         bins_h, bins_w = bins
-        row_samples = (params_ref, k, 0, bins_h, height, (t * band, band), True)
-        column_samples = (params_ref, k, 1, bins_w, width, (0, width), False)
-        columns = _interpolation(*column_samples)
-        rows_t, padded_t = _interpolation(*row_samples), _padded_interpolation(*row_samples)
+        row_samples = _Samples(params_ref, k, 0, bins_h, height, (t * band, band), True)
+        column_samples = _Samples(params_ref, k, 1, bins_w, width, (0, width), False)
+        columns = _interpolation(column_samples)
+        rows_t, padded_t = _interpolation(row_samples), _padded_interpolation(row_samples)
         in_row, in_column = _flat_layout(bins_h, bins_w)
 
         def bins_of(flat: jax.Array) -> jax.Array:  # [1, PH * PW] -> [PH, PW]
@@ -361,7 +399,7 @@ def _backward_kernel(
         def with_nonfinite(flat: jax.Array, rows_t: jax.Array) -> jax.Array:
             clean = jnp.where(flat - flat == 0.0, flat, 0.0)
             values = bilinear(rows_t, bins_of(clean), columns)
-            touched = _touched(*row_samples), _touched(*column_samples)
+            touched = _touched(row_samples), _touched(column_samples)
 
             def at(mask: jax.Array) -> jax.Array:  # exact: a 0/1 product
                 return bins_of(jnp.where(mask, 1.0, 0.0)) > 0.5
@@ -407,11 +445,10 @@ def _backward_kernel(
             lax.fori_loop(0, grad_ref.shape[0], channel, None)
 
 
-def _scalars(rois: jax.Array, images: int, statics: tuple[Any, ...]) -> tuple[jax.Array, jax.Array]:
+def _scalars(rois: jax.Array, images: int, sampling: Sampling) -> tuple[jax.Array, jax.Array]:
     """Per RoI: the clamped batch index ``[K]`` int32 and the flat ``[K * FIELDS]``
     float32 parameters (both for SMEM)."""
-    output_size, spatial_scale, sampling_ratio, aligned = statics
-    grid = sampling_grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
+    grid = sampling_grid(rois, *sampling)
     params = jnp.stack(
         [grid.y0, grid.x0, grid.bin_h, grid.bin_w, grid.grid_h, grid.grid_w], axis=1
     ).astype(jnp.float32)
@@ -433,14 +470,14 @@ def _vmem_bytes(block: int, band: int, width: int, bins_h: int, bins_w: int) -> 
 
 
 def _build_forward(
-    statics: tuple[Any, ...], config: RoiAlignConfig, target: lowering.Target
+    sampling: Sampling, config: RoiAlignConfig, target: lowering.Target
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     def forward(input: jax.Array, rois: jax.Array) -> jax.Array:
         images, channels, height, width = input.shape
-        bins_h, bins_w = statics[0]
+        bins_h, bins_w = sampling[0]
         count = rois.shape[0]
         block, band = _blocks(channels, height, width, config)
-        batch, params = _scalars(rois, images, statics)
+        batch, params = _scalars(rois, images, sampling)
         call = pl.pallas_call(
             functools.partial(_forward_kernel, (bins_h, bins_w), height),
             # Bins flattened onto lanes: [PH, PW] blocks would pad to 8 x 128 tiles.
@@ -469,7 +506,7 @@ def _build_forward(
 
 
 def _build_backward(
-    statics: tuple[Any, ...],
+    sampling: Sampling,
     input_shape: tuple[int, ...],
     config: RoiAlignConfig,
     target: lowering.Target,
@@ -478,7 +515,7 @@ def _build_backward(
         images, channels, height, width = input_shape
         count, _, bins_h, bins_w = cotangent.shape
         block, band = _blocks(channels, height, width, config)
-        batch, params = _scalars(rois, images, statics)
+        batch, params = _scalars(rois, images, sampling)
         call = pl.pallas_call(
             functools.partial(_backward_kernel, (bins_h, bins_w), height),
             out_shape=jax.ShapeDtypeStruct(input_shape, jnp.float32),
@@ -506,59 +543,13 @@ def _build_backward(
     return backward
 
 
-def _vjp(
-    rois: jax.Array,
-    cotangent: jax.Array,
-    input_shape: tuple[int, ...],
-    statics: tuple[Any, ...],
-    config: RoiAlignConfig,
-    mode: lowering.InterpretMode,
-) -> jax.Array:
-    if rois.shape[0] == 0:  # no grid steps to zero the gradient
-        return jnp.zeros(input_shape, jnp.float32)
-    build = lowering.Build(_build_backward, (statics, tuple(input_shape), config))
-    return lowering.run(build, mode, rois, cotangent.astype(jnp.float32))  # type: ignore[no-any-return]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _roi_align(
-    input: jax.Array,
-    rois: jax.Array,
-    statics: tuple[Any, ...],
-    config: RoiAlignConfig,
-    mode: lowering.InterpretMode,
-) -> jax.Array:
-    return lowering.run(lowering.Build(_build_forward, (statics, config)), mode, input, rois)  # type: ignore[no-any-return]
-
-
-def _roi_align_fwd(
-    input: jax.Array,
-    rois: jax.Array,
-    statics: tuple[Any, ...],
-    config: RoiAlignConfig,
-    mode: lowering.InterpretMode,
-) -> tuple[jax.Array, tuple[tuple[int, ...], jax.Array]]:
-    return _roi_align(input, rois, statics, config, mode), (input.shape, rois)
-
-
-def _roi_align_bwd(
-    statics: tuple[Any, ...],
-    config: RoiAlignConfig,
-    mode: lowering.InterpretMode,
-    residuals: tuple[tuple[int, ...], jax.Array],
-    cotangent: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
-    input_shape, rois = residuals
-    return _vjp(rois, cotangent, input_shape, statics, config, mode), jnp.zeros_like(rois)
-
-
-_roi_align.defvjp(_roi_align_fwd, _roi_align_bwd)
-
-
-def _statics(
-    output_size: tuple[int, int], spatial_scale: float, sampling_ratio: int, aligned: bool
-) -> tuple[Any, ...]:
-    return (tuple(output_size), float(spatial_scale), int(sampling_ratio), bool(aligned))
+def _sampling(statics: RoiAlignStatics) -> Sampling:
+    return (
+        statics["output_size"],
+        statics["spatial_scale"],
+        statics["sampling_ratio"],
+        statics["aligned"],
+    )
 
 
 @BACKEND.implements("roi_align", config=RoiAlignConfig)
@@ -566,17 +557,13 @@ def roi_align(
     input: jax.Array,
     rois: jax.Array,
     *,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
     config: RoiAlignConfig | None = None,
     mode: lowering.InterpretMode = None,
+    **statics: Unpack[RoiAlignStatics],
 ) -> jax.Array:
-    """``input [N, C, H, W]``, ``rois [K, 5]`` float32 -> ``[K, C, PH, PW]`` float32;
-    differentiable in ``input`` with ``jax.grad`` (the gradient kernel)."""
-    statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
-    return _roi_align(input, rois, statics, config or RoiAlignConfig(), mode)
+    """``input [N, C, H, W]``, ``rois [K, 5]`` float32 -> ``[K, C, PH, PW]`` float32."""
+    build = lowering.Build(_build_forward, (_sampling(statics), config or RoiAlignConfig()))
+    return lowering.run(build, mode, input, rois)  # type: ignore[no-any-return]
 
 
 @BACKEND.implements("roi_align_vjp", config=RoiAlignConfig)
@@ -585,14 +572,14 @@ def roi_align_vjp(
     cotangent: jax.Array,
     *,
     input_shape: tuple[int, ...],
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
     config: RoiAlignConfig | None = None,
     mode: lowering.InterpretMode = None,
+    **statics: Unpack[RoiAlignStatics],
 ) -> jax.Array:
     """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` float32 -> the ``input_shape``
-    gradient, float32."""
-    statics = _statics(output_size, spatial_scale, sampling_ratio, aligned)
-    return _vjp(rois, cotangent, tuple(input_shape), statics, config or RoiAlignConfig(), mode)
+    gradient ``[N, C, H, W]``, float32."""
+    if rois.shape[0] == 0:  # no grid steps to zero the gradient
+        return jnp.zeros(input_shape, jnp.float32)
+    config = config or RoiAlignConfig()
+    build = lowering.Build(_build_backward, (_sampling(statics), tuple(input_shape), config))
+    return lowering.run(build, mode, rois, cotangent.astype(jnp.float32))  # type: ignore[no-any-return]

@@ -9,9 +9,8 @@ few steps. The gradient runs the same steps, scatter-adding instead of gathering
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +18,16 @@ from jax import lax
 
 from asickernels.backends.xla import BACKEND
 from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.roi_align import RoiAlignStatics
+
+# A bilinear corner of one sample step of every bin: rows [K, PH, 1], columns [K, 1, PW]
+# and weights [K, PH, PW].
+Corner = tuple[jax.Array, jax.Array, jax.Array]
 
 
-class _Grid(NamedTuple):
-    """Per RoI (``[K]``): batch index, top-left corner, bin size and sampling grid."""
+class SamplingGrid(NamedTuple):
+    """Per RoI (``[K]``): batch index, top-left corner, bin size, sampling grid and the
+    number of samples per bin (at least 1), as torchvision computes them."""
 
     batch: jax.Array
     y0: jax.Array
@@ -42,13 +47,14 @@ def exact_quotient(numerator: jax.Array, divisor: int) -> jax.Array:
     return numerator / lax.optimization_barrier(jnp.full(numerator.shape, divisor, numerator.dtype))
 
 
-def _grid(
+def sampling_grid(
     rois: jax.Array,
     output_size: tuple[int, int],
     spatial_scale: float,
     sampling_ratio: int,
     aligned: bool,
-) -> _Grid:
+) -> SamplingGrid:
+    """The :class:`SamplingGrid` of ``rois [K, 5]`` (float32 or float64)."""
     offset = 0.5 if aligned else 0.0
     x1, y1, x2, y2 = (rois[:, i] * spatial_scale - offset for i in range(1, 5))
     roi_w, roi_h = x2 - x1, y2 - y1
@@ -61,7 +67,7 @@ def _grid(
         grid_h = jnp.ceil(bin_h).astype(jnp.int32)
         grid_w = jnp.ceil(bin_w).astype(jnp.int32)
     count = jnp.maximum(grid_h * grid_w, 1).astype(rois.dtype)
-    return _Grid(rois[:, 0].astype(jnp.int32), y1, x1, bin_h, bin_w, grid_h, grid_w, count)
+    return SamplingGrid(rois[:, 0].astype(jnp.int32), y1, x1, bin_h, bin_w, grid_h, grid_w, count)
 
 
 def _axis_weights(
@@ -88,19 +94,19 @@ def _axis_weights(
 
 
 def _for_each_sample(
-    grid: _Grid,
+    grid: SamplingGrid,
     output_size: tuple[int, int],
     shape: tuple[int, ...],
-    body: Callable[[Any, tuple[Any, ...]], Any],
-    init: Any,
-) -> Any:
-    """Runs ``body(carry, corners)`` for each grid point up to the largest grid of the call;
-    ``corners`` are four ``(rows [K, PH, 1], columns [K, 1, PW], weights [K, PH, PW])``."""
+    body: Callable[[jax.Array, tuple[Corner, ...]], jax.Array],
+    init: jax.Array,
+) -> jax.Array:
+    """``carry = body(carry, corners)`` from ``init`` for each grid point up to the largest
+    grid of the call; ``corners`` are the four :data:`Corner` of the step."""
     height, width = shape[2], shape[3]
     steps_w = jnp.max(grid.grid_w, initial=0)
     steps = jnp.max(grid.grid_h, initial=0) * steps_w
 
-    def step(index: jax.Array, carry: Any) -> Any:
+    def step(index: jax.Array, carry: jax.Array) -> jax.Array:
         iy, ix = index // steps_w, index % steps_w
         y_lo, y_hi, wy_lo, wy_hi = _axis_weights(
             grid.y0, grid.bin_h, grid.grid_h, iy, output_size[0], height
@@ -119,22 +125,18 @@ def _for_each_sample(
         )
         return body(carry, corners)
 
-    return lax.fori_loop(0, steps, step, init)
+    return lax.fori_loop(0, steps, step, init)  # type: ignore[no-any-return]
 
 
-def _forward(
-    input: jax.Array,
-    rois: jax.Array,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
-) -> jax.Array:
-    grid = _grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
+@BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
+def roi_align(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiAlignStatics]) -> jax.Array:
+    """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
+    output_size = statics["output_size"]
+    grid = sampling_grid(rois, **statics)
     channels_last = jnp.moveaxis(input, 1, -1)  # [N, H, W, C]: one gather per sample
     batch = grid.batch[:, None, None]
 
-    def body(total: jax.Array, corners: tuple[Any, ...]) -> jax.Array:
+    def body(total: jax.Array, corners: tuple[Corner, ...]) -> jax.Array:
         value = sum(
             weight[..., None] * channels_last[batch, row, column] for row, column, weight in corners
         )
@@ -145,85 +147,26 @@ def _forward(
     return jnp.moveaxis(total / grid.samples[:, None, None, None], -1, 1)
 
 
-def _backward(
-    input_shape: tuple[int, ...],
-    rois: jax.Array,
-    cotangent: jax.Array,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
-) -> jax.Array:
-    grid = _grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
-    scaled = jnp.moveaxis(cotangent, 1, -1) / grid.samples[:, None, None, None]
-    batch = grid.batch[:, None, None]
-
-    def body(grad: jax.Array, corners: tuple[Any, ...]) -> jax.Array:
-        for row, column, weight in corners:
-            grad = grad.at[batch, row, column].add(weight[..., None] * scaled)
-        return grad
-
-    n, c, h, w = input_shape
-    grad = _for_each_sample(
-        grid, output_size, input_shape, body, jnp.zeros((n, h, w, c), rois.dtype)
-    )
-    return jnp.moveaxis(grad, -1, 1)
-
-
-@BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
-def roi_align(
-    input: jax.Array,
-    rois: jax.Array,
-    *,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
-) -> jax.Array:
-    """``[N, C, H, W]``, ``[K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``; differentiable
-    in ``input`` with ``jax.grad`` (through :func:`roi_align_vjp`)."""
-    return _differentiable(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
-
-
 @BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
 def roi_align_vjp(
     rois: jax.Array,
     cotangent: jax.Array,
     *,
     input_shape: tuple[int, ...],
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
+    **statics: Unpack[RoiAlignStatics],
 ) -> jax.Array:
-    """``[K, 5]``, ``[K, C, PH, PW]`` -> the ``input_shape`` gradient."""
-    return _backward(
-        input_shape, rois, cotangent, output_size, spatial_scale, sampling_ratio, aligned
-    )
+    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient
+    ``[N, C, H, W]``, scatter-added (the order of additions is XLA's)."""
+    grid = sampling_grid(rois, **statics)
+    scaled = jnp.moveaxis(cotangent, 1, -1) / grid.samples[:, None, None, None]
+    batch = grid.batch[:, None, None]
 
+    def body(grad: jax.Array, corners: tuple[Corner, ...]) -> jax.Array:
+        for row, column, weight in corners:
+            grad = grad.at[batch, row, column].add(weight[..., None] * scaled)
+        return grad
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _differentiable(
-    input: jax.Array,
-    rois: jax.Array,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-    sampling_ratio: int,
-    aligned: bool,
-) -> jax.Array:
-    return _forward(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
-
-
-def _differentiable_forward(
-    input: jax.Array, rois: jax.Array, *statics: Any
-) -> tuple[jax.Array, tuple[Any, ...]]:
-    return _forward(input, rois, *statics), (input.shape, rois)
-
-
-def _differentiable_backward(*args: Any) -> tuple[Any, ...]:
-    *statics, (input_shape, rois), cotangent = args
-    grad = _backward(input_shape, rois, cotangent, *statics)
-    return grad, jnp.zeros_like(rois)
-
-
-_differentiable.defvjp(_differentiable_forward, _differentiable_backward)
+    n, c, h, w = input_shape
+    zeros = jnp.zeros((n, h, w, c), rois.dtype)
+    grad = _for_each_sample(grid, statics["output_size"], input_shape, body, zeros)
+    return jnp.moveaxis(grad, -1, 1)

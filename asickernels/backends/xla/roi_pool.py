@@ -12,7 +12,7 @@ argmax.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from jax import lax
 from asickernels.backends.xla import BACKEND
 from asickernels.backends.xla.roi_align import exact_quotient
 from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.roi_align import RoiStatics
 from asickernels.kernels.roi_pool import LOWEST
 
 
@@ -57,7 +58,7 @@ def _pool(
     channels_last = jnp.moveaxis(input, 1, -1)  # [N, H, W, C]: one gather per step
     batch = rois[:, 0].astype(jnp.int32)[:, None, None]
 
-    def step(index: jax.Array, carry: tuple[jax.Array, jax.Array]) -> Any:
+    def step(index: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         best, where = carry
         dy, dx = index // steps_w, index % steps_w
         h, w = h0 + dy, w0 + dx
@@ -76,64 +77,23 @@ def _pool(
     return jnp.moveaxis(best, -1, 1), jnp.moveaxis(where, -1, 1)
 
 
-def _scatter(
-    input_shape: tuple[int, ...], rois: jax.Array, argmax: jax.Array, cotangent: jax.Array
+@BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
+def roi_pool(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiStatics]) -> jax.Array:
+    """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
+    return _pool(input, rois, **statics)[0]
+
+
+@BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
+def roi_pool_vjp(
+    input: jax.Array, rois: jax.Array, cotangent: jax.Array, **statics: Unpack[RoiStatics]
 ) -> jax.Array:
-    n, c, h, w = input_shape
+    """``input [N, C, H, W]``, ``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the gradient
+    in ``input``: each bin's cotangent scatter-added at its argmax (none for -1)."""
+    _, argmax = _pool(input, rois, **statics)
+    n, c, h, w = input.shape
     batch = rois[:, 0].astype(jnp.int32)[:, None, None, None]
     channel = jnp.arange(c)[None, :, None, None]
     values = jnp.where(argmax >= 0, cotangent, jnp.zeros_like(cotangent))
     grad = jnp.zeros((n, c, h * w), cotangent.dtype)
     grad = grad.at[batch, channel, jnp.maximum(argmax, 0)].add(values)
-    return grad.reshape(input_shape)
-
-
-@BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
-def roi_pool(
-    input: jax.Array,
-    rois: jax.Array,
-    *,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-) -> jax.Array:
-    """``[N, C, H, W]``, ``[K, 5]`` (one float dtype) -> ``[K, C, PH, PW]``; differentiable
-    in ``input`` with ``jax.grad`` (the argmax-routed gradient)."""
-    return _differentiable(input, rois, output_size, spatial_scale)
-
-
-@BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
-def roi_pool_vjp(
-    input: jax.Array,
-    rois: jax.Array,
-    cotangent: jax.Array,
-    *,
-    output_size: tuple[int, int],
-    spatial_scale: float,
-) -> jax.Array:
-    """``[N, C, H, W]``, ``[K, 5]``, ``[K, C, PH, PW]`` -> the gradient in ``input``."""
-    _, argmax = _pool(input, rois, output_size, spatial_scale)
-    return _scatter(tuple(input.shape), rois, argmax, cotangent)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _differentiable(
-    input: jax.Array, rois: jax.Array, output_size: tuple[int, int], spatial_scale: float
-) -> jax.Array:
-    return _pool(input, rois, output_size, spatial_scale)[0]
-
-
-def _differentiable_forward(
-    input: jax.Array, rois: jax.Array, output_size: tuple[int, int], spatial_scale: float
-) -> tuple[jax.Array, tuple[Any, ...]]:
-    out, argmax = _pool(input, rois, output_size, spatial_scale)
-    return out, (input.shape, rois, argmax)
-
-
-def _differentiable_backward(
-    output_size: tuple[int, int], spatial_scale: float, residuals: Any, cotangent: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    input_shape, rois, argmax = residuals
-    return _scatter(input_shape, rois, argmax, cotangent), jnp.zeros_like(rois)
-
-
-_differentiable.defvjp(_differentiable_forward, _differentiable_backward)
+    return grad.reshape(input.shape)

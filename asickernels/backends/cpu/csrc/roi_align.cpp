@@ -416,15 +416,19 @@ AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f32, RoiAlignVjp, ffi::F3
 AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f64, RoiAlignVjp, ffi::F64)
 
 // -- Host entry points (ctypes; the conventions of the other ops' files) ----------------------------------
+//
+// Each takes the dtype code (0 = float32, 1 = float64), its arrays, the call's shape (batch,
+// channels, height, width of the input or of the gradient's result; RoI count; pooled height
+// and width), spatial_scale, RoIAlign's sampling_ratio and aligned, and the output; it
+// returns 0, or 1 for an unknown dtype code or a RoI naming no image, or 2 when out of memory.
 
 namespace {
 
-// 0, or 1 for an unknown dtype code or a RoI naming no image, or 2 when out of memory.
 template <typename Run>
-int host_roi(int dtype, Run&& run) {
+int host_roi(int dtype, const ak::RoiShape& shape, Run&& run) {
   try {
-    if (dtype == 0) return run(0.0f) ? 0 : 1;
-    if (dtype == 1) return run(0.0) ? 0 : 1;
+    if (dtype == 0) return run(0.0f, shape) ? 0 : 1;
+    if (dtype == 1) return run(0.0, shape) ? 0 : 1;
     return 1;
   } catch (const std::bad_alloc&) {
     return 2;
@@ -436,18 +440,18 @@ int host_roi(int dtype, Run&& run) {
 extern "C" {
 
 // input [batch, channels, height, width], rois [rois, 5] -> out [rois, channels, pooled_height,
-// pooled_width]; dtype 0 = float32, 1 = float64.
+// pooled_width].
 int asickernels_cpu_roi_align(int dtype, const void* input, const void* rois, int64_t batch,
                               int64_t channels, int64_t height, int64_t width, int64_t roi_count,
                               int64_t pooled_height, int64_t pooled_width, double spatial_scale,
-                              int64_t sampling_ratio, int aligned, void* out) {
-  const ak::RoiShape shape{batch,     channels,      height,      width,
-                                roi_count, pooled_height, pooled_width};
-  return host_roi(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    return ak::roi_align(static_cast<const T*>(input), static_cast<const T*>(rois), shape,
-                         {spatial_scale, sampling_ratio, aligned != 0}, static_cast<T*>(out));
-  });
+                              int64_t sampling_ratio, int64_t aligned, void* out) {
+  const ak::RoiAlignParams params{spatial_scale, sampling_ratio, aligned != 0};
+  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
+                  [&](auto zero, const ak::RoiShape& shape) {
+                    using T = decltype(zero);
+                    return ak::roi_align(static_cast<const T*>(input), static_cast<const T*>(rois),
+                                         shape, params, static_cast<T*>(out));
+                  });
 }
 
 // rois [rois, 5], cotangent [rois, channels, pooled_height, pooled_width] -> d_input
@@ -455,16 +459,16 @@ int asickernels_cpu_roi_align(int dtype, const void* input, const void* rois, in
 int asickernels_cpu_roi_align_vjp(int dtype, const void* rois, const void* cotangent,
                                   int64_t batch, int64_t channels, int64_t height, int64_t width,
                                   int64_t roi_count, int64_t pooled_height, int64_t pooled_width,
-                                  double spatial_scale, int64_t sampling_ratio, int aligned,
+                                  double spatial_scale, int64_t sampling_ratio, int64_t aligned,
                                   void* d_input) {
-  const ak::RoiShape shape{batch,     channels,      height,      width,
-                                roi_count, pooled_height, pooled_width};
-  return host_roi(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    return ak::roi_align_vjp(static_cast<const T*>(rois), static_cast<const T*>(cotangent),
-                             shape, {spatial_scale, sampling_ratio, aligned != 0},
-                             static_cast<T*>(d_input));
-  });
+  const ak::RoiAlignParams params{spatial_scale, sampling_ratio, aligned != 0};
+  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
+                  [&](auto zero, const ak::RoiShape& shape) {
+                    using T = decltype(zero);
+                    return ak::roi_align_vjp(static_cast<const T*>(rois),
+                                             static_cast<const T*>(cotangent), shape, params,
+                                             static_cast<T*>(d_input));
+                  });
 }
 
 // input [batch, channels, height, width], rois [rois, 5] -> out [rois, channels,
@@ -473,13 +477,12 @@ int asickernels_cpu_roi_pool(int dtype, const void* input, const void* rois, int
                              int64_t channels, int64_t height, int64_t width, int64_t roi_count,
                              int64_t pooled_height, int64_t pooled_width, double spatial_scale,
                              void* out) {
-  const ak::RoiShape shape{batch,     channels,      height,      width,
-                           roi_count, pooled_height, pooled_width};
-  return host_roi(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    return ak::roi_pool(static_cast<const T*>(input), static_cast<const T*>(rois), shape,
-                        spatial_scale, static_cast<T*>(out), nullptr);
-  });
+  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
+                  [&](auto zero, const ak::RoiShape& shape) {
+                    using T = decltype(zero);
+                    return ak::roi_pool(static_cast<const T*>(input), static_cast<const T*>(rois),
+                                        shape, spatial_scale, static_cast<T*>(out), nullptr);
+                  });
 }
 
 // input [batch, channels, height, width], rois [rois, 5], cotangent [rois, channels,
@@ -489,14 +492,14 @@ int asickernels_cpu_roi_pool_vjp(int dtype, const void* input, const void* rois,
                                  int64_t height, int64_t width, int64_t roi_count,
                                  int64_t pooled_height, int64_t pooled_width,
                                  double spatial_scale, void* d_input) {
-  const ak::RoiShape shape{batch,     channels,      height,      width,
-                           roi_count, pooled_height, pooled_width};
-  return host_roi(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    return ak::roi_pool_vjp(static_cast<const T*>(input), static_cast<const T*>(rois),
-                            static_cast<const T*>(cotangent), shape, spatial_scale,
-                            static_cast<T*>(d_input));
-  });
+  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
+                  [&](auto zero, const ak::RoiShape& shape) {
+                    using T = decltype(zero);
+                    return ak::roi_pool_vjp(static_cast<const T*>(input),
+                                            static_cast<const T*>(rois),
+                                            static_cast<const T*>(cotangent), shape,
+                                            spatial_scale, static_cast<T*>(d_input));
+                  });
 }
 
 }  // extern "C"
