@@ -438,6 +438,20 @@ def test_schema_rejects_malformed_documents():
             schema.validate(broken)
 
 
+def test_max_error_is_in_units_of_the_tolerance_as_the_schema_says():
+    """schema.py: float outputs in units of the op's tolerance (tolerance 1), exact outputs
+    as the number of differing entries (tolerance 0)."""
+    want = np.array([0.5, -0.25])
+    atol = 2e-5  # float32 GIOU: oracle tolerance atol, rtol 0
+    for off_by, passed in ((0.5, True), (2.0, False)):
+        got = (want + [off_by * atol, 0.0]).astype(np.float32)
+        comparison = workloads.OPS["giou"].compare(got, want)
+        assert comparison.tolerance == 1.0 and comparison.passed is passed
+        assert comparison.max_error == pytest.approx(off_by, rel=1e-2)
+    exact = workloads.oracle_comparison("nms", np.array([1, 2, 3]), np.array([1, 5, 4]))
+    assert (exact.max_error, exact.tolerance, exact.passed) == (2.0, 0.0, False)
+
+
 def test_timing_statistics():
     timing = Timing.from_samples([4.0, 1.0, 3.0, 2.0, 5.0], first_call_s=9.0)
     assert (timing.median_s, timing.min_s, timing.max_s, timing.repeats) == (3.0, 1.0, 5.0, 5)
