@@ -37,6 +37,21 @@ def test_help_lists_every_command_including_plugins(capsys):
         assert command in out
 
 
+@pytest.mark.parametrize("command", ["info", "check", "bench", "run", *cli.PLUGINS])
+def test_every_command_describes_itself_in_plain_text(capsys, monkeypatch, command):
+    """`asickernels COMMAND --help`: a description for users, not a module docstring with
+    reStructuredText markup, within 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal's width
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    rest = out.partition("\n\n")[2]  # after the usage lines
+    description = rest.partition("options:")[0]
+    assert len(description.split()) >= 15, f"{command} --help has no description"
+    for markup in ("``", ":mod:", ":func:", ":data:", ":meth:", "This module"):
+        assert markup not in out, f"{command} --help shows {markup!r}"
+    assert max(map(len, out.splitlines())) <= 80
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
