@@ -374,6 +374,7 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asickernels",
         description="GIOU, NMS and int8 matmul kernels for TPUs and AWS Neuron: check them, time them.",
+        epilog="`asickernels COMMAND --help` describes a command and its options.",
     )
     parser.add_argument(
         "--version", action="version", version=f"asickernels {asickernels.__version__}"
@@ -381,21 +382,35 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     commands.add_parser(
-        "info", help="platform, devices, and how each backend runs here"
+        "info",
+        help="platform, devices, and how each backend runs here",
+        description="Show this machine's platform and devices; each backend and peer with how "
+        "it runs here (native, simulated, or missing and what to install); which backend "
+        "backend=None picks per kernel, here and on each TPU generation; and the optional "
+        "commands.",
     ).set_defaults(handler=_info)
     check = commands.add_parser(
         "check",
         help="every op on every backend against the float64 reference (exit 1 on any failure)",
+        description="Run every op on every backend on its check cases (random, edge and "
+        "adversarial inputs) and compare each result with the float64 reference. Prints one "
+        "row per op, case and backend; a backend that cannot run here is listed, not failed. "
+        "Exits 1 if any result is wrong or a call raises.",
     )
     _add_selection(check)
     check.add_argument(
         "--quick", action="store_true", help="only a few cases per op (the ones `run` uses)"
     )
     check.set_defaults(handler=_check)
-    for name, text, handler, defaults, quick in (
+    for name, text, description, handler, defaults, quick in (
         (
             "bench",
             "check, then time every op on every backend and peer",
+            "Time every op on every backend and peer (other libraries' implementations) at "
+            "each size, after checking the result against the float64 reference; a wrong "
+            "result is reported, not timed. Sizes whose call would take too long are "
+            "skipped (see --max-call-seconds, --force). Exits 1 if any result is wrong or a "
+            "call raises.",
             _bench,
             BENCH_DEFAULTS,
             False,
@@ -403,12 +418,15 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
         (
             "run",
             "the main job: quick check, then quick bench (a few minutes)",
+            "The main job, in a few minutes: `check --quick` (a few cases per op), then a "
+            "quick bench (small sizes, few repeats). `asickernels check` and `asickernels "
+            "bench` are the full runs. Exits 1 if anything fails.",
             _run,
             RUN_DEFAULTS,
             True,
         ),
     ):
-        sub = commands.add_parser(name, help=text, description=text)
+        sub = commands.add_parser(name, help=text, description=description)
         _add_selection(sub)
         _add_timing(sub, defaults)
         sub.set_defaults(handler=handler, quick=quick)

@@ -30,9 +30,14 @@ Bench row (one op x size x backend or peer)::
     ratio_to_fastest_peer (median / the fastest peer's median at the same op and size, or
     null), counters (object: name -> number, from the backend's ``counters``)
 
-``max_error`` is in the op's unit: absolute for GIOU; for its gradient, the error relative
-to the allowed ``atol + rtol |want|`` (1 or less passes); the number of differing entries
-for NMS, absolute (int32) or relative (dequantized) for int8 matmul.
+A row passes when ``max_error <= tolerance``. What they measure depends on the op:
+
+* float outputs (GIOU, its gradient, the box metrics): the worst
+  ``|got - want| / (atol + rtol |want|)``, in units of the op's tolerance for the output
+  dtype (:func:`asickernels.testing.oracle.tolerance`); ``tolerance`` is 1.
+* exact outputs (NMS): the number of differing entries; ``tolerance`` is 0.
+* int8 matmul: the largest absolute difference of int32 outputs (``tolerance`` 0), or the
+  largest relative difference of dequantized ones (``tolerance``: the output dtype's rtol).
 """
 
 from __future__ import annotations

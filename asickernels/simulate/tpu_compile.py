@@ -1,10 +1,11 @@
 """The real TPU compile gate, without a TPU.
 
-libtpu (``pip install "jax[tpu]"``) can compile for a TPU topology described by name, on
-any host: ``jax.experimental.topologies.get_topology_desc`` yields TPU devices to lower and
-compile against. A kernel that compiles this way has passed Mosaic and the TPU backend for
-real (block shapes, dtypes, layouts, VMEM capacity). This module compiles every Pallas
-kernel at its benchmark shapes for each generation and reports the outcome.
+libtpu (the ``tpu`` extra: ``pip install -e ".[tpu]"`` in a clone) can compile for a TPU
+topology described by name, on any host: ``jax.experimental.topologies.get_topology_desc``
+yields TPU devices to lower and compile against. A kernel that compiles this way has passed
+Mosaic and the TPU backend for real (block shapes, dtypes, layouts, VMEM capacity). This
+module compiles every Pallas kernel at its benchmark shapes for each generation and reports
+the outcome.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import functools
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -31,6 +33,8 @@ TOPOLOGIES = {
     if (topology := facts.topology) is not None
 }
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
+# How to get libtpu: the tpu extra (asickernels is not on PyPI; see README, Install).
+LIBTPU_INSTALL = 'pip install -e ".[tpu]" in a clone'
 # An argument of a compiled function: its shape and dtype name.
 ArgSpec = tuple[tuple[int, ...], str]
 # A function to compile, and its arguments.
@@ -210,25 +214,38 @@ BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
 
 
 def libtpu_status() -> str | None:
-    """None when libtpu can compile here, else why not."""
+    """None when libtpu can compile here, else why not and what to install."""
     try:
         import libtpu  # noqa: F401
     except ImportError:
-        return 'libtpu is not installed (pip install "jax[tpu]")'
+        return f"libtpu is not installed ({LIBTPU_INSTALL})"
     return None
 
 
 @functools.cache
 def topology_device(generation: str) -> jax.Device:
-    """A TPU device of ``generation`` from a named topology (no TPU attached)."""
+    """A TPU device of ``generation`` from a named topology (no TPU attached).
+
+    Raises ValueError for a generation with no topology, ModuleNotFoundError (saying what
+    to install) where libtpu is not installed."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: we are not on a TPU VM
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no lockfile between processes
     from jax.experimental import topologies
 
     if generation not in TOPOLOGIES:
         raise ValueError(f"no topology for {generation!r}; known: {sorted(TOPOLOGIES)}")
-    topology = TOPOLOGIES[generation]
-    return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[0]
+    try:
+        description = topologies.get_topology_desc(
+            platform="tpu", topology_name=TOPOLOGIES[generation]
+        )
+    except RuntimeError as error:  # jax: "JAX TPU support not installed"
+        missing = libtpu_status()
+        if missing is None:
+            raise
+        raise ModuleNotFoundError(
+            f"cannot compile for TPU {generation} here: {missing}", name="libtpu"
+        ) from error
+    return description.devices[0]
 
 
 def lower_for_tpu(
@@ -236,7 +253,8 @@ def lower_for_tpu(
 ) -> jax.stages.Lowered:
     """``jax.jit(fn).lower(...)`` with the arguments on one TPU device of ``generation``:
     the Pallas kernels lower to Mosaic with that generation's blocks (they follow the
-    lowering, see :mod:`asickernels.backends.pallas_tpu.lowering`)."""
+    lowering, see :mod:`asickernels.backends.pallas_tpu.lowering`). Raises as
+    :func:`topology_device`."""
     import jax
 
     sharding = jax.sharding.SingleDeviceSharding(topology_device(generation))
@@ -326,7 +344,7 @@ def _run_cli(args: argparse.Namespace) -> int:
 
     missing = libtpu_status()
     if missing:
-        print(f"cannot compile for TPU here: {missing}")
+        print(f"cannot compile for TPU here: {missing}", file=sys.stderr)
         return 2
     results = compile_all(args.generation or GATE_GENERATIONS, args.kernel)
     print(format_table(results))
@@ -336,12 +354,27 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+# `asickernels compile --help`, printed as written (lines of at most 78 characters).
+COMPILE_DESCRIPTION = """\
+Compile every Pallas kernel, at the shapes `asickernels bench` times on a TPU,
+for real TPU generations with libtpu, the TPU compiler, on this machine: no TPU
+needed. A kernel that compiles has passed the TPU compiler's checks of block
+shapes, dtypes, layouts and VMEM capacity.
+
+Prints, per kernel, shape and generation, whether it compiled (or the
+compiler's error), the VMEM its blocks take and its HBM footprint. Exits 1 if
+any kernel fails to compile, 2 without libtpu."""
+
+
 def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds ``asickernels compile``."""
+    kernels = sorted({t.kernel for t in BENCHMARK_SHAPES})
     parser = subparsers.add_parser(
         "compile",
         help="compile every Pallas kernel for real TPUs with libtpu (no TPU needed)",
-        description=__doc__,
+        description=COMPILE_DESCRIPTION,
+        epilog=f"Needs libtpu: {LIBTPU_INSTALL}.\nMore: docs/tpu-compile-and-estimates.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--generation",
@@ -352,8 +385,9 @@ def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument(
         "--kernel",
         action="append",
-        choices=sorted({t.kernel for t in BENCHMARK_SHAPES}),
-        help="only these kernels (repeatable)",
+        choices=kernels,
+        metavar="KERNEL",
+        help=f"only this kernel (repeatable; default: all): {', '.join(kernels)}",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.set_defaults(handler=_run_cli)

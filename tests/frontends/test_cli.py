@@ -37,6 +37,21 @@ def test_help_lists_every_command_including_plugins(capsys):
         assert command in out
 
 
+@pytest.mark.parametrize("command", ["info", "check", "bench", "run", *cli.PLUGINS])
+def test_every_command_describes_itself_in_plain_text(capsys, monkeypatch, command):
+    """`asickernels COMMAND --help`: a description for users, not a module docstring with
+    reStructuredText markup, within 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal's width
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    rest = out.partition("\n\n")[2]  # after the usage lines
+    description = rest.partition("options:")[0]
+    assert len(description.split()) >= 15, f"{command} --help has no description"
+    for markup in ("``", ":mod:", ":func:", ":data:", ":meth:", "This module"):
+        assert markup not in out, f"{command} --help shows {markup!r}"
+    assert max(map(len, out.splitlines())) <= 80
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -436,6 +451,20 @@ def test_schema_rejects_malformed_documents():
     ):
         with pytest.raises(ValueError, match=message):
             schema.validate(broken)
+
+
+def test_max_error_is_in_units_of_the_tolerance_as_the_schema_says():
+    """schema.py: float outputs in units of the op's tolerance (tolerance 1), exact outputs
+    as the number of differing entries (tolerance 0)."""
+    want = np.array([0.5, -0.25])
+    atol = 2e-5  # float32 GIOU: oracle tolerance atol, rtol 0
+    for off_by, passed in ((0.5, True), (2.0, False)):
+        got = (want + [off_by * atol, 0.0]).astype(np.float32)
+        comparison = workloads.OPS["giou"].compare(got, want)
+        assert comparison.tolerance == 1.0 and comparison.passed is passed
+        assert comparison.max_error == pytest.approx(off_by, rel=1e-2)
+    exact = workloads.oracle_comparison("nms", np.array([1, 2, 3]), np.array([1, 5, 4]))
+    assert (exact.max_error, exact.tolerance, exact.passed) == (2.0, 0.0, False)
 
 
 def test_timing_statistics():

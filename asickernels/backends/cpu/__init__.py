@@ -20,7 +20,7 @@ def _probe() -> Availability:
         return Availability(
             "missing",
             reason,
-            install_hint="install asickernels from a wheel, or `pip install -e .`",
+            install_hint="`pip install -e .` in the clone (builds the C++ kernels with a C++ compiler)",
         )
     level = _library.isa_level()
     return Availability(

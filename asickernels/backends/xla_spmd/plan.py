@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -30,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from asickernels.backends.xla_spmd import jax_spmd
+from asickernels.simulate import tpu_compile
 
 DEFAULT_TOPOLOGIES = ("v5e:2x2", "v5e:4x4")
 COLLECTIVES = (
@@ -174,8 +174,9 @@ def spmd_plan(topology: str, backend: str = "pallas_tpu") -> TopologyPlan:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # Compiling needs no TPU, so other processes compiling at the same time are no conflict.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    if importlib.util.find_spec("libtpu") is None:
-        raise ModuleNotFoundError('compiling for a TPU needs libtpu: pip install "jax[tpu]"')
+    missing = tpu_compile.libtpu_status()
+    if missing:
+        raise ModuleNotFoundError(f"cannot compile for TPU here: {missing}", name="libtpu")
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology)
     except Exception as error:
@@ -233,12 +234,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+# `asickernels spmd-plan --help`, printed as written (lines of at most 78 characters).
+SPMD_PLAN_DESCRIPTION = """\
+The plan for a TPU pod slice, before renting one: compile the sharded programs
+(GIOU, the GIOU loss and its gradient, NMS, int8 matmul) for a TPU topology
+with libtpu, on this machine: no TPU needed. Prints, per program, the
+collectives the compiler inserted and the memory each device needs. Exits 2
+without libtpu or for a topology libtpu does not know."""
+
+
 def register_cli(subparsers: Any) -> None:
     """Adds ``spmd-plan`` to the ``asickernels`` command line."""
     parser = subparsers.add_parser(
         "spmd-plan",
         help="compile the sharded programs for TPU topologies; show collectives and memory",
-        description=__doc__,
+        description=SPMD_PLAN_DESCRIPTION,
+        epilog=f"Needs libtpu: {tpu_compile.LIBTPU_INSTALL}.\n"
+        "More: docs/tpu-compile-and-estimates.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(

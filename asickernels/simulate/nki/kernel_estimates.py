@@ -291,7 +291,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kernel",
         action="append",
         choices=KERNEL_NAMES,
-        help="with --neuron: only this kernel (repeatable; default: all)",
+        metavar="KERNEL",
+        help=f"with --neuron: only this kernel (repeatable; default: all): {', '.join(KERNEL_NAMES)}",
     )
     parser.add_argument(
         "--timeline",

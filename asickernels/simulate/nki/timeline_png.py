@@ -1,5 +1,5 @@
-"""The cost model's engine timeline as a PNG (needs matplotlib: ``pip install
-'asickernels[bench]'``).
+"""The cost model's engine timeline as a PNG (needs matplotlib: ``pip install matplotlib``,
+or the ``bench`` extra in a clone: ``pip install -e ".[bench]"``).
 
 The input is the Chrome/Perfetto trace the model writes (:meth:`Estimate.chrome_trace
 <asickernels.simulate.nki.estimate.Estimate.chrome_trace>`, or the JSON file of
@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["write_timeline_png"]
-
-EXTRA = "bench"  # the optional dependency group that brings matplotlib
 
 
 def _lanes(events: list[dict[str, Any]]) -> tuple[list[str], dict[Any, list[tuple[float, float]]]]:
@@ -51,13 +49,14 @@ def write_timeline_png(
     ``title``, the modelled latency, the generation and "a cost-model estimate".
 
     Raises ValueError when the trace has no instructions (an estimate made without
-    ``timeline=True``), ImportError naming the ``bench`` extra when matplotlib is missing."""
+    ``timeline=True``), ImportError saying how to install matplotlib when it is missing."""
     try:
         import matplotlib
     except ImportError:
         raise ImportError(
-            f"drawing a timeline PNG needs matplotlib: pip install 'asickernels[{EXTRA}]' "
-            "(or write the Chrome trace JSON and open it in ui.perfetto.dev)"
+            "drawing a timeline PNG needs matplotlib: pip install matplotlib (in a clone of "
+            'asickernels: pip install -e ".[bench]"), or write the Chrome trace JSON and open '
+            "it in ui.perfetto.dev"
         ) from None
     document: Mapping[str, Any]
     if isinstance(trace, Mapping):

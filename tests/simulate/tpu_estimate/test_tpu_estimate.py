@@ -8,6 +8,9 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -407,6 +410,31 @@ def test_seed_cases_reject_bad_arguments() -> None:
         seeds.nms_case("cuda")
     with pytest.raises(ValueError, match="divide"):
         seeds.matmul_case("int8", size=1000)
+
+
+# -- without libtpu ----------------------------------------------------------------------------
+
+
+def test_lowering_without_libtpu_says_what_to_install() -> None:
+    """Where libtpu is missing (here its import is blocked in a fresh interpreter, which is
+    what jax sees where it was never installed), lowering for a TPU names the tpu extra
+    instead of jax's "TPU support not installed"."""
+    program = (
+        "import sys\n"
+        "sys.modules['libtpu'] = None\n"
+        "from asickernels.simulate import tpu_compile\n"
+        "try:\n"
+        "    tpu_compile.lower_for_tpu(lambda x: x + 1, [((4,), 'float32')], 'v5e')\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error)\n"
+    )
+    env = {name: value for name, value in os.environ.items() if name != "TPU_LIBRARY_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cannot compile for TPU v5e here: libtpu is not installed" in done.stdout
+    assert 'pip install -e ".[tpu]"' in done.stdout
 
 
 # -- one real compile --------------------------------------------------------------------------
