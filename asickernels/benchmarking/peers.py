@@ -116,7 +116,7 @@ def _torchvision_probe() -> Availability:
         return Availability(
             "missing",
             f"torchvision does not import here ({error})",
-            "pip install 'asickernels[torch]' (torch and torchvision)",
+            "pip install torch torchvision",
         )
     return Availability(
         "native", f"torchvision {torchvision.__version__}, torch {torch.__version__}, CPU"

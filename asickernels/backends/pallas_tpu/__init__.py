@@ -3,6 +3,8 @@ mode (``"pallas_tpu"``) or TPU interpret mode with race detection (``"pallas_tpu
 
 from __future__ import annotations
 
+import importlib.util
+
 from asickernels.kernels.registry import Availability, Backend
 
 
@@ -12,11 +14,12 @@ def _probe_compiled() -> Availability:
     platform = jax.default_backend()
     if platform == "tpu":
         return Availability("native", f"compiled by Mosaic for {jax.devices()[0].device_kind}")
+    has_libtpu = importlib.util.find_spec("libtpu") is not None
     return Availability(
         "simulated",
         f"no TPU ({platform}): Pallas interpret mode; `asickernels compile` still compiles "
         "for TPU with libtpu",
-        'pip install "jax[tpu]" for the compile gate',
+        None if has_libtpu else 'pip install "jax[tpu]" for the compile gate',
     )
 
 
