@@ -10,17 +10,17 @@ import pytest
 from conftest import backends_under_test, require
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from roi_cases import rois
 
 import asickernels
 from asickernels.kernels import registry
 from asickernels.testing import oracle
+from asickernels.testing.cases import random_rois
 
 
 def _map_and_rois(seed, height, width, dtype):
     rng = np.random.default_rng(seed)
     features = rng.standard_normal((2, 3, height, width)).astype(dtype)
-    return features, rois(rng, 5, 2, float(max(height, width))).astype(dtype)
+    return features, random_rois(rng, 5, 2, float(max(height, width))).astype(dtype)
 
 
 @pytest.mark.parametrize("backend", backends_under_test("roi_align"))
@@ -104,7 +104,7 @@ def test_cpu_roi_align_host_and_ffi_entries_and_thread_counts_give_the_same_bits
 
     rng = np.random.default_rng(5)
     features = rng.standard_normal((2, 7, 19, 23)).astype(np.float32)
-    boxes = rois(rng, 40, 2, 22.0).astype(np.float32)
+    boxes = random_rois(rng, 40, 2, 22.0).astype(np.float32)
     cotangent = rng.standard_normal((len(boxes), 7, 3, 3)).astype(np.float32)
     statics = dict(output_size=(3, 3), spatial_scale=0.7, sampling_ratio=-1, aligned=True)
     host = registry.implementation("roi_align", "cpu", host=True)
@@ -146,7 +146,7 @@ def test_cpu_roi_pool_host_and_ffi_entries_and_thread_counts_give_the_same_bits(
 
     rng = np.random.default_rng(6)
     features = np.round(rng.standard_normal((2, 5, 17, 19)), 1).astype(np.float32)  # ties
-    boxes = rois(rng, 40, 2, 18.0).astype(np.float32)
+    boxes = random_rois(rng, 40, 2, 18.0).astype(np.float32)
     cotangent = rng.standard_normal((len(boxes), 5, 4, 3)).astype(np.float32)
     statics = dict(output_size=(4, 3), spatial_scale=0.8)
     host = registry.implementation("roi_pool", "cpu", host=True)
