@@ -177,3 +177,15 @@ def test_a_sampling_ratio_past_a_c_int_is_refused_by_name(ratio):
     features, boxes = np.ones((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
     with pytest.raises(ValueError, match="sampling_ratio"):
         asickernels.roi_align(features, boxes, 2, sampling_ratio=ratio)
+
+
+@pytest.mark.parametrize("backend", ["reference", *backends_under_test("roi_pool")])
+@pytest.mark.parametrize(("dtype", "last_column"), [(np.float32, 28), (np.float64, 29)])
+def test_roi_pool_bins_end_where_the_compute_dtype_puts_them(backend, dtype, last_column):
+    """A RoI 29 pixels wide in 7 bins: the last bin ends at 7 * (29 / 7), which is 29 in
+    float32 and just past it in float64 (so it takes pixel 29 too), as in torchvision."""
+    require(backend)
+    features = np.arange(40, dtype=dtype).reshape(1, 1, 1, 40)
+    boxes = np.array([[0, 0, 0, 28, 0]], dtype)
+    got = asickernels.roi_pool(features, boxes, (1, 7), backend=backend)
+    assert np.asarray(got)[0, 0, 0, -1] == last_column
