@@ -24,7 +24,12 @@ import numpy.typing as npt
 from asickernels import reference
 from asickernels.kernels.declaration import static
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import RoiStatics, check_roi_statics, pooling_ops
+from asickernels.kernels.roi_align import (
+    RoiStatics,
+    check_roi_statics,
+    compute_dtype,
+    pooling_ops,
+)
 
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
 # bin's value is 0; a bin whose values are all below it or NaN keeps it, with no argmax.
@@ -68,8 +73,7 @@ def _pool(
     first in row-major order; NaN never wins) and its flat pixel index ``h * W + w``, -1 for
     none; the bins computed in the op's compute dtype (float64 if an input is, else
     float32)."""
-    wide = np.float64 in (np.asarray(input).dtype, np.asarray(rois).dtype)
-    dtype = np.float64 if wide else np.float32
+    dtype = compute_dtype(input, rois)
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     _, channels, height, width = features.shape

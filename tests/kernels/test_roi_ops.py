@@ -189,3 +189,18 @@ def test_roi_pool_bins_end_where_the_compute_dtype_puts_them(backend, dtype, las
     boxes = np.array([[0, 0, 0, 28, 0]], dtype)
     got = asickernels.roi_pool(features, boxes, (1, 7), backend=backend)
     assert np.asarray(got)[0, 0, 0, -1] == last_column
+
+
+@pytest.mark.parametrize("backend", ["reference", *backends_under_test("roi_align")])
+def test_roi_align_places_float32_samples_in_float32(backend):
+    """A sample exactly on the map's last row in float64 (y = 3 on a 3-row map) lies just
+    past it in float32 (3.0000002), where torchvision, computing in float32, gives 0."""
+    require(backend)
+    features = np.random.default_rng(0).standard_normal((2, 3, 3, 3)).astype(np.float32)
+    boxes = np.array([[1, 6, 6, 2, 1]], np.float32)
+    statics = dict(output_size=(3, 2), spatial_scale=1.0, sampling_ratio=1, aligned=True)
+    got = np.asarray(asickernels.roi_align(features, boxes, backend=backend, **statics))
+    assert np.all(got[0, :, 1, 1] == 0)
+    if "float64" in registry.support("roi_align", backend).dtypes:
+        wide = asickernels.roi_align(features.astype(np.float64), boxes, backend=backend, **statics)
+        assert np.all(np.asarray(wide)[0, :, 1, 1] != 0)
