@@ -1,6 +1,6 @@
 """Peers timed beside our backends: implementations that are not ours.
 
-* ``torchvision``: ``torchvision.ops.nms``, ``batched_nms`` and
+* ``torchvision``: ``torchvision.ops.nms``, ``batched_nms``, ``roi_align``, ``roi_pool`` and
   ``generalized_box_iou_loss`` (forward, and its backward through autograd), when
   torchvision imports (it is in the torch_xla environment, not in the main one).
 * ``numpy``: greedy NMS in numpy in the style of the NMS article's CPU baseline (sort once,
@@ -217,13 +217,28 @@ def _torchvision_pairwise(function_name: str) -> Callable[[Case], Prepared]:
     return prepare
 
 
+def _torchvision_pooling(function_name: str) -> Callable[[Case], Prepared]:
+    """``torchvision.ops.<function_name>`` (``roi_align`` or ``roi_pool``) on the case's
+    feature map and ``[K, 5]`` RoIs, with its statics."""
+
+    def prepare(case: Case) -> Prepared:
+        import torch
+        from torchvision import ops
+
+        function = functools.partial(getattr(ops, function_name), **case.static)
+        features, rois = (torch.from_numpy(np.ascontiguousarray(a)) for a in case.arrays)
+        return Prepared(lambda: function(features, rois), lambda out: out.numpy())
+
+    return prepare
+
+
 PEERS: dict[str, Peer] = {
     peer.name: peer
     for peer in (
         Peer(
             "torchvision",
-            "torchvision.ops (nms, batched_nms, box_iou, generalized_box_iou and the GIoU, DIoU "
-            "and CIoU losses)",
+            "torchvision.ops (nms, batched_nms, box_iou, generalized_box_iou, roi_align, "
+            "roi_pool and the GIoU, DIoU and CIoU losses)",
             _torchvision_probe,
             {
                 "giou": _torchvision_giou,
@@ -234,6 +249,8 @@ PEERS: dict[str, Peer] = {
                 "generalized_box_iou": _torchvision_pairwise("generalized_box_iou"),
                 "diou": _torchvision_metric("distance_box_iou_loss"),
                 "ciou": _torchvision_metric("complete_box_iou_loss"),
+                "roi_align": _torchvision_pooling("roi_align"),
+                "roi_pool": _torchvision_pooling("roi_pool"),
             },
         ),
         Peer(

@@ -14,6 +14,8 @@ running. Results are compared in a canonical numpy form:
   error = number of entries that differ (0 to pass).
 * ``int8_matmul``: ``[M, N]``; error = max absolute difference (exact int32 wanted),
   or max relative difference for dequantized (float) results.
+* ``roi_align``, ``roi_pool``: ``[K, C, PH, PW]``; the oracle's verdict (RoIPool: the number
+  of differing elements, 0 to pass).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeAlias, TypeVar
 
 import jax
@@ -122,9 +124,9 @@ class Op:
         raise NotImplementedError
 
     def expected(self, case: Case) -> Any:
-        """What :meth:`compare` checks a result against: by default the float64 reference
-        function of the op's name on the case's arrays."""
-        return getattr(reference, self.name)(*case.arrays)
+        """What :meth:`compare` checks a result against: by default the op's float64
+        reference (its declaration's) on the case's arrays and statics."""
+        return oracle.op_named(self.name).reference(*case.arrays, **case.static)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
         """By default the oracle's verdict (:func:`oracle_comparison`)."""
@@ -400,6 +402,68 @@ class Int8MatmulOp(Op):
         return Comparison(error, tolerance, error <= tolerance, checked)
 
 
+# -- RoI pooling ---------------------------------------------------------------------------
+
+# Detection's RoI heads (Faster/Mask R-CNN): a stride-16 map of an 800 x 1088 image.
+_ROI_MAP = (2, 256, 50, 68)
+_ROI_STRIDE = 16
+
+
+class RoiPoolingOp(Op):
+    """RoIAlign or RoIPool of ``K`` RoIs on a feature map ``[N, C, H, W]`` (by default
+    2x256x50x68, stride 16) into 7x7 bins, RoIAlign as detection runs it
+    (``sampling_ratio=2, aligned=True``); sizes ``K[:NxCxHxW]``. RoIs are proposals in
+    image coordinates (sides 16 to 512 pixels, clipped to the image), sorted by image as
+    torchvision's poolers pass them."""
+
+    size_syntax = "K[:NxCxHxW] RoIs on a feature map (default 2x256x50x68), 7x7 bins"
+    quick_cases = frozenset({"random_f32"})
+
+    def __init__(
+        self,
+        name: str,
+        statics_of: Callable[[shared_cases.RoiCase], Mapping[str, object]],
+        bench_statics: dict[str, Any],
+        default_sizes: tuple[str, ...],
+        quick_sizes: tuple[str, ...],
+        error_unit: str,
+    ) -> None:
+        self.name = self.registry_op = name
+        self.statics_of = statics_of  # a conformance case's statics for this op
+        self.bench_statics = bench_statics
+        self.default_sizes = default_sizes
+        self.quick_sizes = quick_sizes
+        self.error_unit = error_unit
+
+    def parse_size(self, text: str) -> Size:
+        match = re.fullmatch(r"(\d+)(?::(\d+)x(\d+)x(\d+)x(\d+))?", text)
+        shape = tuple(int(side) for side in match.groups()[1:]) if match and match[2] else _ROI_MAP
+        if not match or int(match[1]) < 1 or min(shape) < 1:
+            raise ValueError(f"expected K[:NxCxHxW] (e.g. 1000:2x256x50x68), got {text!r}")
+        k = int(match[1])
+        return Size(f"K={k} {'x'.join(map(str, shape))}", {"k": k, "input_shape": list(shape)})
+
+    def work(self, size: Size) -> float:
+        return float(size.params["k"] * size.params["input_shape"][1])
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        n, channels, height, width = size.params["input_shape"]
+        k = size.params["k"]
+        image = np.array([width, height], np.float64) * _ROI_STRIDE
+        corner = rng.uniform(0.0, image, (k, 2))
+        far = np.minimum(corner + rng.uniform(16.0, 512.0, (k, 2)), image - 1)
+        index = np.sort(rng.integers(0, n, (k, 1)), axis=0)
+        rois = np.concatenate([index, corner, far], axis=1).astype(np.float32)
+        features = rng.standard_normal((n, channels, height, width), np.float32)
+        return Case(size.label, (features, rois), dict(self.bench_statics))
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        return [
+            Case(c.name, (c.input, c.rois), dict(self.statics_of(c)))
+            for c in shared_cases.roi_cases()
+        ]
+
+
 OPS: dict[str, Op] = {
     op.name: op
     for op in (
@@ -410,6 +474,29 @@ OPS: dict[str, Op] = {
         PairwiseOp("generalized_box_iou"),
         BoxMetricOp("diou"),
         BoxMetricOp("ciou"),
+        # K=8: the size the simulators (nki, TPU interpret mode) are timed at; larger sizes
+        # are skipped for them by extrapolation.
+        RoiPoolingOp(
+            "roi_align",
+            shared_cases.RoiCase.align_statics,
+            {
+                "output_size": (7, 7),
+                "spatial_scale": 1 / _ROI_STRIDE,
+                "sampling_ratio": 2,
+                "aligned": True,
+            },
+            ("8", "100", "1000"),
+            ("8", "100"),
+            "x tol",
+        ),
+        RoiPoolingOp(
+            "roi_pool",
+            shared_cases.RoiCase.pool_statics,
+            {"output_size": (7, 7), "spatial_scale": 1 / _ROI_STRIDE},
+            ("100", "1000"),
+            ("100",),
+            "mismatches",
+        ),
     )
 }
 

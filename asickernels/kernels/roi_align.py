@@ -270,25 +270,29 @@ def _differentiable_in_input(
 Point = tuple[int, int, float, float]
 
 
-def _samples(roi: np.ndarray, statics: RoiAlignStatics) -> tuple[int, list[Point], int]:
+def _samples(
+    roi: np.ndarray, statics: RoiAlignStatics, dtype: type[np.floating]
+) -> tuple[int, list[Point], int]:
     """torchvision's sampling of one RoI: its image, its samples and their number per bin
-    (at least 1)."""
+    (at least 1). The sample positions are computed in ``dtype``, the compute dtype, as
+    torchvision computes them in the input's (at image coordinates near 1000, float32
+    positions move a sample by about 1e-5 pixel)."""
     height, width = statics["output_size"]
-    scale, ratio = statics["spatial_scale"], statics["sampling_ratio"]
-    offset = 0.5 if statics["aligned"] else 0.0
-    x1, y1, x2, y2 = (float(v) * scale - offset for v in roi[1:])
+    scale, ratio = dtype(statics["spatial_scale"]), statics["sampling_ratio"]
+    offset = dtype(0.5 if statics["aligned"] else 0.0)
+    x1, y1, x2, y2 = (dtype(v) * scale - offset for v in roi[1:])
     roi_w, roi_h = x2 - x1, y2 - y1
     if not statics["aligned"]:
-        roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
-    bin_h, bin_w = roi_h / height, roi_w / width
-    grid_h = ratio if ratio > 0 else math.ceil(roi_h / height)
-    grid_w = ratio if ratio > 0 else math.ceil(roi_w / width)
+        roi_w, roi_h = max(roi_w, dtype(1.0)), max(roi_h, dtype(1.0))
+    bin_h, bin_w = roi_h / dtype(height), roi_w / dtype(width)
+    grid_h = ratio if ratio > 0 else math.ceil(roi_h / dtype(height))
+    grid_w = ratio if ratio > 0 else math.ceil(roi_w / dtype(width))
     points = [
         (
             ph,
             pw,
-            y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h,
-            x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w,
+            float(y1 + dtype(ph) * bin_h + dtype(iy + 0.5) * bin_h / dtype(grid_h)),
+            float(x1 + dtype(pw) * bin_w + dtype(ix + 0.5) * bin_w / dtype(grid_w)),
         )
         for ph in range(height)
         for pw in range(width)
@@ -325,15 +329,27 @@ def _corners(y: float, x: float, height: int, width: int) -> list[tuple[int, int
 
 
 def _taps(
-    boxes: np.ndarray, statics: RoiAlignStatics, height: int, width: int
+    boxes: np.ndarray,
+    statics: RoiAlignStatics,
+    height: int,
+    width: int,
+    dtype: type[np.floating],
 ) -> Iterator[tuple[int, int, int, int, int, int, float]]:
     """Every pixel every RoI's bins take: ``(k, image, bin row, bin column, row, column,
-    weight)``, the weight divided by the bin's number of samples (a bin is their mean)."""
+    weight)``, the weight divided by the bin's number of samples (a bin is their mean);
+    the samples placed in ``dtype``."""
     for k, roi in enumerate(boxes):
-        image, points, count = _samples(roi, statics)
+        image, points, count = _samples(roi, statics, dtype)
         for ph, pw, y, x in points:
             for row, column, weight in _corners(y, x, height, width):
                 yield k, image, ph, pw, row, column, weight / count
+
+
+def compute_dtype(input: npt.ArrayLike, rois: npt.ArrayLike) -> type[np.floating]:
+    """The dtype a RoI pooling op computes in (its references place samples and bins in
+    it, as torchvision does): float64 if an input is, else float32."""
+    wide = np.float64 in (np.asarray(input).dtype, np.asarray(rois).dtype)
+    return np.float64 if wide else np.float32
 
 
 def _statics_of(
@@ -360,11 +376,13 @@ def reference_roi_align(
 ) -> np.ndarray:
     """The float64 :func:`roi_align` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
     ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
+    dtype = compute_dtype(input, rois)
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
     out = np.zeros((boxes.shape[0], features.shape[1], *statics["output_size"]))
-    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, *features.shape[2:]):
+    height, width = features.shape[2:]
+    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, height, width, dtype):
         out[k, :, ph, pw] += weight * features[image, :, row, column]
     return out
 
@@ -380,13 +398,15 @@ def reference_roi_align_vjp(
     aligned: bool = False,
 ) -> np.ndarray:
     """The float64 gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in
-    ``input``: ``[N, C, H, W]`` (only ``input``'s shape is read)."""
+    ``input``: ``[N, C, H, W]`` (only ``input``'s shape and dtype are read)."""
     shape = np.shape(input)
+    dtype = compute_dtype(input, rois)
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
     statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
     grad = np.zeros(shape)
-    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, *shape[2:]):
+    height, width = shape[2:]
+    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, height, width, dtype):
         grad[image, :, row, column] += weight * grad_out[k, :, ph, pw]
     return grad
 
@@ -402,7 +422,7 @@ def _reference_vjp_kernel(
     input_shape: tuple[int, ...],
     **statics: Unpack[RoiAlignStatics],
 ) -> np.ndarray:
-    return reference_roi_align_vjp(np.zeros(input_shape), rois, cotangent, **statics)
+    return reference_roi_align_vjp(np.zeros(input_shape, rois.dtype), rois, cotangent, **statics)
 
 
 roi_align, roi_align_vjp = pooling_ops(

@@ -24,7 +24,12 @@ import numpy.typing as npt
 from asickernels import reference
 from asickernels.kernels.declaration import static
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import RoiStatics, check_roi_statics, pooling_ops
+from asickernels.kernels.roi_align import (
+    RoiStatics,
+    check_roi_statics,
+    compute_dtype,
+    pooling_ops,
+)
 
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
 # bin's value is 0; a bin whose values are all below it or NaN keeps it, with no argmax.
@@ -41,35 +46,42 @@ def _round(value: float) -> int:
 
 
 def _bins(
-    roi: np.ndarray, statics: RoiStatics, height: int, width: int
+    roi: np.ndarray, statics: RoiStatics, height: int, width: int, dtype: type[np.floating]
 ) -> Iterator[tuple[int, int, range, range]]:
     """torchvision's bins of one RoI: ``(ph, pw, rows, columns)`` with ``rows`` and
-    ``columns`` the clipped pixel ranges (possibly empty)."""
+    ``columns`` the clipped pixel ranges (possibly empty). The corners and bin edges are
+    computed in ``dtype``, the compute dtype, as torchvision computes them in the input's:
+    a float32 bin of 29/7 pixels ends at 29, a float64 one just past it (at 30)."""
     pooled_height, pooled_width = statics["output_size"]
-    scale = statics["spatial_scale"]
-    start_w, start_h, end_w, end_h = (_round(float(v) * scale) for v in roi[1:])
-    bin_h = max(end_h - start_h + 1, 1) / pooled_height  # malformed RoIs are forced to 1x1
-    bin_w = max(end_w - start_w + 1, 1) / pooled_width
+    scale = dtype(statics["spatial_scale"])
+    start_w, start_h, end_w, end_h = (_round(float(dtype(v) * scale)) for v in roi[1:])
+    bin_h = dtype(max(end_h - start_h + 1, 1)) / dtype(pooled_height)  # malformed: 1x1
+    bin_w = dtype(max(end_w - start_w + 1, 1)) / dtype(pooled_width)
     for ph in range(pooled_height):
-        h0 = min(max(math.floor(ph * bin_h) + start_h, 0), height)
-        h1 = min(max(math.ceil((ph + 1) * bin_h) + start_h, 0), height)
+        h0 = min(max(math.floor(dtype(ph) * bin_h) + start_h, 0), height)
+        h1 = min(max(math.ceil(dtype(ph + 1) * bin_h) + start_h, 0), height)
         for pw in range(pooled_width):
-            w0 = min(max(math.floor(pw * bin_w) + start_w, 0), width)
-            w1 = min(max(math.ceil((pw + 1) * bin_w) + start_w, 0), width)
+            w0 = min(max(math.floor(dtype(pw) * bin_w) + start_w, 0), width)
+            w1 = min(max(math.ceil(dtype(pw + 1) * bin_w) + start_w, 0), width)
             yield ph, pw, range(h0, h1), range(w0, w1)
 
 
 def _pool(
-    features: np.ndarray, boxes: np.ndarray, statics: RoiStatics
+    input: npt.ArrayLike, rois: npt.ArrayLike, statics: RoiStatics
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(out [K, C, PH, PW], argmax [K, C, PH, PW])``: each bin's maximum (the first in
-    row-major order; NaN never wins) and its flat pixel index ``h * W + w``, -1 for none."""
+    """``(out [K, C, PH, PW], argmax [K, C, PH, PW])`` in float64: each bin's maximum (the
+    first in row-major order; NaN never wins) and its flat pixel index ``h * W + w``, -1 for
+    none; the bins computed in the op's compute dtype (float64 if an input is, else
+    float32)."""
+    dtype = compute_dtype(input, rois)
+    features = np.asarray(input, np.float64)
+    boxes = np.asarray(rois, np.float64)
     _, channels, height, width = features.shape
     out = np.zeros((boxes.shape[0], channels, *statics["output_size"]))
     argmax = np.full(out.shape, -1, np.int64)
     for k, roi in enumerate(boxes):
         plane = features[int(roi[0])].reshape(channels, height * width)
-        for ph, pw, rows, columns in _bins(roi, statics, height, width):
+        for ph, pw, rows, columns in _bins(roi, statics, height, width, dtype):
             pixels = np.array([h * width + w for h in rows for w in columns], np.int64)
             if pixels.size == 0:
                 continue  # an empty bin is 0, with no argmax
@@ -96,9 +108,7 @@ def reference_roi_pool(
 ) -> np.ndarray:
     """The float64 :func:`roi_pool` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
     ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
-    features = np.asarray(input, np.float64)
-    boxes = np.asarray(rois, np.float64)
-    out, _ = _pool(features, boxes, _statics_of(output_size, spatial_scale))
+    out, _ = _pool(input, rois, _statics_of(output_size, spatial_scale))
     return out
 
 
@@ -113,18 +123,17 @@ def reference_roi_pool_vjp(
 ) -> np.ndarray:
     """The float64 gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in
     ``input``: ``[N, C, H, W]``, each bin's cotangent added at its maximum's pixel."""
-    features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
-    _, argmax = _pool(features, boxes, _statics_of(output_size, spatial_scale))
-    n, channels, height, width = features.shape
+    _, argmax = _pool(input, rois, _statics_of(output_size, spatial_scale))
+    n, channels, height, width = np.shape(input)
     grad = np.zeros((n, channels, height * width))
     for k, roi in enumerate(boxes):
         for c in range(channels):
             for index, value in zip(argmax[k, c].ravel(), grad_out[k, c].ravel(), strict=True):
                 if index >= 0:
                     grad[int(roi[0]), c, index] += value
-    return grad.reshape(features.shape)
+    return grad.reshape(np.shape(input))
 
 
 roi_pool, roi_pool_vjp = pooling_ops(

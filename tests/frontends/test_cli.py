@@ -587,3 +587,79 @@ def test_the_nki_backend_times_every_kernel_its_op_launches(monkeypatch, op_name
     assert launched and all(name.endswith("_kernel") for name in launched)
     assert timing.median_s == pytest.approx(1e-6 * len(launched)) and timing.repeats == 5
     assert f"{len(launched)} kernel launch" in timing.method
+
+
+# -- every op has a workload ---------------------------------------------------------------
+
+# Declared ops that `check` and `bench` do not run, and why: pytest's conformance suite
+# checks them on every backend.
+NOT_WORKLOADS = {
+    # gradients and losses of ops that are workloads (giou_vjp is one: the detection loss)
+    "giou_loss": "GIOU's loss, 1 - giou",
+    "diou_vjp": "DIoU's gradient",
+    "diou_loss": "DIoU's loss",
+    "ciou_vjp": "CIoU's gradient",
+    "ciou_loss": "CIoU's loss",
+    "roi_align_vjp": "RoIAlign's gradient",
+    "roi_pool_vjp": "RoIPool's gradient",
+    "quantize_int8": "int8_matmul's input preparation",
+}
+
+
+def test_every_declared_op_has_a_check_and_bench_workload():
+    import asickernels
+
+    declared = {op.name for op in asickernels.OPS}
+    assert set(NOT_WORKLOADS) <= declared
+    assert declared - set(NOT_WORKLOADS) == set(workloads.OPS)
+    for name, op in workloads.OPS.items():
+        assert op.quick_cases <= {c.name for c in op.check_cases(np.random.default_rng(0))}, name
+        assert set(op.quick_sizes) <= set(op.default_sizes), name
+
+
+def test_check_runs_the_roi_ops_on_their_conformance_cases(capsys, tmp_path):
+    path = tmp_path / "check.json"
+    code, out, _ = run(
+        capsys, "check", "--ops", "roi_align,roi_pool", "--backends", "xla,cpu", "--quick",
+        "--quiet", "--json", str(path),
+    )  # fmt: skip
+    assert code == 0, out
+    rows = json.loads(path.read_text())["checks"]
+    assert {(r["op"], r["implementation"], r["case"]) for r in rows} == {
+        (op, backend, "random_f32")
+        for op in ("roi_align", "roi_pool")
+        for backend in ("xla", "cpu")
+    }
+    assert all(r["status"] == "ok" for r in rows)
+    pool = workloads.OPS["roi_pool"]
+    statics = {c.name: c.static for c in pool.check_cases(np.random.default_rng(0))}
+    assert statics["aligned_ratio_2"] == {"output_size": (2, 2), "spatial_scale": 1.0}
+
+
+def test_roi_bench_sizes_are_detection_shaped(capsys, tmp_path):
+    op = workloads.OPS["roi_align"]
+    size = op.parse_size("1000")
+    assert size.params == {"k": 1000, "input_shape": [2, 256, 50, 68]}
+    case = op.bench_case(op.parse_size("50:1x8x20x30"), np.random.default_rng(0))
+    features, rois = case.arrays
+    assert features.shape == (1, 8, 20, 30) and rois.shape == (50, 5)
+    assert features.dtype == rois.dtype == np.float32
+    assert case.static == {
+        "output_size": (7, 7), "spatial_scale": 1 / 16, "sampling_ratio": 2, "aligned": True,
+    }  # fmt: skip
+    image = np.array([30, 20]) * 16
+    assert np.all(rois[:, 1:3] >= 0) and np.all(rois[:, 3:] <= image - 1)
+    assert np.all(rois[:, 3:] > rois[:, 1:3]) and np.all(np.diff(rois[:, 0]) >= 0)
+    for text in ("0", "5:1x8x20", "5:0x8x20x30", "x"):
+        with pytest.raises(ValueError, match="K\\[:NxCxHxW\\]"):
+            op.parse_size(text)
+    path = tmp_path / "bench.json"
+    code, out, _ = run(
+        capsys, "bench", "--ops", "roi_align,roi_pool", "--backends", "xla,cpu",
+        "--size", "roi_align=6:2x8x20x30", "--size", "roi_pool=6:2x8x20x30",
+        "--repeats", "2", "--budget", "0.01", "--quiet", "--json", str(path),
+    )  # fmt: skip
+    assert code == 0, out
+    rows = json.loads(path.read_text())["results"]
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    assert {r["size"] for r in rows} == {"K=6 2x8x20x30"}

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from roi_cases import rois
 
 import asickernels
 from asickernels.kernels import registry
 from asickernels.kernels.roi_align import reference_roi_align, reference_roi_align_vjp
+from asickernels.testing.cases import random_rois
 
 # The backends that compute in float64 too; float32-only ones (pallas_tpu, nki) run
 # RoiAlignConformance in tests/kernels/test_conformance.py.
@@ -34,7 +34,7 @@ MODES = [(False, -1, 1.0), (False, 0, 0.5), (False, 2, 0.25), (True, -1, 0.5), (
 def data():
     rng = np.random.default_rng(0)
     features = rng.standard_normal((2, 3, 7, 9))
-    return features, rois(rng, 10, 2, 8.0), rng
+    return features, random_rois(rng, 10, 2, 8.0), rng
 
 
 def _statics(aligned, ratio, scale):
@@ -98,7 +98,7 @@ def test_jit_equals_eager_and_half_precision_keeps_its_dtype(data, backend):
 def test_random_maps_match_the_reference(seed, height, width, aligned, ratio):
     rng = np.random.default_rng(seed)
     features = rng.standard_normal((1, 2, height, width))
-    boxes = rois(rng, 4, 1, float(max(height, width)))
+    boxes = random_rois(rng, 4, 1, float(max(height, width)))
     statics = _statics(aligned, ratio, 0.75)
     want = reference_roi_align(features, boxes, (3, 2), **statics)
     got = asickernels.roi_align(features, boxes, (3, 2), backend="xla", **statics)

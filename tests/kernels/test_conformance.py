@@ -14,14 +14,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import backends_under_test, require
-from roi_cases import RoiCase, roi_cases
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
 from asickernels.kernels import registry
 from asickernels.kernels.nms_cases import nms_cases
 from asickernels.testing import oracle
-from asickernels.testing.cases import giou_cases, matmul_cases
+from asickernels.testing.cases import RoiCase, giou_cases, matmul_cases, roi_cases
 
 
 def require_traceable(backend):

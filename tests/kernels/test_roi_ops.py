@@ -10,17 +10,17 @@ import pytest
 from conftest import backends_under_test, require
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from roi_cases import rois
 
 import asickernels
 from asickernels.kernels import registry
 from asickernels.testing import oracle
+from asickernels.testing.cases import random_rois
 
 
 def _map_and_rois(seed, height, width, dtype):
     rng = np.random.default_rng(seed)
     features = rng.standard_normal((2, 3, height, width)).astype(dtype)
-    return features, rois(rng, 5, 2, float(max(height, width))).astype(dtype)
+    return features, random_rois(rng, 5, 2, float(max(height, width))).astype(dtype)
 
 
 @pytest.mark.parametrize("backend", backends_under_test("roi_align"))
@@ -104,7 +104,7 @@ def test_cpu_roi_align_host_and_ffi_entries_and_thread_counts_give_the_same_bits
 
     rng = np.random.default_rng(5)
     features = rng.standard_normal((2, 7, 19, 23)).astype(np.float32)
-    boxes = rois(rng, 40, 2, 22.0).astype(np.float32)
+    boxes = random_rois(rng, 40, 2, 22.0).astype(np.float32)
     cotangent = rng.standard_normal((len(boxes), 7, 3, 3)).astype(np.float32)
     statics = dict(output_size=(3, 3), spatial_scale=0.7, sampling_ratio=-1, aligned=True)
     host = registry.implementation("roi_align", "cpu", host=True)
@@ -146,7 +146,7 @@ def test_cpu_roi_pool_host_and_ffi_entries_and_thread_counts_give_the_same_bits(
 
     rng = np.random.default_rng(6)
     features = np.round(rng.standard_normal((2, 5, 17, 19)), 1).astype(np.float32)  # ties
-    boxes = rois(rng, 40, 2, 18.0).astype(np.float32)
+    boxes = random_rois(rng, 40, 2, 18.0).astype(np.float32)
     cotangent = rng.standard_normal((len(boxes), 5, 4, 3)).astype(np.float32)
     statics = dict(output_size=(4, 3), spatial_scale=0.8)
     host = registry.implementation("roi_pool", "cpu", host=True)
@@ -177,3 +177,30 @@ def test_a_sampling_ratio_past_a_c_int_is_refused_by_name(ratio):
     features, boxes = np.ones((1, 1, 4, 4), np.float32), np.zeros((1, 5), np.float32)
     with pytest.raises(ValueError, match="sampling_ratio"):
         asickernels.roi_align(features, boxes, 2, sampling_ratio=ratio)
+
+
+@pytest.mark.parametrize("backend", ["reference", *backends_under_test("roi_pool")])
+@pytest.mark.parametrize(("dtype", "last_column"), [(np.float32, 28), (np.float64, 29)])
+def test_roi_pool_bins_end_where_the_compute_dtype_puts_them(backend, dtype, last_column):
+    """A RoI 29 pixels wide in 7 bins: the last bin ends at 7 * (29 / 7), which is 29 in
+    float32 and just past it in float64 (so it takes pixel 29 too), as in torchvision."""
+    require(backend)
+    features = np.arange(40, dtype=dtype).reshape(1, 1, 1, 40)
+    boxes = np.array([[0, 0, 0, 28, 0]], dtype)
+    got = asickernels.roi_pool(features, boxes, (1, 7), backend=backend)
+    assert np.asarray(got)[0, 0, 0, -1] == last_column
+
+
+@pytest.mark.parametrize("backend", ["reference", *backends_under_test("roi_align")])
+def test_roi_align_places_float32_samples_in_float32(backend):
+    """A sample exactly on the map's last row in float64 (y = 3 on a 3-row map) lies just
+    past it in float32 (3.0000002), where torchvision, computing in float32, gives 0."""
+    require(backend)
+    features = np.random.default_rng(0).standard_normal((2, 3, 3, 3)).astype(np.float32)
+    boxes = np.array([[1, 6, 6, 2, 1]], np.float32)
+    statics = dict(output_size=(3, 2), spatial_scale=1.0, sampling_ratio=1, aligned=True)
+    got = np.asarray(asickernels.roi_align(features, boxes, backend=backend, **statics))
+    assert np.all(got[0, :, 1, 1] == 0)
+    if "float64" in registry.support("roi_align", backend).dtypes:
+        wide = asickernels.roi_align(features.astype(np.float64), boxes, backend=backend, **statics)
+        assert np.all(np.asarray(wide)[0, :, 1, 1] != 0)
