@@ -204,3 +204,23 @@ def test_roi_align_places_float32_samples_in_float32(backend):
     if "float64" in registry.support("roi_align", backend).dtypes:
         wide = asickernels.roi_align(features.astype(np.float64), boxes, backend=backend, **statics)
         assert np.all(np.asarray(wide)[0, :, 1, 1] != 0)
+
+
+@pytest.mark.parametrize("backend", backends_under_test("roi_align"))
+def test_roi_align_rounds_float32_sample_positions_as_torchvision(backend):
+    """Samples near x = 900 (an ulp is 6e-5 pixel) across columns of alternating sign: a
+    sample position rounded once (a fused multiply-add of ``bin * bin_size + start``, as XLA
+    on CPU emits) instead of twice moves the bin by about 5x the float32 tolerance."""
+    require(backend)
+    rng = np.random.default_rng(1)
+    columns = np.where(np.arange(1024) % 2 == 0, 1.0, -1.0)
+    features = np.broadcast_to(columns, (1, 8, 4, 1024)).astype(np.float32)
+    x1 = rng.uniform(800.0, 900.0, 32)
+    y1 = rng.uniform(0.0, 2.0, 32)
+    sizes = rng.uniform(3.0, 60.0, (2, 32))
+    boxes = np.stack([np.zeros(32), x1, y1, x1 + sizes[0], y1 + sizes[1] / 30], axis=1)
+    boxes = boxes.astype(np.float32)
+    statics = dict(output_size=(2, 7), spatial_scale=1.0, sampling_ratio=2, aligned=True)
+    got = asickernels.roi_align(features, boxes, backend=backend, **statics)
+    arrays = {"input": features, "rois": boxes}
+    oracle.assert_agrees("roi_align", got, oracle.expected("roi_align", arrays, statics))

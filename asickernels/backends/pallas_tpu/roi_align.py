@@ -55,7 +55,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
-from asickernels.backends.xla.roi_align import sampling_grid
+from asickernels.backends.xla.roi_align import rounded_product, sampling_grid
 from asickernels.kernels.roi_align import RoiAlignStatics
 
 LANES, SUBLANES = 128, 8
@@ -160,13 +160,14 @@ def _over_samples(
     bin_index = lax.broadcasted_iota(jnp.int32, shape, bin_axis).astype(jnp.float32)
     pixel = (lax.broadcasted_iota(jnp.int32, shape, 1 - bin_axis) + first_pixel).astype(jnp.float32)
     grid_v = jnp.full(shape, grid, jnp.float32)
-    first = start + bin_index * bin_size
+    first = start + rounded_product(bin_index, jnp.full(shape, bin_size))
     size = where.size
     last = float(size - 1)
 
     def add_sample(step: jax.Array, total: Total) -> Total:
         step_v = jnp.full(shape, step, jnp.int32).astype(jnp.float32)
-        position = first + (step_v + 0.5) * bin_size / grid_v
+        # torchvision's order: start + bin * bin_size + (step + 0.5) * bin_size / grid.
+        position = first + rounded_product(step_v + 0.5, jnp.full(shape, bin_size)) / grid_v
         inside = (position >= -1.0) & (position <= float(size))
         position = jnp.maximum(position, 0.0)
         low = jnp.floor(position)

@@ -39,12 +39,27 @@ class SamplingGrid(NamedTuple):
     samples: jax.Array
 
 
-def exact_quotient(numerator: jax.Array, divisor: int) -> jax.Array:
+def exact_quotient(numerator: jax.Array, divisor: int | jax.Array) -> jax.Array:
     """``numerator / divisor``, correctly rounded: XLA's simplifier turns a division by a
     constant or a broadcast scalar into a multiplication by its reciprocal, which rounds
     differently (21 / 7 gives 3.0000002 in float32), and torchvision's bins are decided by
     correctly rounded quotients. A full-shape divisor behind a barrier is divided by."""
-    return numerator / lax.optimization_barrier(jnp.full(numerator.shape, divisor, numerator.dtype))
+    divisor = jnp.broadcast_to(jnp.asarray(divisor, numerator.dtype), numerator.shape)
+    return numerator / lax.optimization_barrier(divisor)
+
+
+def rounded_product(multiplier: jax.Array, value: jax.Array) -> jax.Array:
+    """``multiplier * value`` rounded once, as torchvision rounds it before adding it, for a
+    whole or half ``multiplier`` (a bin or sample index) with at most 12 significant bits
+    (float64: 26). XLA on CPU fuses a product and the sum it feeds into one fused
+    multiply-add, rounded once (a sample moves by an ulp, up to 1.6x roi_align's float32
+    tolerance on a 68-pixel map), so the product is the sum of two exact ones (``value``
+    split into its high and low halves of the significand): fused or not, it rounds once."""
+    wide = value.dtype == jnp.float64
+    bits = lax.bitcast_convert_type(value, jnp.int64 if wide else jnp.int32)
+    low_bits = (1 << 26) - 1 if wide else (1 << 12) - 1
+    high = lax.bitcast_convert_type(bits & ~jnp.asarray(low_bits, bits.dtype), value.dtype)
+    return multiplier * high + multiplier * (value - high)
 
 
 def sampling_grid(
@@ -76,11 +91,12 @@ def _axis_weights(
     """Along one axis, the sample ``step`` of each of ``bins`` bins of each RoI (``[K, bins]``):
     low and high pixel indices and their weights (0 outside the map or past the RoI's grid),
     as torchvision's ``bilinear_interpolate``."""
-    position = (
-        start[:, None]
-        + jnp.arange(bins, dtype=start.dtype) * bin_size[:, None]
-        + (step.astype(start.dtype) + 0.5) * bin_size[:, None] / grid[:, None].astype(start.dtype)
+    # torchvision's order: start + bin * bin_size + (step + 0.5) * bin_size / grid.
+    bin_start = start[:, None] + rounded_product(
+        jnp.arange(bins, dtype=start.dtype), bin_size[:, None]
     )
+    within = rounded_product(step.astype(start.dtype) + 0.5, bin_size[:, None])
+    position = bin_start + exact_quotient(within, grid[:, None].astype(start.dtype))
     inside = (position >= -1.0) & (position <= size) & (step < grid)[:, None]
     position = jnp.maximum(position, 0.0)
     low = jnp.floor(position).astype(jnp.int32)
