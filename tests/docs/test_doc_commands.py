@@ -17,6 +17,7 @@ import tomllib
 import pytest
 from conftest import REPO as ROOT
 
+import asickernels
 from asickernels import cli
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -137,11 +138,15 @@ ABSENT_BY_DESIGN = ("neuron-customops/", "tests/data/vendor/")
 
 
 def _repository_files() -> list[str]:
+    """The checkout's files and folders, relative to it; the package's from where it is
+    imported, so that the tests also run beside an installed wheel (the sdist's layout)."""
+    package = pathlib.Path(asickernels.__file__).resolve().parent
     files = []
-    for folder, subfolders, names in os.walk(ROOT):
-        subfolders[:] = [name for name in subfolders if not name.startswith((".", "__"))]
-        relative = pathlib.Path(folder).relative_to(ROOT)
-        files += [(relative / name).as_posix() for name in [*subfolders, *names]]
+    for root, top in ((ROOT, ROOT), (package.parent, package)):
+        for folder, subfolders, names in os.walk(top):
+            subfolders[:] = [name for name in subfolders if not name.startswith((".", "__"))]
+            relative = pathlib.Path(folder).relative_to(root)
+            files += [(relative / name).as_posix() for name in [*subfolders, *names]]
     return files
 
 
