@@ -348,7 +348,7 @@ def _taps(
 def compute_dtype(input: npt.ArrayLike, rois: npt.ArrayLike) -> type[np.floating]:
     """The dtype a RoI pooling op computes in (its references place samples and bins in
     it, as torchvision does): float64 if an input is, else float32."""
-    wide = np.float64 in (np.asarray(input).dtype, np.asarray(rois).dtype)
+    wide = _checks.float_compute_dtype(np.asarray(input), np.asarray(rois)) == "float64"
     return np.float64 if wide else np.float32
 
 
