@@ -135,13 +135,13 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
     """``torchvision.ops.batched_nms``: NMS within each category ``idxs [N]`` (boxes of
     different categories never suppress each other) -> int64 kept indices in decreasing
-    order of score. Empty ``boxes`` give an empty result whatever the shapes of the others
-    (as torchvision); a non-tensor argument raises a TypeError naming it."""
-    for value, name in ((boxes, "boxes"), (scores, "scores"), (idxs, "idxs")):
-        _tensor(value, name)
-    threshold = _number(iou_threshold, "iou_threshold")
-    if boxes.numel() == 0:
+    order of score. Empty ``boxes`` give an empty result whatever the other arguments are
+    (as torchvision: its own test calls ``batched_nms(empty, None, None, None)``); otherwise
+    a non-tensor argument raises a TypeError naming it."""
+    if _tensor(boxes, "boxes").numel() == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    _tensor(idxs, "idxs")
+    threshold = _number(iou_threshold, "iou_threshold")
     _check_nms_inputs(boxes, scores)
     if idxs.dim() != 1 or idxs.size(0) != boxes.size(0):
         raise RuntimeError(

@@ -359,6 +359,9 @@ def test_batched_nms_of_no_boxes_is_empty_whatever_the_other_shapes_as_torchvisi
     ):
         want = tvo.batched_nms(boxes, scores, idxs, 0.5)
         assert torch.equal(vision.batched_nms(boxes, scores, idxs, 0.5), want)
+    # torchvision's own test: the other arguments are not read at all.
+    empty = torch.empty((0,), dtype=torch.int64)
+    assert torch.equal(vision.batched_nms(empty, None, None, None), empty)
 
 
 def test_bad_inputs_raise_runtime_error_as_torchvision():
