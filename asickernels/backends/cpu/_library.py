@@ -15,7 +15,7 @@ import ctypes
 import functools
 import importlib.machinery
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,55 +202,17 @@ def float_kernel_dtype(*dtypes: np.dtype) -> np.dtype:
     return _FLOAT64 if any(d == _FLOAT64 for d in dtypes) else _FLOAT32
 
 
-Bound = Callable[..., Any]
-
-
-class HostTwin:
-    """A host entry point (numpy in, numpy out).
-
-    ``prepare(*args)`` converts the arguments to C-contiguous arrays of the kernel's dtypes;
-    ``bind(*arrays, **kwargs)`` (those arrays) fixes the entry point's scalars and outputs
-    and returns a function of the arrays that were not None. A call prepares, binds and
-    runs."""
-
-    def __init__(
-        self,
-        prepare: Callable[..., Sequence[np.ndarray | None]],
-        bind: Callable[..., Bound],
-        doc: str,
-    ) -> None:
-        self.prepare = prepare
-        self.bind = bind
-        self.__doc__ = doc
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inputs = self.prepare(*args)
-        return self.bind(*inputs, **kwargs)(*[a for a in inputs if a is not None])
-
-
-def bound_entry(
+def run_entry(
     entry: Any,
     leading: tuple[Any, ...],
-    trailing: tuple[Any, ...],
     inputs: Sequence[np.ndarray | None],
+    trailing: tuple[Any, ...],
     outputs: Sequence[tuple[tuple[int, ...], np.dtype]],
-) -> Bound:
-    """Host entry point ``entry(*leading, *input pointers, *trailing, *output pointers)``
-    (a :func:`host_entry`) bound to ``inputs`` (None ones become null pointers): the returned
-    function takes the arrays that were not None, C-contiguous and of the same dtypes and
-    sizes (what :class:`HostTwin`'s ``prepare`` gives), and returns new output arrays of
-    ``outputs`` (shape, dtype) pairs, a tuple when there are several."""
-    nulls = [i for i, a in enumerate(inputs) if a is None]
-    allocations = [functools.partial(host_empty, shape, dtype) for shape, dtype in outputs]
-
-    def call(*arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
-        outs = tuple(allocate() for allocate in allocations)
-        pointers = [*map(address, arrays)]
-        for i in nulls:
-            pointers.insert(i, None)
-        status = entry(*leading, *pointers, *trailing, *map(address, outs))
-        if status:
-            check(status)
-        return outs[0] if len(outs) == 1 else outs
-
-    return call
+) -> Any:
+    """Runs host entry point ``entry(*leading, *input pointers, *trailing, *output pointers)``
+    (a :func:`host_entry`) on ``inputs`` (C-contiguous arrays of the kernel's dtypes; None
+    passes a null pointer) and returns new output arrays of ``outputs`` (shape, dtype) pairs,
+    a tuple when there are several. A failure status raises (see :func:`check`)."""
+    outs = tuple(host_empty(shape, dtype) for shape, dtype in outputs)
+    check(entry(*leading, *map(address, inputs), *trailing, *map(address, outs)))
+    return outs[0] if len(outs) == 1 else outs

@@ -211,20 +211,21 @@ Shapes = tuple[tuple[int, ...], ...]
 Layout = Callable[..., tuple[tuple[int, ...], Shapes]]
 
 
-def _metric_twin(entry: str, metric: str, layout: Layout, doc: str) -> _library.HostTwin:
+def _metric_host(entry: str, metric: str, layout: Layout, doc: str) -> Callable[..., Any]:
     """The host twin of ``asickernels_cpu_<entry>`` for ``metric``: float inputs of one
     kernel dtype (:func:`_host_inputs`), sizes and outputs of that dtype as ``layout``
     says."""
 
-    def bind(*arrays: np.ndarray) -> _library.Bound:
+    def host(*arrays: np.ndarray) -> Any:
+        arrays = tuple(_host_inputs(*arrays))
         dtype = arrays[0].dtype
         sizes, shapes = layout(*arrays)
         codes = (METRIC_CODES[metric], _library.FLOAT_CODES[dtype])
-        outputs = [(shape, dtype) for shape in shapes]
         function = _library.host_entry(entry, *_HOST_ARGTYPES[entry])
-        return _library.bound_entry(function, codes, sizes, arrays, outputs)
+        return _library.run_entry(function, codes, arrays, sizes, [(s, dtype) for s in shapes])
 
-    return _library.HostTwin(_host_inputs, bind, doc)
+    host.__doc__ = doc
+    return host
 
 
 def _paired_layout(boxes1: np.ndarray, boxes2: np.ndarray) -> tuple[tuple[int, ...], Shapes]:
@@ -244,21 +245,21 @@ def _pairwise_layout(boxes1: np.ndarray, boxes2: np.ndarray) -> tuple[tuple[int,
     return (math.prod(batch), n, m), ((*batch, n, m),)
 
 
-def paired_metric_host(metric: str) -> _library.HostTwin:
+def paired_metric_host(metric: str) -> Callable[..., Any]:
     """Host twin of :func:`paired_metric`: numpy ``[P, 4]`` x2 -> numpy ``[P]``."""
     doc = f"numpy ``[P, 4]`` x2 -> ``[P]`` {metric}."
-    return _metric_twin("paired_box_metric", metric, _paired_layout, doc)
+    return _metric_host("paired_box_metric", metric, _paired_layout, doc)
 
 
-def paired_metric_vjp_host(metric: str) -> _library.HostTwin:
+def paired_metric_vjp_host(metric: str) -> Callable[..., Any]:
     """Host twin of :func:`paired_metric_vjp`."""
     doc = f"numpy ``[P, 4]``, ``[P, 4]``, ``[P]`` -> gradients ``[P, 4]`` x2 of {metric}."
-    return _metric_twin("paired_box_metric_vjp", metric, _paired_vjp_layout, doc)
+    return _metric_host("paired_box_metric_vjp", metric, _paired_vjp_layout, doc)
 
 
-def _pairwise_metric_host(metric: str) -> _library.HostTwin:
+def _pairwise_metric_host(metric: str) -> Callable[..., Any]:
     doc = f"numpy ``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N, M]`` {metric}."
-    return _metric_twin("pairwise_box_metric", metric, _pairwise_layout, doc)
+    return _metric_host("pairwise_box_metric", metric, _pairwise_layout, doc)
 
 
 _FLOATS = FLOAT32_AND_64

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import BACKEND, _library
-from asickernels.kernels.declaration import host_empty
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 # asickernels_cpu_nms (csrc/nms.cpp): dtype code, boxes, scores, categories or null, batch,
@@ -73,19 +72,12 @@ def nms_host(
     if categories is not None:
         categories = np.ascontiguousarray(categories, np.int32)
     batch, n = scores.shape
-    indices = host_empty((batch, max_output_size), np.int32)
-    num_valid = host_empty((batch,), np.int32)
-    _library.check(
-        _library.host_entry("nms", *_HOST_ARGTYPES)(
-            _library.FLOAT_CODES[dtype],
-            *map(_library.address, (boxes, scores, categories)),
-            batch,
-            n,
-            float(iou_threshold),
-            int(max_output_size),
-            float(score_threshold),
-            _library.address(indices),
-            _library.address(num_valid),
-        )
+    trailing = (batch, n, float(iou_threshold), int(max_output_size), float(score_threshold))
+    outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
+    return _library.run_entry(  # type: ignore[no-any-return]
+        _library.host_entry("nms", *_HOST_ARGTYPES),
+        (_library.FLOAT_CODES[dtype],),
+        (boxes, scores, categories),
+        trailing,
+        outputs,
     )
-    return indices, num_valid

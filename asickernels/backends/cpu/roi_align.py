@@ -3,12 +3,12 @@ CPU kernel's arithmetic and summation order, so float32 results equal
 ``torchvision.ops.roi_align``'s on CPU bit for bit; float64 inputs are computed in float64.
 Each kernel has a JAX entry point (an XLA FFI call) and a host twin (numpy in and out), one
 C++ kernel. A RoI whose batch index names no image of ``input`` is an error, under ``jit``
-too. Also how RoIPool's entry points (the same C++ file) are called: :func:`native`,
-:func:`bind_host`."""
+too. Also how RoIPool's entry points (the same C++ file) are called: `native`,
+`run_host`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Unpack
 
 import jax
@@ -50,13 +50,7 @@ def host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(a, dtype) for a in arrays]
 
 
-def host_twin(kernel: str, bind: Callable[..., _library.Bound], doc: str) -> _library.HostTwin:
-    """Declares the host twin of ``kernel``: :func:`host_arrays` of its arrays, then the entry
-    point ``bind`` gives them (see :class:`_library.HostTwin`)."""
-    return BACKEND.host_twin(kernel)(_library.HostTwin(host_arrays, bind, doc))
-
-
-def bind_host(
+def run_host(
     entry: str,
     arrays: Sequence[np.ndarray],
     features: tuple[int, ...],
@@ -65,10 +59,12 @@ def bind_host(
     output_size: tuple[int, int],
     spatial_scale: float,
     *flags: int,
-) -> _library.Bound:
-    """The host entry ``asickernels_cpu_<entry>`` bound to ``arrays`` (see :func:`host_arrays`)
-    of a call on ``features [N, C, H, W]`` (the input's, or the gradient's shape) and
-    ``rois`` RoIs, giving an ``output`` array; ``flags`` are its trailing int64 arguments."""
+) -> np.ndarray:
+    """Runs host entry ``asickernels_cpu_<entry>`` on ``arrays`` (converted by
+    :func:`host_arrays`) of a call on ``features [N, C, H, W]`` (the input's, or the
+    gradient's shape) and ``rois`` RoIs -> a new ``output`` array; ``flags`` are its
+    trailing int64 arguments."""
+    arrays = host_arrays(*arrays)
     argtypes = (
         _library.INT, *[_library.POINTER] * len(arrays), *[_library.INT64] * 7, _library.DOUBLE,
         *[_library.INT64] * len(flags), _library.POINTER,
@@ -77,7 +73,7 @@ def bind_host(
     dtype = arrays[0].dtype
     function = _library.host_entry(entry, *argtypes)
     code = (_library.FLOAT_CODES[dtype],)
-    return _library.bound_entry(function, code, scalars, arrays, [(output, dtype)])
+    return _library.run_entry(function, code, arrays, scalars, [(output, dtype)])  # type: ignore[no-any-return]
 
 
 def _host_statics(statics: RoiAlignStatics) -> tuple[tuple[int, int], float, int, int]:
@@ -110,36 +106,28 @@ def roi_align_vjp(
     return native("roi_align_vjp", tuple(input_shape), (rois, cotangent), **statics)
 
 
-def _bind_forward(
+@BACKEND.host_twin("roi_align")
+def roi_align_host(
     input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiAlignStatics]
-) -> _library.Bound:
+) -> np.ndarray:
+    """Host twin of :func:`roi_align`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
+    the statics as keywords) -> numpy ``[K, C, PH, PW]``."""
     output = (rois.shape[0], input.shape[1], *statics["output_size"])
     arrays = (input, rois)
-    return bind_host("roi_align", arrays, input.shape, len(rois), output, *_host_statics(statics))
+    return run_host("roi_align", arrays, input.shape, len(rois), output, *_host_statics(statics))
 
 
-def _bind_backward(
+@BACKEND.host_twin("roi_align_vjp")
+def roi_align_vjp_host(
     rois: np.ndarray,
     cotangent: np.ndarray,
     *,
     input_shape: tuple[int, ...],
     **statics: Unpack[RoiAlignStatics],
-) -> _library.Bound:
-    shape = tuple(int(d) for d in input_shape)
-    arrays = (rois, cotangent)
-    return bind_host("roi_align_vjp", arrays, shape, len(rois), shape, *_host_statics(statics))
-
-
-roi_align_host = host_twin(
-    "roi_align",
-    _bind_forward,
-    """Host twin of :func:`roi_align`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
-    the statics as keywords) -> numpy ``[K, C, PH, PW]``.""",
-)
-roi_align_vjp_host = host_twin(
-    "roi_align_vjp",
-    _bind_backward,
+) -> np.ndarray:
     """Host twin of :func:`roi_align_vjp`: numpy ``rois [K, 5]``, ``cotangent
     [K, C, PH, PW]`` (and ``input_shape`` and the statics as keywords) -> numpy
-    ``[N, C, H, W]``.""",
-)
+    ``[N, C, H, W]``."""
+    shape = tuple(int(d) for d in input_shape)
+    arrays = (rois, cotangent)
+    return run_host("roi_align_vjp", arrays, shape, len(rois), shape, *_host_statics(statics))

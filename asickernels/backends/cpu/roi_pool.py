@@ -12,8 +12,8 @@ from typing import Unpack
 import jax
 import numpy as np
 
-from asickernels.backends.cpu import BACKEND, _library
-from asickernels.backends.cpu.roi_align import bind_host, host_twin, native
+from asickernels.backends.cpu import BACKEND
+from asickernels.backends.cpu.roi_align import native, run_host
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.kernels.roi_align import RoiStatics
 
@@ -35,30 +35,20 @@ def roi_pool_vjp(
     return native("roi_pool_vjp", input.shape, (input, rois, cotangent), **statics)
 
 
-def _bind_forward(
-    input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiStatics]
-) -> _library.Bound:
+@BACKEND.host_twin("roi_pool")
+def roi_pool_host(input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiStatics]) -> np.ndarray:
+    """Host twin of :func:`roi_pool`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
+    the statics as keywords) -> numpy ``[K, C, PH, PW]``."""
     output = (rois.shape[0], input.shape[1], *statics["output_size"])
     scalars = (statics["output_size"], statics["spatial_scale"])
-    return bind_host("roi_pool", (input, rois), input.shape, len(rois), output, *scalars)
+    return run_host("roi_pool", (input, rois), input.shape, len(rois), output, *scalars)
 
 
-def _bind_backward(
+@BACKEND.host_twin("roi_pool_vjp")
+def roi_pool_vjp_host(
     input: np.ndarray, rois: np.ndarray, cotangent: np.ndarray, **statics: Unpack[RoiStatics]
-) -> _library.Bound:
-    arrays, scalars = (input, rois, cotangent), (statics["output_size"], statics["spatial_scale"])
-    return bind_host("roi_pool_vjp", arrays, input.shape, len(rois), input.shape, *scalars)
-
-
-roi_pool_host = host_twin(
-    "roi_pool",
-    _bind_forward,
-    """Host twin of :func:`roi_pool`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
-    the statics as keywords) -> numpy ``[K, C, PH, PW]``.""",
-)
-roi_pool_vjp_host = host_twin(
-    "roi_pool_vjp",
-    _bind_backward,
+) -> np.ndarray:
     """Host twin of :func:`roi_pool_vjp`: numpy ``input``, ``rois``, ``cotangent`` (and
-    the statics as keywords) -> numpy ``[N, C, H, W]``.""",
-)
+    the statics as keywords) -> numpy ``[N, C, H, W]``."""
+    arrays, scalars = (input, rois, cotangent), (statics["output_size"], statics["spatial_scale"])
+    return run_host("roi_pool_vjp", arrays, input.shape, len(rois), input.shape, *scalars)
