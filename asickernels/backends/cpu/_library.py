@@ -202,6 +202,13 @@ def float_kernel_dtype(*dtypes: np.dtype) -> np.dtype:
     return _FLOAT64 if any(d == _FLOAT64 for d in dtypes) else _FLOAT32
 
 
+def float_host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
+    """The arrays as C-contiguous arrays of one kernel dtype (:func:`float_kernel_dtype` of
+    theirs), copied only where they are not already: a float kernel's host inputs."""
+    dtype = float_kernel_dtype(*(np.asarray(a).dtype for a in arrays))
+    return [np.ascontiguousarray(a, dtype) for a in arrays]
+
+
 def run_entry(
     entry: Any,
     leading: tuple[Any, ...],

@@ -200,12 +200,6 @@ def _pairwise_metric(metric: str) -> Callable[..., jax.Array]:
 # -- host (numpy) --------------------------------------------------------------------------
 
 
-def _host_inputs(*arrays: np.ndarray) -> list[np.ndarray]:
-    """C-contiguous arrays of the kernel dtype (no copy when they already are)."""
-    dtype = _library.float_kernel_dtype(*(np.asarray(a).dtype for a in arrays))
-    return [np.ascontiguousarray(a, dtype) for a in arrays]
-
-
 Shapes = tuple[tuple[int, ...], ...]
 # A host entry's sizes and output shapes, from its input arrays.
 Layout = Callable[..., tuple[tuple[int, ...], Shapes]]
@@ -213,11 +207,11 @@ Layout = Callable[..., tuple[tuple[int, ...], Shapes]]
 
 def _metric_host(entry: str, metric: str, layout: Layout, doc: str) -> Callable[..., Any]:
     """The host twin of ``asickernels_cpu_<entry>`` for ``metric``: float inputs of one
-    kernel dtype (:func:`_host_inputs`), sizes and outputs of that dtype as ``layout``
+    kernel dtype (:func:`_library.float_host_arrays`), sizes and outputs of that dtype as ``layout``
     says."""
 
     def host(*arrays: np.ndarray) -> Any:
-        arrays = tuple(_host_inputs(*arrays))
+        arrays = tuple(_library.float_host_arrays(*arrays))
         dtype = arrays[0].dtype
         sizes, shapes = layout(*arrays)
         codes = (METRIC_CODES[metric], _library.FLOAT_CODES[dtype])

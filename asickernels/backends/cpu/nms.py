@@ -67,8 +67,7 @@ def nms_host(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host twin of :func:`nms`: numpy in, numpy out (no copies of inputs that are already
     C-contiguous and of the kernel dtype)."""
-    dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
-    boxes, scores = np.ascontiguousarray(boxes, dtype), np.ascontiguousarray(scores, dtype)
+    boxes, scores = _library.float_host_arrays(boxes, scores)
     if categories is not None:
         categories = np.ascontiguousarray(categories, np.int32)
     batch, n = scores.shape
@@ -76,7 +75,7 @@ def nms_host(
     outputs = [((batch, max_output_size), np.dtype(np.int32)), ((batch,), np.dtype(np.int32))]
     return _library.run_entry(  # type: ignore[no-any-return]
         _library.host_entry("nms", *_HOST_ARGTYPES),
-        (_library.FLOAT_CODES[dtype],),
+        (_library.FLOAT_CODES[boxes.dtype],),
         (boxes, scores, categories),
         trailing,
         outputs,

@@ -3,8 +3,8 @@ CPU kernel's arithmetic and summation order, so float32 results equal
 ``torchvision.ops.roi_align``'s on CPU bit for bit; float64 inputs are computed in float64.
 Each kernel has a JAX entry point (an XLA FFI call) and a host twin (numpy in and out), one
 C++ kernel. A RoI whose batch index names no image of ``input`` is an error, under ``jit``
-too. Also how RoIPool's entry points (the same C++ file) are called: `native`,
-`run_host`."""
+too. Also how RoIPool's entry points (the same C++ file) are called: :func:`native`,
+:func:`run_host`."""
 
 from __future__ import annotations
 
@@ -44,12 +44,6 @@ def native(
     )
 
 
-def host_arrays(*arrays: np.ndarray) -> list[np.ndarray]:
-    """C-contiguous arrays of the kernel dtype (the op gives them all one float dtype)."""
-    dtype = _library.float_kernel_dtype(*(a.dtype for a in arrays))
-    return [np.ascontiguousarray(a, dtype) for a in arrays]
-
-
 def run_host(
     entry: str,
     arrays: Sequence[np.ndarray],
@@ -61,10 +55,10 @@ def run_host(
     *flags: int,
 ) -> np.ndarray:
     """Runs host entry ``asickernels_cpu_<entry>`` on ``arrays`` (converted by
-    :func:`host_arrays`) of a call on ``features [N, C, H, W]`` (the input's, or the
+    :func:`_library.float_host_arrays`) of a call on ``features [N, C, H, W]`` (the input's, or the
     gradient's shape) and ``rois`` RoIs -> a new ``output`` array; ``flags`` are its
     trailing int64 arguments."""
-    arrays = host_arrays(*arrays)
+    arrays = _library.float_host_arrays(*arrays)
     argtypes = (
         _library.INT, *[_library.POINTER] * len(arrays), *[_library.INT64] * 7, _library.DOUBLE,
         *[_library.INT64] * len(flags), _library.POINTER,
