@@ -7,13 +7,23 @@ STAMP := $(VENV)/.installed
 TX_VENV := .venv-torch-xla
 TX_PY := $(TX_VENV)/bin/python
 TX_STAMP := $(TX_VENV)/.installed
+# The newest JAX: Python 3.13 with what `pip install -e '.[tpu,test]'` gets there today (the
+# newest jax, jaxlib and the libtpu jax[tpu] pins). PYTHON313: pyenv's 3.13 where there is one.
+PYTHON313 ?= $(or $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3)),python3.13)
+NEW_VENV := .venv-newest
+NEW_PY := $(NEW_VENV)/bin/python
+NEW_STAMP := $(NEW_VENV)/.installed
+# The third environment: TorchTPU (torch-tpu 0.2.0, torch 2.13.0, jax 0.10.2, libtpu 0.0.52).
+TT_VENV := .venv-torch-tpu
+TT_PY := $(TT_VENV)/bin/python
+TT_STAMP := $(TT_VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
 # The cpu backend's C++, built in place by the editable install (setup.py).
 NATIVE := setup.py $(wildcard asickernels/backends/cpu/csrc/*)
 
-.PHONY: run test lint test-main test-torch-xla package
+.PHONY: run test lint test-main test-torch-xla test-newest-jax test-torch-tpu package
 
 $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,7 +59,29 @@ test-torch-xla: $(TX_STAMP)
 		tests/frontends/test_detection.py tests/frontends/test_detection_training.py \
 		tests/docs/test_readme.py tests/docs/test_doc_commands.py
 
-test: lint test-main test-torch-xla
+$(NEW_STAMP): pyproject.toml $(NATIVE)
+	test -x $(NEW_PY) || $(PYTHON313) -m venv $(NEW_VENV)
+	$(NEW_PY) -m pip install --quiet --upgrade pip
+	$(NEW_PY) -m pip install --quiet -e '.[tpu,test]'
+	touch $(NEW_STAMP)
+
+# The JAX tiers on the newest JAX (fast tier; the slow one runs on jax 0.10.2 in test-main):
+# conformance and kernel tests, Pallas interpret and TPU interpret, the TPU compile gate.
+test-newest-jax: $(NEW_STAMP)
+	$(NEW_PY) -m pytest tests/kernels tests/backends/pallas_tpu tests/simulate/tpu_estimate
+	$(NEW_PY) -m asickernels check --quick
+
+$(TT_STAMP): requirements-torch-tpu.txt pyproject.toml $(NATIVE)
+	test -x $(TT_PY) || $(PYTHON) -m venv $(TT_VENV)
+	$(TT_PY) -m pip install --quiet --upgrade pip
+	$(TT_PY) -m pip install --quiet -r requirements-torch-tpu.txt
+	touch $(TT_STAMP)
+
+# TorchTPU without a TPU: registration, meta and fake tensors, make_fx, compiles for v5e/v6e/v5p.
+test-torch-tpu: $(TT_STAMP)
+	$(TT_PY) -m pytest tests/frontends/test_torch_tpu.py
+
+test: lint test-main test-torch-xla test-newest-jax test-torch-tpu
 
 # The package as pip users get it (.ci/package): sdist, manylinux wheel, and the wheel in
 # fresh environments with no compiler, an unwritable home and the oldest allowed versions.
