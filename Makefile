@@ -23,13 +23,21 @@ export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 # The cpu backend's C++, built in place by the editable install (setup.py).
 NATIVE := setup.py $(wildcard asickernels/backends/cpu/csrc/*)
 
+# $(call install,venv,python,pip arguments): creates the venv with that Python if it is not
+# there, installs into it, and stamps it. (Arguments with commas go through a variable.)
+MAIN_EXTRAS := -e '.[tpu,test,bench]'
+NEW_EXTRAS := -e '.[tpu,test]'
+define install
+	test -x $(1)/bin/python || $(2) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet $(3)
+	touch $(1)/.installed
+endef
+
 .PHONY: run test lint test-main test-torch-xla test-newest-jax test-torch-tpu package
 
 $(STAMP): pyproject.toml $(NATIVE)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[tpu,test,bench]'
-	touch $(STAMP)
+	$(call install,$(VENV),$(PYTHON),$(MAIN_EXTRAS))
 
 # Every op on every backend this machine has, checked against the reference and timed.
 run: $(STAMP)
@@ -46,10 +54,7 @@ test-main: $(STAMP) $(TX_STAMP)
 	$(PY) -m pytest -m "slow or not slow"
 
 $(TX_STAMP): requirements-torch-xla.txt pyproject.toml $(NATIVE)
-	test -x $(TX_PY) || $(PYTHON) -m venv $(TX_VENV)
-	$(TX_PY) -m pip install --quiet --upgrade pip
-	$(TX_PY) -m pip install --quiet -r requirements-torch-xla.txt
-	touch $(TX_STAMP)
+	$(call install,$(TX_VENV),$(PYTHON),-r requirements-torch-xla.txt)
 
 # The PyTorch frontend, the SPMD wrappers and the conformance suite on torch_xla + jax 0.7.1:
 # the torch tests in both tiers (nowhere else has torch_xla); the JAX-only ones in the fast
@@ -63,10 +68,7 @@ test-torch-xla: $(TX_STAMP)
 		tests/docs/test_readme.py tests/docs/test_doc_commands.py
 
 $(NEW_STAMP): pyproject.toml $(NATIVE)
-	test -x $(NEW_PY) || $(PYTHON313) -m venv $(NEW_VENV)
-	$(NEW_PY) -m pip install --quiet --upgrade pip
-	$(NEW_PY) -m pip install --quiet -e '.[tpu,test]'
-	touch $(NEW_STAMP)
+	$(call install,$(NEW_VENV),$(PYTHON313),$(NEW_EXTRAS))
 
 # The JAX tiers on the newest JAX (fast tier; the slow one runs on jax 0.10.2 in test-main):
 # conformance and kernel tests, Pallas interpret and TPU interpret, the TPU compile gate.
@@ -75,10 +77,7 @@ test-newest-jax: $(NEW_STAMP)
 	$(NEW_PY) -m asickernels check --quick
 
 $(TT_STAMP): requirements-torch-tpu.txt pyproject.toml $(NATIVE)
-	test -x $(TT_PY) || $(PYTHON) -m venv $(TT_VENV)
-	$(TT_PY) -m pip install --quiet --upgrade pip
-	$(TT_PY) -m pip install --quiet -r requirements-torch-tpu.txt
-	touch $(TT_STAMP)
+	$(call install,$(TT_VENV),$(PYTHON),-r requirements-torch-tpu.txt)
 
 # TorchTPU without a TPU: registration, meta and fake tensors, make_fx, compiles for v5e/v6e/v5p.
 test-torch-tpu: $(TT_STAMP)
