@@ -96,6 +96,8 @@ class BuildLevels(build_ext):
             command = getattr(self.compiler, name)
             flags = command[len(own) :] if command[: len(own)] == own else command[1:]
             self.compiler.set_executable(name, [*cxx, *flags])
+        # zig's static libc++ comes with its debug information: 7 of the library's 8 MB.
+        self.compiler.linker_so_cxx.append("-Wl,--strip-debug")
 
 
 setup(
