@@ -34,7 +34,7 @@ TOPOLOGIES = {
 }
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
 # How to get libtpu, for a wheel's user and in a clone (the tpu extra; see README, Install).
-LIBTPU_INSTALL = 'pip install "jax[tpu]"; in a clone of asickernels: pip install -e ".[tpu]"'
+LIBTPU_INSTALL = 'pip install "jax[tpu]" (in a clone: pip install -e ".[tpu]")'
 # An argument of a compiled function: its shape and dtype name.
 ArgSpec = tuple[tuple[int, ...], str]
 # A function to compile, and its arguments.

@@ -132,7 +132,7 @@ def test_info_without_libtpu_lists_the_libtpu_commands_as_unavailable(capsys, mo
     states = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]}
     for command, state in cli.WITHOUT_LIBTPU.items():
         assert state in states[command] and "available" not in states[command]
-    assert 'To enable them: libtpu is not installed (pip install "jax[tpu]"; in a clone' in out
+    assert 'To enable them: libtpu is not installed (pip install "jax[tpu]" (in a clone:' in out
     assert 'pip install -e ".[tpu]"' in out
 
 
