@@ -9,11 +9,21 @@ best level the CPU has (``csrc/dispatch.cpp``). Elsewhere, the baseline only. Th
 headers come from the jax installed in the build environment (``jax.ffi.include_dir()``).
 The library is loaded with ctypes, not imported: it uses no Python API, hence the ``abi3``
 tag (one wheel for every CPython >= 3.11).
+
+Built with the platform's compiler, the library needs the glibc and libstdc++ it was built
+against (Debian 12's g++: glibc 2.34, ``GLIBCXX_3.4.30``). The wheel CI ships is built with
+zig instead (``$ASICKERNELS_ZIG``, a command running zig, such as ``python -m ziglang`` of
+PyPI's ``ziglang``): it targets glibc :data:`ZIG_GLIBC` and links LLVM's libc++ statically,
+so the library runs on every Linux with that glibc or newer (``manylinux_2_28``). Same
+sources and flags (:meth:`BuildLevels.zig_level_flags`), the same bits at every level, the
+same speed (``benchmarks/wheel_toolchains.py``).
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import shlex
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -35,6 +45,11 @@ FLAGS = (
     "-fno-wrapv",
 )  # fmt: skip
 
+#: A command running zig (``python -m ziglang``); unset: the compiler setuptools picks ($CXX).
+ZIG_ENV = "ASICKERNELS_ZIG"
+#: The oldest glibc the zig build runs on: RHEL 8, Amazon Linux 2023 and Ubuntu 20.04 have it.
+ZIG_GLIBC = "2.28"
+
 
 def levels() -> dict[str, tuple[str, ...]]:
     if platform.machine().lower() in ("x86_64", "amd64"):
@@ -49,6 +64,9 @@ class BuildLevels(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import jax
 
+        zig = os.environ.get(ZIG_ENV)
+        if zig:
+            self.use_zig(shlex.split(zig))
         # -isystem: third-party headers, whose warnings are not ours.
         ext.extra_compile_args = [*FLAGS, "-isystem", jax.ffi.include_dir()]
         all_levels = levels()
@@ -57,6 +75,8 @@ class BuildLevels(build_ext):
         ext.extra_objects = []
         for level, flags in all_levels.items():
             entry_points = [("ASICKERNELS_CPU_ENTRY_POINTS", "1")] if level == "baseline" else []
+            if zig:
+                flags = self.zig_level_flags(flags)
             ext.extra_objects += self.compiler.compile(
                 [str(CSRC / name) for name in OP_SOURCES],
                 output_dir=str(Path(self.build_temp) / level),
@@ -65,6 +85,30 @@ class BuildLevels(build_ext):
                 depends=ext.depends,
             )
         super().build_extension(ext)
+
+    @staticmethod
+    def zig_level_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+        """A level's flags as zig takes them: it names CPUs as LLVM does (x86_64_v4, not
+        x86-64-v4); and at x86-64-v4, where clang prefers 256-bit vectors and GCC uses
+        512-bit ones, 512 bits (else CIoU ran 1.45x and GIOU 1.14x slower than g++'s)."""
+        flags = tuple(flag.replace("x86-64-v", "x86_64_v") for flag in flags)
+        if "-march=x86_64_v4" in flags:
+            flags += ("-mprefer-vector-width=512",)
+        return flags
+
+    def use_zig(self, zig: list[str]) -> None:
+        """Compiles and links with ``zig c++`` for glibc :data:`ZIG_GLIBC` instead of the
+        compiler setuptools found, keeping that compiler's flags."""
+        cxx = [*zig, "c++", "-target", f"{platform.machine().lower()}-linux-gnu.{ZIG_GLIBC}"]
+        # linker_exe_cxx is the compiler's own words ("g++", "ccache g++"); the others start
+        # with them (usually) and go on with flags, which are kept.
+        own = self.compiler.linker_exe_cxx
+        for name in ("compiler_cxx", "compiler_so_cxx", "linker_so_cxx", "linker_exe_cxx"):
+            command = getattr(self.compiler, name)
+            flags = command[len(own) :] if command[: len(own)] == own else command[1:]
+            self.compiler.set_executable(name, [*cxx, *flags])
+        # zig's static libc++ comes with its debug information: 7 of the library's 8 MB.
+        self.compiler.linker_so_cxx.append("-Wl,--strip-debug")
 
 
 setup(

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 
 BUILD_TIMEOUT_SECONDS = 600
 CACHE_ENV = "ASICKERNELS_CACHE_DIR"
-#: Looked for in this order on PATH when ``$CXX`` is not set.
+#: Looked for in this order on PATH when ``$CXX`` (a command: ``ccache g++`` too) is not set.
 COMPILERS = ("g++", "c++", "clang++")
 # What a working compiler must get through: the C++17 standard library.
 _PROBE_SOURCE = "#include <vector>\nint main() { return std::vector<int>(1).front(); }\n"
@@ -48,47 +49,81 @@ class NativeBuildWarning(RuntimeWarning):
     """A compiler that does not work, or a cache folder that cannot be written."""
 
 
-def compiler() -> str | None:
-    """Path of a working C++ compiler: ``$CXX`` if set, else the first of :data:`COMPILERS`
-    on PATH that works; None when there is none. A compiler that is found but fails a
-    one-line C++17 build is skipped with one :class:`NativeBuildWarning`."""
+def compiler() -> tuple[str, ...] | None:
+    """The command of a working C++ compiler: ``$CXX`` if set, split as a shell would (so
+    ``ccache g++`` is a compiler behind its launcher), else the first of :data:`COMPILERS`
+    on PATH that works; None when there is none (:func:`no_compiler_reason` says why). A
+    compiler that is found but fails a one-line C++17 build is skipped with one
+    :class:`NativeBuildWarning`."""
+    return _search()[0]
+
+
+def no_compiler_reason() -> str:
+    """Why :func:`compiler` finds none, and what to do ("" when it finds one)."""
+    return _search()[1]
+
+
+def _search() -> tuple[tuple[str, ...] | None, str]:
+    """(the compiler command, "") or (None, why there is none)."""
     explicit = os.environ.get("CXX")
-    for name in (explicit,) if explicit else COMPILERS:
-        path = shutil.which(name)
-        if path is not None and _works(path):
-            return path
-    return None
+    if not explicit:
+        for name in COMPILERS:
+            path = shutil.which(name)
+            if path is not None and _problem((path,)) is None:
+                return (path,), ""
+        return None, f"none of {', '.join(COMPILERS)} on PATH works: install g++, or set $CXX"
+    command, problem = _command(explicit)
+    if command is not None:
+        problem = _problem(command) or ""
+        if not problem:
+            return command, ""
+    return None, f"$CXX={explicit!r} {problem}: fix or unset $CXX"
+
+
+def _command(text: str) -> tuple[tuple[str, ...] | None, str]:
+    """(the words of a command, its first found on PATH, "") or (None, why it is none)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as error:
+        return None, f"does not parse as a command ({error})"
+    if not words:
+        return None, "is blank"
+    path = shutil.which(words[0])
+    if path is None:
+        return None, f"names {words[0]!r}, which is not an executable on PATH"
+    return (path, *words[1:]), ""
 
 
 @functools.cache
-def _works(cxx: str) -> bool:
-    """Whether ``cxx`` compiles a C++17 program using the standard library (once per process;
-    a failure warns)."""
+def _problem(cxx: tuple[str, ...]) -> str | None:
+    """None when ``cxx`` compiles a C++17 program using the standard library, else what
+    failed (checked once per process; a failure warns)."""
     try:
         result = subprocess.run(
-            [cxx, "-std=c++17", "-x", "c++", "-fsyntax-only", "-"],
+            [*cxx, "-std=c++17", "-x", "c++", "-fsyntax-only", "-"],
             input=_PROBE_SOURCE, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as error:
         problem = str(error)
     else:
         if result.returncode == 0:
-            return True
-        problem = (result.stderr or result.stdout).strip()[-500:] or f"exit {result.returncode}"
+            return None
+        output = (result.stderr or result.stdout).strip()[-500:]
+        problem = f"exit {result.returncode}: {output}" if output else f"exit {result.returncode}"
+    problem = f"fails to compile a C++17 program ({problem})"
     warnings.warn(
-        f"the C++ compiler {cxx} does not work, so it is not used: {problem}",
+        f"the C++ compiler {shlex.join(cxx)} {problem}, so it is not used",
         NativeBuildWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of compiler() or require_compiler()
     )
-    return False
+    return problem
 
 
-def require_compiler(what: str) -> str:
-    cxx = compiler()
+def require_compiler(what: str, error: type[Exception] = NativeBuildError) -> tuple[str, ...]:
+    """:func:`compiler`, or ``error`` saying why there is none."""
+    cxx, problem = _search()
     if cxx is None:
-        raise NativeBuildError(
-            f"no working C++ compiler to build {what}: install g++ (or set $CXX)"
-        )
+        raise error(f"no working C++ compiler to build {what}: {problem}")
     return cxx
 
 
@@ -125,15 +160,15 @@ def _temporary_cache(problem: str) -> Path:
 
 
 @functools.cache
-def compiler_version(cxx: str) -> str:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+def compiler_version(cxx: tuple[str, ...]) -> str:
+    return subprocess.run([*cxx, "--version"], capture_output=True, text=True, check=False).stdout
 
 
 @functools.cache
-def optimize_flags(cxx: str) -> tuple[str, ...]:
+def optimize_flags(cxx: tuple[str, ...]) -> tuple[str, ...]:
     """``-O3``, plus ``-march=native`` where the compiler takes it."""
     probe = subprocess.run(
-        [cxx, "-march=native", "-x", "c++", "-E", "-o", os.devnull, "-"],
+        [*cxx, "-march=native", "-x", "c++", "-E", "-o", os.devnull, "-"],
         input="", capture_output=True, text=True, check=False,
     )  # fmt: skip
     return ("-O3", "-march=native") if probe.returncode == 0 else ("-O3",)
@@ -150,14 +185,14 @@ def host_cpu() -> str:
     return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
 
 
-def sanitizer_preload(cxx: str) -> str:
+def sanitizer_preload(cxx: tuple[str, ...]) -> str:
     """The ``LD_PRELOAD`` a Python process needs to load a sanitized build: the compiler's
     ASan runtime, which must come first, and libstdc++, whose ``__cxa_throw`` ASan
     intercepts (without it, the first C++ exception in any extension module aborts)."""
     paths = []
     for name in ("libasan.so", "libstdc++.so"):
         result = subprocess.run(
-            [cxx, f"-print-file-name={name}"], capture_output=True, text=True, check=False
+            [*cxx, f"-print-file-name={name}"], capture_output=True, text=True, check=False
         )
         paths.append(result.stdout.strip())
     return " ".join(paths)
@@ -194,9 +229,9 @@ def build(
     cxx = require_compiler(name)
     all_flags = (*flags, *(SANITIZER_FLAGS if sanitize else optimize_flags(cxx)))
     files = sorted({*map(Path, sources), *map(Path, headers)})
-    key = source_digest(files, cxx, compiler_version(cxx), host_cpu(), *all_flags)
+    key = source_digest(files, *cxx, compiler_version(cxx), host_cpu(), *all_flags)
     target = cache_dir() / f"{name}-{key}{'-sanitized' if sanitize else ''}.so"
-    command = [cxx, *all_flags]
+    command = [*cxx, *all_flags]
     for directory in include_dirs:
         command += ["-isystem", str(directory)]
     command += [*map(str, sources), "-o"]

@@ -38,6 +38,12 @@ PLUGINS: dict[str, tuple[str, str]] = {
         "compile sharded programs for TPU pod slices: inserted collectives, per-device memory",
     ),
 }
+# Plug-in commands that compile with libtpu: what `info` says of each where it is missing.
+WITHOUT_LIBTPU = {
+    "compile": "needs libtpu",
+    "estimate": "--neuron only (TPU estimates need libtpu)",
+    "spmd-plan": "needs libtpu",
+}
 
 # `run` is the main job: it must finish in a few minutes on a 2-core machine.
 BENCH_DEFAULTS = {"repeats": 20, "warmup": 1, "budget": 2.0, "max_call_seconds": 10.0}
@@ -153,18 +159,33 @@ def _info(args: argparse.Namespace) -> int:
     print()
     print(_policy_text())
     print()
+    missing_libtpu = _libtpu_missing()
     plugin_lines = [
-        [name, module, _plugin_state(module), text] for name, (module, text) in PLUGINS.items()
+        [name, module, _plugin_state(name, module, missing_libtpu), text]
+        for name, (module, text) in PLUGINS.items()
     ]
     print(report.text_table(("command", "module", "state", "what it does"), plugin_lines))
+    if missing_libtpu and any(line[2] in WITHOUT_LIBTPU.values() for line in plugin_lines):
+        print(f"\nTo enable them: {missing_libtpu}")
     return 0
 
 
-def _plugin_state(module: str) -> str:
+def _libtpu_missing() -> str | None:
+    """None when libtpu is installed, else what to install."""
+    from asickernels.simulate import tpu_compile
+
+    return tpu_compile.libtpu_status()
+
+
+def _plugin_state(name: str, module: str, missing_libtpu: str | None) -> str:
     try:
-        return "available" if importlib.util.find_spec(module) is not None else "not installed"
+        if importlib.util.find_spec(module) is None:
+            return "not installed"
     except ImportError:
         return "not installed"
+    if missing_libtpu and name in WITHOUT_LIBTPU:
+        return WITHOUT_LIBTPU[name]
+    return "available"
 
 
 def _selection(args: argparse.Namespace) -> tuple[list[str], frozenset[str] | None]:

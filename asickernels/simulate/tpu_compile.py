@@ -33,8 +33,8 @@ TOPOLOGIES = {
     if (topology := facts.topology) is not None
 }
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
-# How to get libtpu: the tpu extra (asickernels is not on PyPI; see README, Install).
-LIBTPU_INSTALL = 'pip install -e ".[tpu]" in a clone'
+# How to get libtpu, for a wheel's user and in a clone (the tpu extra; see README, Install).
+LIBTPU_INSTALL = 'pip install "jax[tpu]" (in a clone: pip install -e ".[tpu]")'
 # An argument of a compiled function: its shape and dtype name.
 ArgSpec = tuple[tuple[int, ...], str]
 # A function to compile, and its arguments.

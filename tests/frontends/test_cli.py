@@ -124,6 +124,18 @@ def test_info_lists_every_backend_and_peer_with_its_mode(capsys):
     assert "cores" in out and "compile" in out
 
 
+def test_info_without_libtpu_lists_the_libtpu_commands_as_unavailable(capsys, monkeypatch):
+    """`compile` and `spmd-plan` need libtpu; the hint serves a wheel's user and a clone."""
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
+    code, out, _ = run(capsys, "info")
+    assert code == 0
+    states = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]}
+    for command, state in cli.WITHOUT_LIBTPU.items():
+        assert state in states[command] and "available" not in states[command]
+    assert 'To enable them: libtpu is not installed (pip install "jax[tpu]" (in a clone:' in out
+    assert 'pip install -e ".[tpu]"' in out
+
+
 # -- check exit codes (a planted backend) --------------------------------------------------
 
 

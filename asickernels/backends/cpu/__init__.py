@@ -17,11 +17,14 @@ from asickernels.kernels.registry import Availability, Backend
 def _probe() -> Availability:
     reason = _library.unavailable_reason()
     if reason is not None:
-        return Availability(
-            "missing",
-            reason,
-            install_hint="`pip install -e .` in the clone (builds the C++ kernels with a C++ compiler)",
-        )
+        if _library.built_library() is None:  # a source checkout, not built
+            hint = "`pip install -e .` in the clone (builds the C++ kernels with a C++ compiler)"
+        else:  # the wheel's library does not load here
+            hint = (
+                "the wheel's library needs Linux with glibc >= 2.28: reinstall asickernels "
+                "(pip install --force-reinstall ...); in a clone, `pip install -e .` rebuilds it"
+            )
+        return Availability("missing", reason, install_hint=hint)
     level = _library.isa_level()
     return Availability(
         "native", f"C++ kernels, {level} level (int8: {_library.int8_matmul_path()})"

@@ -66,7 +66,7 @@ def unavailable_reason() -> str | None:
         if not _CSRC.is_dir():
             return f"{SANITIZE_ENV}=1 builds from the C++ sources of a source checkout"
         if _native_build.compiler() is None:
-            return f"{SANITIZE_ENV}=1 needs a C++ compiler ($CXX, g++, c++ or clang++)"
+            return f"{SANITIZE_ENV}=1 needs a C++ compiler: {_native_build.no_compiler_reason()}"
         return None
     if built_library() is None:
         return (

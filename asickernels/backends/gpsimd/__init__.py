@@ -9,6 +9,8 @@ the device's rules. Host numpy arrays in and out.
 
 from __future__ import annotations
 
+import shlex
+
 from asickernels.backends.gpsimd import _library
 from asickernels.backends.gpsimd._library import build_neuron_library
 from asickernels.kernels.registry import Availability, Backend
@@ -23,11 +25,11 @@ def _probe() -> Availability:
     if cxx is not None:
         return Availability(
             "simulated",
-            f"host build with {cxx} through the GpSimd shim, 8 cores as threads ({reason})",
+            f"host build with {shlex.join(cxx)} through the GpSimd shim, 8 cores as threads ({reason})",
         )
     return Availability(
         "missing",
-        f"no C++ compiler for the GpSimd host shim, and {reason}",
+        f"no C++ compiler for the GpSimd host shim ({shim.no_compiler_reason()}), and {reason}",
         install_hint="install g++ (or set $CXX); on trn1/inf2 install torch-neuronx and "
         "aws-neuronx-gpsimd-customop-lib",
     )

@@ -38,7 +38,9 @@ from asickernels._native_build import (
     compiler,
     compiler_version,
     host_cpu,
+    no_compiler_reason,
     optimize_flags,
+    require_compiler,
     run_compiler,
     source_digest,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "cache_dir",
     "compiler",
     "load",
+    "no_compiler_reason",
     "sanitizer_preload",
     "source_digest",
 ]
@@ -121,17 +124,14 @@ def sanitizer_preload() -> str:
     return _sanitizer_preload(_require_compiler())
 
 
-def _require_compiler() -> str:
-    cxx = compiler()
-    if cxx is None:
-        raise ShimError("no C++ compiler for the GpSimd host shim: install g++ or set $CXX")
-    return cxx
+def _require_compiler() -> tuple[str, ...]:
+    return require_compiler("the GpSimd host shim", ShimError)
 
 
-def _runtime_object(cxx: str, flags: Sequence[str]) -> Path:
+def _runtime_object(cxx: tuple[str, ...], flags: Sequence[str]) -> Path:
     headers = sorted(INCLUDE_DIR.rglob("*.h*"))
-    key = source_digest([RUNTIME_SOURCE, *headers], cxx, compiler_version(cxx), host_cpu(), *flags)
-    command = [cxx, *flags, "-I", str(INCLUDE_DIR), "-c", str(RUNTIME_SOURCE), "-o"]
+    key = source_digest([RUNTIME_SOURCE, *headers], *cxx, compiler_version(cxx), host_cpu(), *flags)
+    command = [*cxx, *flags, "-I", str(INCLUDE_DIR), "-c", str(RUNTIME_SOURCE), "-o"]
     return build_atomically(
         cache_dir() / f"gpsimd-runtime-{key}.o",
         lambda out: run_compiler([*command, out], "the GpSimd shim runtime", ShimError),
@@ -230,7 +230,7 @@ def _build_library(
     headers = sorted(INCLUDE_DIR.rglob("*.h*"))
     key = source_digest(
         [*compute_srcs, *shape_srcs, RUNTIME_SOURCE, *headers],
-        name, cxx, compiler_version(cxx), host_cpu(), *flags, *extra_cflags,
+        name, *cxx, compiler_version(cxx), host_cpu(), *flags, *extra_cflags,
         *map(str, compute_srcs), "|", *map(str, shape_srcs),
     )  # fmt: skip
     target = cache_dir() / f"gpsimd-{key}{'-sanitized' if sanitize else ''}" / f"lib{name}.so"
@@ -245,14 +245,14 @@ def _build_library(
             for index, source in enumerate(compute_srcs):
                 obj = Path(scratch) / f"compute{index}.o"
                 run_compiler(
-                    [cxx, *flags, *extra_cflags, *includes, "-c", str(source), "-o", str(obj)],
+                    [*cxx, *flags, *extra_cflags, *includes, "-c", str(source), "-o", str(obj)],
                     f"compute source {source}",
                     ShimError,
                 )
                 objects.append(obj)
             glue = Path(scratch) / "kernels_glue.cpp"
             glue.write_text(_glue_source(_kernel_candidates(objects)))
-            command = [cxx, *flags, *_LINK_FLAGS, *extra_cflags, *includes, *map(str, objects)]
+            command = [*cxx, *flags, *_LINK_FLAGS, *extra_cflags, *includes, *map(str, objects)]
             command += [*map(str, shape_srcs), str(glue), str(runtime), "-o", output]
             if verbose:
                 print("$", " ".join(command), file=sys.stderr)

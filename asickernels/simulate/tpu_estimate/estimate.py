@@ -292,7 +292,8 @@ examples:
   asickernels estimate --render benchmarks/results/tpu_estimates/estimates.json
   asickernels estimate --neuron trn2 --kernel giou --timeline giou.png
 
-TPU estimates need libtpu: {install}.
+TPU estimates need libtpu:
+  {install}.
 More: docs/tpu-compile-and-estimates.md and docs/nki-simulator.md."""
 
 

@@ -614,6 +614,37 @@ def test_every_instruction_set_level_computes_the_same_bits():
         _library.use_isa_level("sse9")
 
 
+# /proc/cpuinfo's names of the features each level needs (csrc/dispatch.cpp), the OS's
+# support of the vector state included (Linux lists avx and avx512* only where it saves it).
+_LEVEL_FLAGS = {
+    "avx2": {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c"},
+    "avx512": {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni"},
+}
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((line for line in text.splitlines() if line.startswith("flags")), None)
+    return None if line is None else set(line.split(":", 1)[1].split())
+
+
+@pytest.mark.skipif(
+    _cpuinfo_flags() is None or os.uname().machine != "x86_64", reason="x86-64 Linux only"
+)
+def test_the_best_level_is_what_the_cpu_has():
+    """The library's own CPU detection (CPUID, not the compiler runtime's: zig's, which
+    builds the wheel, reports no features) agrees with the kernel's view of the CPU."""
+    flags = _cpuinfo_flags()
+    assert flags is not None
+    want = "baseline"
+    if _LEVEL_FLAGS["avx2"] <= flags:
+        want = "avx512" if _LEVEL_FLAGS["avx512"] <= flags else "avx2"
+    assert _library.best_isa_level() == want
+
+
 def test_runs_without_a_compiler_and_compiles_nothing(tmp_path):
     """The library comes built: a process with no compiler anywhere (an empty PATH, $CXX
     pointing nowhere) and an unwritable home runs every kernel; nothing lands in a cache."""

@@ -4,7 +4,9 @@ broken compiler is a warning and a missing backend, never a crash, at import or 
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -28,10 +30,10 @@ def fresh(monkeypatch):
     """No $CXX, no cache variables, and the per-process memos cleared."""
     for name in ("CXX", _native_build.CACHE_ENV, "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
-    _native_build._works.cache_clear()
+    _native_build._problem.cache_clear()
     _native_build._temporary_cache.cache_clear()
     yield monkeypatch
-    _native_build._works.cache_clear()
+    _native_build._problem.cache_clear()
     _native_build._temporary_cache.cache_clear()
 
 
@@ -73,26 +75,71 @@ def test_compiler_search_order_and_a_broken_one_is_skipped_with_one_warning(fres
     fresh.setenv("PATH", str(bin_dir))
     assert _native_build.compiler() is None
     clang = _fake_compiler(bin_dir, "clang++", works=True)
-    assert _native_build.compiler() == str(clang)
+    assert _native_build.compiler() == (str(clang),)
     cxx = _fake_compiler(bin_dir, "c++", works=True)
-    assert _native_build.compiler() == str(cxx)
+    assert _native_build.compiler() == (str(cxx),)
     _fake_compiler(bin_dir, "g++", works=False)
-    with pytest.warns(_native_build.NativeBuildWarning, match="g\\+\\+ does not work.*broken"):
-        assert _native_build.compiler() == str(cxx)
+    with pytest.warns(_native_build.NativeBuildWarning, match="g\\+\\+ fails to compile.*broken"):
+        assert _native_build.compiler() == (str(cxx),)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _native_build.compiler() == str(cxx)  # the verdict is kept: no second warning
+        assert _native_build.compiler() == (str(cxx),)  # the verdict is kept: no second warning
     fresh.setenv("CXX", "g++")  # an explicit choice is the only one tried
     assert _native_build.compiler() is None
     with pytest.raises(_native_build.NativeBuildError, match="no working C\\+\\+ compiler"):
         _native_build.require_compiler("a test")
 
 
+def test_cxx_may_be_a_command_with_arguments(fresh, tmp_path):
+    """``CXX="ccache g++"``: a launcher and its compiler, both used for every build."""
+    bin_dir = tmp_path / "bin"
+    _fake_compiler(bin_dir, "g++", works=True)
+    launcher = bin_dir / "launcher"
+    log = tmp_path / "launched.txt"
+    launcher.write_text(f'#!/bin/sh\necho "$1" >> {log}\nexec "$@"\n')
+    launcher.chmod(0o755)
+    fresh.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fresh.setenv("CXX", "launcher g++ -DFROM_CXX=1")
+    fresh.setenv(_native_build.CACHE_ENV, str(tmp_path / "cache"))
+    assert _native_build.compiler() == (str(launcher), "g++", "-DFROM_CXX=1")
+    source = tmp_path / "answer.cpp"
+    source.write_text('extern "C" int answer() { return FROM_CXX + 41; }\n')
+    library = _native_build.build("answer", [source], flags=["-std=c++17", "-fPIC", "-shared"])
+    assert ctypes.CDLL(str(library)).answer() == 42
+    assert "g++" in log.read_text().split()
+
+
+@pytest.mark.parametrize(
+    ("cxx", "problem"),
+    [
+        ("/nonexistent/c++", "names '/nonexistent/c\\+\\+', which is not an executable"),
+        ("g++ 'unclosed", "does not parse as a command"),
+        (" ", "is blank"),
+        ("BROKEN", "fails to compile a C\\+\\+17 program \\(exit 3: broken\\)"),
+    ],
+)
+def test_a_broken_cxx_is_named_with_what_failed(fresh, tmp_path, cxx, problem):
+    """The error says what is wrong with the $CXX the user set, not to set $CXX."""
+    if cxx == "BROKEN":
+        cxx = str(_fake_compiler(tmp_path, "g++", works=False))
+    fresh.setenv("CXX", cxx)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _native_build.NativeBuildWarning)
+        with pytest.raises(_native_build.NativeBuildError) as raised:
+            _native_build.require_compiler("a test")
+    message = str(raised.value)
+    assert re.search(f"^no working C\\+\\+ compiler to build a test: \\$CXX=.*{problem}", message)
+    assert (
+        message.endswith("fix or unset $CXX")
+        and "set $CXX" not in message[: -len("fix or unset $CXX")]
+    )
+
+
 def test_a_broken_compiler_leaves_gpsimd_missing_with_a_warning(fresh, tmp_path):
     fresh.setenv("CXX", str(_fake_compiler(tmp_path, "g++", works=False)))
-    with pytest.warns(_native_build.NativeBuildWarning, match="does not work"):
+    with pytest.warns(_native_build.NativeBuildWarning, match="fails to compile"):
         status = gpsimd.BACKEND.probe()
-    assert status.mode == "missing" and "compiler" in status.detail
+    assert status.mode == "missing" and "$CXX=" in status.detail and "broken" in status.detail
 
 
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -132,4 +179,4 @@ def test_a_broken_compiler_in_info_is_the_truth_and_one_warning(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     gpsimd_line = next(line for line in result.stdout.splitlines() if line.startswith("gpsimd"))
     assert "missing" in gpsimd_line and "compiler" in gpsimd_line
-    assert result.stderr.count("does not work") == 1, result.stderr
+    assert result.stderr.count("fails to compile") == 1, result.stderr

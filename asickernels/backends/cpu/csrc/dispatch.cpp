@@ -1,33 +1,55 @@
-// The kernels' instruction-set level: the best level this CPU runs (checked once, with the
-// compiler's CPU-feature builtins), so one build is correct on any x86-64 CPU and uses AVX2
-// or AVX-512 where the CPU has them. Each op's dispatching entry points (AK_DISPATCH in
-// kernels.h) run the level isa_level() returns.
+// The kernels' instruction-set level: the best level this CPU runs (checked once, with
+// CPUID and XGETBV), so one build is correct on any x86-64 CPU and uses AVX2 or AVX-512
+// where the CPU has them. Each op's dispatching entry points (AK_DISPATCH in kernels.h) run
+// the level isa_level() returns.
 #include <algorithm>
 #include <atomic>
+
+#if defined(ASICKERNELS_CPU_X86_LEVELS)
+#include <cpuid.h>
+#endif
 
 #include "kernels.h"
 
 namespace asickernels_cpu {
 namespace {
 
-IsaLevel detect() {
 #if defined(ASICKERNELS_CPU_X86_LEVELS)
-  __builtin_cpu_init();
+// CPUID read here rather than through __builtin_cpu_supports: the wheel's toolchain (zig,
+// setup.py) has a compiler runtime whose CPU-feature data is a stub that reports nothing.
+// Bits: Intel SDM vol. 2A, CPUID leaves 1 and 7; XCR0: vol. 1, 13.3.
+constexpr unsigned kFma = 1u << 12, kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
+constexpr unsigned kAvx2 = 1u << 5, kBmi = 1u << 3, kBmi2 = 1u << 8;
+constexpr unsigned kAvx512f = 1u << 16, kAvx512dq = 1u << 17, kAvx512cd = 1u << 28;
+constexpr unsigned kAvx512bw = 1u << 30, kAvx512vl = 1u << 31, kAvx512vnni = 1u << 11;
+// XCR0: the OS saves SSE and AVX state (bits 1, 2), and the AVX-512 state (bits 5-7).
+constexpr unsigned kYmmState = 0x6, kZmmState = 0xe6;
+
+bool all(unsigned bits, unsigned wanted) { return (bits & wanted) == wanted; }
+
+IsaLevel detect() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !all(ecx, kOsxsave | kAvx | kFma | kF16c)) {
+    return IsaLevel::kBaseline;
+  }
+  unsigned xcr0, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+  if (!all(xcr0, kYmmState) || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+    return IsaLevel::kBaseline;
+  }
   // x86-64-v4 (what -march=x86-64-v4 may use) and VNNI (the int8 microkernel).
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+  if (all(xcr0, kZmmState) &&
+      all(ebx, kAvx512f | kAvx512dq | kAvx512cd | kAvx512bw | kAvx512vl | kAvx2 | kBmi | kBmi2) &&
+      all(ecx, kAvx512vnni)) {
     return IsaLevel::kAvx512;
   }
   // x86-64-v3's vector and bit-manipulation extensions.
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
-      __builtin_cpu_supports("f16c")) {
-    return IsaLevel::kAvx2;
-  }
-#endif
+  if (all(ebx, kAvx2 | kBmi | kBmi2)) return IsaLevel::kAvx2;
   return IsaLevel::kBaseline;
 }
+#else
+IsaLevel detect() { return IsaLevel::kBaseline; }
+#endif
 
 std::atomic<IsaLevel>& current() {
   static std::atomic<IsaLevel> level{best_isa_level()};
