@@ -76,8 +76,8 @@ class EstimateError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
-    """A function to compile: ``builder`` (``"module:function"``) called with ``kwargs``
+class EstimateTarget:
+    """A program to estimate: ``builder`` (``"module:function"``) called with ``kwargs``
     returns ``(function, [(shape, dtype), ...])``.
 
     ``loop_trips`` gives trip counts for loops whose exit depends on data (the walk cannot
@@ -110,7 +110,7 @@ class Case:
 # --------------------------------------------------------------------------------------
 
 
-def compile_with_dumps(case: Case, generation: str, directory: Path) -> Path:
+def compile_with_dumps(case: EstimateTarget, generation: str, directory: Path) -> Path:
     """Compiles ``case`` for ``generation`` in a fresh process with libtpu's schedule dumps
     in ``directory``; returns the folder holding the listings."""
     if generation not in GENERATIONS:
@@ -145,7 +145,9 @@ def _compile_child(request_json: str) -> int:
     from asickernels.simulate import tpu_compile
 
     request = json.loads(request_json)
-    function, specs = Case("child", request["builder"], tuple(request["kwargs"].items())).build()
+    function, specs = EstimateTarget(
+        "child", request["builder"], tuple(request["kwargs"].items())
+    ).build()
     tpu_compile.lower_for_tpu(function, specs, request["generation"]).compile()
     return 0
 
@@ -235,7 +237,7 @@ def estimate_dump(
     )
 
 
-def estimate_case(case: Case, generation: str, **options: Any) -> Estimate:
+def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Estimate:
     """Compiles ``case`` for ``generation`` with dumps in a temporary folder and walks it."""
     with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
         listings = compile_with_dumps(case, generation, Path(directory))

@@ -55,8 +55,9 @@ class Operand:
 
 
 @dataclasses.dataclass(frozen=True)
-class Op:
-    """One instruction of a bundle, reduced to what the walk needs."""
+class Instruction:
+    """One instruction of a VLIW bundle (not an asickernels op), reduced to what the walk
+    needs."""
 
     opcode: str
     dest: str | None  # physical register written (``s10``, ``p3``), if scalar/predicate
@@ -72,7 +73,7 @@ class Op:
 class Bundle:
     address: int
     marker: str  # "LB", "PF", ... or ""
-    ops: list[Op]
+    ops: list[Instruction]
     regions: list[int]
     cost: int
 
@@ -175,7 +176,7 @@ def parse_operand(text: str) -> Operand:
     return Operand()
 
 
-def _parse_op(text: str) -> Op:
+def _parse_op(text: str) -> Instruction:
     clean = _COMMENT.sub(" ", text).strip()
     dest = None
     match = re.match(r"^(%[\w]+)\s*=\s*(.*)$", clean, re.S)
@@ -210,10 +211,10 @@ def _parse_op(text: str) -> Op:
         operands = (parse_operand(rest.split()[-1]),) if rest else ()
     else:
         operands = tuple(parse_operand(part) for part in _split_top_level(rest, ","))
-    return Op(opcode, dest, operands, predicate, text, target_region, memory, fallback)
+    return Instruction(opcode, dest, operands, predicate, text, target_region, memory, fallback)
 
 
-def call_target(op: Op) -> str | None:
+def call_target(op: Instruction) -> str | None:
     """An ``inlined_call``'s callee program, from its comment (``/* %name = fusion(...) */``
     or ``/* <late-initialization> */``)."""
     match = _CALL_TARGET.search(op.text)

@@ -40,12 +40,12 @@ class Runner:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.progress = progress or (lambda message: print(message, file=sys.stderr, flush=True))
         # Parsed dumps are large: keep the last few (calibration walks one several times).
-        self._dumps: dict[tuple[cost.Case, str], parsing.Dump] = {}
-        self._estimates: dict[tuple[cost.Case, str, float], cost.Estimate] = {}
-        self._failed: set[tuple[cost.Case, str]] = set()
+        self._dumps: dict[tuple[cost.EstimateTarget, str], parsing.Dump] = {}
+        self._estimates: dict[tuple[cost.EstimateTarget, str, float], cost.Estimate] = {}
+        self._failed: set[tuple[cost.EstimateTarget, str]] = set()
         self.errors: list[str] = []
 
-    def dump(self, case: cost.Case, generation: str) -> parsing.Dump | None:
+    def dump(self, case: cost.EstimateTarget, generation: str) -> parsing.Dump | None:
         key = (case, generation)
         if key in self._failed:
             return None
@@ -68,7 +68,7 @@ class Runner:
         return self._dumps[key]
 
     def estimate(
-        self, case: cost.Case, generation: str, dma_latency_s: float = cost.DMA_LATENCY_S
+        self, case: cost.EstimateTarget, generation: str, dma_latency_s: float = cost.DMA_LATENCY_S
     ) -> cost.Estimate | None:
         key = (case, generation, dma_latency_s)
         if key in self._estimates:
@@ -191,7 +191,9 @@ def calibration_markdown(calibration: Calibration) -> list[str]:
 # -- estimates -------------------------------------------------------------------------------
 
 
-def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[cost.Case, ...]:
+def estimate_cases(
+    generation: str, ops: Sequence[str] | None = None
+) -> tuple[cost.EstimateTarget, ...]:
     """What the estimate table shows for ``generation``: the seed-equivalent kernels, and
     ours beside plain XLA at the seeds' workloads and at the shapes users run (issue #15):
     int8 over ``INT8_USER_M`` x ``INT8_USER_KN`` and 8192^3 (XLA's W8A8 and bfloat16 dots
@@ -200,7 +202,7 @@ def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[c
     matmul_shapes = [(m, k, n) for k, n in cases.INT8_USER_KN for m in cases.INT8_USER_M]
     size = seeds.SEED_MATMUL_SIZE
     matmul_shapes.append((size, size, size))
-    found: list[cost.Case] = [*cases.SEED_CASES]
+    found: list[cost.EstimateTarget] = [*cases.SEED_CASES]
     for m, k, n in matmul_shapes:
         found += [cases.int8_matmul_case(mkn=(m, k, n)), cases.xla_matmul_case(m, k, n, "int8")]
         if m in cases.W8A8_AND_BF16_M or m == size:  # the other XLA dots: fewer M (compiles)
@@ -218,7 +220,7 @@ def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[c
 class Row:
     """One estimate with its labels and roofline: a row of the table and of the JSON."""
 
-    case: cost.Case
+    case: cost.EstimateTarget
     estimate: cost.Estimate
 
     @property
@@ -409,8 +411,8 @@ def _sweep(
     runner: Runner,
     generations: Sequence[str],
     op: str,
-    baseline: cost.Case,
-    configs: Sequence[tuple[str, cost.Case]],
+    baseline: cost.EstimateTarget,
+    configs: Sequence[tuple[str, cost.EstimateTarget]],
 ) -> Tuning:
     base, rows = {}, []
     for generation in generations:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Op, Operand, Value
+from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Instruction, Operand, Value
 
 
 def as_signed(value: int) -> int:
@@ -63,7 +63,7 @@ class Machine:
         # ``spop.drf %id``.
         self.divisions: dict[str, Value] = {}
 
-    def divide(self, op: Op) -> None:
+    def divide(self, op: Instruction) -> None:
         """Executes an ``sdivrem``: keeps the quotient or remainder its comment asks for."""
         ident = re.match(r"\s*%(\w+)\s*=", op.text)
         values = [self.read(operand) for operand in op.operands]
@@ -85,7 +85,7 @@ class Machine:
             return operand.constant
         return operand.address
 
-    def address(self, op: Op) -> Addr | None:
+    def address(self, op: Instruction) -> Addr | None:
         """The SMEM address of an sld/sst: one allocation plus integer terms."""
         base, offset = None, 0
         for term in (self.read(operand) for operand in op.memory):
@@ -97,7 +97,7 @@ class Machine:
                 return None
         return None if base is None else Addr(base, offset)
 
-    def predicate(self, op: Op) -> bool | None:
+    def predicate(self, op: Instruction) -> bool | None:
         """Whether a predicated op executes (None: unknown)."""
         if op.predicate is None:
             return True
@@ -106,7 +106,7 @@ class Machine:
             return None
         return value != op.predicate[1]
 
-    def evaluate(self, op: Op) -> Value:
+    def evaluate(self, op: Instruction) -> Value:
         """The value a register-writing op produces (None when not computable)."""
         family, _, kind = op.opcode.partition(".")
         values = [self.read(operand) for operand in op.operands]

@@ -35,7 +35,7 @@ from asickernels.simulate.tpu_estimate.parsing import (
     Addr,
     Bundle,
     Dump,
-    Op,
+    Instruction,
     Operand,
     Program,
     ScheduleError,
@@ -125,7 +125,9 @@ class _ExitTest:
     continue_when: bool
 
 
-def _exit_test(program: Program, branch_index: int, branch: Op, start: int) -> _ExitTest | None:
+def _exit_test(
+    program: Program, branch_index: int, branch: Instruction, start: int
+) -> _ExitTest | None:
     if branch.predicate is None:
         return None
     register, negated = branch.predicate
@@ -315,7 +317,7 @@ class Walker:
         self,
         program: Program,
         pc: int,
-        op: Op,
+        op: Instruction,
         decision: bool | None,
         runs: dict[int, _LoopRun],
         exit_tests: dict[int, _ExitTest | None],
@@ -411,7 +413,7 @@ class Walker:
                 stats.counts[index] += delta
                 stats.counts[index + 1] -= delta
 
-    def _call(self, op: Op) -> None:
+    def _call(self, op: Instruction) -> None:
         name = call_target(op)
         callee = self.dump.program(name) if name else None
         if callee is None:
@@ -423,7 +425,7 @@ class Walker:
         value = self.machine.read(operand)
         return value if isinstance(value, Addr) else None
 
-    def _dma_issue(self, op: Op) -> None:
+    def _dma_issue(self, op: Instruction) -> None:
         machine = self.machine
         keywords = dict(KEYWORD_OPERAND.findall(op.text))
         size = parse_operand(keywords.get("size_in_granules", "").strip())
@@ -442,7 +444,7 @@ class Walker:
             done = start
         machine.flags[flag] = max(machine.flags.get(flag, 0.0), done)
 
-    def _dma_wait(self, op: Op) -> None:
+    def _dma_wait(self, op: Instruction) -> None:
         machine = self.machine
         flag = self._flag(op.operands[0]) if op.operands else None
         done = machine.flags.pop(flag, None)
