@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from asickernels import tpu_generations as generations
-from asickernels.simulate.tpu_estimate import parsing, walk
+from asickernels.simulate.tpu_estimate import parsing, program_facts, walk
 from asickernels.simulate.tpu_estimate.roofline import Work
 
 # Generations the estimate covers: those libtpu compiles for whose clock is known.
@@ -48,6 +48,33 @@ def hbm_bytes_per_cycle(generation: str) -> float:
     facts = generations.get(generation)
     assert facts.clock_hz is not None
     return facts.hbm_bytes_per_s / facts.cores_per_chip / facts.clock_hz
+
+
+# MXUs per TensorCore and their width (jax/_src/pallas/mosaic/tpu_info.py in jax 0.10.2:
+# num_mxus, mxu_column_size); the listings name the same units (mxu0..mxu3 on v5e and v5p,
+# mxu0..mxu1 on v6e).
+MXU_GEOMETRY = {"v4": (4, 128), "v5e": (4, 128), "v5p": (4, 128), "v6e": (2, 256)}
+_INTEGER_MXU_TYPES = ("s8", "u8", "s4", "u4")
+
+
+def mxu_op_cycles(generation: str) -> dict[str, float]:
+    """Cycles one ``vmatmul`` occupies its MXU, per operand type: it pushes one vreg of
+    ``8 x 32 / bits`` rows through a ``width x width`` array, at the MXU's share of the
+    chip's datasheet peak (int8 for integer types, bfloat16 otherwise; float32 at the
+    bfloat16 rate per row, an assumption). E.g. v5e bf16: 16 x 128 x 128 multiply-adds at
+    197e12 / 2 / 4 MXUs per second = 16 cycles at 1.5 GHz."""
+    facts = generations.get(generation)
+    if facts.clock_hz is None or generation not in MXU_GEOMETRY:
+        raise ValueError(f"no MXU facts for {generation!r}")
+    mxus, width = MXU_GEOMETRY[generation]
+    cycles = {}
+    for operand_type, bits in parsing.MXU_OPERAND_BITS.items():
+        integer = operand_type in _INTEGER_MXU_TYPES
+        peak = (facts.peak_int8_ops_per_s if integer else None) or facts.peak_bf16_ops_per_s
+        macs_per_s = peak / 2 / facts.cores_per_chip / mxus
+        rows = 8 * 32 // bits
+        cycles[operand_type] = rows * width * width / macs_per_s * facts.clock_hz
+    return cycles
 
 
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
@@ -123,7 +150,12 @@ def compile_with_dumps(case: EstimateTarget, generation: str, directory: Path) -
     # libtpu takes a machine-wide lock meant for real TPUs; compiling needs none.
     env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     request = json.dumps(
-        {"builder": case.builder, "kwargs": dict(case.kwargs), "generation": generation}
+        {
+            "builder": case.builder,
+            "kwargs": dict(case.kwargs),
+            "generation": generation,
+            "facts": str(Path(directory) / FACTS_FILE),
+        }
     )
     command = [sys.executable, "-m", __name__, "--compile-child", request]
     try:
@@ -140,6 +172,18 @@ def compile_with_dumps(case: EstimateTarget, generation: str, directory: Path) -
     return listings
 
 
+FACTS_FILE = "program_facts.json"
+
+
+def load_facts(listings: Path) -> program_facts.ProgramFacts | None:
+    """The :class:`~.program_facts.ProgramFacts` the compile child wrote beside the
+    listings of :func:`compile_with_dumps` (None if it could not read the jaxpr)."""
+    path = Path(listings).parent / FACTS_FILE
+    if not path.exists():
+        return None
+    return program_facts.ProgramFacts.from_json(json.loads(path.read_text()))
+
+
 def _compile_child(request_json: str) -> int:
     """The subprocess side of :func:`compile_with_dumps`."""
     from asickernels.simulate import tpu_compile
@@ -149,6 +193,8 @@ def _compile_child(request_json: str) -> int:
         "child", request["builder"], tuple(request["kwargs"].items())
     ).build()
     tpu_compile.lower_for_tpu(function, specs, request["generation"]).compile()
+    facts = program_facts.program_facts(function, specs)
+    Path(request["facts"]).write_text(json.dumps(facts.as_json()))
     return 0
 
 
@@ -163,8 +209,13 @@ class Estimate:
 
     ``device_s`` is the whole jitted function's device program (all fusions and kernels);
     ``kernel_s`` the Pallas kernels (custom calls) in it; ``per_call_s`` adds the calibrated
-    per-call overhead. ``utilization`` is issued slots / capacity per unit over the kernels'
-    (else the whole program's) estimated cycles.
+    per-call overhead. ``mxu_stall_cycles`` is the part of ``device_s`` spent waiting for a
+    busy MXU (the schedule issues pushes faster than the MXU takes them), ``dma_wait_cycles``
+    waiting for DMAs. ``utilization`` is issued slots / capacity per unit over the kernels'
+    (else the whole program's) estimated cycles. ``floor_s`` is the least time the
+    function's work can take (:class:`~.program_facts.Floor`; None when unknown), ``bound``
+    the resource that limits the estimate. ``assumptions`` says, in sentences, everything
+    the estimate assumed (loops and branches the walk could not decide, TensorCore splits).
     """
 
     case: str
@@ -180,6 +231,68 @@ class Estimate:
     kernels: tuple[str, ...]
     unresolved: tuple[str, ...]
     loops: tuple[str, ...]
+    mxu_stall_cycles: float = 0.0
+    floor_s: float | None = None
+    floor_bound: str = ""
+    bound: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def call_overhead_s(self) -> float:
+        return self.per_call_s - self.device_s
+
+    def report(self) -> str:
+        """The estimate as text: device time, floor, bound, per-call time, assumptions."""
+        clock = generations.get(self.generation).clock_hz or 1.0
+        floor = (
+            "unknown"
+            if self.floor_s is None
+            else f"{self.floor_s * 1e3:.4f} ms ({self.floor_bound}-bound)"
+        )
+        lines = [
+            f"{self.case or 'function'} on TPU {self.generation} (an estimate from the "
+            "compiler's schedule, not a measurement):",
+            f"  device time   {self.device_s * 1e3:.4f} ms (MXU-busy stalls "
+            f"{self.mxu_stall_cycles / clock * 1e3:.4f} ms, DMA waits "
+            f"{self.dma_wait_cycles / clock * 1e3:.4f} ms)",
+            f"  Pallas kernels {self.kernel_s * 1e3:.4f} ms" if self.kernels else "",
+            f"  floor         {floor}",
+            f"  bound by      {self.bound}",
+            f"  per call      {self.per_call_s * 1e3:.4f} ms (device + "
+            f"{self.call_overhead_s * 1e6:.0f} us host dispatch, calibrated)",
+        ]
+        lines += [f"  assumes: {line}" for line in self.assumptions]
+        return "\n".join(line for line in lines if line)
+
+
+def _assumptions(
+    machine: Any, facts: program_facts.ProgramFacts | None, generation: str
+) -> tuple[str, ...]:
+    notes: list[str] = []
+    for note in machine.unresolved_loops:
+        notes.append(note)
+    if machine.unresolved_branches:
+        notes.append(
+            f"{machine.unresolved_branches} data-dependent branch execution(s) (e.g. "
+            "pl.when on loaded values) assumed to run their region"
+        )
+    if machine.unknown_mxu_types:
+        notes.append(
+            f"MXU pushes of {sorted(machine.unknown_mxu_types)} cost only their bundle "
+            "(no rate known)"
+        )
+    notes += [f"no listing for {name}: not counted" for name in sorted(machine.missing_programs)]
+    facts_cores = generations.get(generation).cores_per_chip
+    if facts is None:
+        notes.append("the function's jaxpr could not be read: floor and core split unknown")
+    else:
+        notes += [call.megacore(generation) for call in facts.pallas_calls]
+    if facts_cores > 1:
+        notes.append(
+            f"{generation} has {facts_cores} TensorCores per device: the walk follows core 0, "
+            "with half the chip's HBM bandwidth (XLA fusions split their work over both)"
+        )
+    return tuple(notes)
 
 
 def estimate_dump(
@@ -190,8 +303,11 @@ def estimate_dump(
     loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
     dma_latency_s: float = DMA_LATENCY_S,
     call_overhead_s: float = CALL_OVERHEAD_S,
+    facts: program_facts.ProgramFacts | None = None,
+    mxu_occupancy: bool = True,
 ) -> Estimate:
-    """Walks a loaded dump for ``generation``; see :class:`Estimate`."""
+    """Walks a loaded dump for ``generation``; see :class:`Estimate`. ``mxu_occupancy``
+    False walks the schedule as issued (MXU pushes cost only their bundle)."""
     clock = generations.get(generation).clock_hz
     assert clock is not None
     walker = walk.Walker(
@@ -199,6 +315,7 @@ def estimate_dump(
         bytes_per_cycle=hbm_bytes_per_cycle(generation),
         dma_latency_cycles=dma_latency_s * clock,
         loop_trips=loop_trips or {},
+        mxu_op_cycles=mxu_op_cycles(generation) if mxu_occupancy else None,
     )
     cycles = walker.run()
     kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
@@ -212,13 +329,23 @@ def estimate_dump(
         if capacity and span
     }
     machine = walker.machine
+    device_s = cycles / clock
+    floor_s = facts.floor.seconds(generation) if facts else None
+    shares = {
+        "HBM (DMA waits)": machine.dma_wait_cycles / cycles if cycles else 0.0,
+        "MXU (busy stalls + issue)": (machine.mxu_stall_cycles + machine.mxu_pushes) / cycles
+        if cycles
+        else 0.0,
+    }
+    top = max(shares, key=lambda name: shares[name])
+    bound = top if shares[top] >= 0.3 else "instruction issue (the schedule's bundles)"
     return Estimate(
         case=case,
         generation=generation,
-        device_s=cycles / clock,
+        device_s=device_s,
         kernel_s=kernel_cycles / clock,
-        per_call_s=cycles / clock + call_overhead_s,
-        schedule_cycles=cycles - machine.dma_wait_cycles,
+        per_call_s=device_s + call_overhead_s,
+        schedule_cycles=cycles - machine.dma_wait_cycles - machine.mxu_stall_cycles,
         dma_wait_cycles=machine.dma_wait_cycles,
         hbm_bytes=machine.hbm_bytes,
         utilization=utilization,
@@ -234,6 +361,11 @@ def estimate_dump(
         )
         + tuple(f"no listing for {name}" for name in sorted(machine.missing_programs)),
         loops=tuple(walker.describe_loops(kernels or None)),
+        mxu_stall_cycles=machine.mxu_stall_cycles,
+        floor_s=floor_s,
+        floor_bound=facts.floor.bound(generation) if facts else "",
+        bound=bound,
+        assumptions=_assumptions(machine, facts, generation),
     )
 
 
@@ -245,9 +377,12 @@ def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Esti
             dump = parsing.load_dump(listings)
         except parsing.ScheduleError as error:
             raise EstimateError(f"{case.name} on {generation}: {error}") from None
+        facts = load_facts(listings)
     trips = {program: dict(entries) for program, entries in case.loop_trips}
     try:
-        return estimate_dump(dump, generation, case=case.name, loop_trips=trips, **options)
+        return estimate_dump(
+            dump, generation, case=case.name, loop_trips=trips, facts=facts, **options
+        )
     except parsing.ScheduleError as error:
         raise EstimateError(f"{case.name} on {generation}: {error}") from None
 
@@ -264,6 +399,11 @@ def _run_cli(args: argparse.Namespace) -> int:
     if missing:
         print(f"cannot compile for TPU here: {missing}", file=sys.stderr)
         return 2
+    if args.function:
+        return _estimate_user_function(args)
+    if args.arg:
+        print("--arg needs --function", file=sys.stderr)
+        return 2
     return report.run(
         args.generation or DEFAULT_GENERATIONS,
         tune_blocks=args.tune,
@@ -275,6 +415,27 @@ def _run_cli(args: argparse.Namespace) -> int:
     )
 
 
+def _estimate_user_function(args: argparse.Namespace) -> int:
+    from asickernels.simulate.tpu_estimate import user_function
+
+    try:
+        specs = [user_function.parse_arg_spec(text) for text in args.arg or ()]
+        if str(Path.cwd()) not in sys.path:  # `--function mymodule:f` from the current folder
+            sys.path.insert(0, str(Path.cwd()))
+        import jax
+
+        examples = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
+        estimates = user_function.estimate_function(
+            args.function, *examples, generations=args.generation or DEFAULT_GENERATIONS
+        )
+    except (ValueError, EstimateError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for estimate in estimates:
+        print(estimate.report())
+    return 0
+
+
 # `asickernels estimate --help`, printed as written (lines of at most 78 characters).
 ESTIMATE_DESCRIPTION = """\
 Estimate kernel times without the hardware: estimates, not measurements.
@@ -284,7 +445,8 @@ this machine, and turn the instruction schedule it produced into time at each
 chip's clock and HBM bandwidth, calibrated on two published TPU v5e timings.
 Each estimate is printed beside its roofline; exits 1 if one falls below it.
 All cases on all generations take about an hour on 2 cores: narrow them with
---generation and --op.
+--generation and --op. Your own function: --function module:name with one
+--arg DTYPE[SHAPE] per argument (device time, floor, bound, assumptions).
 
 AWS Neuron (--neuron): run our NKI kernels in the NKI simulator and time them
 with its cost model, for trn1/inf2, trn2 and trn3 (no libtpu needed)."""
@@ -292,6 +454,8 @@ ESTIMATE_EPILOG = """\
 examples:
   asickernels estimate --generation v6e --op int8_matmul
   asickernels estimate --render benchmarks/results/tpu_estimates/estimates.json
+  asickernels estimate --function mykernels:matmul --arg bfloat16[4096,4096] \
+      --arg bfloat16[4096,4096] --generation v5p
   asickernels estimate --neuron trn2 --kernel giou --timeline giou.png
 
 TPU estimates need libtpu: {install}.
@@ -346,6 +510,18 @@ def register_cli(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="show loops, assumptions, costliest programs"
+    )
+    parser.add_argument(
+        "--function",
+        metavar="MODULE:NAME",
+        help="estimate this jitted function or Pallas kernel (importable from the current "
+        "folder or the environment) instead of ours",
+    )
+    parser.add_argument(
+        "--arg",
+        action="append",
+        metavar="DTYPE[SHAPE]",
+        help="an example argument of --function, e.g. bfloat16[1024,1024] (repeatable, in order)",
     )
     kernel_estimates.add_arguments(parser)
     parser.set_defaults(handler=_run_cli)

@@ -146,7 +146,8 @@ def _bundle_body(chunk: str) -> tuple[str, str]:
 
 def _relevant(op_text: str) -> bool:
     """Whether the walk needs this op: scalar/predicate results, SMEM stores, control flow,
-    DMAs, calls, delays. Vector work only costs its bundle."""
+    DMAs, calls, delays, MXU pushes (``vmatmul``: they occupy their MXU). Other vector work
+    only costs its bundle."""
     head = _OP_HEAD.match(op_text)
     if not head:
         return False
@@ -156,7 +157,7 @@ def _relevant(op_text: str) -> bool:
     if dest and dest[0] in "sp" and _REGISTER.match("%" + dest):
         return True
     return opcode in ("sbr.rel", "sst", "inlined_call", "vdelay") or opcode.startswith(
-        ("dma.", "sdivrem")
+        ("dma.", "sdivrem", "vmatmul.")
     )
 
 
@@ -212,6 +213,22 @@ def _parse_op(text: str) -> Instruction:
     else:
         operands = tuple(parse_operand(part) for part in _split_top_level(rest, ","))
     return Instruction(opcode, dest, operands, predicate, text, target_region, memory, fallback)
+
+
+_MXU_PUSH = re.compile(
+    r"^vmatmul(?:\.[a-z]+)*?\.(bf16|f32|s8|u8|s4|u4|e4m3|e5m2|f8\w*)\..*?mxu(\d+)$"
+)
+MXU_OPERAND_BITS = {"f32": 32, "bf16": 16, "s8": 8, "u8": 8, "e4m3": 8, "e5m2": 8, "s4": 4, "u4": 4}
+
+
+def mxu_push(op: Instruction) -> tuple[str, str] | None:
+    """A ``vmatmul`` instruction's (operand type, MXU): ``vmatmul.bf16.gmra.mxu2`` ->
+    ``("bf16", "mxu2")``; None for any other instruction."""
+    match = _MXU_PUSH.match(op.opcode)
+    if not match:
+        return None
+    kind = match.group(1)
+    return ("e4m3" if kind.startswith("f8") else kind), f"mxu{match.group(2)}"
 
 
 def call_target(op: Instruction) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from asickernels import tpu_generations
 from asickernels.kernels import nms_cases
-from asickernels.simulate.tpu_estimate import cases, parsing
+from asickernels.simulate.tpu_estimate import cases, parsing, program_facts
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
@@ -30,7 +30,7 @@ DISCLAIMER = (
     "These are **compiler-schedule estimates, not measurements**: libtpu compiled each "
     "kernel for the named TPU on a CPU machine, and the time is the walk of its final VLIW "
     "schedule (bundles x trip counts, plus waits on DMAs at the chip's HBM bandwidth and a "
-    "calibrated per-DMA latency). No TPU ran anything."
+    "calibrated per-DMA latency, and on MXUs busy with earlier pushes). No TPU ran anything."
 )
 
 
@@ -40,12 +40,16 @@ class Runner:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.progress = progress or (lambda message: print(message, file=sys.stderr, flush=True))
         # Parsed dumps are large: keep the last few (calibration walks one several times).
-        self._dumps: dict[tuple[cost.EstimateTarget, str], parsing.Dump] = {}
+        self._dumps: dict[
+            tuple[cost.EstimateTarget, str], tuple[parsing.Dump, program_facts.ProgramFacts | None]
+        ] = {}
         self._estimates: dict[tuple[cost.EstimateTarget, str, float], cost.Estimate] = {}
         self._failed: set[tuple[cost.EstimateTarget, str]] = set()
         self.errors: list[str] = []
 
-    def dump(self, case: cost.EstimateTarget, generation: str) -> parsing.Dump | None:
+    def dump(
+        self, case: cost.EstimateTarget, generation: str
+    ) -> tuple[parsing.Dump, program_facts.ProgramFacts | None] | None:
         key = (case, generation)
         if key in self._failed:
             return None
@@ -56,7 +60,7 @@ class Runner:
             with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
                 try:
                     listings = cost.compile_with_dumps(case, generation, Path(directory))
-                    self._dumps[key] = parsing.load_dump(listings)
+                    self._dumps[key] = (parsing.load_dump(listings), cost.load_facts(listings))
                 except (cost.EstimateError, parsing.ScheduleError) as error:
                     self._failed.add(key)
                     self.errors.append(str(error))
@@ -73,13 +77,19 @@ class Runner:
         key = (case, generation, dma_latency_s)
         if key in self._estimates:
             return self._estimates[key]
-        dump = self.dump(case, generation)
-        if dump is None:
+        loaded = self.dump(case, generation)
+        if loaded is None:
             return None
+        dump, facts = loaded
         trips = {program: dict(entries) for program, entries in case.loop_trips}
         try:
             estimate = cost.estimate_dump(
-                dump, generation, case=case.name, loop_trips=trips, dma_latency_s=dma_latency_s
+                dump,
+                generation,
+                case=case.name,
+                loop_trips=trips,
+                dma_latency_s=dma_latency_s,
+                facts=facts,
             )
         except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")
@@ -230,19 +240,9 @@ class Row:
 
     @property
     def below_roofline(self) -> bool:
-        """The schedule walk came out faster than physics. The walk cannot see stalls (MXU
-        result FIFOs, ...), so a dense MXU schedule can beat the datasheet peak on paper;
-        such a row reports the roofline as its program time, flagged ``floored``."""
+        """The walk came out faster than physics: a cost the walk does not model (see
+        :data:`BELOW_FLOOR_NOTE`). Printed beside the row, never hidden by a clamp."""
         return self.estimate.device_s < self.roofline_s * (1 - 1e-9)
-
-    @property
-    def program_s(self) -> float:
-        """The program's estimate: the walk, never below the roofline."""
-        return (
-            max(self.estimate.device_s, self.roofline_s)
-            if self.case.work
-            else self.estimate.device_s
-        )
 
     def as_json(self) -> dict[str, Any]:
         e = self.estimate
@@ -252,32 +252,35 @@ class Row:
             "impl": self.case.impl,
             "shape": self.case.shape,
             "generation": e.generation,
-            "program_ms": self.program_s * 1e3,
+            "program_ms": e.device_s * 1e3,
             "kernel_ms": e.kernel_s * 1e3 if e.kernels else None,
             "roofline_ms": self.roofline_s * 1e3,
-            "calibrated_ms": (self.program_s + e.per_call_s - e.device_s) * 1e3,
-            "schedule_ms": e.device_s * 1e3,
-            "floored": self.below_roofline,
+            "calibrated_ms": e.per_call_s * 1e3,
+            "mxu_stall_ms": e.mxu_stall_cycles / _clock(e.generation) * 1e3,
+            "below_floor": self.below_roofline,
         }
+
+
+def _clock(generation: str) -> float:
+    return tpu_generations.get(generation).clock_hz or math.nan
 
 
 Record = dict[str, Any]  # one JSON row (see Row.as_json)
 
 
 def normalize(record: Record) -> Record:
-    """A JSON row with ``program_ms`` floored at the roofline and ``schedule_ms`` /
-    ``floored`` present (rows written before the floor have the walk as ``program_ms``)."""
-    schedule: float = record.get("schedule_ms") or record["program_ms"]
-    roof: float = record["roofline_ms"]
-    program = max(schedule, roof) if roof == roof else schedule  # NaN: no roofline
-    overhead = record["calibrated_ms"] - record["program_ms"]
-    return {
-        **record,
-        "program_ms": program,
-        "calibrated_ms": program + overhead,
-        "schedule_ms": schedule,
-        "floored": program > schedule,
-    }
+    """A JSON row in the current form: rows written when the report clamped the walk to
+    the roofline carry the walk as ``schedule_ms``, which becomes ``program_ms``."""
+    record = dict(record)
+    if "schedule_ms" in record:
+        schedule = record.pop("schedule_ms")
+        overhead = record["calibrated_ms"] - record["program_ms"]
+        record["program_ms"], record["calibrated_ms"] = schedule, schedule + overhead
+        record.pop("floored", None)
+    record.setdefault("mxu_stall_ms", None)
+    roof = record["roofline_ms"]
+    record["below_floor"] = roof == roof and record["program_ms"] < roof * (1 - 1e-9)
+    return record
 
 
 def comparisons(records: Sequence[Record]) -> list[tuple[Record, Record]]:
@@ -314,15 +317,16 @@ def _fraction(record: Record) -> str:
 
 def estimates_markdown(records: Sequence[Record]) -> list[str]:
     lines = [
-        "| case | op | impl | TPU | program ms | schedule walk ms | Pallas kernel ms | roofline ms | roofline / program | per call ms |",
+        "| case | op | impl | TPU | program ms | of which MXU-busy stalls ms | Pallas kernel ms | roofline ms | roofline / program | per call ms |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         kernel = "-" if r["kernel_ms"] is None else f"{r['kernel_ms']:.4f}"
-        mark = " (floored)" if r["floored"] else ""
+        stalls = "-" if r["mxu_stall_ms"] is None else f"{r['mxu_stall_ms']:.4f}"
+        mark = " (below floor)" if r["below_floor"] else ""
         lines.append(
             f"| {r['name']} | {r['op']} | {r['impl']} | {r['generation']} | "
-            f"{r['program_ms']:.4f}{mark} | {r['schedule_ms']:.4f} | {kernel} | "
+            f"{r['program_ms']:.4f}{mark} | {stalls} | {kernel} | "
             f"{r['roofline_ms']:.4f} | {_fraction(r)} | {r['calibrated_ms']:.4f} |"
         )
     return lines
@@ -334,7 +338,7 @@ def comparison_markdown(records: Sequence[Record]) -> list[str]:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for ours, xla in comparisons(records):
-        marks = [" (floored)" if r["floored"] else "" for r in (ours, xla)]
+        marks = [" (below floor)" if r["below_floor"] else "" for r in (ours, xla)]
         lines.append(
             f"| {ours['op']} | {ours['shape']} | {ours['generation']} | "
             f"{ours['program_ms']:.4f}{marks[0]} | {xla['program_ms']:.4f}{marks[1]} | "
@@ -351,13 +355,14 @@ def estimates_text(rows: Sequence[Row], verbose: bool) -> list[str]:
     ]
     for row in rows:
         e = row.estimate
-        flag = "  (walk below roofline: floored)" if row.below_roofline else ""
+        flag = f"  (below floor: {BELOW_FLOOR_NOTE})" if row.below_roofline else ""
         lines.append(
             f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} {_ms(e.kernel_s):>10} "
             f"{_ms(row.roofline_s):>11} {row.roofline_s / e.device_s:>9.0%}  {_util(e)}{flag}"
         )
         if verbose:
-            lines += [f"    {line}" for line in (*e.loops, *e.unresolved)]
+            lines += [f"    {line}" for line in e.loops]
+            lines += [f"    assumes: {line}" for line in e.assumptions]
             top = sorted(e.programs.items(), key=lambda item: -item[1][1])[1:6]
             lines += [
                 f"    {name}: {calls} call(s), {seconds * 1e3:.4f} ms"
@@ -600,14 +605,19 @@ def markdown_document(
     return lines
 
 
+BELOW_FLOOR_NOTE = (
+    "a cost the walk does not model: MXU result-path latency, VMEM bank conflicts, or DMA "
+    "queues beyond one HBM queue per core"
+)
 ROOFLINE_NOTE = (
     "*Roofline*: the least time the op can take on that TPU, the larger of its bytes (inputs "
     "read once, outputs written once) over the chip's HBM bandwidth and its operations over "
     "the chip's peak (MXU int8 or bf16, or VPU f32 for GIOU's 28 operations per pair). "
-    "*Schedule walk*: the walk itself. Where it comes out below the roofline (dense MXU "
-    "schedules: the walk cannot see MXU result-FIFO stalls, so on paper they beat the "
-    "datasheet peak), the program time is the roofline, marked *(floored)*; the test on the "
-    "recorded JSON refuses any program time below its roofline."
+    "*Program*: the walk, never clamped. The compiler issues MXU pushes faster than the "
+    "MXU takes them (on paper a dense schedule beats the datasheet peak): the walk holds "
+    "each push on its MXU for the rows it moves at the datasheet rate and stalls the next, "
+    "shown as *MXU-busy stalls*. A program below its roofline is marked *(below floor)*: "
+    "it misses " + BELOW_FLOOR_NOTE + "; the test on the recorded JSON refuses any."
 )
 CALIBRATION_NOTE = (
     "The schedule alone underestimates the seeds' NMS timings several-fold, for two reasons a "
@@ -619,8 +629,8 @@ CALIBRATION_NOTE = (
     "and checks the schedule and clock model independently."
 )
 LIMITS_NOTE = (
-    "Not modelled: stalls the static schedule does not show (MXU result FIFOs, VMEM bank "
-    "conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
+    "Not modelled: stalls the static schedule does not show beyond MXU occupancy (MXU "
+    "result-path latency, VMEM bank conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
     "TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), and loops "
     "whose exit depends on data (their trips come from the workload where the table says so, "
     "else they run once). The v6e clock is an assumption (see `asickernels/tpu_generations.py`)."

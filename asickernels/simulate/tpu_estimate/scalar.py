@@ -4,7 +4,7 @@ ALU and compare ops, and the DMA/HBM clock shared by all programs of a walk."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Instruction, Operand, Value
@@ -43,7 +43,7 @@ _PREDICATE_LOGIC: dict[str, Callable[[bool, bool], bool]] = {
 
 
 class Machine:
-    """Register file, SMEM spill slots and DMA/HBM timing shared by all programs."""
+    """Register file, SMEM spill slots, DMA/HBM and MXU timing shared by all programs."""
 
     def __init__(self, bytes_per_cycle: float, dma_latency_cycles: float) -> None:
         self.registers: dict[str, Value] = {}
@@ -54,6 +54,11 @@ class Machine:
         self.bytes_per_cycle = bytes_per_cycle
         self.dma_latency = dma_latency_cycles
         self.dma_wait_cycles = 0.0
+        # Each MXU is busy until mxu_free[unit]; a push to a busy MXU stalls the bundle.
+        self.mxu_free: dict[str, float] = {}
+        self.mxu_stall_cycles = 0.0
+        self.mxu_pushes = 0.0
+        self.unknown_mxu_types: set[str] = set()
         self.hbm_bytes = 0.0
         self.walked = 0
         self.unresolved_branches = 0
@@ -62,6 +67,16 @@ class Machine:
         # Results of scalar divisions (``%id = sdivrem a, b /* kRem */``), popped later by
         # ``spop.drf %id``.
         self.divisions: dict[str, Value] = {}
+
+    _TOTALS = ("dma_wait_cycles", "hbm_bytes", "mxu_stall_cycles", "mxu_pushes")
+
+    def totals(self) -> tuple[float, ...]:
+        """The running totals a loop's extrapolation scales (see :meth:`add_totals`)."""
+        return tuple(getattr(self, name) for name in self._TOTALS)
+
+    def add_totals(self, deltas: Sequence[float]) -> None:
+        for name, delta in zip(self._TOTALS, deltas, strict=True):
+            setattr(self, name, getattr(self, name) + delta)
 
     def divide(self, op: Instruction) -> None:
         """Executes an ``sdivrem``: keeps the quotient or remainder its comment asks for."""

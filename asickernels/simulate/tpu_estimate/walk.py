@@ -14,6 +14,11 @@ other programs) and a per-bundle unit utilisation table
   and a loop runs the trips the caller gives for it (``loop_trips``), else once; both are
   counted in the result;
 * each bundle costs one cycle (``vdelay n`` adds ``n``), branches have 4 delay slots;
+* each MXU push (``vmatmul``) occupies its MXU for the cycles the caller gives for its
+  operand type (``mxu_op_cycles``: the rows it pushes through the array at the chip's
+  datasheet rate); a push to a busy MXU stalls its bundle. The compiler issues pushes
+  faster than that (dense matmuls would otherwise beat the datasheet peak on paper):
+  the hardware interlocks, and this is where that time enters the estimate;
 * DMAs go through one HBM queue of the generation's bandwidth; a ``dma.done.wait`` stalls
   until its DMAs are done, which is where HBM time enters the estimate;
 * long counted loops (Mosaic grid loops) are walked for :data:`LOOP_SAMPLE_END` iterations
@@ -41,6 +46,7 @@ from asickernels.simulate.tpu_estimate.parsing import (
     ScheduleError,
     Value,
     call_target,
+    mxu_push,
     parse_operand,
 )
 from asickernels.simulate.tpu_estimate.scalar import COMPARE, Machine, as_signed
@@ -108,6 +114,7 @@ class _LoopRun:
     iterations: int = 0
     planned: int | None = None  # trips decided for a data-dependent loop
     sample_now: float = 0.0
+    sample_totals: tuple[float, ...] = ()
     sample_counts: list[float] | None = None
     sample_counter: int | None = None
     last_counter: int | None = None
@@ -198,15 +205,18 @@ class Walker:
         bytes_per_cycle: float,
         dma_latency_cycles: float = 0.0,
         loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
+        mxu_op_cycles: Mapping[str, float] | None = None,
     ) -> None:
         """``loop_trips``: for loops whose exit depends on data, program name (or its name
         before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
         or a list taken in turn on successive entries. Unlisted data-dependent loops run
-        once."""
+        once. ``mxu_op_cycles``: MXU operand type (``"bf16"``, ``"s8"``, ...) -> cycles one
+        push occupies its MXU (none given: pushes cost only their bundle)."""
         if bytes_per_cycle <= 0:
             raise ValueError("bytes_per_cycle must be > 0")
         self.dump = dump
         self.machine = Machine(bytes_per_cycle, dma_latency_cycles)
+        self.mxu_op_cycles = dict(mxu_op_cycles or {})
         self.loop_trips = loop_trips or {}
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
@@ -307,6 +317,8 @@ class Walker:
                 self._dma_wait(op)
             elif op.opcode.startswith("dma.") and runs_op is not False:
                 self._dma_issue(op)
+            elif runs_op is not False and (push := mxu_push(op)):
+                self._mxu_push(*push)
         for register, value in writes:
             machine.registers[register] = value
         for address, value in stores:
@@ -353,6 +365,7 @@ class Walker:
         counter = machine.registers.get(test.counter) if test else None
         if run.iterations == LOOP_SAMPLE_START and type(counter) is int:
             run.sample_now = machine.now
+            run.sample_totals = machine.totals()
             run.sample_counts = _prefix_sums(stats.counts)
             run.sample_counter = counter
         if (
@@ -403,6 +416,13 @@ class Walker:
         machine.now += extra
         machine.hbm_free += extra
         machine.flags = {key: done + extra for key, done in machine.flags.items()}
+        machine.mxu_free = {unit: free + extra for unit, free in machine.mxu_free.items()}
+        machine.add_totals(
+            [
+                (now - then) * factor
+                for now, then in zip(machine.totals(), run.sample_totals, strict=True)
+            ]
+        )
         assert run.sample_counts is not None
         current = _prefix_sums(stats.counts)
         for index, (now_count, then_count) in enumerate(
@@ -443,6 +463,21 @@ class Walker:
         else:
             done = start
         machine.flags[flag] = max(machine.flags.get(flag, 0.0), done)
+
+    def _mxu_push(self, operand_type: str, unit: str) -> None:
+        if not self.mxu_op_cycles:
+            return
+        machine = self.machine
+        cycles = self.mxu_op_cycles.get(operand_type)
+        if cycles is None:
+            machine.unknown_mxu_types.add(operand_type)
+            return
+        free = machine.mxu_free.get(unit, 0.0)
+        if free > machine.now:
+            machine.mxu_stall_cycles += free - machine.now
+            machine.now = free
+        machine.mxu_free[unit] = machine.now + cycles
+        machine.mxu_pushes += 1
 
     def _dma_wait(self, op: Instruction) -> None:
         machine = self.machine

@@ -1,0 +1,270 @@
+"""The estimate never beats physics (MXU occupancy, HBM bytes) and states what it assumed
+(TensorCore splits, data-dependent loops); the estimate of a user's own function."""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import REPO
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from test_tpu_estimate import DELAY, listing, walk
+
+from asickernels.simulate import tpu_compile
+from asickernels.simulate.tpu_estimate import cases, program_facts, report, user_function
+from asickernels.simulate.tpu_estimate import estimate as cost
+
+GUIDE = REPO / "docs" / "tpu-compile-and-estimates.md"
+
+
+# -- MXU occupancy -----------------------------------------------------------------------------
+
+
+def pushes(*units: str) -> str:
+    return listing(
+        *[("", f"%{i} = vmatmul.bf16.gmra.{unit} %v1_v1", "") for i, unit in enumerate(units)]
+    )
+
+
+def test_a_push_to_a_busy_mxu_stalls_until_it_is_free() -> None:
+    walker = walk(pushes("mxu0", "mxu0", "mxu0"), mxu_op_cycles={"bf16": 16.0})
+    # Pushes at 0, 16, 32; the last bundle ends at 33.
+    assert walker.machine.now == 33
+    assert walker.machine.mxu_stall_cycles == 30
+    assert walker.machine.mxu_pushes == 3
+
+
+def test_pushes_to_different_mxus_overlap() -> None:
+    walker = walk(pushes("mxu0", "mxu1", "mxu2", "mxu3"), mxu_op_cycles={"bf16": 16.0})
+    assert walker.machine.now == 4 and walker.machine.mxu_stall_cycles == 0
+
+
+def test_without_rates_pushes_cost_only_their_bundle() -> None:
+    assert walk(pushes("mxu0", "mxu0")).machine.now == 2
+    walker = walk(pushes("mxu0", "mxu0"), mxu_op_cycles={"s8": 16.0})
+    assert walker.machine.unknown_mxu_types == {"bf16"}
+
+
+def test_mxu_stalls_are_extrapolated_with_their_loop() -> None:
+    trips = 4 * 1024
+    text = listing(
+        ("", "%s1_s0 = smov 0", ""),
+        ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %9 = vmatmul.bf16.gmra.mxu0 %v1_v1", "Start region 5"),
+        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", ""),
+        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
+        DELAY, DELAY, DELAY, DELAY,
+    )  # fmt: skip
+    walker = walk(text, mxu_op_cycles={"bf16": 10.0})
+    # Each 7-bundle iteration pushes once: 10 cycles per push beat the 7 bundles.
+    assert walker.machine.now == pytest.approx(1 + trips * 10, rel=1e-3)
+    assert walker.machine.mxu_pushes == pytest.approx(trips)
+    assert walker.machine.mxu_stall_cycles == pytest.approx(trips * 3, rel=1e-2)
+
+
+def test_mxu_push_cycles_follow_the_datasheet_peak() -> None:
+    # v5e: a bf16 vreg is 16 rows; 16 x 128 x 128 MACs at 197e12 / 2 / 4 MXUs per second.
+    v5e = cost.mxu_op_cycles("v5e")
+    assert v5e["bf16"] == pytest.approx(16 * 128 * 128 / (197e12 / 8) * 1.5e9)
+    assert v5e["s8"] == pytest.approx(v5e["bf16"])  # twice the rows at twice the rate
+    v6e = cost.mxu_op_cycles("v6e")  # two 256x256 MXUs per core
+    assert v6e["bf16"] == pytest.approx(16 * 256 * 256 / (918e12 / 4) * 1.75e9)
+    with pytest.raises(ValueError, match="no MXU facts"):
+        cost.mxu_op_cycles("v7x")
+
+
+# -- what the jaxpr says ----------------------------------------------------------------------
+
+
+def guide_style_matmul(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    semantics: tuple[str, ...] = ("parallel", "parallel", "arbitrary"),
+) -> jax.Array:
+    bm = bk = bn = 256
+    m, k = x.shape
+    n = y.shape[1]
+
+    def kernel(x_ref, y_ref, z_ref, acc_ref):  # type: ignore[no-untyped-def]
+        @pl.when(pl.program_id(2) == 0)
+        def _zero() -> None:
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+    )(x, y)
+
+
+def test_facts_count_products_per_grid_step_and_read_the_grid_split() -> None:
+    facts = program_facts.program_facts(
+        guide_style_matmul, [((512, 1024), "bfloat16"), ((1024, 768), "bfloat16")]
+    )
+    (call,) = facts.pallas_calls
+    assert call.grid == (2, 3, 4)
+    assert call.dimension_semantics == ("parallel", "parallel", "arbitrary")
+    assert facts.floor.mxu_bf16_ops == 2 * 512 * 1024 * 768
+    assert facts.floor.hbm_bytes == 2 * (512 * 1024 + 1024 * 768 + 512 * 768)
+    assert "split over 2 TensorCores along parallel axis 0" in call.megacore("v5p")
+    assert "one TensorCore per chip" in call.megacore("v5e")
+    serial = functools.partial(guide_style_matmul, semantics=("arbitrary",) * 3)
+    (serial_call,) = program_facts.program_facts(
+        serial, [((512, 512), "bfloat16")] * 2
+    ).pallas_calls
+    assert "runs on one of v5p's 2 TensorCores" in serial_call.megacore("v5p")
+    assert program_facts.ProgramFacts.from_json(facts.as_json()) == facts
+
+
+def test_floor_counts_nothing_that_may_not_run() -> None:
+    def maybe(x: jax.Array, flag: jax.Array) -> jax.Array:
+        return jax.lax.cond(flag, lambda a: a @ a, lambda a: a, x)
+
+    def scanned(x: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, _: (c @ c, None), x, length=3)[0]
+
+    square = [((128, 128), "int8")]
+    assert program_facts.program_facts(maybe, [*square, ((), "bool")]).floor.mxu_int8_ops == 0
+    floor = program_facts.program_facts(scanned, [((1024, 1024), "bfloat16")]).floor
+    assert floor.mxu_bf16_ops == 3 * 2 * 1024**3
+    assert floor.bound("v5e") == "MXU" and floor.seconds("v5e") == pytest.approx(
+        3 * 2 * 1024**3 / 197e12
+    )
+
+
+def test_ragged_dot_floor_meets_each_row_once() -> None:
+    def grouped(x: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot(x, w, sizes)
+
+    floor = program_facts.program_facts(
+        grouped, [((512, 256), "bfloat16"), ((4, 256, 128), "bfloat16"), ((4,), "int32")]
+    ).floor
+    assert floor.mxu_bf16_ops == 2 * 512 * 256 * 128
+
+
+# -- the user's function ------------------------------------------------------------------------
+
+
+def test_arg_specs_parse_or_name_the_bad_one() -> None:
+    assert user_function.parse_arg_spec("bfloat16[1024, 512]") == ((1024, 512), "bfloat16")
+    assert user_function.parse_arg_spec("int32[]") == ((), "int32")
+    with pytest.raises(ValueError, match="expected DTYPE"):
+        user_function.parse_arg_spec("1024x512")
+    with pytest.raises(ValueError, match="unknown dtype 'bfloat17'"):
+        user_function.parse_arg_spec("bfloat17[4]")
+
+
+def test_functions_must_be_importable_in_a_fresh_process() -> None:
+    assert user_function.function_reference(guide_style_matmul)[0].endswith(":guide_style_matmul")
+    with pytest.raises(ValueError, match="module level"):
+        user_function.function_reference(lambda x: x)
+    with pytest.raises(ValueError, match="by keyword"):
+        user_function.estimate_function(functools.partial(guide_style_matmul, 1))
+    with pytest.raises(ValueError, match="example argument"):
+        user_function.estimate_function(guide_style_matmul, [1, 2], generations=("v5e",))
+    with pytest.raises(ValueError, match="generations"):
+        user_function.estimate_function(guide_style_matmul, generations=("v9",))
+
+
+def test_the_child_imports_a_module_from_its_file(tmp_path: Path) -> None:
+    module = tmp_path / "someone_elses_kernels.py"
+    module.write_text("def double(x):\n    return x * 2\n")
+    function, specs = user_function.build(
+        "someone_elses_kernels:double", [[[4], "float32"]], path=str(module)
+    )
+    assert specs == [((4,), "float32")] and float(function(jnp.ones(4))[0]) == 2.0
+
+
+# -- recorded rows --------------------------------------------------------------------------------
+
+
+def test_rows_recorded_with_the_old_clamp_show_the_walk() -> None:
+    old = {
+        "name": "bf16 matmul", "op": "bf16_matmul", "impl": "xla", "shape": "8192", "generation": "v5e",
+        "program_ms": 5.58, "kernel_ms": None, "roofline_ms": 5.58, "calibrated_ms": 5.70,
+        "schedule_ms": 4.40, "floored": True,
+    }  # fmt: skip
+    row = report.normalize(old)
+    assert row["program_ms"] == 4.40 and row["calibrated_ms"] == pytest.approx(4.52)
+    assert row["below_floor"] and "floored" not in row and "schedule_ms" not in row
+    text = "\n".join(report.estimates_markdown([row]))
+    assert "4.4000 (below floor)" in text
+
+
+# -- real compiles (slow) ---------------------------------------------------------------------------
+
+
+def _libtpu() -> None:
+    missing = tpu_compile.libtpu_status()
+    if missing:
+        pytest.skip(missing)
+
+
+FLOOR_PROGRAMS = [
+    ("bf16 matmul", lambda: cases.xla_matmul_case(1024, 1024, 1024, "bf16")),
+    ("int8 matmul", lambda: cases.xla_matmul_case(1024, 1024, 1024, "int8")),
+    ("copy-bound stream", lambda: cases.stream_case(2048, 512, 256)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("generation", ["v5e", "v6e", "v5p"])
+@pytest.mark.parametrize(("what", "make"), FLOOR_PROGRAMS, ids=[p[0] for p in FLOOR_PROGRAMS])
+def test_estimates_of_programs_with_a_known_floor_stay_above_it(
+    generation: str, what: str, make: object
+) -> None:
+    _libtpu()
+    target = make()  # type: ignore[operator]
+    estimate = cost.estimate_case(target, generation)
+    floor = target.work.seconds(generation)
+    assert floor <= estimate.device_s <= 2.5 * floor, (what, estimate.report())
+    # The jaxpr's floor is the hand-written one (XLA matmul: same bytes and operations).
+    assert estimate.floor_s == pytest.approx(floor, rel=0.02), (what, estimate.floor_s, floor)
+    assert estimate.floor_bound == ("HBM" if what == "copy-bound stream" else "MXU")
+
+
+def guide_example(tmp_path: Path) -> Path:
+    """The guide's example module, as the guide prints it."""
+    text = GUIDE.read_text()
+    code = re.search(r"```python\n(# someone_elses_matmul\.py.*?)```", text, re.S)
+    assert code, "the guide's example is gone"
+    path = tmp_path / "someone_elses_matmul.py"
+    path.write_text(code.group(1))
+    return path
+
+
+@pytest.mark.slow
+def test_the_guides_example_estimates_a_kernel_that_is_not_ours(tmp_path: Path) -> None:
+    _libtpu()
+    guide_example(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "asickernels", "estimate", "--function", "someone_elses_matmul:matmul",
+         "--arg", "bfloat16[2048,2048]", "--arg", "bfloat16[2048,2048]",
+         "--generation", "v5e", "--generation", "v5p"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "on TPU v5e" in out and "on TPU v5p" in out and "floor" in out and "per call" in out
+    assert "split over 2 TensorCores along parallel axis 0" in out
+    devices = [float(t) for t in re.findall(r"device time\s+([\d.]+) ms", out)]
+    floors = [float(t) for t in re.findall(r"floor\s+([\d.]+) ms", out)]
+    assert len(devices) == len(floors) == 2
+    assert all(f <= d for d, f in zip(devices, floors, strict=True))
