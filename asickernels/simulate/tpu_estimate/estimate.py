@@ -5,13 +5,13 @@ compiled program's final VLIW schedule. :mod:`.walk` walks
 that schedule (trip counts, predicated regions, DMA waits against the HBM bandwidth);
 this module compiles a kernel for a generation in a subprocess with the dump flags, turns
 the walk into seconds with the generation's clock, calibrates the two effects a schedule
-cannot show against the seeds' TPU v5e timings, and uses the estimate to tune block sizes.
+cannot show against published TPU v5e timings, and uses the estimate to tune block sizes.
 
 These are compiler-schedule estimates, not measurements. What the walk does not model: MXU
 or VMEM bank stalls the static schedule does not show, DMA engine concurrency beyond one
 HBM queue, and the second TensorCore's traffic on v5p (its HBM share is halved instead).
 Two calibrated constants stand in for what no schedule shows: a fixed latency per DMA and
-the per-call host overhead the seeds' wall-clock timings include.
+the per-call host overhead that wall-clock (``timeit``) timings include.
 
 Commands: ``asickernels estimate`` (estimates for v5e/v6e/v5p), ``--tune`` (block-size
 sweeps), ``--markdown PATH`` (calibration, estimates and tuning as markdown). With
@@ -80,14 +80,15 @@ def mxu_op_cycles(generation: str) -> dict[str, float]:
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
 OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
 
-# Calibrated on the seeds' two NMS timings on TPU v5e (`asickernels estimate --markdown`
-# prints the fit from the current compiler next to these). A schedule cannot show either:
+# Fitted to the published TPU v5e timings of :mod:`.published` (the JAX Pallas TPU matmul
+# guide's and the seed's; `asickernels estimate --markdown` prints the fit from the current
+# compiler beside these, with each source held out). A schedule cannot show either:
 # DMA_LATENCY_S: issue-to-completion time of one DMA on top of its bytes / bandwidth; it
-#   dominates loops that fetch a small block and wait for it (jitted-JAX NMS).
+#   dominates loops that fetch small blocks and wait for them (128^3 matmul blocks, NMS).
 # CALL_OVERHEAD_S: per-call time outside the device program (host dispatch, launch,
-#   synchronisation) that the seeds' wall-clock timings include; added to "per call" only.
-DMA_LATENCY_S = 0.33e-6
-CALL_OVERHEAD_S = 116e-6
+#   synchronisation) that `timeit` around `block_until_ready` includes; in "per call" only.
+DMA_LATENCY_S = 0.50e-6
+CALL_OVERHEAD_S = 112e-6
 
 DUMP_PASSES = "final_bundles|deduplication-map|final_hlo-static"
 COMPILE_TIMEOUT_S = 900
@@ -271,10 +272,10 @@ def _assumptions(
     notes: list[str] = []
     for note in machine.unresolved_loops:
         notes.append(note)
-    if machine.unresolved_branches:
+    for (program, bundle), count in sorted(machine.unresolved_branch_sites.items()):
         notes.append(
-            f"{machine.unresolved_branches} data-dependent branch execution(s) (e.g. "
-            "pl.when on loaded values) assumed to run their region"
+            f"{program} branch at bundle {bundle:#x}: depends on data (e.g. pl.when on a "
+            f"loaded value); assumed to run its region, {count} time(s)"
         )
     if machine.unknown_mxu_types:
         notes.append(
@@ -355,7 +356,9 @@ def estimate_dump(
         kernels=kernels,
         unresolved=tuple(machine.unresolved_loops)
         + (
-            (f"{machine.unresolved_branches} data-dependent branch(es) assumed not taken",)
+            (
+                f"{machine.unresolved_branches} data-dependent branch(es) assumed to run their region",
+            )
             if machine.unresolved_branches
             else ()
         )
@@ -442,7 +445,7 @@ Estimate kernel times without the hardware: estimates, not measurements.
 
 TPU (the default): compile each kernel with libtpu, the real TPU compiler, on
 this machine, and turn the instruction schedule it produced into time at each
-chip's clock and HBM bandwidth, calibrated on two published TPU v5e timings.
+chip's clock and HBM bandwidth, calibrated on published TPU v5e timings.
 Each estimate is printed beside its roofline; exits 1 if one falls below it.
 All cases on all generations take about an hour on 2 cores: narrow them with
 --generation and --op. Your own function: --function module:name with one

@@ -62,6 +62,8 @@ class Machine:
         self.hbm_bytes = 0.0
         self.walked = 0
         self.unresolved_branches = 0
+        # (program, bundle) of each forward branch the walk could not decide -> executions.
+        self.unresolved_branch_sites: dict[tuple[str, int], int] = {}
         self.unresolved_loops: list[str] = []
         self.missing_programs: set[str] = set()
         # Results of scalar divisions (``%id = sdivrem a, b /* kRem */``), popped later by

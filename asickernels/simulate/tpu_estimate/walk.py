@@ -343,6 +343,10 @@ class Walker:
         if target > pc:  # forward: skips a predicated region
             if decision is None:
                 machine.unresolved_branches += 1
+                site = (program.name, pc)
+                machine.unresolved_branch_sites[site] = (
+                    machine.unresolved_branch_sites.get(site, 0) + 1
+                )
                 return None
             return target if decision else None
         loop = loops.get(target)
@@ -403,7 +407,7 @@ class Walker:
         else:
             trips = int(given) if given is not None else 1
         note = f"{program.name} loop #{number}: data-dependent exit, " + (
-            "trips given by the case" if given is not None else "assumed 1 trip"
+            "trips given by the caller (loop_trips)" if given is not None else "assumed 1 trip"
         )
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)

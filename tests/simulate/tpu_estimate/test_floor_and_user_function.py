@@ -268,3 +268,58 @@ def test_the_guides_example_estimates_a_kernel_that_is_not_ours(tmp_path: Path) 
     floors = [float(t) for t in re.findall(r"floor\s+([\d.]+) ms", out)]
     assert len(devices) == len(floors) == 2
     assert all(f <= d for d, f in zip(devices, floors, strict=True))
+
+
+def test_the_estimate_names_every_branch_and_loop_it_had_to_assume() -> None:
+    from test_tpu_estimate import data_dependent_loop, predicated
+
+    from asickernels.simulate.tpu_estimate import parsing
+
+    for text, expected in [
+        (
+            predicated(skip=True).replace("smov 1", "spop %9"),
+            "TLP branch at bundle 0x2: depends on data",
+        ),
+        (data_dependent_loop(), "TLP loop #0: data-dependent exit, assumed 1 trip"),
+    ]:
+        dump = parsing.Dump({"TLP": parsing.parse_program("TLP", text)}, {})
+        estimate = cost.estimate_dump(dump, "v5e")
+        assert any(expected in line for line in estimate.assumptions), estimate.assumptions
+        assert any(expected in line for line in estimate.report().splitlines())
+        assert "jaxpr could not be read" in estimate.report()  # no facts given
+
+
+# -- published timings ----------------------------------------------------------------------------
+
+
+def test_published_figures_carry_source_method_and_era() -> None:
+    from asickernels.simulate.tpu_estimate import published
+
+    timings = published.published_timings()
+    assert {t.source for t in timings} == {published.GUIDE, published.SEED}
+    assert all(t.method and t.era and t.generation == "v5e" and t.seconds > 0 for t in timings)
+    assert len({t.target.name for t in timings}) == len(timings)
+
+
+def test_constants_are_scored_on_the_source_they_were_not_fitted_to() -> None:
+    from asickernels.simulate.tpu_estimate import published
+
+    def row(source: str, device_s: float, slope: float, seconds: float) -> published.Walked:
+        timing = published.PublishedTiming(
+            source, "v5e", published.TIMEIT, "2024", seconds, cases.stream_case()
+        )
+        return published.Walked(timing, device_s, slope, floor_s=device_s / 2)
+
+    # Source A says the overhead is 100 us; source B says 50 us.
+    rows = [row("A", 1e-3, 0.0, 1.1e-3), row("A", 2e-3, 0.0, 2.1e-3), row("B", 1e-3, 0.0, 1.05e-3)]
+    validation = published.Validation(
+        tuple(rows),
+        published.fit(rows),
+        {s: published.fit([r for r in rows if r.timing.source != s]) for s in "AB"},
+    )
+    assert validation.held_out["B"][1] == pytest.approx(100e-6)
+    assert validation.held_out["A"][1] == pytest.approx(50e-6)
+    assert validation.held_out_errors()[2] == pytest.approx(1.1e-3 / 1.05e-3 - 1)
+    assert max(abs(e) for e in validation.in_sample_errors()) < 0.05
+    text = "\n".join(published.validation_markdown(validation))
+    assert "leave-one-source-out" in text and "below their floor: 0 of 3" in text
