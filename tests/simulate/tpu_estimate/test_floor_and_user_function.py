@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from test_tpu_estimate import DELAY, listing, walk
 
+from asickernels import tpu_generations
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases, program_facts, report, user_function
 from asickernels.simulate.tpu_estimate import estimate as cost
@@ -234,10 +235,14 @@ def test_estimates_of_programs_with_a_known_floor_stay_above_it(
     target = make()  # type: ignore[operator]
     estimate = cost.estimate_case(target, generation)
     floor = target.work.seconds(generation)
-    assert floor <= estimate.device_s <= 2.5 * floor, (what, estimate.report())
+    # Never below the floor; at these small sizes the pipeline's prologue and epilogue
+    # (one block in, one out, unoverlapped) can take as long as the steady state.
+    assert floor <= estimate.device_s <= 4 * floor, (what, estimate.report())
     # The jaxpr's floor is the hand-written one (XLA matmul: same bytes and operations).
     assert estimate.floor_s == pytest.approx(floor, rel=0.02), (what, estimate.floor_s, floor)
-    assert estimate.floor_bound == ("HBM" if what == "copy-bound stream" else "MXU")
+    facts = tpu_generations.get(generation)
+    hbm_s = target.work.hbm_bytes / facts.hbm_bytes_per_s
+    assert estimate.floor_bound == ("HBM" if hbm_s == pytest.approx(floor) else "MXU")
 
 
 def guide_example(tmp_path: Path) -> Path:
@@ -323,3 +328,22 @@ def test_constants_are_scored_on_the_source_they_were_not_fitted_to() -> None:
     assert max(abs(e) for e in validation.in_sample_errors()) < 0.05
     text = "\n".join(published.validation_markdown(validation))
     assert "leave-one-source-out" in text and "below their floor: 0 of 3" in text
+
+
+def test_cli_takes_a_function_and_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cost.register_cli(parser.add_subparsers())
+    args = parser.parse_args(
+        ["estimate", "--function", "mod:f", "--arg", "bfloat16[8,8]", "--arg", "int8[8]"]
+    )
+    assert args.function == "mod:f" and args.arg == ["bfloat16[8,8]", "int8[8]"]
+    if tpu_compile.libtpu_status():
+        pytest.skip("needs libtpu")
+    bad = parser.parse_args(["estimate", "--function", "mod:f", "--arg", "8x8"])
+    assert bad.handler(bad) == 2
+    assert "--arg '8x8': expected DTYPE[D0,D1,...]" in capsys.readouterr().err
+    orphan = parser.parse_args(["estimate", "--arg", "int8[8]"])
+    assert orphan.handler(orphan) == 2
+    assert "--arg needs --function" in capsys.readouterr().err
