@@ -13,14 +13,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 from conftest import REPO
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from test_tpu_estimate import DELAY, listing, walk
 
 from asickernels import tpu_generations
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases, program_facts, report, user_function
 from asickernels.simulate.tpu_estimate import estimate as cost
+from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
 GUIDE = REPO / "docs" / "tpu-compile-and-estimates.md"
 
@@ -83,42 +82,12 @@ def test_mxu_push_cycles_follow_the_datasheet_peak() -> None:
 # -- what the jaxpr says ----------------------------------------------------------------------
 
 
-def guide_style_matmul(
-    x: jax.Array,
-    y: jax.Array,
-    *,
-    semantics: tuple[str, ...] = ("parallel", "parallel", "arbitrary"),
-) -> jax.Array:
-    bm = bk = bn = 256
-    m, k = x.shape
-    n = y.shape[1]
-
-    def kernel(x_ref, y_ref, z_ref, acc_ref):  # type: ignore[no-untyped-def]
-        @pl.when(pl.program_id(2) == 0)
-        def _zero() -> None:
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-        z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
-    return pl.pallas_call(
-        kernel,
-        grid=(m // bm, n // bn, k // bk),
-        in_specs=[
-            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
-        ],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
-    )(x, y)
+blocked_matmul = functools.partial(seeds.matmul_pallas, bm=256, bk=256, bn=256)
 
 
 def test_facts_count_products_per_grid_step_and_read_the_grid_split() -> None:
-    facts = program_facts.program_facts(
-        guide_style_matmul, [((512, 1024), "bfloat16"), ((1024, 768), "bfloat16")]
-    )
+    specs = [((512, 1024), "bfloat16"), ((1024, 768), "bfloat16")]
+    facts = program_facts.program_facts(blocked_matmul, specs)
     (call,) = facts.pallas_calls
     assert call.grid == (2, 3, 4)
     assert call.dimension_semantics == ("parallel", "parallel", "arbitrary")
@@ -126,11 +95,10 @@ def test_facts_count_products_per_grid_step_and_read_the_grid_split() -> None:
     assert facts.floor.hbm_bytes == 2 * (512 * 1024 + 1024 * 768 + 512 * 768)
     assert "split over 2 TensorCores along parallel axis 0" in call.megacore("v5p")
     assert "one TensorCore per chip" in call.megacore("v5e")
-    serial = functools.partial(guide_style_matmul, semantics=("arbitrary",) * 3)
-    (serial_call,) = program_facts.program_facts(
-        serial, [((512, 512), "bfloat16")] * 2
-    ).pallas_calls
-    assert "runs on one of v5p's 2 TensorCores" in serial_call.megacore("v5p")
+    stream, stream_specs = cases.stream_builder(1024, 512, 256)  # no dimension_semantics
+    (serial,) = program_facts.program_facts(stream, stream_specs).pallas_calls
+    assert serial.dimension_semantics is None
+    assert "runs on one of v5p's 2 TensorCores" in serial.megacore("v5p")
     assert program_facts.ProgramFacts.from_json(facts.as_json()) == facts
 
 
@@ -173,15 +141,16 @@ def test_arg_specs_parse_or_name_the_bad_one() -> None:
 
 
 def test_functions_must_be_importable_in_a_fresh_process() -> None:
-    assert user_function.function_reference(guide_style_matmul)[0].endswith(":guide_style_matmul")
+    reference, path = user_function.function_reference(seeds.matmul_pallas)
+    assert reference == f"{seeds.__name__}:matmul_pallas" and path == seeds.__file__
     with pytest.raises(ValueError, match="module level"):
         user_function.function_reference(lambda x: x)
     with pytest.raises(ValueError, match="by keyword"):
-        user_function.estimate_function(functools.partial(guide_style_matmul, 1))
+        user_function.estimate_function(functools.partial(blocked_matmul, 1))
     with pytest.raises(ValueError, match="example argument"):
-        user_function.estimate_function(guide_style_matmul, [1, 2], generations=("v5e",))
+        user_function.estimate_function(blocked_matmul, [1, 2], generations=("v5e",))
     with pytest.raises(ValueError, match="generations"):
-        user_function.estimate_function(guide_style_matmul, generations=("v9",))
+        user_function.estimate_function(blocked_matmul, generations=("v9",))
 
 
 def test_the_child_imports_a_module_from_its_file(tmp_path: Path) -> None:
