@@ -111,7 +111,10 @@ class EstimateTarget:
     ``loop_trips`` gives trip counts for loops whose exit depends on data (the walk cannot
     compute them): ``(program, ((loop number, trips), ...))`` pairs, the loop numbered in
     preorder of :func:`~asickernels.simulate.tpu_estimate.walk.loop_tree` and ``trips`` an
-    int or a tuple taken in turn on successive entries of that loop.
+    int or a tuple taken in turn on successive entries of that loop. ``observed_trips``: the
+    trips a run on example inputs took in the function's ``while`` loops, in entry order
+    (:func:`~.program_facts.while_trips`), for the data-dependent loops ``loop_trips``
+    does not name.
 
     ``op``, ``impl`` (``"pallas_tpu"``, ``"xla"`` or ``"seed"``) and ``shape`` label the
     case in tables and JSON; ``work`` gives its roofline (None: none stated).
@@ -121,6 +124,7 @@ class EstimateTarget:
     builder: str
     kwargs: tuple[tuple[str, Any], ...] = ()
     loop_trips: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    observed_trips: tuple[int, ...] = ()
     op: str = ""
     impl: str = ""
     shape: str = ""
@@ -272,10 +276,16 @@ def _assumptions(
     notes: list[str] = []
     for note in machine.unresolved_loops:
         notes.append(note)
+    sites: dict[str, list[tuple[int, int]]] = {}
     for (program, bundle), count in sorted(machine.unresolved_branch_sites.items()):
+        sites.setdefault(program, []).append((bundle, count))
+    for program, branches in sites.items():
+        where = ", ".join(f"{bundle:#x}" for bundle, _ in branches[:6])
+        more = f" and {len(branches) - 6} more" if len(branches) > 6 else ""
         notes.append(
-            f"{program} branch at bundle {bundle:#x}: depends on data (e.g. pl.when on a "
-            f"loaded value); assumed to run its region, {count} time(s)"
+            f"{program}: {len(branches)} branch(es) at bundle {where}{more} depend on data "
+            "(e.g. pl.when on a loaded value); assumed to run their region, "
+            f"{sum(count for _, count in branches)} time(s) in all"
         )
     if machine.unknown_mxu_types:
         notes.append(
@@ -306,6 +316,7 @@ def estimate_dump(
     call_overhead_s: float = CALL_OVERHEAD_S,
     facts: program_facts.ProgramFacts | None = None,
     mxu_occupancy: bool = True,
+    observed_trips: Sequence[int] = (),
 ) -> Estimate:
     """Walks a loaded dump for ``generation``; see :class:`Estimate`. ``mxu_occupancy``
     False walks the schedule as issued (MXU pushes cost only their bundle)."""
@@ -317,6 +328,7 @@ def estimate_dump(
         dma_latency_cycles=dma_latency_s * clock,
         loop_trips=loop_trips or {},
         mxu_op_cycles=mxu_op_cycles(generation) if mxu_occupancy else None,
+        observed_trips=observed_trips,
     )
     cycles = walker.run()
     kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
@@ -384,7 +396,13 @@ def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Esti
     trips = {program: dict(entries) for program, entries in case.loop_trips}
     try:
         return estimate_dump(
-            dump, generation, case=case.name, loop_trips=trips, facts=facts, **options
+            dump,
+            generation,
+            case=case.name,
+            loop_trips=trips,
+            facts=facts,
+            observed_trips=case.observed_trips,
+            **options,
         )
     except parsing.ScheduleError as error:
         raise EstimateError(f"{case.name} on {generation}: {error}") from None

@@ -1,5 +1,6 @@
 """What a function's jaxpr says before any compiler runs: its Pallas kernels (grid, how the
-grid is split over a chip's TensorCores) and the least work it must do (the floor).
+grid is split over a chip's TensorCores) and the least work it must do (the floor); and
+what a run of it on example inputs says: how many trips each ``while`` loop took.
 
 Read from ``jax.make_jaxpr`` (public API), so it works on any jitted function or Pallas
 kernel, ours or not, on a machine without a TPU. :mod:`.estimate` writes these facts beside
@@ -198,3 +199,51 @@ def program_facts(function: Callable[..., Any], arg_specs: Sequence[ArgSpec]) ->
     )
     floor = Floor(collector.int8_ops, collector.bf16_ops, moved)
     return ProgramFacts(tuple(collector.calls), floor)
+
+
+def while_trips(function: Callable[..., Any], args: Sequence[Any]) -> tuple[int, ...]:
+    """Runs ``function(*args)`` on the default (CPU) backend, one jaxpr equation at a time,
+    and returns the trips of each ``while`` loop it entered, in the order it entered them
+    (an outer loop before the inner loops of its first trip). These are the loops whose
+    exit a compiled schedule cannot decide: :class:`~.walk.Walker` takes them in turn."""
+    import jax
+
+    closed = jax.make_jaxpr(function)(*args)
+    trips: list[int] = []
+    _run(closed.jaxpr, closed.consts, list(args), trips)
+    return tuple(trips)
+
+
+def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], trips: list[int]) -> list[Any]:
+    import jax.extend as jex
+
+    env: dict[Any, Any] = {}
+
+    def read(var: Any) -> Any:
+        return var.val if isinstance(var, jex.core.Literal) else env[var]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        values = [read(var) for var in eqn.invars]
+        params = eqn.params
+        if eqn.primitive.name == "while":
+            cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+            n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+            cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+            carry = values[n_cond + n_body :]
+            slot, count = len(trips), 0
+            trips.append(0)
+            while bool(_run(cond.jaxpr, cond.consts, [*cond_consts, *carry], trips)[0]):
+                carry = _run(body.jaxpr, body.consts, [*body_consts, *carry], trips)
+                count += 1
+            trips[slot] = count
+            outputs = carry
+        elif eqn.primitive.name in ("pjit", "jit", "closed_call"):
+            inner = params.get("jaxpr") or params.get("call_jaxpr")
+            outputs = _run(inner.jaxpr, inner.consts, values, trips)
+        else:
+            result = eqn.primitive.bind(*values, **params)
+            outputs = list(result) if eqn.primitive.multiple_results else [result]
+        env.update(zip(eqn.outvars, outputs, strict=True))
+    return [read(var) for var in jaxpr.outvars]

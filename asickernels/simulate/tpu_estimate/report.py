@@ -89,6 +89,7 @@ class Runner:
                 loop_trips=trips,
                 dma_latency_s=dma_latency_s,
                 facts=facts,
+                observed_trips=case.observed_trips,
             )
         except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")

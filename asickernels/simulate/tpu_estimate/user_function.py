@@ -130,8 +130,10 @@ def estimate_function(
 
     ``function``: defined at module level (or ``"module:name"``), or a
     ``functools.partial`` of one with JSON-able keyword arguments (trace-time constants
-    such as block sizes). ``example_args``: arrays or ``jax.ShapeDtypeStruct`` (only
-    shapes and dtypes are used). ``loop_trips``: trips for loops whose exit depends on
+    such as block sizes). ``example_args``: arrays (the function then runs on them on
+    CPU, Pallas kernels in interpret mode, to count the trips of its ``while`` loops) or
+    ``jax.ShapeDtypeStruct`` (shapes only: such loops are assumed to run once, and the
+    estimate says so). ``loop_trips``: trips for loops whose exit depends on
     data, as :class:`~.estimate.EstimateTarget` takes them (unlisted ones are assumed to
     run once, and the estimate says so). Raises ValueError for a function or argument it
     cannot use, :class:`~.estimate.EstimateError` when libtpu refuses the program.
@@ -147,6 +149,7 @@ def estimate_function(
     if unknown:
         raise ValueError(f"generations {unknown}: known {sorted(cost.GENERATIONS)}")
     specs = [_spec_of(argument) for argument in example_args]
+    observed, run_note = _observed_trips(function, static, example_args)
     kwargs: dict[str, Any] = {"reference": reference, "arg_specs": specs}
     if path is not None:
         kwargs["path"] = path
@@ -157,5 +160,39 @@ def estimate_function(
         f"{__name__}:build",
         tuple(kwargs.items()),
         tuple((program, tuple(entries.items())) for program, entries in (loop_trips or {}).items()),
+        observed_trips=observed,
     )
-    return [cost.estimate_case(target, generation) for generation in generations]
+    estimates = [cost.estimate_case(target, generation) for generation in generations]
+    for estimate in estimates:
+        estimate.assumptions += (run_note,)
+    return estimates
+
+
+def _observed_trips(
+    function: Callable[..., Any], static: Mapping[str, Any], example_args: Sequence[Any]
+) -> tuple[tuple[int, ...], str]:
+    """The trips of the function's ``while`` loops on the example inputs (run on CPU, Pallas
+    kernels in interpret mode), and a sentence saying how they were obtained."""
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    from asickernels.simulate.tpu_estimate import program_facts
+
+    if any(isinstance(a, jax.ShapeDtypeStruct) for a in example_args):
+        return (), (
+            "example arguments are shapes only: while loops whose exit depends on data are "
+            "not counted (pass arrays to count them from a run on CPU)"
+        )
+    bound = functools.partial(function, **static) if static else function
+    try:
+        with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
+            trips = program_facts.while_trips(bound, list(example_args))
+    except Exception as error:  # the user's function failed on CPU: say so, estimate anyway
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        return (), f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
+    return trips, (
+        f"ran the example inputs on CPU: {len(trips)} while-loop entr"
+        f"{'y' if len(trips) == 1 else 'ies'} counted ({', '.join(map(str, trips[:8]))}"
+        f"{', ...' if len(trips) > 8 else ''} trips); loops inside Pallas kernels are not "
+        "counted"
+    )

@@ -30,7 +30,7 @@ It needs no JAX or libtpu: only the text files, so it also runs on stored dumps.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asickernels.simulate.tpu_estimate.parsing import (
@@ -206,17 +206,23 @@ class Walker:
         dma_latency_cycles: float = 0.0,
         loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
         mxu_op_cycles: Mapping[str, float] | None = None,
+        observed_trips: Sequence[int] = (),
     ) -> None:
         """``loop_trips``: for loops whose exit depends on data, program name (or its name
         before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
         or a list taken in turn on successive entries. Unlisted data-dependent loops run
         once. ``mxu_op_cycles``: MXU operand type (``"bf16"``, ``"s8"``, ...) -> cycles one
-        push occupies its MXU (none given: pushes cost only their bundle)."""
+        push occupies its MXU (none given: pushes cost only their bundle). ``observed_trips``:
+        trips of the function's ``while`` loops in the order a run entered them
+        (:func:`~.program_facts.while_trips`), taken in turn by the top-level program's
+        data-dependent loops (where XLA puts ``while`` loops) that ``loop_trips`` does not
+        name."""
         if bytes_per_cycle <= 0:
             raise ValueError("bytes_per_cycle must be > 0")
         self.dump = dump
         self.machine = Machine(bytes_per_cycle, dma_latency_cycles)
         self.mxu_op_cycles = dict(mxu_op_cycles or {})
+        self.observed_trips = list(observed_trips)
         self.loop_trips = loop_trips or {}
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
@@ -404,11 +410,15 @@ class Walker:
         given = table.get(number)
         if isinstance(given, (list, tuple)):
             trips = int(given[(loop.entries - 1) % len(given)]) if loop and given else 1
+            how = "trips given by the caller (loop_trips)"
+        elif given is not None:
+            trips, how = int(given), "trips given by the caller (loop_trips)"
+        elif self.observed_trips and program.name == TOP_LEVEL_PROGRAM:  # XLA's while loops
+            trips = self.observed_trips.pop(0)
+            how = "trips from running the function on the example inputs on CPU"
         else:
-            trips = int(given) if given is not None else 1
-        note = f"{program.name} loop #{number}: data-dependent exit, " + (
-            "trips given by the caller (loop_trips)" if given is not None else "assumed 1 trip"
-        )
+            trips, how = 1, "assumed 1 trip"
+        note = f"{program.name} loop #{number}: data-dependent exit, {how}"
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)
         return max(trips, 1)

@@ -252,7 +252,7 @@ def test_the_estimate_names_every_branch_and_loop_it_had_to_assume() -> None:
     for text, expected in [
         (
             predicated(skip=True).replace("smov 1", "spop %9"),
-            "TLP branch at bundle 0x2: depends on data",
+            "TLP: 1 branch(es) at bundle 0x2 depend on data",
         ),
         (data_dependent_loop(), "TLP loop #0: data-dependent exit, assumed 1 trip"),
     ]:
@@ -316,3 +316,73 @@ def test_cli_takes_a_function_and_its_arguments(capsys: pytest.CaptureFixture[st
     orphan = parser.parse_args(["estimate", "--arg", "int8[8]"])
     assert orphan.handler(orphan) == 2
     assert "--arg needs --function" in capsys.readouterr().err
+
+
+# -- loops that depend on data, counted from a run ---------------------------------------------
+
+
+def test_a_run_counts_each_while_loop_entry_in_order() -> None:
+    def nested(n: jax.Array) -> jax.Array:
+        def outer(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            i, total = carry
+            inner = jax.lax.while_loop(
+                lambda c: c[0] < i, lambda c: (c[0] + 1, c[1] + 1), (0, total)
+            )
+            return i + 1, inner[1]
+
+        return jax.lax.while_loop(lambda c: c[0] < n, outer, (jnp.int32(1), jnp.int32(0)))[1]
+
+    # The outer loop runs 3 trips (i = 1, 2, 3); its inner loops 1, 2 and 3.
+    assert program_facts.while_trips(nested, [jnp.int32(4)]) == (3, 1, 2, 3)
+
+
+def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
+    from asickernels.kernels import nms_cases
+
+    function, _ = nms_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
+    boxes, scores = seeds.seed_nms_inputs(256)
+    trips = program_facts.while_trips(function, [jnp.asarray(boxes), jnp.asarray(scores)])
+    assert trips == (nms_cases._seed_nms_kept(256, 64),)
+
+
+def test_the_walk_takes_run_counted_trips_for_loops_it_cannot_decide() -> None:
+    from test_tpu_estimate import data_dependent_loop
+
+    walker = walk(data_dependent_loop(), observed_trips=[5])
+    assert walker.loops["TLP"][0].trips == 5
+    assert any("from running the function" in note for note in walker.machine.unresolved_loops)
+    # A caller's loop_trips win over the run.
+    walker = walk(data_dependent_loop(), observed_trips=[5], loop_trips={"TLP": {0: 2}})
+    assert walker.loops["TLP"][0].trips == 2
+
+
+@pytest.mark.slow
+def test_estimate_function_counts_the_xla_nms_loop_from_the_example_inputs(
+    tmp_path: Path,
+) -> None:
+    _libtpu()
+    import importlib.util
+
+    from asickernels.kernels import nms_cases
+
+    module_path = tmp_path / "users_nms.py"
+    module_path.write_text(
+        "import asickernels\n\n\n"
+        "def xla_nms(boxes, scores):\n"
+        f"    return asickernels.nms(boxes, scores, iou_threshold={seeds.SEED_NMS_IOU_THRESHOLD!r},"
+        " max_output_size=128, backend='xla')\n"
+    )
+    spec = importlib.util.spec_from_file_location("users_nms", module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["users_nms"] = module
+    spec.loader.exec_module(module)
+    boxes, scores = seeds.seed_nms_inputs(1024)
+    (counted,) = user_function.estimate_function(
+        module.xla_nms, jnp.asarray(boxes), jnp.asarray(scores), generations=("v5e",)
+    )
+    given = cost.estimate_case(nms_cases.nms_xla_case(1024), "v5e")
+    assert counted.device_s == pytest.approx(given.device_s, rel=1e-3)
+    assert any(
+        "ran the example inputs on CPU: 1 while-loop entry" in a for a in counted.assumptions
+    )
