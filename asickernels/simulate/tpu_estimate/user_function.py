@@ -149,7 +149,11 @@ def estimate_function(
     if unknown:
         raise ValueError(f"generations {unknown}: known {sorted(cost.GENERATIONS)}")
     specs = [_spec_of(argument) for argument in example_args]
-    observed, run_note = _observed_trips(function, static, example_args)
+    if isinstance(function, str):
+        runnable = build(reference, specs, path, static)[0]
+    else:
+        runnable = functools.partial(function, **static) if static else function
+    observed, run_note = _observed_trips(runnable, example_args)
     kwargs: dict[str, Any] = {"reference": reference, "arg_specs": specs}
     if path is not None:
         kwargs["path"] = path
@@ -169,7 +173,7 @@ def estimate_function(
 
 
 def _observed_trips(
-    function: Callable[..., Any], static: Mapping[str, Any], example_args: Sequence[Any]
+    function: Callable[..., Any], example_args: Sequence[Any]
 ) -> tuple[tuple[int, ...], str]:
     """The trips of the function's ``while`` loops on the example inputs (run on CPU, Pallas
     kernels in interpret mode), and a sentence saying how they were obtained."""
@@ -183,10 +187,9 @@ def _observed_trips(
             "example arguments are shapes only: while loops whose exit depends on data are "
             "not counted (pass arrays to count them from a run on CPU)"
         )
-    bound = functools.partial(function, **static) if static else function
     try:
         with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
-            trips = program_facts.while_trips(bound, list(example_args))
+            trips = program_facts.while_trips(function, list(example_args))
     except Exception as error:  # the user's function failed on CPU: say so, estimate anyway
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         return (), f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
