@@ -90,6 +90,12 @@ OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
 DMA_LATENCY_S = 0.50e-6
 CALL_OVERHEAD_S = 112e-6
 
+# What the walk does not model, named wherever an estimate comes out below its floor.
+BELOW_FLOOR_NOTE = (
+    "a cost the walk does not model: MXU result-path latency, VMEM bank conflicts, or DMA "
+    "queues beyond one HBM queue per core"
+)
+
 DUMP_PASSES = "final_bundles|deduplication-map|final_hlo-static"
 COMPILE_TIMEOUT_S = 900
 
@@ -266,6 +272,8 @@ class Estimate:
             f"  per call      {self.per_call_s * 1e3:.4f} ms (device + "
             f"{self.call_overhead_s * 1e6:.0f} us host dispatch, calibrated)",
         ]
+        if self.floor_s is not None and self.device_s < self.floor_s:
+            lines.append(f"  BELOW THE FLOOR: the walk misses {BELOW_FLOOR_NOTE}")
         lines += [f"  assumes: {line}" for line in self.assumptions]
         return "\n".join(line for line in lines if line)
 

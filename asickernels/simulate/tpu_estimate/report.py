@@ -178,7 +178,7 @@ class Row:
     @property
     def below_roofline(self) -> bool:
         """The walk came out faster than physics: a cost the walk does not model (see
-        :data:`BELOW_FLOOR_NOTE`). Printed beside the row, never hidden by a clamp."""
+        :data:`.estimate.BELOW_FLOOR_NOTE`). Printed beside the row, never hidden by a clamp."""
         return self.estimate.device_s < self.roofline_s * (1 - 1e-9)
 
     def as_json(self) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def estimates_text(rows: Sequence[Row], verbose: bool) -> list[str]:
     ]
     for row in rows:
         e = row.estimate
-        flag = f"  (below floor: {BELOW_FLOOR_NOTE})" if row.below_roofline else ""
+        flag = f"  (below floor: {cost.BELOW_FLOOR_NOTE})" if row.below_roofline else ""
         lines.append(
             f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} {_ms(e.kernel_s):>10} "
             f"{_ms(row.roofline_s):>11} {row.roofline_s / e.device_s:>9.0%}  {_util(e)}{flag}"
@@ -478,7 +478,10 @@ def run(
         print(f"wrote {json_path}")
     for error in runner.errors:
         print(f"error: {error}", file=sys.stderr)
-    return 1 if runner.errors else 0
+    low = [f"{r['name']} on {r['generation']}" for r in records if r["below_floor"]]
+    for row in low:
+        print(f"below its floor: {row} (the walk misses {cost.BELOW_FLOOR_NOTE})", file=sys.stderr)
+    return 1 if runner.errors or low else 0
 
 
 def _write_json(path: str, records: Sequence[Record]) -> None:
@@ -542,10 +545,6 @@ def markdown_document(
     return lines
 
 
-BELOW_FLOOR_NOTE = (
-    "a cost the walk does not model: MXU result-path latency, VMEM bank conflicts, or DMA "
-    "queues beyond one HBM queue per core"
-)
 ROOFLINE_NOTE = (
     "*Roofline*: the least time the op can take on that TPU, the larger of its bytes (inputs "
     "read once, outputs written once) over the chip's HBM bandwidth and its operations over "
@@ -554,7 +553,7 @@ ROOFLINE_NOTE = (
     "MXU takes them (on paper a dense schedule beats the datasheet peak): the walk holds "
     "each push on its MXU for the rows it moves at the datasheet rate and stalls the next, "
     "shown as *MXU-busy stalls*. A program below its roofline is marked *(below floor)*: "
-    "it misses " + BELOW_FLOOR_NOTE + "; the test on the recorded JSON refuses any."
+    "it misses " + cost.BELOW_FLOOR_NOTE + "; the test on the recorded JSON refuses any."
 )
 CALIBRATION_NOTE = (
     "Every published figure here was timed from Python (`timeit` around "
