@@ -473,9 +473,9 @@ TPU (the default): compile each kernel with libtpu, the real TPU compiler, on
 this machine, and turn the instruction schedule it produced into time at each
 chip's clock and HBM bandwidth, calibrated on published TPU v5e timings.
 Each estimate is printed beside its roofline; exits 1 if one falls below it.
-All cases on all generations take about an hour on 2 cores: narrow them with
---generation and --op. Your own function: --function module:name with one
---arg DTYPE[SHAPE] per argument (device time, floor, bound, assumptions).
+All cases on all generations take one to two hours on 2 cores: narrow them
+with --generation and --op. Your own function: --function module:name with
+one --arg DTYPE[SHAPE] per argument (device time, floor, bound, assumptions).
 
 AWS Neuron (--neuron): run our NKI kernels in the NKI simulator and time them
 with its cost model, for trn1/inf2, trn2 and trn3 (no libtpu needed)."""
@@ -483,8 +483,8 @@ ESTIMATE_EPILOG = """\
 examples:
   asickernels estimate --generation v6e --op int8_matmul
   asickernels estimate --render benchmarks/results/tpu_estimates/estimates.json
-  asickernels estimate --function mykernels:matmul --arg bfloat16[4096,4096] \
-      --arg bfloat16[4096,4096] --generation v5p
+  asickernels estimate --function mykernels:matmul --generation v5p \\
+      --arg bfloat16[4096,4096] --arg bfloat16[4096,4096]
   asickernels estimate --neuron trn2 --kernel giou --timeline giou.png
 
 TPU estimates need libtpu: {install}.

@@ -533,9 +533,12 @@ def markdown_document(
         ROOFLINE_NOTE,
         "",
         "*Program*: the whole jitted function (XLA fusions and Pallas kernels); *per call* "
-        "adds the calibrated per-call overhead (the `calibrated_ms` of the JSON); "
-        "*data-dependent*: loops whose trips the walk cannot compute (given from the workload, "
-        "or assumed).",
+        "adds the calibrated per-call overhead (the `calibrated_ms` of the JSON). A row whose "
+        "*MXU-busy stalls* reads `-` was recorded by an earlier walk that issued MXU pushes "
+        "without holding the MXU, with the constants of its day (DMA latency 0.33 us, "
+        "per-call overhead 116 us): its program time is low by up to the stalls a dense "
+        "matmul shows here (~5-25%); `asickernels estimate --json ... --markdown ...` "
+        "re-records every row (about two hours on 2 cores).",
         "",
         *estimates_markdown(rows),
         "",
