@@ -210,8 +210,22 @@ def while_trips(function: Callable[..., Any], args: Sequence[Any]) -> tuple[int,
 
     closed = jax.make_jaxpr(function)(*args)
     trips: list[int] = []
-    _run(closed.jaxpr, closed.consts, list(args), trips)
+    if _has_while(closed.jaxpr):  # else nothing to count: skip the (maybe long) CPU run
+        _run(closed.jaxpr, closed.consts, list(args), trips)
     return tuple(trips)
+
+
+def _has_while(jaxpr: Any) -> bool:
+    import jax.extend as jex
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            return True
+        if eqn.primitive.name != "pallas_call" and any(
+            _has_while(sub) for sub in jex.core.jaxprs_in_params(eqn.params)
+        ):
+            return True
+    return False
 
 
 def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], trips: list[int]) -> list[Any]:

@@ -193,6 +193,8 @@ def _observed_trips(
     except Exception as error:  # the user's function failed on CPU: say so, estimate anyway
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         return (), f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
+    if not trips:
+        return trips, "no while loops outside Pallas kernels: nothing to count from a run"
     return trips, (
         f"ran the example inputs on CPU: {len(trips)} while-loop entr"
         f"{'y' if len(trips) == 1 else 'ies'} counted ({', '.join(map(str, trips[:8]))}"

@@ -334,6 +334,9 @@ def test_a_run_counts_each_while_loop_entry_in_order() -> None:
 
     # The outer loop runs 3 trips (i = 1, 2, 3); its inner loops 1, 2 and 3.
     assert program_facts.while_trips(nested, [jnp.int32(4)]) == (3, 1, 2, 3)
+    # Without while loops nothing runs (a large matmul would take minutes on CPU).
+    huge = jax.ShapeDtypeStruct((1 << 20, 1 << 20), jnp.bfloat16)
+    assert program_facts.while_trips(jnp.dot, [huge, huge]) == ()
 
 
 def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
