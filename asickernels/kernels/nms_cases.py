@@ -25,7 +25,7 @@ from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate.tpu_estimate import cases as estimate_cases
 from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
-from asickernels.simulate.tpu_estimate.estimate import Case as EstimateCase
+from asickernels.simulate.tpu_estimate.estimate import EstimateTarget
 from asickernels.testing.cases import RAGGED_SIZES, grid_boxes
 
 # -- conformance cases -----------------------------------------------------------------------
@@ -362,7 +362,7 @@ def _nms_workload(n: int, max_output_size: int, **extra: Any) -> dict[str, Any]:
 @functools.cache
 def nms_case(
     tile: int, n: int = seeds.SEED_NMS_BOXES, max_output_size: int = seeds.SEED_NMS_OUTPUTS
-) -> EstimateCase:
+) -> EstimateTarget:
     """Our NMS on random boxes as the seed draws them, with the loop trips that data
     produces (from the kernel's own model, :func:`~asickernels.backends.pallas_tpu.nms.
     loop_trips`)."""
@@ -398,7 +398,7 @@ XLA_NMS_LOOP = 0
 
 
 @functools.cache
-def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> EstimateCase:
+def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> EstimateTarget:
     """Plain XLA NMS (``backend="xla"``) on the same boxes, one loop trip per kept box."""
     kept = _seed_nms_kept(n, max_output_size)
     return estimate_cases.make_case(

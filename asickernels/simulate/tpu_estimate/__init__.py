@@ -8,7 +8,15 @@
 * :mod:`.roofline`: the physical lower bound of each case (bytes over HBM bandwidth,
   operations over the MXU or VPU peak);
 * :mod:`.cases`, :mod:`.seed_kernels`: what is estimated (ours, XLA's, the seeds' designs);
-* :mod:`.report`: tables, calibration, sweeps, markdown and JSON.
+* :mod:`.report`: tables, calibration, sweeps, markdown and JSON;
+* :mod:`.program_facts`: a function's Pallas kernels (grid, TensorCore split) and floor,
+  from its jaxpr;
+* :mod:`.user_function`: :func:`estimate_function`, the estimate of any jitted function or
+  Pallas kernel with example arguments.
 
 Generation facts come from :mod:`asickernels.tpu_generations`.
 """
+
+from asickernels.simulate.tpu_estimate.user_function import estimate_function
+
+__all__ = ["estimate_function"]

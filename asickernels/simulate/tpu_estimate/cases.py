@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from asickernels.simulate.tpu_compile import Built
 from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
-from asickernels.simulate.tpu_estimate.estimate import Case
+from asickernels.simulate.tpu_estimate.estimate import EstimateTarget
 
 if TYPE_CHECKING:
     import jax
@@ -33,10 +33,10 @@ def make_case(
     impl: str = "",
     shape: str = "",
     work: roofline.Work | None = None,
-) -> Case:
-    """A :class:`Case` of ``builder`` (``"module:function"``) called with ``kwargs``, whose
-    loops named in ``loop_trips`` run that many trips."""
-    return Case(
+) -> EstimateTarget:
+    """An :class:`EstimateTarget` of ``builder`` (``"module:function"``) called with
+    ``kwargs``, whose loops named in ``loop_trips`` run that many trips."""
+    return EstimateTarget(
         name,
         builder,
         tuple(sorted(kwargs.items())),
@@ -60,7 +60,7 @@ SEED_NMS_JAX = make_case(
 )  # fmt: skip
 
 
-def seed_matmul_case(dtype: str, size: int = seeds.SEED_MATMUL_SIZE) -> Case:
+def seed_matmul_case(dtype: str, size: int = seeds.SEED_MATMUL_SIZE) -> EstimateTarget:
     """The seed's Pallas matmul (blocks 512x1024x1024) at ``size``^3 in ``dtype``."""
     short = "int8" if dtype == "int8" else "bf16"
     out_bytes = 4 if dtype == "int8" else 2
@@ -80,7 +80,7 @@ SEED_MATMUL_INT8 = seed_matmul_case("int8")
 SEED_CASES = (SEED_NMS_PALLAS, SEED_NMS_JAX, SEED_MATMUL_BF16, SEED_MATMUL_INT8)
 
 
-def seed_int8_matmul_case(size: int) -> Case:
+def seed_int8_matmul_case(size: int) -> EstimateTarget:
     """The seed's int8 Pallas matmul (blocks 512x1024x1024) at ``size``^3."""
     return seed_matmul_case("int8", size)
 
@@ -189,7 +189,7 @@ def stream_builder(rows: int, cols: int, block_rows: int) -> Built:
     return function, [((rows, cols), "float32")]
 
 
-def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> Case:
+def stream_case(rows: int = 1024, cols: int = 512, block_rows: int = 256) -> EstimateTarget:
     workload = {"rows": rows, "cols": cols, "block_rows": block_rows}
     return make_case(
         f"stream {rows}x{cols} f32",
@@ -206,7 +206,7 @@ def int8_matmul_case(
     blocks: tuple[int, int, int] | None = None,
     size: int = seeds.SEED_MATMUL_SIZE,
     mkn: tuple[int, int, int] | None = None,
-) -> Case:
+) -> EstimateTarget:
     """Our int8 matmul at ``size``^3 (or ``mkn``), table blocks or ``(block_m, block_n,
     block_k)``."""
     m, k, n = mkn or (size, size, size)
@@ -233,7 +233,7 @@ _XLA_MATMUL = {  # variant -> (op, dtype, output bytes, scales)
 }
 
 
-def xla_matmul_case(m: int, k: int, n: int, variant: str) -> Case:
+def xla_matmul_case(m: int, k: int, n: int, variant: str) -> EstimateTarget:
     """Plain XLA matmul at ``[m, k] @ [k, n]``; see :func:`xla_matmul_builder`."""
     op, dtype, out_bytes, scales = _XLA_MATMUL[variant]
     label = f"{m}x{k}x{n}"
@@ -248,7 +248,7 @@ def xla_matmul_case(m: int, k: int, n: int, variant: str) -> Case:
     )
 
 
-def giou_case(pairs: int, backend: str, gradient: bool) -> Case:
+def giou_case(pairs: int, backend: str, gradient: bool) -> EstimateTarget:
     """GIOU on ``pairs`` float32 box pairs on ``backend``, forward or gradient."""
     op = "giou_grad" if gradient else "giou"
     return make_case(

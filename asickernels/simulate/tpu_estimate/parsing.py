@@ -55,8 +55,9 @@ class Operand:
 
 
 @dataclasses.dataclass(frozen=True)
-class Op:
-    """One instruction of a bundle, reduced to what the walk needs."""
+class Instruction:
+    """One instruction of a VLIW bundle (not an asickernels op), reduced to what the walk
+    needs."""
 
     opcode: str
     dest: str | None  # physical register written (``s10``, ``p3``), if scalar/predicate
@@ -72,7 +73,7 @@ class Op:
 class Bundle:
     address: int
     marker: str  # "LB", "PF", ... or ""
-    ops: list[Op]
+    ops: list[Instruction]
     regions: list[int]
     cost: int
 
@@ -145,7 +146,8 @@ def _bundle_body(chunk: str) -> tuple[str, str]:
 
 def _relevant(op_text: str) -> bool:
     """Whether the walk needs this op: scalar/predicate results, SMEM stores, control flow,
-    DMAs, calls, delays. Vector work only costs its bundle."""
+    DMAs, calls, delays, MXU pushes (``vmatmul``: they occupy their MXU). Other vector work
+    only costs its bundle."""
     head = _OP_HEAD.match(op_text)
     if not head:
         return False
@@ -155,7 +157,7 @@ def _relevant(op_text: str) -> bool:
     if dest and dest[0] in "sp" and _REGISTER.match("%" + dest):
         return True
     return opcode in ("sbr.rel", "sst", "inlined_call", "vdelay") or opcode.startswith(
-        ("dma.", "sdivrem")
+        ("dma.", "sdivrem", "vmatmul.")
     )
 
 
@@ -175,7 +177,7 @@ def parse_operand(text: str) -> Operand:
     return Operand()
 
 
-def _parse_op(text: str) -> Op:
+def _parse_op(text: str) -> Instruction:
     clean = _COMMENT.sub(" ", text).strip()
     dest = None
     match = re.match(r"^(%[\w]+)\s*=\s*(.*)$", clean, re.S)
@@ -210,10 +212,26 @@ def _parse_op(text: str) -> Op:
         operands = (parse_operand(rest.split()[-1]),) if rest else ()
     else:
         operands = tuple(parse_operand(part) for part in _split_top_level(rest, ","))
-    return Op(opcode, dest, operands, predicate, text, target_region, memory, fallback)
+    return Instruction(opcode, dest, operands, predicate, text, target_region, memory, fallback)
 
 
-def call_target(op: Op) -> str | None:
+_MXU_PUSH = re.compile(
+    r"^vmatmul(?:\.[a-z]+)*?\.(bf16|f32|s8|u8|s4|u4|e4m3|e5m2|f8\w*)\..*?mxu(\d+)$"
+)
+MXU_OPERAND_BITS = {"f32": 32, "bf16": 16, "s8": 8, "u8": 8, "e4m3": 8, "e5m2": 8, "s4": 4, "u4": 4}
+
+
+def mxu_push(op: Instruction) -> tuple[str, str] | None:
+    """A ``vmatmul`` instruction's (operand type, MXU): ``vmatmul.bf16.gmra.mxu2`` ->
+    ``("bf16", "mxu2")``; None for any other instruction."""
+    match = _MXU_PUSH.match(op.opcode)
+    if not match:
+        return None
+    kind = match.group(1)
+    return ("e4m3" if kind.startswith("f8") else kind), f"mxu{match.group(2)}"
+
+
+def call_target(op: Instruction) -> str | None:
     """An ``inlined_call``'s callee program, from its comment (``/* %name = fusion(...) */``
     or ``/* <late-initialization> */``)."""
     match = _CALL_TARGET.search(op.text)

@@ -1,4 +1,4 @@
-"""``asickernels estimate``: the estimate table, the calibration against the seeds' TPU v5e
+"""``asickernels estimate``: the estimate table, the calibration against published TPU v5e
 figures, and the block-size sweeps, as text or markdown.
 
 Everything here compiles with libtpu (one subprocess per kernel and generation, seconds
@@ -19,18 +19,17 @@ from typing import Any
 
 from asickernels import tpu_generations
 from asickernels.kernels import nms_cases
-from asickernels.simulate.tpu_estimate import cases, parsing
+from asickernels.simulate.tpu_estimate import cases, parsing, program_facts, published
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
-LATENCY_PROBE_S = 1e-6
 KEPT_DUMPS = 3
 UNITS = ("MXU", "VALU", "XLU", "VLOAD", "VSTORE")
 DISCLAIMER = (
     "These are **compiler-schedule estimates, not measurements**: libtpu compiled each "
     "kernel for the named TPU on a CPU machine, and the time is the walk of its final VLIW "
     "schedule (bundles x trip counts, plus waits on DMAs at the chip's HBM bandwidth and a "
-    "calibrated per-DMA latency). No TPU ran anything."
+    "calibrated per-DMA latency, and on MXUs busy with earlier pushes). No TPU ran anything."
 )
 
 
@@ -40,12 +39,16 @@ class Runner:
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         self.progress = progress or (lambda message: print(message, file=sys.stderr, flush=True))
         # Parsed dumps are large: keep the last few (calibration walks one several times).
-        self._dumps: dict[tuple[cost.Case, str], parsing.Dump] = {}
-        self._estimates: dict[tuple[cost.Case, str, float], cost.Estimate] = {}
-        self._failed: set[tuple[cost.Case, str]] = set()
+        self._dumps: dict[
+            tuple[cost.EstimateTarget, str], tuple[parsing.Dump, program_facts.ProgramFacts | None]
+        ] = {}
+        self._estimates: dict[tuple[cost.EstimateTarget, str, float], cost.Estimate] = {}
+        self._failed: set[tuple[cost.EstimateTarget, str]] = set()
         self.errors: list[str] = []
 
-    def dump(self, case: cost.Case, generation: str) -> parsing.Dump | None:
+    def dump(
+        self, case: cost.EstimateTarget, generation: str
+    ) -> tuple[parsing.Dump, program_facts.ProgramFacts | None] | None:
         key = (case, generation)
         if key in self._failed:
             return None
@@ -56,7 +59,7 @@ class Runner:
             with tempfile.TemporaryDirectory(prefix="asickernels-tpu-dump-") as directory:
                 try:
                     listings = cost.compile_with_dumps(case, generation, Path(directory))
-                    self._dumps[key] = parsing.load_dump(listings)
+                    self._dumps[key] = (parsing.load_dump(listings), cost.load_facts(listings))
                 except (cost.EstimateError, parsing.ScheduleError) as error:
                     self._failed.add(key)
                     self.errors.append(str(error))
@@ -68,18 +71,25 @@ class Runner:
         return self._dumps[key]
 
     def estimate(
-        self, case: cost.Case, generation: str, dma_latency_s: float = cost.DMA_LATENCY_S
+        self, case: cost.EstimateTarget, generation: str, dma_latency_s: float = cost.DMA_LATENCY_S
     ) -> cost.Estimate | None:
         key = (case, generation, dma_latency_s)
         if key in self._estimates:
             return self._estimates[key]
-        dump = self.dump(case, generation)
-        if dump is None:
+        loaded = self.dump(case, generation)
+        if loaded is None:
             return None
+        dump, facts = loaded
         trips = {program: dict(entries) for program, entries in case.loop_trips}
         try:
             estimate = cost.estimate_dump(
-                dump, generation, case=case.name, loop_trips=trips, dma_latency_s=dma_latency_s
+                dump,
+                generation,
+                case=case.name,
+                loop_trips=trips,
+                dma_latency_s=dma_latency_s,
+                facts=facts,
+                observed_trips=case.observed_trips,
             )
         except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")
@@ -88,110 +98,49 @@ class Runner:
         return estimate
 
 
-# -- calibration -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CalibrationRow:
-    what: str
-    seed: float
-    unit: str
-    raw: float  # schedule only: no DMA latency, no per-call overhead
-    calibrated: float  # with the stored constants
-    fitted: bool  # whether this figure was used to fit the constants
+# -- calibration ---------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    rows: tuple[CalibrationRow, ...]
-    fit_latency_s: float
-    fit_overhead_s: float
+    """The published timings against the estimate (:mod:`.published`), and the seed's
+    int8-over-bf16 speedup (a ratio: no constant enters it)."""
+
+    validation: published.Validation
+    int8_speedup: float | None
 
 
 def calibrate(runner: Runner) -> Calibration | None:
-    """Compares the seed-equivalent kernels on v5e with the seeds' figures, and fits the DMA
-    latency and per-call overhead to the two NMS timings."""
-    device: dict[str, tuple[float, float, float]] = {}  # case -> device s at L = 0, probe, stored
-    for case in (cases.SEED_NMS_PALLAS, cases.SEED_NMS_JAX):
-        walks = [
-            runner.estimate(case, "v5e", dma_latency_s=latency)
-            for latency in (0.0, LATENCY_PROBE_S, cost.DMA_LATENCY_S)
-        ]
-        if any(walk is None for walk in walks):
-            return None
-        device[case.name] = tuple(walk.device_s for walk in walks if walk is not None)  # type: ignore[assignment]
+    """Walks every published program on v5e and fits the shared constants (in-sample and
+    leaving each source out); compares the seed matmuls' int8 speedup."""
+    validation = published.validate(
+        lambda target, latency: runner.estimate(target, "v5e", dma_latency_s=latency)
+    )
+    if validation is None:
+        return None
     bf16 = runner.estimate(cases.SEED_MATMUL_BF16, "v5e")
     int8 = runner.estimate(cases.SEED_MATMUL_INT8, "v5e")
-    bf16_raw = runner.estimate(cases.SEED_MATMUL_BF16, "v5e", dma_latency_s=0.0)
-    int8_raw = runner.estimate(cases.SEED_MATMUL_INT8, "v5e", dma_latency_s=0.0)
-    if bf16 is None or int8 is None or bf16_raw is None or int8_raw is None:
-        return None
-
-    # device(L) is linear in L over this range: device(0) + slope * L. Solve
-    #   device_p(L) + D = seed_p and device_j(L) + D = seed_j for (L, D).
-    (p0, p1, p_stored), (j0, j1, j_stored) = (
-        device[cases.SEED_NMS_PALLAS.name],
-        device[cases.SEED_NMS_JAX.name],
-    )
-    slope_p, slope_j = (p1 - p0) / LATENCY_PROBE_S, (j1 - j0) / LATENCY_PROBE_S
-    seed_p, seed_j = seeds.SEED_NMS_PALLAS_MS * 1e-3, seeds.SEED_NMS_JAX_MS * 1e-3
-    latency = (
-        ((seed_j - j0) - (seed_p - p0)) / (slope_j - slope_p) if slope_j != slope_p else math.nan
-    )
-    overhead = seed_p - p0 - slope_p * latency
-    rows = (
-        CalibrationRow(
-            "NMS 1024 boxes / 128 outputs, Pallas",
-            seeds.SEED_NMS_PALLAS_MS,
-            "ms",
-            p0 * 1e3,
-            (p_stored + cost.CALL_OVERHEAD_S) * 1e3,
-            True,
-        ),
-        CalibrationRow(
-            "NMS 1024 boxes / 128 outputs, jitted JAX",
-            seeds.SEED_NMS_JAX_MS,
-            "ms",
-            j0 * 1e3,
-            (j_stored + cost.CALL_OVERHEAD_S) * 1e3,
-            True,
-        ),
-        CalibrationRow(
-            "int8 over bf16 Pallas matmul 8192^3 (speedup)",
-            seeds.SEED_INT8_OVER_BF16_SPEEDUP,
-            "x",
-            bf16_raw.device_s / int8_raw.device_s,
-            bf16.device_s / int8.device_s,
-            False,
-        ),
-    )
-    return Calibration(rows, latency, overhead)
+    speedup = bf16.device_s / int8.device_s if bf16 and int8 else None
+    return Calibration(validation, speedup)
 
 
 def calibration_markdown(calibration: Calibration) -> list[str]:
-    lines = [
-        "| seed figure (TPU v5e) | seed | schedule only | ratio | calibrated | ratio | used in fit |",
-        "|---|---:|---:|---:|---:|---:|:---:|",
-    ]
-    for row in calibration.rows:
-        lines.append(
-            f"| {row.what} | {row.seed:.3f} {row.unit} | {row.raw:.3f} {row.unit} | "
-            f"{row.raw / row.seed:.2f} | {row.calibrated:.3f} {row.unit} | "
-            f"{row.calibrated / row.seed:.2f} | {'yes' if row.fitted else 'no'} |"
-        )
-    lines += [
-        "",
-        f"Fit from this compiler: DMA latency {calibration.fit_latency_s * 1e6:.3f} us, per-call overhead "
-        f"{calibration.fit_overhead_s * 1e6:.1f} us (stored in `tpu_estimate/estimate.py`: "
-        f"{cost.DMA_LATENCY_S * 1e6:.3f} us, {cost.CALL_OVERHEAD_S * 1e6:.1f} us).",
-    ]
+    lines = published.validation_markdown(calibration.validation)
+    if calibration.int8_speedup is not None:
+        lines += [
+            "",
+            f"The seed's int8 Pallas matmul at 8192^3 ran {seeds.SEED_INT8_OVER_BF16_SPEEDUP:.2f}x "
+            f"as fast as its bf16 one on v5e; estimated: {calibration.int8_speedup:.2f}x.",
+        ]
     return lines
 
 
 # -- estimates -------------------------------------------------------------------------------
 
 
-def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[cost.Case, ...]:
+def estimate_cases(
+    generation: str, ops: Sequence[str] | None = None
+) -> tuple[cost.EstimateTarget, ...]:
     """What the estimate table shows for ``generation``: the seed-equivalent kernels, and
     ours beside plain XLA at the seeds' workloads and at the shapes users run (issue #15):
     int8 over ``INT8_USER_M`` x ``INT8_USER_KN`` and 8192^3 (XLA's W8A8 and bfloat16 dots
@@ -200,7 +149,7 @@ def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[c
     matmul_shapes = [(m, k, n) for k, n in cases.INT8_USER_KN for m in cases.INT8_USER_M]
     size = seeds.SEED_MATMUL_SIZE
     matmul_shapes.append((size, size, size))
-    found: list[cost.Case] = [*cases.SEED_CASES]
+    found: list[cost.EstimateTarget] = [*cases.SEED_CASES]
     for m, k, n in matmul_shapes:
         found += [cases.int8_matmul_case(mkn=(m, k, n)), cases.xla_matmul_case(m, k, n, "int8")]
         if m in cases.W8A8_AND_BF16_M or m == size:  # the other XLA dots: fewer M (compiles)
@@ -218,7 +167,7 @@ def estimate_cases(generation: str, ops: Sequence[str] | None = None) -> tuple[c
 class Row:
     """One estimate with its labels and roofline: a row of the table and of the JSON."""
 
-    case: cost.Case
+    case: cost.EstimateTarget
     estimate: cost.Estimate
 
     @property
@@ -228,19 +177,9 @@ class Row:
 
     @property
     def below_roofline(self) -> bool:
-        """The schedule walk came out faster than physics. The walk cannot see stalls (MXU
-        result FIFOs, ...), so a dense MXU schedule can beat the datasheet peak on paper;
-        such a row reports the roofline as its program time, flagged ``floored``."""
+        """The walk came out faster than physics: a cost the walk does not model (see
+        :data:`.estimate.BELOW_FLOOR_NOTE`). Printed beside the row, never hidden by a clamp."""
         return self.estimate.device_s < self.roofline_s * (1 - 1e-9)
-
-    @property
-    def program_s(self) -> float:
-        """The program's estimate: the walk, never below the roofline."""
-        return (
-            max(self.estimate.device_s, self.roofline_s)
-            if self.case.work
-            else self.estimate.device_s
-        )
 
     def as_json(self) -> dict[str, Any]:
         e = self.estimate
@@ -250,32 +189,35 @@ class Row:
             "impl": self.case.impl,
             "shape": self.case.shape,
             "generation": e.generation,
-            "program_ms": self.program_s * 1e3,
+            "program_ms": e.device_s * 1e3,
             "kernel_ms": e.kernel_s * 1e3 if e.kernels else None,
             "roofline_ms": self.roofline_s * 1e3,
-            "calibrated_ms": (self.program_s + e.per_call_s - e.device_s) * 1e3,
-            "schedule_ms": e.device_s * 1e3,
-            "floored": self.below_roofline,
+            "calibrated_ms": e.per_call_s * 1e3,
+            "mxu_stall_ms": e.mxu_stall_cycles / _clock(e.generation) * 1e3,
+            "below_floor": self.below_roofline,
         }
+
+
+def _clock(generation: str) -> float:
+    return tpu_generations.get(generation).clock_hz or math.nan
 
 
 Record = dict[str, Any]  # one JSON row (see Row.as_json)
 
 
 def normalize(record: Record) -> Record:
-    """A JSON row with ``program_ms`` floored at the roofline and ``schedule_ms`` /
-    ``floored`` present (rows written before the floor have the walk as ``program_ms``)."""
-    schedule: float = record.get("schedule_ms") or record["program_ms"]
-    roof: float = record["roofline_ms"]
-    program = max(schedule, roof) if roof == roof else schedule  # NaN: no roofline
-    overhead = record["calibrated_ms"] - record["program_ms"]
-    return {
-        **record,
-        "program_ms": program,
-        "calibrated_ms": program + overhead,
-        "schedule_ms": schedule,
-        "floored": program > schedule,
-    }
+    """A JSON row in the current form: rows written when the report clamped the walk to
+    the roofline carry the walk as ``schedule_ms``, which becomes ``program_ms``."""
+    record = dict(record)
+    if "schedule_ms" in record:
+        schedule = record.pop("schedule_ms")
+        overhead = record["calibrated_ms"] - record["program_ms"]
+        record["program_ms"], record["calibrated_ms"] = schedule, schedule + overhead
+        record.pop("floored", None)
+    record.setdefault("mxu_stall_ms", None)
+    roof = record["roofline_ms"]
+    record["below_floor"] = roof == roof and record["program_ms"] < roof * (1 - 1e-9)
+    return record
 
 
 def comparisons(records: Sequence[Record]) -> list[tuple[Record, Record]]:
@@ -312,15 +254,16 @@ def _fraction(record: Record) -> str:
 
 def estimates_markdown(records: Sequence[Record]) -> list[str]:
     lines = [
-        "| case | op | impl | TPU | program ms | schedule walk ms | Pallas kernel ms | roofline ms | roofline / program | per call ms |",
+        "| case | op | impl | TPU | program ms | of which MXU-busy stalls ms | Pallas kernel ms | roofline ms | roofline / program | per call ms |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         kernel = "-" if r["kernel_ms"] is None else f"{r['kernel_ms']:.4f}"
-        mark = " (floored)" if r["floored"] else ""
+        stalls = "-" if r["mxu_stall_ms"] is None else f"{r['mxu_stall_ms']:.4f}"
+        mark = " (below floor)" if r["below_floor"] else ""
         lines.append(
             f"| {r['name']} | {r['op']} | {r['impl']} | {r['generation']} | "
-            f"{r['program_ms']:.4f}{mark} | {r['schedule_ms']:.4f} | {kernel} | "
+            f"{r['program_ms']:.4f}{mark} | {stalls} | {kernel} | "
             f"{r['roofline_ms']:.4f} | {_fraction(r)} | {r['calibrated_ms']:.4f} |"
         )
     return lines
@@ -332,7 +275,7 @@ def comparison_markdown(records: Sequence[Record]) -> list[str]:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for ours, xla in comparisons(records):
-        marks = [" (floored)" if r["floored"] else "" for r in (ours, xla)]
+        marks = [" (below floor)" if r["below_floor"] else "" for r in (ours, xla)]
         lines.append(
             f"| {ours['op']} | {ours['shape']} | {ours['generation']} | "
             f"{ours['program_ms']:.4f}{marks[0]} | {xla['program_ms']:.4f}{marks[1]} | "
@@ -349,13 +292,14 @@ def estimates_text(rows: Sequence[Row], verbose: bool) -> list[str]:
     ]
     for row in rows:
         e = row.estimate
-        flag = "  (walk below roofline: floored)" if row.below_roofline else ""
+        flag = f"  (below floor: {cost.BELOW_FLOOR_NOTE})" if row.below_roofline else ""
         lines.append(
             f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} {_ms(e.kernel_s):>10} "
             f"{_ms(row.roofline_s):>11} {row.roofline_s / e.device_s:>9.0%}  {_util(e)}{flag}"
         )
         if verbose:
-            lines += [f"    {line}" for line in (*e.loops, *e.unresolved)]
+            lines += [f"    {line}" for line in e.loops]
+            lines += [f"    assumes: {line}" for line in e.assumptions]
             top = sorted(e.programs.items(), key=lambda item: -item[1][1])[1:6]
             lines += [
                 f"    {name}: {calls} call(s), {seconds * 1e3:.4f} ms"
@@ -409,8 +353,8 @@ def _sweep(
     runner: Runner,
     generations: Sequence[str],
     op: str,
-    baseline: cost.Case,
-    configs: Sequence[tuple[str, cost.Case]],
+    baseline: cost.EstimateTarget,
+    configs: Sequence[tuple[str, cost.EstimateTarget]],
 ) -> Tuning:
     base, rows = {}, []
     for generation in generations:
@@ -501,7 +445,7 @@ def run(
     records: list[Record] = list(merged.values())
     if recorded:
         generations = sorted({r["generation"] for r in records}, key=tpu_generations.NAMES.index)
-    # Calibration first: it walks the seed NMS dumps several times while they are cached.
+    # Calibration first: it walks each published program twice while its dump is cached.
     calibration = calibrate(runner) if "v5e" in generations and ops is None else None
     rows: list[Row] = []
     for generation in generations if not recorded else ():
@@ -534,7 +478,10 @@ def run(
         print(f"wrote {json_path}")
     for error in runner.errors:
         print(f"error: {error}", file=sys.stderr)
-    return 1 if runner.errors else 0
+    low = [f"{r['name']} on {r['generation']}" for r in records if r["below_floor"]]
+    for row in low:
+        print(f"below its floor: {row} (the walk misses {cost.BELOW_FLOOR_NOTE})", file=sys.stderr)
+    return 1 if runner.errors or low else 0
 
 
 def _write_json(path: str, records: Sequence[Record]) -> None:
@@ -566,7 +513,7 @@ def markdown_document(
     ]
     if calibration:
         lines += [
-            "### Calibration against the seeds' TPU v5e figures",
+            "### Against published TPU timings (calibration and cross-validation)",
             "",
             *calibration_markdown(calibration),
             "",
@@ -586,9 +533,12 @@ def markdown_document(
         ROOFLINE_NOTE,
         "",
         "*Program*: the whole jitted function (XLA fusions and Pallas kernels); *per call* "
-        "adds the calibrated per-call overhead (the `calibrated_ms` of the JSON); "
-        "*data-dependent*: loops whose trips the walk cannot compute (given from the workload, "
-        "or assumed).",
+        "adds the calibrated per-call overhead (the `calibrated_ms` of the JSON). A row whose "
+        "*MXU-busy stalls* reads `-` was recorded by an earlier walk that issued MXU pushes "
+        "without holding the MXU, with the constants of its day (DMA latency 0.33 us, "
+        "per-call overhead 116 us): its program time is low by up to the stalls a dense "
+        "matmul shows here (~5-25%); `asickernels estimate --json ... --markdown ...` "
+        "re-records every row (about two hours on 2 cores).",
         "",
         *estimates_markdown(rows),
         "",
@@ -602,23 +552,24 @@ ROOFLINE_NOTE = (
     "*Roofline*: the least time the op can take on that TPU, the larger of its bytes (inputs "
     "read once, outputs written once) over the chip's HBM bandwidth and its operations over "
     "the chip's peak (MXU int8 or bf16, or VPU f32 for GIOU's 28 operations per pair). "
-    "*Schedule walk*: the walk itself. Where it comes out below the roofline (dense MXU "
-    "schedules: the walk cannot see MXU result-FIFO stalls, so on paper they beat the "
-    "datasheet peak), the program time is the roofline, marked *(floored)*; the test on the "
-    "recorded JSON refuses any program time below its roofline."
+    "*Program*: the walk, never clamped. The compiler issues MXU pushes faster than the "
+    "MXU takes them (on paper a dense schedule beats the datasheet peak): the walk holds "
+    "each push on its MXU for the rows it moves at the datasheet rate and stalls the next, "
+    "shown as *MXU-busy stalls*. A program below its roofline is marked *(below floor)*: "
+    "it misses " + cost.BELOW_FLOOR_NOTE + "; the test on the recorded JSON refuses any."
 )
 CALIBRATION_NOTE = (
-    "The schedule alone underestimates the seeds' NMS timings several-fold, for two reasons a "
-    "schedule cannot show: each DMA has a fixed latency on top of its bytes over bandwidth "
-    "(the jitted-JAX NMS waits on ~6 small row fetches per selected box, 128 times), and the "
-    "seeds timed whole calls from Python (`timeit` around `block_until_ready`), which adds "
-    "host dispatch and launch to every call. Both constants are fitted to the two NMS figures, "
-    "so those two ratios are 1.00 by construction; the int8/bf16 matmul ratio is not fitted "
-    "and checks the schedule and clock model independently."
+    "Every published figure here was timed from Python (`timeit` around "
+    "`block_until_ready`), so the estimate compared is the device program plus a per-call "
+    "host overhead. That overhead and a latency per DMA are the only fitted constants, shared "
+    "by every row; *source held out* scores each source with constants fitted to the other "
+    "sources alone. The published programs were rebuilt from the sources' descriptions (the "
+    "guide's kernel and block sizes, `jnp.matmul`, the seed's NMS designs) and compiled by "
+    "today's libtpu, not the compiler that ran them in 2024."
 )
 LIMITS_NOTE = (
-    "Not modelled: stalls the static schedule does not show (MXU result FIFOs, VMEM bank "
-    "conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
+    "Not modelled: stalls the static schedule does not show beyond MXU occupancy (MXU "
+    "result-path latency, VMEM bank conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
     "TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), and loops "
     "whose exit depends on data (their trips come from the workload where the table says so, "
     "else they run once). The v6e clock is an assumption (see `asickernels/tpu_generations.py`)."

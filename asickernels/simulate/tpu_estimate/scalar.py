@@ -4,10 +4,10 @@ ALU and compare ops, and the DMA/HBM clock shared by all programs of a walk."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Op, Operand, Value
+from asickernels.simulate.tpu_estimate.parsing import U32, Addr, Instruction, Operand, Value
 
 
 def as_signed(value: int) -> int:
@@ -43,7 +43,7 @@ _PREDICATE_LOGIC: dict[str, Callable[[bool, bool], bool]] = {
 
 
 class Machine:
-    """Register file, SMEM spill slots and DMA/HBM timing shared by all programs."""
+    """Register file, SMEM spill slots, DMA/HBM and MXU timing shared by all programs."""
 
     def __init__(self, bytes_per_cycle: float, dma_latency_cycles: float) -> None:
         self.registers: dict[str, Value] = {}
@@ -54,16 +54,33 @@ class Machine:
         self.bytes_per_cycle = bytes_per_cycle
         self.dma_latency = dma_latency_cycles
         self.dma_wait_cycles = 0.0
+        # Each MXU is busy until mxu_free[unit]; a push to a busy MXU stalls the bundle.
+        self.mxu_free: dict[str, float] = {}
+        self.mxu_stall_cycles = 0.0
+        self.mxu_pushes = 0.0
+        self.unknown_mxu_types: set[str] = set()
         self.hbm_bytes = 0.0
         self.walked = 0
         self.unresolved_branches = 0
+        # (program, bundle) of each forward branch the walk could not decide -> executions.
+        self.unresolved_branch_sites: dict[tuple[str, int], int] = {}
         self.unresolved_loops: list[str] = []
         self.missing_programs: set[str] = set()
         # Results of scalar divisions (``%id = sdivrem a, b /* kRem */``), popped later by
         # ``spop.drf %id``.
         self.divisions: dict[str, Value] = {}
 
-    def divide(self, op: Op) -> None:
+    _TOTALS = ("dma_wait_cycles", "hbm_bytes", "mxu_stall_cycles", "mxu_pushes")
+
+    def totals(self) -> tuple[float, ...]:
+        """The running totals a loop's extrapolation scales (see :meth:`add_totals`)."""
+        return tuple(getattr(self, name) for name in self._TOTALS)
+
+    def add_totals(self, deltas: Sequence[float]) -> None:
+        for name, delta in zip(self._TOTALS, deltas, strict=True):
+            setattr(self, name, getattr(self, name) + delta)
+
+    def divide(self, op: Instruction) -> None:
         """Executes an ``sdivrem``: keeps the quotient or remainder its comment asks for."""
         ident = re.match(r"\s*%(\w+)\s*=", op.text)
         values = [self.read(operand) for operand in op.operands]
@@ -85,7 +102,7 @@ class Machine:
             return operand.constant
         return operand.address
 
-    def address(self, op: Op) -> Addr | None:
+    def address(self, op: Instruction) -> Addr | None:
         """The SMEM address of an sld/sst: one allocation plus integer terms."""
         base, offset = None, 0
         for term in (self.read(operand) for operand in op.memory):
@@ -97,7 +114,7 @@ class Machine:
                 return None
         return None if base is None else Addr(base, offset)
 
-    def predicate(self, op: Op) -> bool | None:
+    def predicate(self, op: Instruction) -> bool | None:
         """Whether a predicated op executes (None: unknown)."""
         if op.predicate is None:
             return True
@@ -106,7 +123,7 @@ class Machine:
             return None
         return value != op.predicate[1]
 
-    def evaluate(self, op: Op) -> Value:
+    def evaluate(self, op: Instruction) -> Value:
         """The value a register-writing op produces (None when not computable)."""
         family, _, kind = op.opcode.partition(".")
         values = [self.read(operand) for operand in op.operands]

@@ -14,6 +14,11 @@ other programs) and a per-bundle unit utilisation table
   and a loop runs the trips the caller gives for it (``loop_trips``), else once; both are
   counted in the result;
 * each bundle costs one cycle (``vdelay n`` adds ``n``), branches have 4 delay slots;
+* each MXU push (``vmatmul``) occupies its MXU for the cycles the caller gives for its
+  operand type (``mxu_op_cycles``: the rows it pushes through the array at the chip's
+  datasheet rate); a push to a busy MXU stalls its bundle. The compiler issues pushes
+  faster than that (dense matmuls would otherwise beat the datasheet peak on paper):
+  the hardware interlocks, and this is where that time enters the estimate;
 * DMAs go through one HBM queue of the generation's bandwidth; a ``dma.done.wait`` stalls
   until its DMAs are done, which is where HBM time enters the estimate;
 * long counted loops (Mosaic grid loops) are walked for :data:`LOOP_SAMPLE_END` iterations
@@ -25,7 +30,7 @@ It needs no JAX or libtpu: only the text files, so it also runs on stored dumps.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asickernels.simulate.tpu_estimate.parsing import (
@@ -35,12 +40,13 @@ from asickernels.simulate.tpu_estimate.parsing import (
     Addr,
     Bundle,
     Dump,
-    Op,
+    Instruction,
     Operand,
     Program,
     ScheduleError,
     Value,
     call_target,
+    mxu_push,
     parse_operand,
 )
 from asickernels.simulate.tpu_estimate.scalar import COMPARE, Machine, as_signed
@@ -108,6 +114,7 @@ class _LoopRun:
     iterations: int = 0
     planned: int | None = None  # trips decided for a data-dependent loop
     sample_now: float = 0.0
+    sample_totals: tuple[float, ...] = ()
     sample_counts: list[float] | None = None
     sample_counter: int | None = None
     last_counter: int | None = None
@@ -125,7 +132,9 @@ class _ExitTest:
     continue_when: bool
 
 
-def _exit_test(program: Program, branch_index: int, branch: Op, start: int) -> _ExitTest | None:
+def _exit_test(
+    program: Program, branch_index: int, branch: Instruction, start: int
+) -> _ExitTest | None:
     if branch.predicate is None:
         return None
     register, negated = branch.predicate
@@ -196,15 +205,24 @@ class Walker:
         bytes_per_cycle: float,
         dma_latency_cycles: float = 0.0,
         loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
+        mxu_op_cycles: Mapping[str, float] | None = None,
+        observed_trips: Sequence[int] = (),
     ) -> None:
         """``loop_trips``: for loops whose exit depends on data, program name (or its name
         before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
         or a list taken in turn on successive entries. Unlisted data-dependent loops run
-        once."""
+        once. ``mxu_op_cycles``: MXU operand type (``"bf16"``, ``"s8"``, ...) -> cycles one
+        push occupies its MXU (none given: pushes cost only their bundle). ``observed_trips``:
+        trips of the function's ``while`` loops in the order a run entered them
+        (:func:`~.program_facts.while_trips`), taken in turn by the top-level program's
+        data-dependent loops (where XLA puts ``while`` loops) that ``loop_trips`` does not
+        name."""
         if bytes_per_cycle <= 0:
             raise ValueError("bytes_per_cycle must be > 0")
         self.dump = dump
         self.machine = Machine(bytes_per_cycle, dma_latency_cycles)
+        self.mxu_op_cycles = dict(mxu_op_cycles or {})
+        self.observed_trips = list(observed_trips)
         self.loop_trips = loop_trips or {}
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
@@ -305,6 +323,8 @@ class Walker:
                 self._dma_wait(op)
             elif op.opcode.startswith("dma.") and runs_op is not False:
                 self._dma_issue(op)
+            elif runs_op is not False and (push := mxu_push(op)):
+                self._mxu_push(*push)
         for register, value in writes:
             machine.registers[register] = value
         for address, value in stores:
@@ -315,7 +335,7 @@ class Walker:
         self,
         program: Program,
         pc: int,
-        op: Op,
+        op: Instruction,
         decision: bool | None,
         runs: dict[int, _LoopRun],
         exit_tests: dict[int, _ExitTest | None],
@@ -329,6 +349,10 @@ class Walker:
         if target > pc:  # forward: skips a predicated region
             if decision is None:
                 machine.unresolved_branches += 1
+                site = (program.name, pc)
+                machine.unresolved_branch_sites[site] = (
+                    machine.unresolved_branch_sites.get(site, 0) + 1
+                )
                 return None
             return target if decision else None
         loop = loops.get(target)
@@ -351,6 +375,7 @@ class Walker:
         counter = machine.registers.get(test.counter) if test else None
         if run.iterations == LOOP_SAMPLE_START and type(counter) is int:
             run.sample_now = machine.now
+            run.sample_totals = machine.totals()
             run.sample_counts = _prefix_sums(stats.counts)
             run.sample_counter = counter
         if (
@@ -385,11 +410,15 @@ class Walker:
         given = table.get(number)
         if isinstance(given, (list, tuple)):
             trips = int(given[(loop.entries - 1) % len(given)]) if loop and given else 1
+            how = "trips given by the caller (loop_trips)"
+        elif given is not None:
+            trips, how = int(given), "trips given by the caller (loop_trips)"
+        elif self.observed_trips and program.name == TOP_LEVEL_PROGRAM:  # XLA's while loops
+            trips = self.observed_trips.pop(0)
+            how = "trips from running the function on the example inputs on CPU"
         else:
-            trips = int(given) if given is not None else 1
-        note = f"{program.name} loop #{number}: data-dependent exit, " + (
-            "trips given by the case" if given is not None else "assumed 1 trip"
-        )
+            trips, how = 1, "assumed 1 trip"
+        note = f"{program.name} loop #{number}: data-dependent exit, {how}"
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)
         return max(trips, 1)
@@ -401,6 +430,13 @@ class Walker:
         machine.now += extra
         machine.hbm_free += extra
         machine.flags = {key: done + extra for key, done in machine.flags.items()}
+        machine.mxu_free = {unit: free + extra for unit, free in machine.mxu_free.items()}
+        machine.add_totals(
+            [
+                (now - then) * factor
+                for now, then in zip(machine.totals(), run.sample_totals, strict=True)
+            ]
+        )
         assert run.sample_counts is not None
         current = _prefix_sums(stats.counts)
         for index, (now_count, then_count) in enumerate(
@@ -411,7 +447,7 @@ class Walker:
                 stats.counts[index] += delta
                 stats.counts[index + 1] -= delta
 
-    def _call(self, op: Op) -> None:
+    def _call(self, op: Instruction) -> None:
         name = call_target(op)
         callee = self.dump.program(name) if name else None
         if callee is None:
@@ -423,7 +459,7 @@ class Walker:
         value = self.machine.read(operand)
         return value if isinstance(value, Addr) else None
 
-    def _dma_issue(self, op: Op) -> None:
+    def _dma_issue(self, op: Instruction) -> None:
         machine = self.machine
         keywords = dict(KEYWORD_OPERAND.findall(op.text))
         size = parse_operand(keywords.get("size_in_granules", "").strip())
@@ -442,7 +478,22 @@ class Walker:
             done = start
         machine.flags[flag] = max(machine.flags.get(flag, 0.0), done)
 
-    def _dma_wait(self, op: Op) -> None:
+    def _mxu_push(self, operand_type: str, unit: str) -> None:
+        if not self.mxu_op_cycles:
+            return
+        machine = self.machine
+        cycles = self.mxu_op_cycles.get(operand_type)
+        if cycles is None:
+            machine.unknown_mxu_types.add(operand_type)
+            return
+        free = machine.mxu_free.get(unit, 0.0)
+        if free > machine.now:
+            machine.mxu_stall_cycles += free - machine.now
+            machine.now = free
+        machine.mxu_free[unit] = machine.now + cycles
+        machine.mxu_pushes += 1
+
+    def _dma_wait(self, op: Instruction) -> None:
         machine = self.machine
         flag = self._flag(op.operands[0]) if op.operands else None
         done = machine.flags.pop(flag, None)

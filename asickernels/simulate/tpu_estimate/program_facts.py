@@ -1,0 +1,263 @@
+"""What a function's jaxpr says before any compiler runs: its Pallas kernels (grid, how the
+grid is split over a chip's TensorCores) and the least work it must do (the floor); and
+what a run of it on example inputs says: how many trips each ``while`` loop took.
+
+Read from ``jax.make_jaxpr`` (public API), so it works on any jitted function or Pallas
+kernel, ours or not, on a machine without a TPU. :mod:`.estimate` writes these facts beside
+the compiler's schedule dumps and prints them with the estimate.
+
+The floor counts only work that must happen whatever the data: matrix products
+(``dot_general`` at ``2 * batch * M * N * K`` operations; ``ragged_dot`` at ``2 * M * K *
+N``, each row meeting one group), inside Pallas kernels once per grid step, inside ``scan``
+once per iteration; products under a ``cond`` or a ``while`` count zero (they may not run).
+Its bytes are the function's inputs read once and outputs written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from asickernels import tpu_generations
+
+ArgSpec = tuple[tuple[int, ...], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasCall:
+    """One ``pallas_call`` (or ``core_map``) of the function."""
+
+    name: str
+    grid: tuple[int, ...]
+    dimension_semantics: tuple[str, ...] | None  # None: not given (all "arbitrary")
+    core_map_cores: int | None = None  # a ``core_map`` kernel over this many cores
+
+    def megacore(self, generation: str) -> str:
+        """How the kernel uses ``generation``'s TensorCores, in one sentence."""
+        facts = tpu_generations.get(generation)
+        if facts.cores_per_chip == 1:
+            return f"{self.name}: one TensorCore per chip on {generation}, nothing to split"
+        if self.core_map_cores is not None:
+            return (
+                f"{self.name}: core_map over {self.core_map_cores} core(s); the walk follows "
+                "core 0's program (cores assumed to do equal work)"
+            )
+        semantics = self.dimension_semantics or ("arbitrary",) * len(self.grid)
+        split = [
+            axis
+            for axis, kind in enumerate(semantics)
+            if kind in ("parallel", "core_parallel") and axis < len(self.grid)
+        ]
+        if split and facts.megacore:
+            steps = math.prod(self.grid)
+            return (
+                f"{self.name}: grid {self.grid} split over {facts.cores_per_chip} TensorCores "
+                f"along parallel axis {split[0]} (dimension_semantics {semantics}); the walk "
+                f"follows core 0's share of the {steps} steps"
+            )
+        return (
+            f"{self.name}: grid {self.grid} runs on one of {generation}'s "
+            f"{facts.cores_per_chip} TensorCores (dimension_semantics {semantics}: no "
+            "parallel axis); the other idles"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """Work a function must do: matrix-product operations by operand class and HBM bytes."""
+
+    mxu_int8_ops: float = 0.0
+    mxu_bf16_ops: float = 0.0
+    hbm_bytes: float = 0.0
+
+    def terms(self, generation: str) -> dict[str, float]:
+        """Seconds each resource needs at ``generation``'s datasheet rates (per chip)."""
+        facts = tpu_generations.get(generation)
+        int8_rate = facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s
+        return {
+            "HBM": self.hbm_bytes / facts.hbm_bytes_per_s,
+            "MXU": self.mxu_int8_ops / int8_rate + self.mxu_bf16_ops / facts.peak_bf16_ops_per_s,
+        }
+
+    def seconds(self, generation: str) -> float:
+        return max(self.terms(generation).values())
+
+    def bound(self, generation: str) -> str:
+        """The resource whose term is the floor (``"MXU"`` or ``"HBM"``)."""
+        terms = self.terms(generation)
+        return max(terms, key=lambda name: terms[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramFacts:
+    pallas_calls: tuple[PallasCall, ...]
+    floor: Floor
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProgramFacts:
+        calls = tuple(
+            PallasCall(
+                call["name"],
+                tuple(call["grid"]),
+                None if call["dimension_semantics"] is None else tuple(call["dimension_semantics"]),
+                call["core_map_cores"],
+            )
+            for call in data["pallas_calls"]
+        )
+        return cls(calls, Floor(**data["floor"]))
+
+
+def _is_integer(dtype: Any) -> bool:
+    import numpy as np
+
+    return bool(np.issubdtype(np.dtype(dtype), np.integer))
+
+
+def _nbytes(aval: Any) -> float:
+    import numpy as np
+
+    return float(math.prod(aval.shape) * np.dtype(aval.dtype).itemsize)
+
+
+def _dot_ops(eqn: Any) -> tuple[float, bool]:
+    """(operations, integer operands) of a ``dot_general`` or ``ragged_dot``."""
+    lhs, rhs = (var.aval for var in eqn.invars[:2])
+    integer = _is_integer(lhs.dtype) and _is_integer(rhs.dtype)
+    if eqn.primitive.name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        contract = math.prod(lhs.shape[d] for d in lhs_contract)
+        out = math.prod(eqn.outvars[0].aval.shape)
+        return 2.0 * out * contract, integer
+    # ragged_dot(lhs [M, K], rhs [G, K, N]): every row of lhs meets one group.
+    m, k = lhs.shape[-2], lhs.shape[-1]
+    n = rhs.shape[-1]
+    return 2.0 * m * k * n, integer
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.calls: list[PallasCall] = []
+        self.int8_ops = 0.0
+        self.bf16_ops = 0.0
+
+    def visit(self, jaxpr: Any, weight: float) -> None:
+        import jax.extend as jex
+
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name in ("dot_general", "ragged_dot", "ragged_dot_general"):
+                ops, integer = _dot_ops(eqn)
+                if integer:
+                    self.int8_ops += weight * ops
+                else:
+                    self.bf16_ops += weight * ops
+                continue
+            if name == "pallas_call":
+                grid = tuple(int(g) for g in eqn.params["grid_mapping"].grid)
+                params = eqn.params.get("compiler_params")
+                if isinstance(params, dict):  # older jax: {"mosaic_tpu": ...}
+                    params = params.get("mosaic_tpu") or params.get("mosaic")
+                semantics = getattr(params, "dimension_semantics", None)
+                if isinstance(params, dict):
+                    semantics = params.get("dimension_semantics")
+                self.calls.append(
+                    PallasCall(
+                        str(eqn.params.get("name") or f"pallas_call #{len(self.calls)}"),
+                        grid,
+                        None if semantics is None else tuple(str(s).lower() for s in semantics),
+                    )
+                )
+                self.visit(eqn.params["jaxpr"], weight * math.prod(grid or (1,)))
+                continue
+            if name == "core_map":
+                mesh = eqn.params.get("mesh")
+                cores = int(math.prod(getattr(mesh, "shape", {}).values() or (1,)))
+                self.calls.append(PallasCall("core_map", (), None, cores))
+            if name in ("cond", "while"):
+                continue  # may not run: the floor counts nothing under it
+            inner = weight * eqn.params["length"] if name == "scan" else weight
+            for sub in jex.core.jaxprs_in_params(eqn.params):
+                self.visit(sub, inner)
+
+
+def program_facts(function: Callable[..., Any], arg_specs: Sequence[ArgSpec]) -> ProgramFacts:
+    """The Pallas kernels and floor of ``function`` at arguments of ``arg_specs`` ((shape,
+    dtype) pairs), from its jaxpr (nothing runs or compiles)."""
+    import jax
+
+    args = [jax.ShapeDtypeStruct(tuple(shape), dtype) for shape, dtype in arg_specs]
+    closed = jax.make_jaxpr(function)(*args)
+    collector = _Collector()
+    collector.visit(closed.jaxpr, 1.0)
+    moved = sum(_nbytes(v.aval) for v in closed.jaxpr.invars) + sum(
+        _nbytes(v.aval) for v in closed.jaxpr.outvars if hasattr(v, "aval")
+    )
+    floor = Floor(collector.int8_ops, collector.bf16_ops, moved)
+    return ProgramFacts(tuple(collector.calls), floor)
+
+
+def while_trips(function: Callable[..., Any], args: Sequence[Any]) -> tuple[int, ...]:
+    """Runs ``function(*args)`` on the default (CPU) backend, one jaxpr equation at a time,
+    and returns the trips of each ``while`` loop it entered, in the order it entered them
+    (an outer loop before the inner loops of its first trip). These are the loops whose
+    exit a compiled schedule cannot decide: :class:`~.walk.Walker` takes them in turn."""
+    import jax
+
+    closed = jax.make_jaxpr(function)(*args)
+    trips: list[int] = []
+    if _has_while(closed.jaxpr):  # else nothing to count: skip the (maybe long) CPU run
+        _run(closed.jaxpr, closed.consts, list(args), trips)
+    return tuple(trips)
+
+
+def _has_while(jaxpr: Any) -> bool:
+    import jax.extend as jex
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            return True
+        if eqn.primitive.name != "pallas_call" and any(
+            _has_while(sub) for sub in jex.core.jaxprs_in_params(eqn.params)
+        ):
+            return True
+    return False
+
+
+def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], trips: list[int]) -> list[Any]:
+    import jax.extend as jex
+
+    env: dict[Any, Any] = {}
+
+    def read(var: Any) -> Any:
+        return var.val if isinstance(var, jex.core.Literal) else env[var]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        values = [read(var) for var in eqn.invars]
+        params = eqn.params
+        if eqn.primitive.name == "while":
+            cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+            n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+            cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+            carry = values[n_cond + n_body :]
+            slot, count = len(trips), 0
+            trips.append(0)
+            while bool(_run(cond.jaxpr, cond.consts, [*cond_consts, *carry], trips)[0]):
+                carry = _run(body.jaxpr, body.consts, [*body_consts, *carry], trips)
+                count += 1
+            trips[slot] = count
+            outputs = carry
+        elif eqn.primitive.name in ("pjit", "jit", "closed_call"):
+            inner = params.get("jaxpr") or params.get("call_jaxpr")
+            outputs = _run(inner.jaxpr, inner.consts, values, trips)
+        else:
+            result = eqn.primitive.bind(*values, **params)
+            outputs = list(result) if eqn.primitive.multiple_results else [result]
+        env.update(zip(eqn.outvars, outputs, strict=True))
+    return [read(var) for var in jaxpr.outvars]
