@@ -54,14 +54,15 @@ def _jitted(
 
 
 def _define_selection(
-    function: Callable[..., tuple[jax.Array, ...]], text: str
+    function: Callable[..., tuple[jax.Array, ...]], text: str, *, nms: bool = False
 ) -> Callable[..., tuple[Tensor, ...]]:
     """``function`` (of :mod:`asickernels.detection`) as the operator
     ``asickernels::<its name>`` of schema ``text``, so that ``torch.compile`` and
     ``torch.export`` trace it as one node: on CPU tensors it runs under ``jax.jit`` on host
-    copies; on XLA tensors inside torch_xla's graph (``call_jax``, with the selection
-    policy's NMS backend for torch_xla); its fake kernel gives the output shapes and dtypes
-    by ``jax.eval_shape`` of ``function`` itself."""
+    copies; on XLA tensors inside torch_xla's graph (``call_jax``; for a function that
+    runs NMS, ``nms``, with the selection policy's NMS backend for torch_xla, one that lowers
+    into the graph); its fake kernel gives the output shapes and dtypes by
+    ``jax.eval_shape`` of ``function`` itself."""
 
     def cpu(*tensors: Tensor, **statics: Hashable) -> tuple[Tensor, ...]:
         out = _jitted(function, tuple(sorted(statics.items())))(*map(ops.to_host, tensors))
@@ -75,11 +76,11 @@ def _define_selection(
     def xla(*tensors: Tensor, **statics: Hashable) -> tuple[Tensor, ...]:
         from torch_xla.core import xla_builder
 
-        if "backend" in statics:  # one that lowers into torch_xla's graph
+        if nms:  # (the dispatcher leaves out a backend=None: the schema's default)
             from asickernels.kernels import policy
             from asickernels.torch.xla import where_xla_tensors_live
 
-            requested = statics["backend"]
+            requested = statics.get("backend")
             assert requested is None or isinstance(requested, str)  # as the schema says
             statics["backend"] = policy.select(
                 "nms", requested, where_xla_tensors_live(), "float32"
@@ -100,6 +101,7 @@ _select_detections_op = _define_selection(
     "(Tensor boxes, Tensor scores, Tensor labels, Tensor valid, *, float iou_threshold, "
     "int max_detections, float? min_size=None, str? backend=None) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
+    nms=True,
 )
 
 
