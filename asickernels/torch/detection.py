@@ -5,10 +5,13 @@ CPU fallback and no host sync.
 torchvision's post-processing indexes with boolean masks, ``torch.where`` and ``nonzero``,
 whose output shapes depend on the data: torch_xla runs those on the CPU (``aten::nonzero``
 fallbacks) and compiles a new graph for every new count. Here the same steps run with fixed
-shapes (:mod:`asickernels.detection`, JAX functions spliced into torch_xla's graph with
-``call_jax``; on CPU tensors they run under ``jax.jit``): per-level top-k with a validity
-mask, per-class NMS (asickernels' kernels) and padding. Scores and box decoding stay
-torchvision's own code, so on CPU the trimmed detections are torchvision's.
+shapes: per-level top-k with a validity mask, per-class NMS (asickernels' kernels) and
+padding, the JAX functions of :mod:`asickernels.detection` as the operators
+``torch.ops.asickernels.top_candidates`` and ``select_detections`` (spliced into torch_xla's
+graph with ``call_jax``; on CPU tensors run under ``jax.jit``; fake kernels give their static
+output shapes). Scores and box decoding stay torchvision's own code, so on CPU the trimmed
+detections are torchvision's. A ready model has no graph break: ``torch.compile(model,
+fullgraph=True)`` and ``torch.export.export(model, (images,))`` take it whole.
 
 Each image's detections come padded to the model's ``detections_per_img``: ``boxes [D, 4]``,
 ``scores [D]``, ``labels [D]`` (int64), Mask R-CNN's ``masks [D, 1, H, W]``, and
@@ -50,30 +53,56 @@ def _jitted(
     return jax.jit(functools.partial(function, **dict(statics)))
 
 
-def _nms_backend(requested: str | None, device: torch.device) -> str | None:
-    """The NMS backend for tensors on ``device``: for XLA devices the selection policy's
-    answer for torch_xla (a backend that lowers into its graph); on CPU, ``requested``."""
-    if device.type != "xla":
-        return requested
-    from asickernels.kernels import policy
-    from asickernels.torch.xla import where_xla_tensors_live
+def _define_selection(
+    function: Callable[..., tuple[jax.Array, ...]], text: str, *, nms: bool = False
+) -> Callable[..., tuple[Tensor, ...]]:
+    """``function`` (of :mod:`asickernels.detection`) as the operator
+    ``asickernels::<its name>`` of schema ``text``, so that ``torch.compile`` and
+    ``torch.export`` trace it as one node: on CPU tensors it runs under ``jax.jit`` on host
+    copies; on XLA tensors inside torch_xla's graph (``call_jax``; for a function that
+    runs NMS, ``nms``, with the selection policy's NMS backend for torch_xla, one that lowers
+    into the graph); its fake kernel gives the output shapes and dtypes by
+    ``jax.eval_shape`` of ``function`` itself."""
 
-    return policy.select("nms", requested, where_xla_tensors_live(), "float32")
+    def cpu(*tensors: Tensor, **statics: Hashable) -> tuple[Tensor, ...]:
+        out = _jitted(function, tuple(sorted(statics.items())))(*map(ops.to_host, tensors))
+        return tuple(ops.to_torch(o) for o in out)
 
+    def fake(*tensors: Tensor, **statics: Hashable) -> tuple[Tensor, ...]:
+        specs = [jax.ShapeDtypeStruct(t.shape, ops.numpy_dtype(t.dtype)) for t in tensors]
+        out = jax.eval_shape(functools.partial(function, **statics), *specs)
+        return tuple(tensors[0].new_empty(o.shape, dtype=ops.torch_dtype(o.dtype)) for o in out)
 
-def _call(
-    function: Callable[..., tuple[jax.Array, ...]],
-    tensors: Sequence[Tensor],
-    **statics: Hashable,
-) -> tuple[Tensor, ...]:
-    """``function`` (of :mod:`asickernels.detection`) on torch tensors: inside torch_xla's
-    graph for XLA tensors, else under ``jax.jit`` on host copies. Returns torch tensors."""
-    if tensors[0].device.type == "xla":
+    def xla(*tensors: Tensor, **statics: Hashable) -> tuple[Tensor, ...]:
         from torch_xla.core import xla_builder
 
-        return xla_builder.call_jax(function, tuple(tensors), statics)
-    out = _jitted(function, tuple(sorted(statics.items())))(*(ops.to_host(t) for t in tensors))
-    return tuple(ops.to_torch(o) for o in out)
+        if nms:  # (the dispatcher leaves out a backend=None: the schema's default)
+            from asickernels.kernels import policy
+            from asickernels.torch.xla import where_xla_tensors_live
+
+            requested = statics.get("backend")
+            assert requested is None or isinstance(requested, str)  # as the schema says
+            statics["backend"] = policy.select(
+                "nms", requested, where_xla_tensors_live(), "float32"
+            )
+        return tuple(xla_builder.call_jax(function, tensors, statics))
+
+    operator = ops.define(function.__name__, text, cpu, fake)
+    operator.register_kernel("xla")(xla)
+    return getattr(torch.ops.asickernels, function.__name__)
+
+
+_top_candidates_op = _define_selection(
+    detection.top_candidates,
+    "(Tensor scores, *, int k, float score_threshold) -> (Tensor, Tensor)",
+)
+_select_detections_op = _define_selection(
+    detection.select_detections,
+    "(Tensor boxes, Tensor scores, Tensor labels, Tensor valid, *, float iou_threshold, "
+    "int max_detections, float? min_size=None, str? backend=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    nms=True,
+)
 
 
 def _clip(boxes: Tensor, image_shapes: Sequence[tuple[int, int]]) -> Tensor:
@@ -95,13 +124,15 @@ def _detections(
     min_size: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`asickernels.detection.select_detections` on torch tensors (labels int64)."""
-    out_boxes, out_scores, out_labels, count = _call(
-        detection.select_detections,
-        [boxes, scores, labels.to(torch.int32), valid],
+    out_boxes, out_scores, out_labels, count = _select_detections_op(
+        boxes,
+        scores,
+        labels.to(torch.int32),
+        valid,
         iou_threshold=float(iou_threshold),
         max_detections=max_detections,
         min_size=min_size,
-        backend=_nms_backend(backend, boxes.device),
+        backend=backend,
     )
     return out_boxes, out_scores, out_labels.to(torch.int64), count
 
@@ -109,9 +140,8 @@ def _detections(
 def _top_candidates(model: RetinaNet | FCOS | SSD, scores: Tensor) -> tuple[Tensor, Tensor]:
     """The ``model.topk_candidates`` best of each row of ``scores [R, A]`` above
     ``model.score_thresh``: ``(indices [R, k] int64, valid [R, k])``."""
-    indices, valid = _call(
-        detection.top_candidates,
-        [scores],
+    indices, valid = _top_candidates_op(
+        scores,
         k=min(model.topk_candidates, scores.shape[1]),
         score_threshold=float(model.score_thresh),
     )

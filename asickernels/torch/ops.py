@@ -206,9 +206,10 @@ def single_or_tuple(grads: tuple[torch.Tensor, ...]) -> Outputs:
     return grads[0] if len(grads) == 1 else grads
 
 
-def _define(
+def define(
     name: str, text: str, cpu: Callable[..., Outputs], fake: Callable[..., Outputs]
 ) -> CustomOp:
+    """``asickernels::<name>`` with schema ``text``, its CPU kernel and its fake kernel."""
     library_op = torch.library.custom_op(f"asickernels::{name}", mutates_args=(), schema=text)(cpu)
     library_op.register_fake(fake)
     return library_op
@@ -252,7 +253,7 @@ def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
         tensors, statics = split_values(op.params, bind_values(op.params, args, kwargs))
         return fake_outputs(op, tensors, statics)
 
-    forward = _define(op.name, schema(op), cpu, fake)
+    forward = define(op.name, schema(op), cpu, fake)
     if op.vjp is None:
         return forward, None
     params = backward_params(op)
@@ -267,7 +268,7 @@ def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
         tensors, statics = split_values(op.params, bind_values(params, args, kwargs))
         return single_or_tuple(fake_vjp(op, tensors, statics))
 
-    backward = _define(
+    backward = define(
         f"{op.name}_backward",
         schema(op, params, outputs=len(op.differentiable)),
         cpu_backward,

@@ -30,6 +30,7 @@ Differences from torchvision (kept on purpose; see the README):
   static shapes, no ``nonzero``.
 """
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -318,6 +319,29 @@ class RoIPool(torchvision.ops.RoIPool):
         return roi_pool(input, rois, self.output_size, self.spatial_scale)
 
 
+def _setup_scales(
+    features: list[Tensor],
+    image_shapes: list[tuple[int, int]],
+    canonical_scale: int,
+    canonical_level: int,
+) -> tuple[list[float], poolers.LevelMapper]:
+    """torchvision's ``poolers._setup_scales`` (each level's scale the power of 2 nearest its
+    height over the largest image's, and the level mapper) in Python arithmetic on shapes,
+    which ``torch.compile`` and ``torch.export`` fold into constants; torchvision's reads
+    tensors back with ``.item()``, a graph break."""
+    if not image_shapes:
+        raise ValueError("images list should not be empty")
+    height = max(shape[0] for shape in image_shapes)
+    exponents = [round(math.log2(feature.shape[-2] / height)) for feature in features]
+    mapper = poolers.initLevelMapper(
+        -exponents[0],
+        -exponents[-1],
+        canonical_scale=canonical_scale,
+        canonical_level=canonical_level,
+    )
+    return [2.0**e for e in exponents], mapper
+
+
 class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):
     """``torchvision.ops.MultiScaleRoIAlign`` (same arguments, same results) running
     :func:`roi_align`, with static shapes: no per-level ``nonzero`` (see the module
@@ -337,7 +361,7 @@ class MultiScaleRoIAlign(torchvision.ops.MultiScaleRoIAlign):
             )
         features = poolers._filter_input(x, self.featmap_names)
         if self.scales is None or self.map_levels is None:  # type: ignore[has-type]
-            self.scales, self.map_levels = poolers._setup_scales(
+            self.scales, self.map_levels = _setup_scales(
                 features, image_shapes, self.canonical_scale, self.canonical_level
             )
         rois = _rois(boxes)
