@@ -8,10 +8,9 @@ import math
 import sys
 import warnings
 
-import fetch_vendor
 import numpy as np
 import pytest
-from conftest import DATA, REPO, SHARED, load_module
+from conftest import REPO, SHARED, VENDOR, VENDOR_MISSING, load_module, vendor_present
 
 from asickernels.simulate import nki
 from asickernels.simulate.nki import estimate as cost_model
@@ -23,7 +22,7 @@ from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.install import install
 from asickernels.simulate.nki.trace import Access, Instruction
 
-TUTORIAL = DATA / "vendor/aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
+TUTORIAL = VENDOR / "aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
 KERNELS = (
     "nki_matmul_tiled_",
     "nki_matmul_hoist_load_",
@@ -325,8 +324,8 @@ def _legacy_api():
 
 
 def _require_tutorials():
-    if not fetch_vendor.present("aws-neuron-sdk@72825d5"):
-        pytest.skip(fetch_vendor.MISSING)
+    if not vendor_present("aws-neuron-sdk@72825d5"):
+        pytest.skip(VENDOR_MISSING)
 
 
 def _legacy_tutorial():
