@@ -143,7 +143,9 @@ def table(
 ) -> dict:
     rows = []
     for figure, trace, seconds in found:
-        result = cost_model.estimate(trace, 2, dma_buffer_ns=buffer_ns, dma_efficiency=efficiency)
+        result = cost_model.estimate(
+            trace, 2, dma_buffer_ns=buffer_ns, dma_efficiency=efficiency, band=False
+        )
         estimate_ms = result.latency_us / 1000.0
         rows.append({
             "family": figure.family,

@@ -222,6 +222,26 @@ def test_benchmark_reports_an_estimate_marked_as_such_and_the_bound_engine():
     assert result.estimate.bound in {"DMA/HBM", "VectorE", "ScalarE", "GpSimdE", "TensorE"}
     assert max(result.estimate.busy_share.values()) <= 1.0 + 1e-9
     assert result.estimate.instructions == 3  # load, multiply, dma_copy
+    low, high = result.nc_latency.band_us
+    assert low <= p99 <= high and "band" in repr(result.nc_latency) and "band" in result.note
+
+
+def test_the_band_spans_the_dma_rate_and_overlap_assumptions():
+    """A DMA-bound trace: the band runs from the busiest engine alone at the fastest DMA rate
+    of DMA_EFFICIENCY_RANGE to the schedule at the slowest; a compute-only trace has none."""
+    load = op("dma", "load", (tile(1, (128, 8192), "float32", "hbm"),), (tile(2, (128, 8192)),))
+    add = op("vector", "tensor_scalar", (tile(2, (128, 8192)),), (tile(3, (128, 8192)),))
+    result = cost_model.estimate([load, add], 2)
+    slow, fast = cost_model.DMA_EFFICIENCY_RANGE
+    at = {
+        e: cost_model.estimate([load, add], 2, dma_efficiency=e, band=False) for e in (slow, fast)
+    }
+    low, high = result.band_us
+    assert high == pytest.approx(at[slow].latency_us)
+    assert low < at[fast].latency_us < result.latency_us < high
+    compute = cost_model.estimate([add], 2)
+    assert compute.band_us == (compute.latency_us, compute.latency_us)
+    assert cost_model.estimate([add], 2, band=False).band_us is None
 
 
 def test_benchmark_result_writes_its_timeline_as_a_chrome_trace(tmp_path):
