@@ -518,3 +518,56 @@ def test_mamba_v2_is_estimated_faster_than_v1():
     latency = {f.kernel: cost_model.estimate(calibrate.trace_of(f)[0], 2).latency_us
                for f in (v1, v2)}  # fmt: skip
     assert latency["mamba_v2"] < 0.8 * latency["mamba_v1"]
+
+
+# -- the NKIBench check's fit and cross-validation ------------------------------------------
+def _nkibench():
+    module = sys.modules.get("nki_estimate_nkibench")
+    if module is None:
+        module = load_module(REPO / "benchmarks/nki_estimate/nkibench.py", "nki_estimate_nkibench")
+    return module
+
+
+def test_nkibench_fit_recovers_a_shared_dma_rate_and_cross_validates_on_held_out_families():
+    """Kernels whose 'profiled' times are the model's own at DMA_EFFICIENCY 0.6: the grid fit
+    finds 0.6 in-sample and, leaving each family out, from the other families alone (no
+    per-kernel constant can help a held-out family); the generated README table says so."""
+    nkibench = _nkibench()
+    problems = ["matmul", "silu", "mamba", "gqa_full"]  # four families
+    found = []
+    for index, problem in enumerate(problems):
+        size = 2048 * (index + 1)
+        load = op("dma", "load", (tile(1, (128, size), "float32", "hbm", runs=4),),
+                  (tile(2, (128, size), "float32"),))  # fmt: skip
+        add = op("vector", "tensor_scalar", (tile(2, (128, size), "float32"),),
+                 (tile(3, (128, size), "float32"),))  # fmt: skip
+        trace = [load, add]
+        device_ms = cost_model.estimate(trace, 2, dma_efficiency=0.6, band=False).latency_us / 1e3
+        profile = {"latency": device_ms, "hbm_read_bytes": 128 * size * 4,
+                   "hbm_write_bytes": 0, "spill_save_bytes": 0, "spill_reload_bytes": 0}  # fmt: skip
+        profile |= {f"{e}_engine_active_time_percent": 0.1 for e in ("scalar", "vector", "gpsimd")}
+        counters = {"hbm_to_sbuf_bytes": 128 * size * 4, "sbuf_to_hbm_bytes": 0}
+        row = {"problem": problem, "kernel": f"{problem}_0.py", "profile": profile}
+        found.append((row, (trace, counters, 0.0)))
+    table = nkibench.grid(found)
+    assert nkibench.fit(found, table, list(range(4)))[1] == 0.6
+    held_out = nkibench.cross_validate(found, table)
+    assert held_out["max_abs_error"] < 0.01
+    assert {c[1] for c in held_out["constants_fitted_without"].values()} == {0.6}
+    record = {
+        "command": "nkibench.py ACCELOPT",
+        "source": nkibench.SOURCE,
+        "rows": nkibench.rows_at(found, 10.0, 0.425, band=True),
+        "current_constants": {"dma_buffer_ns": 10.0, "dma_efficiency": 0.425},
+        "fitted_constants": {"dma_buffer_ns": 10.0, "dma_efficiency": 0.6},
+        "leave_one_family_out": held_out,
+    }
+    for key in ("current_constants", "fitted_constants"):
+        constants = (record[key]["dma_buffer_ns"], record[key]["dma_efficiency"])
+        errors = {}
+        for r in nkibench.rows_at(found, *constants):
+            errors.setdefault(r["family"], []).append(r["error"])
+        record[key] |= nkibench.summary(errors)
+    section = nkibench.render(record)
+    assert section.startswith(nkibench.START) and section.endswith(nkibench.END)
+    assert "| leave one family out (refitted without it, then estimated) | 0% |" in section
