@@ -14,6 +14,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 # compile, a parallel test run) that loads it while this one holds it.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import fetch_vendor
 import numpy as np
 import pytest
 
@@ -27,6 +28,19 @@ REPO = TESTS.parent
 DATA = TESTS / "data"
 # The vendor corpus beside the checkout (CI has it; tests that need it skip without it).
 SHARED = REPO.parent / "shared"
+# The vendor files tests/fetch_vendor.py lists, laid out as <repo>@<commit>/<path>: where it
+# fetched them (tests/data/vendor), else the same files beside the checkout (CI's copy).
+VENDOR = fetch_vendor.VENDOR if fetch_vendor.VENDOR.is_dir() else SHARED / "vendor"
+VENDOR_MISSING = (
+    f"vendor files absent from {fetch_vendor.VENDOR} and {SHARED / 'vendor'}: "
+    "run `python tests/fetch_vendor.py` (needs github.com)"
+)
+
+
+def vendor_present(folder: str) -> bool:
+    """Whether every file tests/fetch_vendor.py lists for ``folder`` (``<repo>@<commit>``)
+    is in ``VENDOR``."""
+    return all((VENDOR / f / path).is_file() for f, path, _ in fetch_vendor.FILES if f == folder)
 
 
 def load_module(path: Path, name: str) -> ModuleType:

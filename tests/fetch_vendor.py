@@ -1,7 +1,10 @@
 """Fetches the vendor files some tests run unchanged (AWS's NKI kernels and tests, torchvision's
 RoI tests) into tests/data/vendor/<repo>@<commit>/, each pinned by commit and checked by its
 SHA-256. They are public code under their own licences (MIT-0, BSD-3), kept out of this
-repository: the tests that need them skip, naming this command, where they are absent.
+repository. Tests read them from tests/data/vendor/ where this script fetched them, else from
+../shared/vendor/ beside the checkout (the same layout and digests; CI has it): the lookup is
+``VENDOR`` in tests/conftest.py. Where neither has them, the tests that need them skip,
+naming this command.
 
     python tests/fetch_vendor.py            # needs access to github.com
 """
@@ -24,6 +27,8 @@ REPOSITORIES = {
 # alone pins it)
 FILES: list[tuple[str, str, str | None]] = [
     ("vision@00673be", "test/test_ops.py", None),
+    # read by test_ops.py at import, from its own folder
+    ("vision@00673be", "test/optests_failures_dict.json", None),
     (
         "aws-neuron-sdk@81ce03a",
         "LICENSE-SAMPLECODE",
@@ -310,12 +315,6 @@ FILES: list[tuple[str, str, str | None]] = [
         "e4d19b1c2d753c3a63312bfe1b6176a043bf637de6aafeba935f69dfe1ca9717",
     ),
 ]
-MISSING = "vendor files absent: run `python tests/fetch_vendor.py` (needs github.com)"
-
-
-def present(folder: str) -> bool:
-    """Whether every file of ``folder`` (``<repo>@<commit>``) is in tests/data/vendor."""
-    return all((VENDOR / f / path).is_file() for f, path, _ in FILES if f == folder)
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/nki_estimate/calibrate.py [--out FILE]
 
 Runs AWS's tutorial kernels (aws-neuron-sdk@72825d5, fetched verbatim into
-tests/data/vendor/ by tests/fetch_vendor.py) through ``nki.benchmark`` on ``nt.tensor`` placeholders of the published
+tests/data/vendor/ by tests/fetch_vendor.py, or read from ../shared/vendor/) through ``nki.benchmark`` on ``nt.tensor`` placeholders of the published
 shapes (trace-only mode), estimates each on trn1 (NeuronCore-v2), fits the two shared DMA
 constants ``DMA_BUFFER_NS`` and ``DMA_EFFICIENCY`` (per-kernel constants are never fitted)
 and writes calibration.json: figure against estimate, the median |error|, and whether the
@@ -29,7 +29,10 @@ from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.install import install
 
 HERE = pathlib.Path(__file__).resolve().parent
-EXAMPLES = HERE.parents[1] / "tests/data/vendor/aws-neuron-sdk@72825d5/general/nki/examples"
+# tests/fetch_vendor.py's files: where it fetches them, else the copy beside the checkout
+FETCHED = HERE.parents[1] / "tests/data/vendor"
+VENDOR = FETCHED if FETCHED.is_dir() else HERE.parents[2] / "shared/vendor"
+EXAMPLES = VENDOR / "aws-neuron-sdk@72825d5/general/nki/examples"
 DOCS = "aws-neuron-sdk@72825d5 general/nki/tutorials/"
 BUFFER_NS_GRID = [float(ns) for ns in range(0, 41, 10)]
 EFFICIENCY_GRID = [round(0.025 * step, 3) for step in range(14, 21)]
@@ -140,7 +143,9 @@ def table(
 ) -> dict:
     rows = []
     for figure, trace, seconds in found:
-        result = cost_model.estimate(trace, 2, dma_buffer_ns=buffer_ns, dma_efficiency=efficiency)
+        result = cost_model.estimate(
+            trace, 2, dma_buffer_ns=buffer_ns, dma_efficiency=efficiency, band=False
+        )
         estimate_ms = result.latency_us / 1000.0
         rows.append({
             "family": figure.family,

@@ -30,7 +30,7 @@ try:
 except ImportError:
     pass
 
-from conftest import SHARED  # noqa: E402
+from conftest import SHARED, VENDOR, VENDOR_MISSING  # noqa: E402
 
 from asickernels.testing.cases import giou_cases, random_boxes  # noqa: E402
 from asickernels.torch import vision  # noqa: E402
@@ -125,7 +125,7 @@ def test_torchvisions_own_tests_pass_against_asickernels(tmp_path):
 # Upstream's own TestRoIAlign, TestRoiPool and TestMultiScaleRoIAlign (test/test_ops.py up to
 # TestNMS, verbatim; tests/fetch_vendor.py fetches it), run unchanged on CPU against torchvision (the control)
 # and against the drop-in; CUDA/MPS tests skip as upstream skips them.
-VENDORED_VISION = TESTS.parent / "data" / "vendor" / "vision@00673be" / "test"
+VENDORED_VISION = VENDOR / "vision@00673be" / "test"
 ROI_CLASSES = "TestRoIAlign or TestRoiPool or TestMultiScaleRoIAlign"
 SCRIPTING = (
     "torch.jit.script of the drop-in fails (TorchScript rejects list() of the Union "
@@ -150,21 +150,20 @@ ROI_EXCLUSIONS = {
 
 def _run_upstream_roi_tests(tmp_path: Path, peer: str) -> dict[str, str]:
     if not CORPUS.is_dir() or not VENDORED_VISION.is_dir():
-        pytest.skip(
-            f"torchvision's test files are absent ({CORPUS}, {VENDORED_VISION}): "
-            "run `python tests/fetch_vendor.py`"
-        )
+        pytest.skip(f"torchvision's test files are absent ({CORPUS}): {VENDOR_MISSING}")
     run = tmp_path / peer
     run.mkdir()
     for source in [CORPUS / "conftest.py", CORPUS / "common_utils.py"]:
         shutil.copy(source, run)
-    shutil.copy(VENDORED_VISION / "test_ops.py", run)
+    for name in ("test_ops.py", "optests_failures_dict.json"):  # test_ops reads the json
+        shutil.copy(VENDORED_VISION / name, run)
     outcomes, output = _run_pytest(run, peer, ["-k", ROI_CLASSES, "test_ops.py"])
     print(f"upstream's RoI tests against {peer}: {_count(outcomes)}")
     assert outcomes, output
     return outcomes
 
 
+@pytest.mark.slow  # two pytest subprocesses over torchvision's RoI tests (~1 min)
 def test_torchvisions_own_roi_tests_pass_against_asickernels(tmp_path):
     control = _run_upstream_roi_tests(tmp_path, "torchvision")
     ours = _run_upstream_roi_tests(tmp_path, "asickernels")

@@ -61,9 +61,16 @@ class Latency:
     """``benchmark_result.nc_latency``: latency statistics in microseconds, measured
     ``samples_us`` or one model ``estimate_us`` (then every percentile is the estimate)."""
 
-    def __init__(self, samples_us: Sequence[float] = (), estimate_us: float | None = None) -> None:
+    def __init__(
+        self,
+        samples_us: Sequence[float] = (),
+        estimate_us: float | None = None,
+        band_us: tuple[float, float] | None = None,
+    ) -> None:
         self.samples_us = [float(s) for s in samples_us]
         self.estimate_us = estimate_us
+        # (low, high) us the estimate may be off within: Estimate.band_us
+        self.band_us = band_us
 
     @property
     def measured(self) -> bool:
@@ -86,7 +93,9 @@ class Latency:
         if self.measured:
             return f"Latency({len(self.samples_us)} samples)"
         if self.estimated:
-            return f"Latency(estimate {self.estimate_us:.3f} us, not measured)"
+            band = "" if self.band_us is None else (
+                f", band {self.band_us[0]:.3f}-{self.band_us[1]:.3f} us")  # fmt: skip
+            return f"Latency(estimate {self.estimate_us:.3f} us{band}, not measured)"
         return "Latency(none)"
 
 
@@ -103,10 +112,14 @@ class BenchmarkResult:
         note: str = NO_DEVICE,
         trace: tuple[int, list[Instruction]] | None = None,
     ) -> None:
-        self.nc_latency = Latency(estimate_us=None if estimated is None else estimated.latency_us)
+        self.nc_latency = (
+            Latency()
+            if estimated is None
+            else Latency(estimate_us=estimated.latency_us, band_us=estimated.band_us)
+        )
         self.device_time_measured = False
         self.estimate = estimated
-        self.note = note if estimated is None else f"{note}; {ESTIMATED}"
+        self.note = note if estimated is None else f"{note}; {ESTIMATED}: {estimated.describe()}"
         self.counters = counters
         self._trace = trace  # (NeuronCore version, instructions) of the estimated core
 

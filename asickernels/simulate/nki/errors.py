@@ -115,6 +115,11 @@ class SpillWarning(UserWarning):
     "we will have psum spilling in the current implementation")."""
 
 
+class DeviceRanItWarning(UserWarning):
+    """Code a documented rule forbids but that published kernels ran on a Neuron device: the
+    simulator runs it as the device did and names both the rule and the device-run code."""
+
+
 class UnsupportedDtype(NkiValidationError):
     """A dtype the hardware path cannot take: int8 (or any integer) on the Tensor Engine, fp32
     mixed with a 16-bit matmul operand, a matmul result other than fp32, a non-NKI dtype such

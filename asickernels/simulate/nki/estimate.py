@@ -83,6 +83,13 @@ GPSIMD_START_CYCLES = 150
 # little per-piece cost.
 DMA_BUFFER_NS = 10.0
 DMA_EFFICIENCY = 0.425
+# The DMA rate is the least certain constant: the SDK 2.20 tutorial figures sustain ~0.4 of
+# BW's 272 GB/s (above), while current-compiler trn1 profiles of NKIBench kernels whose HBM
+# bytes the simulator counts exactly (bmm, adamw, silu: zhang677/AccelOpt@47e29a7
+# experiments/full_complete_local/profile_results.csv) move them at 176-251 GB/s, up to
+# ~0.92. Every estimate carries the band over that range and over how far the engines
+# overlap (:attr:`Estimate.band_us`).
+DMA_EFFICIENCY_RANGE = (0.4, 0.92)
 # BW: "semaphore-to-start latency (~1300 ns cross-engine)": a DMA's result is ready this
 # long after its data has moved; it delays dependants, not other transfers.
 DMA_LATENCY_NS = 1300.0
@@ -158,6 +165,16 @@ class Estimate:
     instructions: int
     generation: str
     timeline: tuple[tuple[str, str, float, float], ...] = ()  # (engine, api, start, end) ns
+    # (low, high) us: low, the busiest engine alone (perfect overlap) at the fastest DMA rate
+    # of DMA_EFFICIENCY_RANGE; high, the dependency schedule at the slowest. None: not asked.
+    band_us: tuple[float, float] | None = None
+
+    def describe(self) -> str:
+        """``"12.3 us (band 8.1-20.4 us; DMA/HBM-bound)"``: the estimate in one phrase."""
+        band = (
+            "" if self.band_us is None else f"band {self.band_us[0]:.1f}-{self.band_us[1]:.1f} us; "
+        )
+        return f"{self.latency_us:.1f} us ({band}{self.bound}-bound)"
 
     def chrome_trace(self) -> dict[str, Any]:
         """The engine timeline as a Chrome/Perfetto trace (open it in ui.perfetto.dev)."""
@@ -172,8 +189,10 @@ class Estimate:
              "dur": (end - start) / 1000.0}
             for engine, api, start, end in self.timeline
         ]  # fmt: skip
-        return {"traceEvents": events, "displayTimeUnit": "ns",
-                "otherData": {"estimate": True, "generation": self.generation}}  # fmt: skip
+        other = {"estimate": True, "generation": self.generation}
+        if self.band_us is not None:
+            other["band_us"] = list(self.band_us)
+        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}
 
     def write_chrome_trace(self, path: str) -> None:
         with open(path, "w") as file:
@@ -324,16 +343,48 @@ def estimate(
     timeline: bool = False,
     dma_buffer_ns: float = DMA_BUFFER_NS,
     dma_efficiency: float = DMA_EFFICIENCY,
+    band: bool = True,
 ) -> Estimate:
     """Schedules ``trace`` (one NeuronCore's instructions in program order) on
     NeuronCore-v``version`` and returns the :class:`Estimate`; ``timeline`` keeps each
     instruction's (engine, api, start, end) for :meth:`Estimate.chrome_trace`;
-    ``dma_buffer_ns`` and ``dma_efficiency`` override the fitted DMA constants.
+    ``dma_buffer_ns`` and ``dma_efficiency`` override the fitted DMA constants; ``band``
+    adds :attr:`Estimate.band_us` (two more schedules, at the ends of DMA_EFFICIENCY_RANGE).
 
     An instruction that repeats an earlier one (same parameters, same tiles read, none
     rewritten since) is computed once: its result is the earlier one's (a loop-invariant
     computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
+    finish, busy, events = _schedule(trace, generation, dma_buffer_ns, dma_efficiency, timeline)
+    share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
+    bound = max(ENGINES, key=lambda e: busy[e])
+    band_us = None
+    if band:
+        slow, fast = DMA_EFFICIENCY_RANGE
+        _, fast_busy, _ = _schedule(trace, generation, dma_buffer_ns, fast, False)
+        slow_finish, _, _ = _schedule(trace, generation, dma_buffer_ns, slow, False)
+        band_us = (min(finish, max(fast_busy.values())) / 1000.0,
+                   max(finish, slow_finish) / 1000.0)  # fmt: skip
+    return Estimate(
+        finish / 1000.0,
+        BOUND_NAMES[bound],
+        share,
+        len(trace),
+        generation.name,
+        tuple(events),
+        band_us,
+    )
+
+
+def _schedule(
+    trace: Sequence[Instruction],
+    generation: Generation,
+    dma_buffer_ns: float,
+    dma_efficiency: float,
+    timeline: bool,
+) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]]]:
+    """The dependency schedule of ``trace``: its end (ns), each engine's busy ns, and (with
+    ``timeline``) each instruction's (engine, api, start, end)."""
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
@@ -368,13 +419,4 @@ def estimate(
         finish = max(finish, end)
         if timeline:
             events.append((engine, instruction.api, start, end))
-    share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
-    bound = max(ENGINES, key=lambda e: busy[e])
-    return Estimate(
-        finish / 1000.0,
-        BOUND_NAMES[bound],
-        share,
-        len(trace),
-        generation.name,
-        tuple(events),
-    )
+    return finish, busy, events

@@ -170,6 +170,7 @@ class Row:
             "generation": e.generation,
             "neuroncore": f"v{self.version}",
             "estimate_us": e.latency_us,
+            "band_us": None if e.band_us is None else list(e.band_us),
             "roofline_us": self.roofline_us,
             "bound": e.bound,
             "busy_share": {engine: round(share, 4) for engine, share in e.busy_share.items()},
@@ -329,10 +330,14 @@ def usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _band(e: Estimate) -> str:
+    return "" if e.band_us is None else f"{e.band_us[0]:.2f}-{e.band_us[1]:.2f}"
+
+
 def text_table(rows: Sequence[Row]) -> list[str]:
     engines = " ".join(engine[0].upper() for engine in ENGINES)
     lines = [
-        f"{'kernel':<20} {'size':<24} {'NeuronCore':<26} {'estimate us':>11} "
+        f"{'kernel':<20} {'size':<24} {'NeuronCore':<26} {'estimate us':>11} {'band us':>17} "
         f"{'roofline us':>11} {'roof/est':>8}  {'bound':<8} busy % ({engines})"
     ]
     for row in rows:
@@ -340,7 +345,7 @@ def text_table(rows: Sequence[Row]) -> list[str]:
         busy = " ".join(f"{e.busy_share[engine]:.0%}" for engine in ENGINES)
         lines.append(
             f"{row.case.op:<20} {row.case.parsed_size().label:<24} {e.generation:<26} "
-            f"{e.latency_us:>11.2f} {row.roofline_us:>11.2f} "
+            f"{e.latency_us:>11.2f} {_band(e):>17} {row.roofline_us:>11.2f} "
             f"{row.roofline_us / e.latency_us:>8.0%}  {e.bound:<8} {busy}"
         )
     return lines

@@ -46,7 +46,8 @@ def write_timeline_png(
     """Draws ``trace`` (a Chrome trace dict, or the path of its JSON file, as the NKI cost
     model writes it) to the PNG ``path``: one lane per engine, a bar per instruction (a
     DMA's bar runs until its data is ready for dependants), time in microseconds, titled with
-    ``title``, the modelled latency, the generation and "a cost-model estimate".
+    ``title``, the modelled latency, its band (DMA-rate and overlap assumptions), the generation
+    and "a cost-model estimate".
 
     Raises ValueError when the trace has no instructions (an estimate made without
     ``timeline=True``), ImportError saying how to install matplotlib when it is missing."""
@@ -82,9 +83,14 @@ def write_timeline_png(
     axis.invert_yaxis()  # first engine on top, as in a trace viewer
     axis.set_xlim(0, end)
     axis.set_xlabel("time (µs, modelled)")
-    generation = document.get("otherData", {}).get("generation", "")
+    other = document.get("otherData", {})
+    generation = other.get("generation", "")
     heading = f"{title}: " if title else ""
-    axis.set_title(f"{heading}{end:.2f} µs on {generation} (a cost-model estimate, not a profile)")
+    band = other.get("band_us")
+    span = f", band {band[0]:.2f}-{band[1]:.2f} µs" if band else ""
+    axis.set_title(
+        f"{heading}{end:.2f} µs{span} on {generation} (a cost-model estimate, not a profile)"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -525,6 +525,14 @@ def test_nc_transpose_reciprocal_and_scalar_tensor_tensor(rng):
         nisa.tensor_copy(dst, psum)
 
     np.testing.assert_array_equal(run(isa_kernel(transpose, (24, 16)), x), x.T)
+
+    # past the docs' 32x32 on the Vector engine, as public kernels ran it on trn1: a warning
+    def on_vector(dst, t):
+        nisa.nc_transpose(dst, t, engine=nisa.vector_engine)
+
+    wide = rng.normal(size=(128, 64)).astype(np.float32)
+    with pytest.warns(errors.DeviceRanItWarning, match="up to 32x32"):
+        np.testing.assert_array_equal(run(isa_kernel(on_vector, (64, 128)), wide), wide.T)
     np.testing.assert_allclose(run(isa_kernel(nisa.reciprocal, (16, 24)), x), 1 / x, rtol=1e-6)
     y = rng.normal(size=(16, 24)).astype(np.float32)
     out = run(

@@ -1,6 +1,6 @@
-"""AWS's own NKI kernels and tests, fetched verbatim into tests/data/vendor/<repo>@<commit>/
-by tests/fetch_vendor.py (MIT-0; never committed; the tests skip without them), run unchanged through the import hook against their own
-goldens:
+"""AWS's own NKI kernels and tests, the files tests/fetch_vendor.py lists (MIT-0; never
+committed; read from conftest's ``VENDOR``, the tests skip without them), run unchanged
+through the import hook against their own goldens:
 
 - nki-samples@8370e11 (the last commit before the reference kernels were removed,
   c4b806e^): ``flash_fwd``, ``flash_attn_bwd``, ``fused_self_attn_for_SD_small_head_size``
@@ -21,23 +21,18 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import fetch_vendor
 import numpy as np
 import pytest
-from conftest import DATA, load_module
+from conftest import VENDOR, VENDOR_MISSING, load_module, vendor_present
 
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.errors import BroadcastOperandWarning
 
 pytestmark = pytest.mark.skipif(
-    not (
-        fetch_vendor.present("nki-samples@8370e11")
-        and fetch_vendor.present("aws-neuron-sdk@81ce03a")
-    ),
-    reason=fetch_vendor.MISSING,
+    not (vendor_present("nki-samples@8370e11") and vendor_present("aws-neuron-sdk@81ce03a")),
+    reason=VENDOR_MISSING,
 )
-VENDOR = DATA / "vendor"
 SAMPLES = VENDOR / "nki-samples@8370e11"
 SDK_TESTS = VENDOR / "aws-neuron-sdk@81ce03a" / "nki" / "test"
 # SDK test files that do not run here, and why (each is a gap in the simulator).

@@ -8,10 +8,9 @@ import math
 import sys
 import warnings
 
-import fetch_vendor
 import numpy as np
 import pytest
-from conftest import DATA, REPO, SHARED, load_module
+from conftest import REPO, SHARED, VENDOR, VENDOR_MISSING, load_module, vendor_present
 
 from asickernels.simulate import nki
 from asickernels.simulate.nki import estimate as cost_model
@@ -23,7 +22,7 @@ from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.install import install
 from asickernels.simulate.nki.trace import Access, Instruction
 
-TUTORIAL = DATA / "vendor/aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
+TUTORIAL = VENDOR / "aws-neuron-sdk@72825d5/general/nki/examples/matrix_multiplication"
 KERNELS = (
     "nki_matmul_tiled_",
     "nki_matmul_hoist_load_",
@@ -223,6 +222,26 @@ def test_benchmark_reports_an_estimate_marked_as_such_and_the_bound_engine():
     assert result.estimate.bound in {"DMA/HBM", "VectorE", "ScalarE", "GpSimdE", "TensorE"}
     assert max(result.estimate.busy_share.values()) <= 1.0 + 1e-9
     assert result.estimate.instructions == 3  # load, multiply, dma_copy
+    low, high = result.nc_latency.band_us
+    assert low <= p99 <= high and "band" in repr(result.nc_latency) and "band" in result.note
+
+
+def test_the_band_spans_the_dma_rate_and_overlap_assumptions():
+    """A DMA-bound trace: the band runs from the busiest engine alone at the fastest DMA rate
+    of DMA_EFFICIENCY_RANGE to the schedule at the slowest; a compute-only trace has none."""
+    load = op("dma", "load", (tile(1, (128, 8192), "float32", "hbm"),), (tile(2, (128, 8192)),))
+    add = op("vector", "tensor_scalar", (tile(2, (128, 8192)),), (tile(3, (128, 8192)),))
+    result = cost_model.estimate([load, add], 2)
+    slow, fast = cost_model.DMA_EFFICIENCY_RANGE
+    at = {
+        e: cost_model.estimate([load, add], 2, dma_efficiency=e, band=False) for e in (slow, fast)
+    }
+    low, high = result.band_us
+    assert high == pytest.approx(at[slow].latency_us)
+    assert low < at[fast].latency_us < result.latency_us < high
+    compute = cost_model.estimate([add], 2)
+    assert compute.band_us == (compute.latency_us, compute.latency_us)
+    assert cost_model.estimate([add], 2, band=False).band_us is None
 
 
 def test_benchmark_result_writes_its_timeline_as_a_chrome_trace(tmp_path):
@@ -325,8 +344,8 @@ def _legacy_api():
 
 
 def _require_tutorials():
-    if not fetch_vendor.present("aws-neuron-sdk@72825d5"):
-        pytest.skip(fetch_vendor.MISSING)
+    if not vendor_present("aws-neuron-sdk@72825d5"):
+        pytest.skip(VENDOR_MISSING)
 
 
 def _legacy_tutorial():
@@ -499,3 +518,56 @@ def test_mamba_v2_is_estimated_faster_than_v1():
     latency = {f.kernel: cost_model.estimate(calibrate.trace_of(f)[0], 2).latency_us
                for f in (v1, v2)}  # fmt: skip
     assert latency["mamba_v2"] < 0.8 * latency["mamba_v1"]
+
+
+# -- the NKIBench check's fit and cross-validation ------------------------------------------
+def _nkibench():
+    module = sys.modules.get("nki_estimate_nkibench")
+    if module is None:
+        module = load_module(REPO / "benchmarks/nki_estimate/nkibench.py", "nki_estimate_nkibench")
+    return module
+
+
+def test_nkibench_fit_recovers_a_shared_dma_rate_and_cross_validates_on_held_out_families():
+    """Kernels whose 'profiled' times are the model's own at DMA_EFFICIENCY 0.6: the grid fit
+    finds 0.6 in-sample and, leaving each family out, from the other families alone (no
+    per-kernel constant can help a held-out family); the generated README table says so."""
+    nkibench = _nkibench()
+    problems = ["matmul", "silu", "mamba", "gqa_full"]  # four families
+    found = []
+    for index, problem in enumerate(problems):
+        size = 2048 * (index + 1)
+        load = op("dma", "load", (tile(1, (128, size), "float32", "hbm", runs=4),),
+                  (tile(2, (128, size), "float32"),))  # fmt: skip
+        add = op("vector", "tensor_scalar", (tile(2, (128, size), "float32"),),
+                 (tile(3, (128, size), "float32"),))  # fmt: skip
+        trace = [load, add]
+        device_ms = cost_model.estimate(trace, 2, dma_efficiency=0.6, band=False).latency_us / 1e3
+        profile = {"latency": device_ms, "hbm_read_bytes": 128 * size * 4,
+                   "hbm_write_bytes": 0, "spill_save_bytes": 0, "spill_reload_bytes": 0}  # fmt: skip
+        profile |= {f"{e}_engine_active_time_percent": 0.1 for e in ("scalar", "vector", "gpsimd")}
+        counters = {"hbm_to_sbuf_bytes": 128 * size * 4, "sbuf_to_hbm_bytes": 0}
+        row = {"problem": problem, "kernel": f"{problem}_0.py", "profile": profile}
+        found.append((row, (trace, counters, 0.0)))
+    table = nkibench.grid(found)
+    assert nkibench.fit(found, table, list(range(4)))[1] == 0.6
+    held_out = nkibench.cross_validate(found, table)
+    assert held_out["max_abs_error"] < 0.01
+    assert {c[1] for c in held_out["constants_fitted_without"].values()} == {0.6}
+    record = {
+        "command": "nkibench.py ACCELOPT",
+        "source": nkibench.SOURCE,
+        "rows": nkibench.rows_at(found, 10.0, 0.425, band=True),
+        "current_constants": {"dma_buffer_ns": 10.0, "dma_efficiency": 0.425},
+        "fitted_constants": {"dma_buffer_ns": 10.0, "dma_efficiency": 0.6},
+        "leave_one_family_out": held_out,
+    }
+    for key in ("current_constants", "fitted_constants"):
+        constants = (record[key]["dma_buffer_ns"], record[key]["dma_efficiency"])
+        errors = {}
+        for r in nkibench.rows_at(found, *constants):
+            errors.setdefault(r["family"], []).append(r["error"])
+        record[key] |= nkibench.summary(errors)
+    section = nkibench.render(record)
+    assert section.startswith(nkibench.START) and section.endswith(nkibench.END)
+    assert "| leave one family out (refitted without it, then estimated) | 0% |" in section

@@ -311,8 +311,18 @@ def test_nc_transpose_engines():
 
     x = rand(8, 16)
     np.testing.assert_array_equal(run(kernel, x), x.T)
+
+
+def test_vector_engine_transpose_past_the_documented_32x32_warns_and_transposes():
+    """The docs' Vector-engine limit is 32x32; public kernels transposed 128x64 tiles there
+    on trn1 (issue 31): a warning citing both, and the full transpose. Past the Tensor
+    engine's 128x128 it is still refused."""
+    on_vector = returning(lambda t: nisa.nc_transpose(t, engine=nisa.vector_engine))
+    x = rand(128, 64)
+    with pytest.warns(errors.DeviceRanItWarning, match=r"up to 32x32.*ran on trn1"):
+        np.testing.assert_array_equal(run(on_vector, x), x.T)
     with pytest.raises(errors.SizeOfDimensionExceedArchLimit):
-        run(returning(lambda t: nisa.nc_transpose(t, engine=nisa.vector_engine)), rand(8, 64))
+        run(on_vector, rand(8, 129))
 
 
 # -- Vector / Scalar / GpSimd instructions -----------------------------------------------------
@@ -563,14 +573,49 @@ def test_data_movement_runs_the_core_instructions():
     assert counters["vector_instructions"] == 2
 
 
-def test_a_dtype_view_of_an_immutable_parameter_is_immutable():
+def test_a_dtype_view_of_an_immutable_parameter_is_that_parameter():
     @nki.jit
     def writes_through_a_view(x):
-        nl.store(x.view(nl.int32), nl.zeros((2, 3), nl.int32))
+        nl.store(x.view(nl.int32), nl.full((2, 3), 7, nl.int32))
         return x
 
-    with pytest.raises(errors.ErrCannotUpdateImmutableParameter):
-        writes_through_a_view(np.zeros((2, 3), np.float32))
+    x = np.zeros((2, 3), np.float32)
+    with pytest.warns(errors.DeviceRanItWarning, match="immutable"):
+        writes_through_a_view(x)
+    np.testing.assert_array_equal(x.view(np.int32), 7)
+
+
+def test_an_older_style_kernel_storing_into_its_output_argument_runs_with_a_warning():
+    """Kernels of the older style take their output as an argument and ``nl.store`` into it
+    without ``nt.mutable_tensor``, which the docs refuse
+    (err_cannot_update_immutable_parameter) but devices ran: the shape of
+    aws-neuron/neuronx-distributed examples/training/mamba2/mamba2/conv1d_grouped.py@8b29d69
+    (``conv1d_grouped_kernel(input_data, w, b, output)``, a depthwise causal conv1d)."""
+
+    @nki.jit
+    def depthwise_conv1d(input_data, w, output):
+        channels, n = input_data.shape
+        ks = w.shape[1]
+        i_p = nl.arange(channels)[:, None]
+        i_y = nl.arange(n)[None, :]
+        x = nl.zeros((channels, n + ks - 1), dtype=input_data.dtype)
+        x[i_p, ks - 1 + i_y] = nl.load(input_data[i_p, i_y])
+        w_tile = nl.load(w)
+        conv = nl.zeros((channels, n), dtype=nl.float32)
+        for i in nl.static_range(ks):
+            conv[i_p, i_y] = conv[i_p, i_y] + nl.multiply(x[i_p, i + i_y], w_tile[i_p, i])
+        nl.store(output[i_p, i_y], value=conv[i_p, i_y])
+
+    data, weights = rand(16, 32), rand(16, 4)
+    data_before = data.copy()
+    output = np.zeros_like(data)
+    with pytest.warns(errors.DeviceRanItWarning, match="output argument") as caught:
+        assert depthwise_conv1d(data, weights, output) is None
+    assert len(caught) == 1  # once per parameter, not once per store
+    padded = np.pad(data, ((0, 0), (3, 0)))
+    want = sum(padded[:, i : i + 32] * weights[:, i : i + 1] for i in range(4))
+    np.testing.assert_allclose(output, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(data, data_before)  # what it only reads is left as it was
 
 
 def test_affine_select_causal_mask():
@@ -920,10 +965,11 @@ def test_parameters_are_immutable_unless_annotated():
         return out
 
     x = np.zeros((2, 3), np.float32)
-    with pytest.raises(errors.ErrCannotUpdateImmutableParameter):
+    with pytest.warns(errors.DeviceRanItWarning):  # the docs refuse it; devices ran it
         writes_input(x)
-    np.testing.assert_array_equal(mutable(x), np.ones((2, 3)))
-    np.testing.assert_array_equal(x, np.ones((2, 3)))  # updated in place, as on device
+    np.testing.assert_array_equal(x, np.ones((2, 3)))
+    np.testing.assert_array_equal(mutable(x), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(x, np.full((2, 3), 2.0))  # updated in place, as on device
     with pytest.raises(errors.ErrMutableParameterNotReturned):
         forgets_to_return(x)
 

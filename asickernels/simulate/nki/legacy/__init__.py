@@ -18,7 +18,8 @@ Kernels written for that generation run unchanged: ``nki.jit``/``nki.trace``/
 (or ``python -m asickernels.simulate.nki script.py`` to run a script that imports
 ``neuronxcc.nki`` unchanged). Both output conventions work: returning ``shared_hbm`` tensors
 (since the December 2024 beta) and writing output arguments in place (Neuron 2.20,
-``nki.trace``; a ``nki.jit`` kernel writes only ``nt.mutable_tensor`` parameters).
+``nki.trace``; a ``nki.jit`` kernel writing a parameter not annotated ``nt.mutable_tensor``
+warns, as the docs refuse it but devices ran it: :class:`errors.DeviceRanItWarning`).
 
 Memory accounting, capacity checks, error classes and counters are the core simulator's
 (:mod:`asickernels.simulate.nki`): ``nki.last_counters()`` after a run; the target is
@@ -82,9 +83,9 @@ class Kernel:
         # nki.jit(platform_target='trn2'), as AWS's tests pass it (nki/test/*.py@81ce03a);
         # None: NEURON_PLATFORM_TARGET_OVERRIDE or trn1/inf2 (legacy_target).
         self.platform_target = platform_target
-        # Neuron 2.20 (nki.trace) passed outputs as arguments; since then parameters are
-        # immutable unless annotated nt.mutable_tensor (nki.errors.rst,
-        # err_cannot_update_immutable_parameter).
+        # Neuron 2.20 (nki.trace) passed outputs as arguments; since then the docs make
+        # parameters immutable unless annotated nt.mutable_tensor (nki.errors.rst,
+        # err_cannot_update_immutable_parameter): writing one warns (tile.Storage).
         self.parameters_writable = parameters_writable
         functools.update_wrapper(self, function)
 
@@ -199,7 +200,7 @@ def _run(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         writable = kernel.parameters_writable or names.get(position) in mutable
         if value.flags.c_contiguous and value.flags.writeable:
             return argument(value, position, writable)
-        contiguous = np.ascontiguousarray(value)  # copied back after the run
+        contiguous = np.array(value, order="C")  # writable; copied back after the run
         if value.flags.writeable:
             written_back.append((value, contiguous))
         return argument(contiguous, position, writable)

@@ -19,6 +19,7 @@ are the core's functions.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,7 +29,6 @@ from asickernels.simulate.nki import alu, errors, runtime
 from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrCannotAssignToIndex,
-    ErrCannotUpdateImmutableParameter,
     ErrControlFlowConditionDependingOnArange,
     ErrUnsupportedMixingBasicAdvancedTensorIndexing,
 )
@@ -281,11 +281,22 @@ class Storage:
                          core.is_argument, root=core.data)  # fmt: skip
 
     def check_writable(self, api: str) -> None:
+        """A write to a parameter not annotated ``nt.mutable_tensor``: the docs forbid it
+        (nki.errors.rst, err_cannot_update_immutable_parameter), but kernels of the older
+        style take their output as an argument and store into it, and published ones ran so
+        on devices (aws-neuron/neuronx-distributed
+        examples/training/mamba2/mamba2/conv1d_grouped.py@8b29d69, ``conv1d_grouped_kernel``
+        stores into its ``output`` argument). It warns once per parameter and runs."""
         if self.read_only:
-            raise ErrCannotUpdateImmutableParameter(
-                f"'{api}' writes kernel parameter {self.tensor.name}, which is immutable: annotate it "
-                "nt.mutable_tensor (and return it), or write a new nl.shared_hbm tensor"
+            warnings.warn(
+                f"'{api}' writes kernel parameter {self.tensor.name}, which the docs make "
+                "immutable (ErrCannotUpdateImmutableParameter: annotate it nt.mutable_tensor "
+                "and return it, or write a new nl.shared_hbm tensor); published kernels that "
+                "store into an output argument ran on devices, so the write goes through",
+                errors.DeviceRanItWarning,
+                stacklevel=4,
             )
+            self.read_only = False
 
 
 def allocate(

@@ -1,0 +1,363 @@
+"""NKIBench's kernels against the trn1 profiles published with them: the cost model's
+end-to-end error, its sub-models (HBM bytes, per-engine busy time) against the profiler's,
+and leave-one-family-out cross-validation of the shared DMA constants.
+
+    PYTHONPATH=. python benchmarks/nki_estimate/nkibench.py ACCELOPT [--traces DIR] [--out FILE]
+
+ACCELOPT is github.com/zhang677/AccelOpt at 47e29a7: a checkout, or the git directory the
+search tool's ``fetch`` brings (files are then read with ``git show 47e29a7:PATH``). Its code
+is read at run time and never committed; ``nkibench.json`` records only figures and
+citations. Each kernel (``NKIBench/kernels/*_0.py``, the legacy ``neuronxcc.nki`` API) runs
+unchanged through ``nki.benchmark`` in trace-only mode on ``nt.tensor`` placeholders of the
+shapes its reference's ``transform_to_nki_inputs`` gives. Simulating takes minutes per
+kernel; ``--traces DIR`` keeps the traces so a second run only re-estimates.
+
+The figures (experiments/full_complete_local/profile_results.csv@47e29a7): one
+``neuron-profile`` capture per kernel on trn1.32xlarge (README.md@47e29a7: Deep Learning AMI
+Neuron, Ubuntu 22.04, the PyTorch 2.7 Neuron venv), re-run until the spread of repeated
+captures is within tolerance; ``latency`` is the profile's total time (ms), with the
+profiler's HBM read/write bytes, spill bytes and engine active-time fractions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import io
+import itertools
+import json
+import math
+import pathlib
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from asickernels.simulate.nki import estimate as cost_model
+from asickernels.simulate.nki import runtime
+from asickernels.simulate.nki.install import install
+
+HERE = pathlib.Path(__file__).resolve().parent
+COMMIT = "47e29a7"
+PROFILES = "experiments/full_complete_local/profile_results.csv"
+SOURCE = f"zhang677/AccelOpt@{COMMIT} {PROFILES}"
+METHOD = "neuron-profile total time of one capture (ms), trn1.32xlarge, PyTorch 2.7 Neuron AMI"
+# What each NKIBench problem is: cross-validation leaves one family out at a time.
+FAMILIES = {
+    "matmul": "matmul",
+    "transpose_matmul": "matmul",
+    "lora": "matmul",
+    "bmm": "matmul",
+    "rmsnorm_matmul": "norm + matmul",
+    "add_rmsnorm_matmul": "norm + matmul",
+    "matmul_add_rmsnorm": "norm + matmul",
+    "swiglu": "norm + matmul",
+    "gqa_full": "attention",
+    "bmm_softmax": "attention",
+    "silu": "elementwise",
+    "adamw": "elementwise",
+    "rope_single_freq_apply": "elementwise",
+    "mamba": "scan",
+}
+BUFFER_NS_GRID = [0.0, 10.0, 20.0]
+EFFICIENCY_GRID = [round(0.05 * step, 2) for step in range(8, 21)]
+
+
+class AccelOpt:
+    """Files of AccelOpt at COMMIT, from a checkout or a git directory."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        self.checkout = (path / "NKIBench").is_dir()
+
+    def read(self, name: str) -> str:
+        if self.checkout:
+            return (self.path / name).read_text()
+        return subprocess.run(
+            ["git", f"--git-dir={self.path}", "show", f"{COMMIT}:{name}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+
+def profiles(source: AccelOpt) -> list[dict[str, Any]]:
+    """One row per kernel: its problem, kernel and reference files, and the profile."""
+    rows = []
+    for row in csv.DictReader(io.StringIO(source.read(PROFILES))):
+        rows.append({
+            "problem": row["problem"],
+            "kernel": "NKIBench/kernels/" + pathlib.PurePath(row["kernel"]).name,
+            "reference": "NKIBench/reference/" + pathlib.PurePath(row["task"]).name,
+            "profile": json.loads(row["profile"]),
+        })  # fmt: skip
+    return rows
+
+
+def _module(source: AccelOpt, name: str, folder: pathlib.Path) -> Any:
+    path = folder / pathlib.PurePath(name).name
+    path.write_text(source.read(name))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace_of(source: AccelOpt, row: dict[str, Any], cache: pathlib.Path | None) -> tuple:
+    """``row``'s kernel's trn1 trace and the simulator's counters (from ``cache`` when there)."""
+    cached = cache / (pathlib.PurePath(row["kernel"]).stem + ".pkl") if cache else None
+    if cached is not None and cached.is_file():
+        return pickle.loads(cached.read_bytes())
+    install()
+    import neuronxcc.nki as nki  # type: ignore[import-not-found]
+    import neuronxcc.nki.language as nl  # type: ignore[import-not-found]
+    import neuronxcc.nki.typing as nt  # type: ignore[import-not-found]
+
+    with tempfile.TemporaryDirectory() as folder:
+        reference = _module(source, row["reference"], pathlib.Path(folder))
+        kernel = _module(source, row["kernel"], pathlib.Path(folder)).kernel
+        np.random.seed(0)
+        arrays = reference.transform_to_nki_inputs(reference.get_inputs())
+    placeholders = [
+        nt.tensor[list(a.shape), getattr(nl, a.dtype.name)] if isinstance(a, np.ndarray) else a
+        for a in arrays
+    ]
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nki.benchmark(warmup=1, iters=1)(kernel)(*placeholders)
+    ((version, trace),) = runtime.last_traces()
+    assert version == 2, "the profiles are trn1 (NeuronCore-v2)"
+    counters = dict(nki.last_counters())
+    found = (trace, counters, time.perf_counter() - started)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_bytes(pickle.dumps(found))
+    return found
+
+
+def rows_at(
+    found: list[tuple[dict, tuple]], buffer_ns: float, efficiency: float, band: bool = False
+) -> list[dict]:
+    """Each kernel's estimate at the given DMA constants beside its profile (``band``: with
+    :attr:`Estimate.band_us`)."""
+    rows = []
+    for row, (trace, counters, seconds) in found:
+        profile = row["profile"]
+        result = cost_model.estimate(
+            trace, 2, dma_buffer_ns=buffer_ns, dma_efficiency=efficiency, band=band
+        )
+        latency_ms = result.latency_us / 1000.0
+        active = {
+            engine: profile[f"{engine}_engine_active_time_percent"] * profile["latency"]
+            for engine in ("scalar", "vector", "gpsimd")
+        }
+        rows.append({
+            "problem": row["problem"],
+            "family": FAMILIES[row["problem"]],
+            "kernel": row["kernel"],
+            "device": "trn1",
+            "method": METHOD,
+            "source": SOURCE,
+            "published_ms": profile["latency"],
+            "estimate_ms": round(latency_ms, 4),
+            "error": round(latency_ms / profile["latency"] - 1.0, 4),
+            "bound": result.bound,
+            "band_ms": [round(b / 1000.0, 4) for b in result.band_us or (0.0, 0.0)],
+            "hbm_read_bytes": {"profiler": profile["hbm_read_bytes"],
+                               "simulator": int(counters.get("hbm_to_sbuf_bytes", 0))},
+            "hbm_write_bytes": {"profiler": profile["hbm_write_bytes"],
+                                "simulator": int(counters.get("sbuf_to_hbm_bytes", 0))},
+            "spill_bytes": profile["spill_save_bytes"] + profile["spill_reload_bytes"],
+            "engine_busy_ms": {
+                engine: {"profiler": round(active[engine], 4),
+                         "estimate": round(result.busy_share[engine] * latency_ms, 4)}
+                for engine in active
+            },
+            "simulate_s": round(seconds, 1),
+        })  # fmt: skip
+    return rows
+
+
+def grid(found: list[tuple[dict, tuple]]) -> dict[tuple[float, float], list[float]]:
+    """Each kernel's estimate (ms) at every (DMA_BUFFER_NS, DMA_EFFICIENCY) of the grid,
+    computed once for the fit and the cross-validation."""
+    return {
+        constants: [
+            cost_model.estimate(trace, 2, dma_buffer_ns=constants[0],
+                                dma_efficiency=constants[1], band=False).latency_us / 1000.0
+            for _, (trace, _, _) in found
+        ]
+        for constants in itertools.product(BUFFER_NS_GRID, EFFICIENCY_GRID)
+    }  # fmt: skip
+
+
+def fit(found: list[tuple[dict, tuple]], table: dict, members: list[int]) -> tuple[float, float]:
+    """The shared (DMA_BUFFER_NS, DMA_EFFICIENCY) of ``table`` minimising the mean
+    |log(estimate / figure)| over the kernels ``members`` (indices into ``found``)."""
+
+    def loss(constants: tuple[float, float]) -> float:
+        return statistics.mean(
+            abs(math.log(table[constants][i] / found[i][0]["profile"]["latency"])) for i in members
+        )
+
+    return min(table, key=loss)
+
+
+def summary(errors: dict[str, list[float]]) -> dict[str, Any]:
+    every = [abs(e) for family in errors.values() for e in family]
+    return {
+        "median_abs_error": round(statistics.median(every), 4),
+        "max_abs_error": round(max(every), 4),
+        "by_family": {f: round(statistics.median(abs(e) for e in v), 4) for f, v in errors.items()},
+    }
+
+
+def cross_validate(found: list[tuple[dict, tuple]], table: dict) -> dict[str, Any]:
+    """Leave one family out: fit the shared constants on the others, estimate it."""
+    errors: dict[str, list[float]] = {}
+    constants = {}
+    family_of = [FAMILIES[row["problem"]] for row, _ in found]
+    for family in dict.fromkeys(family_of):
+        held = [i for i, f in enumerate(family_of) if f == family]
+        fitted = fit(found, table, [i for i, f in enumerate(family_of) if f != family])
+        constants[family] = fitted
+        errors[family] = [
+            round(table[fitted][i] / found[i][0]["profile"]["latency"] - 1.0, 4) for i in held
+        ]
+    return {**summary(errors), "constants_fitted_without": constants}
+
+
+START, END = "<!-- nkibench.py: start -->", "<!-- nkibench.py: end -->"
+
+
+def render(record: dict[str, Any]) -> str:
+    """The README section: the table and the generalisation figures, from ``record``."""
+    current, fitted, held = (
+        record["current_constants"],
+        record["fitted_constants"],
+        record["leave_one_family_out"],
+    )
+    lines = [
+        START,
+        f"Generated by `{record['command']}` from {record['source']} ({METHOD}); the "
+        "estimates at the shipped constants (`DMA_BUFFER_NS` "
+        f"{current['dma_buffer_ns']}, `DMA_EFFICIENCY` {current['dma_efficiency']}).",
+        "",
+    ]
+    if record.get("not_simulated"):
+        lines += [
+            "Not simulated in this run (`--cached-only`: their traces were not ready): "
+            + ", ".join(f"`{pathlib.PurePath(k).stem}`" for k in record["not_simulated"])
+            + ".",
+            "",
+        ]
+    lines += [
+        "| kernel | family | profiler ms | estimate ms (band) | error | HBM read bytes "
+        "simulator / profiler | spill MB | VectorE busy ms est / profiler | ScalarE busy ms "
+        "est / profiler |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in record["rows"]:
+        reads = r["hbm_read_bytes"]
+        busy = r["engine_busy_ms"]
+        lines.append(
+            f"| {r['problem']} | {r['family']} | {r['published_ms']:.3f} | "
+            f"{r['estimate_ms']:.3f} ({r['band_ms'][0]:.2f}-{r['band_ms'][1]:.2f}) | "
+            f"{r['error']:+.0%} | {reads['simulator'] / reads['profiler']:.2f} | "
+            f"{r['spill_bytes'] / 1e6:.0f} | {busy['vector']['estimate']:.2f} / "
+            f"{busy['vector']['profiler']:.2f} | {busy['scalar']['estimate']:.2f} / "
+            f"{busy['scalar']['profiler']:.2f} |"
+        )
+
+    def by_family(summary: dict[str, Any]) -> str:
+        return ", ".join(f"{f} {e:.0%}" for f, e in summary["by_family"].items())
+
+    lines += [
+        "",
+        r"| median \|error\| | all | worst | by family (median) |",
+        "|---|---:|---:|---|",
+        f"| shipped constants, in-sample | {current['median_abs_error']:.0%} | "
+        f"{current['max_abs_error']:.0%} | {by_family(current)} |",
+        f"| refitted on these kernels (`DMA_BUFFER_NS` {fitted['dma_buffer_ns']}, "
+        f"`DMA_EFFICIENCY` {fitted['dma_efficiency']}), in-sample | "
+        f"{fitted['median_abs_error']:.0%} | {fitted['max_abs_error']:.0%} | "
+        f"{by_family(fitted)} |",
+        f"| leave one family out (refitted without it, then estimated) | "
+        f"{held['median_abs_error']:.0%} | {held['max_abs_error']:.0%} | {by_family(held)} |",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_readme(record: dict[str, Any], readme: pathlib.Path) -> None:
+    """Replaces the section between START and END of ``readme`` with :func:`render`."""
+    text = readme.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(head + render(record) + tail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("accelopt", type=pathlib.Path)
+    parser.add_argument("--traces", type=pathlib.Path)
+    parser.add_argument("--out", default=str(HERE / "nkibench.json"))
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's section")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="only the kernels with a trace in --traces"
+    )
+    args = parser.parse_args()
+    if args.cached_only and args.traces is None:
+        parser.error("--cached-only needs --traces DIR")
+    source = AccelOpt(args.accelopt)
+    found = []
+    # the quickest first (simulating takes roughly as long as the device did, times ~1e5)
+    skipped = []
+    for row in sorted(profiles(source), key=lambda r: r["profile"]["latency"]):
+        if (
+            args.cached_only
+            and not (args.traces / (pathlib.PurePath(row["kernel"]).stem + ".pkl")).is_file()
+        ):
+            skipped.append(row["kernel"])
+            continue
+        found.append((row, trace_of(source, row, args.traces)))
+        print(f"{row['kernel']}: {found[-1][1][2]:.0f} s", file=sys.stderr, flush=True)
+    current = rows_at(found, cost_model.DMA_BUFFER_NS, cost_model.DMA_EFFICIENCY, band=True)
+    table = grid(found)
+    fitted = fit(found, table, list(range(len(found))))
+    in_sample = rows_at(found, *fitted)
+
+    def by_family(rows: list[dict]) -> dict[str, list[float]]:
+        errors: dict[str, list[float]] = {}
+        for r in rows:
+            errors.setdefault(r["family"], []).append(r["error"])
+        return errors
+
+    record = {
+        "command": "PYTHONPATH=. python benchmarks/nki_estimate/nkibench.py ACCELOPT",
+        "source": SOURCE,
+        "not_simulated": skipped,
+        "current_constants": {"dma_buffer_ns": cost_model.DMA_BUFFER_NS,
+                              "dma_efficiency": cost_model.DMA_EFFICIENCY,
+                              **summary(by_family(current))},
+        "fitted_constants": {"dma_buffer_ns": fitted[0], "dma_efficiency": fitted[1],
+                             **summary(by_family(in_sample))},
+        "leave_one_family_out": cross_validate(found, table),
+        "rows": current,
+        "rows_at_fitted": in_sample,
+    }  # fmt: skip
+    pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    if args.readme:
+        write_readme(record, HERE / "README.md")
+    print(json.dumps({k: v for k, v in record.items() if not k.startswith("rows")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
