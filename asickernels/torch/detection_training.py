@@ -21,8 +21,13 @@ post-processing).
   counts (``min(positives, batch * fraction)``, the rest negatives), and like
   ``randperm`` a uniformly random subset of each. Its results are a fixed number of
   slots with a validity mask.
-- Faster R-CNN's RPN passes its ``post_nms_top_n`` (training) best proposals per image on,
-  padded and masked, to the RoI heads, which add the ground-truth boxes as torchvision does.
+- Faster and Mask R-CNN's RPN passes its ``post_nms_top_n`` (training) best proposals per
+  image on, padded and masked, to the RoI heads, which add the ground-truth boxes as
+  torchvision does; Mask R-CNN's mask targets are cut from the ground truth masks by
+  asickernels' ``roi_align``. SSD's hard negatives are ranked by a sort, as torchvision's.
+- torchvision's check for degenerate target boxes (a host sync) is not run.
+- FPN backbones upsample with index selects (:func:`_fpn_forward`): the same values, and a
+  backward torch_xla lowers off TPU too.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet, _utils
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork, concat_box_prediction_layers
+from torchvision.models.detection.ssd import SSD
 from torchvision.ops import boxes as box_ops
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
 
@@ -333,6 +339,53 @@ def _fcos_losses(
     }
 
 
+def _ssd_losses(
+    self: SSD,
+    head_outputs: dict[str, Tensor],
+    anchors: Tensor,
+    gt_boxes: Tensor,
+    gt_labels: Tensor,
+    gt_valid: Tensor,
+) -> dict[str, Tensor]:
+    """SSD's ``compute_loss``: ``SSDMatcher`` matching (each ground truth also takes its
+    best anchor; a later one wins a shared anchor), smooth L1 over the foreground, cross
+    entropy over the foreground and the ``neg_to_pos_ratio`` hardest negatives per image
+    (ranked by a sort, as torchvision), both over the batch's foreground count."""
+    quality = torch.where(gt_valid[:, :, None], _box_iou(gt_boxes, anchors), -1.0)
+    matches = match(self.proposal_matcher, quality, gt_valid)
+    best_anchor = quality.max(dim=2).indices  # [B, M]
+    anchor = torch.arange(anchors.shape[1], device=anchors.device)
+    owners = (best_anchor[:, :, None] == anchor) & gt_valid[:, :, None]  # [B, M, N]
+    gt_index = torch.arange(gt_boxes.shape[1], device=anchors.device)[None, :, None]
+    owner = torch.where(owners, gt_index, -1).max(dim=1).values
+    matches = torch.where(owner >= 0, owner, matches)
+    foreground = matches >= 0
+    count = foreground.sum().clamp(min=1).to(torch.float32)
+
+    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt_boxes, matches), anchors)
+    targets = self.box_coder.encode_single(matched_boxes.reshape(-1, 4), anchors.reshape(-1, 4))
+    box_loss = F.smooth_l1_loss(
+        head_outputs["bbox_regression"], targets.reshape(anchors.shape), reduction="none"
+    )
+    classes = torch.where(foreground, _gather_rows(gt_labels, matches), 0)
+    logits = head_outputs["cls_logits"]
+    per_anchor = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), classes.flatten(), reduction="none"
+    ).reshape(classes.shape)
+    positive = classes > 0
+    num_negative = self.neg_to_pos_ratio * positive.sum(1, keepdim=True)
+    negative_loss = torch.where(positive, -float("inf"), per_anchor)
+    rank = negative_loss.sort(1, descending=True)[1].sort(1)[1]
+    hard_negative = rank < num_negative
+    return {
+        "bbox_regression": _masked_sum(box_loss, foreground) / count,
+        "classification": (
+            _masked_sum(per_anchor, positive) + _masked_sum(per_anchor, hard_negative)
+        )
+        / count,
+    }
+
+
 def _nearest_indices(size_in: int, size_out: int) -> list[int]:
     """The rows (or columns) ``F.interpolate(mode="nearest")`` reads to resize ``size_in``
     to ``size_out``: PyTorch's ``nearest_idx``, ``floor(i * (float32) size_in / size_out)``."""
@@ -445,6 +498,8 @@ def _roi_heads_losses(
     roi_matches = torch.gather(matches, 1, indices)
     matched_boxes = torch.where(positive[..., None], _gather_rows(gt_boxes, roi_matches), rois)
     targets = heads.box_coder.encode_single(matched_boxes.reshape(-1, 4), rois.reshape(-1, 4))
+    # Padding proposals (zero boxes) encode to NaN: zeros, so that no NaN reaches a gradient.
+    targets = torch.where(positive.reshape(-1, 1), targets, 0.0)
 
     pooled = heads.box_roi_pool(features, list(rois), image_sizes)
     class_logits, box_regression = heads.box_predictor(heads.box_head(pooled))
@@ -539,6 +594,10 @@ def training_forward(
                 self, head_outputs, anchors, gt_boxes, gt_labels, gt_valid, per_level
             )
         return _retinanet_losses(self, head_outputs, anchors, gt_boxes, gt_labels, gt_valid)
+    if isinstance(self, SSD):
+        levels = list(features.values())
+        anchors = torch.stack(self.anchor_generator(transformed, levels))
+        return _ssd_losses(self, self.head(levels), anchors, gt_boxes, gt_labels, gt_valid)
     if isinstance(self, FasterRCNN):
         proposals, proposal_valid, rpn_losses = _rpn_losses(
             self.rpn, transformed, features, gt_boxes, gt_valid
@@ -576,7 +635,7 @@ def _check_targets(targets: object, num_images: int) -> None:
 def add_training_forward(model: torch.nn.Module) -> None:
     """Binds :func:`training_forward` as ``model.forward`` (an instance attribute: the
     class, and so other instances, keep torchvision's code) for the kinds it supports."""
-    if isinstance(model, (RetinaNet, FCOS)) or (
+    if isinstance(model, (RetinaNet, FCOS, SSD)) or (
         isinstance(model, FasterRCNN) and not model.roi_heads.has_keypoint()
     ):
         model.forward = types.MethodType(training_forward, model)  # type: ignore[method-assign]

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -34,11 +37,16 @@ XLA_LOSS_RTOL = 1e-5
 XLA_GRADIENT_TOL = 1e-4
 
 SAMPLING = ("faster_rcnn", "mask_rcnn")
-# Mask R-CNN's graph takes minutes to compile on a loaded 2-core machine.
+ALL_KINDS = ("retinanet", "fcos", "faster_rcnn", "ssdlite", "ssd", "mask_rcnn")
+# The R-CNNs and SSDs take minutes per step on CPU on a loaded 2-core machine.
 KINDS = [
-    pytest.param(kind, marks=pytest.mark.slow) if kind in SAMPLING else kind
-    for kind in ("retinanet", "fcos", "faster_rcnn", "mask_rcnn")
+    kind if kind in ("retinanet", "fcos") else pytest.param(kind, marks=pytest.mark.slow)
+    for kind in ALL_KINDS
 ]
+
+
+def _shapes(kind):
+    return detection_models.SSD_SHAPES if kind == "ssd" else detection_models.SHAPES
 
 
 def _targets(seed=0, shapes=detection_models.SHAPES, num_boxes=(1, 3), masks=False):
@@ -100,8 +108,8 @@ def _assert_gradients_close(expected_model, actual_model, tolerance):
 def test_cpu_losses_and_gradients_are_torchvisions(kind, first_by_position):
     model = _model(kind)
     ready = detection.xla_ready(copy.deepcopy(model))
-    images = detection_models.images()
-    targets = _targets(masks=kind == "mask_rcnn")
+    images = detection_models.images_for(kind)
+    targets = _targets(shapes=_shapes(kind), masks=kind == "mask_rcnn")
     want = model(images, targets)
     sum(want.values()).backward()
     got = ready(images, targets)
@@ -192,7 +200,7 @@ def _on(device, targets):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["retinanet", "fcos", "faster_rcnn", "mask_rcnn"])
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
     torch_xla = pytest.importorskip("torch_xla")
     metrics = pytest.importorskip("torch_xla.debug.metrics")
@@ -209,8 +217,10 @@ def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
     masks = kind == "mask_rcnn"
     compilations = []
     for step in range(5):
-        images = detection_models.images(seed=step + 1)
-        targets = detection_training.pad_targets(_targets(step, masks=masks), 4)
+        images = detection_models.images_for(kind, seed=step + 1)
+        targets = detection_training.pad_targets(
+            _targets(step, shapes=_shapes(kind), masks=masks), 4
+        )
         metrics.clear_all()
         start = time.perf_counter()
         optimizer.zero_grad()
@@ -235,3 +245,15 @@ def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
                 )
             _assert_gradients_close(on_cpu, on_xla, XLA_GRADIENT_TOL)
     assert compilations[0] >= 1 and compilations[1:] == [0, 0, 0, 0], compilations
+
+
+@pytest.mark.slow
+def test_spmd_data_parallel_step_is_the_single_device_step():
+    pytest.importorskip("torch_xla")
+    script = Path(__file__).with_name("detection_training_spmd_check.py")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=1800
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), (
+        result.stdout[-2000:] + result.stderr[-4000:]
+    )
