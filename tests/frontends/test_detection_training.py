@@ -32,7 +32,11 @@ CPU_LOSS_RTOL = 1e-6
 CPU_GRADIENT_TOL = 1e-5  # relative to the tensor's largest |gradient|
 # On the XLA device XLA's convolutions sum in another order than CPU torch's (as in
 # tests/frontends/test_detection.py); measured: losses within 1e-7 relative, gradients
-# within 2e-6 of each tensor's largest |gradient|.
+# mostly within 2e-6 of each tensor's largest |gradient|. Some are ill-conditioned: FCOS's
+# regression-head convolutions feed GroupNorms whose backward cancels large terms (biases'
+# gradients up to 7.6e4), and there CPU torchvision's own float32 gradients differ from its
+# float64 ones by up to 2e-2 of the largest, as the XLA device's do: such a tensor must be
+# within twice that float32 error.
 XLA_LOSS_RTOL = 1e-5
 XLA_GRADIENT_TOL = 1e-4
 
@@ -92,7 +96,9 @@ def first_by_position(monkeypatch):
     monkeypatch.setattr(detection_training, "_random_keys", keys)
 
 
-def _assert_gradients_close(expected_model, actual_model, tolerance):
+def _gradient_differences(expected_model, actual_model):
+    """Per parameter name: (largest |gradient difference|, largest |expected gradient|)."""
+    differences = {}
     for (name, expected), actual in zip(
         expected_model.named_parameters(), actual_model.parameters(), strict=True
     ):
@@ -100,8 +106,31 @@ def _assert_gradients_close(expected_model, actual_model, tolerance):
             assert actual.grad is None, name
             continue
         scale = float(expected.grad.abs().max())
-        difference = float((actual.grad.cpu() - expected.grad).abs().max())
-        assert difference <= tolerance * scale + 1e-12, (name, difference, scale)
+        differences[name] = (float((actual.grad.cpu() - expected.grad).abs().max()), scale)
+    return differences
+
+
+def _assert_gradients_close(expected_model, actual_model, tolerance, allowance=None):
+    """Every gradient within ``tolerance`` of its tensor's largest, plus ``allowance[name]``."""
+    for name, (difference, scale) in _gradient_differences(expected_model, actual_model).items():
+        extra = 0.0 if allowance is None else allowance.get(name, 0.0)
+        assert difference <= tolerance * scale + extra + 1e-12, (name, difference, scale)
+
+
+def _float32_errors(model, images, targets):
+    """Per parameter: twice the largest difference between the float32 gradient of
+    ``model`` (CPU torchvision, no gradients yet) and its float64 gradient."""
+    as_float64 = copy.deepcopy(model).double()
+    sum(model(images, targets).values()).backward()
+    losses = as_float64(
+        [image.double() for image in images],
+        [t | {"boxes": t["boxes"].double()} for t in targets],
+    )
+    sum(losses.values()).backward()
+    return {
+        name: 2 * difference
+        for name, (difference, _) in _gradient_differences(as_float64, model).items()
+    }
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -218,9 +247,8 @@ def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
     compilations = []
     for step in range(5):
         images = detection_models.images_for(kind, seed=step + 1)
-        targets = detection_training.pad_targets(
-            _targets(step, shapes=_shapes(kind), masks=masks), 4
-        )
+        unpadded = _targets(step, shapes=_shapes(kind), masks=masks)
+        targets = detection_training.pad_targets(unpadded, 4)
         metrics.clear_all()
         start = time.perf_counter()
         optimizer.zero_grad()
@@ -243,7 +271,12 @@ def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
                 torch.testing.assert_close(
                     losses[name].cpu(), loss, rtol=XLA_LOSS_RTOL, atol=0.0, msg=name
                 )
-            _assert_gradients_close(on_cpu, on_xla, XLA_GRADIENT_TOL)
+            differences = _gradient_differences(on_cpu, on_xla)
+            if any(d > XLA_GRADIENT_TOL * s for d, s in differences.values()):
+                allowance = _float32_errors(copy.deepcopy(model), images, unpadded)
+            else:
+                allowance = None
+            _assert_gradients_close(on_cpu, on_xla, XLA_GRADIENT_TOL, allowance)
     assert compilations[0] >= 1 and compilations[1:] == [0, 0, 0, 0], compilations
 
 
