@@ -5,8 +5,11 @@ torch_xla runs torchvision's code, and on CPU tensors with torchvision.
 Run in the torch environment:
 
     PJRT_DEVICE=CPU .venv-torch-xla/bin/python benchmarks/detection/bench_training.py \
-        --models retinanet fcos --steps 4 --plain-timeout 300 \
+        --models retinanet --steps 3 --plain-timeout 240 \
         --out benchmarks/detection/results_training.json
+
+(the recorded run: RetinaNet only, on a 2-core machine shared with other jobs; plain
+torch_xla's first step did not finish in 240 s.)
 
 A step is forward, losses, backward and an SGD update on a batch of 2 images
 (asickernels.testing.detection_models' shapes) with 1 and 3 random boxes padded to 4
