@@ -49,11 +49,8 @@ NOT_COMPARED_ON_XLA = ("ssd", "ssdlite")
 
 SAMPLING = ("faster_rcnn", "mask_rcnn")
 ALL_KINDS = ("retinanet", "fcos", "faster_rcnn", "ssdlite", "ssd", "mask_rcnn")
-# The R-CNNs and SSDs take minutes per step on CPU on a loaded 2-core machine.
-KINDS = [
-    kind if kind in ("retinanet", "fcos") else pytest.param(kind, marks=pytest.mark.slow)
-    for kind in ALL_KINDS
-]
+# A training step on CPU takes 30-70 s (RetinaNet, FCOS) to minutes (the others) on a
+# loaded 2-core machine: every model test is in the slow tier.
 
 
 def _shapes(kind):
@@ -140,7 +137,8 @@ def _float32_errors(model, images, targets):
     }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_cpu_losses_and_gradients_are_torchvisions(kind, first_by_position):
     model = _model(kind)
     ready = detection.xla_ready(copy.deepcopy(model))
@@ -156,6 +154,7 @@ def test_cpu_losses_and_gradients_are_torchvisions(kind, first_by_position):
     _assert_gradients_close(model, ready, CPU_GRADIENT_TOL)
 
 
+@pytest.mark.slow
 def test_padded_targets_give_the_same_losses(first_by_position):
     model = detection.xla_ready(_model("faster_rcnn"))
     images, targets = detection_models.images(), _targets()
