@@ -18,8 +18,8 @@ Each image's detections come padded to the model's ``detections_per_img``: ``box
 ``num_detections`` (a 0-d int32 tensor); past the count boxes, scores and masks are 0 and
 labels -1. :func:`trim` cuts them on the host, once.
 
-Training-mode forwards keep torchvision's code paths (its losses index with boolean masks,
-so they run with CPU fallbacks; RoI pooling and its backward stay on the device).
+Training-mode forwards compute torchvision's losses with static shapes too
+(:mod:`asickernels.torch.detection_training`).
 """
 
 from __future__ import annotations
@@ -259,10 +259,6 @@ def _filter_proposals(
     best (torchvision's own top-k), clipped, small and low-scoring boxes masked, per-level
     NMS, ``post_nms_top_n`` proposals per image padded with the box ``(0, 0, 0, 0)`` (whose
     refined boxes have zero size, so that the RoI heads drop them as small)."""
-    if self.training:  # the sampling of training RoIs wants only real proposals
-        return type(self).filter_proposals(
-            self, proposals, objectness, image_shapes, num_anchors_per_level
-        )
     num_images = proposals.shape[0]
     objectness = objectness.detach().reshape(num_images, -1)
     levels = torch.cat(
@@ -420,7 +416,10 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
     padded with the box ``(0, 0, 0, 0)``. Mask R-CNN's masks are computed for every padded
     detection and pasted into the image with static shapes (torchvision's bilinear resize
     to the box, written as two gathers); padding detections get zero masks.
-    Training-mode forwards run torchvision's code (its RoI pooling being asickernels').
+    In train mode the model returns torchvision's losses, computed with static shapes
+    (:func:`asickernels.torch.detection_training.training_forward`: matching, sampling,
+    RPN proposals and losses without boolean indexing or host syncs; FPN backbones
+    upsample with index selects, whose backward XLA lowers on every device).
 
     Args:
       model: a ``torchvision.models.detection`` model of a supported kind.
@@ -443,6 +442,9 @@ def xla_ready(model: torch.nn.Module, *, backend: str | None = None) -> torch.nn
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name or None, got {backend!r}")
         registry.backend(backend)  # ValueError for an unknown name
+    from asickernels.torch import detection_training
+
+    detection_training.add_training_forward(model)
     if isinstance(model, (RetinaNet, FCOS)):
         _swap(model, backend, postprocess_detections=_dense_postprocess)
         return model

@@ -120,23 +120,6 @@ def test_xla_one_graph_without_fallbacks(kind):
     assert_same_detections(expected_flipped, runs[1], SCORE_TOL, BOX_TOL)
 
 
-def test_training_mode_keeps_torchvisions_losses():
-    model = detection_models.model("faster_rcnn").train()
-    ready = detection.xla_ready(copy.deepcopy(model))
-    images = detection_models.images()
-    targets = [
-        {"boxes": torch.tensor([[10.0, 12.0, 90.0, 100.0]]), "labels": torch.tensor([1])},
-        {"boxes": torch.tensor([[30.0, 5.0, 70.0, 150.0]]), "labels": torch.tensor([3])},
-    ]
-    torch.manual_seed(5)  # the samplers of training RoIs draw at random
-    want = model(images, targets)
-    torch.manual_seed(5)
-    got = ready(images, targets)
-    assert set(got) == set(want)
-    for name, loss in want.items():
-        torch.testing.assert_close(got[name], loss, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("model", [torch.nn.Linear(2, 2), None], ids=["linear", "none"])
 def test_other_models_are_refused(model):
     with pytest.raises(TypeError, match=r"model must be .*RetinaNet, FCOS, SSD, Faster and Mask"):
