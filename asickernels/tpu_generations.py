@@ -13,6 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# How to get libtpu, which compiles for TPUs on any host: the tpu extra (asickernels is not
+# on PyPI; see README, Install).
+LIBTPU_INSTALL = 'pip install -e ".[tpu]" in a clone'
+
 
 @dataclasses.dataclass(frozen=True)
 class Generation:

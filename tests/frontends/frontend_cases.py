@@ -9,7 +9,7 @@ import inspect
 import numpy as np
 
 import asickernels
-from asickernels.testing.cases import random_boxes
+from asickernels.kernels.cases import random_boxes
 
 # Every op has SPMD wrappers but quantize_int8, whose scale spans the whole array, and the
 # ops without a partition rule (roi_align, roi_pool: a RoI names its image by index).

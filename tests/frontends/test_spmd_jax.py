@@ -19,7 +19,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
 from asickernels.backends.xla_spmd import jax_spmd, plan
-from asickernels.testing.cases import grid_boxes, random_boxes
+from asickernels.kernels.cases import grid_boxes, random_boxes
 
 P = PartitionSpec
 BACKEND = "xla"  # the per-shard kernel; Pallas (interpret mode) is covered by a slow test
