@@ -35,7 +35,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
         "NKI simulator's cost model (estimates, not measurements)",
     ),
     "spmd-plan": (
-        "asickernels.backends.xla_spmd.plan",
+        "asickernels.frontends.spmd_plan",
         "compile sharded programs for TPU pod slices: inserted collectives, per-device memory",
     ),
 }

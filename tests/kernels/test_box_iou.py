@@ -304,7 +304,7 @@ def test_spmd_wrappers_shard_the_batch_and_psum_the_loss():
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
-    from asickernels.backends.xla_spmd import jax_spmd
+    from asickernels.frontends import jax_spmd
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
     rng = np.random.default_rng(13)
