@@ -63,20 +63,32 @@ def _default(param: Param) -> str:
     return f' = "{value}"' if isinstance(value, str) else f" = {value!r}"
 
 
+def _bracketed(head: str, items: list[str], tail: str, indent: str = "") -> list[str]:
+    """``head + items + tail`` laid out as ``ruff format`` lays it out: on one line if it
+    fits, else the items on one indented line, else one item per line (trailing comma)."""
+    one_line = f"{indent}{head}{', '.join(items)}{tail}"
+    if len(one_line) <= WIDTH:
+        return [one_line]
+    inner = f"{indent}    {', '.join(items)}"
+    if len(inner) <= WIDTH:
+        return [f"{indent}{head}", inner, f"{indent}{tail}"]
+    return [f"{indent}{head}", *(f"{indent}    {item}," for item in items), f"{indent}{tail}"]
+
+
 def _signature(frontend: Frontend, op: Op) -> list[str]:
-    lines = [f"def {op.name}("]
+    params = []
     keyword_only = False
     for param in op.params:
         if not param.positional and not keyword_only:
-            lines.append("    *,")
+            params.append("*")
             keyword_only = True
-        lines.append(f"    {param.name}: {_annotation(frontend, param)}{_default(param)},")
+        params.append(f"{param.name}: {_annotation(frontend, param)}{_default(param)}")
     if not keyword_only:
-        lines.append("    *,")
-    lines += [f"    {extra}," for extra in frontend.extra(op)]
+        params.append("*")
+    params += frontend.extra(op)
     one, element = frontend.returns
     result = one if len(op.outputs) == 1 else f"tuple[{', '.join([element] * len(op.outputs))}]"
-    return [*lines, f") -> {result}:"]
+    return _bracketed(f"def {op.name}(", params, f") -> {result}:")
 
 
 def _docstring(text: str) -> list[str]:
@@ -135,7 +147,7 @@ def _partition_doc(op: Op, result_spec: str) -> str:
 
 def _positional_call(op: Op) -> list[str]:
     names = [f"asickernels.{op.name}", *(p.name for p in op.params), "backend"]
-    return ["    return _call(", *(f"        {name}," for name in names), "    )"]
+    return _bracketed("return _call(", names, ")", indent="    ")
 
 
 _SCALAR_TYPES = {
