@@ -20,7 +20,8 @@ import asickernels
 from asickernels.benchmarking import harness, report
 from asickernels.benchmarking.harness import BenchRow, BenchSettings, CheckRow
 from asickernels.benchmarking.progress import Progress
-from asickernels.benchmarking.workloads import OPS, Size
+from asickernels.benchmarking.workloads import WORKLOADS
+from asickernels.kernels.cases import Size
 
 # Commands other modules provide: name -> (module with register_cli, one-line help).
 PLUGINS: dict[str, tuple[str, str]] = {
@@ -34,7 +35,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
         "NKI simulator's cost model (estimates, not measurements)",
     ),
     "spmd-plan": (
-        "asickernels.backends.xla_spmd.plan",
+        "asickernels.frontends.spmd_plan",
         "compile sharded programs for TPU pod slices: inserted collectives, per-device memory",
     ),
 }
@@ -76,12 +77,12 @@ def _name_list(choices: Callable[[], Sequence[str]], what: str) -> Callable[[str
 
 def _size_spec(text: str) -> tuple[str, list[Size]]:
     op, separator, specs = text.partition("=")
-    if not separator or op not in OPS:
+    if not separator or op not in WORKLOADS:
         raise argparse.ArgumentTypeError(
-            f"expected OP=SIZE[,SIZE...] with OP one of {', '.join(OPS)}, got {text!r}"
+            f"expected OP=SIZE[,SIZE...] with OP one of {', '.join(WORKLOADS)}, got {text!r}"
         )
     try:
-        return op, [OPS[op].parse_size(spec.strip()) for spec in specs.split(",")]
+        return op, [WORKLOADS[op].parse_size(spec.strip()) for spec in specs.split(",")]
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{op}: {error}") from None
 
@@ -189,7 +190,7 @@ def _plugin_state(name: str, module: str, missing_libtpu: str | None) -> str:
 
 
 def _selection(args: argparse.Namespace) -> tuple[list[str], frozenset[str] | None]:
-    ops = args.ops or list(OPS)
+    ops = args.ops or list(WORKLOADS)
     return ops, frozenset(args.backends) if args.backends else None
 
 
@@ -236,8 +237,12 @@ def _bench_settings(args: argparse.Namespace) -> BenchSettings:
         raise UsageError(f"--size given for {', '.join(stray)}, which --ops leaves out")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot draws with matplotlib: pip install matplotlib")
-    defaults = {op: OPS[op].quick_sizes if args.quick else OPS[op].default_sizes for op in ops}
-    sizes = {op: chosen.get(op) or [OPS[op].parse_size(s) for s in defaults[op]] for op in ops}
+    defaults = {
+        op: WORKLOADS[op].quick_sizes if args.quick else WORKLOADS[op].default_sizes for op in ops
+    }
+    sizes = {
+        op: chosen.get(op) or [WORKLOADS[op].parse_size(s) for s in defaults[op]] for op in ops
+    }
     return BenchSettings(
         sizes=sizes,
         selected=selected,
@@ -325,9 +330,9 @@ def _run(args: argparse.Namespace) -> int:
 def _add_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ops",
-        type=_name_list(lambda: list(OPS), "op"),
+        type=_name_list(lambda: list(WORKLOADS), "op"),
         metavar="OP[,OP...]",
-        help=f"ops to run (default: all: {', '.join(OPS)})",
+        help=f"ops to run (default: all: {', '.join(WORKLOADS)})",
     )
     parser.add_argument(
         "--backends",
@@ -346,7 +351,7 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
 
 def _add_timing(parser: argparse.ArgumentParser, defaults: dict[str, float]) -> None:
     sizes = "; ".join(
-        f"{op}: {o.size_syntax}, default {','.join(o.default_sizes)}" for op, o in OPS.items()
+        f"{op}: {o.size_syntax}, default {','.join(o.default_sizes)}" for op, o in WORKLOADS.items()
     )
     parser.add_argument(
         "--size",

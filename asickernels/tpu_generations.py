@@ -13,6 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# How to get libtpu, which compiles for TPUs on any host: for a wheel's user, and in a clone
+# (the tpu extra; see README, Install).
+LIBTPU_INSTALL = 'pip install "jax[tpu]" (in a clone: pip install -e ".[tpu]")'
+
 
 @dataclasses.dataclass(frozen=True)
 class Generation:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    op = workloads.OPS["giou"]
+    op = workloads.WORKLOADS["giou"]
     case = op.bench_case(op.parse_size("1024x256"), np.random.default_rng(0))
     boxes1, boxes2 = (misaligned(a).reshape(-1, 4) for a in case.arrays)
     host_twin = registry.implementation("giou", "cpu", host=True)

@@ -39,6 +39,7 @@ import numpy as np
 import asickernels
 from asickernels.benchmarking import report, timing, workloads
 from asickernels.kernels import registry
+from asickernels.kernels.cases import Case, Workload
 from asickernels.kernels.declaration import Runner
 
 MODES = {"eager": "eager", "jit_numpy": "jit-numpy", "jit_device": "jit"}
@@ -54,7 +55,7 @@ def misaligned(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def host_twin_call(op: workloads.Op, case: workloads.Case) -> Callable[[], Any] | None:
+def host_twin_call(op: Workload, case: Case) -> Callable[[], Any] | None:
     """The op's computation on the cpu backend's host twin, as an eager call runs it (None
     when the op's kernel has none)."""
     public = getattr(asickernels, op.name)
@@ -66,12 +67,12 @@ def host_twin_call(op: workloads.Op, case: workloads.Case) -> Callable[[], Any] 
     return lambda: public.compute(runner, plan, **arrays)
 
 
-def bench_size(op: workloads.Op, text: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_size(op: Workload, text: str, args: argparse.Namespace) -> dict[str, Any]:
     size = op.parse_size(text)
     case = op.bench_case(size, np.random.default_rng(0))
     if args.unaligned:
         case.arrays = tuple(map(misaligned, case.arrays))
-    calls = [op.prepare_default(mode, case).call for mode in MODES.values()]  # type: ignore[arg-type]
+    calls = [workloads.prepare_default(op, mode, case).call for mode in MODES.values()]  # type: ignore[arg-type]
     modes = list(MODES)
     host_twin = host_twin_call(op, case)
     if host_twin is not None:
@@ -105,7 +106,7 @@ def bench_size(op: workloads.Op, text: str, args: argparse.Namespace) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default=",".join(workloads.OPS), help="comma-separated ops")
+    parser.add_argument("--ops", default=",".join(workloads.WORKLOADS), help="comma-separated ops")
     parser.add_argument("--max-int8", type=int, default=8192, help="largest int8_matmul size")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=60, help="timed calls per mode")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for name in args.ops.split(","):
-        op = workloads.OPS[name]
+        op = workloads.WORKLOADS[name]
         for text in args.sizes.split(",") if args.sizes else op.default_sizes:
             if name == "int8_matmul" and int(text) > args.max_int8:
                 continue

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from asickernels.benchmarking.timing import Timing
-from asickernels.benchmarking.workloads import Case
+from asickernels.kernels.cases import Case
 
 DeviceTimer = Callable[[str, Case, int, int], Timing]
 

@@ -19,16 +19,15 @@ from asickernels.benchmarking.peers import PEER_BACKENDS, PEERS
 from asickernels.benchmarking.progress import Progress
 from asickernels.benchmarking.timing import Timing, measure, measure_alternately, timed_call
 from asickernels.benchmarking.workloads import (
-    OPS,
-    Case,
-    Comparison,
+    WORKLOADS,
     DefaultMode,
     NotApplicable,
-    Op,
     Prepared,
-    Size,
+    prepare_backend,
+    prepare_default,
 )
 from asickernels.kernels import registry
+from asickernels.kernels.cases import Case, Comparison, Size, Workload
 from asickernels.kernels.registry import Availability
 
 Role = Literal["ours", "peer", "reference"]
@@ -92,16 +91,16 @@ def availability_of(name: str) -> Availability:
 
 
 def ops_of(name: str) -> list[str]:
-    """The ops (of :data:`OPS`) that backend or peer ``name`` implements."""
+    """The ops (of :data:`WORKLOADS`) that backend or peer ``name`` implements."""
     if name in PEERS:
-        return [op for op in OPS if op in PEERS[name].builders]
+        return [op for op in WORKLOADS if op in PEERS[name].builders]
     if name in DEFAULT_ROWS:
-        return list(OPS)
-    return [op for op, spec in OPS.items() if name in spec.backends()]
+        return list(WORKLOADS)
+    return [op for op, spec in WORKLOADS.items() if name in spec.backends()]
 
 
 def contenders(
-    op: Op, selected: Collection[str] | None = None, *, peers: bool = True
+    op: Workload, selected: Collection[str] | None = None, *, peers: bool = True
 ) -> list[Contender]:
     """``op``'s backends in registration order, then the peers that implement it."""
     found = []
@@ -114,14 +113,14 @@ def contenders(
                 name,
                 role_of(name),
                 registry.availability(name),
-                functools.partial(op.prepare_backend, name),
+                functools.partial(prepare_backend, op, name),
                 backend.counters,
                 backend.device_timer,
             )
         )
     for name, mode in DEFAULT_ROWS.items():
         if selected is None or name in selected:
-            prepare = functools.partial(op.prepare_default, mode)
+            prepare = functools.partial(prepare_default, op, mode)
             found.append(Contender(name, "ours", availability_of(name), prepare))
     for peer in PEERS.values() if peers else ():
         if op.name in peer.builders and (selected is None or peer.name in selected):
@@ -136,7 +135,7 @@ def _error_text(error: BaseException) -> str:
 
 
 def _run_and_compare(
-    op: Op, contender: Contender, case: Case, expected: Callable[[], Any]
+    op: Workload, contender: Contender, case: Case, expected: Callable[[], Any]
 ) -> tuple[Prepared, float, Comparison]:
     """Prepares and runs ``case`` once, and compares the result with the reference."""
     prepared = contender.prepare(case)
@@ -161,12 +160,16 @@ class CheckRow:
 
 def check_plan(
     ops: Collection[str], selected: Collection[str] | None
-) -> list[tuple[Op, list[Contender]]]:
+) -> list[tuple[Workload, list[Contender]]]:
     """The backends ``check`` tests per op: all but the reference they are compared with."""
     return [
         (
-            OPS[name],
-            [c for c in contenders(OPS[name], selected, peers=False) if c.role != "reference"],
+            WORKLOADS[name],
+            [
+                c
+                for c in contenders(WORKLOADS[name], selected, peers=False)
+                if c.role != "reference"
+            ],
         )
         for name in ops
     ]
@@ -264,9 +267,13 @@ class BenchRow:
     counters: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def bench_plan(settings: BenchSettings) -> list[tuple[Op, list[Size], list[Contender]]]:
+def bench_plan(settings: BenchSettings) -> list[tuple[Workload, list[Size], list[Contender]]]:
     return [
-        (OPS[name], sorted(sizes, key=OPS[name].work), contenders(OPS[name], settings.selected))
+        (
+            WORKLOADS[name],
+            sorted(sizes, key=WORKLOADS[name].work),
+            contenders(WORKLOADS[name], settings.selected),
+        )
         for name, sizes in settings.sizes.items()
     ]
 
@@ -323,11 +330,11 @@ def _time_alternately(
         history[row.implementation] = (work, timing.median_s)
 
 
-def _smallest_default(op: Op) -> Size:
+def _smallest_default(op: Workload) -> Size:
     return min((op.parse_size(s) for s in op.default_sizes), key=op.work)
 
 
-def _calibrate(op: Op, contender: Contender, settings: BenchSettings) -> tuple[float, float]:
+def _calibrate(op: Workload, contender: Contender, settings: BenchSettings) -> tuple[float, float]:
     """(work, seconds per call) at the op's smallest default size, to judge a larger one."""
     size = _smallest_default(op)
     prepared = contender.prepare(op.bench_case(size, np.random.default_rng(settings.seed)))
@@ -336,7 +343,7 @@ def _calibrate(op: Op, contender: Contender, settings: BenchSettings) -> tuple[f
 
 
 def _too_slow(
-    op: Op,
+    op: Workload,
     size: Size,
     contender: Contender,
     history: dict[str, tuple[float, float]],
@@ -357,7 +364,7 @@ def _too_slow(
 
 
 def _bench_one(
-    op: Op,
+    op: Workload,
     size: Size,
     case: Case,
     expected: Callable[[], Any],

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from asickernels.benchmarking.workloads import Case, Prepared
+from asickernels.benchmarking.workloads import Prepared
+from asickernels.kernels.cases import Case
 from asickernels.kernels.registry import Availability
 
 if TYPE_CHECKING:

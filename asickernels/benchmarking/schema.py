@@ -34,7 +34,7 @@ A row passes when ``max_error <= tolerance``. What they measure depends on the o
 
 * float outputs (GIOU, its gradient, the box metrics): the worst
   ``|got - want| / (atol + rtol |want|)``, in units of the op's tolerance for the output
-  dtype (:func:`asickernels.testing.oracle.tolerance`); ``tolerance`` is 1.
+  dtype (:func:`asickernels.kernels.oracle.tolerance`); ``tolerance`` is 1.
 * exact outputs (NMS): the number of differing entries; ``tolerance`` is 0.
 * int8 matmul: the largest absolute difference of int32 outputs (``tolerance`` 0), or the
   largest relative difference of dequantized ones (``tolerance``: the output dtype's rtol).

@@ -1,1 +1,3 @@
-"""One module per op: its public signature, input validation and dispatch to a backend."""
+"""The ops: per family, ``<op>.py`` declares them (signature, validation, computation over
+backend kernels, float64 reference) and ``<op>_cases.py`` lists what exercises them; the
+machinery beside them (declaration, registry, policy, oracle, cases)."""

@@ -6,8 +6,9 @@ values to a :class:`Plan`, raising TypeError/ValueError that names the bad argum
 computation over backend kernels (:attr:`Op.compute`, written once against ``xp`` = numpy
 or ``jax.numpy``), its float64 reference and, for differentiable ops, its vector-Jacobian
 product. The JAX API is the :class:`Op` object itself; the ``torch.library`` operators and
-the torch_xla kernels are generated from it; the torch functions and the SPMD wrappers are
-written out (signature and docstring) and delegate to it.
+the torch_xla kernels are generated from it at import; the torch functions and the SPMD
+wrappers are generated from it into checked-in modules (:mod:`asickernels.frontends.generate`)
+and delegate to it.
 
 Calling an op:
 
@@ -164,7 +165,8 @@ class Op:
         of the array parameters named in ``differentiable``, written with public ops.
       differentiable: the array parameters ``vjp`` returns gradients for.
       partition: how the SPMD wrappers split the op (``"batch"``: every array along its
-        leading batch dims; other rules are named by the op and live in the SPMD modules).
+        leading batch dims; ``"none"``: the op has no SPMD wrapper; other rules are named by
+        the op and live in the SPMD modules, :mod:`asickernels.frontends`).
       check_values: optional checks of concrete input values, run on every eager call.
       outputs: the names of the outputs (one name: the op returns an array, not a tuple).
       prepare: optional host-side conversion of concrete inputs on eager calls, before

@@ -210,6 +210,7 @@ quantize_int8 = Op(
     reference=_reference_quantize,
     check_values=_check_quantize_values,
     outputs=("q", "scale"),
+    partition="none",  # the scale spans the whole array (or a whole channel): no SPMD rule
     doc="""Symmetric int8 quantization.
 
     Args:

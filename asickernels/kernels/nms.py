@@ -15,11 +15,11 @@ Where NMS is written, so what a change edits:
   the change (:mod:`asickernels.kernels.nms_cases`);
 * a new argument, also: the declaration's parameters and checks here, each backend's ``nms``
   signature (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++
-  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature), and
-  the frontends written out by hand: ``asickernels/torch/__init__.py``,
-  ``backends/xla_spmd/jax_spmd.py``, ``backends/xla_spmd/torch_xla_spmd.py`` (and
-  ``asickernels/torch/vision.py`` where torchvision's signature has it). The torch operator
-  schema and the torch_xla kernels are generated from the declaration.
+  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
+  ``asickernels/torch/vision.py`` where torchvision's signature has it. The torch operator
+  schema and the torch_xla kernels follow from the declaration at import; the torch
+  functions and the SPMD wrappers are regenerated from it (``python -m
+  asickernels.frontends.generate``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What exercises NMS, beside its declaration (:mod:`asickernels.kernels.nms`): its
-conformance cases (every backend runs them against the reference), its ``check``/``bench``
-workloads (registered in :data:`asickernels.benchmarking.workloads.OPS`) and its TPU estimate
-cases (``asickernels estimate``). The machinery these plug into is generic: a new NMS
-argument gets its cases here (the files an argument change touches are listed in
-:mod:`asickernels.kernels.nms`).
+"""What exercises NMS and batched NMS (declared in :mod:`asickernels.kernels.nms`): see
+:mod:`asickernels.kernels.cases`. A new NMS argument gets its cases here (the files an
+argument change touches are listed in :mod:`asickernels.kernels.nms`).
 
 Conformance boxes sit on an integer grid so that areas and intersections are exact in
 float32 and float64 alike, and IoU-vs-threshold decisions cannot differ between a float32
@@ -13,20 +10,23 @@ kernel and the float64 reference.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from typing import Any
 
 import numpy as np
 
-from asickernels.benchmarking import workloads
+from asickernels.kernels.cases import (
+    RAGGED_SIZES,
+    Case,
+    CompileShape,
+    NkiEstimate,
+    Size,
+    Workload,
+    checked,
+    grid_boxes,
+)
 from asickernels.kernels.nms import greedy_nms
-from asickernels.simulate.tpu_estimate import cases as estimate_cases
-from asickernels.simulate.tpu_estimate import roofline
-from asickernels.simulate.tpu_estimate import seed_kernels as seeds
-from asickernels.simulate.tpu_estimate.estimate import EstimateTarget
-from asickernels.testing.cases import RAGGED_SIZES, grid_boxes
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def seed_style_boxes(
     return boxes.astype(np.float32), rng.uniform(0.0, 1.0, n).astype(np.float32)
 
 
-class NmsOp(workloads.Op):
+class NmsWorkload(Workload):
     name = "nms"
     registry_op = "nms"
     size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
@@ -201,7 +201,7 @@ class NmsOp(workloads.Op):
     quick_sizes = default_sizes
     categories = 0  # batched_nms draws this many categories
 
-    def parse_size(self, text: str) -> workloads.Size:
+    def parse_size(self, text: str) -> Size:
         match = re.fullmatch(r"(\d+)(?::(\d+)(?::([0-9.]+))?)?", text)
         threshold = float(match[3]) if match and match[3] else 0.1
         if not match or int(match[1]) < 1 or not 0.0 <= threshold <= 1.0:
@@ -210,11 +210,9 @@ class NmsOp(workloads.Op):
             )
         n, max_output = int(match[1]), int(match[2] or 128)
         label = f"N={n} out={max_output} iou>{threshold:g}"
-        return workloads.Size(
-            label, {"n": n, "max_output_size": max_output, "iou_threshold": threshold}
-        )
+        return Size(label, {"n": n, "max_output_size": max_output, "iou_threshold": threshold})
 
-    def work(self, size: workloads.Size) -> float:
+    def work(self, size: Size) -> float:
         return float(size.params["n"] * max(size.params["max_output_size"], 1))
 
     def _case(
@@ -226,7 +224,7 @@ class NmsOp(workloads.Op):
         iou_threshold: float,
         max_output_size: int,
         score_threshold: float | None = None,
-    ) -> workloads.Case:
+    ) -> Case:
         arrays: tuple[np.ndarray, ...] = (boxes, scores)
         if self.categories:
             arrays += (rng.integers(0, self.categories, scores.shape).astype(np.int32),)
@@ -235,9 +233,9 @@ class NmsOp(workloads.Op):
             "max_output_size": max_output_size,
             "score_threshold": score_threshold,
         }
-        return workloads.Case(name, arrays, static)
+        return Case(name, arrays, static)
 
-    def bench_case(self, size: workloads.Size, rng: np.random.Generator) -> workloads.Case:
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
         boxes, scores = seed_style_boxes(rng, size.params["n"])
         return self._case(
             size.label,
@@ -248,18 +246,16 @@ class NmsOp(workloads.Op):
             size.params["max_output_size"],
         )
 
-    def check_cases(self, rng: np.random.Generator) -> list[workloads.Case]:
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
         return [
-            workloads.Case(c.name, (c.boxes, c.scores), c.kwargs())
+            Case(c.name, (c.boxes, c.scores), c.kwargs())
             if c.categories is None
-            else workloads.Case(
-                c.name, (c.boxes, c.scores, c.categories.astype(np.int32)), c.kwargs()
-            )
-            for c in workloads.checked(nms_cases())
+            else Case(c.name, (c.boxes, c.scores, c.categories.astype(np.int32)), c.kwargs())
+            for c in checked(nms_cases())
             if (c.categories is not None) == bool(self.categories)
         ]
 
-    def expected(self, case: workloads.Case) -> Any:
+    def expected(self, case: Case) -> Any:
         boxes, scores = case.arrays[0], case.arrays[1]
         categories = case.arrays[2] if len(case.arrays) > 2 else None
         batch_shape, n = scores.shape[:-1], scores.shape[-1]
@@ -275,11 +271,8 @@ class NmsOp(workloads.Op):
         )
         return indices.reshape((*batch_shape, -1)), num_valid.reshape(batch_shape)
 
-    def compare(self, got: workloads.Canonical, expected: Any) -> workloads.Comparison:
-        return workloads.oracle_comparison(self.name, got, expected)
 
-
-class BatchedNmsOp(NmsOp):
+class BatchedNmsWorkload(NmsWorkload):
     """Per-category NMS (``torchvision.ops.batched_nms``), 16 categories."""
 
     name = "batched_nms"
@@ -289,132 +282,31 @@ class BatchedNmsOp(NmsOp):
     categories = 16
 
 
-workloads.register(NmsOp(), BatchedNmsOp())
+WORKLOADS = (NmsWorkload(), BatchedNmsWorkload())
+
+# -- TPU compile gate, TPU and NKI estimates -------------------------------------------------
 
 
-# -- TPU estimate cases ----------------------------------------------------------------------
+def _nms(n: int, max_output_size: int) -> CompileShape:
+    """One image of ``n`` boxes, threshold 0.1 (the NMS article's)."""
+    static = {"iou_threshold": 0.1, "max_output_size": max_output_size}
+    return CompileShape(
+        "nms",
+        f"N={n} out={max_output_size}",
+        "nms",
+        (((n, 4), "float32"), ((n,), "float32")),
+        static,
+    )
 
-# The shapes users run (issue #15): NMS over 1024..16384 boxes; the tiles swept.
+
+COMPILE_SHAPES = (_nms(1024, 128), _nms(4096, 128), _nms(16384, 128))
+
+# The shapes users run (issue #15), which ``asickernels estimate`` estimates: NMS over
+# 1024..16384 boxes; the tiles swept.
 NMS_USER_N = (1024, 2048, 4096, 8192, 16384)
 NMS_TILE_SWEEP = (128, 256, 512, 1024)
 
-
-def nms_builder(
-    n: int, max_output_size: int, iou_threshold: float, tile: int = 0, backend: str = "pallas_tpu"
-) -> estimate_cases.Built:
-    """NMS on ``backend`` on one image of ``n`` boxes (ours with this tile, when given)."""
-    import asickernels
-    from asickernels.backends.pallas_tpu.nms import NmsConfig
-
-    config = NmsConfig(tile) if tile else None
-
-    def function(boxes: Any, scores: Any) -> Any:
-        return asickernels.nms(
-            boxes,
-            scores,
-            iou_threshold=iou_threshold,
-            max_output_size=max_output_size,
-            backend=backend,
-            config=config,
-        )
-
-    return function, [((n, 4), "float32"), ((n,), "float32")]
-
-
-# Loop numbers (preorder in the kernel's schedule) of the tiled NMS kernel's loops whose
-# exit the walk cannot compute: #0 over tiles, #1 over the earlier tiles (t trips for tile t;
-# its bound is carried through the data-dependent loop), #2 the fixed-point passes. The
-# one-hot gather's loop over column chunks has a static trip count, so the walk counts it;
-# when it has more than one trip it is a loop of its own, numbered before the cross loop.
-NMS_PROGRAM = "nms_tiled"
-
-
-def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], ...]:
-    """:class:`~asickernels.backends.pallas_tpu.nms.LoopTrips` -> the walk's
-    ``(loop number, trips)`` pairs for the kernel's program."""
-    shift = 1 if gather_loop else 0
-    return (
-        (0, trips.tiles),
-        (1 + shift, trips.cross[1:] or (1,)),  # entered for tiles 1, 2, ...
-        (2 + shift, trips.passes),
-    )
-
-
-def _seed_nms_kept(n: int, max_output_size: int) -> int:
-    """How many boxes greedy NMS keeps on the seed-style random boxes (capped)."""
-    boxes, scores = seeds.seed_nms_inputs(n)
-    _, count = greedy_nms(
-        boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
-        max_output_size=max_output_size, score_threshold=float("-inf"),
-    )  # fmt: skip
-    return int(count[0])
-
-
-def _nms_workload(n: int, max_output_size: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "n": n,
-        "max_output_size": max_output_size,
-        "iou_threshold": seeds.SEED_NMS_IOU_THRESHOLD,
-        **extra,
-    }
-
-
-@functools.cache
-def nms_case(
-    tile: int, n: int = seeds.SEED_NMS_BOXES, max_output_size: int = seeds.SEED_NMS_OUTPUTS
-) -> EstimateTarget:
-    """Our NMS on random boxes as the seed draws them, with the loop trips that data
-    produces (from the kernel's own model, :func:`~asickernels.backends.pallas_tpu.nms.
-    loop_trips`)."""
-    from asickernels.backends.pallas_tpu import nms
-
-    boxes, scores = seeds.seed_nms_inputs(n)
-    kernel_trips = nms.loop_trips(
-        boxes,
-        scores,
-        tile=tile,
-        iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
-        max_output_size=max_output_size,
-    )
-    clamped = min(tile, -(-n // 128) * 128)
-    padded = -(-n // clamped) * clamped
-    gather_loop = padded // nms.gather_chunk(padded, clamped) > 1
-    trips = {NMS_PROGRAM: nms_schedule_trips(kernel_trips, gather_loop)}
-    return estimate_cases.make_case(
-        f"NMS N={n} out={max_output_size} tile={tile}, pallas_tpu",
-        f"{__name__}:nms_builder",
-        _nms_workload(n, max_output_size, tile=tile),
-        trips,
-        op="nms",
-        impl="pallas_tpu",
-        shape=f"N={n} out={max_output_size}",
-        work=roofline.nms(n, max_output_size),
-    )
-
-
-# The XLA NMS (backends/xla/nms.py) selects one box per trip of its while loop, the only
-# loop of the top-level program whose exit the walk cannot compute.
-XLA_NMS_LOOP = 0
-
-
-@functools.cache
-def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> EstimateTarget:
-    """Plain XLA NMS (``backend="xla"``) on the same boxes, one loop trip per kept box."""
-    kept = _seed_nms_kept(n, max_output_size)
-    return estimate_cases.make_case(
-        f"NMS N={n} out={max_output_size}, xla",
-        f"{__name__}:nms_builder",
-        _nms_workload(n, max_output_size, backend="xla"),
-        {"TLP": ((XLA_NMS_LOOP, max(kept, 1)),)},
-        op="nms",
-        impl="xla",
-        shape=f"N={n} out={max_output_size}",
-        work=roofline.nms(n, max_output_size),
-    )
-
-
-def default_nms_tile() -> int:
-    """The NMS kernel's default tile (every generation runs it)."""
-    from asickernels.backends.pallas_tpu.nms import NmsConfig
-
-    return NmsConfig().tile
+NKI_ESTIMATES = (
+    NkiEstimate("nms", "1024", "the NMS article's 1024 boxes, 128 outputs"),
+    NkiEstimate("batched_nms", "1024", "the bench size, 16 categories"),
+)

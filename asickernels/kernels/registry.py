@@ -42,11 +42,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
-
-if TYPE_CHECKING:
-    from asickernels.benchmarking.timing import Timing
-    from asickernels.benchmarking.workloads import Case
+from typing import Any, Literal, TypeVar
 
 ArrayKind = Literal["numpy", "jax"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -103,7 +99,9 @@ class Backend:
     platforms: tuple[str, ...] = ()
     embeddable: bool = False
     counters: Callable[[], dict[str, float]] | None = None
-    device_timer: Callable[[str, Case, int, int], Timing] | None = None
+    # (op, kernels.cases.Case, warmup, iters) -> benchmarking.timing.Timing; typed loosely
+    # so that the registry imports neither (both import it)
+    device_timer: Callable[..., Any] | None = None
     traceable: Callable[[], bool] | None = None
     package: str = ""
     kernels_of: str | None = None

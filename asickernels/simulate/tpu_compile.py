@@ -18,9 +18,12 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asickernels import tpu_generations as generations
+from asickernels.kernels.case_tables import COMPILE_SHAPES
+from asickernels.kernels.cases import ArgSpec, CompileShape
+from asickernels.tpu_generations import LIBTPU_INSTALL
 
 if TYPE_CHECKING:
     import argparse
@@ -33,10 +36,6 @@ TOPOLOGIES = {
     if (topology := facts.topology) is not None
 }
 GATE_GENERATIONS = ("v5e", "v6e", "v5p")
-# How to get libtpu, for a wheel's user and in a clone (the tpu extra; see README, Install).
-LIBTPU_INSTALL = 'pip install "jax[tpu]" (in a clone: pip install -e ".[tpu]")'
-# An argument of a compiled function: its shape and dtype name.
-ArgSpec = tuple[tuple[int, ...], str]
 # A function to compile, and its arguments.
 Built = tuple[Callable[..., object], list[ArgSpec]]
 
@@ -66,55 +65,47 @@ class CompileResult:
         return dataclasses.asdict(self)
 
 
-def _giou(backward: bool, pairs: int, dtype: str) -> Built:
+def build(shape: CompileShape) -> Built:
+    """The public op ``shape.op`` on the Pallas backend at ``shape``'s arrays (passed by the
+    op's array parameter names, in order) and statics, or the gradient of its sum with
+    respect to the arrays ``shape.gradient`` names."""
     import jax
 
     import asickernels
 
-    def forward(a: jax.Array, b: jax.Array) -> jax.Array:
-        return asickernels.giou(a, b, backend="pallas_tpu")
+    op = getattr(asickernels, shape.op)
+    names = op.array_names[: len(shape.args)]
 
-    fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
-    return fn, [((pairs, 4), dtype)] * 2
+    def forward(*arrays: jax.Array) -> Any:
+        given = dict(zip(names, arrays, strict=True))
+        return op(**given, **shape.static, backend="pallas_tpu")
+
+    if not shape.gradient:
+        return forward, list(shape.args)
+    return jax.grad(lambda *a: forward(*a).sum(), argnums=shape.gradient), list(shape.args)
+
+
+def _giou(backward: bool, pairs: int, dtype: str) -> Built:
+    gradient = (0, 1) if backward else ()
+    return build(CompileShape("", "", "giou", (((pairs, 4), dtype),) * 2, gradient=gradient))
 
 
 def _nms(n: int, max_output_size: int) -> Built:
-    import asickernels
-
-    def fn(boxes: jax.Array, scores: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return asickernels.nms(
-            boxes, scores, iou_threshold=0.1, max_output_size=max_output_size, backend="pallas_tpu"
-        )
-
-    return fn, [((n, 4), "float32"), ((n,), "float32")]
+    static = {"iou_threshold": 0.1, "max_output_size": max_output_size}
+    return build(CompileShape("", "", "nms", (((n, 4), "float32"), ((n,), "float32")), static))
 
 
 def _matmul(m: int, k: int, n: int, scaled: bool) -> Built:
-    import asickernels
-
-    def fn(x: jax.Array, y: jax.Array, *scales: jax.Array) -> jax.Array:
-        if scaled:
-            return asickernels.int8_matmul(
-                x, y, x_scale=scales[0], y_scale=scales[1], backend="pallas_tpu"
-            )
-        return asickernels.int8_matmul(x, y, backend="pallas_tpu")
-
     args: list[ArgSpec] = [((m, k), "int8"), ((k, n), "int8")]
-    return fn, args + ([((m,), "float32"), ((n,), "float32")] if scaled else [])
+    scales: list[ArgSpec] = [((m,), "float32"), ((n,), "float32")] if scaled else []
+    return build(CompileShape("", "", "int8_matmul", tuple(args + scales)))
 
 
 def _box_metric(op: str, backward: bool, *shapes: tuple[int, ...]) -> Built:
     """``asickernels.<op>`` (box_iou, generalized_box_iou, diou, ciou) on Pallas, or its
     gradient."""
-    import jax
-
-    import asickernels
-
-    def forward(a: jax.Array, b: jax.Array) -> jax.Array:
-        return getattr(asickernels, op)(a, b, backend="pallas_tpu")
-
-    fn = jax.grad(lambda a, b: forward(a, b).sum(), argnums=(0, 1)) if backward else forward
-    return fn, [(shape, "float32") for shape in shapes]
+    args = tuple((shape, "float32") for shape in shapes)
+    return build(CompileShape("", "", op, args, gradient=(0, 1) if backward else ()))
 
 
 def _roi_align(
@@ -122,94 +113,16 @@ def _roi_align(
 ) -> Built:
     """``asickernels.roi_align`` on Pallas (adaptive sampling, FPN-like scale), or its
     gradient."""
-    import jax
-
-    import asickernels
-
-    def forward(x: jax.Array, boxes: jax.Array) -> jax.Array:
-        return asickernels.roi_align(
-            x, boxes, output_size, spatial_scale=0.25, sampling_ratio=-1, backend="pallas_tpu"
-        )
-
-    fn = jax.grad(lambda x, boxes: forward(x, boxes).sum()) if backward else forward
-    return fn, [(features, "float32"), ((rois, 5), "float32")]
+    static = {"output_size": output_size, "spatial_scale": 0.25, "sampling_ratio": -1}
+    args = ((features, "float32"), ((rois, 5), "float32"))
+    return build(CompileShape("", "", "roi_align", args, static, gradient=(0,) if backward else ()))
 
 
-# Every Pallas kernel at its benchmark shapes (the sizes `asickernels bench` uses on a TPU).
-BENCHMARK_SHAPES: tuple[KernelShape, ...] = (
-    KernelShape(
-        "giou_forward", "1024x256 pairs f32", functools.partial(_giou, False, 1024 * 256, "float32")
-    ),
-    KernelShape(
-        "giou_forward",
-        "1024x256 pairs bf16",
-        functools.partial(_giou, False, 1024 * 256, "bfloat16"),
-    ),
-    KernelShape(
-        "giou_backward", "1024x256 pairs f32", functools.partial(_giou, True, 1024 * 256, "float32")
-    ),
-    KernelShape("nms", "N=1024 out=128", functools.partial(_nms, 1024, 128)),
-    KernelShape("nms", "N=4096 out=128", functools.partial(_nms, 4096, 128)),
-    KernelShape("nms", "N=16384 out=128", functools.partial(_nms, 16384, 128)),
-    KernelShape("int8_matmul", "512^3", functools.partial(_matmul, 512, 512, 512, False)),
-    KernelShape("int8_matmul", "2048^3 scaled", functools.partial(_matmul, 2048, 2048, 2048, True)),
-    KernelShape("int8_matmul", "8192^3", functools.partial(_matmul, 8192, 8192, 8192, False)),
-    KernelShape(
-        "int8_matmul", "1000x3000x700 ragged", functools.partial(_matmul, 1000, 3000, 700, False)
-    ),
-    # The shapes users run (issue #15): decode and prefill W8A8, GIOU over 10^6 pairs.
-    KernelShape("int8_matmul", "1x4096x14336", functools.partial(_matmul, 1, 4096, 14336, False)),
-    KernelShape(
-        "int8_matmul", "8x14336x4096 scaled", functools.partial(_matmul, 8, 14336, 4096, True)
-    ),
-    KernelShape(
-        "giou_forward", "10^6 pairs f32", functools.partial(_giou, False, 10**6, "float32")
-    ),
-    KernelShape(
-        "giou_backward", "10^6 pairs f32", functools.partial(_giou, True, 10**6, "float32")
-    ),
-    # DETR-style matching: 8 images x 300 queries x 100 targets.
-    KernelShape(
-        "box_iou_pairwise",
-        "8x300x100",
-        functools.partial(_box_metric, "box_iou", False, (8, 300, 4), (8, 100, 4)),
-    ),
-    KernelShape(
-        "giou_pairwise",
-        "8x300x100",
-        functools.partial(_box_metric, "generalized_box_iou", False, (8, 300, 4), (8, 100, 4)),
-    ),
-    KernelShape(
-        "giou_pairwise",
-        "1024x1024",
-        functools.partial(_box_metric, "generalized_box_iou", False, (1024, 4), (1024, 4)),
-    ),
-    KernelShape(
-        "diou_forward",
-        "1024x256 pairs",
-        functools.partial(_box_metric, "diou", False, (1024 * 256, 4), (1024 * 256, 4)),
-    ),
-    KernelShape(
-        "ciou_forward",
-        "1024x256 pairs",
-        functools.partial(_box_metric, "ciou", False, (1024 * 256, 4), (1024 * 256, 4)),
-    ),
-    KernelShape(
-        "ciou_backward",
-        "1024x256 pairs",
-        functools.partial(_box_metric, "ciou", True, (1024 * 256, 4), (1024 * 256, 4)),
-    ),
-    # Faster R-CNN's box head on an FPN level of an 800 x 1344 image: 2 x 512 RoIs.
-    KernelShape(
-        "roi_align_forward",
-        "2x256x200x336 K=1024",
-        functools.partial(_roi_align, False, (2, 256, 200, 336), 1024, 7),
-    ),
-    KernelShape(
-        "roi_align_backward",
-        "2x256x200x336 K=1024",
-        functools.partial(_roi_align, True, (2, 256, 200, 336), 1024, 7),
-    ),
+# Every Pallas kernel at its benchmark shapes (declared with each op's cases:
+# ``COMPILE_SHAPES`` in ``asickernels/kernels/<op>_cases.py``).
+BENCHMARK_SHAPES: tuple[KernelShape, ...] = tuple(
+    KernelShape(shape.kernel, shape.shape, functools.partial(build, shape))
+    for shape in COMPILE_SHAPES
 )
 
 

@@ -1,1 +1,2 @@
-"""What the conformance suite and ``asickernels check`` run every backend on."""
+"""The detection models the detection tests and benchmarks share (each op's own cases live
+beside its declaration, ``asickernels/kernels/<op>_cases.py``)."""

@@ -42,7 +42,7 @@ import torchvision
 import asickernels as ak
 import asickernels.torch as akt
 from asickernels.backends.cpu import _library
-from asickernels.benchmarking.workloads import jittered, random_boxes
+from asickernels.kernels.cases import bench_boxes, jittered
 from asickernels.kernels.nms_cases import seed_style_boxes
 
 NMS_SIZES = (256, 1024, 4096, 16384)
@@ -158,7 +158,7 @@ def nms_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
 def giou_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
     rows = []
     for shape in GIOU_SIZES:
-        b1 = random_boxes(rng, shape).reshape(-1, 4)
+        b1 = bench_boxes(rng, shape).reshape(-1, 4)
         b2 = jittered(rng, b1)
         j1, j2 = jax.device_put(b1), jax.device_put(b2)
         t1, t2 = torch.from_numpy(b1), torch.from_numpy(b2)

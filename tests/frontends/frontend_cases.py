@@ -9,13 +9,19 @@ import inspect
 import numpy as np
 
 import asickernels
-from asickernels.testing.cases import random_boxes
+from asickernels.frontends import sharded_ops
+from asickernels.kernels.cases import random_boxes
 
-# Every op has SPMD wrappers but quantize_int8, whose scale spans the whole array, and the
-# ops without a partition rule (roi_align, roi_pool: a RoI names its image by index).
-SHARDED_OPS = [
-    op for op in asickernels.OPS if op.name != "quantize_int8" and op.partition != "none"
-]
+# Every op has SPMD wrappers but those without a partition rule: quantize_int8, whose scale
+# spans the whole array, and roi_align, roi_pool (a RoI names its image by index).
+SHARDED_OPS = sharded_ops()
+assert {op.name for op in asickernels.OPS} - {op.name for op in SHARDED_OPS} == {
+    "quantize_int8",
+    "roi_align",
+    "roi_align_vjp",
+    "roi_pool",
+    "roi_pool_vjp",
+}
 
 
 def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import asickernels
-from asickernels.backends.xla_spmd import jax_spmd
+from asickernels.frontends import jax_spmd
 
 BACKEND = "xla"
 

@@ -19,7 +19,7 @@ from frontend_cases import SHARDED_OPS, every_argument
 xr.use_spmd()
 
 import asickernels.torch as at  # noqa: E402
-from asickernels.backends.xla_spmd import torch_xla_spmd as spmd  # noqa: E402
+from asickernels.frontends import torch_xla_spmd as spmd  # noqa: E402
 
 BACKEND = "xla"
 

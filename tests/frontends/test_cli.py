@@ -16,7 +16,7 @@ from asickernels import cli, reference
 from asickernels.benchmarking import device, harness, peers, schema, workloads
 from asickernels.benchmarking.progress import Progress, render_bar
 from asickernels.benchmarking.timing import Timing
-from asickernels.kernels import nms_cases, registry
+from asickernels.kernels import cases, int8_matmul_cases, nms_cases, registry
 from asickernels.kernels.nms import greedy_nms
 from asickernels.kernels.registry import Availability, Backend
 
@@ -203,7 +203,7 @@ def test_check_exits_0_when_every_backend_matches(capsys, planted):
     code, out, _ = run(
         capsys, "check", "--ops", "int8_matmul", "--backends", "planted,reference", "--quiet"
     )
-    cases = workloads.OPS["int8_matmul"].check_cases(np.random.default_rng(0))
+    cases = workloads.WORKLOADS["int8_matmul"].check_cases(np.random.default_rng(0))
     assert code == 0
     assert f"{len(cases)}/{len(cases)} runs match" in out  # every case, on planted only
     assert "FAIL" not in out
@@ -272,11 +272,14 @@ def test_float64_cases_run_in_float64_and_a_backend_that_narrows_them_fails(
 
 
 def test_jax_backends_get_float64_cases_in_x64_mode():
-    op = workloads.OPS["giou"]
+    op = workloads.WORKLOADS["giou"]
     case = next(
         c for c in op.check_cases(np.random.default_rng(0)) if c.name == "float64_offset_1e6"
     )
-    for prepared in (op.prepare_backend("xla", case), op.prepare_default("jit", case)):
+    for prepared in (
+        workloads.prepare_backend(op, "xla", case),
+        workloads.prepare_default(op, "jit", case),
+    ):
         got = prepared.canonical(prepared.call())
         assert got.dtype == np.float64
         assert op.compare(got, op.expected(case)).passed
@@ -384,7 +387,7 @@ def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted
 
 def test_failing_bench_row_is_not_timed(planted):
     planted("planted", _off_by_one_matmul)
-    op = workloads.OPS["int8_matmul"]
+    op = workloads.WORKLOADS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"planted"})
     )
@@ -412,7 +415,9 @@ def test_run_checks_then_benches(capsys, planted, tmp_path):
     assert out.index("== check") < out.index("== bench")
     document = json.loads(path.read_text())
     assert document["checks"] and document["results"]
-    assert {row["case"] for row in document["checks"]} == workloads.OPS["int8_matmul"].quick_cases
+    assert {row["case"] for row in document["checks"]} == workloads.WORKLOADS[
+        "int8_matmul"
+    ].quick_cases
 
 
 # -- pieces --------------------------------------------------------------------------------
@@ -472,10 +477,10 @@ def test_max_error_is_in_units_of_the_tolerance_as_the_schema_says():
     atol = 2e-5  # float32 GIOU: oracle tolerance atol, rtol 0
     for off_by, passed in ((0.5, True), (2.0, False)):
         got = (want + [off_by * atol, 0.0]).astype(np.float32)
-        comparison = workloads.OPS["giou"].compare(got, want)
+        comparison = workloads.WORKLOADS["giou"].compare(got, want)
         assert comparison.tolerance == 1.0 and comparison.passed is passed
         assert comparison.max_error == pytest.approx(off_by, rel=1e-2)
-    exact = workloads.oracle_comparison("nms", np.array([1, 2, 3]), np.array([1, 5, 4]))
+    exact = cases.oracle_comparison("nms", np.array([1, 2, 3]), np.array([1, 5, 4]))
     assert (exact.max_error, exact.tolerance, exact.passed) == (2.0, 0.0, False)
 
 
@@ -517,10 +522,10 @@ def test_numpy_nms_peer_agrees_with_the_reference(categories):
 
 
 def test_big_int8_outputs_are_checked_on_sampled_rows(monkeypatch):
-    monkeypatch.setattr(workloads, "_FULL_CHECK_MACS", 1000)
-    op = workloads.OPS["int8_matmul"]
+    monkeypatch.setattr(int8_matmul_cases, "_FULL_CHECK_MACS", 1000)
+    op = workloads.WORKLOADS["int8_matmul"]
     x, y = np.ones((512, 8), np.int8), np.ones((8, 8), np.int8)
-    expected = op.expected(workloads.Case("big", (x, y)))
+    expected = op.expected(cases.Case("big", (x, y)))
     rows, want, _ = expected
     assert rows is not None and 0 < len(rows) < 512 and want.shape == (len(rows), 8)
     got = np.full((512, 8), 8, np.int32)
@@ -541,7 +546,7 @@ def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
     probe = lambda: Availability("native", "a planted device")  # noqa: E731
     registry.register_backend(Backend("device", "numpy", probe, "test", device_timer=timer))
     registry.register("int8_matmul", "device", reference.int8_matmul)
-    op = workloads.OPS["int8_matmul"]
+    op = workloads.WORKLOADS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"device"}), repeats=7
     )
@@ -593,7 +598,7 @@ def test_the_nki_backend_times_every_kernel_its_op_launches(monkeypatch, op_name
         return Timing(1e-6, 1e-6, 1e-6, 1e-6, 1e-6, iters, None, "fake")
 
     monkeypatch.setattr(device, "nki_latency", fake_latency)
-    op = workloads.OPS[op_name]
+    op = workloads.WORKLOADS[op_name]
     case = op.bench_case(op.parse_size(op.default_sizes[0]), np.random.default_rng(0))
     timing = registry.backend("nki").device_timer(op_name, case, 2, 5)
     assert launched and all(name.endswith("_kernel") for name in launched)
@@ -623,8 +628,8 @@ def test_every_declared_op_has_a_check_and_bench_workload():
 
     declared = {op.name for op in asickernels.OPS}
     assert set(NOT_WORKLOADS) <= declared
-    assert declared - set(NOT_WORKLOADS) == set(workloads.OPS)
-    for name, op in workloads.OPS.items():
+    assert declared - set(NOT_WORKLOADS) == set(workloads.WORKLOADS)
+    for name, op in workloads.WORKLOADS.items():
         assert op.quick_cases <= {c.name for c in op.check_cases(np.random.default_rng(0))}, name
         assert set(op.quick_sizes) <= set(op.default_sizes), name
 
@@ -643,13 +648,13 @@ def test_check_runs_the_roi_ops_on_their_conformance_cases(capsys, tmp_path):
         for backend in ("xla", "cpu")
     }
     assert all(r["status"] == "ok" for r in rows)
-    pool = workloads.OPS["roi_pool"]
+    pool = workloads.WORKLOADS["roi_pool"]
     statics = {c.name: c.static for c in pool.check_cases(np.random.default_rng(0))}
     assert statics["aligned_ratio_2"] == {"output_size": (2, 2), "spatial_scale": 1.0}
 
 
 def test_roi_bench_sizes_are_detection_shaped(capsys, tmp_path):
-    op = workloads.OPS["roi_align"]
+    op = workloads.WORKLOADS["roi_align"]
     size = op.parse_size("1000")
     assert size.params == {"k": 1000, "input_shape": [2, 256, 50, 68]}
     case = op.bench_case(op.parse_size("50:1x8x20x30"), np.random.default_rng(0))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import asickernels
 from asickernels import detection
-from asickernels.testing.cases import random_boxes
+from asickernels.kernels.cases import random_boxes
 
 top_candidates = jax.jit(detection.top_candidates, static_argnames=("k", "score_threshold"))
 select_detections = jax.jit(

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import asickernels
 from asickernels.kernels import registry
 from asickernels.kernels.roi_align import reference_roi_align, reference_roi_align_vjp
-from asickernels.testing.cases import random_rois
+from asickernels.kernels.roi_cases import random_rois
 
 # The backends that compute in float64 too; float32-only ones (pallas_tpu, nki) run
 # RoiAlignConformance in tests/kernels/test_conformance.py.

@@ -18,8 +18,8 @@ from frontend_cases import SHARDED_OPS, every_argument, parameters, sharded_sign
 from jax.sharding import Mesh, PartitionSpec
 
 import asickernels
-from asickernels.backends.xla_spmd import jax_spmd, plan
-from asickernels.testing.cases import grid_boxes, random_boxes
+from asickernels.frontends import jax_spmd, spmd_plan
+from asickernels.kernels.cases import grid_boxes, random_boxes
 
 P = PartitionSpec
 BACKEND = "xla"  # the per-shard kernel; Pallas (interpret mode) is covered by a slow test
@@ -239,16 +239,16 @@ def test_collectives_parsed_from_hlo():
   %ags = (f32[4]{0}, f32[16]{0}) all-gather-start(%y), dimensions={0}
   %agd = f32[16]{0} all-gather-done(%ags)
 """
-    assert plan.collectives_in(hlo) == (
-        plan.Collective("all-reduce", "s32[4096,8192]"),
-        plan.Collective("all-reduce", "(f32[], f32[])"),
-        plan.Collective("all-gather", "(f32[4], f32[16])"),
+    assert spmd_plan.collectives_in(hlo) == (
+        spmd_plan.Collective("all-reduce", "s32[4096,8192]"),
+        spmd_plan.Collective("all-reduce", "(f32[], f32[])"),
+        spmd_plan.Collective("all-gather", "(f32[4], f32[16])"),
     )
 
 
 def test_spmd_plan_cli_is_registered():
     parser = argparse.ArgumentParser()
-    plan.register_cli(parser.add_subparsers())
+    spmd_plan.register_cli(parser.add_subparsers())
     args = parser.parse_args(["spmd-plan", "--topology", "v5e:2x2", "--backend", "xla"])
     assert args.handler is not None and args.topology == ["v5e:2x2"] and args.backend == "xla"
 
@@ -267,7 +267,7 @@ def test_spmd_plan_cli_names_an_unknown_topology_without_a_traceback(capsys):
 def test_spmd_plan_compiles_for_a_v5e_slice(backend):
     """libtpu compiles every sharded program for a 2x2 v5e slice (no TPU needed)."""
     pytest.importorskip("libtpu")
-    result = plan.spmd_plan("v5e:2x2", backend=backend)
+    result = spmd_plan.spmd_plan("v5e:2x2", backend=backend)
     assert result.num_devices == 4
     programs = {p.name: p for p in result.programs}
     assert not programs["giou"].collectives and not programs["int8_matmul_mn"].collectives
@@ -279,7 +279,7 @@ def test_spmd_plan_compiles_for_a_v5e_slice(backend):
     # Per device: a quarter of the 4096x256 pairs' two float32 box arrays, and so on.
     assert programs["giou"].memory["argument"] == 2 * 1024 * 256 * 4 * 4
     assert programs["int8_matmul_k"].memory["output"] == 4096 * 8192 * 4
-    assert "all-reduce s32[4096,8192]" in plan.format_plan(result)
+    assert "all-reduce s32[4096,8192]" in spmd_plan.format_plan(result)
 
 
 def _free_port() -> int:

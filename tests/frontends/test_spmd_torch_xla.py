@@ -1,4 +1,4 @@
-"""The torch_xla SPMD wrappers (``asickernels.backends.xla_spmd.torch_xla_spmd``): their
+"""The torch_xla SPMD wrappers (``asickernels.frontends.torch_xla_spmd``): their
 signatures here, and their results on 4 CPU devices in a process of their own
 (tests/frontends/spmd_torch_xla_check.py): SPMD mode and the device count are fixed when the XLA
 runtime starts."""
@@ -16,7 +16,7 @@ from frontend_cases import SHARDED_OPS, parameters, sharded_signature
 pytest.importorskip("torch_xla")
 
 import asickernels.torch as at
-from asickernels.backends.xla_spmd import torch_xla_spmd
+from asickernels.frontends import torch_xla_spmd
 
 
 def test_the_wrappers_are_the_ops():

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 from frontend_cases import every_argument, parameters
 
+from asickernels.kernels.cases import grid_boxes, random_boxes
+from asickernels.kernels.giou_cases import giou_cases
+from asickernels.kernels.int8_matmul_cases import matmul_cases
 from asickernels.kernels.nms_cases import nms_cases
-from asickernels.testing.cases import giou_cases, grid_boxes, matmul_cases, random_boxes
 
 torch = pytest.importorskip("torch")
 try:
@@ -34,7 +36,7 @@ except ImportError:
 import asickernels  # noqa: E402
 import asickernels.torch as at  # noqa: E402
 from asickernels import reference  # noqa: E402
-from asickernels.testing import oracle  # noqa: E402
+from asickernels.kernels import oracle  # noqa: E402
 from asickernels.torch import ops  # noqa: E402
 
 

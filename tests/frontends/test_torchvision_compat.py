@@ -32,7 +32,8 @@ except ImportError:
 
 from conftest import SHARED, VENDOR, VENDOR_MISSING  # noqa: E402
 
-from asickernels.testing.cases import giou_cases, random_boxes  # noqa: E402
+from asickernels.kernels.cases import random_boxes  # noqa: E402
+from asickernels.kernels.giou_cases import giou_cases  # noqa: E402
 from asickernels.torch import vision  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent

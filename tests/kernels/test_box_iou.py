@@ -12,8 +12,10 @@ from conftest import backends_under_test, require
 import asickernels
 from asickernels import reference
 from asickernels.kernels import registry
+from asickernels.kernels.box_iou_cases import pairwise_cases
+from asickernels.kernels.cases import random_boxes
+from asickernels.kernels.giou_cases import giou_cases
 from asickernels.simulate import tpu_compile
-from asickernels.testing.cases import giou_cases, pairwise_cases, random_boxes
 
 ATOL = 2e-5
 GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5
@@ -302,7 +304,7 @@ def test_spmd_wrappers_shard_the_batch_and_psum_the_loss():
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
-    from asickernels.backends.xla_spmd import jax_spmd
+    from asickernels.frontends import jax_spmd
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
     rng = np.random.default_rng(13)

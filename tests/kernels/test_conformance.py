@@ -17,10 +17,11 @@ from conftest import backends_under_test, require
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
-from asickernels.kernels import registry
+from asickernels.kernels import oracle, registry
+from asickernels.kernels.giou_cases import giou_cases
+from asickernels.kernels.int8_matmul_cases import matmul_cases
 from asickernels.kernels.nms_cases import nms_cases
-from asickernels.testing import oracle
-from asickernels.testing.cases import RoiCase, giou_cases, matmul_cases, roi_cases
+from asickernels.kernels.roi_cases import RoiCase, roi_cases
 
 
 def require_traceable(backend):

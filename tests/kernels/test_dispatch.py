@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 import asickernels
-from asickernels.kernels import policy, registry
+from asickernels.kernels import oracle, policy, registry
+from asickernels.kernels.cases import grid_boxes, random_boxes
 from asickernels.kernels.declaration import host_empty, x64_scope
-from asickernels.testing import oracle
-from asickernels.testing.cases import grid_boxes, random_boxes
 
 
 def _x64_enabled() -> bool:

@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asickernels
-from asickernels.kernels import registry
-from asickernels.testing import oracle
-from asickernels.testing.cases import random_rois
+from asickernels.kernels import oracle, registry
+from asickernels.kernels.roi_cases import random_rois
 
 
 def _map_and_rois(seed, height, width, dtype):

@@ -9,7 +9,7 @@ from asickernels.kernels.registry import Availability, Backend
 
 if TYPE_CHECKING:
     from asickernels.benchmarking.timing import Timing
-    from asickernels.benchmarking.workloads import Case
+    from asickernels.kernels.cases import Case
 
 
 def _probe() -> Availability:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from asickernels.kernels.registry import Availability, Backend
-from asickernels.simulate import tpu_compile
+from asickernels.tpu_generations import LIBTPU_INSTALL
 
 
 def _probe_compiled() -> Availability:
@@ -20,7 +20,7 @@ def _probe_compiled() -> Availability:
         "simulated",
         f"no TPU ({platform}): Pallas interpret mode; `asickernels compile` still compiles "
         "for TPU with libtpu",
-        None if has_libtpu else f"{tpu_compile.LIBTPU_INSTALL}, for the compile gate",
+        None if has_libtpu else f"{LIBTPU_INSTALL}, for the compile gate",
     )
 
 

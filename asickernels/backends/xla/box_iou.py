@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asickernels.backends.xla import BACKEND
+from asickernels.backends.xla import BACKEND, compute_dtype
 from asickernels.backends.xla.giou import giou_from_planes
-from asickernels.backends.xla.nms import compute_dtype
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.reference import GIOU_EPS
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from asickernels.backends.xla import BACKEND
-from asickernels.backends.xla.nms import compute_dtype
+from asickernels.backends.xla import BACKEND, compute_dtype
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.reference import GIOU_EPS
 

@@ -1,5 +1,5 @@
-"""Greedy NMS in ``jax.numpy``, plus the pre/post-processing every JAX NMS kernel shares:
-sorting candidates (Mosaic has no sort) and compacting keep flags into padded indices."""
+"""Greedy NMS in ``jax.numpy``: candidates sorted by score, one kept box per step of a
+``while_loop``, keep flags compacted into padded indices."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from asickernels.backends.xla import BACKEND
+from asickernels.backends.xla import BACKEND, compute_dtype
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 
@@ -30,12 +29,7 @@ class Candidates(NamedTuple):
     categories: jax.Array
 
 
-def compute_dtype(*arrays: jax.Array) -> np.dtype:
-    """float32 for narrower floats, float64 kept (decided in float64 under x64)."""
-    return jnp.result_type(jnp.float32, *(a.dtype for a in arrays))
-
-
-def sort_candidates(
+def _sort_candidates(
     boxes: jax.Array, scores: jax.Array, categories: jax.Array | None, score_threshold: float
 ) -> Candidates:
     """Sorts one image's ``boxes [N, 4]``, ``scores [N]`` for greedy NMS."""
@@ -52,7 +46,7 @@ def sort_candidates(
     return Candidates(order, jnp.where(finite, sorted_boxes, 0.0), eligible[order], cats[order])
 
 
-def iou_with(box: jax.Array, boxes: jax.Array) -> jax.Array:
+def _iou_with(box: jax.Array, boxes: jax.Array) -> jax.Array:
     """NMS IoU of ``box [4]`` with ``boxes [N, 4]`` (0 where the union is not > 0)."""
     iw = jnp.maximum(jnp.minimum(box[2], boxes[:, 2]) - jnp.maximum(box[0], boxes[:, 0]), 0.0)
     ih = jnp.maximum(jnp.minimum(box[3], boxes[:, 3]) - jnp.maximum(box[1], boxes[:, 1]), 0.0)
@@ -65,7 +59,7 @@ def iou_with(box: jax.Array, boxes: jax.Array) -> jax.Array:
     return jnp.where(union > 0, inter / jnp.where(union > 0, union, 1.0), 0.0)
 
 
-def indices_from_keep(
+def _indices_from_keep(
     order: jax.Array, keep: jax.Array, max_output_size: int
 ) -> tuple[jax.Array, jax.Array]:
     """Keep flags over sorted positions -> (``[max_output_size]`` original indices in
@@ -85,7 +79,7 @@ def _greedy_keep(cand: Candidates, iou_threshold: float, max_output_size: int) -
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         alive, keep, count = state
         first = jnp.argmax(alive)  # sorted order: the first alive box is the best remaining
-        suppress = (iou_with(cand.boxes[first], cand.boxes) > iou_threshold) & (
+        suppress = (_iou_with(cand.boxes[first], cand.boxes) > iou_threshold) & (
             cand.categories == cand.categories[first]
         )
         return (
@@ -117,9 +111,9 @@ def nms(
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
 
     def one(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-        cand = sort_candidates(b, s, c, score_threshold)
+        cand = _sort_candidates(b, s, c, score_threshold)
         keep = _greedy_keep(cand, iou_threshold, max_output_size)
-        return indices_from_keep(cand.order, keep, max_output_size)
+        return _indices_from_keep(cand.order, keep, max_output_size)
 
     if categories is None:
         return jax.vmap(lambda b, s: one(b, s, None))(boxes, scores)

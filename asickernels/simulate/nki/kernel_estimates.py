@@ -2,7 +2,7 @@
 roofline (estimates, not measurements: no Neuron device ran anything).
 
 Each kernel runs once in the NKI simulator, on the bench workload
-(:mod:`asickernels.benchmarking.workloads`, seed 0) at the size in :data:`KERNELS`, through
+(:data:`asickernels.kernels.case_tables.WORKLOADS`, seed 0) at the size in :data:`KERNELS`, through
 the public op with ``backend="nki"``, with the simulator's target set to the oldest
 generation asked for (``NEURON_PLATFORM_TARGET_OVERRIDE``: its limits are checked); the cost
 model (:mod:`asickernels.simulate.nki.estimate`) schedules the recorded instruction trace on
@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from asickernels.benchmarking.workloads import OPS, Size
+from asickernels.kernels.case_tables import NKI_ESTIMATES, WORKLOADS
+from asickernels.kernels.cases import Size
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.estimate import ENGINES, Estimate, Generation, estimate, generation_of
 from asickernels.simulate.nki.trace import Instruction
@@ -117,39 +118,23 @@ class KernelCase:
     why: str  # why this size
 
     def parsed_size(self) -> Size:
-        return OPS[self.op].parse_size(self.size)
+        return WORKLOADS[self.op].parse_size(self.size)
 
 
-SEED_PAIRS = "the GIOU article's 262,144 pairs"
-KERNELS = (
-    KernelCase("giou", "1024x256", _paired(GIOU_OPS_PER_PAIR), SEED_PAIRS),
-    KernelCase(
-        "giou_vjp",
-        "1024x256",
-        _paired(GIOU_OPS_PER_PAIR, in_bytes=36, out_bytes=32),  # at least the forward's ops
-        SEED_PAIRS,
-    ),
-    KernelCase("diou", "1024x256", _paired(DIOU_OPS_PER_PAIR), SEED_PAIRS),
-    KernelCase("ciou", "1024x256", _paired(CIOU_OPS_PER_PAIR), SEED_PAIRS),
-    KernelCase(
-        "box_iou", "1024x1024", _pairwise(PAIRWISE_IOU_OPS_PER_PAIR), "the largest bench size"
-    ),
-    KernelCase(
-        "generalized_box_iou",
-        "1024x1024",
-        _pairwise(PAIRWISE_GIOU_OPS_PER_PAIR),
-        "the largest bench size",
-    ),
-    KernelCase("nms", "1024", _nms(0), "the NMS article's 1024 boxes, 128 outputs"),
-    KernelCase("batched_nms", "1024", _nms(4), "the bench size, 16 categories"),
-    KernelCase(
-        "int8_matmul",
-        "512",
-        _int8_matmul,
-        "a bench size; simulating its transposing loads takes ~1.5 s per generation at "
-        "1024^3, ~10 s at 2048^3",
-    ),
-)
+# The op's work (what the roofline counts), by workload; the rows and their sizes are
+# declared with each op's cases (``NKI_ESTIMATES`` in ``kernels/<op>_cases.py``).
+_WORK: dict[str, Callable[[Size], Work]] = {
+    "giou": _paired(GIOU_OPS_PER_PAIR),
+    "giou_vjp": _paired(GIOU_OPS_PER_PAIR, in_bytes=36, out_bytes=32),  # at least the forward's
+    "diou": _paired(DIOU_OPS_PER_PAIR),
+    "ciou": _paired(CIOU_OPS_PER_PAIR),
+    "box_iou": _pairwise(PAIRWISE_IOU_OPS_PER_PAIR),
+    "generalized_box_iou": _pairwise(PAIRWISE_GIOU_OPS_PER_PAIR),
+    "nms": _nms(0),
+    "batched_nms": _nms(4),
+    "int8_matmul": _int8_matmul,
+}
+KERNELS = tuple(KernelCase(row.op, row.size, _WORK[row.op], row.why) for row in NKI_ESTIMATES)
 KERNEL_NAMES = tuple(case.op for case in KERNELS)
 
 
@@ -207,7 +192,7 @@ def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
             "the Neuron SDK is installed, so the nki backend runs its kernels there; the "
             "estimate needs asickernels' simulator (it records the instruction trace)"
         )
-    op = OPS[case.op]
+    op = WORKLOADS[case.op]
     inputs = op.bench_case(case.parsed_size(), np.random.default_rng(0))
     launches: list[Any] = []
     with (

@@ -8,9 +8,11 @@ Every builder returns ``(function, [(shape, dtype), ...])`` for
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate.tpu_compile import Built
 from asickernels.simulate.tpu_estimate import roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
@@ -87,7 +89,7 @@ def seed_int8_matmul_case(size: int) -> EstimateTarget:
 
 GIOU_PAIRS = 1024 * 256  # the seeds' GIOU workload
 # The shapes users run (issue #15): W8A8 decode and prefill matmuls, GIOU over 10^4..10^6
-# pairs (NMS's: asickernels.kernels.nms_cases).
+# pairs (NMS's: asickernels.kernels.nms_cases.NMS_USER_N).
 INT8_USER_M = (1, 8, 32, 128, 512, 2048)
 W8A8_AND_BF16_M = (1, 128, 2048)
 INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
@@ -260,3 +262,127 @@ def giou_case(pairs: int, backend: str, gradient: bool) -> EstimateTarget:
         shape=f"P={pairs}",
         work=roofline.giou(pairs, gradient=gradient),
     )
+
+
+# -- NMS (its user shapes and tile sweep: asickernels.kernels.nms_cases) ------------------
+
+
+def nms_builder(
+    n: int, max_output_size: int, iou_threshold: float, tile: int = 0, backend: str = "pallas_tpu"
+) -> Built:
+    """NMS on ``backend`` on one image of ``n`` boxes (ours with this tile, when given)."""
+    import asickernels
+    from asickernels.backends.pallas_tpu.nms import NmsConfig
+
+    config = NmsConfig(tile) if tile else None
+
+    def function(boxes: Any, scores: Any) -> Any:
+        return asickernels.nms(
+            boxes,
+            scores,
+            iou_threshold=iou_threshold,
+            max_output_size=max_output_size,
+            backend=backend,
+            config=config,
+        )
+
+    return function, [((n, 4), "float32"), ((n,), "float32")]
+
+
+# Loop numbers (preorder in the kernel's schedule) of the tiled NMS kernel's loops whose
+# exit the walk cannot compute: #0 over tiles, #1 over the earlier tiles (t trips for tile t;
+# its bound is carried through the data-dependent loop), #2 the fixed-point passes. The
+# one-hot gather's loop over column chunks has a static trip count, so the walk counts it;
+# when it has more than one trip it is a loop of its own, numbered before the cross loop.
+NMS_PROGRAM = "nms_tiled"
+
+
+def nms_schedule_trips(trips: Any, gather_loop: bool) -> tuple[tuple[int, Any], ...]:
+    """:class:`~asickernels.backends.pallas_tpu.nms.LoopTrips` -> the walk's
+    ``(loop number, trips)`` pairs for the kernel's program."""
+    shift = 1 if gather_loop else 0
+    return (
+        (0, trips.tiles),
+        (1 + shift, trips.cross[1:] or (1,)),  # entered for tiles 1, 2, ...
+        (2 + shift, trips.passes),
+    )
+
+
+def _seed_nms_kept(n: int, max_output_size: int) -> int:
+    """How many boxes greedy NMS keeps on the seed-style random boxes (capped)."""
+    boxes, scores = seeds.seed_nms_inputs(n)
+    _, count = greedy_nms(
+        boxes[None], scores[None], None, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
+        max_output_size=max_output_size, score_threshold=float("-inf"),
+    )  # fmt: skip
+    return int(count[0])
+
+
+def _nms_workload(n: int, max_output_size: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "n": n,
+        "max_output_size": max_output_size,
+        "iou_threshold": seeds.SEED_NMS_IOU_THRESHOLD,
+        **extra,
+    }
+
+
+@functools.cache
+def nms_case(
+    tile: int, n: int = seeds.SEED_NMS_BOXES, max_output_size: int = seeds.SEED_NMS_OUTPUTS
+) -> EstimateTarget:
+    """Our NMS on random boxes as the seed draws them, with the loop trips that data
+    produces (from the kernel's own model, :func:`~asickernels.backends.pallas_tpu.nms.
+    loop_trips`)."""
+    from asickernels.backends.pallas_tpu import nms
+
+    boxes, scores = seeds.seed_nms_inputs(n)
+    kernel_trips = nms.loop_trips(
+        boxes,
+        scores,
+        tile=tile,
+        iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
+        max_output_size=max_output_size,
+    )
+    clamped = min(tile, -(-n // 128) * 128)
+    padded = -(-n // clamped) * clamped
+    gather_loop = padded // nms.gather_chunk(padded, clamped) > 1
+    trips = {NMS_PROGRAM: nms_schedule_trips(kernel_trips, gather_loop)}
+    return make_case(
+        f"NMS N={n} out={max_output_size} tile={tile}, pallas_tpu",
+        f"{_HERE}:nms_builder",
+        _nms_workload(n, max_output_size, tile=tile),
+        trips,
+        op="nms",
+        impl="pallas_tpu",
+        shape=f"N={n} out={max_output_size}",
+        work=roofline.nms(n, max_output_size),
+    )
+
+
+# The XLA NMS (backends/xla/nms.py) selects one box per trip of its while loop, the only
+# loop of the top-level program whose exit the walk cannot compute.
+XLA_NMS_LOOP = 0
+
+
+@functools.cache
+def nms_xla_case(n: int, max_output_size: int = seeds.SEED_NMS_OUTPUTS) -> EstimateTarget:
+    """Plain XLA NMS (``backend="xla"``) on the same boxes, one loop trip per kept box."""
+    kept = _seed_nms_kept(n, max_output_size)
+    return make_case(
+        f"NMS N={n} out={max_output_size}, xla",
+        f"{_HERE}:nms_builder",
+        _nms_workload(n, max_output_size, backend="xla"),
+        {"TLP": ((XLA_NMS_LOOP, max(kept, 1)),)},
+        op="nms",
+        impl="xla",
+        shape=f"N={n} out={max_output_size}",
+        work=roofline.nms(n, max_output_size),
+    )
+
+
+def default_nms_tile() -> int:
+    """The NMS kernel's default tile (every generation runs it)."""
+    from asickernels.backends.pallas_tpu.nms import NmsConfig
+
+    return NmsConfig().tile

@@ -157,9 +157,9 @@ def estimate_cases(
     for pairs in (cases.GIOU_PAIRS, *cases.GIOU_USER_PAIRS):
         for gradient in (False, True):
             found += [cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
-    tile = nms_cases.default_nms_tile()
+    tile = cases.default_nms_tile()
     for n in nms_cases.NMS_USER_N:
-        found += [nms_cases.nms_case(tile, n=n), nms_cases.nms_xla_case(n)]
+        found += [cases.nms_case(tile, n=n), cases.nms_xla_case(n)]
     return tuple(case for case in found if ops is None or case.op in ops)
 
 
@@ -388,7 +388,7 @@ def tune(runner: Runner, generations: Sequence[str]) -> list[Tuning]:
             generations,
             "NMS 1024 boxes / 128 outputs (tile)",
             cases.SEED_NMS_PALLAS,
-            [(f"tile {tile}", nms_cases.nms_case(tile)) for tile in nms_cases.NMS_TILE_SWEEP],
+            [(f"tile {tile}", cases.nms_case(tile)) for tile in nms_cases.NMS_TILE_SWEEP],
         )
     )
     return tunings

@@ -25,16 +25,13 @@ from asickernels.backends.cpu import box_iou as cpu_box
 from asickernels.backends.cpu import giou as cpu_giou
 from asickernels.backends.cpu import int8_matmul as cpu_matmul
 from asickernels.backends.cpu import nms as cpu_nms
+from asickernels.kernels.box_iou_cases import pairwise_cases
+from asickernels.kernels.cases import grid_boxes, random_boxes
 from asickernels.kernels.declaration import x64_scope
+from asickernels.kernels.giou_cases import giou_cases
+from asickernels.kernels.int8_matmul_cases import matmul_cases
 from asickernels.kernels.nms import greedy_nms
 from asickernels.kernels.nms_cases import nms_cases
-from asickernels.testing.cases import (
-    giou_cases,
-    grid_boxes,
-    matmul_cases,
-    pairwise_cases,
-    random_boxes,
-)
 
 GIOU_ATOL = 2e-5
 GRAD_RTOL, GRAD_ATOL = 2e-4, 2e-5

@@ -14,10 +14,9 @@ from asickernels import reference
 from asickernels.backends.nki import giou as nki_giou
 from asickernels.backends.nki import nms as nki_nms
 from asickernels.backends.nki import sdk
-from asickernels.kernels import registry
+from asickernels.kernels import oracle, registry
+from asickernels.kernels.cases import grid_boxes, random_boxes
 from asickernels.kernels.nms import greedy_nms
-from asickernels.testing import oracle
-from asickernels.testing.cases import grid_boxes, random_boxes
 
 # Counters and the "simulated" report come from asickernels' simulator, not the Neuron SDK.
 our_simulator = pytest.mark.skipif(sdk.USING_SDK, reason="the Neuron SDK runs the kernels here")

@@ -19,8 +19,8 @@ from asickernels.backends.pallas_tpu.giou import GiouConfig
 from asickernels.backends.pallas_tpu.int8_matmul import Int8MatmulConfig
 from asickernels.backends.pallas_tpu.nms import NmsConfig
 from asickernels.backends.pallas_tpu.roi_align import RoiAlignConfig
-from asickernels.testing import oracle
-from asickernels.testing.cases import random_boxes
+from asickernels.kernels import oracle
+from asickernels.kernels.cases import random_boxes
 
 
 def _copy_blocks(out_index_map):

@@ -20,7 +20,6 @@ import pytest
 from conftest import DATA, REPO
 
 from asickernels import tpu_generations
-from asickernels.kernels import nms_cases
 from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
@@ -352,14 +351,14 @@ def test_unknown_generation_is_rejected(tmp_path: Path) -> None:
 def test_nms_case_takes_its_trips_from_the_kernels_model() -> None:
     from asickernels.backends.pallas_tpu import nms
 
-    case = nms_cases.nms_case(256)
+    case = tpu_cost_cases.nms_case(256)
     boxes, scores = seeds.seed_nms_inputs()
     model = nms.loop_trips(
         boxes, scores, tile=256, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=seeds.SEED_NMS_OUTPUTS,
     )  # fmt: skip
     ((program, trips),) = case.loop_trips
-    assert program == nms_cases.NMS_PROGRAM
+    assert program == tpu_cost_cases.NMS_PROGRAM
     assert dict(trips) == {0: model.tiles, 1: model.cross[1:], 2: model.passes}
 
 

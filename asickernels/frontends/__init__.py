@@ -1,10 +1,13 @@
-"""XLA-SPMD wrappers: the ops over device meshes, one shard per device.
+"""The frontends beside the JAX API (the op declarations themselves, :data:`asickernels.OPS`)
+and :mod:`asickernels.torch`: the XLA-SPMD wrappers, the ops over device meshes, one shard
+per device. Their per-op functions, and :mod:`asickernels.torch`'s, are generated from the
+declarations by :mod:`~asickernels.frontends.generate`.
 
-* :mod:`~asickernels.backends.xla_spmd.jax_spmd`: JAX, over a ``jax.sharding.Mesh``
+* :mod:`~asickernels.frontends.jax_spmd`: JAX, over a ``jax.sharding.Mesh``
   (``shard_map`` around the per-shard kernel).
-* :mod:`~asickernels.backends.xla_spmd.torch_xla_spmd`: torch_xla, over a
+* :mod:`~asickernels.frontends.torch_xla_spmd`: torch_xla, over a
   ``torch_xla.distributed.spmd.Mesh`` (manual-sharding regions around the kernel).
-* :mod:`~asickernels.backends.xla_spmd.plan`: compiles the JAX programs for TPU pod-slice
+* :mod:`~asickernels.frontends.spmd_plan`: compiles the JAX programs for TPU pod-slice
   topologies with libtpu (no TPU needed) and reports the collectives and per-device memory
   (``asickernels spmd-plan``).
 
@@ -18,6 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from asickernels.kernels.declaration import Op
+
+
+def sharded_ops() -> list[Op]:
+    """The ops with SPMD wrappers: those whose declaration names a partition rule."""
+    import asickernels
+
+    return [op for op in asickernels.OPS if op.partition != "none"]
 
 
 def run_rule(rules: Mapping[str, Callable[..., Any]], op: Op, arguments: dict[str, Any]) -> Any:

@@ -1,5 +1,5 @@
 """The plan for a TPU pod slice, before renting one: compile the sharded programs of
-:mod:`asickernels.backends.xla_spmd.jax_spmd` with libtpu for a TPU topology (no TPU
+:mod:`asickernels.frontends.jax_spmd` with libtpu for a TPU topology (no TPU
 needed) and report the collectives the compiler inserted and the memory per device.
 
 Programs (``D`` devices; per device the seed sizes):
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from asickernels.backends.xla_spmd import jax_spmd
+from asickernels.frontends import jax_spmd
 from asickernels.simulate import tpu_compile
 
 DEFAULT_TOPOLOGIES = ("v5e:2x2", "v5e:4x4")

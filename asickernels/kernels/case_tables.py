@@ -1,0 +1,28 @@
+"""Every op's cases, gathered from the cases modules beside the declarations
+(``kernels/<op>_cases.py``; see :mod:`asickernels.kernels.cases`): what ``check``/``bench``,
+the TPU compile gate and the NKI estimates iterate over. A new op's cases module is added
+to :data:`CASE_MODULES`, and nothing else lists its cases."""
+
+from __future__ import annotations
+
+from asickernels.kernels import (
+    box_iou_cases,
+    giou_cases,
+    int8_matmul_cases,
+    nms_cases,
+    roi_cases,
+)
+from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
+
+CASE_MODULES = (giou_cases, int8_matmul_cases, box_iou_cases, roi_cases, nms_cases)
+
+# By public function name, in the order of CASE_MODULES.
+WORKLOADS: dict[str, Workload] = {
+    workload.name: workload for module in CASE_MODULES for workload in module.WORKLOADS
+}
+COMPILE_SHAPES: tuple[CompileShape, ...] = tuple(
+    shape for module in CASE_MODULES for shape in module.COMPILE_SHAPES
+)
+NKI_ESTIMATES: tuple[NkiEstimate, ...] = tuple(
+    row for module in CASE_MODULES for row in module.NKI_ESTIMATES
+)

@@ -1,0 +1,189 @@
+"""What every op's cases module (``kernels/<op>_cases.py``, beside its declaration) fills in,
+and the input generators they share. Each op's cases module is the one place that lists
+what exercises the op:
+
+* its conformance cases (random, edge and adversarial; every backend runs them against the
+  float64 reference in ``tests/kernels/test_conformance.py``);
+* its :class:`Workload`\\ s: what ``asickernels check`` and ``bench`` run (sizes, inputs,
+  what a result is compared with), built from those conformance cases;
+* its :class:`CompileShape`\\ s: the shapes the TPU compile gate compiles its Pallas kernel
+  at (:data:`asickernels.simulate.tpu_compile.BENCHMARK_SHAPES`);
+* its :class:`NkiEstimate`\\ s: the bench size the NKI estimate rows simulate
+  (:data:`asickernels.simulate.nki.kernel_estimates.KERNELS`).
+
+:mod:`asickernels.kernels.case_tables` gathers them; nothing here imports the consumers.
+Every case is deterministic (fixed seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypeVar
+
+import numpy as np
+
+from asickernels.kernels import oracle, registry
+
+# Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
+RAGGED_SIZES = (1, 7, 130, 257)
+
+Canonical: TypeAlias = np.ndarray | tuple[np.ndarray, ...]  # an op's outputs, as numpy
+
+
+# -- input generators ------------------------------------------------------------------------
+
+
+def random_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], scale: float = 10.0
+) -> np.ndarray:
+    """float32 boxes ``shape + (4,)``: corners uniform in ``[-scale, scale)``, sides in
+    ``[0, scale)`` (some nearly empty)."""
+    xy = rng.uniform(-scale, scale, shape + (2,))
+    wh = rng.uniform(0.0, scale, shape + (2,))
+    return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
+
+
+def grid_boxes(
+    rng: np.random.Generator, shape: tuple[int, ...], span: int = 40, size: int = 16
+) -> np.ndarray:
+    """float32 boxes ``shape + (4,)`` on the integer grid: corners in ``[0, span)``, sides
+    in ``[0, size)``, so that equal boxes, shared edges and zero sizes occur."""
+    xy = rng.integers(0, span, shape + (2,))
+    wh = rng.integers(0, size, shape + (2,))
+    return np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)
+
+
+def bench_boxes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Benchmark boxes: ``shape + (4,)`` float32, corners and sides up to 256."""
+    return random_boxes(rng, shape, scale=256.0)
+
+
+def jittered(rng: np.random.Generator, boxes: np.ndarray, amount: float = 0.2) -> np.ndarray:
+    """Boxes moved by up to ``amount`` of their size: predictions near their targets."""
+    wh = np.concatenate([boxes[..., 2:] - boxes[..., :2]] * 2, axis=-1)
+    return (boxes + rng.uniform(-amount, amount, boxes.shape) * wh).astype(boxes.dtype)
+
+
+CaseT = TypeVar("CaseT")
+
+
+def checked(cases: list[CaseT]) -> list[CaseT]:
+    """The conformance suite's cases, less its slow tier (what ``check`` runs)."""
+    return [case for case in cases if not getattr(case, "slow", False)]
+
+
+# -- check and bench workloads ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """One benchmark size of a workload: ``label`` for tables, ``params`` for JSON and inputs."""
+
+    label: str
+    params: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Case:
+    """The inputs of one call: ``arrays`` in the op's positional order, ``static`` keyword
+    arguments."""
+
+    name: str
+    arrays: tuple[np.ndarray, ...]
+    static: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    max_error: float
+    tolerance: float
+    passed: bool
+    checked: str = "all"  # what part of the output was compared
+
+
+def oracle_comparison(name: str, got: Canonical, expected: oracle.Outputs) -> Comparison:
+    """The oracle's verdict (:mod:`asickernels.kernels.oracle`): error in units of the op's
+    tolerance (1 or less passes); for exact ops, the number of differing elements."""
+    verdict = oracle.compare(name, got, expected)
+    limit = 0.0 if verdict.tolerance == oracle.EXACT else 1.0
+    return Comparison(verdict.error, limit, verdict.passed)
+
+
+class Workload:
+    """A public op as ``check`` and ``bench`` run it (:mod:`asickernels.benchmarking`); each
+    op's cases module fills in the op-specific parts."""
+
+    name: str  # also the name of its public function in ``asickernels``
+    registry_op: str  # the registry op whose backends run it
+    size_syntax: str  # for --help and errors
+    default_sizes: tuple[str, ...]
+    error_unit: str
+    quick_cases: frozenset[str]  # the check cases `run` uses (each shape compiles anew)
+    quick_sizes: tuple[str, ...]  # the sizes `run` times
+
+    def parse_size(self, text: str) -> Size:
+        raise NotImplementedError
+
+    def work(self, size: Size) -> float:
+        """Units of work, to extrapolate run time from a smaller size."""
+        raise NotImplementedError
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        raise NotImplementedError
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        raise NotImplementedError
+
+    def expected(self, case: Case) -> Any:
+        """What :meth:`compare` checks a result against: by default the op's float64
+        reference (its declaration's) on the case's arrays and statics."""
+        return oracle.op_named(self.name).reference(*case.arrays, **case.static)
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        """By default the oracle's verdict (:func:`oracle_comparison`)."""
+        return oracle_comparison(self.name, got, expected)
+
+    def backends(self) -> list[str]:
+        return registry.backends_for(self.registry_op)
+
+
+def pairs_size(text: str) -> Size:
+    """``P`` or ``AxB`` paired boxes (the element-wise box metrics' size syntax)."""
+    match = re.fullmatch(r"(\d+)(?:x(\d+))?", text)
+    if not match or int(match[1]) < 1 or int(match[2] or 1) < 1:
+        raise ValueError(f"expected P or AxB pairs (e.g. 1024x256), got {text!r}")
+    shape = (int(match[1]), int(match[2])) if match[2] else (int(match[1]),)
+    return Size("x".join(map(str, shape)) + " pairs", {"shape": list(shape)})
+
+
+# -- the simulators' and compilers' shapes ---------------------------------------------------
+
+ArgSpec: TypeAlias = tuple[tuple[int, ...], str]  # an array argument: (shape, dtype name)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileShape:
+    """One shape the TPU compile gate compiles an op's Pallas kernel at: the public op
+    ``op`` on arrays of ``args`` (given as its first array parameters, in order) with
+    ``static`` keyword arguments, or, with ``gradient``, the gradient of its sum with
+    respect to the arrays at those positions. ``kernel`` and ``shape`` label the gate's
+    table."""
+
+    kernel: str
+    shape: str
+    op: str
+    args: tuple[ArgSpec, ...]
+    static: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    gradient: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class NkiEstimate:
+    """The NKI estimate row of workload ``op``: run once at ``size`` (its bench size
+    syntax) in the NKI simulator; ``why`` that size."""
+
+    op: str
+    size: str
+    why: str
