@@ -34,7 +34,15 @@ define install
 	touch $(1)/.installed
 endef
 
-.PHONY: run test lint test-main test-torch-xla test-newest-jax test-torch-tpu package
+.PHONY: run test lint test-main test-torch-xla test-newest-jax test-torch-tpu package environments
+
+# Every environment, one after another: each editable install builds the cpu library in place,
+# so two at once would write the same file (CI installs them first, then tests in parallel).
+environments:
+	$(MAKE) $(STAMP)
+	$(MAKE) $(TX_STAMP)
+	$(MAKE) $(NEW_STAMP)
+	$(MAKE) $(TT_STAMP)
 
 $(STAMP): pyproject.toml $(NATIVE)
 	$(call install,$(VENV),$(PYTHON),$(MAIN_EXTRAS))
@@ -64,7 +72,8 @@ test-torch-xla: $(TX_STAMP)
 	PJRT_DEVICE=CPU $(TX_PY) -m pytest -m "slow or not slow" \
 		tests/frontends/test_torch_frontend.py tests/frontends/test_spmd_torch_xla.py \
 		tests/frontends/test_torchvision_compat.py \
-		tests/frontends/test_detection.py tests/frontends/test_detection_training.py \
+		tests/frontends/test_detection.py tests/frontends/test_detection_graph_mode.py \
+		tests/frontends/test_detection_training.py \
 		tests/docs/test_readme.py tests/docs/test_doc_commands.py
 
 $(NEW_STAMP): pyproject.toml $(NATIVE)

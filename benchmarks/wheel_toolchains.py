@@ -34,7 +34,7 @@ from eager_overhead import record
 from asickernels.backends.cpu import _library
 from asickernels.benchmarking import timing
 from asickernels.kernels import registry
-from asickernels.testing.cases import random_boxes
+from asickernels.kernels.cases import random_boxes
 
 
 def _cases() -> dict[str, Callable[[], Any]]:

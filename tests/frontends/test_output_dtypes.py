@@ -14,7 +14,7 @@ import pytest
 
 import asickernels as ak
 from asickernels.kernels import registry
-from asickernels.testing.cases import random_boxes
+from asickernels.kernels.cases import random_boxes
 
 F16, BF16, F32, F64 = (
     np.dtype(d) for d in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
