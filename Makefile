@@ -73,7 +73,7 @@ test-torch-xla: $(TX_STAMP)
 		tests/frontends/test_torch_frontend.py tests/frontends/test_spmd_torch_xla.py \
 		tests/frontends/test_torchvision_compat.py \
 		tests/frontends/test_detection.py tests/frontends/test_detection_graph_mode.py \
-		tests/frontends/test_detection_training.py \
+		tests/frontends/test_detection_training.py tests/frontends/test_hungarian_matcher.py \
 		tests/docs/test_readme.py tests/docs/test_doc_commands.py
 
 $(NEW_STAMP): pyproject.toml $(NATIVE)

@@ -9,12 +9,20 @@ from asickernels.kernels import (
     box_iou_cases,
     giou_cases,
     int8_matmul_cases,
+    linear_sum_assignment_cases,
     nms_cases,
     roi_cases,
 )
 from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
 
-CASE_MODULES = (giou_cases, int8_matmul_cases, box_iou_cases, roi_cases, nms_cases)
+CASE_MODULES = (
+    giou_cases,
+    int8_matmul_cases,
+    box_iou_cases,
+    roi_cases,
+    nms_cases,
+    linear_sum_assignment_cases,
+)
 
 # By public function name, in the order of CASE_MODULES.
 WORKLOADS: dict[str, Workload] = {

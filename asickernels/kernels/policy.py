@@ -46,6 +46,10 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "roi_align_vjp": ("cpu", "xla"),
     "roi_pool": ("cpu", "xla"),
     "roi_pool_vjp": ("cpu", "xla"),
+    # Assignment: the native CPU backend is SciPy's algorithm in C++; on TPUs the Pallas kernel
+    # keeps the O(K^2) sequential search steps inside one kernel, where XLA's version runs
+    # each as a trip of a device-level while loop (not yet timed on a TPU).
+    "linear_sum_assignment": ("cpu", "pallas_tpu", "xla"),
 }
 
 

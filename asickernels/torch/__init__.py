@@ -324,3 +324,16 @@ def roi_pool_vjp(
     return _call(
         asickernels.roi_pool_vjp, input, rois, cotangent, output_size, spatial_scale, backend
     )
+
+
+def linear_sum_assignment(
+    cost: ArrayLike,
+    *,
+    row_mask: ArrayLike | None = None,
+    col_mask: ArrayLike | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Minimum-cost assignment of rows to columns per image (SciPy's
+    ``scipy.optimize.linear_sum_assignment``), batched with static shapes. On torch tensors; the
+    contract (shapes, dtypes, errors) is :func:`asickernels.linear_sum_assignment`'s."""
+    return _call(asickernels.linear_sum_assignment, cost, row_mask, col_mask, backend)

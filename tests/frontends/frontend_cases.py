@@ -13,10 +13,12 @@ from asickernels.frontends import sharded_ops
 from asickernels.kernels.cases import random_boxes
 
 # Every op has SPMD wrappers but those without a partition rule: quantize_int8, whose scale
-# spans the whole array, and roi_align, roi_pool (a RoI names its image by index).
+# spans the whole array, roi_align, roi_pool (a RoI names its image by index) and
+# linear_sum_assignment (one sequential search per matrix; batch dims are vmapped).
 SHARDED_OPS = sharded_ops()
 assert {op.name for op in asickernels.OPS} - {op.name for op in SHARDED_OPS} == {
     "quantize_int8",
+    "linear_sum_assignment",
     "roi_align",
     "roi_align_vjp",
     "roi_pool",
@@ -91,6 +93,11 @@ def every_argument(name: str, batch: tuple[int, ...] = ()) -> dict:
         "roi_align_vjp": {**roi, "cotangent": rng.normal(size=(2, 3, 2, 4)).astype(np.float32)},
         "roi_pool": pool,
         "roi_pool_vjp": {**pool, "cotangent": rng.normal(size=(2, 3, 2, 4)).astype(np.float32)},
+        "linear_sum_assignment": {
+            "cost": rng.uniform(size=(*batch, 4, 3)).astype(np.float32),
+            "row_mask": tiled(np.array([True, False, True, True])),
+            "col_mask": tiled(np.array([True, True, False])),
+        },
     }[name]
 
 

@@ -580,6 +580,11 @@ VALID_ARGUMENTS = {
         "cotangent": np.ones((1, 2, 2, 2), np.float32),
         "output_size": (2, 2),
     },
+    "linear_sum_assignment": {
+        "cost": np.ones((3, 2), np.float32),
+        "row_mask": np.ones(3, bool),
+        "col_mask": np.ones(2, bool),
+    },
 }
 # Values that are no array: None (refused where the array is required), a plain object, a
 # string, a ragged list.

@@ -1,0 +1,118 @@
+"""What exercises linear sum assignment, beside its declaration
+(:mod:`asickernels.kernels.linear_sum_assignment`): its conformance cases, which every
+backend runs against SciPy (random, degenerate and adversarial cost matrices). It has no
+``check``/``bench`` workload (``benchmarks/linear_sum_assignment/bench.py`` times it against
+SciPy), no TPU compile shape and no NKI estimate (see :mod:`asickernels.kernels.cases`).
+
+``unique`` marks cases whose optimum is unique (continuous random costs, almost surely,
+with gaps far above the rounding of the dtype): there the assignment must be SciPy's;
+elsewhere (ties) only the total cost must equal SciPy's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
+
+WORKLOADS: tuple[Workload, ...] = ()
+COMPILE_SHAPES: tuple[CompileShape, ...] = ()
+NKI_ESTIMATES: tuple[NkiEstimate, ...] = ()
+
+
+@dataclasses.dataclass
+class LsaCase:
+    name: str
+    cost: np.ndarray
+    row_mask: np.ndarray | None = None
+    col_mask: np.ndarray | None = None
+    unique: bool = False
+    slow: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"row_mask": self.row_mask, "col_mask": self.col_mask}
+
+
+def _masks(rng: np.random.Generator, shape: tuple[int, ...], keep: float) -> np.ndarray:
+    return rng.uniform(size=shape) < keep
+
+
+def lsa_cases() -> list[LsaCase]:
+    rng = np.random.default_rng(33)
+    cases = []
+    shapes = ((1, 1), (2, 2), (5, 5), (17, 17), (3, 7), (7, 3), (100, 20), (20, 100))
+    for (n, m), dtype in zip(shapes, [np.float32, np.float64] * 4, strict=True):
+        cost = rng.uniform(0, 1, (n, m)).astype(dtype)
+        cases.append(LsaCase(f"random_{n}x{m}_{dtype.__name__}", cost, unique=True))
+    cases.append(LsaCase("detr_100x100_f32", rng.uniform(-3, 3, (100, 100)).astype(np.float32),
+                         unique=True))  # fmt: skip
+    cases.append(LsaCase("batch_2x3_f64", rng.normal(size=(2, 3, 9, 6)), unique=True))
+    # DETR's shapes: 100 queries, up to 30 targets per image, padded targets masked (their
+    # padding holds NaN: it must be ignored).
+    cost = rng.uniform(0, 5, (4, 100, 30)).astype(np.float32)
+    targets = np.array([30, 7, 1, 0])
+    col_mask = np.arange(30)[None, :] < targets[:, None]
+    cost[~np.broadcast_to(col_mask[:, None, :], cost.shape)] = np.nan
+    cases.append(LsaCase("detr_masked_targets", cost, col_mask=col_mask, unique=True))
+    cost = rng.uniform(0, 1, (3, 12, 10))
+    cases.append(
+        LsaCase(
+            "masked_rows_and_columns",
+            cost,
+            row_mask=_masks(rng, (3, 12), 0.6),
+            col_mask=_masks(rng, (3, 10), 0.6),
+            unique=True,
+        )
+    )
+    # Degenerate.
+    cases.append(LsaCase("all_equal_6x6", np.full((6, 6), 2.5)))
+    cases.append(LsaCase("all_equal_4x9_f32", np.full((4, 9), -1.0, np.float32)))
+    cases.append(LsaCase("one_row", rng.uniform(size=(1, 9)), unique=True))
+    cases.append(LsaCase("one_column", rng.uniform(size=(9, 1)), unique=True))
+    cases.append(LsaCase("zero_rows", np.zeros((0, 5))))
+    cases.append(LsaCase("zero_columns", np.zeros((5, 0), np.float32)))
+    cases.append(LsaCase("empty_batch", np.zeros((0, 3, 3), np.float32)))
+    cases.append(
+        LsaCase(
+            "every_row_masked",
+            rng.uniform(size=(2, 4, 4)),
+            row_mask=np.array([[False] * 4, [True, False, True, False]]),
+        )
+    )
+    cases.append(
+        LsaCase("every_column_masked", rng.uniform(size=(4, 4)), col_mask=np.zeros(4, bool))
+    )
+    # Adversarial.
+    magnitude = 10.0 ** rng.uniform(-8, 8, (12, 12))
+    cases.append(LsaCase("dynamic_range_1e16_f64", magnitude * rng.choice([-1, 1], (12, 12)),
+                         unique=True))  # fmt: skip
+    cases.append(
+        LsaCase("dynamic_range_1e8_f32", (10.0 ** rng.uniform(-4, 4, (12, 12))).astype(np.float32))
+    )
+    cases.append(LsaCase("ties_small_integers", rng.integers(0, 3, (2, 15, 15)).astype(np.float64)))
+    cases.append(LsaCase("ties_rectangular_f32", rng.integers(0, 2, (11, 5)).astype(np.float32)))
+    cases.append(LsaCase("ties_rectangular_wide", rng.integers(0, 2, (5, 11)).astype(np.float64)))
+    # Near-ties: costs 1 + a few ulps apart, in each dtype's own resolution.
+    for dtype in (np.float32, np.float64):
+        eps = np.finfo(dtype).eps
+        near = (1 + rng.integers(0, 4, (9, 9)) * eps).astype(dtype)
+        cases.append(LsaCase(f"near_ties_{dtype.__name__}", near))
+    # Integers whose sums stay exact in float32: float32 kernels must be exactly optimal.
+    cases.append(
+        LsaCase("large_integers_f32", rng.integers(-(2**16), 2**16, (30, 30)).astype(np.float32))
+    )
+    cases.append(LsaCase("negative_costs", -rng.uniform(0, 100, (8, 13)), unique=True))
+    # Forbidden pairs (+inf) that leave a feasible assignment.
+    forbidden = rng.uniform(size=(10, 10))
+    forbidden[rng.uniform(size=(10, 10)) < 0.5] = np.inf
+    forbidden[np.arange(10), rng.permutation(10)] = rng.uniform(size=10)
+    cases.append(LsaCase("forbidden_pairs_feasible", forbidden, unique=True))
+    # Lower-triangular costs: the greedy choice is wrong, only augmenting paths find the
+    # optimum (cost i + j, plus a large penalty above the anti-diagonal).
+    i, j = np.indices((16, 16))
+    cases.append(LsaCase("anti_greedy", np.where(i + j < 15, 1000.0, (i * j) % 7 + 0.0)))
+    cases.append(LsaCase("large_square_f64", rng.uniform(size=(300, 300)), unique=True, slow=True))
+    return cases
