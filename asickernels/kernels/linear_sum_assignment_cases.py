@@ -2,7 +2,8 @@
 (:mod:`asickernels.kernels.linear_sum_assignment`): its conformance cases, which every
 backend runs against SciPy (random, degenerate and adversarial cost matrices). It has no
 ``check``/``bench`` workload (``benchmarks/linear_sum_assignment/bench.py`` times it against
-SciPy), no TPU compile shape and no NKI estimate (see :mod:`asickernels.kernels.cases`).
+SciPy) and no NKI estimate; the TPU compile gate compiles its Pallas kernel at DETR's shape
+(see :mod:`asickernels.kernels.cases`).
 
 ``unique`` marks cases whose optimum is unique (continuous random costs, almost surely,
 with gaps far above the rounding of the dtype): there the assignment must be SciPy's;
@@ -19,7 +20,15 @@ import numpy as np
 from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
 
 WORKLOADS: tuple[Workload, ...] = ()
-COMPILE_SHAPES: tuple[CompileShape, ...] = ()
+# DETR's matching: a batch of 64 images, 100 queries x 100 padded targets.
+COMPILE_SHAPES = (
+    CompileShape(
+        "linear_sum_assignment",
+        "64x100x100",
+        "linear_sum_assignment",
+        (((64, 100, 100), "float32"), ((64, 100), "bool"), ((64, 100), "bool")),
+    ),
+)
 NKI_ESTIMATES: tuple[NkiEstimate, ...] = ()
 
 

@@ -16,7 +16,6 @@ import asickernels
 from asickernels.kernels import registry
 from asickernels.kernels.linear_sum_assignment import assert_agrees
 from asickernels.kernels.linear_sum_assignment_cases import lsa_cases
-from asickernels.simulate import tpu_compile
 
 lsa = asickernels.linear_sum_assignment
 
@@ -275,29 +274,3 @@ def test_bad_arguments_are_refused_naming_them(kwargs, error, match):
     arguments = {"cost": np.zeros((3, 5))} | kwargs
     with pytest.raises(error, match=match):
         lsa(**arguments)
-
-
-# -- the Pallas kernel through the real TPU compiler -------------------------------------------
-
-
-def _compile_target(batch: int, n: int, m: int) -> tpu_compile.KernelShape:
-    def build() -> tpu_compile.Built:
-        def function(cost, col_mask):
-            return lsa(cost, col_mask=col_mask, backend="pallas_tpu")
-
-        return function, [((batch, n, m), "float32"), ((batch, m), "bool")]
-
-    return tpu_compile.KernelShape("linear_sum_assignment", f"{batch}x{n}x{m}", build)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(tpu_compile.libtpu_status() is not None, reason="libtpu is not installed")
-@pytest.mark.parametrize("generation", tpu_compile.GATE_GENERATIONS)
-def test_pallas_kernel_compiles_for_tpu(generation):
-    """Mosaic and the TPU backend of libtpu compile the kernel at a ragged small shape and at
-    DETR's (100 queries x 100 padded targets, batch 64)."""
-    shapes = [_compile_target(2, 7, 5)]
-    if generation == "v5e":
-        shapes.append(_compile_target(64, 100, 100))
-    results = tpu_compile.compile_all([generation], targets=shapes)
-    assert all(r.ok for r in results), tpu_compile.format_table(results)

@@ -7,6 +7,7 @@ import functools
 
 import pytest
 
+from asickernels.kernels.cases import CompileShape
 from asickernels.simulate import tpu_compile
 
 missing = tpu_compile.libtpu_status()
@@ -15,6 +16,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 SMALL_SHAPES = (
+    tpu_compile.KernelShape(
+        "linear_sum_assignment",
+        "2x7x5",
+        functools.partial(
+            tpu_compile.build,
+            CompileShape(
+                "",
+                "",
+                "linear_sum_assignment",
+                (((2, 7, 5), "float32"), ((2, 7), "bool"), ((2, 5), "bool")),
+            ),
+        ),
+    ),
     tpu_compile.KernelShape(
         "giou_forward", "1000 pairs", functools.partial(tpu_compile._giou, False, 1000, "float32")
     ),
@@ -65,6 +79,7 @@ def test_kernels_compile_at_benchmark_shapes(generation):
         "ciou_backward",
         "roi_align_forward",
         "roi_align_backward",
+        "linear_sum_assignment",
     }
     assert all(r.ok for r in results), tpu_compile.format_table(results)
     # The tuned int8 blocks outgrow the default scoped VMEM: the raised limit must show.
