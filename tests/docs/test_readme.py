@@ -1,6 +1,7 @@
 """The README and the guides in docs/ say what the code does: every ```python block runs (in a
-fresh interpreter, in a folder holding the page's ```cpp blocks under the names of their first
-line) and prints what its ``# prints ...`` comments say; the kernel x backend table is the
+fresh interpreter, in a folder holding the page's named blocks — ```cpp blocks, and ```python
+blocks whose first line is ``# name.py`` — under those names) and prints what its
+``# prints ...`` comments say; the kernel x backend table is the
 registry's; every relative link leads to a file.
 
 The guides' blocks are in the slow tier. A block is skipped, not failed, only where this
@@ -33,8 +34,23 @@ def blocks(page: pathlib.Path, language: str) -> list[str]:
     return [code for lang, code in FENCE.findall(page.read_text()) if lang == language]
 
 
-def _missing_requirement(code: str) -> str | None:
-    """What this interpreter lacks to run ``code``, or None."""
+# A block's first line naming the file it is: ``// kernel.cpp`` or ``# someone_elses.py``.
+FILE_NAME = re.compile(r"(?://|#) ([\w.]+\.(?:cpp|h|hpp|py))")
+
+
+def named_blocks(page: pathlib.Path) -> dict[str, str]:
+    """The page's blocks that name their file (every ```cpp block, some ```python ones)."""
+    named = {}
+    for source in blocks(page, "cpp") + blocks(page, "python"):
+        name = FILE_NAME.fullmatch(source.splitlines()[0])
+        if name:
+            named[name.group(1)] = source
+    return named
+
+
+def _missing_requirement(code: str, local: set[str]) -> str | None:
+    """What this interpreter lacks to run ``code`` (beside the modules ``local`` names), or
+    None."""
     for node in ast.walk(ast.parse(code)):
         names = []
         if isinstance(node, ast.Import):
@@ -43,9 +59,11 @@ def _missing_requirement(code: str) -> str | None:
             names = [node.module]
         for name in names:
             top = name.split(".")[0]
-            if top not in ("nki", "neuronxcc") and importlib.util.find_spec(top) is None:
+            known = top in ("nki", "neuronxcc") or top in local
+            if not known and importlib.util.find_spec(top) is None:
                 return f"{top} is not installed"
-    if "tpu_compile" in code and importlib.util.find_spec("libtpu") is None:
+    needs_libtpu = "tpu_compile" in code or "tpu_estimate" in code
+    if needs_libtpu and importlib.util.find_spec("libtpu") is None:
         return "libtpu is not installed"
     if "gpsimd.load" in code:
         from asickernels.simulate import gpsimd
@@ -71,11 +89,11 @@ EXAMPLES = [
 
 @pytest.mark.parametrize(("page", "index", "code"), EXAMPLES)
 def test_example_runs(page, index, code, tmp_path):
-    missing = _missing_requirement(code)
+    named = named_blocks(page)
+    missing = _missing_requirement(code, {name.removesuffix(".py") for name in named})
     if missing:
         pytest.skip(missing)
-    for source in blocks(page, "cpp"):
-        name = source.splitlines()[0].removeprefix("//").strip()
+    for name, source in named.items():
         (tmp_path / name).write_text(source)
     # This checkout's asickernels first, whatever the interpreter has installed.
     paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
