@@ -340,12 +340,12 @@ def test_a_run_counts_each_while_loop_entry_in_order() -> None:
 
 
 def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
-    from asickernels.kernels import nms_cases
+    from asickernels.simulate.tpu_estimate import cases as estimate_cases
 
-    function, _ = nms_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
+    function, _ = estimate_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
     boxes, scores = seeds.seed_nms_inputs(256)
     trips = program_facts.while_trips(function, [jnp.asarray(boxes), jnp.asarray(scores)])
-    assert trips == (nms_cases._seed_nms_kept(256, 64),)
+    assert trips == (estimate_cases._seed_nms_kept(256, 64),)
 
 
 def test_the_walk_takes_run_counted_trips_for_loops_it_cannot_decide() -> None:
@@ -366,7 +366,7 @@ def test_estimate_function_counts_the_xla_nms_loop_from_the_example_inputs(
     _libtpu()
     import importlib.util
 
-    from asickernels.kernels import nms_cases
+    from asickernels.simulate.tpu_estimate import cases as estimate_cases
 
     module_path = tmp_path / "users_nms.py"
     module_path.write_text(
@@ -384,7 +384,7 @@ def test_estimate_function_counts_the_xla_nms_loop_from_the_example_inputs(
     (counted,) = user_function.estimate_function(
         module.xla_nms, jnp.asarray(boxes), jnp.asarray(scores), generations=("v5e",)
     )
-    given = cost.estimate_case(nms_cases.nms_xla_case(1024), "v5e")
+    given = cost.estimate_case(estimate_cases.nms_xla_case(1024), "v5e")
     assert counted.device_s == pytest.approx(given.device_s, rel=1e-3)
     assert any(
         "ran the example inputs on CPU: 1 while-loop entry" in a for a in counted.assumptions
