@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asickernels import tpu_generations
@@ -146,8 +146,6 @@ class _Collector:
         self.bf16_ops = 0.0
 
     def visit(self, jaxpr: Any, weight: float) -> None:
-        import jax.extend as jex
-
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name in ("dot_general", "ragged_dot", "ragged_dot_general"):
@@ -160,10 +158,10 @@ class _Collector:
             if name == "pallas_call":
                 grid = tuple(int(g) for g in eqn.params["grid_mapping"].grid)
                 params = eqn.params.get("compiler_params")
-                if isinstance(params, dict):  # older jax: {"mosaic_tpu": ...}
+                if isinstance(params, Mapping):  # older jax: {"mosaic_tpu": ...}
                     params = params.get("mosaic_tpu") or params.get("mosaic")
                 semantics = getattr(params, "dimension_semantics", None)
-                if isinstance(params, dict):
+                if isinstance(params, Mapping):
                     semantics = params.get("dimension_semantics")
                 self.calls.append(
                     PallasCall(
@@ -181,7 +179,7 @@ class _Collector:
             if name in ("cond", "while"):
                 continue  # may not run: the floor counts nothing under it
             inner = weight * eqn.params["length"] if name == "scan" else weight
-            for sub in jex.core.jaxprs_in_params(eqn.params):
+            for sub in _jaxprs_in_params(eqn.params):
                 self.visit(sub, inner)
 
 
@@ -215,14 +213,25 @@ def while_trips(function: Callable[..., Any], args: Sequence[Any]) -> tuple[int,
     return tuple(trips)
 
 
-def _has_while(jaxpr: Any) -> bool:
+def _jaxprs_in_params(params: Mapping[str, Any]) -> Iterator[Any]:
+    """The jaxprs among an equation's parameters, as ``jax.extend.core.jaxprs_in_params``
+    gives them (jax 0.7.1, the oldest supported, lacks it)."""
     import jax.extend as jex
 
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, jex.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jex.core.Jaxpr):
+                yield item
+
+
+def _has_while(jaxpr: Any) -> bool:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "while":
             return True
         if eqn.primitive.name != "pallas_call" and any(
-            _has_while(sub) for sub in jex.core.jaxprs_in_params(eqn.params)
+            _has_while(sub) for sub in _jaxprs_in_params(eqn.params)
         ):
             return True
     return False
