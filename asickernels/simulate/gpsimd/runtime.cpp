@@ -240,29 +240,23 @@ float bfloat16_to_float(uint16_t bf16) {
   return value;
 }
 
-double load_double(c10::ScalarType dtype, const void* data, size_t i) {
+// Element i as T: integers exactly (an int64 through a double would round), 16-bit floats
+// widened to float first.
+template <typename T>
+T load(c10::ScalarType dtype, const void* data, size_t i) {
   switch (dtype) {
-    case c10::ScalarType::Byte: return static_cast<const uint8_t*>(data)[i];
-    case c10::ScalarType::Char: return static_cast<const int8_t*>(data)[i];
-    case c10::ScalarType::Short: return static_cast<const int16_t*>(data)[i];
-    case c10::ScalarType::Int: return static_cast<const int32_t*>(data)[i];
-    case c10::ScalarType::Long: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case c10::ScalarType::Half: return half_to_float(static_cast<const uint16_t*>(data)[i]);
-    case c10::ScalarType::Float: return static_cast<const float*>(data)[i];
-    case c10::ScalarType::BFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case c10::ScalarType::Byte: return static_cast<T>(static_cast<const uint8_t*>(data)[i]);
+    case c10::ScalarType::Char: return static_cast<T>(static_cast<const int8_t*>(data)[i]);
+    case c10::ScalarType::Short: return static_cast<T>(static_cast<const int16_t*>(data)[i]);
+    case c10::ScalarType::Int: return static_cast<T>(static_cast<const int32_t*>(data)[i]);
+    case c10::ScalarType::Long: return static_cast<T>(static_cast<const int64_t*>(data)[i]);
+    case c10::ScalarType::Half:
+      return static_cast<T>(half_to_float(static_cast<const uint16_t*>(data)[i]));
+    case c10::ScalarType::Float: return static_cast<T>(static_cast<const float*>(data)[i]);
+    case c10::ScalarType::BFloat16:
+      return static_cast<T>(bfloat16_to_float(static_cast<const uint16_t*>(data)[i]));
   }
-  return 0.0;
-}
-
-int64_t load_integral(c10::ScalarType dtype, const void* data, size_t i) {
-  switch (dtype) {
-    case c10::ScalarType::Byte: return static_cast<const uint8_t*>(data)[i];
-    case c10::ScalarType::Char: return static_cast<const int8_t*>(data)[i];
-    case c10::ScalarType::Short: return static_cast<const int16_t*>(data)[i];
-    case c10::ScalarType::Int: return static_cast<const int32_t*>(data)[i];
-    case c10::ScalarType::Long: return static_cast<const int64_t*>(data)[i];
-    default: return static_cast<int64_t>(load_double(dtype, data, i));
-  }
+  return T{};
 }
 
 // Integral stores wrap like C++ conversions (bitwise ops rely on it).
@@ -1438,8 +1432,8 @@ Tensor& elementwise(const char* name, Tensor& result, std::initializer_list<Oper
         integers[k] = operand.scalar.toLong();
       } else {
         const c10::ScalarType dtype = operand.tensor->shim_storage()->dtype;
-        values[k] = shim::load_double(dtype, data[k], i);
-        integers[k] = shim::load_integral(dtype, data[k], i);
+        values[k] = shim::load<double>(dtype, data[k], i);
+        integers[k] = shim::load<int64_t>(dtype, data[k], i);
       }
       ++k;
     }

@@ -300,6 +300,17 @@ def tensor_copy_predicated(
     run.count("vector", "tensor_copy_predicated", (src, predicate), (dst,))
 
 
+def _require_version(api: str, minimum: int) -> None:
+    """Refuses ``api`` on a NeuronCore generation older than v``minimum``."""
+    version = runtime.current_target().version
+    if version < minimum:
+        platform = runtime.TARGETS[minimum].platforms
+        raise errors.UnsupportedOperator(
+            f"'{api}' needs NeuronCore-v{minimum} ({platform}); the target is "
+            f"NeuronCore-v{version} (set {runtime.TARGET_ENV}={platform})"
+        )
+
+
 # -- Tensor engine --------------------------------------------------------------------------
 def nc_matmul(
     dst: NkiTensor,
@@ -968,13 +979,6 @@ def core_barrier(
 
 
 # -- MX (microscaling) on NeuronCore-v4 --------------------------------------------------
-def _require_v4(api: str) -> None:
-    version = runtime.current_target().version
-    if version < 4:
-        raise errors.UnsupportedOperator(
-            f"'{api}' needs NeuronCore-v4 (trn3); the target is NeuronCore-v{version} "
-            f"(set {runtime.TARGET_ENV}=trn3)"
-        )
 
 
 def _scale_rows(api: str, scale: NkiTensor, partitions: int) -> np.ndarray:
@@ -1026,7 +1030,7 @@ def nc_matmul_mx(
     float32 or bfloat16 PSUM tile."""
     api = "nc_matmul_mx"
     run = runtime.active_run(api)
-    _require_v4(api)
+    _require_version(api, 4)
     for operand, tile in (
         ("stationary", stationary),
         ("moving", moving),
@@ -1078,7 +1082,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
     ``2**(floor(log2(amax)) - (Emax - 1))``, ``2**-127`` for an all-zero group."""
     api = "quantize_mx"
     run = runtime.active_run(api)
-    _require_v4(api)
+    _require_version(api, 4)
     for operand, tile in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
         alu.require(api, operand, tile, alu.SBUF)
     kind = dtype_name(dst.dtype)
@@ -1328,7 +1332,7 @@ def exponential(
     engine (NeuronCore-v4), summing the results into the accumulators unless ``idle``."""
     api = "exponential"
     run = runtime.active_run(api)
-    _require_v4(api)
+    _require_version(api, 4)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, src=src)
     alu.check_elements(api, operands)
     result = np.exp(alu.as_f32(src) - _per_partition_operand(api, "max_value", max_value, src))
@@ -1408,8 +1412,7 @@ def range_select(
     (which must be FP32_MIN); the free-axis maximum is accumulated (Vector engine, v3+)."""
     api = "range_select"
     run = runtime.active_run(api)
-    if runtime.current_target().version < 3:
-        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    _require_version(api, 3)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, on_true_tile=on_true_tile)
     alu.check_elements(api, operands)
     comparisons = (
@@ -1576,8 +1579,7 @@ def nonzero_with_count(
     nonzero elements, then ``padding_val``, then their count (GpSimd engine, v3+)."""
     api = "nonzero_with_count"
     run = runtime.active_run(api)
-    if runtime.current_target().version < 3:
-        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    _require_version(api, 3)
     alu.require(api, "dst", dst, alu.SBUF)
     alu.require(api, "src", src, alu.SBUF)
     alu.check_partitions(api, {"dst": dst, "src": src})
@@ -1693,7 +1695,7 @@ def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: 
     """Uniform random values in ``[min, max]`` (scalars or [P, 1] tiles), NeuronCore-v4."""
     api = "rand2"
     run = runtime.active_run(api)
-    _require_v4(api)
+    _require_version(api, 4)
     alu.require(api, "dst", dst, alu.ON_CHIP)
     low = _per_partition_operand(api, "min", min, dst)
     high = _per_partition_operand(api, "max", max, dst)
@@ -1784,8 +1786,7 @@ def sendrecv(
     core ``recv_from_rank`` sends into ``dst`` (``kernel[2]``, NeuronCore-v3+)."""
     api = "sendrecv"
     run = runtime.active_run(api)
-    if runtime.current_target().version < 3:
-        raise errors.UnsupportedOperator(f"'{api}' needs NeuronCore-v3 or newer")
+    _require_version(api, 3)
     alu.require(api, "src", src, alu.SBUF)
     alu.require(api, "dst", dst, alu.SBUF)
     if src.dtype != dst.dtype or src.shape != dst.shape:
@@ -1902,7 +1903,7 @@ def activate2(
     accumulators (add, max, min, abs_max, abs_min)."""
     api = "activate2"
     run = runtime.active_run(api)
-    _require_v4(api)
+    _require_version(api, 4)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
     if (op0, op1) not in _ACTIVATE2_STAGES:

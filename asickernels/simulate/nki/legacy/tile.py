@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partialmethod
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -98,29 +100,12 @@ class IndexGrid:
         values = function(self.values, other if grid is None else grid.values)
         return IndexGrid(np.asarray(values), lifted, dynamic)
 
-    def __add__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.add)
-
-    def __radd__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.add)
-
-    def __sub__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.subtract)
-
-    def __rsub__(self, other: Any) -> IndexGrid:
-        return self._combine(other, lambda a, b: b - a)
-
-    def __mul__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.multiply)
-
-    def __rmul__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.multiply)
-
-    def __floordiv__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.floor_divide)
-
-    def __mod__(self, other: Any) -> IndexGrid:
-        return self._combine(other, np.mod)
+    __add__ = __radd__ = partialmethod(_combine, function=np.add)
+    __sub__ = partialmethod(_combine, function=np.subtract)
+    __rsub__ = partialmethod(_combine, function=lambda a, b: b - a)
+    __mul__ = __rmul__ = partialmethod(_combine, function=np.multiply)
+    __floordiv__ = partialmethod(_combine, function=np.floor_divide)
+    __mod__ = partialmethod(_combine, function=np.mod)
 
     def __neg__(self) -> IndexGrid:
         return IndexGrid(-self.values, self.lifted)
@@ -130,23 +115,12 @@ class IndexGrid:
         difference = np.asarray(self.values - np.asarray(other_values))
         return Mask(np.asarray(function(self.values, other_values)), (difference, function))
 
-    def __lt__(self, other: Any) -> Mask:
-        return self._compare(other, np.less)
-
-    def __le__(self, other: Any) -> Mask:
-        return self._compare(other, np.less_equal)
-
-    def __gt__(self, other: Any) -> Mask:
-        return self._compare(other, np.greater)
-
-    def __ge__(self, other: Any) -> Mask:
-        return self._compare(other, np.greater_equal)
-
-    def __eq__(self, other: object) -> Mask:  # type: ignore[override]
-        return self._compare(other, np.equal)
-
-    def __ne__(self, other: object) -> Mask:  # type: ignore[override]
-        return self._compare(other, np.not_equal)
+    __lt__ = partialmethod(_compare, function=np.less)
+    __le__ = partialmethod(_compare, function=np.less_equal)
+    __gt__ = partialmethod(_compare, function=np.greater)
+    __ge__ = partialmethod(_compare, function=np.greater_equal)
+    __eq__ = partialmethod(_compare, function=np.equal)
+    __ne__ = partialmethod(_compare, function=np.not_equal)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -211,21 +185,10 @@ class MGridResult(tuple):  # type: ignore[type-arg]
     def __new__(cls, grids: list[IndexGrid]) -> MGridResult:
         return super().__new__(cls, grids)
 
-    @property
-    def p(self) -> IndexGrid:
-        return self[0]  # type: ignore[no-any-return]
-
-    @property
-    def x(self) -> IndexGrid:
-        return self[1]  # type: ignore[no-any-return]
-
-    @property
-    def y(self) -> IndexGrid:
-        return self[2]  # type: ignore[no-any-return]
-
-    @property
-    def z(self) -> IndexGrid:
-        return self[3]  # type: ignore[no-any-return]
+    p = property(itemgetter(0))
+    x = property(itemgetter(1))
+    y = property(itemgetter(2))
+    z = property(itemgetter(3))
 
 
 mgrid = _MGrid()
@@ -724,65 +687,26 @@ class Tensor:
         x, y = (other, self) if reflected else (self, other)
         return language.overloaded_operator(name, x, y)
 
-    def __add__(self, other: Any) -> Tensor:
-        return self._operator("add", other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return self._operator("add", other, True)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return self._operator("subtract", other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return self._operator("subtract", other, True)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return self._operator("multiply", other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return self._operator("multiply", other, True)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return self._operator("divide", other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return self._operator("divide", other, True)
-
-    def __pow__(self, other: Any) -> Tensor:
-        return self._operator("power", other)
-
-    def __and__(self, other: Any) -> Tensor:
-        return self._operator("bitwise_and", other)
-
-    def __or__(self, other: Any) -> Tensor:
-        return self._operator("bitwise_or", other)
-
-    def __xor__(self, other: Any) -> Tensor:
-        return self._operator("bitwise_xor", other)
-
-    def __lshift__(self, other: Any) -> Tensor:
-        return self._operator("left_shift", other)
-
-    def __rshift__(self, other: Any) -> Tensor:
-        return self._operator("right_shift", other)
-
-    def __lt__(self, other: Any) -> Tensor:
-        return self._operator("less", other)
-
-    def __le__(self, other: Any) -> Tensor:
-        return self._operator("less_equal", other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return self._operator("greater", other)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return self._operator("greater_equal", other)
-
-    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
-        return self._operator("equal", other)
-
-    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
-        return self._operator("not_equal", other)
+    __add__ = partialmethod(_operator, "add")
+    __radd__ = partialmethod(_operator, "add", reflected=True)
+    __sub__ = partialmethod(_operator, "subtract")
+    __rsub__ = partialmethod(_operator, "subtract", reflected=True)
+    __mul__ = partialmethod(_operator, "multiply")
+    __rmul__ = partialmethod(_operator, "multiply", reflected=True)
+    __truediv__ = partialmethod(_operator, "divide")
+    __rtruediv__ = partialmethod(_operator, "divide", reflected=True)
+    __pow__ = partialmethod(_operator, "power")
+    __and__ = partialmethod(_operator, "bitwise_and")
+    __or__ = partialmethod(_operator, "bitwise_or")
+    __xor__ = partialmethod(_operator, "bitwise_xor")
+    __lshift__ = partialmethod(_operator, "left_shift")
+    __rshift__ = partialmethod(_operator, "right_shift")
+    __lt__ = partialmethod(_operator, "less")
+    __le__ = partialmethod(_operator, "less_equal")
+    __gt__ = partialmethod(_operator, "greater")
+    __ge__ = partialmethod(_operator, "greater_equal")
+    __eq__ = partialmethod(_operator, "equal")
+    __ne__ = partialmethod(_operator, "not_equal")
 
     __hash__ = object.__hash__
 
@@ -806,17 +730,10 @@ class Tensor:
             self[...] = self._operator(name, other)
         return self
 
-    def __iadd__(self, other: Any) -> Tensor:
-        return self._in_place("add", other)
-
-    def __isub__(self, other: Any) -> Tensor:
-        return self._in_place("subtract", other)
-
-    def __imul__(self, other: Any) -> Tensor:
-        return self._in_place("multiply", other)
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return self._in_place("divide", other)
+    __iadd__ = partialmethod(_in_place, "add")
+    __isub__ = partialmethod(_in_place, "subtract")
+    __imul__ = partialmethod(_in_place, "multiply")
+    __itruediv__ = partialmethod(_in_place, "divide")
 
 
 def _has_duplicates(offsets: np.ndarray, storage_size: int) -> bool:

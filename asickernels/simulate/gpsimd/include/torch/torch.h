@@ -182,6 +182,16 @@ struct StreamDeleter {
   void operator()(Stream* stream) const noexcept { delete_stream(stream); }
 };
 
+// What both stream accessors share: the open stream, closed on close() or destruction.
+class StreamAccessor {
+ public:
+  explicit StreamAccessor(Stream* stream) : stream_(stream) {}
+  int close() { return close_stream(stream_.get()); }
+
+ protected:
+  std::unique_ptr<Stream, StreamDeleter> stream_;
+};
+
 }  // namespace asickernels_shim
 
 namespace torch {
@@ -258,26 +268,18 @@ class TensorAccessor<T, 1, read_only> : public TensorAccessorBase<T, 1, read_onl
 
 // Sequential access through a 4 KB TCM cache (custom-ops-ref-guide "Streaming Accessors").
 template <typename T>
-class TensorReadStreamAccessor {
+class TensorReadStreamAccessor : public asickernels_shim::StreamAccessor {
  public:
-  explicit TensorReadStreamAccessor(asickernels_shim::Stream* stream) : stream_(stream) {}
+  using StreamAccessor::StreamAccessor;
   T read() { return *static_cast<const T*>(asickernels_shim::stream_read(stream_.get())); }
-  int close() { return asickernels_shim::close_stream(stream_.get()); }
-
- private:
-  std::unique_ptr<asickernels_shim::Stream, asickernels_shim::StreamDeleter> stream_;
 };
 
 // Writes reach the tensor on close() or destruction, not before (as on the device).
 template <typename T>
-class TensorWriteStreamAccessor {
+class TensorWriteStreamAccessor : public asickernels_shim::StreamAccessor {
  public:
-  explicit TensorWriteStreamAccessor(asickernels_shim::Stream* stream) : stream_(stream) {}
+  using StreamAccessor::StreamAccessor;
   void write(T value) { asickernels_shim::stream_write(stream_.get(), &value); }
-  int close() { return asickernels_shim::close_stream(stream_.get()); }
-
- private:
-  std::unique_ptr<asickernels_shim::Stream, asickernels_shim::StreamDeleter> stream_;
 };
 
 // Copies between a tensor (flattened element offsets) and a tcm_malloc'd buffer. A
