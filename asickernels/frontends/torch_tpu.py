@@ -67,28 +67,19 @@ _BACKEND = inspect.Parameter(
 def signature(params: Sequence[Param], outputs: int) -> inspect.Signature:
     """The annotated signature ``jax_op`` turns into the operator's schema: arrays
     positional, static values and ``backend`` keyword-only."""
-    tensors = [
+    positional, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    ordered = [p for p in params if p.kind == "array"] + [p for p in params if p.kind == "static"]
+    annotated = [
         inspect.Parameter(
             p.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            positional if p.kind == "array" else keyword,
             default=p.default,
             annotation=_ANNOTATIONS[p.torch_type],
         )
-        for p in params
-        if p.kind == "array"
-    ]
-    statics = [
-        inspect.Parameter(
-            p.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=p.default,
-            annotation=_ANNOTATIONS[p.torch_type],
-        )
-        for p in params
-        if p.kind == "static"
+        for p in ordered
     ]
     returns = jax.Array if outputs == 1 else tuple[(jax.Array,) * outputs]  # type: ignore[misc]
-    return inspect.Signature([*tensors, *statics, _BACKEND], return_annotation=returns)
+    return inspect.Signature([*annotated, _BACKEND], return_annotation=returns)
 
 
 def tpu_backend(op: Op, values: Mapping[str, Any]) -> str | None:
