@@ -27,6 +27,7 @@ pytest.importorskip("torch_tpu", reason="TorchTPU is not installed (make test-to
 import jax
 import numpy as np
 import torch
+from frontend_cases import every_argument
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import asickernels
@@ -35,7 +36,6 @@ from asickernels.frontends import torch_tpu
 from asickernels.kernels import oracle
 from asickernels.simulate import tpu_compile
 from asickernels.torch import ops
-from tests.frontends.frontend_cases import every_argument
 
 OPS = {op.name: op for op in asickernels.OPS}
 DIFFERENTIABLE = [name for name, op in OPS.items() if op.vjp is not None]
