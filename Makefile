@@ -88,9 +88,12 @@ test-newest-jax: $(NEW_STAMP)
 $(TT_STAMP): requirements-torch-tpu.txt pyproject.toml $(NATIVE)
 	$(call install,$(TT_VENV),$(PYTHON),-r requirements-torch-tpu.txt)
 
-# TorchTPU without a TPU: registration, meta and fake tensors, make_fx, compiles for v5e/v6e/v5p.
+# TorchTPU without a TPU: every op's jax_op operator (schema, make_fx on fake tensors, traced
+# gradients, compiles for v5e/v6e/v5p and a 4-chip slice, interpret-mode numbers), and the
+# PyTorch guide's examples on torch 2.13 (those needing torch_xla or torchvision skip).
 test-torch-tpu: $(TT_STAMP)
 	$(TT_PY) -m pytest tests/frontends/test_torch_tpu.py
+	$(TT_PY) -m pytest -m "slow or not slow" tests/docs/test_readme.py -k torch.md
 
 test: lint test-main test-torch-xla test-newest-jax test-torch-tpu
 

@@ -7,6 +7,8 @@ declarations by :mod:`~asickernels.frontends.generate`.
   (``shard_map`` around the per-shard kernel).
 * :mod:`~asickernels.frontends.torch_xla_spmd`: torch_xla, over a
   ``torch_xla.distributed.spmd.Mesh`` (manual-sharding regions around the kernel).
+* :mod:`~asickernels.frontends.torch_tpu`: TorchTPU, every op as a ``torch.tpu.pallas.jax_op``
+  operator (and over a mesh, through its partition specs).
 * :mod:`~asickernels.frontends.spmd_plan`: compiles the JAX programs for TPU pod-slice
   topologies with libtpu (no TPU needed) and reports the collectives and per-device memory
   (``asickernels spmd-plan``).

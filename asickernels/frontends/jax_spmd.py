@@ -429,3 +429,18 @@ def ciou_loss(
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
     return _sharded(asickernels.ciou_loss, locals())
+
+
+def linear_sum_assignment(
+    cost: ArrayLike,
+    *,
+    row_mask: ArrayLike | None = None,
+    col_mask: ArrayLike | None = None,
+    mesh: Mesh,
+    batch_spec: PartitionSpec,
+    backend: str | None = None,
+    config: object = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`asickernels.linear_sum_assignment` over ``mesh``, split along the batch dims as
+    ``batch_spec``."""
+    return _sharded(asickernels.linear_sum_assignment, locals())

@@ -473,3 +473,17 @@ def ciou_loss(
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
     return _sharded(asickernels.ciou_loss, locals())
+
+
+def linear_sum_assignment(
+    cost: Tensor,
+    *,
+    row_mask: Tensor | None = None,
+    col_mask: Tensor | None = None,
+    mesh: xs.Mesh,
+    batch_spec: Sequence[AxisName],
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`asickernels.torch.linear_sum_assignment` over ``mesh``, split along the batch dims
+    as ``batch_spec``."""
+    return _sharded(asickernels.linear_sum_assignment, locals())

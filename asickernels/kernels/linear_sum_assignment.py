@@ -323,6 +323,6 @@ linear_sum_assignment = Op(
     compute=_compute,
     reference=_reference,
     outputs=("assignment", "num_assigned"),
-    partition="none",
+    partition="batch",  # one independent assignment per image
     doc=_DOC,
 )

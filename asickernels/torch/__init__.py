@@ -9,7 +9,9 @@ Python numbers, lists or numpy arrays where an array is expected become tensors 
 device of the tensors given), validate them as that op does, and return what it returns,
 as torch tensors on the inputs' device. Each calls ``torch.ops.asickernels.<name>``: CPU
 tensors run the JAX op's own path (selection policy included); torch_xla tensors run the
-JAX/Pallas kernels inside the torch_xla graph through ``call_jax``.
+JAX/Pallas kernels inside the torch_xla graph through ``call_jax``. TorchTPU tensors
+(device ``tpu``) call ``torch.ops.asickernels_tpu.<name>`` instead, the op exported for TPU
+through TorchTPU's ``jax_op`` (:mod:`asickernels.frontends.torch_tpu`).
 
 ``backend`` is a name from :func:`asickernels.available_backends`, or None for the first
 backend of the selection policy that runs natively where the inputs live.
@@ -38,6 +40,8 @@ from asickernels.kernels.declaration import Op
 from asickernels.torch import xla as _xla  # noqa: F401  (registers the operators)
 
 ArrayLike: TypeAlias = "Tensor | float | Sequence[object] | np.ndarray"  # what becomes a tensor
+# TorchTPU's device type: its tensors run the TorchTPU operators (asickernels.frontends.torch_tpu).
+_TPU_DEVICE = "tpu"
 
 
 def _call(op: Op, *values: object) -> Any:  # each caller states what its op returns
@@ -54,12 +58,19 @@ def _call(op: Op, *values: object) -> Any:  # each caller states what its op ret
         arrays = tuple(
             _as_tensor(a, name, device) for name, a in zip(op.array_names, arrays, strict=True)
         )
+    first = arrays[0]
+    if isinstance(first, Tensor) and first.device.type == _TPU_DEVICE:
+        from asickernels.frontends.torch_tpu import OPERATORS  # registers them once
+
+        operator = OPERATORS[op.name]
+    else:
+        operator = getattr(torch.ops.asickernels, op.name)
     try:
-        return getattr(torch.ops.asickernels, op.name)(*arrays, **given)
+        return operator(*arrays, **given)
     except RuntimeError as error:  # the dispatcher's check of the schema's argument types
-        message = str(error)
-        if message.startswith(f"asickernels::{op.name}() Expected a value of type"):
-            raise TypeError(message.split("\n", 1)[0]) from None
+        first_line = str(error).split("\n", 1)[0]  # "<namespace>::<name>() Expected a value ..."
+        if f"::{op.name}() Expected a value of type" in first_line:
+            raise TypeError(first_line) from None
         raise
 
 

@@ -274,6 +274,15 @@ def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
         cpu_backward,
         fake_backward,
     )
+    register_autograd(op, forward, backward)
+    return forward, backward
+
+
+def register_autograd(op: Op, forward: CustomOp, backward: Callable[..., Outputs]) -> None:
+    """Autograd for ``forward``, an operator of ``op``'s schema (:func:`schema`): the
+    gradients of its differentiable arrays come from ``backward``, an operator of the
+    schema of :func:`backward_params` (cast back to each input's dtype); the other
+    inputs get None."""
     positional = list(op.array_names)
 
     def setup_context(
@@ -290,7 +299,7 @@ def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
         values = {**ctx.values, **saved, "cotangent": cotangent}
         args = [cotangent] + [values[n] for n in positional]
         keyword = {n: values[n] for n in op.static_names} | {"backend": values["backend"]}
-        computed = getattr(torch.ops.asickernels, backward_name)(*args, **keyword)
+        computed = backward(*args, **keyword)
         if isinstance(computed, torch.Tensor):  # one differentiable input
             computed = (computed,)
         grads = dict(zip(op.differentiable, computed, strict=True))
@@ -300,9 +309,7 @@ def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
             results.append(None if g is None else g.to(saved[name].dtype))
         return tuple(results)
 
-    backward_name = f"{op.name}_backward"
     forward.register_autograd(grad, setup_context=setup_context)
-    return forward, backward
 
 
 OPERATORS: dict[str, tuple[CustomOp, CustomOp | None]] = {

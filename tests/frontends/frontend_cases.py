@@ -13,12 +13,10 @@ from asickernels.frontends import sharded_ops
 from asickernels.kernels.cases import random_boxes
 
 # Every op has SPMD wrappers but those without a partition rule: quantize_int8, whose scale
-# spans the whole array, roi_align, roi_pool (a RoI names its image by index) and
-# linear_sum_assignment (one sequential search per matrix; batch dims are vmapped).
+# spans the whole array, and roi_align, roi_pool (a RoI names its image by index).
 SHARDED_OPS = sharded_ops()
 assert {op.name for op in asickernels.OPS} - {op.name for op in SHARDED_OPS} == {
     "quantize_int8",
-    "linear_sum_assignment",
     "roi_align",
     "roi_align_vjp",
     "roi_pool",

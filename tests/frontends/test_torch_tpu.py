@@ -1,14 +1,21 @@
-"""TorchTPU (``torch-tpu`` 0.2.0), without a TPU: an asickernels Pallas kernel registered
-through TorchTPU's public ``torch.tpu.pallas.jax_op``, traced on meta and fake tensors and by
-``make_fx`` with the op's declared output shapes and dtypes, and the module TorchTPU exports
-for it compiled for v5e, v6e and v5p by libtpu.
+"""TorchTPU (``torch-tpu`` 0.2.0) without a TPU: every op registered through TorchTPU's public
+``torch.tpu.pallas.jax_op`` (:mod:`asickernels.frontends.torch_tpu`), for every op:
+
+* the schema is the ``torch.ops.asickernels`` operator's;
+* ``asickernels.torch.<op>`` on a ``tpu`` tensor calls it, traced by ``make_fx`` on fake
+  tensors with the declared output shapes and dtypes (the ``tpu`` device does not exist
+  without a TPU, so these tests route meta tensors as if they were ``tpu``);
+* gradients trace through the ``<op>_backward`` operators;
+* the module TorchTPU exports compiles for v5e, v6e and v5p with libtpu (Mosaic, VMEM);
+* the same JAX function, run on the CPU (Pallas interpret mode), agrees with the reference.
 
 Runs in the TorchTPU environment (``make test-torch-tpu``); skips where torch_tpu is absent.
 Never creates a ``tpu`` tensor: without a TPU that aborts the process.
 
 On a CPU host, Pallas's Mosaic lowering (jax 0.10.2) reads the TPU generation from JAX's
-default device (a CPU here: "Unsupported TPU device kind: cpu"), so every trace runs under
-``jax.default_device`` of a TPU topology device; on a TPU host the default device is the TPU.
+default device (a CPU here: "Unsupported TPU device kind: cpu"), so every trace for TPU runs
+under ``jax.default_device`` of a TPU topology device; on a TPU host the default device is the
+TPU.
 """
 
 from __future__ import annotations
@@ -18,28 +25,20 @@ import pytest
 pytest.importorskip("torch_tpu", reason="TorchTPU is not installed (make test-torch-tpu)")
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import torch
+from frontend_cases import every_argument
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import asickernels
-from asickernels.kernels.declaration import Spec
+import asickernels.torch as akt
+from asickernels.frontends import torch_tpu
+from asickernels.kernels import oracle
 from asickernels.simulate import tpu_compile
+from asickernels.torch import ops
 
-NAMESPACE = "asickernels_tpu_smoke"
-# (boxes shape, dtype): a ragged row count, and batch dims with a half-precision dtype.
-CASES = [((1000, 4), torch.float32), ((7, 130, 4), torch.bfloat16)]
-
-
-def giou_pallas(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
-    return asickernels.giou(boxes1, boxes2, backend="pallas_tpu")
-
-
-@pytest.fixture(scope="module")
-def giou_op():
-    """``giou`` on pallas_tpu, registered once per process (a second registration of the same
-    name is an error)."""
-    return torch.tpu.pallas.jax_op(f"{NAMESPACE}::giou", giou_pallas)
+OPS = {op.name: op for op in asickernels.OPS}
+DIFFERENTIABLE = [name for name, op in OPS.items() if op.vjp is not None]
 
 
 @pytest.fixture
@@ -49,63 +48,258 @@ def on_tpu_generation():
         yield
 
 
-def declared(shape: tuple[int, ...], dtype: torch.dtype) -> Spec:
-    """The output asickernels.giou declares for two boxes arrays of ``shape`` and ``dtype``."""
-    box = Spec(shape, jnp.dtype(str(dtype).removeprefix("torch.")))
-    out = asickernels.giou.plan({"boxes1": box, "boxes2": box}, {}).outputs
-    assert isinstance(out, Spec)
-    return out
+@pytest.fixture
+def meta_is_tpu(monkeypatch):
+    """asickernels.torch routes meta tensors as it routes ``tpu`` tensors."""
+    monkeypatch.setattr(akt, "_TPU_DEVICE", "meta")
 
 
-def test_jax_op_registers_a_torch_library_op(giou_op):
-    schema = str(getattr(torch.ops, NAMESPACE).giou.default._schema)
-    assert schema == f"{NAMESPACE}::giou(Tensor boxes1, Tensor boxes2) -> Tensor"
+def split(name: str) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """``every_argument(name)`` as (arrays, static values) by name; a dtype as TorchTPU hands
+    it to the JAX function (a numpy dtype, not a scalar type)."""
+    op = OPS[name]
+    values = every_argument(name)
+    arrays = {n: values.get(n) for n in op.array_names}
+    statics = {n: values[n] for n in op.static_names if n in values}
+    return arrays, {n: np.dtype(v) if n == "out_dtype" else v for n, v in statics.items()}
+
+
+def as_tensors(arrays: dict[str, np.ndarray | None], device: str) -> dict[str, torch.Tensor]:
+    return {n: torch.as_tensor(a, device=device) for n, a in arrays.items() if a is not None}
+
+
+def torch_statics(statics: dict[str, object]) -> dict[str, object]:
+    """Static values as a torch caller passes them (dtypes as torch dtypes)."""
+    return {n: ops.torch_dtype(v) if n == "out_dtype" else v for n, v in statics.items()}
+
+
+def declared(name: str) -> list[tuple[tuple[int, ...], str]]:
+    arrays, statics = split(name)
+    plan = OPS[name].plan({n: a for n, a in arrays.items()}, statics)
+    return [(s.shape, f"torch.{s.dtype}") for s in plan.output_list()]
+
+
+def shapes(value: torch.Tensor | tuple[torch.Tensor, ...]) -> list[tuple[tuple[int, ...], str]]:
+    values = value if isinstance(value, tuple) else (value,)
+    return [(tuple(v.shape), str(v.dtype)) for v in values]
+
+
+def arguments(schema: torch.FunctionSchema) -> list[tuple[str, str, bool, object]]:
+    return [
+        (a.name, str(a.type).replace("SymInt", "int"), a.kwarg_only, a.default_value)
+        for a in schema.arguments
+    ]
+
+
+@pytest.mark.parametrize("name", [*OPS, *(f"{n}_backward" for n in DIFFERENTIABLE)])
+def test_schema_is_the_torch_operators(name):
+    tpu = getattr(torch.ops.asickernels_tpu, name).default._schema
+    cpu = getattr(torch.ops.asickernels, name).default._schema
+    assert arguments(tpu) == arguments(cpu)
+    assert [str(r.type) for r in tpu.returns] == [str(r.type) for r in cpu.returns]
     assert not torch.accelerator.is_available()  # what makes a tpu tensor unsafe here
 
 
-@pytest.mark.parametrize(("shape", "dtype"), CASES)
-def test_meta_tensors_get_the_declared_output(giou_op, on_tpu_generation, shape, dtype):
-    want = declared(shape, dtype)
-    boxes = torch.empty(shape, dtype=dtype, device="meta")
-    out = giou_op(boxes, boxes)
-    assert out.device.type == "meta"
-    assert (tuple(out.shape), str(out.dtype)) == (want.shape, f"torch.{want.dtype}")
+@pytest.mark.parametrize("name", list(OPS))
+def test_make_fx_traces_the_torch_tpu_operator_with_declared_outputs(
+    name, meta_is_tpu, on_tpu_generation
+):
+    arrays, statics = split(name)
+    tensors = as_tensors(arrays, "meta")
+
+    def call(*given: torch.Tensor) -> object:
+        return getattr(akt, name)(**dict(zip(tensors, given, strict=True)), **statics)
+
+    graph = make_fx(call, tracing_mode="fake")(*tensors.values())
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    operator = getattr(torch.ops.asickernels_tpu, name).default
+    assert operator in targets
+    assert getattr(torch.ops.asickernels, name).default not in targets
+    (node,) = [n for n in graph.graph.nodes if n.target is operator]
+    assert shapes(node.meta["val"]) == declared(name)
 
 
-@pytest.mark.parametrize(("shape", "dtype"), CASES)
-def test_make_fx_traces_one_call_on_fake_tensors(giou_op, on_tpu_generation, shape, dtype):
-    def loss(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return (1 - giou_op(a, b)).mean()
+def test_other_devices_keep_the_torch_operators():
+    boxes = torch.zeros(3, 4, device="meta")
+    graph = make_fx(lambda a, b: akt.giou(a, b), tracing_mode="fake")(boxes, boxes)
+    targets = [n.target for n in graph.graph.nodes]
+    assert torch.ops.asickernels.giou.default in targets
+    assert torch.ops.asickernels_tpu.giou.default not in targets
 
-    boxes = torch.zeros(shape, dtype=dtype)
-    graph = make_fx(loss, tracing_mode="fake")(boxes, boxes)
-    calls = [n for n in graph.graph.nodes if n.target is getattr(torch.ops, NAMESPACE).giou.default]
-    assert len(calls) == 1
-    value = calls[0].meta["val"]  # the fake kernel's output
-    assert isinstance(value, torch.Tensor)
-    want = declared(shape, dtype)
-    assert (tuple(value.shape), str(value.dtype)) == (want.shape, f"torch.{want.dtype}")
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_gradients_trace_through_the_backward_operator(name, meta_is_tpu, on_tpu_generation):
+    op = OPS[name]
+    arrays, statics = split(name)
+    tensors = as_tensors(arrays, "meta")
+
+    def loss_gradients(*given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(tensors, given, strict=True))
+        wrt = [inputs[n].requires_grad_() for n in op.differentiable]
+        out = getattr(akt, name)(**inputs, **statics)
+        return torch.autograd.grad(out.sum(), wrt)
+
+    graph = make_fx(loss_gradients, tracing_mode="fake")(*tensors.values())
+    backward = getattr(torch.ops.asickernels_tpu, f"{name}_backward").default
+    (node,) = [n for n in graph.graph.nodes if n.target is backward]
+    grads = node.meta["val"] if isinstance(node.meta["val"], tuple) else (node.meta["val"],)
+    assert [tuple(g.shape) for g in grads] == [tuple(tensors[n].shape) for n in op.differentiable]
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    assert [tuple(o.meta["val"].shape) for o in outputs] == [g.shape for g in grads]
+
+
+def exported(function, arrays, statics, generation):
+    """``function`` exported for TPU as TorchTPU exports it (``jax.export`` of ``jax.jit``,
+    custom-call checks off: torch_tpu/_internal/pallas/pallas.py, JaxCallable), lowered for
+    ``generation``; with the argument specs on one of its devices."""
+    device = tpu_compile.topology_device(generation)
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    specs = [
+        None if a is None else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+        for a in arrays
+    ]
+    with jax.default_device(device):
+        module = jax.export.export(
+            jax.jit(function, static_argnames=[*statics, "backend"]),
+            platforms=["tpu"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
+        )(*specs, **statics)
+    placed = [None if s is None else s.update(sharding=sharding) for s in specs]
+    return module, placed
 
 
 @pytest.mark.parametrize("generation", tpu_compile.GATE_GENERATIONS)
-def test_exported_module_compiles_for_tpu(giou_op, generation):
-    """The module TorchTPU hands its runtime: ``jax.export`` of ``jax.jit(fn)`` for the TPU
-    platform, custom-call checks off (torch_tpu/_internal/pallas/pallas.py, JaxCallable),
-    lowered here for ``generation`` and compiled by libtpu (Mosaic, VMEM limits)."""
-    shape, dtype = CASES[0]
-    device = tpu_compile.topology_device(generation)
-    with jax.default_device(device):
-        exported = jax.export.export(
-            jax.jit(giou_pallas),
+@pytest.mark.parametrize("name", list(OPS))
+def test_exported_module_compiles_for_tpu(name, generation):
+    """The module TorchTPU hands its runtime, compiled by libtpu: Mosaic kernels where the
+    op's TPU backend is Pallas; an error (Mosaic, VMEM) fails the test."""
+    op = OPS[name]
+    arrays, statics = split(name)
+    module, placed = exported(torch_tpu.forward_function(op), arrays.values(), statics, generation)
+    with jax.default_device(tpu_compile.topology_device(generation)):
+        values = {**arrays, **statics, "backend": None}
+        pallas = torch_tpu.tpu_backend(op, values) == "pallas_tpu"
+    assert ("tpu_custom_call" in module.mlir_module()) == pallas
+    assert [(a.shape, f"torch.{a.dtype}") for a in module.out_avals] == declared(name)
+    compiled = jax.jit(module.call).lower(*placed).compile()
+    assert compiled.memory_analysis() is not None
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_exported_backward_compiles_for_tpu(name):
+    op = OPS[name]
+    arrays, statics = split(name)
+    (out_shape, _), *_ = declared(name)
+    cotangent = np.ones(out_shape, np.float32)
+    module, placed = exported(
+        torch_tpu.backward_function(op), [cotangent, *arrays.values()], statics, "v5e"
+    )
+    jax.jit(module.call).lower(*placed).compile()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_the_registered_function_agrees_with_the_reference(name):
+    """The function the operator exports, run on the CPU: Pallas kernels in interpret mode."""
+    arrays, statics = split(name)
+    got = jax.jit(torch_tpu.forward_function(OPS[name]), static_argnames=list(statics))(
+        **arrays, **statics
+    )
+    oracle.assert_agrees(name, got, oracle.expected(name, arrays, statics))
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_the_registered_backward_is_the_torch_gradient(name):
+    """The backward function, on the CPU in interpret mode, against autograd of the CPU torch
+    operator (itself held to the reference in test_torch_frontend.py)."""
+    op = OPS[name]
+    arrays, statics = split(name)
+    tensors = as_tensors(arrays, "cpu")
+    for n in op.differentiable:
+        tensors[n].requires_grad_()
+    out = getattr(akt, name)(**tensors, **torch_statics(statics))
+    cotangent = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    want = torch.autograd.grad(out, [tensors[n] for n in op.differentiable], cotangent)
+    function = jax.jit(torch_tpu.backward_function(op), static_argnames=list(statics))
+    got = function(cotangent.numpy(), **arrays, **statics)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=2e-4, atol=2e-5)
+
+
+def test_int8_matmul_takes_a_torch_out_dtype(on_tpu_generation):
+    arrays, _ = split("int8_matmul")
+    tensors = as_tensors(arrays, "meta")
+    out = torch_tpu.OPERATORS["int8_matmul"](*tensors.values(), out_dtype=torch.bfloat16)
+    assert (tuple(out.shape), out.dtype) == ((8, 2), torch.bfloat16)
+
+
+def test_a_bad_argument_is_refused_naming_it(on_tpu_generation):
+    boxes = torch.empty(5, 3, device="meta")
+    with pytest.raises(ValueError, match="boxes1"):
+        torch_tpu.OPERATORS["giou"](boxes, boxes)
+
+
+# SPMD: the batch-partitioned ops over a 4-chip v5e slice (v5e:2x2), batch split 4 ways.
+MESH_TOPOLOGY = "v5e:2x2"
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    from jax.experimental import topologies
+
+    tpu_compile.topology_device("v5e")  # sets the environment libtpu needs here
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=MESH_TOPOLOGY).devices
+    return jax.sharding.Mesh(np.array(devices), ("batch",))
+
+
+BATCHED = [op.name for op in asickernels.OPS if op.partition == "batch"]
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_sharded_operator_takes_and_returns_local_shards(name, mesh):
+    """Each rank passes its shard (here one of 4 along the leading dim) and gets its shard
+    of each output: the declared outputs of the global batch, split 4 ways."""
+    op = OPS[name]
+    spec = jax.sharding.PartitionSpec("batch")
+    operator = torch_tpu.sharded(op, mesh, spec, name=f"{name}_over_batch")
+    arrays, statics = split(name)
+    batch = {n: np.broadcast_to(a, (8, *np.shape(a))) for n, a in arrays.items() if a is not None}
+    local = [
+        torch.empty((2, *a.shape[1:]), dtype=ops.torch_dtype(a.dtype), device="meta")
+        for a in batch.values()
+    ]
+    with jax.default_device(mesh.devices.flat[0]):
+        out = operator(*local, **torch_statics(statics))
+    plan = op.plan(batch, statics)
+    want = [((s.shape[0] // 4, *s.shape[1:]), f"torch.{s.dtype}") for s in plan.output_list()]
+    assert shapes(out) == want
+
+
+@pytest.mark.parametrize("name", ["giou", "nms"])
+def test_sharded_module_compiles_for_a_multi_chip_slice(name, mesh):
+    """The sharded function exported as TorchTPU exports it, compiled by libtpu for the
+    4-chip slice: one Mosaic kernel per shard inside shard_map, no collectives needed."""
+    op = OPS[name]
+    spec = jax.sharding.PartitionSpec("batch")
+    arrays, statics = split(name)
+    sharding = jax.sharding.NamedSharding(mesh, spec)
+    specs = [
+        jax.ShapeDtypeStruct((8, *np.shape(a)), np.asarray(a).dtype, sharding=sharding)
+        for a in arrays.values()
+    ]
+    with jax.default_device(mesh.devices.flat[0]):
+        module = jax.export.export(
+            jax.jit(torch_tpu.sharded_function(op, mesh, spec), static_argnames=list(statics)),
             platforms=["tpu"],
             disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
-        )(*[jax.ShapeDtypeStruct(shape, "float32")] * 2)
-        fake = giou_op(*[torch.empty(shape, dtype=dtype, device="meta")] * 2)
-    assert "tpu_custom_call" in exported.mlir_module()  # a Mosaic kernel, not interpret mode
-    (out,) = exported.out_avals
-    assert out.shape == tuple(fake.shape)
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    args = [jax.ShapeDtypeStruct(shape, "float32", sharding=sharding)] * 2
-    compiled = jax.jit(exported.call).lower(*args).compile()
-    memory = compiled.memory_analysis()
-    assert memory is not None and memory.output_size_in_bytes >= 4 * out.size
+        )(*specs, **statics)
+    assert module.nr_devices == 4
+    assert "tpu_custom_call" in module.mlir_module()
+    compiled = jax.jit(module.call).lower(*specs).compile()
+    assert compiled.memory_analysis() is not None
+
+
+def test_ops_without_a_batch_rule_are_refused_over_a_mesh(mesh):
+    spec = jax.sharding.PartitionSpec("batch")
+    with pytest.raises(ValueError, match="giou_loss is partitioned as 'loss'"):
+        torch_tpu.sharded(OPS["giou_loss"], mesh, spec, name="giou_loss_over_batch")

@@ -1,0 +1,192 @@
+"""TorchTPU (``torch-tpu``): every op of :data:`asickernels.OPS` as a TorchTPU operator,
+``torch.ops.asickernels_tpu.<name>``, registered through TorchTPU's public
+``torch.tpu.pallas.jax_op``.
+
+Importing this module registers them; :mod:`asickernels.torch` does so the first time a tensor
+on the ``tpu`` device reaches one of its functions, and runs them there, so users call
+``asickernels.torch.<op>`` on any device. Each operator is the JAX op itself, traced with
+``jax.jit`` and exported for TPU by TorchTPU (``jax.export``: the Pallas kernels lower to
+Mosaic), with TorchTPU's fake kernel (from the exported module's output avals: the shapes
+and dtypes the op declares). Its schema is the op's: the arrays as positional tensors (in
+declaration order), the static values and ``str? backend=None`` keyword-only.
+
+* ``backend=None`` is the selection policy's choice for a TPU of the generation of JAX's
+  default device (the Pallas kernel where the op has one and the policy prefers it, else
+  XLA); a backend named by the caller must be a JAX backend.
+* The differentiable ops get autograd (``torch.library.register_autograd``, which
+  ``jax_op`` does not add) through a second operator, ``<name>_backward``: the op's VJP,
+  exported the same way.
+* :func:`sharded` registers a batch-partitioned op over a mesh (``jax_op``'s ``mesh`` and
+  partition specs): each rank passes its local shard, and the shards run the rule of
+  :mod:`asickernels.frontends.jax_spmd`.
+
+On a host without a TPU, Pallas's Mosaic lowering reads the TPU generation from JAX's
+default device: trace under ``jax.default_device`` of a TPU topology device
+(:func:`asickernels.simulate.tpu_compile.topology_device`). Never create a ``tpu`` tensor
+there: TorchTPU aborts the process.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import torch
+import torch_tpu  # noqa: F401  (provides torch.tpu)
+
+import asickernels
+from asickernels import tpu_generations
+from asickernels.frontends import jax_spmd
+from asickernels.kernels import policy
+from asickernels.kernels.declaration import Op, Param
+from asickernels.torch import ops
+
+NAMESPACE = "asickernels_tpu"
+
+# The annotation TorchTPU reads for each schema type (jax_op infers the schema, and which
+# arguments are static, from the function's annotations: every non-tensor is static).
+_ANNOTATIONS: dict[str, Any] = {
+    "Tensor": jax.Array,
+    "Tensor?": jax.Array | None,
+    "float": float,
+    "float?": float | None,
+    "int": int,
+    "int?": int | None,
+    "int[]": Sequence[int],
+    "str": str,
+    "bool": bool,
+    "ScalarType?": torch.dtype | None,
+}
+_BACKEND = inspect.Parameter(
+    "backend", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None
+)
+
+
+def signature(params: Sequence[Param], outputs: int) -> inspect.Signature:
+    """The annotated signature ``jax_op`` turns into the operator's schema: arrays
+    positional, static values and ``backend`` keyword-only."""
+    positional, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    ordered = [p for p in params if p.kind == "array"] + [p for p in params if p.kind == "static"]
+    annotated = [
+        inspect.Parameter(
+            p.name,
+            positional if p.kind == "array" else keyword,
+            default=p.default,
+            annotation=_ANNOTATIONS[p.torch_type],
+        )
+        for p in ordered
+    ]
+    returns = jax.Array if outputs == 1 else tuple[(jax.Array,) * outputs]  # type: ignore[misc]
+    return inspect.Signature([*annotated, _BACKEND], return_annotation=returns)
+
+
+def tpu_backend(op: Op, values: Mapping[str, Any]) -> str | None:
+    """The backend ``op`` runs on for a TPU (None for an op without a kernel): the one named
+    in ``values``, else the selection policy's for the generation of JAX's default device
+    (on a host without a TPU, Pallas kernels are taken as if native)."""
+    arrays = {n: values[n] for n in op.array_names}
+    plan = op.plan(arrays, {n: values[n] for n in op.static_names})
+    if plan.kernel is None or values["backend"] is not None:
+        return values["backend"]  # type: ignore[no-any-return]
+    device = policy.default_device()
+    generation = tpu_generations.generation_of(device) if device.platform == "tpu" else None
+    where = policy.Where("tpu", generation, traced=True, simulated_ok=True, embedded=True)
+    return policy.select(plan.kernel, None, where, plan.dtype)
+
+
+def _function(
+    name: str, sig: inspect.Signature, body: Callable[[dict[str, Any]], Any]
+) -> Callable[..., Any]:
+    """A function of signature ``sig`` that calls ``body`` with its arguments by name."""
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return body(dict(bound.arguments))
+
+    function.__signature__ = sig  # type: ignore[attr-defined]
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+def forward_function(op: Op) -> Callable[..., Any]:
+    """``op`` as the JAX function its TorchTPU operator exports (Pallas interpret mode when
+    run on a CPU, Mosaic when lowered for a TPU)."""
+    sig = signature(op.params, len(op.outputs))
+    return _function(
+        op.name, sig, lambda values: op(**values | {"backend": tpu_backend(op, values)})
+    )
+
+
+def backward_function(op: Op) -> Callable[..., Any]:
+    """``op``'s VJP as the JAX function its ``<name>_backward`` operator exports: the
+    gradients of the differentiable arrays, given the cotangent first."""
+    assert op.vjp is not None
+    vjp = op.vjp
+    params = ops.backward_params(op)
+
+    def body(values: dict[str, Any]) -> Any:
+        backend = tpu_backend(op, values)
+        arrays = {n: values[n] for n in op.array_names}
+        statics = {n: values[n] for n in op.static_names}
+        grads = tuple(vjp(arrays, statics, backend, values["cotangent"]))
+        return grads[0] if len(grads) == 1 else grads
+
+    return _function(f"{op.name}_backward", signature(params, len(op.differentiable)), body)
+
+
+def _register(op: Op) -> ops.CustomOp:
+    jax_op = torch.tpu.pallas.jax_op  # type: ignore[attr-defined]
+    forward: ops.CustomOp = jax_op(f"{NAMESPACE}::{op.name}", forward_function(op))
+    if op.vjp is not None:
+        backward = jax_op(f"{NAMESPACE}::{op.name}_backward", backward_function(op))
+        ops.register_autograd(op, forward, backward)
+    return forward
+
+
+OPERATORS: dict[str, ops.CustomOp] = {op.name: _register(op) for op in asickernels.OPS}
+
+
+def sharded_function(
+    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec
+) -> Callable[..., Any]:
+    """``op`` over ``mesh`` as the JAX function :func:`sharded` registers: its
+    :mod:`~asickernels.frontends.jax_spmd` wrapper on the global arrays.
+
+    Raises:
+      ValueError: ``op`` has no batch partition rule.
+    """
+    if op.partition != "batch":
+        raise ValueError(
+            f"{op.name} is partitioned as {op.partition!r}; only ops with the 'batch' rule "
+            "can be registered over a mesh here"
+        )
+    wrapper = getattr(jax_spmd, op.name)
+
+    def body(values: dict[str, Any]) -> Any:
+        backend = tpu_backend(op, values)
+        return wrapper(**values | {"backend": backend}, mesh=mesh, batch_spec=batch_spec)
+
+    return _function(op.name, signature(op.params, len(op.outputs)), body)
+
+
+def sharded(
+    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec, *, name: str
+) -> ops.CustomOp:
+    """``op`` over ``mesh``, split along its batch dims as ``batch_spec`` (its ``"batch"``
+    partition rule, as :mod:`~asickernels.frontends.jax_spmd` runs it), registered as
+    ``asickernels_tpu::<name>`` with ``jax_op``'s ``mesh`` and partition specs: each rank
+    passes its local shard of every array and gets its shard of every output. No autograd.
+
+    Raises:
+      ValueError: ``op`` has no batch partition rule.
+    """
+    return torch.tpu.pallas.jax_op(  # type: ignore[attr-defined,no-any-return]
+        f"{NAMESPACE}::{name}",
+        sharded_function(op, mesh, batch_spec),
+        mesh=mesh,
+        input_partition_specs=tuple(batch_spec for _ in op.array_names),
+        output_partition_specs=tuple(batch_spec for _ in op.outputs),
+    )
