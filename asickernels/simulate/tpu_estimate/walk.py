@@ -223,7 +223,7 @@ class Walker:
         once. ``mxu_op_cycles``: MXU operand type (``"bf16"``, ``"s8"``, ...) -> cycles one
         push occupies its MXU (none given: pushes cost only their bundle). ``observed_trips``:
         trips of the function's ``while`` loops in the order a run entered them
-        (:func:`~.program_facts.while_trips`), taken in turn by the top-level program's
+        (:func:`~.observed.observe`), taken in turn by the top-level program's
         data-dependent loops (where XLA puts ``while`` loops) that ``loop_trips`` does not
         name. ``kernel_runs``: what a run saw inside each Pallas kernel
         (:class:`~.observed.KernelRun`), taken in turn by the Mosaic kernel programs in the
