@@ -65,6 +65,11 @@ class KernelRun:
     # Per blocked input: (bytes of one block, steps on which its block index changed, so
     # the pipeline fetched it), summed over calls.
     fetches: tuple[tuple[float, float], ...] = ()
+    # How often each step pattern occurred: (per data-dependent branch, 1 if it ran its
+    # region on the step, 0 if not, None if not reached; per input, 1 if the step fetched
+    # its next block), weight. Decisions taken on the same step stay together in the walk
+    # (a step that skips its compute also skips its fetches). Empty for sampled grids.
+    patterns: tuple[tuple[tuple[int | None, ...], tuple[int, ...], float], ...] = ()
 
     def fetch_rate(self, nbytes: float) -> float | None:
         """Fraction of steps on which an input block of ``nbytes`` was fetched (the mean
@@ -339,6 +344,7 @@ class _KernelCounter:
         refs = self.body.invars[self.prefetch : self.prefetch + len(inputs)]
         self.block_bytes = [_ref_bytes(ref.aval) for ref in refs]
         self.fetches = [0.0] * len(inputs)
+        self.patterns: dict[tuple[tuple[int | None, ...], tuple[int, ...]], float] = {}
 
     def freeze(self) -> KernelRun:
         points = tuple(
@@ -348,7 +354,10 @@ class _KernelCounter:
             )
         )
         fetches = tuple(zip(self.block_bytes, self.fetches, strict=True))
-        return KernelRun(self.name, self.calls, self.steps, self.dynamic > 0, points, fetches)
+        patterns = tuple((b, f, w) for (b, f), w in sorted(self.patterns.items(), key=str))
+        return KernelRun(
+            self.name, self.calls, self.steps, self.dynamic > 0, points, fetches, patterns
+        )
 
     def count(self, values: Sequence[Any]) -> None:
         import numpy as np
@@ -367,19 +376,37 @@ class _KernelCounter:
         stride = max(1, math.ceil(steps / MAX_EVALUATED_STEPS))
         weight = steps / len(range(0, steps, stride))
         rest = [UNKNOWN] * (len(self.body.invars) - len(prefetch))
-        previous: list[Any] = [None] * len(self.index_maps)
+        keys: list[list[Any]] = []  # per step, each input's block index
+        branches: list[tuple[int | None, ...]] = []
         for number, index in enumerate(itertools.product(*map(range, grid))):
-            # Every step's block indices (a fetch is a change from the previous step's).
             step = _KernelStep(self, grid, index, weight)
             ids = [np.int32(i) for i in index]
-            for slot, index_map in enumerate(self.index_maps):
-                blocks = step.jaxpr(index_map.jaxpr, index_map.consts, [*ids, *prefetch])
-                key = tuple(None if b is UNKNOWN else int(np.asarray(b)) for b in blocks)
-                if key != previous[slot] or None in key:
-                    self.fetches[slot] += 1
-                previous[slot] = key
+            keys.append(
+                [
+                    tuple(
+                        None if b is UNKNOWN else int(np.asarray(b))
+                        for b in step.jaxpr(index_map.jaxpr, index_map.consts, [*ids, *prefetch])
+                    )
+                    for index_map in self.index_maps
+                ]
+            )
             if self.order and number % stride == 0:
                 step.jaxpr(self.body, self.body_consts, [*prefetch, *rest])
+                branches.append(tuple(step.ran.get(n) for n in range(self.kinds.count("branch"))))
+        # A block is fetched when its index changes (the first step's, before the grid).
+        for slot in range(len(self.index_maps)):
+            self.fetches[slot] += sum(
+                1
+                for number, key in enumerate(keys)
+                if not number or key[slot] != keys[number - 1][slot] or None in key[slot]
+            )
+        if stride > 1:
+            return
+        for number, key in enumerate(keys):  # the fetches issued on a step: the next step's
+            after = keys[number + 1] if number + 1 < len(keys) else key
+            fetched = tuple(int(a != b) for a, b in zip(after, key, strict=True))
+            pattern = (branches[number] if branches else (), fetched)
+            self.patterns[pattern] = self.patterns.get(pattern, 0.0) + 1.0
 
 
 class _KernelStep:
@@ -389,6 +416,7 @@ class _KernelStep:
         self, counter: _KernelCounter, grid: tuple[int, ...], index: tuple[int, ...], weight: float
     ) -> None:
         self.counter, self.grid, self.index, self.weight = counter, grid, index, weight
+        self.ran: dict[int, int] = {}  # branch point -> 1 if it ran its region this step
 
     def jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         import jax.extend as jex
@@ -422,6 +450,9 @@ class _KernelStep:
                 return unknown
             chosen = int(np.clip(int(np.asarray(index)), 0, len(params["branches"]) - 1))
             self._count(point, taken=float(chosen != 0))
+            if point is not None:
+                ordinal = self.counter.kinds[: point + 1].count("branch") - 1
+                self.ran[ordinal] = max(self.ran.get(ordinal, 0), int(chosen != 0))
             branch = params["branches"][chosen]
             return self.jaxpr(branch.jaxpr, branch.consts, values[1:])
         if name == "while":

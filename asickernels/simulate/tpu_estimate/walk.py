@@ -240,6 +240,8 @@ class Walker:
         self._sites: dict[str, dict[int, int]] = {}  # program -> {branch bundle: ordinal}
         self._data_loops: dict[str, dict[int, int]] = {}  # program -> {loop number: ordinal}
         self._encounters: dict[tuple[str, int], int] = {}
+        self._fetch_sites: dict[tuple[str, float], dict[int, int]] = {}
+        self._steps: dict[str, int] = {}  # counted kernel -> trips of its outer loops so far
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
         self._depth = 0
@@ -340,7 +342,7 @@ class Walker:
             elif op.opcode == "dma.done.wait" and runs_op is not False:
                 self._dma_wait(op)
             elif op.opcode.startswith("dma.") and runs_op is not False:
-                if runs_op is None and not self._counted_fetch(program, pc, op):
+                if op.predicate is not None and not self._counted_fetch(program, pc, op):
                     continue
                 self._dma_issue(op)
             elif runs_op is not False and (push := mxu_push(op)):
@@ -392,6 +394,9 @@ class Walker:
             runs[pc] = _LoopRun()
             return None
         run.iterations += 1
+        if program.name in self.counted and loop in self.loops[program.name]:
+            # A new grid step: its branches and fetches take the step's pattern together.
+            self._steps[program.name] = self._steps.get(program.name, 0) + 1
         if pc not in exit_tests:
             exit_tests[pc] = _exit_test(program, pc, op, target)
         test = exit_tests[pc]
@@ -451,29 +456,44 @@ class Walker:
         )
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)
+        bits = _step_pattern(self.counted[program.name], self._steps.get(program.name, 0))
+        if bits is not None and sites[pc] < len(bits[0]) and bits[0][sites[pc]] is not None:
+            return bool(bits[0][sites[pc]])
         # Spread the runs evenly: the sampled part of a long loop sees the average rate.
         return _spread(seen + 1, point.rate) > _spread(seen, point.rate)
 
     def _counted_fetch(self, program: Program, pc: int, op: Instruction) -> bool:
-        """Whether a pipeline fetch (``dma.hbm_to_vmem``) whose predicate depends on data
-        is issued this time: in a counted kernel, at the rate the run fetched input blocks
-        of its size (an input block is fetched when its index changes); else always."""
+        """Whether a predicated pipeline fetch (``dma.hbm_to_vmem``) not ruled out by the
+        schedule is issued this time: in a counted kernel, as the run fetched input blocks
+        of its size (a block is fetched when its index changes; the walk cannot follow
+        index maps that read scalar-prefetch values, and may take such a fetch for
+        certain); else always."""
         run = self.counted.get(program.name)
         if run is None or not op.opcode.startswith("dma.hbm_to_vmem"):
             return True
         keywords = dict(KEYWORD_OPERAND.findall(op.text))
         granules = self.machine.read(parse_operand(keywords.get("size_in_granules", "").strip()))
-        rate = run.fetch_rate(granules * GRANULE_BYTES) if type(granules) is int else None
+        if not isinstance(granules, int):
+            return True
+        nbytes = granules * GRANULE_BYTES
+        rate = run.fetch_rate(nbytes)
         if rate is None:
             return True
         seen = self._encounters.get((program.name, -pc - 1), 0)
         self._encounters[(program.name, -pc - 1)] = seen + 1
         note = (
-            f"{program.name}: fetches whose issue depends on data run at the rate the run "
+            f"{program.name}: predicated fetches of input blocks run as often as the run "
             "fetched input blocks of their size (a block is fetched when its index changes)"
         )
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)
+        # The fetch sites of one block size stand for that size's inputs, in order.
+        sites = self._fetch_sites.setdefault((program.name, nbytes), {})
+        ordinal = sites.setdefault(pc, len(sites))
+        inputs = [i for i, (size, _) in enumerate(run.fetches) if size == nbytes]
+        bits = _step_pattern(run, self._steps.get(program.name, 0))
+        if bits is not None and ordinal < len(inputs) and inputs[ordinal] < len(bits[1]):
+            return bool(bits[1][inputs[ordinal]])
         return _spread(seen + 1, rate) > _spread(seen, rate)
 
     def _planned_trips(self, program: Program, loop: Loop | None) -> int:
@@ -650,6 +670,27 @@ def _flatten(loops: Iterable[Loop]) -> list[Loop]:
         out.append(loop)
         out.extend(_flatten(loop.children))
     return out
+
+
+_GOLDEN = 0.6180339887498949
+
+
+def _step_pattern(
+    run: KernelRun, number: int
+) -> tuple[tuple[int | None, ...], tuple[int, ...]] | None:
+    """The step pattern (:attr:`~.observed.KernelRun.patterns`) a kernel's ``number``-th
+    step takes: drawn in proportion to how often the run saw each, by a low-discrepancy
+    sequence, so any stretch of steps (the sampled part of a long loop) sees the run's
+    mix."""
+    if not run.patterns:
+        return None
+    total = sum(weight for _, _, weight in run.patterns)
+    point = ((number + 0.5) * _GOLDEN) % 1.0 * total
+    for branches, fetches, weight in run.patterns:
+        point -= weight
+        if point < 0:
+            return branches, fetches
+    return run.patterns[-1][0], run.patterns[-1][1]
 
 
 def _spread(count: int, rate: float) -> int:

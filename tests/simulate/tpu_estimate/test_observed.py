@@ -80,6 +80,16 @@ def test_a_run_counts_a_kernels_data_dependent_branches_loops_and_fetches() -> N
     assert (nbytes, fetches) == (8 * 128 * 4, 6)
     assert kernel.fetch_rate(nbytes) == pytest.approx(6 / 8)
     assert "ran its region 4 of 8 times" in kernel.describe()
+    # Step by step: the mask's branch, the on-data branch (never computable) and whether
+    # the step fetched the next step's block. Masks 1 0 0 1 1 0 1 0; block indices
+    # 0 0 0 3 4 0 6 0, so steps 2 to 6 fetch the next one.
+    patterns = {(branches, fetched): weight for branches, fetched, weight in kernel.patterns}
+    assert patterns == {
+        ((1, None), (0,)): 1,  # step 0
+        ((0, None), (0,)): 2,  # steps 1 and 7
+        ((0, None), (1,)): 2,  # steps 2 and 5
+        ((1, None), (1,)): 3,  # steps 3, 4 and 6
+    }
 
 
 def test_a_kernel_whose_output_is_read_runs_and_still_counts() -> None:
@@ -150,6 +160,24 @@ def test_the_walk_runs_a_counted_branchs_region_at_the_runs_rate() -> None:
     assert assumed.machine.hbm_bytes == 100 * 1024
     assert any("runs in 25.0% of executions" in n for n in counted.machine.unresolved_loops)
     assert counted.machine.unresolved_branches == 0 < assumed.machine.unresolved_branches
+
+
+def test_a_steps_branch_and_fetch_come_from_the_same_pattern() -> None:
+    # Half the steps compute and fetch, half do neither: never one without the other.
+    run = observed.KernelRun(
+        "k",
+        1,
+        100,
+        False,
+        (observed.ControlCount("branch", 100, 50),),
+        ((1024.0, 50.0),),
+        (((1,), (1,), 50.0), ((0,), (0,), 50.0)),
+    )
+    walker = _walk_kernel((run,))
+    assert walker.executions("TLP")[8] == pytest.approx(50, abs=1)
+    assert walker.machine.hbm_bytes == pytest.approx(50 * 1024, abs=1024)
+    ran = [walking._step_pattern(run, step) for step in range(100)]
+    assert all(branches[0] == fetches[0] for branches, fetches in ran if branches)
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.3, 0.5, 1.0])
