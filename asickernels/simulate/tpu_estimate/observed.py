@@ -464,6 +464,10 @@ class _KernelStep:
             return [_load(params, values)]
         if any(value is UNKNOWN for value in values) or name in ("swap", "addupdate"):
             return unknown
+        fast = _NUMPY.get(name)
+        if fast is not None and all(np.ndim(value) == 0 for value in values):
+            # Scalar index arithmetic: numpy, ~50x faster than dispatching to jax.
+            return [np.asarray(fast(*values)).astype(eqn.outvars[0].aval.dtype)[()]]
         try:
             result = eqn.primitive.bind(*values, **params)
         except Exception:  # a Pallas-only primitive outside its kernel: not computable here
@@ -498,6 +502,31 @@ class _KernelStep:
         else:
             counter.entries[point] += self.weight
             counter.taken[point] += taken * self.weight
+
+
+def _numpy_ops() -> dict[str, Callable[..., Any]]:
+    import numpy as np
+
+    return {
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "max": np.maximum,
+        "min": np.minimum,
+        "eq": np.equal,
+        "ne": np.not_equal,
+        "lt": np.less,
+        "le": np.less_equal,
+        "gt": np.greater,
+        "ge": np.greater_equal,
+        "and": np.bitwise_and,
+        "or": np.bitwise_or,
+        "not": np.invert,
+        "convert_element_type": lambda value: value,  # the cast below does it
+    }
+
+
+_NUMPY = _numpy_ops()
 
 
 def _load(params: Any, values: list[Any]) -> Any:

@@ -270,7 +270,7 @@ def test_published_figures_carry_source_method_and_era() -> None:
     from asickernels.simulate.tpu_estimate import published
 
     timings = published.published_timings()
-    assert {t.source for t in timings} == {published.GUIDE, published.SEED}
+    assert {t.source for t in timings} == {published.GUIDE, published.SPARSE, published.SEED}
     assert all(t.method and t.era and t.generation == "v5e" and t.seconds > 0 for t in timings)
     assert len({t.target.name for t in timings}) == len(timings)
 

@@ -191,3 +191,39 @@ def test_shapes_only_say_which_kernel_points_were_not_counted() -> None:
     spec = jax.ShapeDtypeStruct((8,), jnp.int32)
     (line,) = observed.kernel_points(functools.partial(masked_sum), [spec, spec, x])
     assert "2 data-dependent branch(es), 1 loop(s)" in line
+
+
+# -- the Pallas TPU sparse guide's masked matmul, rebuilt -------------------------------------
+
+
+def test_prefetch_maps_name_the_next_set_block_as_the_guide_does() -> None:
+    from asickernels.simulate.tpu_estimate import guide_kernels
+
+    mask, kind, next_i, next_j = guide_kernels.prefetch_maps(np.tril(np.ones((3, 3), np.int32)))
+    # The guide scans from the last block back; kinds in order found: diagonal 0, full 1.
+    assert kind.tolist() == [[0, 1, 1], [1, 0, 1], [1, 1, 0]]
+    assert next_i.tolist() == [[0, 1, 1], [1, 1, 2], [2, 2, 2]]
+    assert next_j.tolist() == [[0, 0, 0], [0, 1, 0], [0, 1, 2]]
+    assert mask.tolist() == np.tril(np.ones((3, 3))).tolist()
+
+
+def test_the_masked_matmul_computes_the_masked_product_and_its_counts() -> None:
+    from asickernels.simulate.tpu_estimate import guide_kernels
+
+    size, block = 1024, guide_kernels.BLOCK_MN
+    maps = [jnp.asarray(a) for a in guide_kernels.prefetch_maps(np.tril(np.ones((2, 2))))]
+    kinds = jnp.stack(
+        [jnp.tril(jnp.ones((block, block), jnp.int32)), jnp.ones((block, block), jnp.int32)]
+    )
+    x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(jnp.bfloat16)
+    y = jax.random.normal(jax.random.key(1), (size, size), jnp.float32).astype(jnp.bfloat16)
+    with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
+        got = guide_kernels.masked_matmul(*maps, x, y, kinds)
+    mask = jnp.tril(jnp.ones((size, size), jnp.int32))
+    want = guide_kernels.masked_reference(mask, x.astype(jnp.float32), y.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=0.5)
+    (run,) = _observe(guide_kernels.masked_matmul, *guide_kernels.masked_example(2048)).kernels
+    # 10 of 16 blocks set, 2 k-steps each; x and y fetched on the computed steps only, the
+    # mask's block when its kind changes: rows of kinds 0111 1011 1101 1110, 7 changes.
+    assert (run.steps, run.points[0].entries, run.points[0].taken) == (32, 32, 20)
+    assert [count for _, count in run.fetches] == [20, 20, 7]
