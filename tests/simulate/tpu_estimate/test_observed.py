@@ -227,3 +227,47 @@ def test_the_masked_matmul_computes_the_masked_product_and_its_counts() -> None:
     # mask's block when its kind changes: rows of kinds 0111 1011 1101 1110, 7 changes.
     assert (run.steps, run.points[0].entries, run.points[0].taken) == (32, 32, 20)
     assert [count for _, count in run.fetches] == [20, 20, 7]
+
+
+# -- estimates of kernels nobody here wrote, counted from a run (compiles with libtpu) ---------
+
+
+def _needs_libtpu() -> None:
+    from asickernels.simulate import tpu_compile
+
+    if tpu_compile.libtpu_status():
+        pytest.skip("needs libtpu")
+
+
+@pytest.mark.slow
+def test_the_masked_matmul_estimate_skips_what_the_mask_skips() -> None:
+    from asickernels.simulate.tpu_estimate import estimate_function, guide_kernels
+
+    _needs_libtpu()
+    example = guide_kernels.masked_example(4096)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+    (counted,) = estimate_function(guide_kernels.masked_matmul, *example, generations=("v5e",))
+    (assumed,) = estimate_function(guide_kernels.masked_matmul, *shapes, generations=("v5e",))
+    # 36 of 64 output blocks computed: well under the all-blocks estimate, above the floor.
+    assert counted.device_s < 0.75 * assumed.device_s
+    assert counted.floor_s is not None and counted.device_s > counted.floor_s
+    assert any("data-dependent branch at bundle" in a for a in counted.assumptions)
+    assert any("1 data-dependent branch(es)" in a for a in assumed.assumptions)
+
+
+@pytest.mark.slow
+def test_a_grouped_matmul_runs_the_grid_steps_its_group_sizes_make() -> None:
+    import importlib  # megablox's package exports a gmm function over its module
+
+    from asickernels.simulate.tpu_estimate import estimate_function
+
+    _needs_libtpu()
+    gmm = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm").gmm
+    sizes = jnp.asarray([128, 0, 256, 128], jnp.int32)
+    lhs = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16)
+    (estimate,) = estimate_function(gmm, lhs, rhs, sizes, generations=("v5e",))
+    # Its default 128^3 tiles: 2 n-tiles x 4 m-tiles with rows (the empty group is not
+    # visited) x 2 k-tiles; the schedule's grid loop runs them plus 2 pipeline trips.
+    assert any("16 grid step(s)" in a for a in estimate.assumptions)
+    assert any(loop.endswith("18.0 trips each") for loop in estimate.loops)
