@@ -1,7 +1,7 @@
 """Published TPU timings of programs nobody here tuned, and how the estimate fares on them.
 
 Each figure carries its source (file@commit or URL), generation, method and compiler era.
-Both sources timed whole calls from Python (``timeit`` around ``jax.block_until_ready``),
+All sources timed whole calls from Python (``timeit`` around ``jax.block_until_ready``),
 so each is compared with the estimate's ``per_call_s`` (device program plus the per-call
 host overhead). Two shared constants stand in for what no schedule shows (a latency per
 DMA, the per-call overhead): they are fitted to all rows (in-sample) and, to judge them on
