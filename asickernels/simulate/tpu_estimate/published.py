@@ -105,51 +105,9 @@ def published_timings() -> tuple[PublishedTiming, ...]:
         )
         for size, blocks, seconds in _GUIDE_FIGURES
     )
-    size, era = SPARSE_SIZE, "2024-09 (jax 0.4.3x)"
-    blocks = size // guide_kernels.BLOCK_MN
-    computed = blocks * (blocks + 1) // 2  # the lower triangle's blocks
-    masked_work = roofline.Work(
-        3 * 2.0 * size * size,  # x and y read once, the output written once
-        2.0 * computed * guide_kernels.BLOCK_MN**2 * size,
-        "mxu_bf16",
-    )
-    sparse = (
-        PublishedTiming(
-            SPARSE,
-            "v5e",
-            TIMEIT,
-            era,
-            28.648e-3,
-            cases.make_case(
-                f"sparse guide Pallas matmul bf16 {size}^3, lower-triangular output mask",
-                f"{guide_kernels.__name__}:masked_case",
-                {"size": size},
-                op="bf16_matmul",
-                impl="pallas_tpu",
-                shape=f"{size}x{size}x{size}",
-                work=masked_work,
-            ),
-            functools.partial(guide_kernels.masked_example, size),
-        ),
-        PublishedTiming(
-            SPARSE,
-            "v5e",
-            TIMEIT,
-            era,
-            49.988e-3,
-            cases.make_case(
-                f"sparse guide reference mask * (x @ y) {size}^3, xla",
-                f"{guide_kernels.__name__}:masked_reference_case",
-                {"size": size},
-                op="bf16_matmul",
-                impl="xla",
-                shape=f"{size}x{size}x{size}",
-                work=roofline.Work(
-                    (2 + 2 + 4 + 2) * size * size, 2.0 * size**3, "mxu_bf16"
-                ),  # bf16 x, y and output, int32 mask
-            ),
-        ),
-        PublishedTiming(SPARSE, "v5e", TIMEIT, era, 46.953e-3, _guide_xla(size)),
+    sparse = tuple(
+        PublishedTiming(SPARSE, "v5e", TIMEIT, "2024-09 (jax 0.4.3x)", seconds, target, example)
+        for seconds, target, example in _sparse_programs(SPARSE_SIZE)
     )
     seed = (
         PublishedTiming(SEED, "v5e", TIMEIT, "2024", seeds.SEED_NMS_PALLAS_MS * 1e-3, cases.SEED_NMS_PALLAS),
@@ -159,6 +117,48 @@ def published_timings() -> tuple[PublishedTiming, ...]:
 
 
 SPARSE_SIZE = 16384
+
+
+def _sparse_programs(
+    size: int,
+) -> list[tuple[float, cost.EstimateTarget, Callable[[], Sequence[Any]] | None]]:
+    """The sparse guide's masked matmul, its reference and ``x @ y`` (published seconds,
+    target, example arguments deciding its control flow)."""
+    blocks = size // guide_kernels.BLOCK_MN
+    computed = blocks * (blocks + 1) // 2  # the lower triangle's blocks
+
+    def program(name: str, builder: str, impl: str, work: roofline.Work) -> cost.EstimateTarget:
+        return cases.make_case(
+            name,
+            f"{guide_kernels.__name__}:{builder}",
+            {"size": size},
+            op="bf16_matmul",
+            impl=impl,
+            shape=f"{size}x{size}x{size}",
+            work=work,
+        )
+
+    masked = program(
+        f"sparse guide Pallas matmul bf16 {size}^3, lower-triangular output mask",
+        "masked_case",
+        "pallas_tpu",
+        # x and y read once, the output written once; the computed blocks' products.
+        roofline.Work(
+            3 * 2.0 * size * size, 2.0 * computed * guide_kernels.BLOCK_MN**2 * size, "mxu_bf16"
+        ),
+    )
+    reference = program(
+        f"sparse guide reference mask * (x @ y) {size}^3, xla",
+        "masked_reference_case",
+        "xla",
+        # bf16 x, y and output, the int32 mask.
+        roofline.Work((2 + 2 + 4 + 2) * size * size, 2.0 * size**3, "mxu_bf16"),
+    )
+    return [
+        (28.648e-3, masked, functools.partial(guide_kernels.masked_example, size)),
+        (49.988e-3, reference, None),
+        (46.953e-3, _guide_xla(size), None),
+    ]
 
 
 @functools.cache
