@@ -11,6 +11,9 @@
 * :mod:`.report`: tables, calibration, sweeps, markdown and JSON;
 * :mod:`.program_facts`: a function's Pallas kernels (grid, TensorCore split) and floor,
   from its jaxpr;
+* :mod:`.observed`: what a run on example inputs says of data-dependent loops and branches
+  (XLA ``while`` trips; inside Pallas kernels, branch rates, loop trips, grid steps and
+  block fetches);
 * :mod:`.user_function`: :func:`estimate_function`, the estimate of any jitted function or
   Pallas kernel with example arguments.
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from asickernels import tpu_generations as generations
 from asickernels.simulate.tpu_estimate import parsing, program_facts, walk
+from asickernels.simulate.tpu_estimate.observed import KernelRun
 from asickernels.simulate.tpu_estimate.roofline import Work
 
 # Generations the estimate covers: those libtpu compiles for whose clock is known.
@@ -119,8 +120,9 @@ class EstimateTarget:
     preorder of :func:`~asickernels.simulate.tpu_estimate.walk.loop_tree` and ``trips`` an
     int or a tuple taken in turn on successive entries of that loop. ``observed_trips``: the
     trips a run on example inputs took in the function's ``while`` loops, in entry order
-    (:func:`~.program_facts.while_trips`), for the data-dependent loops ``loop_trips``
-    does not name.
+    (:func:`~.observed.observe`), for the data-dependent loops ``loop_trips``
+    does not name; ``kernel_runs``: what that run saw inside each Pallas kernel (grid
+    steps, how often each data-dependent branch ran its region, loop trips).
 
     ``op``, ``impl`` (``"pallas_tpu"``, ``"xla"`` or ``"seed"``) and ``shape`` label the
     case in tables and JSON; ``work`` gives its roofline (None: none stated).
@@ -131,6 +133,7 @@ class EstimateTarget:
     kwargs: tuple[tuple[str, Any], ...] = ()
     loop_trips: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     observed_trips: tuple[int, ...] = ()
+    kernel_runs: tuple[KernelRun, ...] = ()
     op: str = ""
     impl: str = ""
     shape: str = ""
@@ -325,6 +328,7 @@ def estimate_dump(
     facts: program_facts.ProgramFacts | None = None,
     mxu_occupancy: bool = True,
     observed_trips: Sequence[int] = (),
+    kernel_runs: Sequence[KernelRun] = (),
 ) -> Estimate:
     """Walks a loaded dump for ``generation``; see :class:`Estimate`. ``mxu_occupancy``
     False walks the schedule as issued (MXU pushes cost only their bundle)."""
@@ -337,6 +341,7 @@ def estimate_dump(
         loop_trips=loop_trips or {},
         mxu_op_cycles=mxu_op_cycles(generation) if mxu_occupancy else None,
         observed_trips=observed_trips,
+        kernel_runs=kernel_runs,
     )
     cycles = walker.run()
     kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
@@ -410,6 +415,7 @@ def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Esti
             loop_trips=trips,
             facts=facts,
             observed_trips=case.observed_trips,
+            kernel_runs=case.kernel_runs,
             **options,
         )
     except parsing.ScheduleError as error:

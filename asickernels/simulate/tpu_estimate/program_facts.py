@@ -1,6 +1,6 @@
 """What a function's jaxpr says before any compiler runs: its Pallas kernels (grid, how the
-grid is split over a chip's TensorCores) and the least work it must do (the floor); and
-what a run of it on example inputs says: how many trips each ``while`` loop took.
+grid is split over a chip's TensorCores) and the least work it must do (the floor). What a
+run on example inputs says is in :mod:`.observed`.
 
 Read from ``jax.make_jaxpr`` (public API), so it works on any jitted function or Pallas
 kernel, ours or not, on a machine without a TPU. :mod:`.estimate` writes these facts beside
@@ -9,7 +9,8 @@ the compiler's schedule dumps and prints them with the estimate.
 The floor counts only work that must happen whatever the data: matrix products
 (``dot_general`` at ``2 * batch * M * N * K`` operations; ``ragged_dot`` at ``2 * M * K *
 N``, each row meeting one group), inside Pallas kernels once per grid step, inside ``scan``
-once per iteration; products under a ``cond`` or a ``while`` count zero (they may not run).
+once per iteration; products under a ``cond`` or a ``while``, or in a kernel whose grid is
+sized at run time, count zero (they may not run).
 Its bytes are the function's inputs read once and outputs written once.
 """
 
@@ -30,7 +31,7 @@ class PallasCall:
     """One ``pallas_call`` (or ``core_map``) of the function."""
 
     name: str
-    grid: tuple[int, ...]
+    grid: tuple[int, ...]  # -1: a dimension sized at run time
     dimension_semantics: tuple[str, ...] | None  # None: not given (all "arbitrary")
     core_map_cores: int | None = None  # a ``core_map`` kernel over this many cores
 
@@ -51,11 +52,15 @@ class PallasCall:
             if kind in ("parallel", "core_parallel") and axis < len(self.grid)
         ]
         if split and facts.megacore:
-            steps = math.prod(self.grid)
+            share = (
+                f"{math.prod(self.grid)} steps"
+                if min(self.grid) >= 0
+                else "steps (grid sized at run time)"
+            )
             return (
                 f"{self.name}: grid {self.grid} split over {facts.cores_per_chip} TensorCores "
                 f"along parallel axis {split[0]} (dimension_semantics {semantics}); the walk "
-                f"follows core 0's share of the {steps} steps"
+                f"follows core 0's share of the {share}"
             )
         return (
             f"{self.name}: grid {self.grid} runs on one of {generation}'s "
@@ -156,7 +161,9 @@ class _Collector:
                     self.bf16_ops += weight * ops
                 continue
             if name == "pallas_call":
-                grid = tuple(int(g) for g in eqn.params["grid_mapping"].grid)
+                grid = tuple(
+                    g if isinstance(g, int) else -1 for g in eqn.params["grid_mapping"].grid
+                )
                 params = eqn.params.get("compiler_params")
                 if isinstance(params, Mapping):  # older jax: {"mosaic_tpu": ...}
                     params = params.get("mosaic_tpu") or params.get("mosaic")
@@ -170,7 +177,8 @@ class _Collector:
                         None if semantics is None else tuple(str(s).lower() for s in semantics),
                     )
                 )
-                self.visit(eqn.params["jaxpr"], weight * math.prod(grid or (1,)))
+                steps = math.prod(grid or (1,)) if min(grid, default=0) >= 0 else 0
+                self.visit(eqn.params["jaxpr"], weight * steps)
                 continue
             if name == "core_map":
                 mesh = eqn.params.get("mesh")
@@ -199,20 +207,6 @@ def program_facts(function: Callable[..., Any], arg_specs: Sequence[ArgSpec]) ->
     return ProgramFacts(tuple(collector.calls), floor)
 
 
-def while_trips(function: Callable[..., Any], args: Sequence[Any]) -> tuple[int, ...]:
-    """Runs ``function(*args)`` on the default (CPU) backend, one jaxpr equation at a time,
-    and returns the trips of each ``while`` loop it entered, in the order it entered them
-    (an outer loop before the inner loops of its first trip). These are the loops whose
-    exit a compiled schedule cannot decide: :class:`~.walk.Walker` takes them in turn."""
-    import jax
-
-    closed = jax.make_jaxpr(function)(*args)
-    trips: list[int] = []
-    if _has_while(closed.jaxpr):  # else nothing to count: skip the (maybe long) CPU run
-        _run(closed.jaxpr, closed.consts, list(args), trips)
-    return tuple(trips)
-
-
 def _jaxprs_in_params(params: Mapping[str, Any]) -> Iterator[Any]:
     """The jaxprs among an equation's parameters, as ``jax.extend.core.jaxprs_in_params``
     gives them (jax 0.7.1, the oldest supported, lacks it)."""
@@ -224,49 +218,3 @@ def _jaxprs_in_params(params: Mapping[str, Any]) -> Iterator[Any]:
                 yield item.jaxpr
             elif isinstance(item, jex.core.Jaxpr):
                 yield item
-
-
-def _has_while(jaxpr: Any) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "while":
-            return True
-        if eqn.primitive.name != "pallas_call" and any(
-            _has_while(sub) for sub in _jaxprs_in_params(eqn.params)
-        ):
-            return True
-    return False
-
-
-def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], trips: list[int]) -> list[Any]:
-    import jax.extend as jex
-
-    env: dict[Any, Any] = {}
-
-    def read(var: Any) -> Any:
-        return var.val if isinstance(var, jex.core.Literal) else env[var]
-
-    env.update(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
-        values = [read(var) for var in eqn.invars]
-        params = eqn.params
-        if eqn.primitive.name == "while":
-            cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-            n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-            cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
-            carry = values[n_cond + n_body :]
-            slot, count = len(trips), 0
-            trips.append(0)
-            while bool(_run(cond.jaxpr, cond.consts, [*cond_consts, *carry], trips)[0]):
-                carry = _run(body.jaxpr, body.consts, [*body_consts, *carry], trips)
-                count += 1
-            trips[slot] = count
-            outputs = carry
-        elif eqn.primitive.name in ("pjit", "jit", "closed_call"):
-            inner = params.get("jaxpr") or params.get("call_jaxpr")
-            outputs = _run(inner.jaxpr, inner.consts, values, trips)
-        else:
-            result = eqn.primitive.bind(*values, **params)
-            outputs = list(result) if eqn.primitive.multiple_results else [result]
-        env.update(zip(eqn.outvars, outputs, strict=True))
-    return [read(var) for var in jaxpr.outvars]

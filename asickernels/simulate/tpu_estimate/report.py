@@ -90,6 +90,7 @@ class Runner:
                 dma_latency_s=dma_latency_s,
                 facts=facts,
                 observed_trips=case.observed_trips,
+                kernel_runs=case.kernel_runs,
             )
         except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")

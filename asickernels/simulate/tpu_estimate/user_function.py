@@ -25,6 +25,7 @@ from typing import Any
 
 from asickernels.simulate.tpu_compile import Built
 from asickernels.simulate.tpu_estimate import estimate as cost
+from asickernels.simulate.tpu_estimate import observed
 
 _MAIN_MODULE = "asickernels_estimated_main"
 _SPEC = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[\s*([0-9,\s]*)\]\s*$")
@@ -131,9 +132,14 @@ def estimate_function(
     ``function``: defined at module level (or ``"module:name"``), or a
     ``functools.partial`` of one with JSON-able keyword arguments (trace-time constants
     such as block sizes). ``example_args``: arrays (the function then runs on them on
-    CPU, Pallas kernels in interpret mode, to count the trips of its ``while`` loops) or
-    ``jax.ShapeDtypeStruct`` (shapes only: such loops are assumed to run once, and the
-    estimate says so). ``loop_trips``: trips for loops whose exit depends on
+    CPU, Pallas kernels in interpret mode, to count the trips of its ``while`` loops and,
+    inside Pallas kernels, the grid steps and how often each branch or loop that depends
+    on loaded values ran: :mod:`.observed`), or ``jax.ShapeDtypeStruct`` (shapes only:
+    such loops are assumed to run once and such branches to run their region, and the
+    estimate says so). A mix works too where the shapes-only arguments feed only Pallas
+    kernels whose outputs nothing later reads (the run counts such a kernel's control
+    flow without executing it): arrays for what decides control flow (a block mask, group
+    sizes), shapes for the big tensors. ``loop_trips``: trips for loops whose exit depends on
     data, as :class:`~.estimate.EstimateTarget` takes them (unlisted ones are assumed to
     run once, and the estimate says so). Raises ValueError for a function or argument it
     cannot use, :class:`~.estimate.EstimateError` when libtpu refuses the program.
@@ -153,7 +159,7 @@ def estimate_function(
         runnable = build(reference, specs, path, static)[0]
     else:
         runnable = functools.partial(function, **static) if static else function
-    observed, run_note = _observed_trips(runnable, example_args)
+    observed, run_note = _observe(runnable, example_args)
     kwargs: dict[str, Any] = {"reference": reference, "arg_specs": specs}
     if path is not None:
         kwargs["path"] = path
@@ -164,7 +170,8 @@ def estimate_function(
         f"{__name__}:build",
         tuple(kwargs.items()),
         tuple((program, tuple(entries.items())) for program, entries in (loop_trips or {}).items()),
-        observed_trips=observed,
+        observed_trips=observed.while_trips,
+        kernel_runs=observed.kernels,
     )
     estimates = [cost.estimate_case(target, generation) for generation in generations]
     for estimate in estimates:
@@ -172,32 +179,39 @@ def estimate_function(
     return estimates
 
 
-def _observed_trips(
+def _observe(
     function: Callable[..., Any], example_args: Sequence[Any]
-) -> tuple[tuple[int, ...], str]:
-    """The trips of the function's ``while`` loops on the example inputs (run on CPU, Pallas
-    kernels in interpret mode), and a sentence saying how they were obtained."""
+) -> tuple[observed.Observed, str]:
+    """What a run of the function on the example inputs (on CPU, Pallas kernels in
+    interpret mode) saw of its data-dependent loops and branches, and a sentence saying
+    how it was obtained."""
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
-    from asickernels.simulate.tpu_estimate import program_facts
-
-    if any(isinstance(a, jax.ShapeDtypeStruct) for a in example_args):
-        return (), (
-            "example arguments are shapes only: while loops whose exit depends on data are "
-            "not counted (pass arrays to count them from a run on CPU)"
+    if all(isinstance(a, jax.ShapeDtypeStruct) for a in example_args) and example_args:
+        kernels = "; ".join(observed.kernel_points(function, example_args))
+        return observed.Observed(), (
+            "example arguments are shapes only: while loops, and branches and loops inside "
+            "Pallas kernels, whose outcome depends on data are not counted (pass arrays to "
+            "count them from a run on CPU)" + (f"; {kernels}" if kernels else "")
         )
     try:
         with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
-            trips = program_facts.while_trips(function, list(example_args))
+            seen = observed.observe(function, list(example_args))
     except Exception as error:  # the user's function failed on CPU: say so, estimate anyway
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-        return (), f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
-    if not trips:
-        return trips, "no while loops outside Pallas kernels: nothing to count from a run"
-    return trips, (
+        return observed.Observed(), (
+            f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
+        )
+    trips = seen.while_trips
+    notes = [
         f"ran the example inputs on CPU: {len(trips)} while-loop entr"
-        f"{'y' if len(trips) == 1 else 'ies'} counted ({', '.join(map(str, trips[:8]))}"
-        f"{', ...' if len(trips) > 8 else ''} trips); loops inside Pallas kernels are not "
-        "counted"
-    )
+        f"{'y' if len(trips) == 1 else 'ies'} outside Pallas kernels counted"
+        + (
+            f" ({', '.join(map(str, trips[:8]))}{', ...' if len(trips) > 8 else ''} trips)"
+            if trips
+            else ""
+        )
+    ]
+    notes += [kernel.describe() for kernel in seen.kernels]
+    return seen, "; ".join(notes)

@@ -9,10 +9,14 @@ other programs) and a per-bundle unit utilisation table
 
 * scalar and predicate registers are tracked where they are computable (grid counters, loop
   bounds, spills to static SMEM slots), so loop trip counts and which ``pl.when`` regions run
-  come out of the schedule itself; a branch that depends on data (e.g. a value popped from
-  the vector unit) is *unresolved*: a forward branch is assumed not taken (its region runs)
-  and a loop runs the trips the caller gives for it (``loop_trips``), else once; both are
-  counted in the result;
+  come out of the schedule itself; a branch that depends on data (e.g. a value loaded from
+  a scalar-prefetch ref) is *unresolved*. In a Pallas kernel with counts from a run on
+  example inputs (``kernel_runs``, :mod:`.observed`), the kernel's unresolved forward
+  branches take, in the order the walk meets them, the data-dependent branches of its body
+  in preorder, each running its region at the rate the run saw (spread evenly over its
+  executions); its data-dependent loops likewise take the run's trips per entry. Otherwise
+  a forward branch is assumed not taken (its region runs) and a loop runs the trips the
+  caller gives for it (``loop_trips``), else once; all are listed in the result;
 * each bundle costs one cycle (``vdelay n`` adds ``n``), branches have 4 delay slots;
 * each MXU push (``vmatmul``) occupies its MXU for the cycles the caller gives for its
   operand type (``mxu_op_cycles``: the rows it pushes through the array at the chip's
@@ -33,6 +37,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from asickernels.simulate.tpu_estimate.observed import KernelRun
 from asickernels.simulate.tpu_estimate.parsing import (
     KEYWORD_OPERAND,
     TOP_LEVEL_PROGRAM,
@@ -56,6 +61,9 @@ GRANULE_BYTES = 32  # DMA sizes are in 32-byte granules (checked against window 
 LOOP_SAMPLE_START = 512
 LOOP_SAMPLE_END = 1024
 MAX_WALKED_BUNDLES = 60_000_000
+# A Mosaic grid loop runs its steps plus these trips (the pipeline's first fetch and last
+# write-back; seen in libtpu's schedules of static grids, e.g. 34 trips for 32 steps).
+PIPELINE_EXTRA_TRIPS = 2
 
 
 @dataclasses.dataclass
@@ -207,6 +215,7 @@ class Walker:
         loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
         mxu_op_cycles: Mapping[str, float] | None = None,
         observed_trips: Sequence[int] = (),
+        kernel_runs: Sequence[KernelRun] = (),
     ) -> None:
         """``loop_trips``: for loops whose exit depends on data, program name (or its name
         before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
@@ -214,9 +223,11 @@ class Walker:
         once. ``mxu_op_cycles``: MXU operand type (``"bf16"``, ``"s8"``, ...) -> cycles one
         push occupies its MXU (none given: pushes cost only their bundle). ``observed_trips``:
         trips of the function's ``while`` loops in the order a run entered them
-        (:func:`~.program_facts.while_trips`), taken in turn by the top-level program's
+        (:func:`~.observed.observe`), taken in turn by the top-level program's
         data-dependent loops (where XLA puts ``while`` loops) that ``loop_trips`` does not
-        name."""
+        name. ``kernel_runs``: what a run saw inside each Pallas kernel
+        (:class:`~.observed.KernelRun`), taken in turn by the Mosaic kernel programs in the
+        order the walk first calls them."""
         if bytes_per_cycle <= 0:
             raise ValueError("bytes_per_cycle must be > 0")
         self.dump = dump
@@ -224,6 +235,13 @@ class Walker:
         self.mxu_op_cycles = dict(mxu_op_cycles or {})
         self.observed_trips = list(observed_trips)
         self.loop_trips = loop_trips or {}
+        self.kernel_runs = list(kernel_runs)
+        self.counted: dict[str, KernelRun] = {}  # Mosaic program -> its run's counts
+        self._sites: dict[str, dict[int, int]] = {}  # program -> {branch bundle: ordinal}
+        self._data_loops: dict[str, dict[int, int]] = {}  # program -> {loop number: ordinal}
+        self._encounters: dict[tuple[str, int], int] = {}
+        self._fetch_sites: dict[tuple[str, float], dict[int, int]] = {}
+        self._steps: dict[str, int] = {}  # counted kernel -> trips of its outer loops so far
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
         self._depth = 0
@@ -247,6 +265,8 @@ class Walker:
         )
         if program.name not in self.loops:
             self.loops[program.name] = loop_tree(program)
+            if program.name in self.dump.mosaic_kernels and self.kernel_runs:
+                self.counted[program.name] = self.kernel_runs.pop(0)
         loops = {loop.start: loop for loop in _flatten(self.loops[program.name])}
         diff = stats.counts  # a difference array: executions per bundle = prefix sums
         start_now = machine.now
@@ -322,6 +342,8 @@ class Walker:
             elif op.opcode == "dma.done.wait" and runs_op is not False:
                 self._dma_wait(op)
             elif op.opcode.startswith("dma.") and runs_op is not False:
+                if op.predicate is not None and not self._counted_fetch(program, pc, op):
+                    continue
                 self._dma_issue(op)
             elif runs_op is not False and (push := mxu_push(op)):
                 self._mxu_push(*push)
@@ -348,6 +370,9 @@ class Walker:
         machine = self.machine
         if target > pc:  # forward: skips a predicated region
             if decision is None:
+                counted = self._counted_branch(program, pc)
+                if counted is not None:
+                    return None if counted else target
                 machine.unresolved_branches += 1
                 site = (program.name, pc)
                 machine.unresolved_branch_sites[site] = (
@@ -369,6 +394,9 @@ class Walker:
             runs[pc] = _LoopRun()
             return None
         run.iterations += 1
+        if program.name in self.counted and loop in self.loops[program.name]:
+            # A new grid step: its branches and fetches take the step's pattern together.
+            self._steps[program.name] = self._steps.get(program.name, 0) + 1
         if pc not in exit_tests:
             exit_tests[pc] = _exit_test(program, pc, op, target)
         test = exit_tests[pc]
@@ -402,13 +430,85 @@ class Walker:
                     return None
         return target
 
+    def _counted_point(self, program: str, kind: str, ordinals: dict[int, int], key: int) -> Any:
+        """The run's count for the ``kind`` point that the schedule's ``key`` (a branch
+        bundle or loop number) of ``program`` stands for: ordinals in the order first met."""
+        run = self.counted.get(program)
+        if run is None:
+            return None
+        ordinal = ordinals.setdefault(key, len(ordinals))
+        points = [point for point in run.points if point.kind == kind]
+        return points[ordinal] if ordinal < len(points) else None
+
+    def _counted_branch(self, program: Program, pc: int) -> bool | None:
+        """Whether a data-dependent forward branch of a counted kernel runs its region this
+        time (None: no count for it)."""
+        sites = self._sites.setdefault(program.name, {})
+        point = self._counted_point(program.name, "branch", sites, pc)
+        if point is None or point.rate is None:
+            return None
+        seen = self._encounters.get((program.name, pc), 0)
+        self._encounters[(program.name, pc)] = seen + 1
+        note = (
+            f"{program.name}: data-dependent branch at bundle {pc:#x} taken as the kernel "
+            f"body's data-dependent branch #{sites[pc]} (in order); its region runs in "
+            f"{point.rate:.1%} of executions, as in the run on the example inputs"
+        )
+        if note not in self.machine.unresolved_loops:
+            self.machine.unresolved_loops.append(note)
+        bits = _step_pattern(self.counted[program.name], self._steps.get(program.name, 0))
+        if bits is not None and sites[pc] < len(bits[0]) and bits[0][sites[pc]] is not None:
+            return bool(bits[0][sites[pc]])
+        # Spread the runs evenly: the sampled part of a long loop sees the average rate.
+        return _spread(seen + 1, point.rate) > _spread(seen, point.rate)
+
+    def _counted_fetch(self, program: Program, pc: int, op: Instruction) -> bool:
+        """Whether a predicated pipeline fetch (``dma.hbm_to_vmem``) not ruled out by the
+        schedule is issued this time: in a counted kernel, as the run fetched input blocks
+        of its size (a block is fetched when its index changes; the walk cannot follow
+        index maps that read scalar-prefetch values, and may take such a fetch for
+        certain); else always."""
+        run = self.counted.get(program.name)
+        if run is None or not op.opcode.startswith("dma.hbm_to_vmem"):
+            return True
+        keywords = dict(KEYWORD_OPERAND.findall(op.text))
+        granules = self.machine.read(parse_operand(keywords.get("size_in_granules", "").strip()))
+        if not isinstance(granules, int):
+            return True
+        nbytes = granules * GRANULE_BYTES
+        rate = run.fetch_rate(nbytes)
+        if rate is None:
+            return True
+        seen = self._encounters.get((program.name, -pc - 1), 0)
+        self._encounters[(program.name, -pc - 1)] = seen + 1
+        note = (
+            f"{program.name}: predicated fetches of input blocks run as often as the run "
+            "fetched input blocks of their size (a block is fetched when its index changes)"
+        )
+        if note not in self.machine.unresolved_loops:
+            self.machine.unresolved_loops.append(note)
+        # The fetch sites of one block size stand for that size's inputs, in order.
+        sites = self._fetch_sites.setdefault((program.name, nbytes), {})
+        ordinal = sites.setdefault(pc, len(sites))
+        inputs = [i for i, (size, _) in enumerate(run.fetches) if size == nbytes]
+        bits = _step_pattern(run, self._steps.get(program.name, 0))
+        if bits is not None and ordinal < len(inputs) and inputs[ordinal] < len(bits[1]):
+            return bool(bits[1][inputs[ordinal]])
+        return _spread(seen + 1, rate) > _spread(seen, rate)
+
     def _planned_trips(self, program: Program, loop: Loop | None) -> int:
-        """Trips for an entry of a data-dependent loop: the caller's figure, else 1."""
+        """Trips for an entry of a data-dependent loop: the caller's figure, else the
+        run's (a counted kernel's loop, or an XLA ``while``), else 1."""
         number = -1 if loop is None else _flatten(self.loops[program.name]).index(loop)
         base = program.name.rsplit(".", 1)[0]
         table = self.loop_trips.get(program.name, self.loop_trips.get(base, {}))
         given = table.get(number)
-        if isinstance(given, (list, tuple)):
+        counted = None
+        if given is None and program.name in self.counted:
+            counted = self._kernel_loop_trips(program, loop, number)
+        if counted is not None:
+            trips, how = counted
+        elif isinstance(given, (list, tuple)):
             trips = int(given[(loop.entries - 1) % len(given)]) if loop and given else 1
             how = "trips given by the caller (loop_trips)"
         elif given is not None:
@@ -422,6 +522,31 @@ class Walker:
         if note not in self.machine.unresolved_loops:
             self.machine.unresolved_loops.append(note)
         return max(trips, 1)
+
+    def _kernel_loop_trips(
+        self, program: Program, loop: Loop | None, number: int
+    ) -> tuple[int, str] | None:
+        """A counted kernel's data-dependent loop: its grid loop when the grid is sized at
+        run time (the outermost loop: the run's steps per call, plus the pipeline's extra
+        trips, which this schedule shows as its loop's trips beyond the static grid), else
+        the body's data-dependent loops in order, at the run's trips per entry."""
+        run = self.counted[program.name]
+        if run.dynamic_grid and loop is not None and loop in self.loops[program.name]:
+            steps = run.steps / max(run.calls, 1)
+            return round(steps) + PIPELINE_EXTRA_TRIPS, (
+                f"the grid sized at run time: {steps:.0f} steps per call in the run on the "
+                f"example inputs, plus {PIPELINE_EXTRA_TRIPS} pipeline trips"
+            )
+        ordinals = self._data_loops.setdefault(program.name, {})
+        point = self._counted_point(program.name, "loop", ordinals, number)
+        if point is None or point.rate is None:
+            return None
+        entry = loop.entries if loop is not None else 1
+        trips = _spread(entry, point.rate) - _spread(entry - 1, point.rate)
+        return trips, (
+            f"the kernel body's data-dependent loop #{ordinals[number]} (in order): "
+            f"{point.rate:.2f} trips per entry in the run on the example inputs"
+        )
 
     def _extrapolate(self, stats: ProgramStats, run: _LoopRun, factor: float) -> None:
         """Adds ``factor`` times what the sampled iterations cost."""
@@ -545,6 +670,32 @@ def _flatten(loops: Iterable[Loop]) -> list[Loop]:
         out.append(loop)
         out.extend(_flatten(loop.children))
     return out
+
+
+_GOLDEN = 0.6180339887498949
+
+
+def _step_pattern(
+    run: KernelRun, number: int
+) -> tuple[tuple[int | None, ...], tuple[int, ...]] | None:
+    """The step pattern (:attr:`~.observed.KernelRun.patterns`) a kernel's ``number``-th
+    step takes: drawn in proportion to how often the run saw each, by a low-discrepancy
+    sequence, so any stretch of steps (the sampled part of a long loop) sees the run's
+    mix."""
+    if not run.patterns:
+        return None
+    total = sum(weight for _, _, weight in run.patterns)
+    point = ((number + 0.5) * _GOLDEN) % 1.0 * total
+    for branches, fetches, weight in run.patterns:
+        point -= weight
+        if point < 0:
+            return branches, fetches
+    return run.patterns[-1][0], run.patterns[-1][1]
+
+
+def _spread(count: int, rate: float) -> int:
+    """How many of the first ``count`` events happen at ``rate`` per event, spread evenly."""
+    return int(count * rate + 0.5)
 
 
 def _prefix_sums(diff: list[float]) -> list[float]:

@@ -17,7 +17,7 @@ from test_tpu_estimate import DELAY, listing, walk
 
 from asickernels import tpu_generations
 from asickernels.simulate import tpu_compile
-from asickernels.simulate.tpu_estimate import cases, program_facts, report, user_function
+from asickernels.simulate.tpu_estimate import cases, observed, program_facts, report, user_function
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
@@ -270,7 +270,7 @@ def test_published_figures_carry_source_method_and_era() -> None:
     from asickernels.simulate.tpu_estimate import published
 
     timings = published.published_timings()
-    assert {t.source for t in timings} == {published.GUIDE, published.SEED}
+    assert {t.source for t in timings} == {published.GUIDE, published.SPARSE, published.SEED}
     assert all(t.method and t.era and t.generation == "v5e" and t.seconds > 0 for t in timings)
     assert len({t.target.name for t in timings}) == len(timings)
 
@@ -333,10 +333,10 @@ def test_a_run_counts_each_while_loop_entry_in_order() -> None:
         return jax.lax.while_loop(lambda c: c[0] < n, outer, (jnp.int32(1), jnp.int32(0)))[1]
 
     # The outer loop runs 3 trips (i = 1, 2, 3); its inner loops 1, 2 and 3.
-    assert program_facts.while_trips(nested, [jnp.int32(4)]) == (3, 1, 2, 3)
+    assert observed.observe(nested, [jnp.int32(4)]).while_trips == (3, 1, 2, 3)
     # Without while loops nothing runs (a large matmul would take minutes on CPU).
     huge = jax.ShapeDtypeStruct((1 << 20, 1 << 20), jnp.bfloat16)
-    assert program_facts.while_trips(jnp.dot, [huge, huge]) == ()
+    assert observed.observe(jnp.dot, [huge, huge]).while_trips == ()
 
 
 def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
@@ -344,7 +344,7 @@ def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
 
     function, _ = estimate_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
     boxes, scores = seeds.seed_nms_inputs(256)
-    trips = program_facts.while_trips(function, [jnp.asarray(boxes), jnp.asarray(scores)])
+    trips = observed.observe(function, [jnp.asarray(boxes), jnp.asarray(scores)]).while_trips
     assert trips == (estimate_cases._seed_nms_kept(256, 64),)
 
 

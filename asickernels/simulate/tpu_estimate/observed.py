@@ -1,0 +1,595 @@
+"""What a run of a function on example inputs says about the loops and branches whose
+outcome depends on data, which no compiled schedule can decide:
+
+* the trips of each ``while`` loop outside Pallas kernels (XLA's loops), in entry order;
+* per Pallas kernel (``pallas_call``): the grid steps it ran (its grid may be sized at run
+  time) and, for each ``pl.when``/``lax.cond`` and ``while``/``fori_loop`` inside its body
+  whose outcome depends on memory (a value loaded from a ref, e.g. a scalar-prefetch block
+  mask or group offsets), how often its region ran or how many trips it took.
+
+The function's jaxpr (``jax.make_jaxpr``) is run one equation at a time on the default
+(CPU) backend. Inside a kernel, the body is evaluated once per grid step by the evaluator
+here: ``program_id``/``num_programs`` from the step, loads from the scalar-prefetch refs
+from the example values, and everything else as "unknown"; a branch whose predicate is
+unknown (it depends on a block of a tensor operand) is counted as *not counted*, and the
+estimate says it assumed its region ran. Only the control part is computed, so counting a
+16384^3 masked matmul takes seconds; a kernel runs whole (interpret mode) only when a later
+equation needs its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from asickernels.simulate.tpu_estimate.program_facts import _jaxprs_in_params
+
+# At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
+# even stride and the counts scaled.
+MAX_EVALUATED_STEPS = 1 << 16
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call")
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlCount:
+    """One data-dependent ``cond`` (``kind="branch"``) or ``while`` (``"loop"``) of a
+    kernel body, in the body's preorder. ``entries``: times it was reached with a
+    computable predicate; ``taken``: of those, times a branch ran its region (branch index
+    != 0, the ``pl.when`` body), or the trips a loop took in all; ``unknown``: times it was
+    reached with a predicate that depends on tensor data (not counted)."""
+
+    kind: str
+    entries: float = 0.0
+    taken: float = 0.0
+    unknown: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        """Fraction of entries that ran the region (branch) or trips per entry (loop);
+        None when never counted."""
+        return self.taken / self.entries if self.entries else None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRun:
+    """What the run saw inside one ``pallas_call`` (summed over its calls)."""
+
+    name: str
+    calls: int
+    steps: float  # grid steps in all calls
+    dynamic_grid: bool  # a grid dimension was sized at run time
+    points: tuple[ControlCount, ...] = ()
+    # Per blocked input: (bytes of one block, steps on which its block index changed, so
+    # the pipeline fetched it), summed over calls.
+    fetches: tuple[tuple[float, float], ...] = ()
+    # How often each step pattern occurred: (per data-dependent branch, 1 if it ran its
+    # region on the step, 0 if not, None if not reached; per input, 1 if the step fetched
+    # its next block), weight. Decisions taken on the same step stay together in the walk
+    # (a step that skips its compute also skips its fetches). Empty for sampled grids.
+    patterns: tuple[tuple[tuple[int | None, ...], tuple[int, ...], float], ...] = ()
+
+    def fetch_rate(self, nbytes: float) -> float | None:
+        """Fraction of steps on which an input block of ``nbytes`` was fetched (the mean
+        over inputs of that block size, else over all inputs); None when nothing counted."""
+        if not self.fetches or not self.steps:
+            return None
+        same = [count for size, count in self.fetches if size == nbytes]
+        counts = same or [count for _, count in self.fetches]
+        return min(1.0, sum(counts) / len(counts) / self.steps)
+
+    def describe(self) -> str:
+        parts = [
+            f"{self.name}: {self.steps:.0f} grid step(s) in {self.calls} call(s) on the example "
+            f"inputs{' (grid sized at run time)' if self.dynamic_grid else ''}"
+        ]
+        for number, point in enumerate(self.points):
+            rate = point.rate
+            if rate is None:
+                parts.append(f"{point.kind} #{number} not counted (depends on tensor data)")
+            elif point.kind == "branch":
+                parts.append(
+                    f"branch #{number} ran its region {point.taken:.0f} of "
+                    f"{point.entries:.0f} times"
+                )
+            else:
+                parts.append(f"loop #{number} took {rate:.2f} trips per entry")
+        if self.fetches and self.steps:
+            shares = ", ".join(f"{count / self.steps:.0%}" for _, count in self.fetches)
+            parts.append(f"input blocks fetched on {shares} of steps")
+        return "; ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    while_trips: tuple[int, ...] = ()  # XLA while loops outside kernels, in entry order
+    kernels: tuple[KernelRun, ...] = ()  # in the order the kernels were first called
+
+
+def observe(function: Callable[..., Any], args: Sequence[Any]) -> Observed:
+    """Runs ``function(*args)`` on the default backend one jaxpr equation at a time (call it
+    under ``jax.default_device(cpu)`` and Pallas interpret mode) and returns what it saw
+    (see the module docstring)."""
+    import jax
+
+    closed = jax.make_jaxpr(function)(*args)
+    run = _Run()
+    if _needs_run(closed.jaxpr):  # else nothing to count: skip the (maybe long) CPU run
+        run.jaxpr(closed.jaxpr, closed.consts, list(args), [False] * len(closed.jaxpr.outvars))
+    return Observed(tuple(run.trips), tuple(counter.freeze() for counter in run.kernels.values()))
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Any = _Unknown()
+
+
+def _needs_run(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("while", "pallas_call"):
+            return True
+        if any(_needs_run(sub) for sub in _jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def _live_equations(jaxpr: Any, needed_outputs: Sequence[bool]) -> list[bool]:
+    """Which equations must run: those that hold something to count and those whose outputs
+    a running equation (or a needed output) reads."""
+    import jax.extend as jex
+
+    live = {
+        var
+        for var, needed in zip(jaxpr.outvars, needed_outputs, strict=True)
+        if needed and not isinstance(var, jex.core.Literal)
+    }
+    keep = [False] * len(jaxpr.eqns)
+    for index in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[index]
+        counted = eqn.primitive.name in ("while", "pallas_call") or any(
+            _needs_run(sub) for sub in _jaxprs_in_params(eqn.params)
+        )
+        if counted or any(var in live for var in eqn.outvars):
+            keep[index] = True
+            live.update(var for var in eqn.invars if not isinstance(var, jex.core.Literal))
+    return keep
+
+
+class _Run:
+    """The outer run: XLA-level equations, executed."""
+
+    def __init__(self) -> None:
+        self.trips: list[int] = []
+        self.kernels: dict[int, _KernelCounter] = {}
+
+    def jaxpr(
+        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], needed: Sequence[bool]
+    ) -> list[Any]:
+        import jax.extend as jex
+
+        env: dict[Any, Any] = {}
+
+        def read(var: Any) -> Any:  # UNKNOWN: an output nothing needed, not computed
+            return var.val if isinstance(var, jex.core.Literal) else env.get(var, UNKNOWN)
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn, keep in zip(jaxpr.eqns, _live_equations(jaxpr, needed), strict=True):
+            if not keep:
+                continue
+            values = [read(var) for var in eqn.invars]
+            outputs = self.equation(eqn, values, jaxpr, _Uses(jaxpr, needed))
+            env.update(zip(eqn.outvars, outputs, strict=True))
+        return [read(var) for var in jaxpr.outvars]
+
+    def equation(self, eqn: Any, values: list[Any], jaxpr: Any, uses: _Uses) -> list[Any]:
+        params, name = eqn.params, eqn.primitive.name
+        if name == "while":
+            cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+            n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+            cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+            carry = values[n_cond + n_body :]
+            slot, count = len(self.trips), 0
+            self.trips.append(0)
+            every = [True] * len(body.jaxpr.outvars)
+            while bool(self.jaxpr(cond.jaxpr, cond.consts, [*cond_consts, *carry], [True])[0]):
+                carry = self.jaxpr(body.jaxpr, body.consts, [*body_consts, *carry], every)
+                count += 1
+            self.trips[slot] = count
+            return carry
+        if name in _CALLS and _sub_jaxpr(params) is not None:
+            inner = _sub_jaxpr(params)
+            return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
+        if name == "pallas_call":
+            counter = self.kernels.setdefault(id(eqn), _KernelCounter(eqn, len(self.kernels)))
+            counter.count(values)
+            if not any(uses.of(eqn)):  # nothing reads its outputs: count, don't execute
+                return [UNKNOWN] * len(eqn.outvars)
+        result = eqn.primitive.bind(*values, **params)
+        return list(result) if eqn.primitive.multiple_results else [result]
+
+
+class _Uses:
+    """Whether each output of an equation is read later in its jaxpr (or is a needed
+    output of the jaxpr)."""
+
+    def __init__(self, jaxpr: Any, needed: Sequence[bool]) -> None:
+        self.read: set[Any] = {
+            var for var, need in zip(jaxpr.outvars, needed, strict=True) if need and _is_var(var)
+        }
+        for eqn in jaxpr.eqns:
+            self.read.update(var for var in eqn.invars if _is_var(var))
+
+    def of(self, eqn: Any) -> list[bool]:
+        return [var in self.read for var in eqn.outvars]
+
+
+def _is_var(var: Any) -> bool:
+    import jax.extend as jex
+
+    return not isinstance(var, jex.core.Literal)
+
+
+def _sub_jaxpr(params: Any) -> Any:
+    inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
+    if inner is None:
+        return None
+    if not hasattr(inner, "consts"):  # an open Jaxpr: no constants
+        import jax.extend as jex
+
+        inner = jex.core.ClosedJaxpr(inner, [])
+    return inner
+
+
+# --------------------------------------------------------------------------------------
+# Inside a kernel: the control part of the body, once per grid step
+# --------------------------------------------------------------------------------------
+
+
+def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any]) -> set[Any]:
+    """Marks the variables of ``jaxpr`` that depend on memory (``tainted`` holds the
+    tainted inputs; loads from refs taint their results) and appends, in preorder, the
+    ``cond`` and ``while`` equations whose predicate is tainted. Returns the tainted
+    outputs' variables."""
+    import jax.extend as jex
+
+    def is_tainted(var: Any) -> bool:
+        return not isinstance(var, jex.core.Literal) and var in tainted
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        ins = [is_tainted(var) for var in eqn.invars]
+        outs: list[bool]
+        if name == "cond":
+            if ins[0]:
+                points.append(eqn)
+            outs = [ins[0]] * len(eqn.outvars)
+            for branch in eqn.params["branches"]:
+                sub = branch.jaxpr
+                marked = {v for v, t in zip(sub.invars, ins[1:], strict=True) if t}
+                result = _data_points(sub, marked, points)
+                outs = [
+                    o or (_is_var(v) and v in result)
+                    for o, v in zip(outs, sub.outvars, strict=True)
+                ]
+        elif name == "while":
+            outs = _while_taint(eqn, ins, points)
+        elif name in _CALLS and _sub_jaxpr(eqn.params) is not None:
+            sub = _sub_jaxpr(eqn.params).jaxpr
+            marked = {v for v, t in zip(sub.invars, ins, strict=True) if t}
+            result = _data_points(sub, marked, points)
+            outs = [_is_var(v) and v in result for v in sub.outvars]
+        else:
+            reads = name in ("get", "swap", "load", "masked_load")
+            outs = [reads or any(ins)] * len(eqn.outvars)
+        tainted.update(var for var, t in zip(eqn.outvars, outs, strict=True) if t)
+    return {var for var in jaxpr.outvars if is_tainted(var)}
+
+
+def _while_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
+    params = eqn.params
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    cond, body = params["cond_jaxpr"].jaxpr, params["body_jaxpr"].jaxpr
+    carry = ins[n_cond + n_body :]
+    while True:  # the carry's taint, to a fixed point
+        marked = {
+            v for v, t in zip(body.invars, ins[n_cond : n_cond + n_body] + carry, strict=True) if t
+        }
+        result = _data_points(body, marked, [])
+        grown = [
+            c or (_is_var(v) and v in result) for c, v in zip(carry, body.outvars, strict=True)
+        ]
+        if grown == carry:
+            break
+        carry = grown
+    cond_marked = {v for v, t in zip(cond.invars, ins[:n_cond] + carry, strict=True) if t}
+    if _data_points(cond, cond_marked, []):
+        points.append(eqn)
+    body_marked = {
+        v for v, t in zip(body.invars, ins[n_cond : n_cond + n_body] + carry, strict=True) if t
+    }
+    _data_points(body, body_marked, points)
+    return carry
+
+
+class _KernelCounter:
+    """Counts one ``pallas_call``'s grid steps and data-dependent control points."""
+
+    def __init__(self, eqn: Any, number: int) -> None:
+        params = eqn.params
+        mapping = params["grid_mapping"]
+        self.name = _kernel_name(params, number)
+        self.grid = tuple(mapping.grid)
+        self.dynamic = int(getattr(mapping, "num_dynamic_grid_bounds", 0) or 0)
+        self.prefetch = int(getattr(mapping, "num_index_operands", 0) or 0)
+        body = params["jaxpr"]
+        self.body = body.jaxpr if hasattr(body, "consts") else body
+        self.body_consts = list(getattr(body, "consts", []))
+        found: list[Any] = []
+        _data_points(self.body, set(self.body.invars), found)
+        self.order = {id(point): index for index, point in enumerate(found)}
+        self.kinds = ["branch" if point.primitive.name == "cond" else "loop" for point in found]
+        self.entries = [0.0] * len(found)
+        self.taken = [0.0] * len(found)
+        self.unknown = [0.0] * len(found)
+        self.calls = 0
+        self.steps = 0.0
+        inputs = list(mapping.block_mappings)[: int(getattr(mapping, "num_inputs", 0) or 0)]
+        self.index_maps = [block.index_map_jaxpr for block in inputs]
+        refs = self.body.invars[self.prefetch : self.prefetch + len(inputs)]
+        self.block_bytes = [_ref_bytes(ref.aval) for ref in refs]
+        self.fetches = [0.0] * len(inputs)
+        self.patterns: dict[tuple[tuple[int | None, ...], tuple[int, ...]], float] = {}
+
+    def freeze(self) -> KernelRun:
+        points = tuple(
+            ControlCount(kind, entries, taken, unknown)
+            for kind, entries, taken, unknown in zip(
+                self.kinds, self.entries, self.taken, self.unknown, strict=True
+            )
+        )
+        fetches = tuple(zip(self.block_bytes, self.fetches, strict=True))
+        patterns = tuple((b, f, w) for (b, f), w in sorted(self.patterns.items(), key=str))
+        return KernelRun(
+            self.name, self.calls, self.steps, self.dynamic > 0, points, fetches, patterns
+        )
+
+    def count(self, values: Sequence[Any]) -> None:
+        import numpy as np
+
+        bounds = iter(values[: self.dynamic])
+        grid = tuple(
+            int(np.asarray(next(bounds))) if not isinstance(size, int) else size
+            for size in self.grid
+        )
+        prefetch = [np.asarray(v) for v in values[self.dynamic : self.dynamic + self.prefetch]]
+        steps = math.prod(grid)
+        self.calls += 1
+        self.steps += steps
+        if not steps:
+            return
+        stride = max(1, math.ceil(steps / MAX_EVALUATED_STEPS))
+        weight = steps / len(range(0, steps, stride))
+        rest = [UNKNOWN] * (len(self.body.invars) - len(prefetch))
+        keys: list[list[Any]] = []  # per step, each input's block index
+        branches: list[tuple[int | None, ...]] = []
+        for number, index in enumerate(itertools.product(*map(range, grid))):
+            step = _KernelStep(self, grid, index, weight)
+            ids = [np.int32(i) for i in index]
+            keys.append(
+                [
+                    tuple(
+                        None if b is UNKNOWN else int(np.asarray(b))
+                        for b in step.jaxpr(index_map.jaxpr, index_map.consts, [*ids, *prefetch])
+                    )
+                    for index_map in self.index_maps
+                ]
+            )
+            if self.order and number % stride == 0:
+                step.jaxpr(self.body, self.body_consts, [*prefetch, *rest])
+                branches.append(tuple(step.ran.get(n) for n in range(self.kinds.count("branch"))))
+        # A block is fetched when its index changes (the first step's, before the grid).
+        for slot in range(len(self.index_maps)):
+            self.fetches[slot] += sum(
+                1
+                for number, key in enumerate(keys)
+                if not number or key[slot] != keys[number - 1][slot] or None in key[slot]
+            )
+        if stride > 1:
+            return
+        for number, key in enumerate(keys):  # the fetches issued on a step: the next step's
+            after = keys[number + 1] if number + 1 < len(keys) else key
+            fetched = tuple(int(a != b) for a, b in zip(after, key, strict=True))
+            pattern = (branches[number] if branches else (), fetched)
+            self.patterns[pattern] = self.patterns.get(pattern, 0.0) + 1.0
+
+
+class _KernelStep:
+    """Evaluates a kernel body for one grid step, computing only what it can."""
+
+    def __init__(
+        self, counter: _KernelCounter, grid: tuple[int, ...], index: tuple[int, ...], weight: float
+    ) -> None:
+        self.counter, self.grid, self.index, self.weight = counter, grid, index, weight
+        self.ran: dict[int, int] = {}  # branch point -> 1 if it ran its region this step
+
+    def jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        import jax.extend as jex
+
+        env: dict[Any, Any] = {}
+
+        def read(var: Any) -> Any:
+            return var.val if isinstance(var, jex.core.Literal) else env[var]
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            outputs = self.equation(eqn, [read(var) for var in eqn.invars])
+            env.update(zip(eqn.outvars, outputs, strict=True))
+        return [read(var) for var in jaxpr.outvars]
+
+    def equation(self, eqn: Any, values: list[Any]) -> list[Any]:
+        import numpy as np
+
+        name, params = eqn.primitive.name, eqn.params
+        unknown = [UNKNOWN] * len(eqn.outvars)
+        point = self.counter.order.get(id(eqn))
+        if name == "program_id":
+            return [np.int32(self.index[params["axis"]])]
+        if name == "num_programs":
+            return [np.int32(self.grid[params["axis"]])]
+        if name == "cond":
+            index = values[0]
+            if index is UNKNOWN:
+                self._count(point, unknown=True)
+                return unknown
+            chosen = int(np.clip(int(np.asarray(index)), 0, len(params["branches"]) - 1))
+            self._count(point, taken=float(chosen != 0))
+            if point is not None:
+                ordinal = self.counter.kinds[: point + 1].count("branch") - 1
+                self.ran[ordinal] = max(self.ran.get(ordinal, 0), int(chosen != 0))
+            branch = params["branches"][chosen]
+            return self.jaxpr(branch.jaxpr, branch.consts, values[1:])
+        if name == "while":
+            return self._while(eqn, values, point)
+        if name in _CALLS and _sub_jaxpr(params) is not None:
+            inner = _sub_jaxpr(params)
+            return self.jaxpr(inner.jaxpr, inner.consts, values)
+        if name == "get":
+            return [_load(params, values)]
+        if any(value is UNKNOWN for value in values) or name in ("swap", "addupdate"):
+            return unknown
+        fast = _NUMPY.get(name)
+        if fast is not None and all(np.ndim(value) == 0 for value in values):
+            # Scalar index arithmetic: numpy, ~50x faster than dispatching to jax.
+            return [np.asarray(fast(*values)).astype(eqn.outvars[0].aval.dtype)[()]]
+        try:
+            result = eqn.primitive.bind(*values, **params)
+        except Exception:  # a Pallas-only primitive outside its kernel: not computable here
+            return unknown
+        return list(result) if eqn.primitive.multiple_results else [result]
+
+    def _while(self, eqn: Any, values: list[Any], point: int | None) -> list[Any]:
+        params = eqn.params
+        n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+        cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+        cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+        carry = values[n_cond + n_body :]
+        trips = 0
+        while True:
+            go = self.jaxpr(cond.jaxpr, cond.consts, [*cond_consts, *carry])[0]
+            if go is UNKNOWN:
+                self._count(point, unknown=True)
+                return [UNKNOWN] * len(eqn.outvars)
+            if not bool(go):
+                break
+            carry = self.jaxpr(body.jaxpr, body.consts, [*body_consts, *carry])
+            trips += 1
+        self._count(point, taken=float(trips))
+        return carry
+
+    def _count(self, point: int | None, taken: float = 0.0, unknown: bool = False) -> None:
+        if point is None:
+            return
+        counter = self.counter
+        if unknown:
+            counter.unknown[point] += self.weight
+        else:
+            counter.entries[point] += self.weight
+            counter.taken[point] += taken * self.weight
+
+
+def _numpy_ops() -> dict[str, Callable[..., Any]]:
+    import numpy as np
+
+    return {
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "max": np.maximum,
+        "min": np.minimum,
+        "eq": np.equal,
+        "ne": np.not_equal,
+        "lt": np.less,
+        "le": np.less_equal,
+        "gt": np.greater,
+        "ge": np.greater_equal,
+        "and": np.bitwise_and,
+        "or": np.bitwise_or,
+        "not": np.invert,
+        "convert_element_type": lambda value: value,  # the cast below does it
+    }
+
+
+_NUMPY = _numpy_ops()
+
+
+def _load(params: Any, values: list[Any]) -> Any:
+    """``ref[indices]`` for a ref known here (a scalar-prefetch array), else UNKNOWN."""
+    import jax
+    import numpy as np
+
+    ref, flat = values[0], values[1:]
+    if ref is UNKNOWN or any(value is UNKNOWN for value in flat):
+        return UNKNOWN
+    try:
+        indexers = jax.tree_util.tree_unflatten(params["tree"], flat)
+    except (KeyError, ValueError, TypeError):
+        return UNKNOWN
+    indexers = tuple(indexers) if isinstance(indexers, (tuple, list)) else (indexers,)
+    if len(indexers) != 1 or not hasattr(indexers[0], "indices"):
+        return UNKNOWN
+    where: list[Any] = []
+    for index in indexers[0].indices:
+        if hasattr(index, "start") and hasattr(index, "size"):
+            start, stride = int(np.asarray(index.start)), int(getattr(index, "stride", 1) or 1)
+            where.append(slice(start, start + int(index.size) * stride, stride))
+        else:
+            value = np.asarray(index)
+            if value.ndim:
+                return UNKNOWN
+            where.append(int(value))
+    return np.asarray(ref)[tuple(where)]
+
+
+def _ref_bytes(aval: Any) -> float:
+    import numpy as np
+
+    inner = getattr(aval, "inner_aval", aval)
+    return float(math.prod(inner.shape) * np.dtype(inner.dtype).itemsize)
+
+
+def _kernel_name(params: Any, number: int) -> str:
+    info = params.get("name_and_src_info")
+    name = getattr(info, "name", None) or params.get("name")
+    return str(name) if name else f"pallas_call #{number}"
+
+
+def kernel_points(function: Callable[..., Any], args: Sequence[Any]) -> Iterator[str]:
+    """The kinds of each kernel's data-dependent control points, one line per kernel (for
+    messages when no arrays were given)."""
+    import jax
+
+    closed = jax.make_jaxpr(function)(*args)
+    for number, eqn in enumerate(_pallas_calls(closed.jaxpr)):
+        counter = _KernelCounter(eqn, number)
+        if counter.kinds or counter.dynamic:
+            yield (
+                f"{counter.name}: {counter.kinds.count('branch')} data-dependent branch(es), "
+                f"{counter.kinds.count('loop')} loop(s)"
+                + (", grid sized at run time" if counter.dynamic else "")
+            )
+
+
+def _pallas_calls(jaxpr: Any) -> Iterator[Any]:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        else:
+            for sub in _jaxprs_in_params(eqn.params):
+                yield from _pallas_calls(sub)

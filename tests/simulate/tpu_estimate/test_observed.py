@@ -1,0 +1,273 @@
+"""Loops and branches inside Pallas kernels, counted from a run on example inputs
+(:mod:`asickernels.simulate.tpu_estimate.observed`) and weighted into the schedule walk."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from test_tpu_estimate import DELAY, listing
+
+from asickernels.simulate.tpu_estimate import observed, parsing, program_facts
+from asickernels.simulate.tpu_estimate import walk as walking
+
+
+def _masked_kernel(mask_ref, limit_ref, x_ref, o_ref) -> None:
+    i = pl.program_id(0)
+
+    @pl.when(i == 0)  # depends on the step only: the walk decides it, nothing to count
+    def _() -> None:
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    @pl.when(mask_ref[i] != 0)  # depends on a loaded value: counted
+    def _() -> None:
+        o_ref[...] += x_ref[...]
+
+    def add_one(_: jax.Array, acc: jax.Array) -> jax.Array:
+        return acc + 1.0
+
+    # A loop whose bound is loaded: counted.
+    o_ref[...] += jax.lax.fori_loop(0, limit_ref[i], add_one, jnp.zeros_like(o_ref))
+
+    @pl.when(x_ref[0, 0] > 0)  # depends on a tensor block: not countable here
+    def _() -> None:
+        o_ref[...] += 1.0
+
+
+def masked_sum(mask: jax.Array, limit: jax.Array, x: jax.Array) -> jax.Array:
+    """Adds the (8, 128) blocks of ``x`` whose mask is set, plus limit[i] per block."""
+    blocks = x.shape[0] // 8
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(blocks,),
+        # A masked-out block is not fetched: its index stays that of the last set one.
+        in_specs=[pl.BlockSpec((8, 128), lambda i, mask, limit: (i * (mask[i] != 0), 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, mask, limit: (0, 0)),
+    )
+    return pl.pallas_call(
+        _masked_kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype)
+    )(mask, limit, x)
+
+
+MASK = np.array([1, 0, 0, 1, 1, 0, 1, 0], np.int32)
+LIMIT = np.array([3, 0, 1, 2, 5, 0, 0, 1], np.int32)
+
+
+def _observe(function, *args):  # type: ignore[no-untyped-def]
+    with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
+        return observed.observe(function, list(args))
+
+
+def test_a_run_counts_a_kernels_data_dependent_branches_loops_and_fetches() -> None:
+    # The big operand as a shape only: nothing reads the kernel's output, so the kernel's
+    # control flow is counted without executing it.
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    seen = _observe(masked_sum, jnp.asarray(MASK), jnp.asarray(LIMIT), x)
+    (kernel,) = seen.kernels
+    assert (kernel.calls, kernel.steps, kernel.dynamic_grid) == (1, 8, False)
+    when, loop, on_data = kernel.points
+    assert (when.kind, when.entries, when.taken) == ("branch", 8, MASK.sum())
+    assert (loop.kind, loop.entries, loop.taken) == ("loop", 8, LIMIT.sum())
+    assert (on_data.kind, on_data.entries, on_data.unknown) == ("branch", 0, 8)
+    assert on_data.rate is None
+    # Block indices 0, 0, 0, 3, 4, 0, 6, 0: fetched on each change (and the first step).
+    ((nbytes, fetches),) = kernel.fetches
+    assert (nbytes, fetches) == (8 * 128 * 4, 6)
+    assert kernel.fetch_rate(nbytes) == pytest.approx(6 / 8)
+    assert "ran its region 4 of 8 times" in kernel.describe()
+    # Step by step: the mask's branch, the on-data branch (never computable) and whether
+    # the step fetched the next step's block. Masks 1 0 0 1 1 0 1 0; block indices
+    # 0 0 0 3 4 0 6 0, so steps 2 to 6 fetch the next one.
+    patterns = {(branches, fetched): weight for branches, fetched, weight in kernel.patterns}
+    assert patterns == {
+        ((1, None), (0,)): 1,  # step 0
+        ((0, None), (0,)): 2,  # steps 1 and 7
+        ((0, None), (1,)): 2,  # steps 2 and 5
+        ((1, None), (1,)): 3,  # steps 3, 4 and 6
+    }
+
+
+def test_a_kernel_whose_output_is_read_runs_and_still_counts() -> None:
+    def then_sum(mask: jax.Array, limit: jax.Array, x: jax.Array) -> jax.Array:
+        return masked_sum(mask, limit, x).sum()
+
+    x = jnp.arange(64 * 128, dtype=jnp.float32).reshape(64, 128) / 1e4
+    seen = _observe(then_sum, jnp.asarray(MASK), jnp.asarray(LIMIT), x)
+    assert seen.kernels[0].points[0].taken == MASK.sum()
+
+
+def test_a_grid_sized_at_run_time_is_counted_and_has_no_static_floor() -> None:
+    def kernel(n_ref, o_ref):  # type: ignore[no-untyped-def]
+        o_ref[...] += 1.0
+
+    def dynamic(n: jax.Array) -> jax.Array:
+        spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(n[0],),
+            in_specs=[],
+            out_specs=pl.BlockSpec((8, 128), lambda i, n: (0, 0)),
+        )
+        return pl.pallas_call(
+            kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32)
+        )(n)
+
+    (kernel_run,) = _observe(dynamic, jnp.array([5], jnp.int32)).kernels
+    assert (kernel_run.steps, kernel_run.dynamic_grid) == (5, True)
+    (call,) = program_facts.program_facts(dynamic, [((1,), "int32")]).pallas_calls
+    assert call.grid == (-1,)
+
+
+def _counted_listing(trips: int) -> str:
+    """A loop of ``trips`` whose body holds a forward branch on a popped (unknown) value
+    skipping one bundle (bundle 8), and a fetch predicated on that value (bundle 9)."""
+    return listing(
+        ("", "%s1_s0 = smov 0", ""),
+        ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %s5_s1 = spop %7", "Start region 5"),
+        ("", "%p6_p1 = scmp.eq.s32.totalorder %s5_s1, 0", ""),
+        ("", "%8 = sbr.rel (%p6_p1) target = $region9", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("", "%9 = vsyncpa [#allocation1], 1", ""),
+        ("", "%10 = dma.hbm_to_vmem [thread:$0]  (!%p6_p1), /*hbm=*/%s1_s3, "
+         "/*size_in_granules=*/32, /*vmem=*/%s1_s4, /*dst_syncflagno=*/[#allocation2]",
+         "Start region 9"),
+        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", ""),
+        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
+        DELAY, DELAY, DELAY, DELAY,
+    )  # fmt: skip
+
+
+def _walk_kernel(runs: tuple[observed.KernelRun, ...]) -> walking.Walker:
+    program = parsing.parse_program("TLP", _counted_listing(100))
+    dump = parsing.Dump({"TLP": program}, {}, mosaic_kernels=frozenset({"TLP"}))
+    walker = walking.Walker(dump, bytes_per_cycle=32.0, kernel_runs=runs)
+    walker.run()
+    return walker
+
+
+def test_the_walk_runs_a_counted_branchs_region_at_the_runs_rate() -> None:
+    run = observed.KernelRun(
+        "k", 1, 100, False, (observed.ControlCount("branch", 100, 25),), ((1024.0, 40.0),)
+    )
+    assumed, counted = _walk_kernel(()), _walk_kernel((run,))
+    assert assumed.executions("TLP")[8] == 100  # no counts: the region always runs
+    assert counted.executions("TLP")[8] == 25
+    assert counted.machine.hbm_bytes == 40 * 1024  # the fetch: at the run's rate
+    assert assumed.machine.hbm_bytes == 100 * 1024
+    assert any("runs in 25.0% of executions" in n for n in counted.machine.unresolved_loops)
+    assert counted.machine.unresolved_branches == 0 < assumed.machine.unresolved_branches
+
+
+def test_a_steps_branch_and_fetch_come_from_the_same_pattern() -> None:
+    # Half the steps compute and fetch, half do neither: never one without the other.
+    run = observed.KernelRun(
+        "k",
+        1,
+        100,
+        False,
+        (observed.ControlCount("branch", 100, 50),),
+        ((1024.0, 50.0),),
+        (((1,), (1,), 50.0), ((0,), (0,), 50.0)),
+    )
+    walker = _walk_kernel((run,))
+    assert walker.executions("TLP")[8] == pytest.approx(50, abs=1)
+    assert walker.machine.hbm_bytes == pytest.approx(50 * 1024, abs=1024)
+    ran = [walking._step_pattern(run, step) for step in range(100)]
+    assert all(branches[0] == fetches[0] for branches, fetches in ran if branches)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.5, 1.0])
+def test_spreading_a_rate_over_events_hits_it(rate: float) -> None:
+    runs = sum(walking._spread(n + 1, rate) > walking._spread(n, rate) for n in range(1000))
+    assert runs == pytest.approx(1000 * rate, abs=1)
+
+
+def test_shapes_only_say_which_kernel_points_were_not_counted() -> None:
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    spec = jax.ShapeDtypeStruct((8,), jnp.int32)
+    (line,) = observed.kernel_points(functools.partial(masked_sum), [spec, spec, x])
+    assert "2 data-dependent branch(es), 1 loop(s)" in line
+
+
+# -- the Pallas TPU sparse guide's masked matmul, rebuilt -------------------------------------
+
+
+def test_prefetch_maps_name_the_next_set_block_as_the_guide_does() -> None:
+    from asickernels.simulate.tpu_estimate import guide_kernels
+
+    mask, kind, next_i, next_j = guide_kernels.prefetch_maps(np.tril(np.ones((3, 3), np.int32)))
+    # The guide scans from the last block back; kinds in order found: diagonal 0, full 1.
+    assert kind.tolist() == [[0, 1, 1], [1, 0, 1], [1, 1, 0]]
+    assert next_i.tolist() == [[0, 1, 1], [1, 1, 2], [2, 2, 2]]
+    assert next_j.tolist() == [[0, 0, 0], [0, 1, 0], [0, 1, 2]]
+    assert mask.tolist() == np.tril(np.ones((3, 3))).tolist()
+
+
+def test_the_masked_matmul_computes_the_masked_product_and_its_counts() -> None:
+    from asickernels.simulate.tpu_estimate import guide_kernels
+
+    size, block = 1024, guide_kernels.BLOCK_MN
+    maps = [jnp.asarray(a) for a in guide_kernels.prefetch_maps(np.tril(np.ones((2, 2))))]
+    kinds = jnp.stack(
+        [jnp.tril(jnp.ones((block, block), jnp.int32)), jnp.ones((block, block), jnp.int32)]
+    )
+    x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(jnp.bfloat16)
+    y = jax.random.normal(jax.random.key(1), (size, size), jnp.float32).astype(jnp.bfloat16)
+    with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
+        got = guide_kernels.masked_matmul(*maps, x, y, kinds)
+    mask = jnp.tril(jnp.ones((size, size), jnp.int32))
+    want = guide_kernels.masked_reference(mask, x.astype(jnp.float32), y.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=0.5)
+    (run,) = _observe(guide_kernels.masked_matmul, *guide_kernels.masked_example(2048)).kernels
+    # 10 of 16 blocks set, 2 k-steps each; x and y fetched on the computed steps only, the
+    # mask's block when its kind changes: rows of kinds 0111 1011 1101 1110, 7 changes.
+    assert (run.steps, run.points[0].entries, run.points[0].taken) == (32, 32, 20)
+    assert [count for _, count in run.fetches] == [20, 20, 7]
+
+
+# -- estimates of kernels nobody here wrote, counted from a run (compiles with libtpu) ---------
+
+
+def _needs_libtpu() -> None:
+    from asickernels.simulate import tpu_compile
+
+    if tpu_compile.libtpu_status():
+        pytest.skip("needs libtpu")
+
+
+@pytest.mark.slow
+def test_the_masked_matmul_estimate_skips_what_the_mask_skips() -> None:
+    from asickernels.simulate.tpu_estimate import estimate_function, guide_kernels
+
+    _needs_libtpu()
+    example = guide_kernels.masked_example(4096)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+    (counted,) = estimate_function(guide_kernels.masked_matmul, *example, generations=("v5e",))
+    (assumed,) = estimate_function(guide_kernels.masked_matmul, *shapes, generations=("v5e",))
+    # 36 of 64 output blocks computed: well under the all-blocks estimate, above the floor.
+    assert counted.device_s < 0.75 * assumed.device_s
+    assert counted.floor_s is not None and counted.device_s > counted.floor_s
+    assert any("data-dependent branch at bundle" in a for a in counted.assumptions)
+    assert any("1 data-dependent branch(es)" in a for a in assumed.assumptions)
+
+
+@pytest.mark.slow
+def test_a_grouped_matmul_runs_the_grid_steps_its_group_sizes_make() -> None:
+    import importlib  # megablox's package exports a gmm function over its module
+
+    from asickernels.simulate.tpu_estimate import estimate_function
+
+    _needs_libtpu()
+    gmm = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm").gmm
+    sizes = jnp.asarray([128, 0, 256, 128], jnp.int32)
+    lhs = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16)
+    (estimate,) = estimate_function(gmm, lhs, rhs, sizes, generations=("v5e",))
+    # Its default 128^3 tiles: 2 n-tiles x 4 m-tiles with rows (the empty group is not
+    # visited) x 2 k-tiles; the schedule's grid loop runs them plus 2 pipeline trips.
+    assert any("16 grid step(s)" in a for a in estimate.assumptions)
+    assert any(loop.endswith("18.0 trips each") for loop in estimate.loops)
