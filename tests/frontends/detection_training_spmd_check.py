@@ -55,8 +55,7 @@ def model(kind: str) -> torch.nn.Module:
     if kind in SAMPLING:
         built.rpn._pre_nms_top_n["training"] = 200
         built.rpn._post_nms_top_n["training"] = 100
-        # Sample every candidate: the random draws differ between the sharded and the
-        # unsharded step, the full sets do not.
+        # Sample every candidate: the comparison does not rest on the random draws.
         built.rpn.fg_bg_sampler.batch_size_per_image = 10**6
         built.roi_heads.fg_bg_sampler.batch_size_per_image = 10**6
     return detection.xla_ready(built, backend="xla").train()
