@@ -1,9 +1,9 @@
 """What exercises linear sum assignment, beside its declaration
 (:mod:`asickernels.kernels.linear_sum_assignment`): its conformance cases, which every
-backend runs against SciPy (random, degenerate and adversarial cost matrices). It has no
-``check``/``bench`` workload (``benchmarks/linear_sum_assignment/bench.py`` times it against
-SciPy) and no NKI estimate; the TPU compile gate compiles its Pallas kernel at DETR's shape
-(see :mod:`asickernels.kernels.cases`).
+backend runs against SciPy (random, degenerate and adversarial cost matrices); its
+``check``/``bench`` workload (DETR's matching sizes; ``benchmarks/linear_sum_assignment/
+bench.py`` times DETR's whole matcher against SciPy); the TPU compile gate's DETR shape (see
+:mod:`asickernels.kernels.cases`). It has no NKI estimate.
 
 ``unique`` marks cases whose optimum is unique (continuous random costs, almost surely,
 with gaps far above the rounding of the dtype): there the assignment must be SciPy's;
@@ -13,13 +13,24 @@ elsewhere (ties) only the total cost must equal SciPy's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from typing import Any
 
 import numpy as np
 
-from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
+from asickernels.kernels import linear_sum_assignment as lsa
+from asickernels.kernels.cases import (
+    Canonical,
+    Case,
+    Comparison,
+    CompileShape,
+    NkiEstimate,
+    Size,
+    Workload,
+    checked,
+)
 
-WORKLOADS: tuple[Workload, ...] = ()
 # DETR's matching: a batch of 64 images, 100 queries x 100 padded targets.
 COMPILE_SHAPES = (
     CompileShape(
@@ -125,3 +136,76 @@ def lsa_cases() -> list[LsaCase]:
     cases.append(LsaCase("anti_greedy", np.where(i + j < 15, 1000.0, (i * j) % 7 + 0.0)))
     cases.append(LsaCase("large_square_f64", rng.uniform(size=(300, 300)), unique=True, slow=True))
     return cases
+
+
+class LsaWorkload(Workload):
+    """``linear_sum_assignment`` on ``[..., N, M]`` costs and the case's masks (keyword
+    arguments): sizes ``BxNxM`` (DETR's: 100 queries x up to 100 targets, each image's
+    targets a random count, the rest masked by ``col_mask``). A result agrees when
+    :func:`~asickernels.kernels.linear_sum_assignment.compare` says so: SciPy's number of
+    matches and total cost (within the rounding of the cost's dtype), and SciPy's
+    assignment where the optimum is unique; ``max_error`` counts the images that do not."""
+
+    name = registry_op = "linear_sum_assignment"
+    size_syntax = "BxNxM costs"
+    default_sizes: tuple[str, ...] = ("2x100x20", "64x100x100")
+    error_unit = "images wrong"
+    quick_cases = frozenset({"random_3x7_float32", "detr_masked_targets"})
+    quick_sizes = ("2x100x20",)
+
+    def parse_size(self, text: str) -> Size:
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text)
+        if not match or min(int(g) for g in match.groups()) < 1:
+            raise ValueError(f"expected BxNxM costs (e.g. 64x100x100), got {text!r}")
+        b, n, m = (int(g) for g in match.groups())
+        return Size(f"{b}x{n}x{m} costs", {"b": b, "n": n, "m": m})
+
+    def work(self, size: Size) -> float:
+        return float(size.params["b"] * max(size.params["n"], size.params["m"]) ** 3)
+
+    def bench_case(self, size: Size, rng: np.random.Generator) -> Case:
+        b, n, m = (size.params[k] for k in ("b", "n", "m"))
+        cost = rng.uniform(0, 5, (b, n, m)).astype(np.float32)
+        targets = rng.integers(1, m + 1, b)
+        col_mask = np.arange(m)[None, :] < targets[:, None]
+        return Case(size.label, (cost,), {"col_mask": col_mask})
+
+    def check_cases(self, rng: np.random.Generator) -> list[Case]:
+        return [Case(c.name, (c.cost,), _given(c.kwargs())) for c in checked(lsa_cases())]
+
+    def expected(self, case: Case) -> Any:
+        """The case itself: :meth:`compare` measures a result against SciPy on it."""
+        return case
+
+    def compare(self, got: Canonical, expected: Any) -> Comparison:
+        cost = expected.arrays[0]
+        batch, (n, m) = cost.shape[:-2], cost.shape[-2:]
+        rows = expected.static.get("row_mask", np.ones(batch + (n,), bool))
+        cols = expected.static.get("col_mask", np.ones(batch + (m,), bool))
+        unique = expected.name in _unique_cases() or expected.name.endswith(" costs")
+        dtype = np.float64 if cost.dtype == np.float64 else np.float32  # (decided in)
+        images = int(np.prod(batch, dtype=np.int64))
+        assignment = np.asarray(got[0]).reshape(images, n)
+        count = np.asarray(got[1]).reshape(images)
+        flat = cost.reshape(images, n, m), rows.reshape(images, n), cols.reshape(images, m)
+        errors = [
+            lsa.compare(c, (a, k), row_mask=r, col_mask=v, dtype=dtype, unique=unique).error
+            for c, r, v, a, k in zip(*flat, assignment, count, strict=True)
+        ]
+        wrong = [error for error in errors if error]
+        compared = "matches, total cost" + (", assignment" if unique else "")
+        return Comparison(float(len(wrong)), 0.0, not wrong, wrong[0] if wrong else compared)
+
+
+def _given(masks: dict[str, Any]) -> dict[str, Any]:
+    """The masks a case gives (the op's keyword arguments; None ones left out)."""
+    return {name: mask for name, mask in masks.items() if mask is not None}
+
+
+@functools.cache
+def _unique_cases() -> frozenset[str]:
+    """The conformance cases whose optimum is unique (their assignment must be SciPy's)."""
+    return frozenset(case.name for case in lsa_cases() if case.unique)
+
+
+WORKLOADS = (LsaWorkload(),)

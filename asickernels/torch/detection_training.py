@@ -386,6 +386,19 @@ def _ssd_losses(
     }
 
 
+def _host_default_boxes(self: SSD, images: ImageList, levels: list[Tensor]) -> Tensor:
+    """SSD's default boxes ``[B, N, 4]`` as its ``DefaultBoxGenerator`` computes them on the
+    CPU, moved to the features' device. They depend on the shapes alone. On an XLA device
+    the generator's ``(center -+ 0.5 * size) * image_size`` is fused and rounds some boxes
+    1 ulp away from the CPU's; a small ground truth box inside several anchors of one size
+    has exactly tied IoUs on the CPU, and the ulp then breaks the tie for another anchor
+    (another matched anchor: SSDlite's box loss moved by 7e-3 relative)."""
+    stand_in = torch.zeros((), dtype=levels[0].dtype)
+    host_images = ImageList(stand_in.expand(images.tensors.shape), images.image_sizes)
+    host_levels = [stand_in.expand(level.shape) for level in levels]
+    return torch.stack(self.anchor_generator(host_images, host_levels)).to(levels[0].device)
+
+
 def _nearest_indices(size_in: int, size_out: int) -> list[int]:
     """The rows (or columns) ``F.interpolate(mode="nearest")`` reads to resize ``size_in``
     to ``size_out``: PyTorch's ``nearest_idx``, ``floor(i * (float32) size_in / size_out)``."""
@@ -596,7 +609,7 @@ def training_forward(
         return _retinanet_losses(self, head_outputs, anchors, gt_boxes, gt_labels, gt_valid)
     if isinstance(self, SSD):
         levels = list(features.values())
-        anchors = torch.stack(self.anchor_generator(transformed, levels))
+        anchors = _host_default_boxes(self, transformed, levels)
         return _ssd_losses(self, self.head(levels), anchors, gt_boxes, gt_labels, gt_valid)
     if isinstance(self, FasterRCNN):
         proposals, proposal_valid, rpn_losses = _rpn_losses(

@@ -1,12 +1,15 @@
-"""A RetinaNet training step made ``xla_ready`` under torch_xla SPMD on 4 CPU devices, the
-batch sharded over them, against the same step unsharded (run in its own process by
-tests/frontends/test_detection_training.py: SPMD mode and the device count are fixed when
-the XLA runtime starts). Prints "ok" when the losses and the updated weights agree."""
+"""A training step of a detection model made ``xla_ready`` (``retinanet``, ``fcos``,
+``faster_rcnn`` or ``mask_rcnn``: the first argument) under torch_xla SPMD on 4 CPU
+devices, the batch sharded over them, against the same step unsharded (run in its own
+process by tests/frontends/test_detection_training.py: SPMD mode and the device count are
+fixed when the XLA runtime starts). Prints "ok" when the losses and the updated weights
+agree."""
 
 from __future__ import annotations
 
 import copy
 import os
+import sys
 
 os.environ["PJRT_DEVICE"] = "CPU"
 os.environ["CPU_NUM_DEVICES"] = "4"
@@ -28,19 +31,39 @@ TOLERANCE = 1e-5
 # up to 35); the sharded step's weights differ by <= 1.2e-5 (within 1e-5 relative).
 LEARNING_RATE = 1e-5
 SHAPES = ((128, 160),) * 4
+SAMPLING = ("faster_rcnn", "mask_rcnn")
 
 
-def targets() -> list[dict[str, torch.Tensor]]:
+def targets(masks: bool) -> list[dict[str, torch.Tensor]]:
+    """1-3 random boxes per image (Mask R-CNN: each box's left half its mask), padded to 3."""
     generator = torch.Generator().manual_seed(0)
     out = []
-    for count in (1, 2, 3, 1):
+    for (height, width), count in zip(SHAPES, (1, 2, 3, 1), strict=True):
         corner = torch.rand(count, 2, generator=generator) * 60
         boxes = torch.cat([corner, corner + 20 + torch.rand(count, 2, generator=generator) * 40], 1)
-        out.append({"boxes": boxes, "labels": torch.randint(1, 5, (count,), generator=generator)})
+        target = {"boxes": boxes, "labels": torch.randint(1, 5, (count,), generator=generator)}
+        if masks:
+            target["masks"] = torch.zeros(count, height, width, dtype=torch.uint8)
+            for mask, (x1, y1, x2, y2) in zip(target["masks"], boxes.long().tolist(), strict=True):
+                mask[y1:y2, x1 : (x1 + x2) // 2 + 1] = 1
+        out.append(target)
     return pad_targets(out, 3)
 
 
-def step(model: torch.nn.Module, mesh: xs.Mesh | None) -> tuple[dict, list[torch.Tensor]]:
+def model(kind: str) -> torch.nn.Module:
+    built = detection_models.model(kind)
+    if kind in SAMPLING:
+        built.rpn._pre_nms_top_n["training"] = 200
+        built.rpn._post_nms_top_n["training"] = 100
+        # Sample every candidate: the comparison does not rest on the random draws.
+        built.rpn.fg_bg_sampler.batch_size_per_image = 10**6
+        built.roi_heads.fg_bg_sampler.batch_size_per_image = 10**6
+    return detection.xla_ready(built, backend="xla").train()
+
+
+def step(
+    model: torch.nn.Module, batch: list[dict[str, torch.Tensor]], mesh: xs.Mesh | None
+) -> tuple[dict, list[torch.Tensor]]:
     """One SGD step on the XLA device -> (losses, updated weights) on the host."""
     device = torch_xla.device()
     model = copy.deepcopy(model).to(device)
@@ -53,32 +76,32 @@ def step(model: torch.nn.Module, mesh: xs.Mesh | None) -> tuple[dict, list[torch
         model.backbone.register_forward_pre_hook(shard)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     images = [image.to(device) for image in detection_models.images(shapes=SHAPES)]
-    batch = [{k: v.to(device) for k, v in t.items()} for t in targets()]
-    losses = model(images, batch)
+    losses = model(images, [{k: v.to(device) for k, v in t.items()} for t in batch])
     sum(losses.values()).backward()
     optimizer.step()
     torch_xla.sync()
     return {k: v.cpu() for k, v in losses.items()}, [p.detach().cpu() for p in model.parameters()]
 
 
-def main() -> None:
+def main(kind: str) -> None:
     assert xr.global_runtime_device_count() == 4
     mesh = xs.Mesh(np.arange(4), (4,), ("data",))
-    model = detection.xla_ready(detection_models.model("retinanet"), backend="xla").train()
-    want_losses, want_weights = step(model, None)
-    got_losses, got_weights = step(model, mesh)
+    ready = model(kind)
+    batch = targets(masks=kind == "mask_rcnn")
+    want_losses, want_weights = step(ready, batch, None)
+    got_losses, got_weights = step(ready, batch, mesh)
     for name, loss in want_losses.items():
         torch.testing.assert_close(got_losses[name], loss, rtol=TOLERANCE, atol=0.0, msg=name)
     largest_update = largest_difference = 0.0
-    for got, want, before in zip(got_weights, want_weights, model.parameters(), strict=True):
+    for got, want, before in zip(got_weights, want_weights, ready.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=TOLERANCE, atol=TOLERANCE)
         largest_update = max(largest_update, float((want - before.detach()).abs().max()))
         largest_difference = max(largest_difference, float((got - want).abs().max()))
     # The step moves the weights by far more than the tolerance (the check is not vacuous).
     assert largest_update > 100 * TOLERANCE, largest_update
-    print({k: float(v) for k, v in got_losses.items()}, largest_update, largest_difference)
+    print(kind, {k: float(v) for k, v in got_losses.items()}, largest_update, largest_difference)
     print("ok")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "retinanet")

@@ -620,7 +620,6 @@ NOT_WORKLOADS = {
     "roi_align_vjp": "RoIAlign's gradient",
     "roi_pool_vjp": "RoIPool's gradient",
     "quantize_int8": "int8_matmul's input preparation",
-    "linear_sum_assignment": "timed against SciPy by benchmarks/linear_sum_assignment/bench.py",
 }
 
 
