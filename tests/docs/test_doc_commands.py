@@ -132,6 +132,8 @@ def test_every_make_target_named_exists():
 
 # The short names the pages use, as their examples import them.
 ALIASES = {"ak": "asickernels", "akt": "asickernels.torch"}
+# Modules of ours that import a package not every environment has: the package.
+NEEDS = {"torch": "torch", "torch_xla_spmd": "torch_xla", "torch_tpu": "torch_tpu"}
 # Named by the pages but absent from a clone by design: a folder of ../shared/corpus, and
 # where tests/fetch_vendor.py puts the vendor code it fetches (gitignored).
 ABSENT_BY_DESIGN = ("neuron-customops/", "tests/data/vendor/")
@@ -182,9 +184,9 @@ def test_every_python_name_the_pages_give_exists():
             if not match:
                 continue
             name = ALIASES.get(match[1], match[1]) + match[2]
-            needs_torch = "torch" in name.split(".")[1:] or "torch_xla_spmd" in name
-            if needs_torch and importlib.util.find_spec("torch") is None:
-                continue  # the torch_xla environment checks these names
+            needs = {NEEDS[part] for part in name.split(".")[1:] if part in NEEDS}
+            if any(importlib.util.find_spec(package) is None for package in needs):
+                continue  # the environment that has those packages checks these names
             assert _resolves(name), f"{page.name}: `{span}` names nothing ({name})"
             checked += 1
     assert checked > 10
