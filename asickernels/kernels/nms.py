@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
-from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 
 # Indices are int32: an output position or a box index must fit.
 _MAX_INT32 = 2**31 - 1
@@ -160,7 +159,7 @@ def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return iou
 
 
-@reference.BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("nms", dtypes=FLOAT32_AND_64)
 def greedy_nms(
     boxes: npt.ArrayLike,
     scores: npt.ArrayLike,
