@@ -185,6 +185,11 @@ COMPILE_SHAPES = (
     _matmul("8x14336x4096 scaled", 8, 14336, 4096, scaled=True),
 )
 
+# The shapes users run (issue #15), which ``asickernels estimate`` estimates: W8A8 decode
+# and prefill matmuls, M x (K, N).
+INT8_USER_M = (1, 8, 32, 128, 512, 2048)
+INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
+
 NKI_ESTIMATES = (
     NkiEstimate(
         "int8_matmul",
