@@ -24,10 +24,10 @@ from asickernels.kernels.giou import (
     GIOU_EPS,
     giou_vjp,
     masked_loss_op,
+    masked_loss_reference,
     metric_plan,
     paired_metric_op,
     paired_vjp_op,
-    reference_masked_loss,
     reference_planes,
 )
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
@@ -228,28 +228,8 @@ def reference_ciou_vjp(
     return reference_metric_vjp("ciou", boxes1, boxes2, cotangent)
 
 
-def reference_diou_loss(
-    preds: npt.ArrayLike,
-    targets: npt.ArrayLike,
-    *,
-    mask: npt.ArrayLike | None = None,
-    reduction: str = "mean",
-) -> np.ndarray:
-    """``1 - diou`` over valid boxes, reduced as :func:`~asickernels.kernels.giou.reference_giou_loss` does."""
-    with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
-        return reference_masked_loss(reference_diou(preds, targets), mask, reduction)
-
-
-def reference_ciou_loss(
-    preds: npt.ArrayLike,
-    targets: npt.ArrayLike,
-    *,
-    mask: npt.ArrayLike | None = None,
-    reduction: str = "mean",
-) -> np.ndarray:
-    """``1 - ciou`` over valid boxes, reduced as :func:`~asickernels.kernels.giou.reference_giou_loss` does."""
-    with np.errstate(all="ignore"):
-        return reference_masked_loss(reference_ciou(preds, targets), mask, reduction)
+reference_diou_loss = masked_loss_reference(reference_diou)
+reference_ciou_loss = masked_loss_reference(reference_ciou)
 
 
 # Pairwise ------------------------------------------------------------------------------------

@@ -157,35 +157,37 @@ def reference_giou_vjp(
     return d1, d2
 
 
-def reference_giou_loss(
-    preds: npt.ArrayLike,
-    targets: npt.ArrayLike,
-    *,
-    mask: npt.ArrayLike | None = None,
-    reduction: str = "mean",
-) -> np.ndarray:
-    """``1 - giou`` over valid boxes (``mask`` True); padding contributes exactly 0.
+def masked_loss_reference(
+    metric: Callable[[npt.ArrayLike, npt.ArrayLike], np.ndarray],
+) -> Callable[..., np.ndarray]:
+    """The float64 reference of :func:`masked_loss_op` over a paired metric's reference:
+    ``loss(preds, targets, *, mask=None, reduction="mean")`` is ``1 - metric`` where
+    ``mask`` is True and exactly 0 at padding (which may hold NaN), reduced: ``"none"``,
+    ``"sum"``, or ``"mean"`` over the valid boxes (0 when there are none)."""
 
-    ``"mean"`` divides by the number of valid boxes and is 0 when there are none.
-    """
-    return reference_masked_loss(reference_giou(preds, targets), mask, reduction)
+    def loss(
+        preds: npt.ArrayLike,
+        targets: npt.ArrayLike,
+        *,
+        mask: npt.ArrayLike | None = None,
+        reduction: str = "mean",
+    ) -> np.ndarray:
+        with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
+            values = 1.0 - metric(preds, targets)
+        valid = np.ones(values.shape, bool) if mask is None else np.asarray(mask, bool)
+        values = np.where(valid, values, 0.0)
+        if reduction == "none":
+            return values
+        total = values.sum()
+        if reduction == "sum":
+            return np.asarray(total)
+        count = valid.sum()
+        return np.asarray(total / count if count else 0.0)
+
+    return loss
 
 
-def reference_masked_loss(
-    metric: np.ndarray, mask: npt.ArrayLike | None, reduction: str
-) -> np.ndarray:
-    """``1 - metric`` where ``mask`` is True (0 elsewhere), reduced; "mean" over the valid
-    boxes, 0 when there are none."""
-    loss = 1.0 - metric
-    valid = np.ones(loss.shape, bool) if mask is None else np.asarray(mask, bool)
-    loss = np.where(valid, loss, 0.0)
-    if reduction == "none":
-        return loss
-    total = loss.sum()
-    if reduction == "sum":
-        return np.asarray(total)
-    count = valid.sum()
-    return np.asarray(total / count if count else 0.0)
+reference_giou_loss = masked_loss_reference(reference_giou)
 
 
 # Paired metrics: validation and computation -------------------------------------------------------
