@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -137,6 +137,20 @@ _NMS_STATICS = [
 ]
 
 
+class NmsStatics(TypedDict):
+    """The checked statics every NMS kernel takes (``score_threshold`` is ``-inf`` when the
+    caller gave none); a kernel declares them as ``**statics: Unpack[NmsStatics]``."""
+
+    iou_threshold: float
+    max_output_size: int
+    score_threshold: float
+
+
+def nms_statics(statics: NmsStatics) -> tuple[float, int, float]:
+    """``(iou_threshold, max_output_size, score_threshold)`` of a kernel's statics."""
+    return statics["iou_threshold"], statics["max_output_size"], statics["score_threshold"]
+
+
 # -- the reference: the definition every backend is tested against -----------------------
 
 
@@ -164,14 +178,12 @@ def greedy_nms(
     boxes: npt.ArrayLike,
     scores: npt.ArrayLike,
     categories: npt.ArrayLike | None,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
     [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
     [B]`` int32)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     boxes = np.asarray(boxes, np.float64)
     scores = np.asarray(scores, np.float64)
     batch, n = scores.shape
