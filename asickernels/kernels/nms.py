@@ -13,9 +13,10 @@ Where NMS is written, so what a change edits:
   (``backends/xla/nms.py``, ``backends/pallas_tpu/nms.py``, ``backends/nki/nms.py``,
   ``backends/cpu/csrc/nms.cpp``, ``backends/gpsimd/csrc/nms.cpp``) and the cases that show
   the change (:mod:`asickernels.kernels.nms_cases`);
-* a new argument, also: the declaration's parameters and checks here, each backend's ``nms``
-  signature (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++
-  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
+* a new argument, also: the declaration's parameters and checks here (a static one also in
+  :class:`NmsStatics`, which every backend's ``nms`` takes), each backend's use of it
+  (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++ kernels;
+  ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
   ``asickernels/torch/vision.py`` where torchvision's signature has it. The torch operator
   schema and the torch_xla kernels follow from the declaration at import; the torch
   functions and the SPMD wrappers are regenerated from it (``python -m
