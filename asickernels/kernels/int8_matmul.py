@@ -8,7 +8,7 @@ y_scale[None, :]`` rounded once to ``out_dtype``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +21,21 @@ from asickernels.kernels.registry import REFERENCE
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
 _OUT_DTYPES = (np.dtype(np.int32),) + _checks.FLOAT_DTYPES
+
+
+class Int8MatmulOptions(TypedDict):
+    """The keywords every ``int8_matmul`` kernel takes: ``x_scale [M]`` and ``y_scale [N]``
+    float32 (both or neither) and the result's ``out_dtype``; a kernel declares them as
+    ``**options: Unpack[Int8MatmulOptions]``."""
+
+    x_scale: Array | None
+    y_scale: Array | None
+    out_dtype: np.dtype
+
+
+def int8_matmul_options(options: Int8MatmulOptions) -> tuple[Any, Any, np.dtype]:
+    """``(x_scale, y_scale, out_dtype)`` of a kernel's options."""
+    return options["x_scale"], options["y_scale"], options["out_dtype"]
 
 
 def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
