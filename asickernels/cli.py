@@ -30,7 +30,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
         "compile every Pallas kernel for real TPU generations with libtpu (no TPU needed)",
     ),
     "estimate": (
-        "asickernels.simulate.tpu_estimate.estimate",
+        "asickernels.simulate.tpu_estimate.command",
         "estimate kernel times: TPU from the compiler's schedule, Neuron (--neuron) from the "
         "NKI simulator's cost model (estimates, not measurements)",
     ),

@@ -10,12 +10,11 @@ it is first asked about.
 
 from __future__ import annotations
 
-from asickernels import reference
 from asickernels.backends import cpu, gpsimd, nki, pallas_tpu, xla
-from asickernels.kernels.registry import register_backend
+from asickernels.kernels.registry import REFERENCE, register_backend
 
 for backend in (
-    reference.BACKEND,
+    REFERENCE,
     xla.BACKEND,
     cpu.BACKEND,
     pallas_tpu.BACKEND,

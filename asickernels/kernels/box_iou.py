@@ -1,6 +1,6 @@
 """Pairwise IoU/GIOU, paired DIoU/CIoU with their gradients, and the DIoU/CIoU losses: the
-declarations (semantics: :mod:`asickernels.reference`, torchvision's formulas with
-``eps = 1e-7``).
+declarations and their float64 references (torchvision's formulas with ``eps = 1e-7``; GIOU's
+in :mod:`asickernels.kernels.giou`).
 
 Kernel calling conventions (beside those in :mod:`asickernels.kernels.registry`):
 
@@ -16,17 +16,221 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import Array, Check, Op, Plan, Runner, Spec, array, cast
 from asickernels.kernels.giou import (
+    GIOU_EPS,
     giou_vjp,
     masked_loss_op,
+    masked_loss_reference,
     metric_plan,
     paired_metric_op,
     paired_vjp_op,
+    reference_planes,
 )
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+
+# The float64 references: pairwise IoU/GIOU and paired DIoU/CIoU -------------------------------------------------------
+#
+# torchvision's formulas (``box_iou``, ``generalized_box_iou``, ``distance_box_iou_loss``,
+# ``complete_box_iou_loss``) with ``eps = GIOU_EPS`` in every denominator, so that degenerate
+# boxes give finite values where torchvision divides 0 by 0::
+#
+#     iou  = inter / (union + eps)                    (inter, union as for GIOU)
+#     giou = iou - (hull - union) / (hull + eps)
+#     diou = iou - rho2 / (hull_w ** 2 + hull_h ** 2 + eps)
+#            rho2 = squared distance between the box centres
+#     ciou = diou - alpha * v,  v = 4 / pi ** 2 * (atan(w2 / (h2 + eps)) - atan(w1 / (h1 + eps))) ** 2,
+#            alpha = v / (1 - iou + v + eps)
+#
+# ``alpha`` is a constant for gradients (torchvision computes it under ``no_grad``, as the
+# CIoU paper does), so ``ciou_vjp`` is not the derivative of ``ciou`` where ``alpha`` varies.
+# Gradient ties follow GIOU's rules: ``max``/``min`` ties go to ``boxes1``; ``max(0, w)``
+# passes the gradient only where ``w > 0``. The pairwise ops apply the same formulas to
+# every pair ``(boxes1[..., i, :], boxes2[..., j, :])``.
+
+METRICS = ("iou", "giou", "diou", "ciou")
+
+
+class _Dual:
+    """A float64 value and (optionally) its derivatives with respect to the 8 coordinates of
+    a box pair, ``tangent [..., 8]``: forward-mode differentiation, so the reference
+    gradients are derived from the very formula text of the values."""
+
+    __slots__ = ("tangent", "value")
+
+    def __init__(self, value: npt.ArrayLike, tangent: np.ndarray | None = None) -> None:
+        self.value = np.asarray(value, np.float64)
+        self.tangent = tangent
+
+    def _scaled(self, scale: npt.ArrayLike) -> np.ndarray | None:
+        return None if self.tangent is None else self.tangent * np.asarray(scale)[..., None]
+
+    def __add__(self, other: Operand) -> _Dual:
+        other = _lift(other)
+        return _Dual(self.value + other.value, _sum(self.tangent, other.tangent))
+
+    __radd__ = __add__
+
+    def __neg__(self) -> _Dual:
+        return _Dual(-self.value, self._scaled(-1.0))
+
+    def __sub__(self, other: Operand) -> _Dual:
+        return self + -_lift(other)
+
+    def __rsub__(self, other: Operand) -> _Dual:
+        return _lift(other) - self
+
+    def __mul__(self, other: Operand) -> _Dual:
+        other = _lift(other)
+        return _Dual(
+            self.value * other.value, _sum(self._scaled(other.value), other._scaled(self.value))
+        )
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Operand) -> _Dual:
+        other = _lift(other)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = self.value / other.value
+            numerator = _sum(self.tangent, (-other)._scaled(value))
+            tangent = None if numerator is None else numerator / other.value[..., None]
+        return _Dual(value, tangent)
+
+
+# What a dual number combines with: another, or a float64 constant (an array or a number).
+Operand = _Dual | npt.ArrayLike
+
+
+def _lift(x: Operand) -> _Dual:
+    return x if isinstance(x, _Dual) else _Dual(x)
+
+
+def _sum(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a + b
+
+
+def _select(condition: np.ndarray, a: _Dual, b: _Dual) -> _Dual:
+    tangent = None
+    if a.tangent is not None or b.tangent is not None:
+        zeros = np.zeros(np.shape(condition) + (8,))
+        ta = zeros if a.tangent is None else a.tangent
+        tb = zeros if b.tangent is None else b.tangent
+        tangent = np.where(condition[..., None], ta, tb)
+    return _Dual(np.where(condition, a.value, b.value), tangent)
+
+
+def _max(a: _Dual, b: _Dual) -> _Dual:
+    return _select(a.value >= b.value, a, b)
+
+
+def _min(a: _Dual, b: _Dual) -> _Dual:
+    return _select(a.value <= b.value, a, b)
+
+
+def _positive(a: _Dual) -> _Dual:
+    return _select(a.value > 0, a, _Dual(np.zeros_like(a.value)))
+
+
+def _atan(a: _Dual) -> _Dual:
+    return _Dual(np.arctan(a.value), a._scaled(1.0 / (1.0 + a.value**2)))
+
+
+def _box_metric(
+    metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, with_tangents: bool
+) -> _Dual:
+    """``metric`` of paired (broadcast) boxes ``[..., 4]`` as a :class:`_Dual` ``[...]``."""
+    planes = np.broadcast_arrays(*reference_planes(boxes1), *reference_planes(boxes2))
+    eye = np.eye(8)
+    x1, y1, x2, y2, u1, v1, u2, v2 = (
+        _Dual(p, np.broadcast_to(eye[k], p.shape + (8,)) if with_tangents else None)
+        for k, p in enumerate(planes)
+    )
+    inter = _positive(_min(x2, u2) - _max(x1, u1)) * _positive(_min(y2, v2) - _max(y1, v1))
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    iou = inter / (union + GIOU_EPS)
+    if metric == "iou":
+        return iou
+    hull_w = _max(x2, u2) - _min(x1, u1)
+    hull_h = _max(y2, v2) - _min(y1, v1)
+    if metric == "giou":
+        hull = hull_w * hull_h
+        return iou - (hull - union) / (hull + GIOU_EPS)
+    dx = (x1 + x2 - u1 - u2) * 0.5
+    dy = (y1 + y2 - v1 - v2) * 0.5
+    diou = iou - (dx * dx + dy * dy) / (hull_w * hull_w + hull_h * hull_h + GIOU_EPS)
+    if metric == "diou":
+        return diou
+    angle = _atan((u2 - u1) / (v2 - v1 + GIOU_EPS)) - _atan((x2 - x1) / (y2 - y1 + GIOU_EPS))
+    v = angle * angle * (4.0 / np.pi**2)
+    alpha = v.value / (1.0 - iou.value + v.value + GIOU_EPS)  # a constant: no tangent
+    return diou - v * alpha
+
+
+def reference_pairwise(metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """``metric`` (one of :data:`METRICS`) of every pair: ``[..., N, 4]`` x ``[..., M, 4]``
+    -> ``[..., N, M]`` float64."""
+    b1 = np.asarray(boxes1, np.float64)[..., :, None, :]
+    b2 = np.asarray(boxes2, np.float64)[..., None, :, :]
+    return _box_metric(metric, b1, b2, False).value
+
+
+@REFERENCE.implements("box_iou", dtypes=FLOAT32_AND_64)
+def reference_box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """Pairwise IoU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
+    return reference_pairwise("iou", boxes1, boxes2)
+
+
+@REFERENCE.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)
+def reference_generalized_box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """Pairwise GIOU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
+    return reference_pairwise("giou", boxes1, boxes2)
+
+
+@REFERENCE.implements("diou", dtypes=FLOAT32_AND_64)
+def reference_diou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """DIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    return _box_metric("diou", boxes1, boxes2, False).value
+
+
+@REFERENCE.implements("ciou", dtypes=FLOAT32_AND_64)
+def reference_ciou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """CIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    return _box_metric("ciou", boxes1, boxes2, False).value
+
+
+def reference_metric_vjp(
+    metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient of ``sum(cotangent * metric(boxes1, boxes2))`` for paired boxes ``[..., 4]``
+    (``alpha`` constant for CIoU): ``(d_boxes1, d_boxes2)`` float64 ``[..., 4]``."""
+    result = _box_metric(metric, boxes1, boxes2, True)
+    assert result.tangent is not None
+    grad = np.asarray(cotangent, np.float64)[..., None] * result.tangent
+    return grad[..., :4], grad[..., 4:]
+
+
+@REFERENCE.implements("diou_vjp", dtypes=FLOAT32_AND_64)
+def reference_diou_vjp(
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    return reference_metric_vjp("diou", boxes1, boxes2, cotangent)
+
+
+@REFERENCE.implements("ciou_vjp", dtypes=FLOAT32_AND_64)
+def reference_ciou_vjp(
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    return reference_metric_vjp("ciou", boxes1, boxes2, cotangent)
+
+
+reference_diou_loss = masked_loss_reference(reference_diou)
+reference_ciou_loss = masked_loss_reference(reference_ciou)
+
 
 # Pairwise ------------------------------------------------------------------------------------
 
@@ -93,7 +297,7 @@ box_iou = Op(
     [array("boxes1", 2), array("boxes2", 2)],
     check=_check_pairwise("box_iou"),
     compute=_compute_pairwise,
-    reference=reference.box_iou,
+    reference=reference_box_iou,
     doc=_PAIRWISE_DOC.format(
         what="IoU",
         torchvision="box_iou",
@@ -106,7 +310,7 @@ generalized_box_iou = Op(
     [array("boxes1", 2), array("boxes2", 2)],
     check=_check_pairwise("generalized_box_iou"),
     compute=_compute_pairwise,
-    reference=reference.generalized_box_iou,
+    reference=reference_generalized_box_iou,
     vjp=_pairwise_giou_vjp,
     differentiable=("boxes1", "boxes2"),
     doc=_PAIRWISE_DOC.format(
@@ -156,17 +360,17 @@ def _loss_doc(metric: str) -> str:
     """
 
 
-diou_vjp = paired_vjp_op("diou", reference=reference.diou_vjp, doc=_vjp_doc("diou"))
-ciou_vjp = paired_vjp_op("ciou", reference=reference.ciou_vjp, doc=_vjp_doc("ciou"))
+diou_vjp = paired_vjp_op("diou", reference=reference_diou_vjp, doc=_vjp_doc("diou"))
+ciou_vjp = paired_vjp_op("ciou", reference=reference_ciou_vjp, doc=_vjp_doc("ciou"))
 diou = paired_metric_op(
-    "diou", reference=reference.diou, vjp=diou_vjp, doc=_metric_doc("diou", "Distance IoU (DIoU)")
+    "diou", reference=reference_diou, vjp=diou_vjp, doc=_metric_doc("diou", "Distance IoU (DIoU)")
 )
 ciou = paired_metric_op(
-    "ciou", reference=reference.ciou, vjp=ciou_vjp, doc=_metric_doc("ciou", "Complete IoU (CIoU)")
+    "ciou", reference=reference_ciou, vjp=ciou_vjp, doc=_metric_doc("ciou", "Complete IoU (CIoU)")
 )
 diou_loss = masked_loss_op(
-    "diou", reference=reference.diou_loss, vjp=diou_vjp, doc=_loss_doc("diou")
+    "diou", reference=reference_diou_loss, vjp=diou_vjp, doc=_loss_doc("diou")
 )
 ciou_loss = masked_loss_op(
-    "ciou", reference=reference.ciou_loss, vjp=ciou_vjp, doc=_loss_doc("ciou")
+    "ciou", reference=reference_ciou_loss, vjp=ciou_vjp, doc=_loss_doc("ciou")
 )

@@ -1,6 +1,21 @@
-"""GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations, and the
-three op factories every paired box metric (GIOU, DIoU, CIoU) is declared with:
-:func:`paired_metric_op`, :func:`paired_vjp_op`, :func:`masked_loss_op`."""
+"""GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations, their
+float64 references, and the three op factories every paired box metric (GIOU, DIoU, CIoU) is
+declared with: :func:`paired_metric_op`, :func:`paired_vjp_op`, :func:`masked_loss_op`.
+
+Boxes are ``(x1, y1, x2, y2)``; nothing requires ``x1 <= x2`` (such boxes give negative
+areas and the formulas below apply as written).
+
+GIOU (torchvision's ``generalized_box_iou_loss`` with ``eps = 1e-7``)::
+
+    inter = max(0, min(x2, X2) - max(x1, X1)) * max(0, min(y2, Y2) - max(y1, Y1))
+    union = area1 + area2 - inter
+    hull  = (max(x2, X2) - min(x1, X1)) * (max(y2, Y2) - min(y1, Y1))
+    giou  = inter / (union + eps) - (hull - union) / (hull + eps)
+
+GIOU gradient: the exact derivative of that formula, with these conventions where it has a
+kink: ``max(a, b)`` and ``min(a, b)`` pass the gradient to ``a`` (the ``boxes1`` side) on a
+tie, and ``max(0, w)`` passes it only where ``w > 0``.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks, registry
 from asickernels.kernels.declaration import (
     Array,
@@ -24,7 +39,9 @@ from asickernels.kernels.declaration import (
     cast,
     static,
 )
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 
+GIOU_EPS = 1e-7
 REDUCTIONS = ("none", "sum", "mean")
 # Padding boxes are replaced by this box on both sides before GIOU runs, so that whatever
 # the padding holds (zeros, NaN) the loss and its gradient there are exactly 0.
@@ -53,6 +70,124 @@ def _paired(
     if dtype == "float64":
         flat = [cast(a, np.float64) for a in flat]
     return runner.kernel(kernel)(*flat)
+
+
+# The float64 references ---------------------------------------------------------------
+
+
+def reference_planes(boxes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    b = np.asarray(boxes).astype(np.float64)
+    return b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+
+
+@REFERENCE.implements("giou", dtypes=FLOAT32_AND_64)
+def reference_giou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
+    """GIOU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
+    x1, y1, x2, y2 = reference_planes(boxes1)
+    u1, v1, u2, v2 = reference_planes(boxes2)
+    inter = np.maximum(0.0, np.minimum(x2, u2) - np.maximum(x1, u1)) * np.maximum(
+        0.0, np.minimum(y2, v2) - np.maximum(y1, v1)
+    )
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    hull = (np.maximum(x2, u2) - np.minimum(x1, u1)) * (np.maximum(y2, v2) - np.minimum(y1, v1))
+    return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
+
+
+@REFERENCE.implements("giou_vjp", dtypes=FLOAT32_AND_64)
+def reference_giou_vjp(
+    boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` w.r.t. both box arrays (float64)."""
+    x1, y1, x2, y2 = reference_planes(boxes1)
+    u1, v1, u2, v2 = reference_planes(boxes2)
+    g = np.asarray(cotangent, np.float64)
+
+    # Forward, keeping which side each max/min took (ties: the boxes1 side).
+    left_from_1 = x1 >= u1
+    right_from_1 = x2 <= u2
+    top_from_1 = y1 >= v1
+    bottom_from_1 = y2 <= v2
+    iw = np.where(right_from_1, x2, u2) - np.where(left_from_1, x1, u1)
+    ih = np.where(bottom_from_1, y2, v2) - np.where(top_from_1, y1, v1)
+    iw_pos, ih_pos = iw > 0, ih > 0
+    iw_c, ih_c = np.where(iw_pos, iw, 0.0), np.where(ih_pos, ih, 0.0)
+    inter = iw_c * ih_c
+    w1, h1, w2, h2 = x2 - x1, y2 - y1, u2 - u1, v2 - v1
+    union = w1 * h1 + w2 * h2 - inter
+    hull_left_1 = x1 <= u1
+    hull_right_1 = x2 >= u2
+    hull_top_1 = y1 <= v1
+    hull_bottom_1 = y2 >= v2
+    cw = np.where(hull_right_1, x2, u2) - np.where(hull_left_1, x1, u1)
+    ch = np.where(hull_bottom_1, y2, v2) - np.where(hull_top_1, y1, v1)
+    hull = cw * ch
+
+    # Backward.
+    d_union = g * (1.0 / (hull + GIOU_EPS) - inter / (union + GIOU_EPS) ** 2)
+    d_inter = g / (union + GIOU_EPS) - d_union
+    d_hull = -g * (union + GIOU_EPS) / (hull + GIOU_EPS) ** 2
+    d_iw = np.where(iw_pos, d_inter * ih_c, 0.0)
+    d_ih = np.where(ih_pos, d_inter * iw_c, 0.0)
+    d_cw, d_ch = d_hull * ch, d_hull * cw
+
+    d1 = np.zeros(np.shape(x1) + (4,))
+    d2 = np.zeros(np.shape(x1) + (4,))
+    # Areas: area1 = w1 * h1, area2 = w2 * h2, both enter union with +1.
+    d1[..., 0] -= d_union * h1
+    d1[..., 2] += d_union * h1
+    d1[..., 1] -= d_union * w1
+    d1[..., 3] += d_union * w1
+    d2[..., 0] -= d_union * h2
+    d2[..., 2] += d_union * h2
+    d2[..., 1] -= d_union * w2
+    d2[..., 3] += d_union * w2
+    # Intersection and hull edges, each routed to the side the max/min took.
+    for grad, from_1, coord in (
+        (-d_iw, left_from_1, 0),
+        (d_iw, right_from_1, 2),
+        (-d_ih, top_from_1, 1),
+        (d_ih, bottom_from_1, 3),
+        (-d_cw, hull_left_1, 0),
+        (d_cw, hull_right_1, 2),
+        (-d_ch, hull_top_1, 1),
+        (d_ch, hull_bottom_1, 3),
+    ):
+        d1[..., coord] += np.where(from_1, grad, 0.0)
+        d2[..., coord] += np.where(from_1, 0.0, grad)
+    return d1, d2
+
+
+def masked_loss_reference(
+    metric: Callable[[npt.ArrayLike, npt.ArrayLike], np.ndarray],
+) -> Callable[..., np.ndarray]:
+    """The float64 reference of :func:`masked_loss_op` over a paired metric's reference:
+    ``loss(preds, targets, *, mask=None, reduction="mean")`` is ``1 - metric`` where
+    ``mask`` is True and exactly 0 at padding (which may hold NaN), reduced: ``"none"``,
+    ``"sum"``, or ``"mean"`` over the valid boxes (0 when there are none)."""
+
+    def loss(
+        preds: npt.ArrayLike,
+        targets: npt.ArrayLike,
+        *,
+        mask: npt.ArrayLike | None = None,
+        reduction: str = "mean",
+    ) -> np.ndarray:
+        with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
+            values = 1.0 - metric(preds, targets)
+        valid = np.ones(values.shape, bool) if mask is None else np.asarray(mask, bool)
+        values = np.where(valid, values, 0.0)
+        if reduction == "none":
+            return values
+        total = values.sum()
+        if reduction == "sum":
+            return np.asarray(total)
+        count = valid.sum()
+        return np.asarray(total / count if count else 0.0)
+
+    return loss
+
+
+reference_giou_loss = masked_loss_reference(reference_giou)
 
 
 # Paired metrics: validation and computation -------------------------------------------------------
@@ -291,7 +426,7 @@ def masked_loss_op(metric: str, *, reference: Callable[..., np.ndarray], vjp: Op
 
 giou_vjp = paired_vjp_op(
     "giou",
-    reference=reference.giou_vjp,
+    reference=reference_giou_vjp,
     doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
 
     ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
@@ -302,7 +437,7 @@ giou_vjp = paired_vjp_op(
 
 giou = paired_metric_op(
     "giou",
-    reference=reference.giou,
+    reference=reference_giou,
     vjp=giou_vjp,
     doc="""Generalized IoU of paired boxes.
 
@@ -322,7 +457,7 @@ giou = paired_metric_op(
 
 giou_loss = masked_loss_op(
     "giou",
-    reference=reference.giou_loss,
+    reference=reference_giou_loss,
     vjp=giou_vjp,
     doc="""``1 - giou(preds, targets)`` over the valid (non-padding) boxes.
 

@@ -164,6 +164,10 @@ COMPILE_SHAPES = (
     CompileShape("giou_backward", "10^6 pairs f32", "giou", paired(10**6), gradient=(0, 1)),
 )
 
+# The shapes users run (issue #15), which ``asickernels estimate`` estimates: GIOU forward
+# and gradient over 10^4..10^6 pairs.
+GIOU_USER_PAIRS = (10_000, 100_000, 1_000_000)
+
 SEED_PAIRS_WHY = "the GIOU article's 262,144 pairs"
 NKI_ESTIMATES = (
     NkiEstimate("giou", "1024x256", SEED_PAIRS_WHY),

@@ -1,22 +1,41 @@
 """int8 x int8 matmul with exact int32 accumulation, optional dequantization scales, and
-symmetric int8 quantization: the declarations."""
+symmetric int8 quantization: the declarations and their float64 references.
+
+int8 matmul's reference: the exact integer product; with scales, ``acc * x_scale[:, None] *
+y_scale[None, :]`` rounded once to ``out_dtype``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
+from asickernels.kernels.registry import REFERENCE
 
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
 _OUT_DTYPES = (np.dtype(np.int32),) + _checks.FLOAT_DTYPES
+
+
+class Int8MatmulOptions(TypedDict):
+    """The keywords every ``int8_matmul`` kernel takes: ``x_scale [M]`` and ``y_scale [N]``
+    float32 (both or neither) and the result's ``out_dtype``; a kernel declares them as
+    ``**options: Unpack[Int8MatmulOptions]``."""
+
+    x_scale: Array | None
+    y_scale: Array | None
+    out_dtype: np.dtype
+
+
+def int8_matmul_options(options: Int8MatmulOptions) -> tuple[Any, Any, np.dtype]:
+    """``(x_scale, y_scale, out_dtype)`` of a kernel's options."""
+    return options["x_scale"], options["y_scale"], options["out_dtype"]
 
 
 def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
@@ -96,6 +115,27 @@ def _compute_int8_matmul(
     return total.astype(out)
 
 
+@REFERENCE.implements("int8_matmul")
+def reference_int8_matmul(
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    *,
+    x_scale: npt.ArrayLike | None = None,
+    y_scale: npt.ArrayLike | None = None,
+    out_dtype: npt.DTypeLike = np.int32,
+) -> np.ndarray:
+    """Exact ``x [M, K] @ y [K, N]`` (int8) as int32, or dequantized to ``out_dtype``."""
+    acc = np.asarray(x).astype(np.int64) @ np.asarray(y).astype(np.int64)
+    if x_scale is None:
+        return acc.astype(np.int32)
+    scaled = (
+        acc.astype(np.float64)
+        * np.asarray(x_scale, np.float64)[:, None]
+        * np.asarray(y_scale, np.float64)[None, :]
+    )
+    return scaled.astype(out_dtype)
+
+
 def _reference_int8_matmul(
     x: npt.ArrayLike,
     y: npt.ArrayLike,
@@ -107,10 +147,10 @@ def _reference_int8_matmul(
     m, n = np.shape(x)[0], np.shape(y)[1]
     scaled = x_scale is not None or y_scale is not None or out_dtype not in (None, np.int32)
     if not scaled:
-        return reference.int8_matmul(x, y)
+        return reference_int8_matmul(x, y)
     xs = np.broadcast_to(np.float64(1) if x_scale is None else np.asarray(x_scale), (m,))
     ys = np.broadcast_to(np.float64(1) if y_scale is None else np.asarray(y_scale), (n,))
-    return reference.int8_matmul(x, y, x_scale=xs, y_scale=ys, out_dtype=np.float64)
+    return reference_int8_matmul(x, y, x_scale=xs, y_scale=ys, out_dtype=np.float64)
 
 
 int8_matmul = Op(

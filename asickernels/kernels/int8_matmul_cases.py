@@ -10,7 +10,6 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import oracle
 from asickernels.kernels.cases import (
     ArgSpec,
@@ -23,7 +22,7 @@ from asickernels.kernels.cases import (
     Workload,
     checked,
 )
-from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K
+from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, reference_int8_matmul
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -132,7 +131,7 @@ class Int8MatmulWorkload(Workload):
             case.static.get(key) is not None for key in ("x_scale", "y_scale", "out_dtype")
         )
         if not scaled:
-            want = reference.int8_matmul(x if rows is None else x[rows], y)
+            want = reference_int8_matmul(x if rows is None else x[rows], y)
             return rows, want, None
         m, n = x.shape[0], y.shape[1]
         scales = [
@@ -141,7 +140,7 @@ class Int8MatmulWorkload(Workload):
         ]
         if rows is not None:
             x, scales[0] = x[rows], scales[0][rows]
-        want = reference.int8_matmul(
+        want = reference_int8_matmul(
             x, y, x_scale=scales[0], y_scale=scales[1], out_dtype=np.float64
         )
         return rows, want, np.dtype(case.static.get("out_dtype") or np.float32)
@@ -185,6 +184,11 @@ COMPILE_SHAPES = (
     _matmul("1x4096x14336", 1, 4096, 14336),
     _matmul("8x14336x4096 scaled", 8, 14336, 4096, scaled=True),
 )
+
+# The shapes users run (issue #15), which ``asickernels estimate`` estimates: W8A8 decode
+# and prefill matmuls, M x (K, N).
+INT8_USER_M = (1, 8, 32, 128, 512, 2048)
+INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
 
 NKI_ESTIMATES = (
     NkiEstimate(

@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast
-from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 
 _MAX_INT32 = 2**31 - 1
 
@@ -146,7 +145,7 @@ def _compute(
 # -- the reference ----------------------------------------------------------------------------
 
 
-@reference.BACKEND.implements("linear_sum_assignment", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("linear_sum_assignment", dtypes=FLOAT32_AND_64)
 def scipy_per_image(
     cost: npt.ArrayLike, row_mask: npt.ArrayLike, col_mask: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -13,9 +13,10 @@ Where NMS is written, so what a change edits:
   (``backends/xla/nms.py``, ``backends/pallas_tpu/nms.py``, ``backends/nki/nms.py``,
   ``backends/cpu/csrc/nms.cpp``, ``backends/gpsimd/csrc/nms.cpp``) and the cases that show
   the change (:mod:`asickernels.kernels.nms_cases`);
-* a new argument, also: the declaration's parameters and checks here, each backend's ``nms``
-  signature (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++
-  kernels; ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
+* a new argument, also: the declaration's parameters and checks here (a static one also in
+  :class:`NmsStatics`, which every backend's ``nms`` takes), each backend's use of it
+  (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++ kernels;
+  ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
   ``asickernels/torch/vision.py`` where torchvision's signature has it. The torch operator
   schema and the torch_xla kernels follow from the declaration at import; the torch
   functions and the SPMD wrappers are regenerated from it (``python -m
@@ -26,15 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
-from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 
 # Indices are int32: an output position or a box index must fit.
 _MAX_INT32 = 2**31 - 1
@@ -138,6 +138,20 @@ _NMS_STATICS = [
 ]
 
 
+class NmsStatics(TypedDict):
+    """The checked statics every NMS kernel takes (``score_threshold`` is ``-inf`` when the
+    caller gave none); a kernel declares them as ``**statics: Unpack[NmsStatics]``."""
+
+    iou_threshold: float
+    max_output_size: int
+    score_threshold: float
+
+
+def nms_statics(statics: NmsStatics) -> tuple[float, int, float]:
+    """``(iou_threshold, max_output_size, score_threshold)`` of a kernel's statics."""
+    return statics["iou_threshold"], statics["max_output_size"], statics["score_threshold"]
+
+
 # -- the reference: the definition every backend is tested against -----------------------
 
 
@@ -160,19 +174,17 @@ def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return iou
 
 
-@reference.BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("nms", dtypes=FLOAT32_AND_64)
 def greedy_nms(
     boxes: npt.ArrayLike,
     scores: npt.ArrayLike,
     categories: npt.ArrayLike | None,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
     [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
     [B]`` int32)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     boxes = np.asarray(boxes, np.float64)
     scores = np.asarray(scores, np.float64)
     batch, n = scores.shape

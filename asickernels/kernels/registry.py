@@ -163,6 +163,15 @@ class Support:
     config: type | None = None
 
 
+# The float64 references: each is written beside its op's declaration
+# (``asickernels/kernels/<op>.py``) and registered there with ``REFERENCE.implements(...)``.
+REFERENCE = Backend(
+    name="reference",
+    array_kind="numpy",
+    probe=lambda: Availability("native", "numpy, float64"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Implementation:
     function: Callable[..., Any]

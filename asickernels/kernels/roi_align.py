@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels import _checks
 from asickernels.kernels.declaration import (
     Array,
@@ -39,7 +38,7 @@ from asickernels.kernels.declaration import (
     cast,
     static,
 )
-from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 
 
 class RoiStatics(TypedDict):
@@ -411,10 +410,10 @@ def reference_roi_align_vjp(
     return grad
 
 
-reference.BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)(reference_roi_align)
+REFERENCE.implements("roi_align", dtypes=FLOAT32_AND_64)(reference_roi_align)
 
 
-@reference.BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
 def _reference_vjp_kernel(
     rois: np.ndarray,
     cotangent: np.ndarray,

@@ -21,9 +21,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from asickernels import reference
 from asickernels.kernels.declaration import static
-from asickernels.kernels.registry import FLOAT32_AND_64
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 from asickernels.kernels.roi_align import (
     RoiStatics,
     check_roi_statics,
@@ -98,7 +97,7 @@ def _statics_of(output_size: int | Sequence[int], spatial_scale: float) -> RoiSt
     return check_roi_statics({"output_size": output_size, "spatial_scale": spatial_scale})
 
 
-@reference.BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("roi_pool", dtypes=FLOAT32_AND_64)
 def reference_roi_pool(
     input: npt.ArrayLike,
     rois: npt.ArrayLike,
@@ -112,7 +111,7 @@ def reference_roi_pool(
     return out
 
 
-@reference.BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
+@REFERENCE.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
 def reference_roi_pool_vjp(
     input: npt.ArrayLike,
     rois: npt.ArrayLike,

@@ -12,11 +12,13 @@ import types
 import numpy as np
 import pytest
 
-from asickernels import cli, reference
+from asickernels import cli
 from asickernels.benchmarking import device, harness, peers, schema, workloads
 from asickernels.benchmarking.progress import Progress, render_bar
 from asickernels.benchmarking.timing import Timing
 from asickernels.kernels import cases, int8_matmul_cases, nms_cases, registry
+from asickernels.kernels.giou import reference_giou
+from asickernels.kernels.int8_matmul import reference_int8_matmul
 from asickernels.kernels.nms import greedy_nms
 from asickernels.kernels.registry import Availability, Backend
 
@@ -140,7 +142,7 @@ def test_info_without_libtpu_lists_the_libtpu_commands_as_unavailable(capsys, mo
 
 
 def _off_by_one_matmul(x, y, *, x_scale, y_scale, out_dtype, config=None):
-    return reference.int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype) + 1
+    return reference_int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=out_dtype) + 1
 
 
 def _raising_matmul(x, y, **kwargs):
@@ -199,7 +201,7 @@ def test_check_exits_1_when_a_backend_is_wrong_or_raises(
 
 
 def test_check_exits_0_when_every_backend_matches(capsys, planted):
-    planted("planted", reference.int8_matmul)
+    planted("planted", reference_int8_matmul)
     code, out, _ = run(
         capsys, "check", "--ops", "int8_matmul", "--backends", "planted,reference", "--quiet"
     )
@@ -210,7 +212,7 @@ def test_check_exits_0_when_every_backend_matches(capsys, planted):
 
 
 def test_missing_backend_is_listed_not_failed(capsys, planted, monkeypatch):
-    planted("absent", reference.int8_matmul)
+    planted("absent", reference_int8_matmul)
     monkeypatch.setitem(
         registry._AVAILABILITY, "absent", Availability("missing", "no such device", "buy one")
     )
@@ -220,14 +222,14 @@ def test_missing_backend_is_listed_not_failed(capsys, planted, monkeypatch):
 
 
 def _giou_plus_a_tenth(boxes1, boxes2, *, config=None):
-    return reference.giou(boxes1, boxes2).astype(boxes1.dtype) + 0.1
+    return reference_giou(boxes1, boxes2).astype(boxes1.dtype) + 0.1
 
 
 def _giou_in_float32(boxes1, boxes2, *, config=None):
     """Claims float64 but computes it in float32: wrong where float32 cannot resolve boxes."""
     if boxes1.dtype != np.float64:
-        return reference.giou(boxes1, boxes2).astype(np.float32)
-    narrow = reference.giou(boxes1.astype(np.float32), boxes2.astype(np.float32))
+        return reference_giou(boxes1, boxes2).astype(np.float32)
+    narrow = reference_giou(boxes1.astype(np.float32), boxes2.astype(np.float32))
     return narrow.astype(np.float32).astype(np.float64)
 
 
@@ -242,7 +244,7 @@ def _check_giou(capsys, tmp_path, backends):
 
 
 def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, planted, tmp_path):
-    planted("narrow", reference.giou, op="giou")  # registered float32-only
+    planted("narrow", reference_giou, op="giou")  # registered float32-only
     code, out, rows = _check_giou(capsys, tmp_path, "narrow")
     assert code == 0, out
     assert rows["float64_offset_1e6"]["status"] == "n/a"
@@ -359,7 +361,7 @@ def test_tiny_bench_writes_schema_json_and_a_plot(capsys, tmp_path):
 
 
 def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted, tmp_path):
-    planted("counted", reference.int8_matmul, counters=lambda: {"instructions": 12.0})
+    planted("counted", reference_int8_matmul, counters=lambda: {"instructions": 12.0})
     path = tmp_path / "bench.json"
     code, out, _ = run(
         capsys,
@@ -396,7 +398,7 @@ def test_failing_bench_row_is_not_timed(planted):
 
 
 def test_run_checks_then_benches(capsys, planted, tmp_path):
-    planted("planted", reference.int8_matmul)
+    planted("planted", reference_int8_matmul)
     path = tmp_path / "run.json"
     code, out, _ = run(
         capsys,
@@ -545,7 +547,7 @@ def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
 
     probe = lambda: Availability("native", "a planted device")  # noqa: E731
     registry.register_backend(Backend("device", "numpy", probe, "test", device_timer=timer))
-    registry.register("int8_matmul", "device", reference.int8_matmul)
+    registry.register("int8_matmul", "device", reference_int8_matmul)
     op = workloads.WORKLOADS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"device"}), repeats=7

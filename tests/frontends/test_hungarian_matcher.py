@@ -42,7 +42,7 @@ def detr_problem(seed: int, batch: int = 3, queries: int = 20, classes: int = 8)
 def reference_cost(outputs, targets, cost_class, cost_bbox, cost_giou):
     """DETR's cost matrices (facebookresearch/detr, models/matcher.py: flattened batch,
     targets concatenated, then split per image), in float64 numpy."""
-    from asickernels import reference
+    from asickernels.kernels.box_iou import reference_generalized_box_iou
 
     logits = np.asarray(outputs["pred_logits"], np.float64)
     batch, queries = logits.shape[:2]
@@ -57,7 +57,7 @@ def reference_cost(outputs, targets, cost_class, cost_bbox, cost_giou):
 
     c_class = -prob[:, tgt_ids]
     c_bbox = np.abs(out_bbox[:, None, :] - tgt_bbox[None, :, :]).sum(-1)
-    c_giou = -reference.generalized_box_iou(xyxy(out_bbox), xyxy(tgt_bbox))
+    c_giou = -reference_generalized_box_iou(xyxy(out_bbox), xyxy(tgt_bbox))
     cost = (cost_bbox * c_bbox + cost_class * c_class + cost_giou * c_giou).reshape(
         batch, queries, -1
     )

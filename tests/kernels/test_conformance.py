@@ -1,11 +1,15 @@
 """The conformance suite: every op x every backend against the float64 reference, on
 random, edge and adversarial inputs.
 
-One base class per kernel (:class:`GiouConformance`, ...) holds that kernel's whole suite,
-written against ``self.backend``; each backend runs it by one subclass naming the kernels it
-implements (``class TestXla(GiouConformance, NmsConformance, ...): backend = "xla"``).
-:func:`test_every_backend_runs_the_suite_of_each_kernel_it_implements` keeps that list
-complete: a backend registered for a kernel without its base here fails it."""
+Every op's check cases (its cases module's workloads, ``kernels/<op>_cases.py``) run on
+every backend implementing it by :func:`test_check_cases_agree_with_the_reference`, with
+nothing to write here for a new op. Ops whose suites are written by hand (:data:`SUITES`,
+and the box metrics in ``test_box_iou.py``) test more than those cases (jit, grad, dtypes,
+inputs left unmodified): one base class per kernel (:class:`GiouConformance`, ...) holds
+that kernel's whole suite, written against ``self.backend``; each backend runs it by one
+subclass naming the kernels it implements (``class TestXla(GiouConformance, NmsConformance,
+...): backend = "xla"``). :func:`test_every_backend_runs_the_suite_of_each_kernel_it_implements`
+keeps that list complete: a backend registered for a kernel without its base here fails it."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ from conftest import backends_under_test, require
 
 import asickernels
 from asickernels.backends.pallas_tpu import lowering
+from asickernels.benchmarking import harness
 from asickernels.kernels import oracle, registry
+from asickernels.kernels.case_tables import WORKLOADS
 from asickernels.kernels.giou_cases import giou_cases
 from asickernels.kernels.int8_matmul_cases import matmul_cases
 from asickernels.kernels.nms_cases import nms_cases
@@ -415,3 +421,32 @@ def test_every_backend_runs_the_suite_of_each_kernel_it_implements():
                 f"backend {backend!r} implements {kernel!r}: add {suite.__name__} to its "
                 "Test class here"
             )
+
+
+# The workloads of the box metrics, whose suites are in test_box_iou.py.
+BOX_METRICS = ("box_iou", "generalized_box_iou", "diou", "ciou")
+WRITTEN_BY_HAND = {name for name, w in WORKLOADS.items() if w.registry_op in SUITES}
+WRITTEN_BY_HAND.update(BOX_METRICS)
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [
+        pytest.param(name, backend, marks=[pytest.mark.slow] if "interpret" in backend else [])
+        for name, workload in WORKLOADS.items()
+        if name not in WRITTEN_BY_HAND
+        for backend in backends_under_test(workload.registry_op)
+    ],
+)
+def test_check_cases_agree_with_the_reference(name, backend):
+    """An op without a suite written by hand: its check cases on ``backend``, as
+    ``asickernels check`` runs them (TPU interpret mode, seconds a call, in the slow tier)."""
+    require(backend)
+    rows = harness.check([name], [backend])
+    assert rows and all(row.status in ("ok", "n/a") for row in rows), [
+        (row.case, row.status, row.max_error, row.detail) for row in rows if row.status != "ok"
+    ]
+
+
+def test_the_box_metrics_named_here_are_workloads():
+    assert set(BOX_METRICS) <= set(WORKLOADS)

@@ -4,12 +4,15 @@ in float64 and rounds once to the output dtype (float32 for bfloat16/float16 fir
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.declaration import host_empty
+from asickernels.kernels.int8_matmul import Int8MatmulOptions, int8_matmul_options
 
 # asickernels_cpu_int8_matmul (csrc/int8_matmul.cpp): x, y, m, k, n, x_scale or null,
 # y_scale or null, out kind (_library.OUT_KIND), out.
@@ -30,12 +33,10 @@ def _kernel_out_dtype(out_dtype: np.dtype, scaled: bool) -> np.dtype:
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
-    *,
-    x_scale: jax.Array | None,
-    y_scale: jax.Array | None,
-    out_dtype: np.dtype,
+    **options: Unpack[Int8MatmulOptions],
 ) -> jax.Array:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` with scales."""
+    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     m, n = x.shape[0], y.shape[1]
     scaled = x_scale is not None
     kernel_dtype = _kernel_out_dtype(out_dtype, scaled)
@@ -59,12 +60,10 @@ def int8_matmul(
 def int8_matmul_host(
     x: np.ndarray,
     y: np.ndarray,
-    *,
-    x_scale: np.ndarray | None,
-    y_scale: np.ndarray | None,
-    out_dtype: np.dtype,
+    **options: Unpack[Int8MatmulOptions],
 ) -> np.ndarray:
     """Host twin of :func:`int8_matmul`: numpy in, numpy out."""
+    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     x = np.ascontiguousarray(x, np.int8)
     y = np.ascontiguousarray(y, np.int8)
     (m, k), n = x.shape, y.shape[1]

@@ -3,11 +3,14 @@ are made in float64 (exactly the reference's), whatever the input dtype."""
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from asickernels.backends.cpu import BACKEND, _library
+from asickernels.kernels.nms import NmsStatics, nms_statics
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 # asickernels_cpu_nms (csrc/nms.cpp): dtype code, boxes, scores, categories or null, batch,
@@ -23,13 +26,11 @@ def nms(
     boxes: jax.Array,
     scores: jax.Array,
     categories: jax.Array | None,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid [B]`` int32)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     dtype = _library.float_kernel_dtype(boxes.dtype, scores.dtype)
     arrays = [jnp.asarray(boxes).astype(dtype), jnp.asarray(scores).astype(dtype)]
     kind = "nms"
@@ -60,13 +61,11 @@ def nms_host(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host twin of :func:`nms`: numpy in, numpy out (no copies of inputs that are already
     C-contiguous and of the kernel dtype)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     boxes, scores = _library.float_host_arrays(boxes, scores)
     if categories is not None:
         categories = np.ascontiguousarray(categories, np.int32)

@@ -20,7 +20,7 @@ import numpy as np
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.giou import PMAX, pair_tiles
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
-from asickernels.reference import GIOU_EPS
+from asickernels.kernels.giou import GIOU_EPS
 
 # Boxes of boxes2 per tile: one 2 KiB PSUM bank of float32 per broadcast plane.
 MAX_COLUMNS = 512

@@ -15,7 +15,7 @@ import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
-from asickernels.reference import GIOU_EPS
+from asickernels.kernels.giou import GIOU_EPS
 
 PMAX = 128
 # Pairs per partition in one tile: the backward kernel's live float32 temporaries then peak

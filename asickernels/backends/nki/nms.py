@@ -22,12 +22,13 @@ the reference defines for them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
+from asickernels.kernels.nms import NmsStatics, nms_statics
 
 PMAX = 128
 # Boxes per image the kernel takes: 512 columns of state per partition stay well inside
@@ -218,12 +219,10 @@ def nms(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
-    *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     batch, n = scores.shape
     if n > MAX_BOXES:
         raise ValueError(f"the nki NMS kernel takes N <= {MAX_BOXES} boxes per image, got {n}")

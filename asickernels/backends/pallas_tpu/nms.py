@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
 from asickernels.backends.pallas_tpu import BACKEND, lowering
-from asickernels.kernels.nms import dense_ranks
+from asickernels.kernels.nms import NmsStatics, dense_ranks, nms_statics
 
 # Fields of a box (rows of the kernel's input): coordinates, area (computed in the kernel),
 # eligibility, dense category rank, original index.
@@ -464,14 +464,13 @@ def nms(
     scores: jax.Array,
     categories: jax.Array | None,
     *,
-    iou_threshold: float,
-    max_output_size: int,
-    score_threshold: float,
     config: NmsConfig | None = None,
     mode: lowering.InterpretMode = None,
+    **statics: Unpack[NmsStatics],
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
+    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     static = (config, float(iou_threshold), int(max_output_size), float(score_threshold), False)
     # The kernel carries categories as float32 fields: dense ranks (< B * N) stay exact.
     extra = () if categories is None else (dense_ranks(jnp, categories),)

@@ -12,8 +12,8 @@ import numpy as np
 
 from asickernels.backends.xla import BACKEND, compute_dtype
 from asickernels.backends.xla.giou import giou_from_planes
+from asickernels.kernels.giou import GIOU_EPS
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.reference import GIOU_EPS
 
 EPS = GIOU_EPS
 

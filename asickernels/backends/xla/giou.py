@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from asickernels.backends.xla import BACKEND, compute_dtype
+from asickernels.kernels.giou import GIOU_EPS
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.reference import GIOU_EPS
 
 
 def giou_from_planes(

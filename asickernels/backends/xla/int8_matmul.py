@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
+from asickernels.kernels.int8_matmul import Int8MatmulOptions, int8_matmul_options
 
 
 def dequantize(
@@ -21,11 +24,9 @@ def dequantize(
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
-    *,
-    x_scale: jax.Array | None,
-    y_scale: jax.Array | None,
-    out_dtype: np.dtype,
+    **options: Unpack[Int8MatmulOptions],
 ) -> jax.Array:
+    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     acc = lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     if x_scale is None or y_scale is None:
         return acc

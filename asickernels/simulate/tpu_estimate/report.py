@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asickernels import tpu_generations
-from asickernels.kernels import nms_cases
+from asickernels.kernels import giou_cases, int8_matmul_cases, nms_cases
 from asickernels.simulate.tpu_estimate import cases, parsing, program_facts, published
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
@@ -147,7 +147,9 @@ def estimate_cases(
     int8 over ``INT8_USER_M`` x ``INT8_USER_KN`` and 8192^3 (XLA's W8A8 and bfloat16 dots
     beside it at ``W8A8_AND_BF16_M`` and 8192^3), GIOU forward and gradient over 10^4..10^6 pairs, NMS over 1024..16384 boxes.
     ``ops`` keeps only cases of those ops (``"int8_matmul"``, ``"giou"``, ...)."""
-    matmul_shapes = [(m, k, n) for k, n in cases.INT8_USER_KN for m in cases.INT8_USER_M]
+    matmul_shapes = [
+        (m, k, n) for k, n in int8_matmul_cases.INT8_USER_KN for m in int8_matmul_cases.INT8_USER_M
+    ]
     size = seeds.SEED_MATMUL_SIZE
     matmul_shapes.append((size, size, size))
     found: list[cost.EstimateTarget] = [*cases.SEED_CASES]
@@ -155,7 +157,7 @@ def estimate_cases(
         found += [cases.int8_matmul_case(mkn=(m, k, n)), cases.xla_matmul_case(m, k, n, "int8")]
         if m in cases.W8A8_AND_BF16_M or m == size:  # the other XLA dots: fewer M (compiles)
             found += [cases.xla_matmul_case(m, k, n, variant) for variant in ("w8a8", "bf16")]
-    for pairs in (cases.GIOU_PAIRS, *cases.GIOU_USER_PAIRS):
+    for pairs in (cases.GIOU_PAIRS, *giou_cases.GIOU_USER_PAIRS):
         for gradient in (False, True):
             found += [cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
     tile = cases.default_nms_tile()

@@ -17,7 +17,14 @@ from test_tpu_estimate import DELAY, listing, walk
 
 from asickernels import tpu_generations
 from asickernels.simulate import tpu_compile
-from asickernels.simulate.tpu_estimate import cases, observed, program_facts, report, user_function
+from asickernels.simulate.tpu_estimate import (
+    cases,
+    command,
+    observed,
+    program_facts,
+    report,
+    user_function,
+)
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
@@ -303,7 +310,7 @@ def test_cli_takes_a_function_and_its_arguments(capsys: pytest.CaptureFixture[st
     import argparse
 
     parser = argparse.ArgumentParser()
-    cost.register_cli(parser.add_subparsers())
+    command.register_cli(parser.add_subparsers())
     args = parser.parse_args(
         ["estimate", "--function", "mod:f", "--arg", "bfloat16[8,8]", "--arg", "int8[8]"]
     )

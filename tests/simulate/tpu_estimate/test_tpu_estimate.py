@@ -23,8 +23,8 @@ from asickernels import tpu_generations
 from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
+from asickernels.simulate.tpu_estimate import command, parsing, roofline
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
-from asickernels.simulate.tpu_estimate import parsing, roofline
 from asickernels.simulate.tpu_estimate import report as tpu_cost_report
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate import walk as walking
@@ -336,7 +336,7 @@ def test_roofline_bounds() -> None:
 
 def test_register_cli_adds_estimate() -> None:
     parser = argparse.ArgumentParser()
-    tpu_cost.register_cli(parser.add_subparsers())
+    command.register_cli(parser.add_subparsers())
     args = parser.parse_args(["estimate", "--generation", "v6e", "--markdown", "out.md"])
     assert args.generation == ["v6e"] and args.markdown == "out.md" and callable(args.handler)
     with pytest.raises(SystemExit):
