@@ -347,7 +347,9 @@ def main() -> None:
         return errors
 
     record = {
-        "command": "PYTHONPATH=. python benchmarks/nki_estimate/nkibench.py ACCELOPT",
+        "command": "PYTHONPATH=. python benchmarks/nki_estimate/nkibench.py ACCELOPT"
+        + (" --traces DIR" if args.traces else "")
+        + (" --cached-only" if args.cached_only else ""),
         "source": SOURCE,
         "not_simulated": skipped,
         "current_constants": {"dma_buffer_ns": cost_model.DMA_BUFFER_NS,
