@@ -21,7 +21,12 @@ The model:
 * an instruction that repeats an earlier one (same parameters, same tiles read, none of them
   written since) is computed once, as a compiler's common-subexpression elimination does: a
   loop-invariant ``tensor_tensor`` inside a loop costs one instruction. Only instructions
-  whose trace records every parameter qualify.
+  whose trace records every parameter qualify;
+* a load that repeats an earlier one (same HBM elements, not stored to since) while the
+  earlier copy can still be in SBUF is issued once, as the current compiler hoists a
+  loop-invariant load out of its loop (``hoist_loads``): the loads reused are kept, least
+  recently used first out, within the SBUF the kernel's own tiles leave free at their peak
+  (each tile live from its first to its last use).
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
@@ -90,6 +95,15 @@ DMA_EFFICIENCY = 0.425
 # ~0.92. Every estimate carries the band over that range and over how far the engines
 # overlap (:attr:`Estimate.band_us`).
 DMA_EFFICIENCY_RANGE = (0.4, 0.92)
+# Hoisting loop-invariant loads. NKIBench's add_rmsnorm_matmul loads the same weight tiles
+# in each of its 32 row-tile iterations (zhang677/AccelOpt@47e29a7
+# NKIBench/kernels/add_rmsnorm_matmul_M4096_N2048_K1024_0.py); its trn1 profile (same
+# commit, experiments/full_complete_local/profile_results.csv, the current compiler) reads
+# 42.0 MB from HBM: the inputs once (40 MB) and not the 302 MB the source issues. SDK 2.20's
+# compiler did not: the matmul tutorial's hoist_load step (aws-neuron-sdk@72825d5
+# general/nki/tutorials/matrix_multiplication.rst) moves 4.4 GB instead of the tiled
+# kernel's 5.4 GB and ran 51.80 -> 42.96 ms, the same ratio. ``hoist_loads=False`` models
+# that compiler (benchmarks/nki_estimate/calibrate.py, whose figures are SDK 2.20's).
 # BW: "semaphore-to-start latency (~1300 ns cross-engine)": a DMA's result is ready this
 # long after its data has moved; it delays dependants, not other transfers.
 DMA_LATENCY_NS = 1300.0
@@ -107,6 +121,7 @@ class Generation:
     dma_engines: int
     dma_engine_bytes_per_ns: float
     hbm_bytes_per_ns: float  # this core's share of the device's HBM bandwidth
+    sbuf_bytes: int  # the SBUF's capacity: what hoisted loads can keep
 
 
 GENERATIONS = {
@@ -122,6 +137,7 @@ GENERATIONS = {
         16,
         17.0,
         820.0 / 2,
+        24 << 20,  # A2: "a 24MiB SBUF"
     ),
     # A3: Tensor 2.4 GHz, Vector 0.96 (512 bf16/fp16 or 256 other elements per cycle),
     # Scalar and GpSimd 1.2 (128); BW 23 B/ns per DMA engine; 3 TB/s over 8 NeuronCores.
@@ -133,6 +149,7 @@ GENERATIONS = {
         16,
         23.0,
         3000.0 / 8,
+        28 << 20,  # A3: "SBUF capacity is 28MiB"
     ),
     # A4: Tensor 2.4 GHz, Vector 1.2 (512 bf16/fp16/fp8, 256 other), Scalar 1.2 (256
     # bf16/fp16/fp8, 128 other), GpSimd 1.2; BW 33 B/ns per DMA engine; 4.7 TB/s over 8.
@@ -144,6 +161,7 @@ GENERATIONS = {
         16,
         33.0,
         4700.0 / 8,
+        32 << 20,  # A4: "SBUF capacity is 32 MiB"
     ),
 }
 
@@ -168,6 +186,9 @@ class Estimate:
     # (low, high) us: low, the busiest engine alone (perfect overlap) at the fastest DMA rate
     # of DMA_EFFICIENCY_RANGE; high, the dependency schedule at the slowest. None: not asked.
     band_us: tuple[float, float] | None = None
+    # HBM bytes the modelled transfers read and write (hoisted loads counted once).
+    hbm_read_bytes: int = 0
+    hbm_write_bytes: int = 0
 
     def describe(self) -> str:
         """``"12.3 us (band 8.1-20.4 us; DMA/HBM-bound)"``: the estimate in one phrase."""
@@ -312,6 +333,66 @@ class _Regions:
         return (instruction.engine, instruction.api, instruction.params, reads, writes)
 
 
+class _HoistedLoads:
+    """The loads a compiler that hoists loop-invariant loads keeps in SBUF: each load's
+    source (HBM elements and their version) -> when its data was ready, least recently used
+    first, within ``capacity`` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.kept: dict[tuple[Any, ...], tuple[float, int]] = {}
+        self.held = 0
+
+    @staticmethod
+    def key(instruction: Instruction, regions: _Regions) -> tuple[Any, ...] | None:
+        """What makes ``instruction`` the same load as an earlier one; None: not a load
+        from HBM to on-chip memory."""
+        reads, writes = instruction.reads, instruction.writes
+        if len(reads) != 1 or reads[0].memory != "hbm" or not writes:
+            return None
+        if any(a.memory == "hbm" for a in writes):
+            return None
+        a = reads[0]
+        source = (a.key, a.low, a.high, a.shape, a.runs_per_partition)
+        return (*source, regions.versions.get(a.key, 0), tuple((w.shape, w.dtype) for w in writes))
+
+    def reuse(self, key: tuple[Any, ...]) -> float | None:
+        """When the kept copy of ``key`` was ready (None: not kept); marks it used."""
+        if key not in self.kept:
+            return None
+        self.kept[key] = self.kept.pop(key)
+        return self.kept[key][0]
+
+    def keep(self, key: tuple[Any, ...], ready: float, nbytes: int) -> None:
+        self.kept[key] = (ready, nbytes)
+        self.held += nbytes
+        while self.held > self.capacity:
+            _, dropped = self.kept.pop(next(iter(self.kept)))
+            self.held -= dropped
+
+
+def _sbuf_left(trace: Sequence[Instruction], generation: Generation) -> int:
+    """The SBUF bytes the kernel's own tiles leave free at their peak: each SBUF tile lives
+    from its first to its last use in ``trace`` (what a compiler that allocates by liveness
+    must hold at once); hoisted loads can keep no more than the rest."""
+    extent: dict[int, list[int]] = {}  # key -> [first use, last use, bytes]
+    for index, instruction in enumerate(trace):
+        for a in instruction.reads + instruction.writes:
+            if a.memory == "sbuf":
+                span = extent.setdefault(a.key, [index, index, 0])
+                span[1] = index
+                span[2] = max(span[2], a.nbytes)
+    changes: dict[int, int] = {}
+    for first, last, nbytes in extent.values():
+        changes[first] = changes.get(first, 0) + nbytes
+        changes[last + 1] = changes.get(last + 1, 0) - nbytes
+    live = peak = 0
+    for index in sorted(changes):
+        live += changes[index]
+        peak = max(peak, live)
+    return max(0, generation.sbuf_bytes - peak)
+
+
 class _DmaQueue:
     """The DMA engines as one resource that transfers are issued to as soon as their data
     is ready, not in program order (A2: the compiler synchronises on data dependencies and
@@ -344,25 +425,30 @@ def estimate(
     dma_buffer_ns: float = DMA_BUFFER_NS,
     dma_efficiency: float = DMA_EFFICIENCY,
     band: bool = True,
+    hoist_loads: bool = True,
 ) -> Estimate:
     """Schedules ``trace`` (one NeuronCore's instructions in program order) on
     NeuronCore-v``version`` and returns the :class:`Estimate`; ``timeline`` keeps each
     instruction's (engine, api, start, end) for :meth:`Estimate.chrome_trace`;
     ``dma_buffer_ns`` and ``dma_efficiency`` override the fitted DMA constants; ``band``
-    adds :attr:`Estimate.band_us` (two more schedules, at the ends of DMA_EFFICIENCY_RANGE).
+    adds :attr:`Estimate.band_us` (two more schedules, at the ends of DMA_EFFICIENCY_RANGE);
+    ``hoist_loads`` (the current compiler) issues a repeated load of unchanged HBM elements
+    once while its copy fits in SBUF, False models SDK 2.20's compiler, which reloaded.
 
     An instruction that repeats an earlier one (same parameters, same tiles read, none
     rewritten since) is computed once: its result is the earlier one's (a loop-invariant
     computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
-    finish, busy, events = _schedule(trace, generation, dma_buffer_ns, dma_efficiency, timeline)
+    finish, busy, events, moved = _schedule(
+        trace, generation, dma_buffer_ns, dma_efficiency, timeline, hoist_loads
+    )
     share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
     bound = max(ENGINES, key=lambda e: busy[e])
     band_us = None
     if band:
         slow, fast = DMA_EFFICIENCY_RANGE
-        _, fast_busy, _ = _schedule(trace, generation, dma_buffer_ns, fast, False)
-        slow_finish, _, _ = _schedule(trace, generation, dma_buffer_ns, slow, False)
+        _, fast_busy, _, _ = _schedule(trace, generation, dma_buffer_ns, fast, False, hoist_loads)
+        slow_finish, _, _, _ = _schedule(trace, generation, dma_buffer_ns, slow, False, hoist_loads)
         band_us = (min(finish, max(fast_busy.values())) / 1000.0,
                    max(finish, slow_finish) / 1000.0)  # fmt: skip
     return Estimate(
@@ -373,6 +459,7 @@ def estimate(
         generation.name,
         tuple(events),
         band_us,
+        *moved,
     )
 
 
@@ -382,14 +469,18 @@ def _schedule(
     dma_buffer_ns: float,
     dma_efficiency: float,
     timeline: bool,
-) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]]]:
-    """The dependency schedule of ``trace``: its end (ns), each engine's busy ns, and (with
-    ``timeline``) each instruction's (engine, api, start, end)."""
+    hoist_loads: bool,
+) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int]]:
+    """The dependency schedule of ``trace``: its end (ns), each engine's busy ns, (with
+    ``timeline``) each instruction's (engine, api, start, end), and the HBM bytes read and
+    written."""
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
     computed: dict[tuple[Any, ...], float] = {}
     dma = _DmaQueue()
+    hoisted = _HoistedLoads(_sbuf_left(trace, generation) if hoist_loads else 0)
+    moved = [0, 0]  # HBM bytes read, written
     events: list[tuple[str, str, float, float]] = []
     finish = 0.0
     for instruction in trace:
@@ -403,9 +494,17 @@ def _schedule(
             regions.write(instruction.writes, max(ready, computed[repeat]))
             continue
         if engine == "dma":
+            load = hoisted.key(instruction, regions)
+            if load is not None and (kept := hoisted.reuse(load)) is not None:
+                regions.write(instruction.writes, max(ready, kept))
+                continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
             start = dma.place(ready, duration)
             end = start + duration + DMA_LATENCY_NS
+            for side, accesses in enumerate((instruction.reads, instruction.writes)):
+                moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
+            if load is not None:
+                hoisted.keep(load, end, max(a.nbytes for a in instruction.writes))
         else:
             cycles = _tensor_cycles(instruction) if engine == "tensor" else _engine_cycles(
                 instruction, generation, engine)  # fmt: skip
@@ -419,4 +518,4 @@ def _schedule(
         finish = max(finish, end)
         if timeline:
             events.append((engine, instruction.api, start, end))
-    return finish, busy, events
+    return finish, busy, events, (moved[0], moved[1])
