@@ -81,7 +81,10 @@ def _batch(kind: str, step: int) -> tuple[list[torch.Tensor], list[dict[str, tor
 
 def _stepper(model: torch.nn.Module, device: torch.device | None, padded: bool) -> Any:
     """A training step of ``model`` on ``device`` (None: CPU) -> (fallbacks, compilations)."""
-    model = model.train() if device is None else model.train().to(device)
+    model = model.train()
+    if device is not None:
+        model.to(device)
+        torch_xla.sync()  # moved 0-d buffers become device data (docs/torch.md)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
 
     def step(batch: tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]) -> Any:
