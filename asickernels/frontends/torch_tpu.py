@@ -232,6 +232,34 @@ def sharded_function(
     return _function(op.name, signature(op.params, len(op.outputs)), body)
 
 
+def sharded_backward_function(
+    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec
+) -> Callable[..., Any]:
+    """The VJP of :func:`sharded_function` (JAX differentiates the rule through
+    ``shard_map``) as the JAX function of the sharded ``<name>_backward`` operator: the
+    gradients of the differentiable arrays, given the cotangent first.
+
+    A loss's cotangent comes broadcast over the boxes (``preds.shape[:-1]``, split as
+    ``batch_spec``) for every reduction: ``jax_op``'s one spec for it must fit the
+    per-box losses of ``"none"``; a ``"sum"``/``"mean"`` cotangent is then any element."""
+    forward = sharded_function(op, mesh, batch_spec)
+
+    def body(values: dict[str, Any]) -> Any:
+        cotangent = values.pop("cotangent")
+        if values.get("reduction", "none") != "none":
+            cotangent = cotangent[(0,) * cotangent.ndim]
+
+        def of(*wrt: jax.Array) -> Any:
+            return forward(**values | dict(zip(op.differentiable, wrt, strict=True)))
+
+        _, vjp = jax.vjp(of, *(values[n] for n in op.differentiable))
+        grads = vjp(cotangent)
+        return grads[0] if len(grads) == 1 else grads
+
+    params = ops.backward_params(op)
+    return _function(f"{op.name}_backward", signature(params, len(op.differentiable)), body)
+
+
 def sharded(
     op: Op,
     mesh: jax.sharding.Mesh,
@@ -245,7 +273,9 @@ def sharded(
     """``op`` over ``mesh`` by its partition rule, as :mod:`~asickernels.frontends.jax_spmd`
     runs it, registered as ``asickernels_tpu::<name>`` with ``jax_op``'s ``mesh`` and
     partition specs (:func:`partition_specs`): each rank passes its local shard of every
-    array and gets its shard of every output. No autograd.
+    array and gets its shard of every output. A differentiable op gets autograd through a
+    sharded ``asickernels_tpu::<name>_backward`` operator
+    (:func:`sharded_backward_function`): each rank gets the gradients of its shards.
 
     * ``"batch"`` ops (GIOU, NMS, ...) and the ``"loss"`` ops (the box losses) split along
       their batch dims as ``batch_spec``; a loss's ``"sum"`` and ``"mean"`` reduce across
@@ -264,10 +294,36 @@ def sharded(
     """
     layout = _layout(op, batch_spec, (m_axis, k_axis, n_axis))
     inputs, outputs = partition_specs(op, layout)
-    return torch.tpu.pallas.jax_op(  # type: ignore[attr-defined,no-any-return]
+    jax_op = torch.tpu.pallas.jax_op  # type: ignore[attr-defined]
+    forward: ops.CustomOp = jax_op(
         f"{NAMESPACE}::{name}",
         sharded_function(op, mesh, batch_spec, m_axis=m_axis, k_axis=k_axis, n_axis=n_axis),
         mesh=mesh,
         input_partition_specs=inputs,
         output_partition_specs=outputs,
     )
+    if op.vjp is not None:  # one output, so one cotangent, split as that output
+        assert batch_spec is not None  # int8_matmul, the one op split otherwise, has no VJP
+        spec_of = dict(zip(op.array_names, inputs, strict=True))
+        backward = jax_op(
+            f"{NAMESPACE}::{name}_backward",
+            sharded_backward_function(op, mesh, batch_spec),
+            mesh=mesh,
+            input_partition_specs=(*outputs, *inputs),
+            output_partition_specs=tuple(spec_of[n] for n in op.differentiable),
+        )
+        if op.partition == "loss":
+            backward = _cotangent_per_box(backward)
+        ops.register_autograd(op, forward, backward)
+    return forward
+
+
+def _cotangent_per_box(backward: ops.CustomOp) -> Callable[..., Any]:
+    """``backward`` of a sharded loss, its cotangent (a ``"sum"``/``"mean"`` scalar, or the
+    per-box losses' of ``"none"``) broadcast over the rank's boxes (``preds.shape[:-1]``), as
+    :func:`sharded_backward_function` takes it."""
+
+    def call(cotangent: torch.Tensor, preds: torch.Tensor, *rest: Any, **keyword: Any) -> Any:
+        return backward(cotangent.expand(preds.shape[:-1]), preds, *rest, **keyword)
+
+    return call

@@ -458,6 +458,80 @@ def test_sharded_int8_matmul_agrees_with_the_reference(axes, x_shape, host_mesh)
     oracle.assert_agrees("int8_matmul", got, oracle.expected("int8_matmul", arrays, statics))
 
 
+SHARDED_DIFFERENTIABLE = [
+    (name, reduction)
+    for name in DIFFERENTIABLE
+    if OPS[name].partition != "none"
+    for reduction in (("none", "sum", "mean") if OPS[name].partition == "loss" else (None,))
+]
+
+
+def sharded_arguments(name: str, reduction: str | None):
+    """A differentiable sharded op's global arguments: a batch of 8."""
+    if reduction is not None:
+        return loss_arguments(name, reduction)
+    return dict(every_argument(name, batch=(8,))), {}
+
+
+@pytest.mark.parametrize("name, reduction", SHARDED_DIFFERENTIABLE)
+def test_sharded_gradients_trace_through_the_sharded_backward_operator(name, reduction, mesh):
+    """Each rank gets the gradients of its shards, from the ``_backward`` operator over
+    the mesh."""
+    op = OPS[name]
+    operator = torch_tpu.sharded(op, mesh, P("batch"), name=f"{name}_grad_over_batch")
+    arrays, statics = sharded_arguments(name, reduction)
+    local = {
+        n: torch.empty((2, *a.shape[1:]), dtype=ops.torch_dtype(a.dtype), device="meta")
+        for n, a in arrays.items()
+    }
+
+    def loss_gradients(*given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(local, given, strict=True))
+        wrt = [inputs[n].requires_grad_() for n in op.differentiable]
+        return torch.autograd.grad(operator(*inputs.values(), **statics).sum(), wrt)
+
+    with jax.default_device(mesh.devices.flat[0]):
+        graph = make_fx(loss_gradients, tracing_mode="fake")(*local.values())
+    backward = getattr(torch.ops.asickernels_tpu, f"{name}_grad_over_batch_backward").default
+    assert backward in [n.target for n in graph.graph.nodes]
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    assert [tuple(o.meta["val"].shape) for o in outputs] == [
+        tuple(local[n].shape) for n in op.differentiable
+    ]
+
+
+def test_sharded_backward_compiles_for_a_multi_chip_slice(mesh):
+    op = OPS["giou_loss"]
+    arrays, statics = loss_arguments("giou_loss", "mean")
+    inputs, outputs = torch_tpu.partition_specs(op, {"batch_spec": P("batch")})
+    function = torch_tpu.sharded_backward_function(op, mesh, P("batch"))
+    given = [np.ones(arrays["preds"].shape[:-1], np.float32), *arrays.values()]
+    module, specs = exported_over(function, mesh, given, [*outputs, *inputs], statics)
+    assert "tpu_custom_call" in module.mlir_module()
+    jax.jit(module.call).lower(*specs).compile()
+
+
+@pytest.mark.parametrize("name, reduction", SHARDED_DIFFERENTIABLE)
+def test_sharded_backward_is_the_unsharded_backward(name, reduction, host_mesh):
+    """On 4 CPU devices, against the unsharded backward function (itself held to the CPU
+    operator's autograd above); a reduced loss's cotangent broadcast over the boxes."""
+    op = OPS[name]
+    arrays, statics = sharded_arguments(name, reduction)
+    (out_shape, _), *_ = [(s.shape, s.dtype) for s in op.plan(arrays, statics).output_list()]
+    cotangent = np.linspace(-1, 1, int(np.prod(out_shape)), dtype=np.float32).reshape(out_shape)
+    unsharded_cotangent = cotangent
+    sharded = torch_tpu.sharded_backward_function(op, host_mesh, P("batch"))
+    if reduction is not None:
+        cotangent = np.broadcast_to(cotangent, arrays["preds"].shape[:-1])
+    got = jax.jit(sharded, static_argnames=list(statics))(cotangent, **arrays, **statics)
+    want = jax.jit(torch_tpu.backward_function(op), static_argnames=list(statics))(
+        unsharded_cotangent, **arrays, **statics
+    )
+    got, want = (g if isinstance(g, tuple) else (g,) for g in (got, want))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
 def test_ops_without_a_partition_rule_are_refused_over_a_mesh(mesh):
     with pytest.raises(ValueError, match="roi_align has no partition rule"):
         torch_tpu.sharded(OPS["roi_align"], mesh, P("batch"), name="roi_align_over_batch")
