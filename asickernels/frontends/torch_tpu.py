@@ -16,9 +16,9 @@ declaration order), the static values and ``str? backend=None`` keyword-only.
 * The differentiable ops get autograd (``torch.library.register_autograd``, which
   ``jax_op`` does not add) through a second operator, ``<name>_backward``: the op's VJP,
   exported the same way.
-* :func:`sharded` registers a batch-partitioned op over a mesh (``jax_op``'s ``mesh`` and
-  partition specs): each rank passes its local shard, and the shards run the rule of
-  :mod:`asickernels.frontends.jax_spmd`.
+* :func:`sharded` registers an op over a mesh (``jax_op``'s ``mesh`` and partition specs)
+  by its partition rule (batch, loss or matmul): each rank passes its local shard, and the
+  shards run the rule of :mod:`asickernels.frontends.jax_spmd`.
 
 On a host without a TPU, Pallas's Mosaic lowering reads the TPU generation from JAX's
 default device: trace under ``jax.default_device`` of a TPU topology device
@@ -149,44 +149,181 @@ def _register(op: Op) -> ops.CustomOp:
 OPERATORS: dict[str, ops.CustomOp] = {op.name: _register(op) for op in asickernels.OPS}
 
 
+Axes = tuple[str | None, str | None, str | None]  # (m_axis, k_axis, n_axis)
+
+
+def _layout(op: Op, batch_spec: jax.sharding.PartitionSpec | None, axes: Axes) -> dict[str, Any]:
+    """The partition arguments of ``op``'s :mod:`~asickernels.frontends.jax_spmd` wrapper:
+    ``batch_spec`` for the ``"batch"`` and ``"loss"`` rules, ``m_axis``/``k_axis``/``n_axis``
+    for ``"matmul"``. Each dim is split over one mesh axis at most: ``jax_op`` maps a local
+    dim to its global size through a single axis."""
+    if op.partition == "none":
+        raise ValueError(f"{op.name} has no partition rule: it cannot be registered over a mesh")
+    if op.partition == "matmul":
+        if batch_spec is not None:
+            raise ValueError(
+                f"batch_spec: {op.name} is split by m_axis, k_axis and n_axis, not batch_spec"
+            )
+        layout: dict[str, Any] = dict(zip(("m_axis", "k_axis", "n_axis"), axes, strict=True))
+        entries: tuple[object, ...] = axes
+    else:
+        if batch_spec is None or any(a is not None for a in axes):
+            raise ValueError(
+                f"batch_spec: {op.name} is split along its batch dims by batch_spec "
+                "(required), not by m_axis, k_axis or n_axis"
+            )
+        layout, entries = {"batch_spec": batch_spec}, tuple(batch_spec)
+    several = [e for e in entries if e is not None and not isinstance(e, str)]
+    if several:
+        raise ValueError(
+            f"{'/'.join(layout)}: {several[0]!r} splits a dim over several mesh axes; "
+            "TorchTPU's jax_op splits each dim over one mesh axis at most"
+        )
+    return layout
+
+
+def partition_specs(
+    op: Op, layout: dict[str, Any]
+) -> tuple[tuple[jax.sharding.PartitionSpec, ...], tuple[jax.sharding.PartitionSpec, ...]]:
+    """``jax_op``'s input and output partition specs for ``op`` split as ``layout``: how each
+    rank's local tensors relate to the global arrays of the rule.
+
+    * ``"batch"``: every array and output split as ``batch_spec``.
+    * ``"loss"``: the arrays split as ``batch_spec``; the output too, which is right for
+      ``reduction="none"`` (per-box losses, batch-sharded). A ``"sum"``/``"mean"`` loss is a
+      scalar, which no spec splits: every rank gets the whole, replicated by the rule's
+      ``psum`` (``reduction`` is a static argument, so one spec must serve all three).
+    * ``"matmul"``: ``x`` as ``(m_axis, k_axis)``, ``y`` as ``(k_axis, n_axis)``, the result as
+      ``(m_axis, n_axis)``; the scales whole on every rank (a scalar or the global ``[M]`` /
+      ``[N]`` vector: one spec must fit both; the rule slices each shard's part).
+    """
+    p = jax.sharding.PartitionSpec
+    if op.partition == "matmul":
+        m, k, n = layout["m_axis"], layout["k_axis"], layout["n_axis"]
+        arrays = {"x": p(m, k), "y": p(k, n), "x_scale": p(), "y_scale": p()}
+        return tuple(arrays[a] for a in op.array_names), (p(m, n),)
+    spec = layout["batch_spec"]
+    return tuple(spec for _ in op.array_names), tuple(spec for _ in op.outputs)
+
+
 def sharded_function(
-    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec
+    op: Op,
+    mesh: jax.sharding.Mesh,
+    batch_spec: jax.sharding.PartitionSpec | None = None,
+    *,
+    m_axis: str | None = None,
+    k_axis: str | None = None,
+    n_axis: str | None = None,
 ) -> Callable[..., Any]:
     """``op`` over ``mesh`` as the JAX function :func:`sharded` registers: its
     :mod:`~asickernels.frontends.jax_spmd` wrapper on the global arrays.
 
     Raises:
-      ValueError: ``op`` has no batch partition rule.
+      ValueError: ``op`` has no partition rule, or the partition arguments do not fit it
+        (see :func:`sharded`).
     """
-    if op.partition != "batch":
-        raise ValueError(
-            f"{op.name} is partitioned as {op.partition!r}; only ops with the 'batch' rule "
-            "can be registered over a mesh here"
-        )
+    layout = _layout(op, batch_spec, (m_axis, k_axis, n_axis))
     wrapper = getattr(jax_spmd, op.name)
 
     def body(values: dict[str, Any]) -> Any:
         backend = tpu_backend(op, values)
-        return wrapper(**values | {"backend": backend}, mesh=mesh, batch_spec=batch_spec)
+        return wrapper(**values | {"backend": backend}, mesh=mesh, **layout)
 
     return _function(op.name, signature(op.params, len(op.outputs)), body)
 
 
+def sharded_backward_function(
+    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec
+) -> Callable[..., Any]:
+    """The VJP of :func:`sharded_function` (JAX differentiates the rule through
+    ``shard_map``) as the JAX function of the sharded ``<name>_backward`` operator: the
+    gradients of the differentiable arrays, given the cotangent first.
+
+    A loss's cotangent comes broadcast over the boxes (``preds.shape[:-1]``, split as
+    ``batch_spec``) for every reduction: ``jax_op``'s one spec for it must fit the
+    per-box losses of ``"none"``; a ``"sum"``/``"mean"`` cotangent is then any element."""
+    forward = sharded_function(op, mesh, batch_spec)
+
+    def body(values: dict[str, Any]) -> Any:
+        cotangent = values.pop("cotangent")
+        if values.get("reduction", "none") != "none":
+            cotangent = cotangent[(0,) * cotangent.ndim]
+
+        def of(*wrt: jax.Array) -> Any:
+            return forward(**values | dict(zip(op.differentiable, wrt, strict=True)))
+
+        _, vjp = jax.vjp(of, *(values[n] for n in op.differentiable))
+        grads = vjp(cotangent)
+        return grads[0] if len(grads) == 1 else grads
+
+    params = ops.backward_params(op)
+    return _function(f"{op.name}_backward", signature(params, len(op.differentiable)), body)
+
+
 def sharded(
-    op: Op, mesh: jax.sharding.Mesh, batch_spec: jax.sharding.PartitionSpec, *, name: str
+    op: Op,
+    mesh: jax.sharding.Mesh,
+    batch_spec: jax.sharding.PartitionSpec | None = None,
+    *,
+    name: str,
+    m_axis: str | None = None,
+    k_axis: str | None = None,
+    n_axis: str | None = None,
 ) -> ops.CustomOp:
-    """``op`` over ``mesh``, split along its batch dims as ``batch_spec`` (its ``"batch"``
-    partition rule, as :mod:`~asickernels.frontends.jax_spmd` runs it), registered as
-    ``asickernels_tpu::<name>`` with ``jax_op``'s ``mesh`` and partition specs: each rank
-    passes its local shard of every array and gets its shard of every output. No autograd.
+    """``op`` over ``mesh`` by its partition rule, as :mod:`~asickernels.frontends.jax_spmd`
+    runs it, registered as ``asickernels_tpu::<name>`` with ``jax_op``'s ``mesh`` and
+    partition specs (:func:`partition_specs`): each rank passes its local shard of every
+    array and gets its shard of every output. A differentiable op gets autograd through a
+    sharded ``asickernels_tpu::<name>_backward`` operator
+    (:func:`sharded_backward_function`): each rank gets the gradients of its shards.
+
+    * ``"batch"`` ops (GIOU, NMS, ...) and the ``"loss"`` ops (the box losses) split along
+      their batch dims as ``batch_spec``; a loss's ``"sum"`` and ``"mean"`` reduce across
+      the shards (the mean over the valid boxes of the global batch), and every rank gets
+      the scalar.
+    * ``int8_matmul`` splits M, K and N over the mesh axes ``m_axis``, ``k_axis``, ``n_axis``
+      (None: whole on every rank; a split K is summed exactly with an int32 ``psum``); the
+      scales are passed whole on every rank; the result is sharded ``(m_axis, n_axis)``.
+
+    Each entry of ``batch_spec`` and each axis names one mesh axis (or None).
 
     Raises:
-      ValueError: ``op`` has no batch partition rule.
+      ValueError: ``op`` has no partition rule; ``batch_spec`` given for ``int8_matmul`` or
+        missing for another op; an axis for an op other than ``int8_matmul``; a dim split
+        over several mesh axes.
     """
-    return torch.tpu.pallas.jax_op(  # type: ignore[attr-defined,no-any-return]
+    layout = _layout(op, batch_spec, (m_axis, k_axis, n_axis))
+    inputs, outputs = partition_specs(op, layout)
+    jax_op = torch.tpu.pallas.jax_op  # type: ignore[attr-defined]
+    forward: ops.CustomOp = jax_op(
         f"{NAMESPACE}::{name}",
-        sharded_function(op, mesh, batch_spec),
+        sharded_function(op, mesh, batch_spec, m_axis=m_axis, k_axis=k_axis, n_axis=n_axis),
         mesh=mesh,
-        input_partition_specs=tuple(batch_spec for _ in op.array_names),
-        output_partition_specs=tuple(batch_spec for _ in op.outputs),
+        input_partition_specs=inputs,
+        output_partition_specs=outputs,
     )
+    if op.vjp is not None:  # one output, so one cotangent, split as that output
+        assert batch_spec is not None  # int8_matmul, the one op split otherwise, has no VJP
+        spec_of = dict(zip(op.array_names, inputs, strict=True))
+        backward = jax_op(
+            f"{NAMESPACE}::{name}_backward",
+            sharded_backward_function(op, mesh, batch_spec),
+            mesh=mesh,
+            input_partition_specs=(*outputs, *inputs),
+            output_partition_specs=tuple(spec_of[n] for n in op.differentiable),
+        )
+        if op.partition == "loss":
+            backward = _cotangent_per_box(backward)
+        ops.register_autograd(op, forward, backward)
+    return forward
+
+
+def _cotangent_per_box(backward: ops.CustomOp) -> Callable[..., Any]:
+    """``backward`` of a sharded loss, its cotangent (a ``"sum"``/``"mean"`` scalar, or the
+    per-box losses' of ``"none"``) broadcast over the rank's boxes (``preds.shape[:-1]``), as
+    :func:`sharded_backward_function` takes it."""
+
+    def call(cotangent: torch.Tensor, preds: torch.Tensor, *rest: Any, **keyword: Any) -> Any:
+        return backward(cotangent.expand(preds.shape[:-1]), preds, *rest, **keyword)
+
+    return call

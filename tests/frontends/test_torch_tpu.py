@@ -299,7 +299,253 @@ def test_sharded_module_compiles_for_a_multi_chip_slice(name, mesh):
     assert compiled.memory_analysis() is not None
 
 
-def test_ops_without_a_batch_rule_are_refused_over_a_mesh(mesh):
-    spec = jax.sharding.PartitionSpec("batch")
-    with pytest.raises(ValueError, match="giou_loss is partitioned as 'loss'"):
-        torch_tpu.sharded(OPS["giou_loss"], mesh, spec, name="giou_loss_over_batch")
+LOSSES = [op.name for op in asickernels.OPS if op.partition == "loss"]
+P = jax.sharding.PartitionSpec
+
+
+def loss_arguments(name: str, reduction: str) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """A loss's arguments with a global batch of 8 images (every_argument's 5 boxes each)."""
+    values = every_argument(name, batch=(8,))
+    arrays = {n: values[n] for n in OPS[name].array_names}
+    return arrays, {"reduction": reduction}
+
+
+@pytest.mark.parametrize(
+    "name, reduction",
+    [("giou_loss", r) for r in ("none", "sum", "mean")] + [(n, "mean") for n in LOSSES[1:]],
+)
+def test_sharded_loss_takes_local_shards_and_returns_the_whole_reduction(name, reduction, mesh):
+    """Each rank passes its 2 of the 8 images; ``"none"`` returns its shard of the per-box
+    losses, ``"sum"``/``"mean"`` the scalar of the global batch."""
+    op = OPS[name]
+    operator = torch_tpu.sharded(op, mesh, P("batch"), name=f"{name}_over_batch")
+    arrays, statics = loss_arguments(name, reduction)
+    local = [
+        torch.empty((2, *a.shape[1:]), dtype=ops.torch_dtype(a.dtype), device="meta")
+        for a in arrays.values()
+    ]
+    with jax.default_device(mesh.devices.flat[0]):
+        out = operator(*local, **statics)
+    assert tuple(out.shape) == ((2, 5) if reduction == "none" else ())
+
+
+@pytest.fixture(scope="module")
+def square_mesh(mesh):
+    """The 4-chip slice as 2 x 2: rows and columns."""
+    return jax.sharding.Mesh(mesh.devices.reshape(2, 2), ("rows", "cols"))
+
+
+# x [8, 7] @ y [7, 2]: K = 7 splits no way, so K is split on an [8, 8] @ [8, 2] variant.
+MATMUL_LAYOUTS = [
+    ({"m_axis": "rows", "n_axis": "cols"}, (8, 7)),
+    ({"m_axis": "rows", "k_axis": "cols"}, (8, 8)),
+    ({"k_axis": "rows", "n_axis": "cols"}, (8, 8)),
+]
+
+
+def matmul_arguments(x_shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    arrays, statics = split("int8_matmul")
+    rng = np.random.default_rng(5)
+    k = x_shape[1]
+    x = rng.integers(-128, 128, x_shape, dtype=np.int8)
+    y = rng.integers(-128, 128, (k, arrays["y"].shape[1]), dtype=np.int8)
+    return {**arrays, "x": x, "y": y}, statics
+
+
+@pytest.mark.parametrize("axes, x_shape", MATMUL_LAYOUTS)
+def test_sharded_int8_matmul_takes_and_returns_local_blocks(axes, x_shape, square_mesh):
+    """Each rank passes its block of x and y and the whole scales, and gets its block of
+    the ``[M, N]`` result, sharded (m_axis, n_axis)."""
+    operator = torch_tpu.sharded(
+        OPS["int8_matmul"], square_mesh, name=f"int8_matmul_over_{'_'.join(axes)}", **axes
+    )
+    arrays, statics = matmul_arguments(x_shape)
+    m, k = x_shape
+    n = arrays["y"].shape[1]
+    local_m, local_k, local_n = (  # each mesh axis splits 2 ways
+        size // (2 if f"{d}_axis" in axes else 1) for d, size in (("m", m), ("k", k), ("n", n))
+    )
+    local = [
+        torch.empty((local_m, local_k), dtype=torch.int8, device="meta"),
+        torch.empty((local_k, local_n), dtype=torch.int8, device="meta"),
+        torch.empty(arrays["x_scale"].shape, device="meta"),
+        torch.empty(arrays["y_scale"].shape, device="meta"),
+    ]
+    with jax.default_device(square_mesh.devices.flat[0]):
+        out = operator(*local, **torch_statics(statics))
+    assert (tuple(out.shape), out.dtype) == ((local_m, local_n), torch.float32)
+
+
+def exported_over(function, mesh, arrays, partition, statics):
+    """``function`` exported for the slice as TorchTPU exports it, the global arrays placed
+    as ``partition`` says."""
+    specs = [
+        jax.ShapeDtypeStruct(
+            np.shape(a), np.asarray(a).dtype, sharding=jax.sharding.NamedSharding(mesh, s)
+        )
+        for a, s in zip(arrays, partition, strict=True)
+    ]
+    with jax.default_device(mesh.devices.flat[0]):
+        module = jax.export.export(
+            jax.jit(function, static_argnames=list(statics)),
+            platforms=["tpu"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
+        )(*specs, **statics)
+    return module, specs
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_sharded_loss_compiles_for_a_multi_chip_slice(reduction, mesh):
+    """The loss across the 4 chips: Mosaic kernels per shard, the reduction all-reduced and
+    replicated; ``"none"`` stays sharded."""
+    op = OPS["giou_loss"]
+    arrays, statics = loss_arguments("giou_loss", reduction)
+    inputs, _ = torch_tpu.partition_specs(op, {"batch_spec": P("batch")})
+    function = torch_tpu.sharded_function(op, mesh, P("batch"))
+    module, specs = exported_over(function, mesh, arrays.values(), inputs, statics)
+    assert module.nr_devices == 4
+    assert "tpu_custom_call" in module.mlir_module()
+    compiled = jax.jit(module.call).lower(*specs).compile()
+    sharding = compiled.output_shardings
+    assert sharding.is_fully_replicated == (reduction != "none")
+    assert ("all-reduce" in compiled.as_text()) == (reduction != "none")
+
+
+def test_sharded_int8_matmul_compiles_for_a_multi_chip_slice(square_mesh):
+    """K split over rows: Mosaic matmuls per block, an exact int32 all-reduce over K."""
+    op = OPS["int8_matmul"]
+    axes = {"m_axis": None, "k_axis": "rows", "n_axis": "cols"}
+    arrays, statics = matmul_arguments((8, 8))
+    inputs, _ = torch_tpu.partition_specs(op, axes)
+    function = torch_tpu.sharded_function(op, square_mesh, **axes)
+    module, specs = exported_over(function, square_mesh, arrays.values(), inputs, statics)
+    assert "tpu_custom_call" in module.mlir_module()
+    compiled = jax.jit(module.call).lower(*specs).compile()
+    sharding = compiled.output_shardings
+    assert sharding.spec == P(None, "cols")
+    assert "all-reduce" in compiled.as_text()
+
+
+@pytest.fixture(scope="module")
+def host_mesh():
+    """8 CPU devices (tests/conftest.py) as 4 x 2."""
+    devices = jax.devices("cpu")
+    if len(devices) < 8:
+        pytest.skip("needs 8 host devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return jax.sharding.Mesh(np.array(devices[:8]).reshape(4, 2), ("batch", "model"))
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_sharded_loss_agrees_with_the_reference(name, reduction, host_mesh):
+    """The registered sharded function on 4 CPU devices (Pallas interpret mode per shard)."""
+    arrays, statics = loss_arguments(name, reduction)
+    function = torch_tpu.sharded_function(OPS[name], host_mesh, P("batch"))
+    got = jax.jit(function, static_argnames=list(statics))(**arrays, **statics)
+    oracle.assert_agrees(name, got, oracle.expected(name, arrays, statics))
+
+
+@pytest.mark.parametrize("axes, x_shape", MATMUL_LAYOUTS)
+def test_sharded_int8_matmul_agrees_with_the_reference(axes, x_shape, host_mesh):
+    """On 4 x 2 CPU devices, the result sharded (m_axis, n_axis)."""
+    mesh_axes = {"rows": "batch", "cols": "model"}
+    layout = {key: mesh_axes[axis] for key, axis in axes.items()}
+    arrays, statics = matmul_arguments(x_shape)
+    function = torch_tpu.sharded_function(OPS["int8_matmul"], host_mesh, **layout)
+    got = jax.jit(function, static_argnames=list(statics))(**arrays, **statics)
+    want = jax.sharding.NamedSharding(host_mesh, P(layout.get("m_axis"), layout.get("n_axis")))
+    assert got.sharding.is_equivalent_to(want, got.ndim)
+    oracle.assert_agrees("int8_matmul", got, oracle.expected("int8_matmul", arrays, statics))
+
+
+SHARDED_DIFFERENTIABLE = [
+    (name, reduction)
+    for name in DIFFERENTIABLE
+    if OPS[name].partition != "none"
+    for reduction in (("none", "sum", "mean") if OPS[name].partition == "loss" else (None,))
+]
+
+
+def sharded_arguments(name: str, reduction: str | None):
+    """A differentiable sharded op's global arguments: a batch of 8."""
+    if reduction is not None:
+        return loss_arguments(name, reduction)
+    return dict(every_argument(name, batch=(8,))), {}
+
+
+@pytest.mark.parametrize("name, reduction", SHARDED_DIFFERENTIABLE)
+def test_sharded_gradients_trace_through_the_sharded_backward_operator(name, reduction, mesh):
+    """Each rank gets the gradients of its shards, from the ``_backward`` operator over
+    the mesh."""
+    op = OPS[name]
+    operator = torch_tpu.sharded(op, mesh, P("batch"), name=f"{name}_grad_over_batch")
+    arrays, statics = sharded_arguments(name, reduction)
+    local = {
+        n: torch.empty((2, *a.shape[1:]), dtype=ops.torch_dtype(a.dtype), device="meta")
+        for n, a in arrays.items()
+    }
+
+    def loss_gradients(*given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(local, given, strict=True))
+        wrt = [inputs[n].requires_grad_() for n in op.differentiable]
+        return torch.autograd.grad(operator(*inputs.values(), **statics).sum(), wrt)
+
+    with jax.default_device(mesh.devices.flat[0]):
+        graph = make_fx(loss_gradients, tracing_mode="fake")(*local.values())
+    backward = getattr(torch.ops.asickernels_tpu, f"{name}_grad_over_batch_backward").default
+    assert backward in [n.target for n in graph.graph.nodes]
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    assert [tuple(o.meta["val"].shape) for o in outputs] == [
+        tuple(local[n].shape) for n in op.differentiable
+    ]
+
+
+def test_sharded_backward_compiles_for_a_multi_chip_slice(mesh):
+    op = OPS["giou_loss"]
+    arrays, statics = loss_arguments("giou_loss", "mean")
+    inputs, outputs = torch_tpu.partition_specs(op, {"batch_spec": P("batch")})
+    function = torch_tpu.sharded_backward_function(op, mesh, P("batch"))
+    given = [np.ones(arrays["preds"].shape[:-1], np.float32), *arrays.values()]
+    module, specs = exported_over(function, mesh, given, [*outputs, *inputs], statics)
+    assert "tpu_custom_call" in module.mlir_module()
+    jax.jit(module.call).lower(*specs).compile()
+
+
+@pytest.mark.parametrize("name, reduction", SHARDED_DIFFERENTIABLE)
+def test_sharded_backward_is_the_unsharded_backward(name, reduction, host_mesh):
+    """On 4 CPU devices, against the unsharded backward function (itself held to the CPU
+    operator's autograd above); a reduced loss's cotangent broadcast over the boxes."""
+    op = OPS[name]
+    arrays, statics = sharded_arguments(name, reduction)
+    (out_shape, _), *_ = [(s.shape, s.dtype) for s in op.plan(arrays, statics).output_list()]
+    cotangent = np.linspace(-1, 1, int(np.prod(out_shape)), dtype=np.float32).reshape(out_shape)
+    unsharded_cotangent = cotangent
+    sharded = torch_tpu.sharded_backward_function(op, host_mesh, P("batch"))
+    if reduction is not None:
+        cotangent = np.broadcast_to(cotangent, arrays["preds"].shape[:-1])
+    got = jax.jit(sharded, static_argnames=list(statics))(cotangent, **arrays, **statics)
+    want = jax.jit(torch_tpu.backward_function(op), static_argnames=list(statics))(
+        unsharded_cotangent, **arrays, **statics
+    )
+    got, want = (g if isinstance(g, tuple) else (g,) for g in (got, want))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
+def test_ops_without_a_partition_rule_are_refused_over_a_mesh(mesh):
+    with pytest.raises(ValueError, match="roi_align has no partition rule"):
+        torch_tpu.sharded(OPS["roi_align"], mesh, P("batch"), name="roi_align_over_batch")
+
+
+@pytest.mark.parametrize(
+    "name, partition, match",
+    [
+        ("int8_matmul", {"batch_spec": P("batch")}, "batch_spec: int8_matmul is split by m_axis"),
+        ("giou", {}, "batch_spec: giou is split along its batch dims"),
+        ("giou_loss", {"batch_spec": P("batch"), "m_axis": "batch"}, "batch_spec: giou_loss"),
+        ("giou", {"batch_spec": P(("batch", "model"))}, "splits a dim over several mesh axes"),
+    ],
+)
+def test_a_partition_that_does_not_fit_the_rule_is_refused_naming_it(name, partition, match, mesh):
+    with pytest.raises(ValueError, match=match):
+        torch_tpu.sharded(OPS[name], mesh, name=f"{name}_refused", **partition)
