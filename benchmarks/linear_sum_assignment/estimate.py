@@ -8,7 +8,7 @@ on them on CPU first, so the trips of XLA's ``while`` loops (the ``xla`` backend
 are counted from that run, not assumed. No TPU was used: these are estimates, not
 measurements, and no TPU measurement exists to judge them.
 
-    python benchmarks/linear_sum_assignment/estimate.py --json benchmarks/linear_sum_assignment/estimate.json
+    python benchmarks/linear_sum_assignment/estimate.py --batches 2 --json benchmarks/linear_sum_assignment/estimate.json
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 
 from asickernels import matcher
 from asickernels.simulate.tpu_estimate import estimate_function
+from asickernels.simulate.tpu_estimate.estimate import EstimateError
 
 QUERIES, TARGETS, CLASSES = 100, 100, 92
 
@@ -66,9 +67,14 @@ def main() -> int:
                 backend=backend,
             )
             start = time.perf_counter()
-            estimates = estimate_function(
-                match, *inputs, generations=tuple(args.generations.split(","))
-            )
+            try:
+                estimates = estimate_function(
+                    match, *inputs, generations=tuple(args.generations.split(","))
+                )
+            except EstimateError as error:  # e.g. the walk's bundle limit: record, go on
+                print(f"B={batch} backend={backend}: {error}", flush=True)
+                rows.append({"batch": batch, "backend": backend, "error": str(error)})
+                continue
             seconds = time.perf_counter() - start
             for estimate in estimates:
                 print(f"B={batch} backend={backend}\n{estimate.report()}\n", flush=True)
