@@ -30,7 +30,16 @@ from asickernels.simulate.tpu_estimate.program_facts import _jaxprs_in_params
 # At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
 # even stride and the counts scaled.
 MAX_EVALUATED_STEPS = 1 << 16
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call")
+_CALLS = (
+    "pjit",
+    "jit",
+    "closed_call",
+    "core_call",
+    "remat",
+    "checkpoint",
+    "custom_jvp_call",
+    "custom_vjp_call",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +140,7 @@ UNKNOWN: Any = _Unknown()
 
 def _needs_run(jaxpr: Any) -> bool:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("while", "pallas_call"):
+        if eqn.primitive.name in ("while", "pallas_call", _BY_PLATFORM):
             return True
         if any(_needs_run(sub) for sub in _jaxprs_in_params(eqn.params)):
             return True
@@ -151,7 +160,7 @@ def _live_equations(jaxpr: Any, needed_outputs: Sequence[bool]) -> list[bool]:
     keep = [False] * len(jaxpr.eqns)
     for index in range(len(jaxpr.eqns) - 1, -1, -1):
         eqn = jaxpr.eqns[index]
-        counted = eqn.primitive.name in ("while", "pallas_call") or any(
+        counted = eqn.primitive.name in ("while", "pallas_call", _BY_PLATFORM) or any(
             _needs_run(sub) for sub in _jaxprs_in_params(eqn.params)
         )
         if counted or any(var in live for var in eqn.outvars):
@@ -166,6 +175,7 @@ class _Run:
     def __init__(self) -> None:
         self.trips: list[int] = []
         self.kernels: dict[int, _KernelCounter] = {}
+        self._compiled: dict[int, tuple[Any, Any]] = {}  # id -> (closed jaxpr, jitted)
 
     def jaxpr(
         self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], needed: Sequence[bool]
@@ -187,7 +197,22 @@ class _Run:
             env.update(zip(eqn.outvars, outputs, strict=True))
         return [read(var) for var in jaxpr.outvars]
 
+    def closed(self, closed: Any, args: Sequence[Any], needed: Sequence[bool]) -> list[Any]:
+        """A loop's cond or body: run one equation at a time when it holds something to
+        count, else compiled once (a loop runs its body many times)."""
+        if _needs_run(closed.jaxpr):
+            return self.jaxpr(closed.jaxpr, closed.consts, args, needed)
+        import jax
+        import jax.extend as jex
+
+        key = id(closed)
+        if key not in self._compiled:
+            self._compiled[key] = (closed, jax.jit(jex.core.jaxpr_as_fun(closed)))
+        return list(self._compiled[key][1](*args))
+
     def equation(self, eqn: Any, values: list[Any], jaxpr: Any, uses: _Uses) -> list[Any]:
+        import jax.numpy as jnp
+
         params, name = eqn.params, eqn.primitive.name
         if name == "while":
             cond, body = params["cond_jaxpr"], params["body_jaxpr"]
@@ -197,13 +222,33 @@ class _Run:
             slot, count = len(self.trips), 0
             self.trips.append(0)
             every = [True] * len(body.jaxpr.outvars)
-            while bool(self.jaxpr(cond.jaxpr, cond.consts, [*cond_consts, *carry], [True])[0]):
-                carry = self.jaxpr(body.jaxpr, body.consts, [*body_consts, *carry], every)
+            while True:
+                pred = jnp.asarray(self.closed(cond, [*cond_consts, *carry], [True])[0])
+                if not bool(jnp.any(pred)):
+                    break
+                step = self.closed(body, [*body_consts, *carry], every)
+                # A vmapped loop's predicate is per image (leading dimensions): as XLA's
+                # lowering, the loop runs while any holds and only those images advance.
+                carry = (
+                    [
+                        jnp.where(
+                            pred.reshape(pred.shape + (1,) * (jnp.ndim(new) - pred.ndim)), new, old
+                        )
+                        for new, old in zip(step, carry, strict=True)
+                    ]
+                    if pred.ndim
+                    else step
+                )
                 count += 1
             self.trips[slot] = count
             return carry
+        if name == "scan" and params["length"] and _needs_run(params["jaxpr"].jaxpr):
+            return self._scan(params, values)
         if name in _CALLS and _sub_jaxpr(params) is not None:
             inner = _sub_jaxpr(params)
+            return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
+        if name == _BY_PLATFORM:  # asickernels' own Pallas kernels: see the pallas_call
+            inner = _by_platform_jaxpr(params, values)
             return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
         if name == "pallas_call":
             counter = self.kernels.setdefault(id(eqn), _KernelCounter(eqn, len(self.kernels)))
@@ -212,6 +257,41 @@ class _Run:
                 return [UNKNOWN] * len(eqn.outvars)
         result = eqn.primitive.bind(*values, **params)
         return list(result) if eqn.primitive.multiple_results else [result]
+
+    def _scan(self, params: Any, values: list[Any]) -> list[Any]:
+        """A ``scan`` whose body holds something to count, one iteration at a time. XLA
+        lowers it to a ``while`` loop, so it is recorded as one, of ``length`` trips."""
+        import jax.numpy as jnp
+
+        body, length = params["jaxpr"], params["length"]
+        n_consts, n_carry = params["num_consts"], params["num_carry"]
+        consts, carry = values[:n_consts], values[n_consts : n_consts + n_carry]
+        xs = values[n_consts + n_carry :]
+        self.trips.append(length)
+        every = [True] * len(body.jaxpr.outvars)
+        ys: list[list[Any]] = []
+        steps = range(length - 1, -1, -1) if params["reverse"] else range(length)
+        for step in steps:
+            out = self.closed(body, [*consts, *carry, *(x[step] for x in xs)], every)
+            carry, y = out[:n_carry], out[n_carry:]
+            ys.append(y)
+        if params["reverse"]:
+            ys.reverse()
+        return [*carry, *(jnp.stack(column) for column in zip(*ys, strict=True))]
+
+
+# The primitive of asickernels.backends.pallas_tpu.lowering.run: a Pallas kernel whose
+# Mosaic-or-interpret choice is made at lowering, its pallas_call visible only there.
+_BY_PLATFORM = "asickernels_pallas_by_platform"
+
+
+def _by_platform_jaxpr(params: Any, values: Sequence[Any]) -> Any:
+    import jax
+
+    from asickernels.backends.pallas_tpu.lowering import Target
+    from asickernels.tpu_generations import DEFAULT
+
+    return jax.make_jaxpr(params["build"](Target(DEFAULT, True)))(*values)
 
 
 class _Uses:

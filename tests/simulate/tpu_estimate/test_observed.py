@@ -271,3 +271,28 @@ def test_a_grouped_matmul_runs_the_grid_steps_its_group_sizes_make() -> None:
     # visited) x 2 k-tiles; the schedule's grid loop runs them plus 2 pipeline trips.
     assert any("16 grid step(s)" in a for a in estimate.assumptions)
     assert any(loop.endswith("18.0 trips each") for loop in estimate.loops)
+
+
+def test_observe_counts_loops_in_scans_vmapped_loops_and_asickernels_pallas_kernels() -> None:
+    """The xla linear_sum_assignment: a fori_loop (a scan) over the rows holding a vmapped
+    search loop per row, whose predicate is per image; the pallas_tpu one: a pallas_call
+    behind asickernels' lowering primitive."""
+    import asickernels
+
+    rng = np.random.default_rng(0)
+    cost = rng.uniform(size=(2, 6, 6)).astype(np.float32)
+    mask = np.arange(6)[None, :] < np.array([[6], [3]])
+
+    def run(backend: str) -> observed.Observed:
+        solve = functools.partial(asickernels.linear_sum_assignment, backend=backend)
+        with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
+            return observed.observe(lambda c, m: solve(c, col_mask=m), [cost, mask])
+
+    seen = run("xla")
+    # The scan (6 trips), then per row its search and its path flip; every search of a
+    # valid row ends (the batched loop stops), and the busier image decides each count.
+    assert seen.while_trips[0] == 6 and len(seen.while_trips) == 1 + 2 * 6
+    searches = seen.while_trips[1::2]
+    assert all(1 <= trips <= 6 for trips in searches)
+    (kernel,) = run("pallas_tpu").kernels
+    assert kernel.name.startswith("linear_sum_assignment") and kernel.steps == 2
