@@ -242,7 +242,14 @@ class _Run:
                 count += 1
             self.trips[slot] = count
             return carry
-        if name == "scan" and params["length"] and _needs_run(params["jaxpr"].jaxpr):
+        # jax >= 0.12 describes a scan's operands by tree (ft_in/ft_out), not by counts:
+        # there its inner loops are not counted (the estimate names them as assumed).
+        if (
+            name == "scan"
+            and "num_consts" in params
+            and params["length"]
+            and _needs_run(params["jaxpr"].jaxpr)
+        ):
             return self._scan(params, values)
         if name in _CALLS and _sub_jaxpr(params) is not None:
             inner = _sub_jaxpr(params)
