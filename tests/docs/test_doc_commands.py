@@ -148,7 +148,7 @@ SOURCES_HERE = (ROOT / "asickernels").is_dir()
 def _repository_files() -> list[str]:
     """The checkout's files and folders, relative to it (plus the installed package's)."""
     package = pathlib.Path(asickernels.__file__).resolve().parent
-    files = []
+    files = [package.name]  # the package's folder itself, also beside an installed wheel
     for root, top in ((ROOT, ROOT), (package.parent, package)):
         for folder, subfolders, names in os.walk(top):
             subfolders[:] = [name for name in subfolders if not name.startswith((".", "__"))]

@@ -188,6 +188,9 @@ nms_settings = st.fixed_dictionaries(
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    # In float64, as the reference: float32 boxes would round an IoU of exactly the
+    # threshold up under numpy 1.x's promotion (0.3 -> 0.30000001).
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     inter = max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(
         0.0, min(a[3], b[3]) - max(a[1], b[1])
     )
