@@ -36,27 +36,35 @@ QUERIES, CLASSES = 100, 92
 SIZES = [(batch, targets) for targets in (20, 100) for batch in (2, 8, 64)]
 
 
-def problem(batch: int, targets: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """DETR matching costs ``[batch, 100, targets]`` float32, the target mask, the counts."""
+def detr_inputs(batch: int, targets: int, seed: int) -> tuple[np.ndarray, ...]:
+    """DETR's outputs and padded targets: logits ``[batch, 100, 92]``, boxes
+    ``[batch, 100, 4]``, target labels ``[batch, targets]`` int32, target boxes
+    ``[batch, targets, 4]`` and the target mask ``[batch, targets]`` (image ``b`` has a random
+    number of targets in ``[1, targets]``)."""
     rng = np.random.default_rng(seed)
 
     def boxes(*shape: int) -> np.ndarray:
         centre = rng.uniform(0.1, 0.9, (*shape, 2))
         return np.concatenate([centre, rng.uniform(0.02, 0.5, (*shape, 2))], -1).astype(np.float32)
 
-    counts = [int(c) for c in rng.integers(1, targets + 1, batch)]
-    mask = np.arange(targets)[None, :] < np.array(counts)[:, None]
-    cost = matcher.matching_cost(
+    counts = rng.integers(1, targets + 1, batch)
+    mask = np.arange(targets)[None, :] < counts[:, None]
+    return (
         rng.normal(size=(batch, QUERIES, CLASSES)).astype(np.float32),
         boxes(batch, QUERIES),
-        rng.integers(0, CLASSES - 1, (batch, targets)),
+        rng.integers(0, CLASSES - 1, (batch, targets)).astype(np.int32),
         boxes(batch, targets),
-        cost_class=1.0,
-        cost_bbox=5.0,
-        cost_giou=2.0,
-        backend="xla",
+        mask,
     )
-    return np.asarray(cost), mask, counts
+
+
+def problem(batch: int, targets: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """DETR matching costs ``[batch, 100, targets]`` float32, the target mask, the counts."""
+    *outputs_and_targets, mask = detr_inputs(batch, targets, seed)
+    cost = matcher.matching_cost(
+        *outputs_and_targets, cost_class=1.0, cost_bbox=5.0, cost_giou=2.0, backend="xla"
+    )
+    return np.asarray(cost), mask, [int(c) for c in mask.sum(1)]
 
 
 def implementations(

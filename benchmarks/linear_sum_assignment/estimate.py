@@ -20,32 +20,13 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
+from bench import QUERIES, detr_inputs
 
 from asickernels import matcher
 from asickernels.simulate.tpu_estimate import estimate_function
 from asickernels.simulate.tpu_estimate.estimate import EstimateError
 
-QUERIES, TARGETS, CLASSES = 100, 100, 92
-
-
-def example(batch: int, seed: int) -> tuple[np.ndarray, ...]:
-    """``hungarian_match``'s inputs: logits, boxes, padded target labels, boxes and mask."""
-    rng = np.random.default_rng(seed)
-
-    def boxes(*shape: int) -> np.ndarray:
-        centre = rng.uniform(0.1, 0.9, (*shape, 2))
-        return np.concatenate([centre, rng.uniform(0.02, 0.5, (*shape, 2))], -1).astype(np.float32)
-
-    counts = rng.integers(1, TARGETS + 1, batch)
-    mask = np.arange(TARGETS)[None, :] < counts[:, None]
-    return (
-        rng.normal(size=(batch, QUERIES, CLASSES)).astype(np.float32),
-        boxes(batch, QUERIES),
-        rng.integers(0, CLASSES - 1, (batch, TARGETS)).astype(np.int32),
-        boxes(batch, TARGETS),
-        mask,
-    )
+TARGETS = 100
 
 
 def main() -> int:
@@ -57,7 +38,7 @@ def main() -> int:
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for batch in map(int, args.batches.split(",")):
-        inputs = example(batch, seed=batch)
+        inputs = detr_inputs(batch, TARGETS, seed=batch)
         for backend in args.backends.split(","):
             match = functools.partial(
                 matcher.hungarian_match,
