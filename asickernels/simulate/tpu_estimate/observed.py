@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from asickernels.simulate.tpu_estimate.program_facts import _jaxprs_in_params
+from asickernels.simulate.tpu_estimate.program_facts import jaxprs_in_params
 
 # At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
 # even stride and the counts scaled.
@@ -142,7 +142,7 @@ def _needs_run(jaxpr: Any) -> bool:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("while", "pallas_call", _BY_PLATFORM):
             return True
-        if any(_needs_run(sub) for sub in _jaxprs_in_params(eqn.params)):
+        if any(_needs_run(sub) for sub in jaxprs_in_params(eqn.params)):
             return True
     return False
 
@@ -161,7 +161,7 @@ def _live_equations(jaxpr: Any, needed_outputs: Sequence[bool]) -> list[bool]:
     for index in range(len(jaxpr.eqns) - 1, -1, -1):
         eqn = jaxpr.eqns[index]
         counted = eqn.primitive.name in ("while", "pallas_call", _BY_PLATFORM) or any(
-            _needs_run(sub) for sub in _jaxprs_in_params(eqn.params)
+            _needs_run(sub) for sub in jaxprs_in_params(eqn.params)
         )
         if counted or any(var in live for var in eqn.outvars):
             keep[index] = True
@@ -678,5 +678,5 @@ def _pallas_calls(jaxpr: Any) -> Iterator[Any]:
         if eqn.primitive.name == "pallas_call":
             yield eqn
         else:
-            for sub in _jaxprs_in_params(eqn.params):
+            for sub in jaxprs_in_params(eqn.params):
                 yield from _pallas_calls(sub)

@@ -187,7 +187,7 @@ class _Collector:
             if name in ("cond", "while"):
                 continue  # may not run: the floor counts nothing under it
             inner = weight * eqn.params["length"] if name == "scan" else weight
-            for sub in _jaxprs_in_params(eqn.params):
+            for sub in jaxprs_in_params(eqn.params):
                 self.visit(sub, inner)
 
 
@@ -207,7 +207,7 @@ def program_facts(function: Callable[..., Any], arg_specs: Sequence[ArgSpec]) ->
     return ProgramFacts(tuple(collector.calls), floor)
 
 
-def _jaxprs_in_params(params: Mapping[str, Any]) -> Iterator[Any]:
+def jaxprs_in_params(params: Mapping[str, Any]) -> Iterator[Any]:
     """The jaxprs among an equation's parameters, as ``jax.extend.core.jaxprs_in_params``
     gives them (jax 0.7.1, the oldest supported, lacks it)."""
     import jax.extend as jex
