@@ -34,6 +34,7 @@ import argparse
 import copy
 import json
 import os
+import pathlib
 import platform
 import signal
 import statistics
@@ -322,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         document["ssd300_coco_batched_nms_cpu"] = _ssd_nms(args.nms_repeats)
         print(json.dumps(document["ssd300_coco_batched_nms_cpu"]), flush=True)
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
+        pathlib.Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 

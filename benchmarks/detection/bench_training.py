@@ -37,6 +37,7 @@ import argparse
 import copy
 import json
 import os
+import pathlib
 import platform
 import statistics
 import sys
@@ -178,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
+        pathlib.Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import platform
 import statistics
 import sys
@@ -162,9 +163,7 @@ def main() -> int:
     if args.compile:
         document["tpu_compile"] = compile_for_tpu()
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
+        pathlib.Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pathlib
 import sys
 import time
 from typing import Any
@@ -81,9 +82,7 @@ def main() -> int:
             + " ".join(sys.argv[1:]),
             "rows": rows,
         }
-        with open(args.json, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
+        pathlib.Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
     return 0
 
 
