@@ -88,14 +88,18 @@ def _block(count: int, config: GiouConfig) -> int:
     return count if count <= block else block
 
 
-def _vmem_bytes(block: int, itemsize: int, backward: bool) -> int:
+def _compiler_params(block: int, itemsize: int, target: lowering.Target, *, backward: bool) -> Any:
+    """Mosaic parameters of the forward or backward kernel's 1-D grid of ``block`` boxes a
+    step, sized by the VMEM its blocks and temporaries take."""
     boxes = 8 * block * max(itemsize, 4)  # [4, block] pads to 8 sublanes
     row = 8 * block * 4 if backward else block * 4
     chunk = _chunks(block)[0]
     temporaries = 64 * 8 * chunk * 4  # coordinate rows and their intermediates
     if backward:  # 2 box blocks + g in, 2 gradient blocks out, all double-buffered
-        return 2 * (2 * boxes + row + 2 * 8 * block * 4) + temporaries
-    return 2 * (2 * boxes + row) + temporaries
+        vmem = 2 * (2 * boxes + row + 2 * 8 * block * 4) + temporaries
+    else:
+        vmem = 2 * (2 * boxes + row) + temporaries
+    return lowering.compiler_params(("parallel",), vmem, target.generation)
 
 
 def _forward(
@@ -113,11 +117,7 @@ def _forward(
             grid=(pl.cdiv(count, block),),
             in_specs=[boxes_spec, boxes_spec],
             out_specs=pl.BlockSpec((block,), lambda i: (i,)),
-            compiler_params=lowering.compiler_params(
-                ("parallel",),
-                _vmem_bytes(block, boxes1.dtype.itemsize, backward=False),
-                target.generation,
-            ),
+            compiler_params=_compiler_params(block, boxes1.dtype.itemsize, target, backward=False),
             interpret=target.interpret,
             name="giou_forward",
         )
@@ -142,11 +142,7 @@ def _backward(
             grid=(pl.cdiv(count, block),),
             in_specs=[boxes_spec, boxes_spec, pl.BlockSpec((block,), lambda i: (i,))],
             out_specs=(boxes_spec, boxes_spec),
-            compiler_params=lowering.compiler_params(
-                ("parallel",),
-                _vmem_bytes(block, boxes1.dtype.itemsize, backward=True),
-                target.generation,
-            ),
+            compiler_params=_compiler_params(block, boxes1.dtype.itemsize, target, backward=True),
             interpret=target.interpret,
             name="giou_backward",
         )
