@@ -12,7 +12,7 @@ Kernel calling conventions (beside those in :mod:`asickernels.kernels.registry`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -292,34 +292,44 @@ _PAIRWISE_DOC = """{what} of every pair of boxes, as torchvision's ``{torchvisio
       ``[..., N, M]`` float32 (float64 for float64 boxes).{gradient}
     """
 
-box_iou = Op(
-    "box_iou",
-    [array("boxes1", 2), array("boxes2", 2)],
-    check=_check_pairwise("box_iou"),
-    compute=_compute_pairwise,
-    reference=reference_box_iou,
-    doc=_PAIRWISE_DOC.format(
-        what="IoU",
-        torchvision="box_iou",
-        gradient=" Differentiable with ``jax.grad`` on the JAX backends.",
-    ),
-)
 
-generalized_box_iou = Op(
+def _pairwise_op(
+    name: str,
+    *,
+    reference: Callable[..., np.ndarray],
+    what: str,
+    gradient: str,
+    vjp: Callable[..., tuple[Array, Array]] | None = None,
+) -> Op:
+    """The op ``name(boxes1 [..., N, 4], boxes2 [..., M, 4]) -> [..., N, M]`` (torchvision's
+    ``name``), run by the pairwise kernel of that name; differentiable in both boxes through
+    ``vjp`` when one is given. ``what`` and ``gradient`` complete its docstring."""
+    return Op(
+        name,
+        [array("boxes1", 2), array("boxes2", 2)],
+        check=_check_pairwise(name),
+        compute=_compute_pairwise,
+        reference=reference,
+        vjp=vjp,
+        differentiable=("boxes1", "boxes2") if vjp is not None else (),
+        doc=_PAIRWISE_DOC.format(what=what, torchvision=name, gradient=gradient),
+    )
+
+
+box_iou = _pairwise_op(
+    "box_iou",
+    reference=reference_box_iou,
+    what="IoU",
+    gradient=" Differentiable with ``jax.grad`` on the JAX backends.",
+)
+generalized_box_iou = _pairwise_op(
     "generalized_box_iou",
-    [array("boxes1", 2), array("boxes2", 2)],
-    check=_check_pairwise("generalized_box_iou"),
-    compute=_compute_pairwise,
     reference=reference_generalized_box_iou,
     vjp=_pairwise_giou_vjp,
-    differentiable=("boxes1", "boxes2"),
-    doc=_PAIRWISE_DOC.format(
-        what="Generalized IoU",
-        torchvision="generalized_box_iou",
-        gradient=" Differentiable (``jax.grad`` on the JAX backends; PyTorch autograd runs the "
-        "paired ``giou_vjp`` on every pair). ``-generalized_box_iou(pred, target)`` is DETR's "
-        "matching cost.",
-    ),
+    what="Generalized IoU",
+    gradient=" Differentiable (``jax.grad`` on the JAX backends; PyTorch autograd runs the "
+    "paired ``giou_vjp`` on every pair). ``-generalized_box_iou(pred, target)`` is DETR's "
+    "matching cost.",
 )
 
 
