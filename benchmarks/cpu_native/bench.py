@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -105,8 +105,7 @@ def sparse_boxes(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
     return boxes.astype(np.float32), rng.uniform(0.0, 1.0, n).astype(np.float32)
 
 
-def nms_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
-    rows = []
+def nms_rows(rng: np.random.Generator, budget: float) -> Iterator[dict[str, Any]]:
     for op in ("nms", "batched_nms"):
         for kind, make in (("overlapping", seed_style_boxes), ("sparse", sparse_boxes)):
             for n in NMS_SIZES:
@@ -136,27 +135,22 @@ def nms_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
                     "ours_torch": timed_torch(lambda: frontend(*tensors, **static), budget),
                     "torchvision": timed_torch(peer, budget),
                 }
-                rows.append(
-                    {
-                        "op": op,
-                        "size": f"N={n} {kind}",
-                        "kept": int(count),
-                        "agrees_with_torchvision_first_128": agrees,
-                        "us": times,
-                        "cpu_us": cpu_of(times),
-                        "ratio_eager_vs_torchvision": times["ours_eager"] / times["torchvision"],
-                        "ratio_jit_vs_torchvision": times["ours_jit"] / times["torchvision"],
-                        "ratio_torch_vs_torchvision": times["ours_torch"] / times["torchvision"],
-                        "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
-                        "target": "<= 0.5",
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
-    return rows
+                yield {
+                    "op": op,
+                    "size": f"N={n} {kind}",
+                    "kept": int(count),
+                    "agrees_with_torchvision_first_128": agrees,
+                    "us": times,
+                    "cpu_us": cpu_of(times),
+                    "ratio_eager_vs_torchvision": times["ours_eager"] / times["torchvision"],
+                    "ratio_jit_vs_torchvision": times["ours_jit"] / times["torchvision"],
+                    "ratio_torch_vs_torchvision": times["ours_torch"] / times["torchvision"],
+                    "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
+                    "target": "<= 0.5",
+                }
 
 
-def giou_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
-    rows = []
+def giou_rows(rng: np.random.Generator, budget: float) -> Iterator[dict[str, Any]]:
     for shape in GIOU_SIZES:
         b1 = bench_boxes(rng, shape).reshape(-1, 4)
         b2 = jittered(rng, b1)
@@ -205,22 +199,17 @@ def giou_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
             }
             if "ours_eager" in times:
                 ratios["ratio_eager_vs_jit"] = times["ours_eager"] / times["ours_jit"]
-            rows.append(
-                {
-                    "op": op,
-                    "size": label,
-                    "us": times,
-                    "cpu_us": cpu_of(times),
-                    **ratios,
-                    "target": "<= 1.0 vs xla_jit and <= 0.5 vs torchvision",
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+            yield {
+                "op": op,
+                "size": label,
+                "us": times,
+                "cpu_us": cpu_of(times),
+                **ratios,
+                "target": "<= 1.0 vs xla_jit and <= 0.5 vs torchvision",
+            }
 
 
-def matmul_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]:
-    rows = []
+def matmul_rows(rng: np.random.Generator, budget: float) -> Iterator[dict[str, Any]]:
     for s in MATMUL_SIZES:
         x = rng.integers(-128, 128, (s, s), dtype=np.int8)
         y = rng.integers(-128, 128, (s, s), dtype=np.int8)
@@ -242,22 +231,18 @@ def matmul_rows(rng: np.random.Generator, budget: float) -> list[dict[str, Any]]
             ),
         }
         best_peer = min(times["torch_int_mm"], times["xla_dot"])
-        rows.append(
-            {
-                "op": "int8_matmul",
-                "size": f"{s}^3",
-                "equals_torch_int_mm": exact,
-                "us": times,
-                "cpu_us": cpu_of(times),
-                "ratio_eager_vs_best_peer": times["ours_eager"] / best_peer,
-                "ratio_jit_vs_best_peer": times["ours_jit"] / best_peer,
-                "ratio_torch_vs_best_peer": times["ours_torch"] / best_peer,
-                "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
-                "target": "<= 1.0 vs min(xla_dot, torch_int_mm)",
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        yield {
+            "op": "int8_matmul",
+            "size": f"{s}^3",
+            "equals_torch_int_mm": exact,
+            "us": times,
+            "cpu_us": cpu_of(times),
+            "ratio_eager_vs_best_peer": times["ours_eager"] / best_peer,
+            "ratio_jit_vs_best_peer": times["ours_jit"] / best_peer,
+            "ratio_torch_vs_best_peer": times["ours_torch"] / best_peer,
+            "ratio_eager_vs_jit": times["ours_eager"] / times["ours_jit"],
+            "target": "<= 1.0 vs min(xla_dot, torch_int_mm)",
+        }
 
 
 def overhead_row(budget: float) -> dict[str, Any]:
@@ -281,9 +266,7 @@ def overhead_row(budget: float) -> dict[str, Any]:
         "jax_jit_identity": timed(lambda: ready(empty_jit(jbox)), budget),
         "torchvision_nms_N1": timed_torch(lambda: torchvision.ops.nms(tbox, tscore, 0.5), budget),
     }
-    row = {"op": "overhead", "size": "minimal call", "us": times, "cpu_us": cpu_of(times)}
-    print(json.dumps(row), flush=True)
-    return row
+    return {"op": "overhead", "size": "minimal call", "us": times, "cpu_us": cpu_of(times)}
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -346,7 +329,7 @@ def main() -> None:
     }
     print(json.dumps(header), flush=True)
     rows: list[dict[str, Any]] = []
-    sections = {
+    sections: dict[str, Callable[[], Iterable[dict[str, Any]]]] = {
         "overhead": lambda: [overhead_row(args.budget)],
         "nms": lambda: nms_rows(rng, args.budget),
         "giou": lambda: giou_rows(rng, args.budget),
@@ -354,7 +337,9 @@ def main() -> None:
     }
     for name, run in sections.items():
         if args.only in (None, name):
-            rows += run()
+            for row in run():
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     header["load_average_at_end"] = os.getloadavg()
     document = {"header": header, "rows": rows}
     if args.out:
