@@ -545,38 +545,33 @@ ffi::Error PairedBoxMetricVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType>
   return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(), nullptr);
 }
 
-// Pairwise boxes1 [..., N, 4] x boxes2 [..., M, 4]: leading dimensions are images.
-struct PairwiseShape {
-  int64_t batch = 1, n = 0, m = 0;
-};
-
-// The metric and the shape of a pairwise call, or an error.
-template <ffi::DataType kType>
-ffi::Error pairwise_call(int64_t code, const ffi::Buffer<kType>& boxes1,
-                         const ffi::Buffer<kType>& boxes2, BoxMetric& metric,
-                         PairwiseShape& shape) {
+// Pairwise boxes1 [..., N, 4] x boxes2 [..., M, 4]: leading dimensions are images. Runs
+// run(metric, batch, n, m) under ffi_guarded, or returns the error of the metric code or of
+// the shapes.
+template <ffi::DataType kType, typename Run>
+ffi::Error run_pairwise(int64_t code, const ffi::Buffer<kType>& boxes1,
+                        const ffi::Buffer<kType>& boxes2, Run&& run) {
+  BoxMetric metric;
   if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
   const auto dims1 = boxes1.dimensions(), dims2 = boxes2.dimensions();
   if (dims1.size() < 2 || dims1.size() != dims2.size()) {
     return ffi::Error::InvalidArgument("pairwise box metric: boxes of one rank >= 2 expected");
   }
-  for (size_t i = 0; i + 2 < dims1.size(); ++i) shape.batch *= dims1[i];
-  shape.n = dims1[dims1.size() - 2], shape.m = dims2[dims2.size() - 2];
-  return ffi::Error::Success();
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < dims1.size(); ++i) batch *= dims1[i];
+  const int64_t n = dims1[dims1.size() - 2], m = dims2[dims2.size() - 2];
+  return ffi_guarded([&] { run(metric, batch, n, m); });
 }
 
 template <ffi::DataType kType>
 ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
                              ffi::ResultBuffer<kType> out) {
-  BoxMetric metric;
-  PairwiseShape shape;
-  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
-    return error;
-  }
-  return ffi_guarded([&] {
-    pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
-                                       shape.batch, shape.n, shape.m, out->typed_data());
-  });
+  return run_pairwise(code, boxes1, boxes2,
+                      [&](BoxMetric metric, int64_t batch, int64_t n, int64_t m) {
+                        pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(),
+                                                           boxes2.typed_data(), batch, n, m,
+                                                           out->typed_data());
+                      });
 }
 
 template <ffi::DataType kType>
@@ -584,16 +579,12 @@ ffi::Error PairwiseBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> bo
                                 ffi::Buffer<kType> cotangent, int64_t code,
                                 ffi::ResultBuffer<kType> d_boxes1,
                                 ffi::ResultBuffer<kType> d_boxes2) {
-  BoxMetric metric;
-  PairwiseShape shape;
-  if (ffi::Error error = pairwise_call(code, boxes1, boxes2, metric, shape); error.failure()) {
-    return error;
-  }
-  return ffi_guarded([&] {
-    pairwise_box_metric_vjp<Native<kType>>(
-        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(), shape.batch,
-        shape.n, shape.m, d_boxes1->typed_data(), d_boxes2->typed_data());
-  });
+  return run_pairwise(
+      code, boxes1, boxes2, [&](BoxMetric metric, int64_t batch, int64_t n, int64_t m) {
+        pairwise_box_metric_vjp<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                               cotangent.typed_data(), batch, n, m,
+                                               d_boxes1->typed_data(), d_boxes2->typed_data());
+      });
 }
 
 // Runs run(metric, T{}) for a host metric code and dtype code; the status.
