@@ -4,7 +4,7 @@ CPU kernel's arithmetic and summation order, so float32 results equal
 Each kernel has a JAX entry point (an XLA FFI call) and a host twin (numpy in and out), one
 C++ kernel. A RoI whose batch index names no image of ``input`` is an error, under ``jit``
 too. Also how RoIPool's entry points (the same C++ file) are called: :func:`native`,
-:func:`run_host`."""
+:func:`run_host`, :func:`pooled_shape`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from asickernels.backends.cpu import BACKEND, _library
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import RoiAlignStatics
+from asickernels.kernels.roi_align import RoiAlignStatics, RoiStatics
 
 
 def native(
@@ -70,6 +70,13 @@ def run_host(
     return _library.run_entry(function, code, arrays, scalars, [(output, dtype)])  # type: ignore[no-any-return]
 
 
+def pooled_shape(
+    input: np.ndarray | jax.Array, rois: np.ndarray | jax.Array, statics: RoiStatics
+) -> tuple[int, ...]:
+    """A RoI pooling kernel's output shape: ``[K, C, PH, PW]``."""
+    return (rois.shape[0], input.shape[1], *statics["output_size"])
+
+
 def _host_statics(statics: RoiAlignStatics) -> tuple[tuple[int, int], float, int, int]:
     """The statics in the order of the host entries' arguments."""
     return (
@@ -83,8 +90,7 @@ def _host_statics(statics: RoiAlignStatics) -> tuple[tuple[int, int], float, int
 @BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
 def roi_align(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiAlignStatics]) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
-    shape = (rois.shape[0], input.shape[1], *statics["output_size"])
-    return native("roi_align", shape, (input, rois), **statics)
+    return native("roi_align", pooled_shape(input, rois, statics), (input, rois), **statics)
 
 
 @BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
@@ -106,7 +112,7 @@ def roi_align_host(
 ) -> np.ndarray:
     """Host twin of :func:`roi_align`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
     the statics as keywords) -> numpy ``[K, C, PH, PW]``."""
-    output = (rois.shape[0], input.shape[1], *statics["output_size"])
+    output = pooled_shape(input, rois, statics)
     arrays = (input, rois)
     return run_host("roi_align", arrays, input.shape, len(rois), output, *_host_statics(statics))
 

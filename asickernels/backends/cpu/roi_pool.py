@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from asickernels.backends.cpu import BACKEND
-from asickernels.backends.cpu.roi_align import native, run_host
+from asickernels.backends.cpu.roi_align import native, pooled_shape, run_host
 from asickernels.kernels.registry import FLOAT32_AND_64
 from asickernels.kernels.roi_align import RoiStatics
 
@@ -21,8 +21,7 @@ from asickernels.kernels.roi_align import RoiStatics
 @BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
 def roi_pool(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiStatics]) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
-    shape = (rois.shape[0], input.shape[1], *statics["output_size"])
-    return native("roi_pool", shape, (input, rois), **statics)
+    return native("roi_pool", pooled_shape(input, rois, statics), (input, rois), **statics)
 
 
 @BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
@@ -39,7 +38,7 @@ def roi_pool_vjp(
 def roi_pool_host(input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiStatics]) -> np.ndarray:
     """Host twin of :func:`roi_pool`: numpy ``input [N, C, H, W]``, ``rois [K, 5]`` (and
     the statics as keywords) -> numpy ``[K, C, PH, PW]``."""
-    output = (rois.shape[0], input.shape[1], *statics["output_size"])
+    output = pooled_shape(input, rois, statics)
     scalars = (statics["output_size"], statics["spatial_scale"])
     return run_host("roi_pool", (input, rois), input.shape, len(rois), output, *scalars)
 
