@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Check, Op, Plan, Runner, Spec, array, cast
+from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast
 from asickernels.kernels.giou import (
     GIOU_EPS,
     giou_vjp,
@@ -235,21 +235,6 @@ reference_ciou_loss = masked_loss_reference(reference_ciou)
 # Pairwise ------------------------------------------------------------------------------------
 
 
-def _check_pairwise(kernel: str) -> Check:
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-        a, b = _checks.required(specs, "boxes1"), _checks.required(specs, "boxes2")
-        _checks.check_boxes(a, "boxes1", min_ndim=2)
-        _checks.check_boxes(b, "boxes2", min_ndim=2)
-        if a.shape[:-2] != b.shape[:-2]:
-            raise ValueError(
-                f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
-                f"got {a.shape} and {b.shape}"
-            )
-        return metric_plan(kernel, a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
-
-    return check
-
-
 def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
     """Runs the kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when unbatched)."""
     out = plan.outputs
@@ -304,10 +289,22 @@ def _pairwise_op(
     """The op ``name(boxes1 [..., N, 4], boxes2 [..., M, 4]) -> [..., N, M]`` (torchvision's
     ``name``), run by the pairwise kernel of that name; differentiable in both boxes through
     ``vjp`` when one is given. ``what`` and ``gradient`` complete its docstring."""
+
+    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
+        a, b = _checks.required(specs, "boxes1"), _checks.required(specs, "boxes2")
+        _checks.check_boxes(a, "boxes1", min_ndim=2)
+        _checks.check_boxes(b, "boxes2", min_ndim=2)
+        if a.shape[:-2] != b.shape[:-2]:
+            raise ValueError(
+                f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
+                f"got {a.shape} and {b.shape}"
+            )
+        return metric_plan(name, a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
+
     return Op(
         name,
         [array("boxes1", 2), array("boxes2", 2)],
-        check=_check_pairwise(name),
+        check=check,
         compute=_compute_pairwise,
         reference=reference,
         vjp=vjp,
