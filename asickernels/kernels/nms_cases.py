@@ -18,11 +18,13 @@ import numpy as np
 
 from asickernels.kernels.cases import (
     RAGGED_SIZES,
+    Arguments,
     Case,
     CompileShape,
     NkiEstimate,
     Size,
     Workload,
+    batched,
     checked,
     grid_boxes,
 )
@@ -175,6 +177,25 @@ def nms_cases() -> list[NmsCase]:
     return cases
 
 
+def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+    """Six boxes and scores (per ``batch`` element), a score threshold, and two categories
+    (see :mod:`asickernels.kernels.cases`). Box 2 overlaps box 0 with IoU 0.43, box 1 with
+    0.71; box 3 scores under the threshold."""
+    boxes = [[0, 0, 10, 10], [0, 0, 10, 14], [4, 0, 14, 10], [20, 20, 30, 30]]
+    boxes += [[40, 40, 50, 50], [60, 60, 70, 70]]
+    nms = {
+        "boxes": batched(np.array(boxes, np.float32), batch),
+        "scores": batched(np.array([0.9, 0.8, 0.7, 0.15, 0.5, 0.4], np.float32), batch),
+        "iou_threshold": 0.3,
+        "max_output_size": 4,
+        "score_threshold": 0.2,
+    }
+    return {
+        "nms": nms,
+        "batched_nms": {**nms, "idxs": batched(np.array([0, 0, 0, 0, 1, 1]), batch)},
+    }
+
+
 # -- check and bench workloads ---------------------------------------------------------------
 
 
@@ -194,7 +215,6 @@ class NmsWorkload(Workload):
     registry_op = "nms"
     size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
     default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
-    error_unit = "mismatches"
     quick_cases = frozenset(
         {"grid_n130_t0.3", "nan_inf_signed_zero_scores", "iou_equals_threshold"}
     )
