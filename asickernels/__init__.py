@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from asickernels import backends as _backends  # noqa: F401  (fills the registry)
+from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K
 from asickernels.kernels.public import *  # noqa: F403  (every op: asickernels.giou, ...)
-from asickernels.kernels.public import INT8_MATMUL_MAX_K, OPS
+from asickernels.kernels.public import OPS
 from asickernels.kernels.registry import Availability, BackendUnavailableError
 
 

@@ -16,7 +16,7 @@ from asickernels.kernels.box_iou import (
     generalized_box_iou,
 )
 from asickernels.kernels.giou import giou, giou_loss, giou_vjp
-from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quantize_int8
+from asickernels.kernels.int8_matmul import int8_matmul, quantize_int8
 from asickernels.kernels.linear_sum_assignment import linear_sum_assignment
 from asickernels.kernels.nms import batched_nms, nms
 from asickernels.kernels.roi_align import roi_align, roi_align_vjp
