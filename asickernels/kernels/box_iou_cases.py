@@ -4,12 +4,12 @@ see :mod:`asickernels.kernels.cases`. DIoU and CIoU run GIOU's paired-box cases.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from asickernels.kernels.cases import (
-    Arguments,
     Case,
     CompileShape,
     NkiEstimate,
@@ -53,7 +53,7 @@ def pairwise_cases() -> list[BoxPairCase]:
     return cases
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """The IoU matrices on 3 boxes against 6 (per ``batch`` element); DIoU and CIoU, their
     gradients and losses on GIOU's arguments (see :mod:`asickernels.kernels.cases`)."""
     rng = np.random.default_rng(21)

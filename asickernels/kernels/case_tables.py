@@ -5,6 +5,8 @@ is added to :data:`CASE_MODULES`, and nothing else lists its cases."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from asickernels.kernels import (
     box_iou_cases,
     giou_cases,
@@ -13,7 +15,7 @@ from asickernels.kernels import (
     nms_cases,
     roi_cases,
 )
-from asickernels.kernels.cases import Arguments, CompileShape, NkiEstimate, Workload
+from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
 
 CASE_MODULES = (
     giou_cases,
@@ -36,7 +38,7 @@ NKI_ESTIMATES: tuple[NkiEstimate, ...] = tuple(
 )
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """Every op's example arguments, by op name: each cases module's ``examples(batch)``
     (valid, every parameter given, the optional ones off their defaults; see
     :mod:`asickernels.kernels.cases`)."""

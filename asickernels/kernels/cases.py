@@ -10,7 +10,7 @@ what exercises the op:
   at (:data:`asickernels.simulate.tpu_compile.BENCHMARK_SHAPES`);
 * its :class:`NkiEstimate`\\ s: the bench size the NKI estimate rows simulate
   (:data:`asickernels.simulate.nki.kernel_estimates.KERNELS`);
-* its ``examples(batch)``: for each of its ops, valid :data:`Arguments` that give every
+* its ``examples(batch)``: for each of its ops, valid arguments by parameter name that give every
   parameter, the optional ones off their defaults, with shapes and values distinct enough
   that an argument passed to the wrong parameter shows, and ``batch`` leading dims where the
   op has batch dims. Every frontend's tests call every function with them, and the
@@ -35,7 +35,6 @@ from asickernels.kernels import oracle, registry
 RAGGED_SIZES = (1, 7, 130, 257)
 
 Canonical: TypeAlias = np.ndarray | tuple[np.ndarray, ...]  # an op's outputs, as numpy
-Arguments: TypeAlias = dict[str, Any]  # one call's arguments by parameter name
 
 
 # -- input generators ------------------------------------------------------------------------

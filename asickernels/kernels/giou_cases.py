@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,6 @@ import numpy.typing as npt
 from asickernels.kernels import giou as giou_ops
 from asickernels.kernels.cases import (
     RAGGED_SIZES,
-    Arguments,
     Case,
     CompileShape,
     NkiEstimate,
@@ -91,7 +91,7 @@ def giou_cases() -> list[BoxPairCase]:
     return cases
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """Five box pairs (per ``batch`` element), a cotangent, and the loss's mask and reduction
     off their defaults (see :mod:`asickernels.kernels.cases`)."""
     rng = np.random.default_rng(20)

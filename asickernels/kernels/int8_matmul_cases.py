@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,6 @@ import numpy.typing as npt
 from asickernels.kernels import oracle
 from asickernels.kernels.cases import (
     ArgSpec,
-    Arguments,
     Canonical,
     Case,
     Comparison,
@@ -79,7 +79,7 @@ def matmul_cases() -> list[MatmulCase]:
     return cases
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """The matmul with both scales and ``out_dtype`` (no batch dims: ``x [8, 7]``, so that M
     splits 8 ways); the quantization along axis 1 (see :mod:`asickernels.kernels.cases`)."""
     rng = np.random.default_rng(22)

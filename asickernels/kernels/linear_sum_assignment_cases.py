@@ -21,7 +21,6 @@ import numpy as np
 
 from asickernels.kernels import linear_sum_assignment as lsa
 from asickernels.kernels.cases import (
-    Arguments,
     Canonical,
     Case,
     Comparison,
@@ -29,7 +28,6 @@ from asickernels.kernels.cases import (
     NkiEstimate,
     Size,
     Workload,
-    batched,
     checked,
 )
 
@@ -140,17 +138,13 @@ def lsa_cases() -> list[LsaCase]:
     return cases
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """4 x 3 costs (per ``batch`` element) with both masks, each masking one out (see
     :mod:`asickernels.kernels.cases`)."""
     cost = np.random.default_rng(24).uniform(size=(*batch, 4, 3)).astype(np.float32)
-    masks = {"row_mask": [True, False, True, True], "col_mask": [True, True, False]}
-    return {
-        "linear_sum_assignment": {
-            "cost": cost,
-            **{name: batched(np.array(mask), batch) for name, mask in masks.items()},
-        }
-    }
+    row_mask, col_mask = np.ones((*batch, 4), bool), np.ones((*batch, 3), bool)
+    row_mask[..., 1] = col_mask[..., 2] = False
+    return {"linear_sum_assignment": {"cost": cost, "row_mask": row_mask, "col_mask": col_mask}}
 
 
 class LsaWorkload(Workload):

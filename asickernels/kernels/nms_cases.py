@@ -18,7 +18,6 @@ import numpy as np
 
 from asickernels.kernels.cases import (
     RAGGED_SIZES,
-    Arguments,
     Case,
     CompileShape,
     NkiEstimate,
@@ -158,7 +157,7 @@ def nms_cases() -> list[NmsCase]:
     return cases
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """Six boxes and scores (per ``batch`` element), a score threshold, and two categories
     (see :mod:`asickernels.kernels.cases`). Box 2 overlaps box 0 with IoU 0.43, box 1 with
     0.71; box 3 scores under the threshold."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.kernels.cases import Arguments, Case, CompileShape, Size, Workload
+from asickernels.kernels.cases import Case, CompileShape, Size, Workload
 from asickernels.kernels.roi_align import RoiAlignStatics, RoiStatics
 
 # -- conformance cases -----------------------------------------------------------------------
@@ -90,7 +90,7 @@ def roi_cases() -> list[RoiCase]:
     ]
 
 
-def examples(batch: tuple[int, ...] = ()) -> dict[str, Arguments]:
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
     """Two RoIs on two images, every optional argument off its default, and the gradients'
     cotangents (no batch dims: a RoI names its image by index; see
     :mod:`asickernels.kernels.cases`)."""
