@@ -4,47 +4,10 @@
 from __future__ import annotations
 
 from asickernels import backends as _backends  # noqa: F401  (fills the registry)
-from asickernels.kernels.box_iou import (
-    box_iou,
-    ciou,
-    ciou_loss,
-    ciou_vjp,
-    diou,
-    diou_loss,
-    diou_vjp,
-    generalized_box_iou,
-)
-from asickernels.kernels.giou import giou, giou_loss, giou_vjp
-from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, quantize_int8
-from asickernels.kernels.linear_sum_assignment import linear_sum_assignment
-from asickernels.kernels.nms import batched_nms, nms
+from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K
+from asickernels.kernels.public import *  # noqa: F403  (every op: asickernels.giou, ...)
+from asickernels.kernels.public import OPS
 from asickernels.kernels.registry import Availability, BackendUnavailableError
-from asickernels.kernels.roi_align import roi_align, roi_align_vjp
-from asickernels.kernels.roi_pool import roi_pool, roi_pool_vjp
-
-# Every public op, each an asickernels.kernels.declaration.Op: the frontends derive from these.
-OPS = (
-    giou,
-    giou_vjp,
-    giou_loss,
-    nms,
-    batched_nms,
-    int8_matmul,
-    quantize_int8,
-    box_iou,
-    generalized_box_iou,
-    diou,
-    diou_vjp,
-    diou_loss,
-    ciou,
-    ciou_vjp,
-    ciou_loss,
-    roi_align,
-    roi_align_vjp,
-    roi_pool,
-    roi_pool_vjp,
-    linear_sum_assignment,
-)
 
 
 def available_backends() -> dict[str, Availability]:

@@ -4,6 +4,7 @@ see :mod:`asickernels.kernels.cases`. DIoU and CIoU run GIOU's paired-box cases.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +26,9 @@ from asickernels.kernels.giou_cases import (
     giou_cases,
     paired,
     random_pair,
+)
+from asickernels.kernels.giou_cases import (
+    examples as giou_examples,
 )
 
 # -- conformance cases -----------------------------------------------------------------------
@@ -49,6 +53,23 @@ def pairwise_cases() -> list[BoxPairCase]:
     return cases
 
 
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The IoU matrices on 3 boxes against 6 (per ``batch`` element); DIoU and CIoU, their
+    gradients and losses on GIOU's arguments (see :mod:`asickernels.kernels.cases`)."""
+    rng = np.random.default_rng(21)
+    pairwise = {"boxes1": random_boxes(rng, (*batch, 3)), "boxes2": random_boxes(rng, (*batch, 6))}
+    giou = giou_examples(batch)
+    return {
+        "box_iou": pairwise,
+        "generalized_box_iou": pairwise,
+        **{
+            f"{metric}{form}": giou[f"giou{form}"]
+            for metric in ("diou", "ciou")
+            for form in ("", "_vjp", "_loss")
+        },
+    }
+
+
 # -- check and bench workloads ---------------------------------------------------------------
 
 
@@ -65,7 +86,6 @@ class PairwiseWorkload(Workload):
 
     size_syntax = "NxM boxes"
     default_sizes: tuple[str, ...] = ("300x100", "1024x1024")
-    error_unit = "x tol"
     quick_cases = frozenset({"random_7x130", "adversarial_all_pairs"})
     quick_sizes = default_sizes
 

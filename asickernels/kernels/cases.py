@@ -9,7 +9,12 @@ what exercises the op:
 * its :class:`CompileShape`\\ s: the shapes the TPU compile gate compiles its Pallas kernel
   at (:data:`asickernels.simulate.tpu_compile.BENCHMARK_SHAPES`);
 * its :class:`NkiEstimate`\\ s: the bench size the NKI estimate rows simulate
-  (:data:`asickernels.simulate.nki.kernel_estimates.KERNELS`).
+  (:data:`asickernels.simulate.nki.kernel_estimates.KERNELS`);
+* its ``examples(batch)``: for each of its ops, valid arguments by parameter name that give every
+  parameter, the optional ones off their defaults, with shapes and values distinct enough
+  that an argument passed to the wrong parameter shows, and ``batch`` leading dims where the
+  op has batch dims. Every frontend's tests call every function with them, and the
+  validation tests spoil them one argument at a time.
 
 :mod:`asickernels.kernels.case_tables` gathers them; nothing here imports the consumers.
 Every case is deterministic (fixed seeds).
@@ -66,6 +71,11 @@ def jittered(rng: np.random.Generator, boxes: np.ndarray, amount: float = 0.2) -
     return (boxes + rng.uniform(-amount, amount, boxes.shape) * wh).astype(boxes.dtype)
 
 
+def batched(array: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """``array`` repeated over leading ``batch`` dims (a copy)."""
+    return np.broadcast_to(array, batch + array.shape).copy()
+
+
 CaseT = TypeVar("CaseT")
 
 
@@ -119,7 +129,6 @@ class Workload:
     registry_op: str  # the registry op whose backends run it
     size_syntax: str  # for --help and errors
     default_sizes: tuple[str, ...]
-    error_unit: str
     quick_cases: frozenset[str]  # the check cases `run` uses (each shape compiles anew)
     quick_sizes: tuple[str, ...]  # the sizes `run` times
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -78,6 +79,21 @@ def matmul_cases() -> list[MatmulCase]:
     return cases
 
 
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The matmul with both scales and ``out_dtype`` (no batch dims: ``x [8, 7]``, so that M
+    splits 8 ways); the quantization along axis 1 (see :mod:`asickernels.kernels.cases`)."""
+    rng = np.random.default_rng(22)
+    matmul = {
+        "x": random_int8(rng, (8, 7)),
+        "y": random_int8(rng, (7, 2)),
+        "x_scale": rng.uniform(0.5, 2, 8).astype(np.float32),
+        "y_scale": rng.uniform(0.5, 2, 2).astype(np.float32),
+        "out_dtype": np.float32,
+    }
+    quantize = {"x": rng.normal(size=(*batch, 4, 6)).astype(np.float32), "axis": 1}
+    return {"int8_matmul": matmul, "quantize_int8": quantize}
+
+
 # -- check and bench workloads ---------------------------------------------------------------
 
 # Beyond this many multiply-adds the whole-output float64 check costs more than the kernel:
@@ -91,7 +107,6 @@ class Int8MatmulWorkload(Workload):
     registry_op = "int8_matmul"
     size_syntax = "S (S x S x S) or MxKxN"
     default_sizes: tuple[str, ...] = ("256", "512", "1024", "2048", "4096", "8192")
-    error_unit = "abs (int32) / rel (scaled)"
     quick_cases = frozenset({"7x130x257", "scales_rows_cols"})
     quick_sizes = default_sizes[:4]
 

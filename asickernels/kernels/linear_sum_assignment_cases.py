@@ -138,6 +138,15 @@ def lsa_cases() -> list[LsaCase]:
     return cases
 
 
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
+    """4 x 3 costs (per ``batch`` element) with both masks, each masking one out (see
+    :mod:`asickernels.kernels.cases`)."""
+    cost = np.random.default_rng(24).uniform(size=(*batch, 4, 3)).astype(np.float32)
+    row_mask, col_mask = np.ones((*batch, 4), bool), np.ones((*batch, 3), bool)
+    row_mask[..., 1] = col_mask[..., 2] = False
+    return {"linear_sum_assignment": {"cost": cost, "row_mask": row_mask, "col_mask": col_mask}}
+
+
 class LsaWorkload(Workload):
     """``linear_sum_assignment`` on ``[..., N, M]`` costs and the case's masks (keyword
     arguments): sizes ``BxNxM`` (DETR's: 100 queries x up to 100 targets, each image's
@@ -149,7 +158,6 @@ class LsaWorkload(Workload):
     name = registry_op = "linear_sum_assignment"
     size_syntax = "BxNxM costs"
     default_sizes: tuple[str, ...] = ("2x100x20", "64x100x100")
-    error_unit = "images wrong"
     quick_cases = frozenset({"random_3x7_float32", "detr_masked_targets"})
     quick_sizes = ("2x100x20",)
 

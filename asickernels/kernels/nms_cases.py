@@ -23,6 +23,7 @@ from asickernels.kernels.cases import (
     NkiEstimate,
     Size,
     Workload,
+    batched,
     checked,
     grid_boxes,
 )
@@ -55,37 +56,36 @@ def _tied_scores(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray
     return (rng.integers(0, 10, shape) / 10).astype(np.float32)
 
 
+def _on_grid(
+    rng: np.random.Generator,
+    name: str,
+    shape: tuple[int, ...],
+    iou_threshold: float,
+    max_output_size: int,
+    *,
+    score_threshold: float | None = None,
+    categories: int = 0,
+) -> NmsCase:
+    """Grid boxes, tied scores and, with ``categories``, ids below it, all of ``shape``
+    (drawn in that order)."""
+    boxes, scores = grid_boxes(rng, shape), _tied_scores(rng, shape)
+    ids = rng.integers(0, categories, shape) if categories else None
+    return NmsCase(
+        name, boxes, scores, iou_threshold, max_output_size, score_threshold, categories=ids
+    )
+
+
 def nms_cases() -> list[NmsCase]:
     rng = np.random.default_rng(1)
-    cases = []
-    for n in RAGGED_SIZES:
-        for threshold in (0.0, 0.3, 1.0):
-            cases.append(
-                NmsCase(
-                    f"grid_n{n}_t{threshold}",
-                    grid_boxes(rng, (n,)),
-                    _tied_scores(rng, (n,)),
-                    threshold,
-                    16,
-                )
-            )
-    cases.append(
-        NmsCase("max_out_exceeds_n", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 20)
-    )
-    cases.append(NmsCase("max_out_1", grid_boxes(rng, (130,)), _tied_scores(rng, (130,)), 0.5, 1))
-    cases.append(
-        NmsCase("batch_2x3", grid_boxes(rng, (2, 3, 57)), _tied_scores(rng, (2, 3, 57)), 0.4, 12)
-    )
-    cases.append(
-        NmsCase(
-            "score_threshold",
-            grid_boxes(rng, (130,)),
-            _tied_scores(rng, (130,)),
-            0.5,
-            64,
-            score_threshold=0.5,
-        )
-    )
+    cases = [
+        _on_grid(rng, f"grid_n{n}_t{threshold}", (n,), threshold, 16)
+        for n in RAGGED_SIZES
+        for threshold in (0.0, 0.3, 1.0)
+    ]
+    cases.append(_on_grid(rng, "max_out_exceeds_n", (7,), 0.5, 20))
+    cases.append(_on_grid(rng, "max_out_1", (130,), 0.5, 1))
+    cases.append(_on_grid(rng, "batch_2x3", (2, 3, 57), 0.4, 12))
+    cases.append(_on_grid(rng, "score_threshold", (130,), 0.5, 64, score_threshold=0.5))
     scores = _tied_scores(rng, (40,))
     scores[::5] = np.nan
     scores[1] = np.inf
@@ -110,26 +110,8 @@ def nms_cases() -> list[NmsCase]:
     # IoU exactly at the threshold must not suppress (strictly greater rule): IoU = 1/2.
     half = np.array([[0, 0, 4, 2], [0, 0, 4, 1]], np.float32)
     cases.append(NmsCase("iou_equals_threshold", half, np.array([0.9, 0.8], np.float32), 0.5, 2))
-    cases.append(
-        NmsCase(
-            "categories",
-            grid_boxes(rng, (130,)),
-            _tied_scores(rng, (130,)),
-            0.2,
-            40,
-            categories=rng.integers(0, 4, (130,)),
-        )
-    )
-    cases.append(
-        NmsCase(
-            "categories_batched",
-            grid_boxes(rng, (2, 61)),
-            _tied_scores(rng, (2, 61)),
-            0.2,
-            30,
-            categories=rng.integers(0, 3, (2, 61)),
-        )
-    )
+    cases.append(_on_grid(rng, "categories", (130,), 0.2, 40, categories=4))
+    cases.append(_on_grid(rng, "categories_batched", (2, 61), 0.2, 30, categories=3))
     cases.append(NmsCase("empty", np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), 0.5, 4))
     # float64 decided in float64: IoU 0.5 + 5e-10 is 0.5 in float32 (both kept), and boxes
     # offset by 1e6 lose their fractional extents in float32.
@@ -150,7 +132,7 @@ def nms_cases() -> list[NmsCase]:
     ]
     for name, ids in named:
         cases.append(NmsCase(name, same_place, scores, 0.5, 5, categories=ids))
-    cases.append(NmsCase("max_out_0", grid_boxes(rng, (7,)), _tied_scores(rng, (7,)), 0.5, 0))
+    cases.append(_on_grid(rng, "max_out_0", (7,), 0.5, 0))
     for n in (1024, 4096):
         cases.append(
             NmsCase(
@@ -175,6 +157,25 @@ def nms_cases() -> list[NmsCase]:
     return cases
 
 
+def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Six boxes and scores (per ``batch`` element), a score threshold, and two categories
+    (see :mod:`asickernels.kernels.cases`). Box 2 overlaps box 0 with IoU 0.43, box 1 with
+    0.71; box 3 scores under the threshold."""
+    boxes = [[0, 0, 10, 10], [0, 0, 10, 14], [4, 0, 14, 10], [20, 20, 30, 30]]
+    boxes += [[40, 40, 50, 50], [60, 60, 70, 70]]
+    nms = {
+        "boxes": batched(np.array(boxes, np.float32), batch),
+        "scores": batched(np.array([0.9, 0.8, 0.7, 0.15, 0.5, 0.4], np.float32), batch),
+        "iou_threshold": 0.3,
+        "max_output_size": 4,
+        "score_threshold": 0.2,
+    }
+    return {
+        "nms": nms,
+        "batched_nms": {**nms, "idxs": batched(np.array([0, 0, 0, 0, 1, 1]), batch)},
+    }
+
+
 # -- check and bench workloads ---------------------------------------------------------------
 
 
@@ -194,7 +195,6 @@ class NmsWorkload(Workload):
     registry_op = "nms"
     size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
     default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
-    error_unit = "mismatches"
     quick_cases = frozenset(
         {"grid_n130_t0.3", "nan_inf_signed_zero_scores", "iou_equals_threshold"}
     )

@@ -54,7 +54,7 @@ def test_each_file_it_names_exists(path):
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        ("asickernels", "OPS"),
+        ("asickernels.kernels.public", "OPS"),
         ("asickernels.kernels.policy", "PREFERENCE"),
         ("asickernels.kernels.case_tables", "CASE_MODULES"),
         ("asickernels.kernels.cases", "Workload"),
@@ -76,6 +76,13 @@ def test_every_cases_module_is_gathered_and_complete():
     for module in case_tables.CASE_MODULES:
         for table in ("WORKLOADS", "COMPILE_SHAPES", "NKI_ESTIMATES"):
             assert isinstance(getattr(module, table), tuple), f"{module.__name__}.{table}"
+        assert callable(module.examples), f"{module.__name__}.examples"
+
+
+def test_every_public_op_is_exported_and_has_examples():
+    assert {op.name for op in asickernels.OPS} <= set(asickernels.__all__)
+    assert all(getattr(asickernels, op.name) is op for op in asickernels.OPS)
+    assert set(case_tables.examples()) == {op.name for op in asickernels.OPS}
 
 
 def test_every_workload_compile_shape_and_estimate_names_a_public_op():
@@ -85,9 +92,12 @@ def test_every_workload_compile_shape_and_estimate_names_a_public_op():
     assert {row.op for row in case_tables.NKI_ESTIMATES} <= set(case_tables.WORKLOADS)
 
 
-def test_the_test_tables_it_names_are_there():
-    assert "every_argument" in _section()
-    assert "def every_argument(" in (ROOT / "tests/frontends/frontend_cases.py").read_text()
+def test_the_test_tables_take_the_examples_from_the_cases():
+    assert "examples" in _section()
+    for path in ("tests/frontends/frontend_cases.py", "tests/kernels/test_validation.py"):
+        assert "case_tables.examples(" in (ROOT / path).read_text(), path
+    assert "BAD_STATICS" in _section()
+    assert "BAD_STATICS = {" in (ROOT / "tests/kernels/test_validation.py").read_text()
 
 
 def test_the_generate_step_leaves_the_frontends_as_checked_in():

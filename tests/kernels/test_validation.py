@@ -13,7 +13,8 @@ import pytest
 from conftest import require
 
 import asickernels
-from asickernels.kernels import registry
+from asickernels.kernels import case_tables, registry
+from asickernels.kernels.declaration import REQUIRED
 
 BOXES = np.array([[0, 0, 2, 2], [1, 1, 3, 4], [5, 5, 6, 9]], np.float32)
 SCORES = np.array([0.9, 0.8, 0.7], np.float32)
@@ -524,68 +525,9 @@ def test_inputs_are_never_modified(backend):
 
 # Every public argument of every op --------------------------------------------------------
 
-COTANGENT = np.ones(3, np.float32)
-# Valid arguments of every op in asickernels.OPS, optional arrays given.
-VALID_ARGUMENTS = {
-    "giou": {"boxes1": BOXES, "boxes2": BOXES},
-    "giou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
-    "giou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
-    "nms": {"boxes": BOXES, "scores": SCORES, **NMS_ARGS, "score_threshold": 0.1},
-    "batched_nms": {
-        "boxes": BOXES,
-        "scores": SCORES,
-        "idxs": np.array([0, 1, 0]),
-        **NMS_ARGS,
-        "score_threshold": 0.1,
-    },
-    "int8_matmul": {
-        "x": X8,
-        "y": Y8,
-        "x_scale": np.ones(3, np.float32),
-        "y_scale": np.ones(2, np.float32),
-        "out_dtype": np.float32,
-    },
-    "quantize_int8": {"x": np.ones((3, 2), np.float32), "axis": 1},
-    "box_iou": {"boxes1": BOXES, "boxes2": BOXES[:2]},
-    "generalized_box_iou": {"boxes1": BOXES, "boxes2": BOXES[:2]},
-    "diou": {"boxes1": BOXES, "boxes2": BOXES},
-    "diou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
-    "diou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
-    "ciou": {"boxes1": BOXES, "boxes2": BOXES},
-    "ciou_vjp": {"boxes1": BOXES, "boxes2": BOXES, "cotangent": COTANGENT},
-    "ciou_loss": {"preds": BOXES, "targets": BOXES, "mask": np.ones(3, bool), "reduction": "sum"},
-    "roi_align": {
-        "input": np.ones((1, 2, 5, 5), np.float32),
-        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
-        "output_size": (2, 2),
-        "spatial_scale": 0.5,
-        "sampling_ratio": 2,
-        "aligned": True,
-    },
-    "roi_align_vjp": {
-        "input": np.ones((1, 2, 5, 5), np.float32),
-        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
-        "cotangent": np.ones((1, 2, 2, 2), np.float32),
-        "output_size": (2, 2),
-    },
-    "roi_pool": {
-        "input": np.ones((1, 2, 5, 5), np.float32),
-        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
-        "output_size": (2, 2),
-        "spatial_scale": 0.5,
-    },
-    "roi_pool_vjp": {
-        "input": np.ones((1, 2, 5, 5), np.float32),
-        "rois": np.array([[0, 0.0, 0.0, 3.0, 3.0]], np.float32),
-        "cotangent": np.ones((1, 2, 2, 2), np.float32),
-        "output_size": (2, 2),
-    },
-    "linear_sum_assignment": {
-        "cost": np.ones((3, 2), np.float32),
-        "row_mask": np.ones(3, bool),
-        "col_mask": np.ones(2, bool),
-    },
-}
+# Valid arguments of every op in asickernels.OPS, every optional one given off its default
+# (each op's cases module's examples).
+VALID_ARGUMENTS = case_tables.examples()
 # Values that are no array: None (refused where the array is required), a plain object, a
 # string, a ragged list.
 NOT_ARRAYS = {"None": None, "object": object(), "string": "boxes", "ragged": [[1.0, 2.0], [3.0]]}
@@ -616,6 +558,12 @@ def test_every_op_has_valid_arguments_here():
     assert set(VALID_ARGUMENTS) == {op.name for op in asickernels.OPS}
     for op in asickernels.OPS:
         _call(op, VALID_ARGUMENTS[op.name])
+        given = VALID_ARGUMENTS[op.name]
+        assert set(given) == {p.name for p in op.params}, op.name
+        for p in op.params:  # every optional argument given, off its default
+            if p.default is not REQUIRED:
+                off = given[p.name] is not None if p.kind == "array" else given[p.name] != p.default
+                assert off, f"{op.name}: {p.name} is its default"
     statics = {name for op in asickernels.OPS for name in op.static_names}
     assert statics == set(BAD_STATICS)
 
@@ -664,7 +612,8 @@ def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
 
 @pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
 def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
-    """The cpu backend has no tuning config; ops without a kernel take none either."""
-    backend = {"quantize_int8": {}}.get(op.name, {"backend": "cpu"})
+    """The xla backend (every kernel's portable baseline, so every op's) has no tuning
+    config; ops without a kernel take none either."""
+    backend = {"quantize_int8": {}}.get(op.name, {"backend": "xla"})
     with pytest.raises((TypeError, ValueError), match="config"):
         _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})
