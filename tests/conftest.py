@@ -19,6 +19,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import fetch_vendor
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from asickernels.kernels import registry
 
@@ -68,6 +69,13 @@ def require(backend: str) -> None:
     status = registry.availability(backend)
     if status.mode == "missing":
         pytest.skip(f"{backend} cannot run here: {status.detail}")
+
+
+def feature_map_draws(largest: int) -> dict[str, st.SearchStrategy[int]]:
+    """Hypothesis keyword strategies of a random feature map (for ``@given(**...)``): its
+    ``seed`` and a ``height`` and ``width`` from 1 to ``largest``."""
+    side = st.integers(1, largest)
+    return {"seed": st.integers(0, 2**31 - 1), "height": side, "width": side}
 
 
 def run_pytest_sanitized(
