@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +19,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import fetch_vendor
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from asickernels.kernels import registry
 
@@ -66,6 +69,40 @@ def require(backend: str) -> None:
     status = registry.availability(backend)
     if status.mode == "missing":
         pytest.skip(f"{backend} cannot run here: {status.detail}")
+
+
+def feature_map_draws(largest: int) -> dict[str, st.SearchStrategy[int]]:
+    """Hypothesis keyword strategies of a random feature map (for ``@given(**...)``): its
+    ``seed`` and a ``height`` and ``width`` from 1 to ``largest``."""
+    side = st.integers(1, largest)
+    return {"seed": st.integers(0, 2**31 - 1), "height": side, "width": side}
+
+
+def run_pytest_sanitized(
+    arguments: list[str], sanitize_env: str, preload: str, least_passed: int
+) -> None:
+    """Runs ``pytest arguments`` in a child process against the ASan + UBSan build that
+    ``sanitize_env=1`` selects, with the runtime ``preload``ed (Python can load an ASan
+    library only so); fails on any finding (each aborts the child), any failed, skipped or
+    erroring test, or fewer than ``least_passed`` passing."""
+    env = {
+        **os.environ,
+        sanitize_env: "1",
+        "LD_PRELOAD": preload,
+        # Python and jaxlib keep memory until exit by design: leaks are not findings here.
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments]
+    result = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "AddressSanitizer" not in output and "runtime error:" not in output, output[-6000:]
+    summary = re.search(r"(\d+) passed", output)
+    assert summary and int(summary.group(1)) >= least_passed, output[-3000:]
+    assert not re.search(r"\d+ (failed|skipped|error)", output), output[-3000:]
 
 
 @pytest.fixture

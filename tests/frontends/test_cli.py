@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import sys
 import types
 
@@ -27,6 +28,11 @@ def run(capsys, *argv):
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_line(capsys, line, *more):
+    """:func:`run` of the command ``line`` as a shell splits it, then the words ``more``."""
+    return run(capsys, *shlex.split(line), *more)
 
 
 # -- argument errors and plug-ins ----------------------------------------------------------
@@ -182,16 +188,8 @@ def test_check_exits_1_when_a_backend_is_wrong_or_raises(
 ):
     planted("planted", target)
     path = tmp_path / "check.json"
-    code, out, _ = run(
-        capsys,
-        "check",
-        "--ops",
-        "int8_matmul",
-        "--backends",
-        "planted",
-        "--quiet",
-        "--json",
-        str(path),
+    code, out, _ = run_line(
+        capsys, "check --ops int8_matmul --backends planted --quiet --json", str(path)
     )
     assert code == 1
     assert shown in out
@@ -313,23 +311,10 @@ def test_a_jax_backend_this_jax_cannot_trace_is_not_applicable(capsys, planted, 
 
 def test_tiny_bench_writes_schema_json_and_a_plot(capsys, tmp_path):
     path, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    code, out, _ = run(
+    code, out, _ = run_line(
         capsys,
-        "bench",
-        "--ops",
-        "giou,nms",
-        "--backends",
-        "reference,xla,numpy",
-        "--size",
-        "giou=8x8",
-        "--size",
-        "nms=64:8",
-        "--repeats",
-        "2",
-        "--budget",
-        "0.01",
-        "--quiet",
-        "--json",
+        "bench --ops giou,nms --backends reference,xla,numpy --size giou=8x8 --size nms=64:8"
+        " --repeats 2 --budget 0.01 --quiet --json",
         str(path),
         "--plot",
         str(png),
@@ -363,21 +348,10 @@ def test_tiny_bench_writes_schema_json_and_a_plot(capsys, tmp_path):
 def test_bench_skips_sizes_it_cannot_afford_and_reports_counters(capsys, planted, tmp_path):
     planted("counted", reference_int8_matmul, counters=lambda: {"instructions": 12.0})
     path = tmp_path / "bench.json"
-    code, out, _ = run(
+    code, out, _ = run_line(
         capsys,
-        "bench",
-        "--ops",
-        "int8_matmul",
-        "--backends",
-        "counted",
-        "--size",
-        "int8_matmul=4,128",
-        "--max-call-seconds",
-        "1e-9",
-        "--repeats",
-        "2",
-        "--quiet",
-        "--json",
+        "bench --ops int8_matmul --backends counted --size int8_matmul=4,128"
+        " --max-call-seconds 1e-9 --repeats 2 --quiet --json",
         str(path),
     )
     assert code == 0
@@ -400,17 +374,9 @@ def test_failing_bench_row_is_not_timed(planted):
 def test_run_checks_then_benches(capsys, planted, tmp_path):
     planted("planted", reference_int8_matmul)
     path = tmp_path / "run.json"
-    code, out, _ = run(
+    code, out, _ = run_line(
         capsys,
-        "run",
-        "--ops",
-        "int8_matmul",
-        "--backends",
-        "planted",
-        "--size",
-        "int8_matmul=8",
-        "--quiet",
-        "--json",
+        "run --ops int8_matmul --backends planted --size int8_matmul=8 --quiet --json",
         str(path),
     )
     assert code == 0

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import feature_map_draws
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,9 +90,7 @@ def test_jit_equals_eager_and_half_precision_keeps_its_dtype(data, backend):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
-    height=st.integers(1, 6),
-    width=st.integers(1, 6),
+    **feature_map_draws(6),
     aligned=st.booleans(),
     ratio=st.integers(-1, 2),
 )

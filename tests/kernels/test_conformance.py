@@ -210,6 +210,10 @@ class Int8MatmulConformance(Conformance):
         _assert_unchanged(before, [case.x, case.y])
 
 
+# The statics of each RoI pooling op from a case.
+_POOLING_STATICS = {"roi_align": RoiCase.align_statics, "roi_pool": RoiCase.pool_statics}
+
+
 def _check_pooling(backend, name, case, statics):
     """RoI pooling op ``name`` (``roi_align``, ``roi_pool``) on ``case`` against the
     reference: shape, dtype, values, inputs untouched."""
@@ -243,10 +247,10 @@ def _check_pooling_gradient(backend, name, case, statics):
     oracle.assert_agrees(f"{name}_vjp", got, oracle.expected(f"{name}_vjp", arrays, statics))
 
 
-def _check_pooling_jax_grad(backend, name, statics_of):
+def _check_pooling_jax_grad(backend, name):
     """``jax.grad`` of op ``name`` under ``jit`` is the reference gradient."""
     case = next(c for c in roi_cases() if c.name == "random_f32")
-    statics = statics_of(case)
+    statics = _POOLING_STATICS[name](case)
     cotangent = _cotangent(case, 9)
     op = getattr(asickernels, name)
     loss = lambda x: (op(x, case.rois, backend=backend, **statics) * cotangent).sum()  # noqa: E731
@@ -255,22 +259,28 @@ def _check_pooling_jax_grad(backend, name, statics_of):
     oracle.assert_agrees(f"{name}_vjp", grad, oracle.expected(f"{name}_vjp", arrays, statics))
 
 
+def _pooling_test(check, name):
+    """A suite's test method: ``check`` (:func:`_check_pooling` or
+    :func:`_check_pooling_gradient`) of RoI pooling op ``name`` on every RoI case."""
+
+    @pytest.mark.parametrize("case", _params(roi_cases()))
+    def test(self, case):
+        check(self.backend, name, case, _POOLING_STATICS[name](case))
+
+    return test
+
+
 class RoiAlignConformance(Conformance):
     """RoIAlign and its gradient (``roi_align_vjp``), which every backend has with it."""
 
-    @pytest.mark.parametrize("case", _params(roi_cases()))
-    def test_roi_align(self, case):
-        _check_pooling(self.backend, "roi_align", case, case.align_statics())
-
-    @pytest.mark.parametrize("case", _params(roi_cases()))
-    def test_roi_align_gradient(self, case):
-        _check_pooling_gradient(self.backend, "roi_align", case, case.align_statics())
+    test_roi_align = _pooling_test(_check_pooling, "roi_align")
+    test_roi_align_gradient = _pooling_test(_check_pooling_gradient, "roi_align")
 
     def test_roi_align_jax_grad_under_jit_and_vmap(self):
         """``jax.grad`` under ``jit`` is the reference gradient; ``vmap`` over a batch of
         feature maps is the op per map."""
         self.require_jax()
-        _check_pooling_jax_grad(self.backend, "roi_align", RoiCase.align_statics)
+        _check_pooling_jax_grad(self.backend, "roi_align")
         case = next(c for c in roi_cases() if c.name == "random_f32")
         statics, backend = case.align_statics(), self.backend
         maps = np.stack([case.input, case.input[::-1]])
@@ -285,17 +295,12 @@ class RoiAlignConformance(Conformance):
 class RoiPoolConformance(Conformance):
     """RoIPool and its argmax-routed gradient (``roi_pool_vjp``)."""
 
-    @pytest.mark.parametrize("case", _params(roi_cases()))
-    def test_roi_pool(self, case):
-        _check_pooling(self.backend, "roi_pool", case, case.pool_statics())
-
-    @pytest.mark.parametrize("case", _params(roi_cases()))
-    def test_roi_pool_gradient(self, case):
-        _check_pooling_gradient(self.backend, "roi_pool", case, case.pool_statics())
+    test_roi_pool = _pooling_test(_check_pooling, "roi_pool")
+    test_roi_pool_gradient = _pooling_test(_check_pooling_gradient, "roi_pool")
 
     def test_roi_pool_jax_grad_under_jit(self):
         self.require_jax()
-        _check_pooling_jax_grad(self.backend, "roi_pool", RoiCase.pool_statics)
+        _check_pooling_jax_grad(self.backend, "roi_pool")
 
 
 class RoiAlignNonFiniteConformance(Conformance):
@@ -339,46 +344,29 @@ class RoiAlignNonFiniteConformance(Conformance):
 # -- the backends: one subclass each, naming the kernels it implements ----------------------
 
 
-class TestXla(
+# The suites of the kernels that most backends implement; each adds its others.
+COMMON_SUITES = (
     GiouConformance,
     GiouVjpConformance,
     NmsConformance,
     Int8MatmulConformance,
     RoiAlignConformance,
-    RoiPoolConformance,
-):
+)
+
+
+class TestXla(*COMMON_SUITES, RoiPoolConformance):
     backend = "xla"
 
 
-class TestCpu(
-    GiouConformance,
-    GiouVjpConformance,
-    NmsConformance,
-    Int8MatmulConformance,
-    RoiAlignConformance,
-    RoiPoolConformance,
-):
+class TestCpu(*COMMON_SUITES, RoiPoolConformance):
     backend = "cpu"
 
 
-class TestPallasTpu(
-    GiouConformance,
-    GiouVjpConformance,
-    NmsConformance,
-    Int8MatmulConformance,
-    RoiAlignConformance,
-    RoiAlignNonFiniteConformance,
-):
+class TestPallasTpu(*COMMON_SUITES, RoiAlignNonFiniteConformance):
     backend = "pallas_tpu"
 
 
-class TestPallasTpuInterpret(
-    GiouConformance,
-    GiouVjpConformance,
-    NmsConformance,
-    Int8MatmulConformance,
-    RoiAlignConformance,
-):
+class TestPallasTpuInterpret(*COMMON_SUITES):
     backend = "pallas_tpu_interpret"
 
 
@@ -386,14 +374,7 @@ class TestGpsimd(GiouConformance, NmsConformance):
     backend = "gpsimd"
 
 
-class TestNki(
-    GiouConformance,
-    GiouVjpConformance,
-    NmsConformance,
-    Int8MatmulConformance,
-    RoiAlignConformance,
-    RoiAlignNonFiniteConformance,
-):
+class TestNki(*COMMON_SUITES, RoiAlignNonFiniteConformance):
     backend = "nki"
 
 

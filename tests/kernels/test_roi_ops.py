@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import backends_under_test, require
+from conftest import backends_under_test, feature_map_draws, require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,9 +25,7 @@ def _map_and_rois(seed, height, width, dtype):
 @pytest.mark.parametrize("backend", backends_under_test("roi_align"))
 @settings(max_examples=8, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
-    height=st.integers(1, 7),
-    width=st.integers(1, 7),
+    **feature_map_draws(7),
     aligned=st.booleans(),
     ratio=st.integers(-1, 3),
     scale=st.sampled_from([1.0, 0.5, 0.3, 1.7]),
@@ -48,9 +46,7 @@ def test_roi_align_on_random_maps_matches_the_reference(
 @pytest.mark.parametrize("backend", backends_under_test("roi_pool"))
 @settings(max_examples=8, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
-    height=st.integers(1, 7),
-    width=st.integers(1, 7),
+    **feature_map_draws(7),
     size=st.tuples(st.integers(1, 4), st.integers(1, 4)),
     scale=st.sampled_from([1.0, 0.5, 0.25, 2.0]),
 )

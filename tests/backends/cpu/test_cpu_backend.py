@@ -6,7 +6,6 @@ cases, float64 and hidden-size/adversarial inputs, jit/vmap/grad, and an ASan + 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import run_pytest_sanitized
 
 import asickernels
 from asickernels.backends.cpu import _library
@@ -683,23 +682,7 @@ def test_runs_without_a_compiler_and_compiles_nothing(tmp_path):
 def test_under_address_and_undefined_behaviour_sanitizers():
     """This file's fast tests against the ASan + UBSan build, in a child process (Python can
     load an ASan library only with the runtime preloaded); any finding aborts the child."""
-    env = {
-        **os.environ,
-        _library.SANITIZE_ENV: "1",
-        "LD_PRELOAD": _library.sanitizer_preload(),
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-        "UBSAN_OPTIONS": "print_stacktrace=1",
-    }
-    command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-        "-k", "not without_a_compiler", "tests/backends/cpu/test_cpu_backend.py",
+    arguments = [
+        "-m", "not slow", "-k", "not without_a_compiler", "tests/backends/cpu/test_cpu_backend.py",
     ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "AddressSanitizer" not in output and "runtime error:" not in output, output[-6000:]
-    summary = re.search(r"(\d+) passed", output)
-    assert summary and int(summary.group(1)) >= 150, output[-3000:]
-    assert not re.search(r"\d+ (failed|skipped|error)", output), output[-3000:]
+    run_pytest_sanitized(arguments, _library.SANITIZE_ENV, _library.sanitizer_preload(), 150)
