@@ -2,24 +2,28 @@
 :func:`asickernels.torch.detection.xla_ready` makes them (static-shape losses), as plain
 torch_xla runs torchvision's code, and on CPU tensors with torchvision.
 
-Run in the torch environment:
+Run in the torch environment, one model per process (the recorded runs: fcos,
+faster_rcnn, mask_rcnn and retinanet in turn, each to its own
+``benchmarks/detection/results_training_<model>.json``; written to a scratch directory
+first, as their "command" says):
 
     PJRT_DEVICE=CPU .venv-torch-xla/bin/python benchmarks/detection/bench_training.py \
-        --models retinanet --steps 3 --plain-timeout 240 \
-        --out benchmarks/detection/results_training.json
+        --models fcos --steps 2 --plain-timeout 900 \
+        --out benchmarks/detection/results_training_fcos.json
 
-(the recorded run: RetinaNet only, on a 2-core machine shared with other jobs; plain
-torch_xla's first step did not finish in 240 s.) FCOS, Faster and Mask R-CNN, without plain
-torch_xla (whose steps take minutes each):
-
-    PJRT_DEVICE=CPU .venv-torch-xla/bin/python benchmarks/detection/bench_training.py \
-        --models fcos faster_rcnn mask_rcnn --steps 3 --skip-plain \
-        --out benchmarks/detection/results_training_fcos_rcnn.json
-
-(recorded while other jobs shared the machine: load average 11-15 on its 2 cores, so every
-time is inflated. Steps per second, xla_ready on the torch_xla CPU device against CPU
-torchvision: FCOS 0.19 vs 0.029, Faster R-CNN 0.20 vs 0.028, Mask R-CNN 0.22 vs 0.067;
-0 fallbacks, one compilation, 176-262 s, on the first step.)
+Recorded on a 2-core machine shared with other jobs: load average 0.1 when FCOS ran,
+1-15 for the others (the files from mask_rcnn on record it). Steps per second (the second
+step; the first compiles), xla_ready on the torch_xla CPU device / plain torch_xla / CPU
+torchvision: FCOS 1.76 / 0.046 / 7.8, Faster R-CNN 0.25 / 0.0014 / 0.054, Mask R-CNN
+0.26 / 0.0019 / 0.10, RetinaNet 0.58 / 0.0079 / 0.027. Every xla_ready step: 0 fallbacks,
+one compilation (first step 17-199 s); plain torch_xla: 23-56 fallbacks and 7-56
+compilations every step (first step 22-812 s). CPU torchvision is the most load-sensitive:
+its two intra-op threads wait on each other when the cores are oversubscribed (measured
+beside these runs, FCOS's CPU step: 1.0-1.3 s with ``torch.set_num_threads(1)``, 10-19 s
+with 2 threads; 0.13 s on the idle machine). So under load its column understates CPU
+torchvision; FCOS's row, on the idle machine, is the fair one: there CPU torchvision's
+step is 4.4x faster than xla_ready's on the torch_xla CPU device (which stands in for a
+TPU here), and xla_ready's 38x faster than plain torch_xla's.
 
 A step is forward, losses, backward and an SGD update on a batch of 2 images
 (asickernels.testing.detection_models' shapes) with 1 and 3 random boxes padded to 4
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=str, default=None)
     args = parser.parse_args(argv)
     device = torch_xla.device()
+    load_average_at_start = os.getloadavg()
     rows = []
     for kind in args.models:
         reference = detection_models.model(kind)
@@ -170,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         rows += _measure(kind, runners, args.steps)
     document = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_average_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
         "versions": {
             "torch": torch.__version__,
             "torchvision": torchvision.__version__,

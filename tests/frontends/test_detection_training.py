@@ -293,10 +293,9 @@ def test_xla_training_step_is_one_graph_and_the_cpu_step(kind):
 # Mask R-CNN's step is Faster R-CNN's (the same RPN, sampling and box head) plus the mask
 # branch; Faster R-CNN's passes too (``python tests/frontends/detection_training_spmd_check.py
 # faster_rcnn``: 5 min on the loaded 2-core machine, Mask R-CNN 11 min) but is left out of CI.
-# FCOS's sharded step has the same losses, but one element of a 256-element parameter
-# moved 2.0e-5 away from the unsharded step's (1e-5 allowed): its regression head is
-# ill-conditioned in float32 (see XLA_GRADIENT_TOL above); not in the test.
-SPMD_KINDS = ("retinanet", "mask_rcnn")
+# FCOS normalises its losses by the foreground count of the whole batch (a sum across the
+# shards), RetinaNet per image.
+SPMD_KINDS = ("retinanet", "fcos", "mask_rcnn")
 
 
 @pytest.mark.slow
