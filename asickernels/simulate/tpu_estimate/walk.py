@@ -61,6 +61,11 @@ GRANULE_BYTES = 32  # DMA sizes are in 32-byte granules (checked against window 
 LOOP_SAMPLE_START = 512
 LOOP_SAMPLE_END = 1024
 MAX_WALKED_BUNDLES = 60_000_000
+# A data-dependent loop given its trips (counted or stated) walks trips
+# [PLANNED_SAMPLE_START, PLANNED_SAMPLE_END) and extrapolates the rest from them, when
+# those trips met no data-dependent decision (which would consume counts in order).
+PLANNED_SAMPLE_START = 1
+PLANNED_SAMPLE_END = 3
 # A Mosaic grid loop runs its steps plus these trips (the pipeline's first fetch and last
 # write-back; seen in libtpu's schedules of static grids, e.g. 34 trips for 32 steps).
 PIPELINE_EXTRA_TRIPS = 2
@@ -126,6 +131,8 @@ class _LoopRun:
     sample_counts: list[float] | None = None
     sample_counter: int | None = None
     last_counter: int | None = None
+    sample_decisions: int = -1
+    sample_programs: dict[str, tuple[int, float]] | None = None
 
 
 @dataclasses.dataclass
@@ -242,6 +249,8 @@ class Walker:
         self._encounters: dict[tuple[str, int], int] = {}
         self._fetch_sites: dict[tuple[str, float], dict[int, int]] = {}
         self._steps: dict[str, int] = {}  # counted kernel -> trips of its outer loops so far
+        self._guarded: set[tuple[str, int]] = set()  # (program, loop number) with a guard
+        self.decisions = 0  # data-dependent decisions taken from counts, in order
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
         self._depth = 0
@@ -370,6 +379,9 @@ class Walker:
         machine = self.machine
         if target > pc:  # forward: skips a predicated region
             if decision is None:
+                entered = self._counted_guard(program, pc, target)
+                if entered is not None:
+                    return None if entered else target
                 counted = self._counted_branch(program, pc)
                 if counted is not None:
                     return None if counted else target
@@ -394,6 +406,11 @@ class Walker:
             runs[pc] = _LoopRun()
             return None
         run.iterations += 1
+        if run.planned is not None and self._extrapolate_planned(stats, run):
+            if loop is not None:
+                loop.iterations += run.planned
+            runs[pc] = _LoopRun()
+            return None
         if program.name in self.counted and loop in self.loops[program.name]:
             # A new grid step: its branches and fetches take the step's pattern together.
             self._steps[program.name] = self._steps.get(program.name, 0) + 1
@@ -447,6 +464,7 @@ class Walker:
         point = self._counted_point(program.name, "branch", sites, pc)
         if point is None or point.rate is None:
             return None
+        self.decisions += 1
         seen = self._encounters.get((program.name, pc), 0)
         self._encounters[(program.name, pc)] = seen + 1
         note = (
@@ -461,6 +479,36 @@ class Walker:
             return bool(bits[0][sites[pc]])
         # Spread the runs evenly: the sampled part of a long loop sees the average rate.
         return _spread(seen + 1, point.rate) > _spread(seen, point.rate)
+
+    def _counted_guard(self, program: Program, pc: int, target: int) -> bool | None:
+        """Whether a counted kernel's data-dependent loop is entered, when the forward
+        branch at ``pc`` is its guard (it skips exactly the loop: a ``while`` that may
+        take no trip); None when it is not a guard or the loop has no count. Entries
+        with no trip are spread evenly at the run's rate."""
+        if program.name not in self.counted:
+            return None
+        flat = _flatten(self.loops[program.name])
+        loop = next((one for one in flat if one.end + 1 == target and pc < one.start), None)
+        if loop is None:
+            return None
+        number = flat.index(loop)
+        ordinals = self._data_loops.setdefault(program.name, {})
+        point = self._counted_point(program.name, "loop", ordinals, number)
+        if point is None or not point.entries:
+            return None
+        self.decisions += 1
+        self._guarded.add((program.name, number))
+        key = (f"{program.name} guard", pc)
+        seen = self._encounters.get(key, 0)
+        self._encounters[key] = seen + 1
+        note = (
+            f"{program.name}: the guard at bundle {pc:#x} of loop #{number} skips it in "
+            f"{point.empty / point.entries:.1%} of entries, as in the run on the example inputs"
+        )
+        if note not in self.machine.unresolved_loops:
+            self.machine.unresolved_loops.append(note)
+        rate = point.empty / point.entries
+        return not _spread(seen + 1, rate) > _spread(seen, rate)
 
     def _counted_fetch(self, program: Program, pc: int, op: Instruction) -> bool:
         """Whether a predicated pipeline fetch (``dma.hbm_to_vmem``) not ruled out by the
@@ -479,6 +527,7 @@ class Walker:
         rate = run.fetch_rate(nbytes)
         if rate is None:
             return True
+        self.decisions += 1
         seen = self._encounters.get((program.name, -pc - 1), 0)
         self._encounters[(program.name, -pc - 1)] = seen + 1
         note = (
@@ -499,6 +548,7 @@ class Walker:
     def _planned_trips(self, program: Program, loop: Loop | None) -> int:
         """Trips for an entry of a data-dependent loop: the caller's figure, else the
         run's (a counted kernel's loop, or an XLA ``while``), else 1."""
+        self.decisions += 1
         number = -1 if loop is None else _flatten(self.loops[program.name]).index(loop)
         base = program.name.rsplit(".", 1)[0]
         table = self.loop_trips.get(program.name, self.loop_trips.get(base, {}))
@@ -541,12 +591,44 @@ class Walker:
         point = self._counted_point(program.name, "loop", ordinals, number)
         if point is None or point.rate is None:
             return None
+        rate, per = point.rate, "entry"
+        if (program.name, number) in self._guarded and point.entries > point.empty:
+            # Its guard already skipped the entries with no trip.
+            rate, per = point.taken / (point.entries - point.empty), "entry with a trip"
         entry = loop.entries if loop is not None else 1
-        trips = _spread(entry, point.rate) - _spread(entry - 1, point.rate)
+        trips = _spread(entry, rate) - _spread(entry - 1, rate)
         return trips, (
             f"the kernel body's data-dependent loop #{ordinals[number]} (in order): "
-            f"{point.rate:.2f} trips per entry in the run on the example inputs"
+            f"{rate:.2f} trips per {per} in the run on the example inputs"
         )
+
+    def _extrapolate_planned(self, stats: ProgramStats, run: _LoopRun) -> bool:
+        """For a loop of planned trips: samples trips PLANNED_SAMPLE_START to
+        PLANNED_SAMPLE_END and, if they took no data-dependent decision, adds the rest as
+        their average (True: the loop is done)."""
+        assert run.planned is not None
+        if run.planned <= PLANNED_SAMPLE_END + 1:
+            return False
+        if run.iterations == PLANNED_SAMPLE_START:
+            run.sample_now = self.machine.now
+            run.sample_totals = self.machine.totals()
+            run.sample_counts = _prefix_sums(stats.counts)
+            run.sample_decisions = self.decisions
+            run.sample_programs = {
+                name: (other.calls, other.cycles) for name, other in self.stats.items()
+            }
+            return False
+        if run.iterations != PLANNED_SAMPLE_END or run.sample_decisions != self.decisions:
+            return False
+        factor = (run.planned - run.iterations) / (PLANNED_SAMPLE_END - PLANNED_SAMPLE_START)
+        self._extrapolate(stats, run, factor)
+        before = run.sample_programs or {}
+        for name, other in self.stats.items():  # the callees the sampled trips ran (their
+            if other is not stats:  # per-bundle counts stay those of the sampled trips)
+                calls, cycles = before.get(name, (0, 0.0))
+                other.calls += round((other.calls - calls) * factor)
+                other.cycles += (other.cycles - cycles) * factor
+        return True
 
     def _extrapolate(self, stats: ProgramStats, run: _LoopRun, factor: float) -> None:
         """Adds ``factor`` times what the sampled iterations cost."""
