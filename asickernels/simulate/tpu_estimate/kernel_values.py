@@ -26,7 +26,8 @@ from typing import Any
 # A full run of one kernel call that takes longer than this is abandoned (the control-only
 # counts stand, and the estimate says the loops were assumed).
 MAX_SECONDS = 120.0
-_INLINED = (
+# Primitives that call a sub-jaxpr (:func:`call_jaxpr`), evaluated inline.
+CALLS = (
     "pjit",
     "jit",
     "closed_call",
@@ -117,8 +118,8 @@ class _Body:
             index = jnp.clip(jnp.asarray(index, jnp.int32), 0, len(branches) - 1)
             outputs, state = lax.switch(index, branches, state)
             return list(outputs), self.count(eqn, state, index != 0)
-        if name in _INLINED:
-            inner = _closed(params)
+        if name in CALLS:
+            inner = call_jaxpr(params)
             if inner is not None:
                 return self.jaxpr(inner.jaxpr, inner.consts, values, state)
         if any(isinstance(value, _Ref) for value in values):
@@ -211,7 +212,8 @@ class _Body:
         return outputs, (refs[: len(refs) - len(scoped)], counters)
 
 
-def _closed(params: Any) -> Any:
+def call_jaxpr(params: Any) -> Any:
+    """The closed jaxpr a call primitive's ``params`` hold (None: none)."""
     inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
     if inner is None:
         return None

@@ -8,13 +8,15 @@ outcome depends on data, which no compiled schedule can decide:
   mask or group offsets), how often its region ran or how many trips it took.
 
 The function's jaxpr (``jax.make_jaxpr``) is run one equation at a time on the default
-(CPU) backend. Inside a kernel, the body is evaluated once per grid step by the evaluator
-here: ``program_id``/``num_programs`` from the step, loads from the scalar-prefetch refs
-from the example values, and everything else as "unknown"; a branch whose predicate is
-unknown (it depends on a block of a tensor operand) is counted as *not counted*, and the
-estimate says it assumed its region ran. Only the control part is computed, so counting a
-16384^3 masked matmul takes seconds; a kernel runs whole (interpret mode) only when a later
-equation needs its output.
+(CPU) backend. Inside a kernel, the body's *control part* is evaluated once per grid step
+by the evaluator here: ``program_id``/``num_programs`` from the step, loads from the
+scalar-prefetch refs from the example values, and everything else as "unknown", so
+counting a 16384^3 masked matmul takes seconds. Where that leaves a point uncounted (its
+predicate depends on a block of a tensor operand), the body is run whole with its values
+(:mod:`.kernel_values`), which counts every point; if it cannot (a primitive it does not
+run, or longer than :data:`.kernel_values.MAX_SECONDS`), such a point stays *not counted*
+and the estimate says it assumed its region ran (or its loop one trip) and why. A kernel
+also runs in interpret mode when a later equation needs its output.
 """
 
 from __future__ import annotations
@@ -26,22 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from asickernels.simulate.tpu_estimate import kernel_values
-from asickernels.simulate.tpu_estimate.kernel_values import scan_counts
+from asickernels.simulate.tpu_estimate.kernel_values import CALLS, call_jaxpr, scan_counts
 from asickernels.simulate.tpu_estimate.program_facts import jaxprs_in_params
 
 # At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
 # even stride and the counts scaled.
 MAX_EVALUATED_STEPS = 1 << 16
-_CALLS = (
-    "pjit",
-    "jit",
-    "closed_call",
-    "core_call",
-    "remat",
-    "checkpoint",
-    "custom_jvp_call",
-    "custom_vjp_call",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,8 +254,8 @@ class _Run:
             return carry
         if name == "scan" and params["length"] and _needs_run(params["jaxpr"].jaxpr):
             return self._scan(params, values)
-        if name in _CALLS and _sub_jaxpr(params) is not None:
-            inner = _sub_jaxpr(params)
+        if name in CALLS and call_jaxpr(params) is not None:
+            inner = call_jaxpr(params)
             return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
         if name == _BY_PLATFORM:  # asickernels' own Pallas kernels: see the pallas_call
             inner = _by_platform_jaxpr(params, values)
@@ -277,15 +269,15 @@ class _Run:
         return list(result) if eqn.primitive.multiple_results else [result]
 
     def _scan(self, params: Any, values: list[Any]) -> list[Any]:
-        """A ``scan`` whose body holds something to count, one iteration at a time. XLA
-        lowers it to a ``while`` loop, so it is recorded as one, of ``length`` trips."""
+        """A ``scan`` whose body holds something to count, one iteration at a time. Its
+        trips are not recorded: XLA lowers it to a loop on a counter that the walk follows
+        in the schedule, so a recorded count would land on the next data-dependent loop."""
         import jax.numpy as jnp
 
         body, length = params["jaxpr"], params["length"]
         n_consts, n_carry = scan_counts(params)
         consts, carry = values[:n_consts], values[n_consts : n_consts + n_carry]
         xs = values[n_consts + n_carry :]
-        self.trips.append(length)
         every = [True] * len(body.jaxpr.outvars)
         ys: list[list[Any]] = []
         steps = range(length - 1, -1, -1) if params["reverse"] else range(length)
@@ -333,17 +325,6 @@ def _is_var(var: Any) -> bool:
     return not isinstance(var, jex.core.Literal)
 
 
-def _sub_jaxpr(params: Any) -> Any:
-    inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
-    if inner is None:
-        return None
-    if not hasattr(inner, "consts"):  # an open Jaxpr: no constants
-        import jax.extend as jex
-
-        inner = jex.core.ClosedJaxpr(inner, [])
-    return inner
-
-
 # --------------------------------------------------------------------------------------
 # Inside a kernel: the control part of the body, once per grid step
 # --------------------------------------------------------------------------------------
@@ -379,8 +360,8 @@ def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any]) -> set[Any]:
             outs = _while_taint(eqn, ins, points)
         elif name == "scan":
             outs = _scan_taint(eqn, ins, points)
-        elif name in _CALLS and _sub_jaxpr(eqn.params) is not None:
-            sub = _sub_jaxpr(eqn.params).jaxpr
+        elif name in CALLS and call_jaxpr(eqn.params) is not None:
+            sub = call_jaxpr(eqn.params).jaxpr
             marked = {v for v, t in zip(sub.invars, ins, strict=True) if t}
             result = _data_points(sub, marked, points)
             outs = [_is_var(v) and v in result for v in sub.outvars]
@@ -644,8 +625,8 @@ class _KernelStep:
             return self.jaxpr(branch.jaxpr, branch.consts, values[1:])
         if name == "while":
             return self._while(eqn, values, point)
-        if name in _CALLS and _sub_jaxpr(params) is not None:
-            inner = _sub_jaxpr(params)
+        if name in CALLS and call_jaxpr(params) is not None:
+            inner = call_jaxpr(params)
             return self.jaxpr(inner.jaxpr, inner.consts, values)
         if name == "get":
             return [_load(params, values)]

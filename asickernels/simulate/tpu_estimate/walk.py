@@ -481,17 +481,32 @@ class Walker:
         return _spread(seen + 1, point.rate) > _spread(seen, point.rate)
 
     def _counted_guard(self, program: Program, pc: int, target: int) -> bool | None:
-        """Whether a counted kernel's data-dependent loop is entered, when the forward
-        branch at ``pc`` is its guard (it skips exactly the loop: a ``while`` that may
-        take no trip); None when it is not a guard or the loop has no count. Entries
-        with no trip are spread evenly at the run's rate."""
-        if program.name not in self.counted:
-            return None
-        flat = _flatten(self.loops[program.name])
+        """Whether a data-dependent loop is entered, when the forward branch at ``pc`` is
+        its guard (it skips exactly the loop: a ``while`` that may take no trip); None
+        when it is not a guard or the loop has no count. In a counted kernel, entries with
+        no trip are spread evenly at the run's rate; in the top-level program, the guard
+        skips the loop when the run's next ``while`` took no trip (and takes that count)."""
+        flat = _flatten(self.loops.get(program.name, []))
         loop = next((one for one in flat if one.end + 1 == target and pc < one.start), None)
         if loop is None:
             return None
         number = flat.index(loop)
+        if program.name not in self.counted:
+            base = program.name.rsplit(".", 1)[0]
+            given = self.loop_trips.get(program.name, self.loop_trips.get(base, {}))
+            if program.name != TOP_LEVEL_PROGRAM or not self.observed_trips or number in given:
+                return None
+            self.decisions += 1
+            if self.observed_trips[0]:
+                return True  # entered: the loop takes the count
+            self.observed_trips.pop(0)
+            note = (
+                f"{program.name}: the guard at bundle {pc:#x} of loop #{number} skips it "
+                "where the run's while loop took no trip"
+            )
+            if note not in self.machine.unresolved_loops:
+                self.machine.unresolved_loops.append(note)
+            return False
         ordinals = self._data_loops.setdefault(program.name, {})
         point = self._counted_point(program.name, "loop", ordinals, number)
         if point is None or not point.entries:

@@ -299,10 +299,11 @@ def test_observe_counts_loops_in_scans_vmapped_loops_and_asickernels_pallas_kern
     assert search.empty == flip.empty > 0
     assert search.taken >= flip.taken >= search.entries - search.empty
     seen = run("xla")
-    # The scan (6 trips), then per row its search and its path flip; every search of a
-    # valid row ends (the batched loop stops), and the busier image decides each count.
-    assert seen.while_trips[0] == 6 and len(seen.while_trips) == 1 + 2 * 6
-    searches = seen.while_trips[1::2]
+    # Per row (the scan's trips are the schedule's to count, not recorded) its search and
+    # its path flip; every search of a valid row ends (the batched loop stops), and the
+    # busier image decides each count.
+    assert len(seen.while_trips) == 2 * 6
+    searches = seen.while_trips[0::2]
     assert all(1 <= trips <= 6 for trips in searches)
 
 
@@ -455,3 +456,14 @@ def test_a_planned_loop_extrapolated_from_sampled_trips_costs_what_walking_every
     assert sampled.stats["k.1"].calls == every.stats["k.1"].calls == 50
     assert sampled.stats["k.1"].cycles == every.stats["k.1"].cycles
     assert sampled.loops["TLP"][0].iterations == 50
+
+
+def test_a_top_level_guard_skips_a_while_loop_the_run_saw_take_no_trip() -> None:
+    program = parsing.parse_program("TLP", _guarded_listing(4))
+    dump = parsing.Dump({"TLP": program}, {})
+    walker = walking.Walker(dump, bytes_per_cycle=32.0, observed_trips=(0, 3, 0, 2))
+    cycles = walker.run()
+    _, inner = walking._flatten(walker.loops["TLP"])
+    assert (inner.entries, inner.iterations) == (2, 5)
+    assert cycles == 1 + 4 * 13 + 5 * 7
+    assert walker.observed_trips == []  # every count taken, in order
