@@ -467,3 +467,50 @@ def test_a_top_level_guard_skips_a_while_loop_the_run_saw_take_no_trip() -> None
     assert (inner.entries, inner.iterations) == (2, 5)
     assert cycles == 1 + 4 * 13 + 5 * 7
     assert walker.observed_trips == []  # every count taken, in order
+
+
+def _ten_calls() -> parsing.Dump:
+    """A top-level program calling one DMA-waiting program ten times."""
+    top = listing(
+        *[("", f"%{n} = inlined_call /* %k.{n} = custom-call(%x) */", "") for n in range(1, 11)]
+    )
+    callee = listing(
+        ("", "%s1_s5 = smov 0", ""),
+        ("", "%2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1_s5, /*size_in_granules=*/64, "
+             "/*vmem=*/%s1_s5, /*dst_syncflagno=*/[#allocation3]", ""),
+        ("", "%3 = dma.done.wait [#allocation3], 64 /* local-dma-wait */", ""),
+    )  # fmt: skip
+    programs = {
+        "TLP": parsing.parse_program("TLP", top),
+        "k.1": parsing.parse_program("k.1", callee),
+    }
+    return parsing.Dump(programs, {f"k.{n}": "k.1" for n in range(2, 11)})
+
+
+def test_a_callee_called_at_a_steady_cost_is_charged_not_walked() -> None:
+    def run(charge: bool) -> walking.Walker:
+        walker = walking.Walker(
+            _ten_calls(), bytes_per_cycle=32.0, dma_latency_cycles=50.0, charge_steady_calls=charge
+        )
+        walker.run()
+        return walker
+
+    charged, walked = run(True), run(False)
+    assert charged.machine.walked < walked.machine.walked
+    assert charged.machine.now == walked.machine.now
+    assert charged.machine.totals() == walked.machine.totals()
+    assert charged.stats["k.1"].calls == walked.stats["k.1"].calls == 10
+    assert charged.executions("k.1") == walked.executions("k.1")
+
+
+def test_an_estimate_too_long_to_walk_charges_steady_calls_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asickernels.simulate.tpu_estimate import estimate as tpu_cost
+
+    walked = tpu_cost.estimate_dump(_ten_calls(), "v5e")
+    monkeypatch.setattr(walking, "MAX_WALKED_BUNDLES", 30)  # walked: 10 + 10 x 3 bundles
+    charged = tpu_cost.estimate_dump(_ten_calls(), "v5e")
+    assert charged.device_s == walked.device_s
+    assert any("walked again" in note for note in charged.assumptions)
+    assert not any("walked again" in note for note in walked.assumptions)
