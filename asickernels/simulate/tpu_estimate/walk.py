@@ -67,8 +67,8 @@ MAX_WALKED_BUNDLES = 60_000_000
 PLANNED_SAMPLE_START = 1
 PLANNED_SAMPLE_END = 3
 # With ``charge_steady_calls``, a program called this many times in a row at the same cost
-# from the same DMA/MXU state, walking only its own bundles (no calls, no data-dependent
-# decision), is charged that cost on later calls instead of being walked again (XLA's
+# from the same DMA/MXU state, walking only its own bundles (no calls, no count taken in
+# order; branches assumed to run their region are fine), is charged that cost on later calls instead of being walked again (XLA's
 # fusions inside long loops). Approximate: a callee's cost may also depend on scalar state
 # its caller set (on the xla matcher at batch 2: v5e and v6e exact, v5p 3% under).
 STEADY_CALLS = 3
@@ -134,13 +134,14 @@ def loop_tree(program: Program) -> list[Loop]:
 
 @dataclasses.dataclass
 class _CallCost:
-    """What one call of a program cost: cycles, the machine's totals (``Machine.totals``)
-    and per-bundle executions (a difference array); ``repeats``: consecutive calls at
-    that same cost."""
+    """What one call of a program cost: cycles, the machine's totals (``Machine.totals``),
+    per-bundle executions (a difference array) and the data-dependent branches it assumed
+    to run; ``repeats``: consecutive calls at that same cost."""
 
     cycles: float
     totals: tuple[float, ...]
     counts: list[float]
+    assumed: dict[tuple[str, int], int]  # branch site -> times assumed to run its region
     repeats: int = 1
 
 
@@ -727,25 +728,31 @@ class Walker:
         if cost is not None and cost.repeats >= STEADY_CALLS:
             self._charge(callee.name, cost)
             return
-        start, totals, calls = machine.now, machine.totals(), self._calls
-        decisions, unresolved = self.decisions, machine.unresolved_branches
+        start, totals, calls, decisions = machine.now, machine.totals(), self._calls, self.decisions
+        sites = dict(machine.unresolved_branch_sites)
         stats = self.stats.get(callee.name)
         counts = list(stats.counts) if stats else [0.0] * (len(callee.bundles) + 1)
         self._calls += 1
         self._walk(callee)
-        if (self._calls, self.decisions, machine.unresolved_branches) != (
-            calls + 1,
-            decisions,
-            unresolved,
-        ):  # it called others or took something data-dependent: walk it every time
+        if (self._calls, self.decisions) != (calls + 1, decisions):
+            # It called others or took a count in order: walk it every time.
             self._call_costs.pop(key, None)
             return
         new = _CallCost(
             machine.now - start,
             tuple(now - then for now, then in zip(machine.totals(), totals, strict=True)),
             [now - then for now, then in zip(self.stats[callee.name].counts, counts, strict=True)],
+            {  # the branches it assumed to run their region (they take no count)
+                site: count - sites.get(site, 0)
+                for site, count in machine.unresolved_branch_sites.items()
+                if count != sites.get(site, 0)
+            },
         )
-        if cost is not None and (cost.cycles, cost.totals) == (new.cycles, new.totals):
+        if cost is not None and (cost.cycles, cost.totals, cost.assumed) == (
+            new.cycles,
+            new.totals,
+            new.assumed,
+        ):
             new.repeats = cost.repeats + 1
         self._call_costs[key] = new
 
@@ -763,6 +770,11 @@ class Walker:
         stats.counts = [
             count + delta for count, delta in zip(stats.counts, cost.counts, strict=True)
         ]
+        for site, count in cost.assumed.items():
+            machine.unresolved_branch_sites[site] = (
+                machine.unresolved_branch_sites.get(site, 0) + count
+            )
+            machine.unresolved_branches += count
 
     def _flag(self, operand: Operand) -> Any:
         value = self.machine.read(operand)

@@ -470,7 +470,8 @@ def test_a_top_level_guard_skips_a_while_loop_the_run_saw_take_no_trip() -> None
 
 
 def _ten_calls() -> parsing.Dump:
-    """A top-level program calling one DMA-waiting program ten times."""
+    """A top-level program calling ten times one program that waits for a DMA and has a
+    branch on a popped (unknown) value, assumed to run its region."""
     top = listing(
         *[("", f"%{n} = inlined_call /* %k.{n} = custom-call(%x) */", "") for n in range(1, 11)]
     )
@@ -479,6 +480,11 @@ def _ten_calls() -> parsing.Dump:
         ("", "%2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1_s5, /*size_in_granules=*/64, "
              "/*vmem=*/%s1_s5, /*dst_syncflagno=*/[#allocation3]", ""),
         ("", "%3 = dma.done.wait [#allocation3], 64 /* local-dma-wait */", ""),
+        ("", "%s6_s1 = spop %7", ""),
+        ("", "%p7_p1 = scmp.eq.s32.totalorder %s6_s1, 0", ""),
+        ("", "%8 = sbr.rel (%p7_p1) target = $region9", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("", "%9 = vsyncpa [#allocation1], 1", "Start region 9"),
     )  # fmt: skip
     programs = {
         "TLP": parsing.parse_program("TLP", top),
@@ -501,6 +507,8 @@ def test_a_callee_called_at_a_steady_cost_is_charged_not_walked() -> None:
     assert charged.machine.totals() == walked.machine.totals()
     assert charged.stats["k.1"].calls == walked.stats["k.1"].calls == 10
     assert charged.executions("k.1") == walked.executions("k.1")
+    assert charged.machine.unresolved_branch_sites == walked.machine.unresolved_branch_sites
+    assert charged.machine.unresolved_branches == walked.machine.unresolved_branches == 10
 
 
 def test_an_estimate_too_long_to_walk_charges_steady_calls_and_says_so(
@@ -509,7 +517,7 @@ def test_an_estimate_too_long_to_walk_charges_steady_calls_and_says_so(
     from asickernels.simulate.tpu_estimate import estimate as tpu_cost
 
     walked = tpu_cost.estimate_dump(_ten_calls(), "v5e")
-    monkeypatch.setattr(walking, "MAX_WALKED_BUNDLES", 30)  # walked: 10 + 10 x 3 bundles
+    monkeypatch.setattr(walking, "MAX_WALKED_BUNDLES", 60)  # walked: 10 + 10 x 10 bundles
     charged = tpu_cost.estimate_dump(_ten_calls(), "v5e")
     assert charged.device_s == walked.device_s
     assert any("walked again" in note for note in charged.assumptions)
