@@ -4,8 +4,8 @@ the schedule estimator and the SPMD planner.
 Sources: Google Cloud's per-generation pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e,
 tpu7x: peak bf16 / int8 per chip, HBM capacity and bandwidth per chip) and JAX's own chip
 table (``jax/_src/pallas/mosaic/tpu_info.py``: VMEM per TensorCore, MXU count, which
-operand dtypes the MXU takes natively). Clocks are not published; see
-:attr:`Generation.clock_hz`.
+operand dtypes the MXU takes natively). Google publishes no clocks; see
+:attr:`Generation.clock_hz` for which are stated elsewhere and which are assumptions.
 """
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ LIBTPU_INSTALL = 'pip install "jax[tpu]" (in a clone: pip install -e ".[tpu]")'
 class Generation:
     """Facts about one TPU generation. Rates and memory are per chip unless named per core.
 
-    ``clock_hz`` is derived, not published: the clock at which the datasheet's bf16 peak
-    equals the chip's MXU multiply-adds per cycle (v5e: 4 MXUs of 128x128 -> 1.50 GHz; v5p:
-    2 cores x 4 x 128x128 -> 1.75 GHz; v6e: 918 TFLOP/s over four 256x256 arrays -> 1.75 GHz,
-    an assumption: JAX's table lists two per core). ``vpu_ops_per_cycle`` is per core:
+    ``clock_hz``: the clock at which the datasheet's bf16 peak equals the chip's MXU
+    multiply-adds per cycle. v5e: 4 MXUs of 128x128 -> 1.50 GHz, which the scaling book
+    states ("about 5e13 bf16 FLOPs/s per MXU at 1.5GHz on TPU v5e",
+    jax-ml/scaling-book tpus.md@0819a7d). v5p: 2 cores x 4 x 128x128 -> 1.75 GHz, derived
+    (no public source states it). v6e: 1.75 GHz is an assumption: 918 TFLOP/s over four
+    256x256 arrays; Google's v6e page (cloud.google.com/tpu/docs/v6e, "Each TensorCore has
+    2 matrix-multiply units") and JAX's table list two, which at one 256x256 pass per cycle
+    would mean 3.5 GHz, halving every issue-bound v6e estimate; no public source states the
+    clock, and no v6e timing here decides it. ``vpu_ops_per_cycle`` is per core:
     ``valu_slots`` vector ALU slots per bundle (from the compiler's per-bundle utilisation
     table) x one 8x128 f32 vreg each.
     """

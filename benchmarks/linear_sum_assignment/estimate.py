@@ -5,10 +5,12 @@ sizes, from libtpu's schedule (:func:`asickernels.simulate.tpu_estimate.estimate
 The example inputs are real: random logits (100 queries, 92 classes) and boxes, image ``b``
 with a random number of targets in ``[1, 100]`` padded to 100 and masked. The function runs
 on them on CPU first, so the trips of XLA's ``while`` loops (the ``xla`` backend's searches)
-are counted from that run, not assumed. No TPU was used: these are estimates, not
-measurements, and no TPU measurement exists to judge them.
+and, inside the ``pallas_tpu`` kernel, of its search and path-flip loops (which stop on cost
+values: the kernel body is run with its values) are counted from that run, not assumed.
+No TPU was used: these are estimates, not measurements, and no TPU measurement exists to
+judge them.
 
-    python benchmarks/linear_sum_assignment/estimate.py --batches 2 --json benchmarks/linear_sum_assignment/estimate.json
+    python benchmarks/linear_sum_assignment/estimate.py --batches 2,64 --json benchmarks/linear_sum_assignment/estimate.json
 """
 
 from __future__ import annotations

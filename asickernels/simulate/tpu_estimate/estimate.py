@@ -333,16 +333,25 @@ def estimate_dump(
     False walks the schedule as issued (MXU pushes cost only their bundle)."""
     clock = generations.get(generation).clock_hz
     assert clock is not None
-    walker = walk.Walker(
-        dump,
-        bytes_per_cycle=hbm_bytes_per_cycle(generation),
-        dma_latency_cycles=dma_latency_s * clock,
-        loop_trips=loop_trips or {},
-        mxu_op_cycles=mxu_op_cycles(generation) if mxu_occupancy else None,
-        observed_trips=observed_trips,
-        kernel_runs=kernel_runs,
-    )
-    cycles = walker.run()
+    options: dict[str, Any] = {
+        "bytes_per_cycle": hbm_bytes_per_cycle(generation),
+        "dma_latency_cycles": dma_latency_s * clock,
+        "loop_trips": loop_trips or {},
+        "mxu_op_cycles": mxu_op_cycles(generation) if mxu_occupancy else None,
+        "observed_trips": observed_trips,
+        "kernel_runs": kernel_runs,
+    }
+    walker = walk.Walker(dump, **options)
+    charged: tuple[str, ...] = ()
+    try:
+        cycles = walker.run()
+    except walk.WalkTooLong as error:  # walk again, charging repeated calls at their cost
+        walker = walk.Walker(dump, charge_steady_calls=True, **options)
+        cycles = walker.run()
+        charged = (
+            f"{error}: walked again with programs called {walk.STEADY_CALLS}+ times in a row "
+            "at a steady cost charged that cost instead of walked (approximate)",
+        )
     kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
     kernel_cycles = sum(walker.stats[name].cycles for name in kernels)
     measured = kernels or tuple(walker.stats)
@@ -392,7 +401,7 @@ def estimate_dump(
         floor_s=floor_s,
         floor_bound=facts.floor.bound(generation) if facts else "",
         bound=bound,
-        assumptions=_assumptions(machine, facts, generation),
+        assumptions=charged + _assumptions(machine, facts, generation),
     )
 
 

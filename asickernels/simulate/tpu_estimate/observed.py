@@ -8,13 +8,15 @@ outcome depends on data, which no compiled schedule can decide:
   mask or group offsets), how often its region ran or how many trips it took.
 
 The function's jaxpr (``jax.make_jaxpr``) is run one equation at a time on the default
-(CPU) backend. Inside a kernel, the body is evaluated once per grid step by the evaluator
-here: ``program_id``/``num_programs`` from the step, loads from the scalar-prefetch refs
-from the example values, and everything else as "unknown"; a branch whose predicate is
-unknown (it depends on a block of a tensor operand) is counted as *not counted*, and the
-estimate says it assumed its region ran. Only the control part is computed, so counting a
-16384^3 masked matmul takes seconds; a kernel runs whole (interpret mode) only when a later
-equation needs its output.
+(CPU) backend. Inside a kernel, the body's *control part* is evaluated once per grid step
+by the evaluator here: ``program_id``/``num_programs`` from the step, loads from the
+scalar-prefetch refs from the example values, and everything else as "unknown", so
+counting a 16384^3 masked matmul takes seconds. Where that leaves a point uncounted (its
+predicate depends on a block of a tensor operand), the body is run whole with its values
+(:mod:`.kernel_values`), which counts every point; if it cannot (a primitive it does not
+run, or longer than :data:`.kernel_values.MAX_SECONDS`), such a point stays *not counted*
+and the estimate says it assumed its region ran (or its loop one trip) and why. A kernel
+also runs in interpret mode when a later equation needs its output.
 """
 
 from __future__ import annotations
@@ -25,21 +27,13 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from asickernels.simulate.tpu_estimate import kernel_values
+from asickernels.simulate.tpu_estimate.kernel_values import CALLS, call_jaxpr, scan_counts
 from asickernels.simulate.tpu_estimate.program_facts import jaxprs_in_params
 
 # At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
 # even stride and the counts scaled.
 MAX_EVALUATED_STEPS = 1 << 16
-_CALLS = (
-    "pjit",
-    "jit",
-    "closed_call",
-    "core_call",
-    "remat",
-    "checkpoint",
-    "custom_jvp_call",
-    "custom_vjp_call",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +42,14 @@ class ControlCount:
     kernel body, in the body's preorder. ``entries``: times it was reached with a
     computable predicate; ``taken``: of those, times a branch ran its region (branch index
     != 0, the ``pl.when`` body), or the trips a loop took in all; ``unknown``: times it was
-    reached with a predicate that depends on tensor data (not counted)."""
+    reached with a predicate that depends on tensor data (not counted); ``empty``: of a
+    loop's counted entries, those that took no trip (its guard skipped it)."""
 
     kind: str
     entries: float = 0.0
     taken: float = 0.0
     unknown: float = 0.0
+    empty: float = 0.0
 
     @property
     def rate(self) -> float | None:
@@ -79,6 +75,9 @@ class KernelRun:
     # its next block), weight. Decisions taken on the same step stay together in the walk
     # (a step that skips its compute also skips its fetches). Empty for sampled grids.
     patterns: tuple[tuple[tuple[int | None, ...], tuple[int, ...], float], ...] = ()
+    # How the points were counted: "" (no point needing values), "values" (the body run
+    # whole on the example values: :mod:`.kernel_values`), else why that run was not used.
+    valued: str = ""
 
     def fetch_rate(self, nbytes: float) -> float | None:
         """Fraction of steps on which an input block of ``nbytes`` was fetched (the mean
@@ -94,6 +93,10 @@ class KernelRun:
             f"{self.name}: {self.steps:.0f} grid step(s) in {self.calls} call(s) on the example "
             f"inputs{' (grid sized at run time)' if self.dynamic_grid else ''}"
         ]
+        if self.valued == "values":
+            parts.append("the body run with its values (tensor-dependent points counted)")
+        elif self.valued:
+            parts.append(f"the body could not run with its values ({self.valued})")
         for number, point in enumerate(self.points):
             rate = point.rate
             if rate is None:
@@ -104,7 +107,14 @@ class KernelRun:
                     f"{point.entries:.0f} times"
                 )
             else:
-                parts.append(f"loop #{number} took {rate:.2f} trips per entry")
+                parts.append(
+                    f"loop #{number} took {rate:.2f} trips per entry"
+                    + (
+                        f" ({point.empty:.0f} of {point.entries:.0f} entries none)"
+                        if point.empty
+                        else ""
+                    )
+                )
         if self.fetches and self.steps:
             shares = ", ".join(f"{count / self.steps:.0%}" for _, count in self.fetches)
             parts.append(f"input blocks fetched on {shares} of steps")
@@ -242,17 +252,10 @@ class _Run:
                 count += 1
             self.trips[slot] = count
             return carry
-        # jax >= 0.12 describes a scan's operands by tree (ft_in/ft_out), not by counts:
-        # there its inner loops are not counted (the estimate names them as assumed).
-        if (
-            name == "scan"
-            and "num_consts" in params
-            and params["length"]
-            and _needs_run(params["jaxpr"].jaxpr)
-        ):
+        if name == "scan" and params["length"] and _needs_run(params["jaxpr"].jaxpr):
             return self._scan(params, values)
-        if name in _CALLS and _sub_jaxpr(params) is not None:
-            inner = _sub_jaxpr(params)
+        if name in CALLS and call_jaxpr(params) is not None:
+            inner = call_jaxpr(params)
             return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
         if name == _BY_PLATFORM:  # asickernels' own Pallas kernels: see the pallas_call
             inner = _by_platform_jaxpr(params, values)
@@ -266,15 +269,15 @@ class _Run:
         return list(result) if eqn.primitive.multiple_results else [result]
 
     def _scan(self, params: Any, values: list[Any]) -> list[Any]:
-        """A ``scan`` whose body holds something to count, one iteration at a time. XLA
-        lowers it to a ``while`` loop, so it is recorded as one, of ``length`` trips."""
+        """A ``scan`` whose body holds something to count, one iteration at a time. Its
+        trips are not recorded: XLA lowers it to a loop on a counter that the walk follows
+        in the schedule, so a recorded count would land on the next data-dependent loop."""
         import jax.numpy as jnp
 
         body, length = params["jaxpr"], params["length"]
-        n_consts, n_carry = params["num_consts"], params["num_carry"]
+        n_consts, n_carry = scan_counts(params)
         consts, carry = values[:n_consts], values[n_consts : n_consts + n_carry]
         xs = values[n_consts + n_carry :]
-        self.trips.append(length)
         every = [True] * len(body.jaxpr.outvars)
         ys: list[list[Any]] = []
         steps = range(length - 1, -1, -1) if params["reverse"] else range(length)
@@ -322,17 +325,6 @@ def _is_var(var: Any) -> bool:
     return not isinstance(var, jex.core.Literal)
 
 
-def _sub_jaxpr(params: Any) -> Any:
-    inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
-    if inner is None:
-        return None
-    if not hasattr(inner, "consts"):  # an open Jaxpr: no constants
-        import jax.extend as jex
-
-        inner = jex.core.ClosedJaxpr(inner, [])
-    return inner
-
-
 # --------------------------------------------------------------------------------------
 # Inside a kernel: the control part of the body, once per grid step
 # --------------------------------------------------------------------------------------
@@ -366,8 +358,10 @@ def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any]) -> set[Any]:
                 ]
         elif name == "while":
             outs = _while_taint(eqn, ins, points)
-        elif name in _CALLS and _sub_jaxpr(eqn.params) is not None:
-            sub = _sub_jaxpr(eqn.params).jaxpr
+        elif name == "scan":
+            outs = _scan_taint(eqn, ins, points)
+        elif name in CALLS and call_jaxpr(eqn.params) is not None:
+            sub = call_jaxpr(eqn.params).jaxpr
             marked = {v for v, t in zip(sub.invars, ins, strict=True) if t}
             result = _data_points(sub, marked, points)
             outs = [_is_var(v) and v in result for v in sub.outvars]
@@ -404,6 +398,29 @@ def _while_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
     return carry
 
 
+def _scan_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
+    n_consts, n_carry = scan_counts(eqn.params)
+    body = eqn.params["jaxpr"].jaxpr
+    carry = ins[n_consts : n_consts + n_carry]
+    while True:  # the carry's taint, to a fixed point
+        marked = {
+            v
+            for v, t in zip(
+                body.invars, ins[:n_consts] + carry + ins[n_consts + n_carry :], strict=True
+            )
+            if t
+        }
+        found: list[Any] = []
+        result = _data_points(body, marked, found)
+        outs = [_is_var(v) and v in result for v in body.outvars]
+        grown = [c or o for c, o in zip(carry, outs[:n_carry], strict=True)]
+        if grown == carry:
+            break
+        carry = grown
+    points.extend(found)
+    return grown + outs[n_carry:]
+
+
 class _KernelCounter:
     """Counts one ``pallas_call``'s grid steps and data-dependent control points."""
 
@@ -424,10 +441,14 @@ class _KernelCounter:
         self.entries = [0.0] * len(found)
         self.taken = [0.0] * len(found)
         self.unknown = [0.0] * len(found)
+        self.empty = [0.0] * len(found)
+        self.eqn = eqn
+        self.valued = ""
         self.calls = 0
         self.steps = 0.0
         inputs = list(mapping.block_mappings)[: int(getattr(mapping, "num_inputs", 0) or 0)]
-        self.index_maps = [block.index_map_jaxpr for block in inputs]
+        # Inputs' index maps, then outputs' (the full run writes output blocks back).
+        self.index_maps = [block.index_map_jaxpr for block in mapping.block_mappings]
         refs = self.body.invars[self.prefetch : self.prefetch + len(inputs)]
         self.block_bytes = [_ref_bytes(ref.aval) for ref in refs]
         self.fetches = [0.0] * len(inputs)
@@ -435,15 +456,22 @@ class _KernelCounter:
 
     def freeze(self) -> KernelRun:
         points = tuple(
-            ControlCount(kind, entries, taken, unknown)
-            for kind, entries, taken, unknown in zip(
-                self.kinds, self.entries, self.taken, self.unknown, strict=True
+            ControlCount(kind, entries, taken, unknown, empty)
+            for kind, entries, taken, unknown, empty in zip(
+                self.kinds, self.entries, self.taken, self.unknown, self.empty, strict=True
             )
         )
         fetches = tuple(zip(self.block_bytes, self.fetches, strict=True))
         patterns = tuple((b, f, w) for (b, f), w in sorted(self.patterns.items(), key=str))
         return KernelRun(
-            self.name, self.calls, self.steps, self.dynamic > 0, points, fetches, patterns
+            self.name,
+            self.calls,
+            self.steps,
+            self.dynamic > 0,
+            points,
+            fetches,
+            patterns,
+            self.valued,
         )
 
     def count(self, values: Sequence[Any]) -> None:
@@ -463,8 +491,9 @@ class _KernelCounter:
         stride = max(1, math.ceil(steps / MAX_EVALUATED_STEPS))
         weight = steps / len(range(0, steps, stride))
         rest = [UNKNOWN] * (len(self.body.invars) - len(prefetch))
-        keys: list[list[Any]] = []  # per step, each input's block index
+        keys: list[list[Any]] = []  # per step, each block's index (inputs, then outputs)
         branches: list[tuple[int | None, ...]] = []
+        before = [list(self.entries), list(self.taken), list(self.unknown), list(self.empty)]
         for number, index in enumerate(itertools.product(*map(range, grid))):
             step = _KernelStep(self, grid, index, weight)
             ids = [np.int32(i) for i in index]
@@ -480,8 +509,13 @@ class _KernelCounter:
             if self.order and number % stride == 0:
                 step.jaxpr(self.body, self.body_consts, [*prefetch, *rest])
                 branches.append(tuple(step.ran.get(n) for n in range(self.kinds.count("branch"))))
+        if stride == 1 and any(
+            self.unknown[p] > before[2][p] or self.entries[p] == before[0][p]
+            for p in range(len(self.kinds))
+        ):  # a point the control part left uncounted: run the body with its values
+            branches = self._run_with_values(values, grid, keys, before) or branches
         # A block is fetched when its index changes (the first step's, before the grid).
-        for slot in range(len(self.index_maps)):
+        for slot in range(len(self.fetches)):
             self.fetches[slot] += sum(
                 1
                 for number, key in enumerate(keys)
@@ -491,9 +525,56 @@ class _KernelCounter:
             return
         for number, key in enumerate(keys):  # the fetches issued on a step: the next step's
             after = keys[number + 1] if number + 1 < len(keys) else key
-            fetched = tuple(int(a != b) for a, b in zip(after, key, strict=True))
+            fetched = tuple(
+                int(a != b) for a, b in zip(after[: len(self.fetches)], key, strict=False)
+            )
             pattern = (branches[number] if branches else (), fetched)
             self.patterns[pattern] = self.patterns.get(pattern, 0.0) + 1.0
+
+    def _run_with_values(
+        self,
+        values: Sequence[Any],
+        grid: tuple[int, ...],
+        keys: list[list[Any]],
+        before: list[list[float]],
+    ) -> list[tuple[int | None, ...]] | None:
+        """Replaces this call's control-only counts by those of the body run whole on the
+        example values (:func:`.kernel_values.run_grid`); returns each step's branch
+        outcomes, or None (counts left as they were, ``valued`` saying why) when it
+        cannot run."""
+        import time
+
+        if self.valued not in ("", "values"):
+            return None  # an earlier call could not: don't try again
+        try:
+            counts = kernel_values.run_grid(
+                self.eqn,
+                values,
+                self.order,
+                grid,
+                keys,
+                time.monotonic() + kernel_values.MAX_SECONDS,
+            )
+        except TimeoutError as error:
+            self.valued = f"over {kernel_values.MAX_SECONDS:.0f} s: {error}"
+            return None
+        except Exception as error:  # anything it cannot run: say what
+            first = (str(error).strip().splitlines() or [""])[0][:120]
+            self.valued = f"{type(error).__name__}: {first}"
+            return None
+        self.valued = "values"
+        self.entries, self.taken, self.unknown, self.empty = (list(b) for b in before)
+        branch_points = [p for p, kind in enumerate(self.kinds) if kind == "branch"]
+        branches = []
+        for step in counts:
+            for p in range(len(self.kinds)):
+                self.entries[p] += float(step[p, 0])
+                self.taken[p] += float(step[p, 1])
+                self.empty[p] += float(step[p, 2])
+            branches.append(
+                tuple(int(step[p, 1] > 0) if step[p, 0] else None for p in branch_points)
+            )
+        return branches
 
 
 class _KernelStep:
@@ -544,8 +625,8 @@ class _KernelStep:
             return self.jaxpr(branch.jaxpr, branch.consts, values[1:])
         if name == "while":
             return self._while(eqn, values, point)
-        if name in _CALLS and _sub_jaxpr(params) is not None:
-            inner = _sub_jaxpr(params)
+        if name in CALLS and call_jaxpr(params) is not None:
+            inner = call_jaxpr(params)
             return self.jaxpr(inner.jaxpr, inner.consts, values)
         if name == "get":
             return [_load(params, values)]
@@ -578,6 +659,8 @@ class _KernelStep:
             carry = self.jaxpr(body.jaxpr, body.consts, [*body_consts, *carry])
             trips += 1
         self._count(point, taken=float(trips))
+        if point is not None and not trips:
+            self.counter.empty[point] += self.weight
         return carry
 
     def _count(self, point: int | None, taken: float = 0.0, unknown: bool = False) -> None:

@@ -290,12 +290,235 @@ def test_observe_counts_loops_in_scans_vmapped_loops_and_asickernels_pallas_kern
 
     (kernel,) = run("pallas_tpu").kernels
     assert kernel.steps == 2
-    scan = jax.make_jaxpr(lambda xs: jax.lax.scan(lambda c, x: (c, x), 0.0, xs))(jnp.ones(1))
-    if "num_consts" not in scan.eqns[0].params:
-        pytest.skip("this jax describes scans by tree (jax >= 0.12): loops in scans not counted")
+    # Its search and path-flip loops stop on cost values: counted from the body run with
+    # its values, per row of each image (2 x 6 entries); rows past the valid ones search
+    # nothing, and every row that searches flips a path at least once.
+    assert kernel.valued == "values"
+    search, flip = kernel.points
+    assert (search.kind, flip.kind, search.entries, flip.entries) == ("loop", "loop", 12, 12)
+    assert search.empty == flip.empty > 0
+    assert search.taken >= flip.taken >= search.entries - search.empty
     seen = run("xla")
-    # The scan (6 trips), then per row its search and its path flip; every search of a
-    # valid row ends (the batched loop stops), and the busier image decides each count.
-    assert seen.while_trips[0] == 6 and len(seen.while_trips) == 1 + 2 * 6
-    searches = seen.while_trips[1::2]
+    # Per row (the scan's trips are the schedule's to count, not recorded) its search and
+    # its path flip; every search of a valid row ends (the batched loop stops), and the
+    # busier image decides each count.
+    assert len(seen.while_trips) == 2 * 6
+    searches = seen.while_trips[0::2]
     assert all(1 <= trips <= 6 for trips in searches)
+
+
+# -- loops and branches on tensor data: the body run with its values ---------------------------
+
+
+def _scan_to_negative(x_ref, o_ref) -> None:  # type: ignore[no-untyped-def]
+    lane = jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1)
+
+    def not_yet(carry):  # type: ignore[no-untyped-def]
+        column = jnp.sum(jnp.where(lane == carry[0], x_ref[...], 0.0))
+        return (carry[0] < 128) & (column >= 0)
+
+    # Trips: the first column of the block whose sum is negative (tensor data).
+    (trips,) = jax.lax.while_loop(not_yet, lambda carry: (carry[0] + 1,), (jnp.int32(0),))
+
+    @pl.when(x_ref[0, 0] > 0)  # a branch on tensor data
+    def _() -> None:
+        o_ref[...] = jnp.full((8, 128), trips.astype(jnp.float32))
+
+
+def scan_to_negative(x: jax.Array) -> jax.Array:
+    return pl.pallas_call(
+        _scan_to_negative,
+        grid=(x.shape[0] // 8,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def _negative_columns() -> np.ndarray:
+    x = np.ones((32, 128), np.float32)
+    x[0:8, 5] = -1  # block 0: 5 trips
+    x[8:16, 40] = -1  # block 1: 40 trips
+    x[16:24, 0] = -1  # block 2: no trip (and x[0, 0] < 0: no region)
+    x[24, 0] = -3  # block 3: column 0 sums to 4: all 128 trips; no region
+    return x
+
+
+def test_a_loop_and_a_branch_on_tensor_data_are_counted_from_the_body_run_with_values() -> None:
+    (kernel,) = _observe(scan_to_negative, _negative_columns()).kernels
+    assert kernel.valued == "values"
+    loop, branch = kernel.points
+    assert (loop.kind, loop.entries, loop.taken, loop.empty, loop.unknown) == ("loop", 4, 173, 1, 0)
+    assert (branch.kind, branch.entries, branch.taken, branch.unknown) == ("branch", 4, 2, 0)
+    # Per step: the branch ran on steps 0 and 1; each step fetched the next block but the last.
+    patterns = {(b, f): w for b, f, w in kernel.patterns}
+    assert patterns == {((1,), (1,)): 2, ((0,), (1,)): 1, ((0,), (0,)): 1}
+    assert "(1 of 4 entries none)" in kernel.describe()
+
+
+def test_a_body_it_cannot_run_keeps_the_control_counts_and_says_why() -> None:
+    def strided(x_ref, o_ref):  # type: ignore[no-untyped-def]
+        @pl.when(jnp.sum(x_ref[pl.ds(0, 4, stride=2), :]) > 0)
+        def _() -> None:
+            o_ref[...] = x_ref[...]
+
+    def run(x: jax.Array) -> jax.Array:
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(
+            strided,
+            grid=(2,),
+            in_specs=[spec],
+            out_specs=spec,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(x)
+
+    (kernel,) = _observe(run, np.ones((16, 128), np.float32)).kernels
+    assert "strided" in kernel.valued
+    assert kernel.points[0].unknown == 2 and kernel.points[0].rate is None
+    assert "could not run with its values" in kernel.describe()
+
+
+def test_a_run_past_its_time_limit_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asickernels.simulate.tpu_estimate import kernel_values
+
+    monkeypatch.setattr(kernel_values, "MAX_SECONDS", 0.0)
+    (kernel,) = _observe(scan_to_negative, _negative_columns()).kernels
+    assert kernel.valued.startswith("over 0 s") and kernel.points[0].rate is None
+
+
+def _guarded_listing(trips: int) -> str:
+    """An outer loop of ``trips``; in its body a guard (bundle 3) on a popped value skips
+    exactly an inner data-dependent loop (bundles 8 to 14)."""
+    return listing(
+        ("", "%s1_s0 = smov 0", ""),
+        ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %s5_s1 = spop %7", "Start region 5"),
+        ("", "%p6_p1 = scmp.eq.s32.totalorder %s5_s1, 0", ""),
+        ("", "%8 = sbr.rel (%p6_p1) target = $region9", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("LB", "%s9_s3 = spop %9", "Start region 7"),
+        ("", "%p10_p2 = scmp.lt.s32.totalorder %s9_s3, 5", ""),
+        ("", "%11 = sbr.rel (%p10_p2) target = $region7", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", "Start region 9"),
+        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
+        DELAY, DELAY, DELAY, DELAY,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_loops_guard_skips_the_entries_with_no_trip(
+    sampled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not sampled:  # walk every trip: the sampled walk must agree
+        monkeypatch.setattr(walking, "PLANNED_SAMPLE_END", 10**9)
+    run = observed.KernelRun(
+        "k", 1, 100, False, (observed.ControlCount("loop", entries=100, taken=360, empty=40),)
+    )
+    program = parsing.parse_program("TLP", _guarded_listing(100))
+    dump = parsing.Dump({"TLP": program}, {}, mosaic_kernels=frozenset({"TLP"}))
+    walker = walking.Walker(dump, bytes_per_cycle=32.0, kernel_runs=(run,))
+    cycles = walker.run()
+    _, inner = walking._flatten(walker.loops["TLP"])
+    assert (inner.entries, inner.iterations) == (60, 360)  # 6 trips per entry with a trip
+    # Per outer trip its 13 bundles (the guard's delay slots run either way), plus 7 per
+    # inner trip where the guard did not skip the inner loop.
+    assert cycles == 1 + 100 * 13 + 360 * 7
+    assert any("skips it in 40.0% of entries" in note for note in walker.machine.unresolved_loops)
+
+
+def test_a_planned_loop_extrapolated_from_sampled_trips_costs_what_walking_every_trip_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    body = listing(
+        ("LB", "%s1_s0 = spop %7  ;;  %9 = inlined_call /* %k.1 = custom-call(%x) */", "Start region 3"),
+        ("", "%p2_p0 = scmp.lt.s32.totalorder %s1_s0, 5", ""),
+        ("", "%3 = sbr.rel (%p2_p0) target = $region3", ""),
+        DELAY, DELAY, DELAY, DELAY,
+    )  # fmt: skip
+    callee = listing(("", "", ""), ("", "", ""), ("", "", ""))
+
+    def run() -> walking.Walker:
+        programs = {
+            name: parsing.parse_program(name, text)
+            for name, text in (("TLP", body), ("k.1", callee))
+        }
+        walker = walking.Walker(
+            parsing.Dump(programs, {}), bytes_per_cycle=1.0, loop_trips={"TLP": {0: 50}}
+        )
+        walker.run()
+        return walker
+
+    sampled = run()
+    monkeypatch.setattr(walking, "PLANNED_SAMPLE_END", 10**9)
+    every = run()
+    assert sampled.machine.walked < every.machine.walked
+    assert sampled.machine.now == every.machine.now == 50 * (7 + 3)
+    assert sampled.stats["k.1"].calls == every.stats["k.1"].calls == 50
+    assert sampled.stats["k.1"].cycles == every.stats["k.1"].cycles
+    assert sampled.loops["TLP"][0].iterations == 50
+
+
+def test_a_top_level_guard_skips_a_while_loop_the_run_saw_take_no_trip() -> None:
+    program = parsing.parse_program("TLP", _guarded_listing(4))
+    dump = parsing.Dump({"TLP": program}, {})
+    walker = walking.Walker(dump, bytes_per_cycle=32.0, observed_trips=(0, 3, 0, 2))
+    cycles = walker.run()
+    _, inner = walking._flatten(walker.loops["TLP"])
+    assert (inner.entries, inner.iterations) == (2, 5)
+    assert cycles == 1 + 4 * 13 + 5 * 7
+    assert walker.observed_trips == []  # every count taken, in order
+
+
+def _ten_calls() -> parsing.Dump:
+    """A top-level program calling ten times one program that waits for a DMA and has a
+    branch on a popped (unknown) value, assumed to run its region."""
+    top = listing(
+        *[("", f"%{n} = inlined_call /* %k.{n} = custom-call(%x) */", "") for n in range(1, 11)]
+    )
+    callee = listing(
+        ("", "%s1_s5 = smov 0", ""),
+        ("", "%2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1_s5, /*size_in_granules=*/64, "
+             "/*vmem=*/%s1_s5, /*dst_syncflagno=*/[#allocation3]", ""),
+        ("", "%3 = dma.done.wait [#allocation3], 64 /* local-dma-wait */", ""),
+        ("", "%s6_s1 = spop %7", ""),
+        ("", "%p7_p1 = scmp.eq.s32.totalorder %s6_s1, 0", ""),
+        ("", "%8 = sbr.rel (%p7_p1) target = $region9", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("", "%9 = vsyncpa [#allocation1], 1", "Start region 9"),
+    )  # fmt: skip
+    programs = {
+        "TLP": parsing.parse_program("TLP", top),
+        "k.1": parsing.parse_program("k.1", callee),
+    }
+    return parsing.Dump(programs, {f"k.{n}": "k.1" for n in range(2, 11)})
+
+
+def test_a_callee_called_at_a_steady_cost_is_charged_not_walked() -> None:
+    def run(charge: bool) -> walking.Walker:
+        walker = walking.Walker(
+            _ten_calls(), bytes_per_cycle=32.0, dma_latency_cycles=50.0, charge_steady_calls=charge
+        )
+        walker.run()
+        return walker
+
+    charged, walked = run(True), run(False)
+    assert charged.machine.walked < walked.machine.walked
+    assert charged.machine.now == walked.machine.now
+    assert charged.machine.totals() == walked.machine.totals()
+    assert charged.stats["k.1"].calls == walked.stats["k.1"].calls == 10
+    assert charged.executions("k.1") == walked.executions("k.1")
+    assert charged.machine.unresolved_branch_sites == walked.machine.unresolved_branch_sites
+    assert charged.machine.unresolved_branches == walked.machine.unresolved_branches == 10
+
+
+def test_an_estimate_too_long_to_walk_charges_steady_calls_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asickernels.simulate.tpu_estimate import estimate as tpu_cost
+
+    walked = tpu_cost.estimate_dump(_ten_calls(), "v5e")
+    monkeypatch.setattr(walking, "MAX_WALKED_BUNDLES", 60)  # walked: 10 + 10 x 10 bundles
+    charged = tpu_cost.estimate_dump(_ten_calls(), "v5e")
+    assert charged.device_s == walked.device_s
+    assert any("walked again" in note for note in charged.assumptions)
+    assert not any("walked again" in note for note in walked.assumptions)
