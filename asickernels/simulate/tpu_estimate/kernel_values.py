@@ -57,6 +57,30 @@ def scan_counts(params: Any) -> tuple[int, int]:
     return len(list(consts.vals)), len(list(carry.vals))
 
 
+def evaluate(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    equation: Callable[[Any, list[Any], Any], tuple[list[Any], Any]],
+    state: Any = None,
+) -> tuple[list[Any], Any]:
+    """Runs ``jaxpr`` one equation at a time through ``equation(eqn, input values, state) ->
+    (output values, state)``: the interpreters' shared loop. Returns (outputs, final state)."""
+    import jax.extend as jex
+
+    env: dict[Any, Any] = {}
+
+    def read(var: Any) -> Any:
+        return var.val if isinstance(var, jex.core.Literal) else env[var]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        outputs, state = equation(eqn, [read(var) for var in eqn.invars], state)
+        env.update(zip(eqn.outvars, outputs, strict=True))
+    return [read(var) for var in jaxpr.outvars], state
+
+
 class _Body:
     """Evaluates a kernel body's jaxpr on traced values: ``state`` is (ref arrays,
     counters [points, 3]: entries, trips or regions run, entries with zero trips)."""
@@ -67,19 +91,7 @@ class _Body:
     def jaxpr(
         self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], state: Any
     ) -> tuple[list[Any], Any]:
-        import jax.extend as jex
-
-        env: dict[Any, Any] = {}
-
-        def read(var: Any) -> Any:
-            return var.val if isinstance(var, jex.core.Literal) else env[var]
-
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, args, strict=True))
-        for eqn in jaxpr.eqns:
-            outputs, state = self.equation(eqn, [read(var) for var in eqn.invars], state)
-            env.update(zip(eqn.outvars, outputs, strict=True))
-        return [read(var) for var in jaxpr.outvars], state
+        return evaluate(jaxpr, consts, args, self.equation, state)
 
     def count(self, eqn: Any, state: Any, taken: Any, empty: Any = 0) -> Any:
         import jax.numpy as jnp

@@ -587,19 +587,10 @@ class _KernelStep:
         self.ran: dict[int, int] = {}  # branch point -> 1 if it ran its region this step
 
     def jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        import jax.extend as jex
-
-        env: dict[Any, Any] = {}
-
-        def read(var: Any) -> Any:
-            return var.val if isinstance(var, jex.core.Literal) else env[var]
-
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, args, strict=True))
-        for eqn in jaxpr.eqns:
-            outputs = self.equation(eqn, [read(var) for var in eqn.invars])
-            env.update(zip(eqn.outvars, outputs, strict=True))
-        return [read(var) for var in jaxpr.outvars]
+        outputs, _ = kernel_values.evaluate(
+            jaxpr, consts, args, lambda eqn, values, _: (self.equation(eqn, values), None)
+        )
+        return outputs
 
     def equation(self, eqn: Any, values: list[Any]) -> list[Any]:
         import numpy as np
