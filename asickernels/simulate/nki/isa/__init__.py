@@ -533,8 +533,11 @@ def tensor_scalar(
     chosen = _tensor_scalar(
         "tensor_scalar", dst, data, op0, operand0, reverse0, op1, operand1, reverse1, engine
     )
+    # every non-tile argument (tiles are in the reads): the cost model reads the operators
+    scalars = [o if not isinstance(o, NkiTensor) else "tile" for o in (operand0, operand1)]
+    params = (op0, scalars[0], reverse0, op1, scalars[1], reverse1)
     pinned = engine is not unknown_engine
-    run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,), pinned=pinned)
+    run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,), params, pinned)
 
 
 def _tensor_scalar(
