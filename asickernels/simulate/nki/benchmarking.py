@@ -226,11 +226,7 @@ def make_benchmark(
         "save_trace_name": save_trace_name,
         "additional_compile_opt": additional_compile_opt,
     }
-
-    def wrap(function: Any) -> Benchmarked:
-        return Benchmarked(_as_kernel(decorate, function), options)
-
-    return wrap if kernel is None else wrap(kernel)
+    return _decorator(Benchmarked, decorate, options, kernel)
 
 
 def make_profile(
@@ -259,17 +255,25 @@ def make_profile(
         "overwrite": overwrite,
         "profile_nth": profile_nth,
     }
-
-    def wrap(function: Any) -> Profiled:
-        return Profiled(_as_kernel(decorate, function), options)
-
-    return wrap if func is None else wrap(func)
+    return _decorator(Profiled, decorate, options, func)
 
 
-def _as_kernel(decorate: Callable[[Callable[..., Any]], Any], function: Any) -> Any:
-    if not callable(function):
-        raise TypeError(f"nki.benchmark/profile decorate a kernel function, got {function!r}")
-    return function if hasattr(function, "__getitem__") else decorate(function)
+def _decorator(
+    wrapper: Callable[[Any, dict[str, Any]], Any],
+    decorate: Callable[[Callable[..., Any]], Any],
+    options: dict[str, Any],
+    function: Any,
+) -> Any:
+    """``wrapper(kernel, options)`` of ``function`` (``decorate`` makes it a kernel unless it
+    is one), or the decorator that makes it when ``function`` is None."""
+
+    def wrap(function: Any) -> Any:
+        if not callable(function):
+            raise TypeError(f"nki.benchmark/profile decorate a kernel function, got {function!r}")
+        kernel = function if hasattr(function, "__getitem__") else decorate(function)
+        return wrapper(kernel, options)
+
+    return wrap if function is None else wrap(function)
 
 
 def decorators(decorate: Callable[[Callable[..., Any]], Any]) -> tuple[Any, Any]:

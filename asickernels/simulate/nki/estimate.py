@@ -11,6 +11,10 @@ The model:
   instruction starts when its engine is free and every earlier instruction that wrote an
   element it reads or writes has finished (dependencies through tiles: storage and element
   range);
+* an instruction whose engine the kernel left to the compiler (an ``nl`` call, or an
+  ``nisa`` call without ``engine``; :attr:`Instruction.pinned` False) runs on whichever of
+  the engines documented for it (:data:`ALTERNATIVES`) finishes it first, at that engine's
+  cost;
 * the 16 DMA engines as one resource that takes each transfer as soon as its data is ready,
   not in program order (a store waiting for a result does not hold back the loads behind it);
 * per-instruction cycle counts from the ISA's "estimated instruction cost" formulas and the
@@ -78,22 +82,25 @@ GPSIMD_START_CYCLES = 150
 # instruction-level parallelism, and A2's extra 100 cycles for back-to-back dependent
 # instructions applies to program order, which the compiler interleaves: neither is
 # charged (the IS formulas include neither).
-# Fitted on the calibration set (benchmarks/nki_estimate/), shared by every kernel. BW says
-# each transfer pays descriptor/packet overhead, that 256 B - 2 KiB per partition is "below
-# peak" and >= 4 KiB "saturates the DMA engines"; it gives no figures for either, so both
-# are fitted: the overhead per DMA buffer (one contiguous piece), and the fraction of BW's
-# per-engine bandwidth the engines sustain. The four published matmul tutorial figures move
-# 5.4 / 4.4 / 2.3 / 0.74 GB in 51.8 / 42.96 / 22.07 / 6.97 ms: 103-106 GB/s each, whatever
-# their pieces (256 B - 4 KiB per partition), i.e. ~0.4 of the 16 engines' 272 GB/s and
-# little per-piece cost.
+# Fitted on the calibration data (benchmarks/nki_estimate/), shared by every kernel. BW
+# says each transfer pays descriptor/packet overhead, that 256 B - 2 KiB per partition is
+# "below peak" and >= 4 KiB "saturates the DMA engines"; it gives no figures for either, so
+# both are fitted: the overhead per DMA buffer (one contiguous piece), and the fraction of
+# BW's per-engine bandwidth the engines sustain. That fraction depends on the compiler and
+# runtime release, not on the transfer: the SDK 2.20 tutorial figures (aws-neuron-sdk@72825d5
+# general/nki/tutorials/matrix_multiplication.rst) move 5.4 / 4.4 / 2.3 / 0.74 GB in
+# 51.8 / 42.96 / 22.07 / 6.97 ms, 103-106 GB/s whatever their pieces (256 B - 4 KiB per
+# partition; the last in 512 KiB transfers of 4 KiB pieces), ~0.4 of the 16 engines'
+# 272 GB/s; the current compiler's trn1 profiles of NKIBench (zhang677/AccelOpt@47e29a7
+# experiments/full_complete_local/profile_results.csv) move the same 512 KiB transfers of
+# 4 KiB pieces (silu, adamw, bmm, whose HBM bytes the model counts exactly) at 176-240 GB/s.
+# DMA_EFFICIENCY is the current release's (fitted on NKIBench), DMA_EFFICIENCY_SDK_2_20 the
+# tutorials' (fitted on them; with ``hoist_loads=False``, that release's compiler).
 DMA_BUFFER_NS = 10.0
-DMA_EFFICIENCY = 0.425
-# The DMA rate is the least certain constant: the SDK 2.20 tutorial figures sustain ~0.4 of
-# BW's 272 GB/s (above), while current-compiler trn1 profiles of NKIBench kernels whose HBM
-# bytes the simulator counts exactly (bmm, adamw, silu: zhang677/AccelOpt@47e29a7
-# experiments/full_complete_local/profile_results.csv) move them at 176-251 GB/s, up to
-# ~0.92. Every estimate carries the band over that range and over how far the engines
-# overlap (:attr:`Estimate.band_us`).
+DMA_EFFICIENCY = 0.7
+DMA_EFFICIENCY_SDK_2_20 = 0.425
+# Every estimate carries the band over the two releases' rates and over how far the
+# engines overlap (:attr:`Estimate.band_us`).
 DMA_EFFICIENCY_RANGE = (0.4, 0.92)
 # Hoisting loop-invariant loads. NKIBench's add_rmsnorm_matmul loads the same weight tiles
 # in each of its 32 row-tile iterations (zhang677/AccelOpt@47e29a7
@@ -104,6 +111,25 @@ DMA_EFFICIENCY_RANGE = (0.4, 0.92)
 # general/nki/tutorials/matrix_multiplication.rst) moves 4.4 GB instead of the tiled
 # kernel's 5.4 GB and ran 51.80 -> 42.96 ms, the same ratio. ``hoist_loads=False`` models
 # that compiler (benchmarks/nki_estimate/calibrate.py, whose figures are SDK 2.20's).
+# The engines the compiler may place an instruction on when the kernel did not choose
+# (IS): ``tensor_copy`` "Vector, Scalar or GpSimd Engine" (an ``nl.copy`` is one);
+# ``tensor_scalar`` "Vector or Scalar Engine" for arithmetic operators (an ``nl`` add or
+# multiply of one full tile by a scalar or a [P, 1] tile is one); ``reciprocal``
+# Scalar (N cycles) or Vector (8N). GpSimd is left out: NKIBench's trn1 profiles
+# (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv) put
+# GpSimdE at <= 2.6% active in all 14 kernels, while ScalarE does the PSUM -> SBUF copies
+# the kernels leave unpinned (bmm: VectorE 0.0%, ScalarE 1.72 ms, the copies' N cycles at
+# 1.4 GHz: 1.69 ms) and the unpinned tensor_scalar/reciprocal of silu and adamw (ScalarE
+# 0.42 / 1.23 ms active against their activations' 0.16 / 0.13 ms).
+ALTERNATIVES = {
+    "tensor_copy": ("vector", "scalar"),
+    "copy": ("vector", "scalar"),
+    "tensor_scalar": ("vector", "scalar"),
+    "reciprocal": ("vector", "scalar"),
+}
+# IS tensor_scalar: "the Scalar Engine only supports ... op0=np.multiply and op1=np.add,
+# op0=np.multiply and op1=None, op0=add and op1=None" (operators as the trace names them).
+SCALAR_ENGINE_OPERATORS = (("multiply", "add"), ("multiply", "None"), ("add", "None"))
 # BW: "semaphore-to-start latency (~1300 ns cross-engine)": a DMA's result is ready this
 # long after its data has moved; it delays dependants, not other transfers.
 DMA_LATENCY_NS = 1300.0
@@ -288,6 +314,21 @@ def _dma_ns(
     return max(engine_ns, nbytes / generation.hbm_bytes_per_ns)
 
 
+def _engines(instruction: Instruction) -> tuple[str, ...]:
+    """The engines ``instruction`` may run on: its own when pinned, else
+    :data:`ALTERNATIVES` (its recorded engine first)."""
+    api, params = instruction.api, instruction.params
+    if api in ("add", "multiply") and instruction.writes:  # an nl call
+        width = instruction.writes[0].free_size
+        if sum(a.free_size == width for a in instruction.reads) == 1:
+            api, params = "tensor_scalar", (api, "", "", "None")  # a tile and a scalar
+    if instruction.pinned or api not in ALTERNATIVES:
+        return (instruction.engine,)
+    if api == "tensor_scalar" and params and (params[0], params[3]) not in SCALAR_ENGINE_OPERATORS:
+        return ("vector",)
+    return (instruction.engine, *(e for e in ALTERNATIVES[api] if e != instruction.engine))
+
+
 def _elided(instruction: Instruction) -> bool:
     """Instructions the compiler removes: ``assign`` (the producer writes the destination
     directly) and zeroing a PSUM tile (the next matmul into it starts a new accumulation
@@ -397,25 +438,35 @@ class _DmaQueue:
     """The DMA engines as one resource that transfers are issued to as soon as their data
     is ready, not in program order (A2: the compiler synchronises on data dependencies and
     instructions without one run in parallel): a store waiting for a result leaves the
-    engines to the loads behind it. ``gaps`` are the idle stretches before ``free``."""
+    engines to the loads behind it. A transfer's descriptors take whatever engine time is
+    idle from its ready time on (DO: each queue's descriptors are spread over the 16
+    engines, which interleave the queues), so it may be split around transfers booked
+    before it. ``gaps`` are the idle stretches before ``free``."""
 
     def __init__(self) -> None:
         self.free = 0.0
         self.gaps: list[tuple[float, float]] = []
 
-    def place(self, ready: float, duration: float) -> float:
-        """Books ``duration`` ns at the earliest time >= ``ready``; returns the start."""
-        for index, (low, high) in enumerate(self.gaps):
-            start = max(low, ready)
-            if start + duration <= high:
-                pieces = [(a, b) for a, b in ((low, start), (start + duration, high)) if b > a]
-                self.gaps[index : index + 1] = pieces
-                return start
-        start = max(ready, self.free)
-        if start > self.free:
-            self.gaps.append((self.free, start))
-        self.free = start + duration
-        return start
+    def place(self, ready: float, duration: float) -> tuple[float, float]:
+        """Books ``duration`` ns in the earliest idle time >= ``ready``; returns when the
+        transfer starts and ends."""
+        first, left, kept = math.inf, duration, []
+        for low, high in self.gaps:
+            begin = max(low, ready)
+            if left <= 0 or begin >= high:
+                kept.append((low, high))
+                continue
+            taken = min(high - begin, left)
+            first, left, last = min(first, begin), left - taken, begin + taken
+            kept += [(a, b) for a, b in ((low, begin), (last, high)) if b - a > 1.0]
+        if left > 0:
+            begin = max(ready, self.free)
+            if begin - self.free > 1.0:
+                kept.append((self.free, begin))
+            first, last = min(first, begin), begin + left
+            self.free = last
+        self.gaps = kept
+        return first, last
 
 
 def estimate(
@@ -499,18 +550,23 @@ def _schedule(
                 regions.write(instruction.writes, max(ready, kept))
                 continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
-            start = dma.place(ready, duration)
-            end = start + duration + DMA_LATENCY_NS
+            start, moved_by = dma.place(ready, duration)
+            end = moved_by + DMA_LATENCY_NS
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
             if load is not None:
                 hoisted.keep(load, end, max(a.nbytes for a in instruction.writes))
         else:
-            cycles = _tensor_cycles(instruction) if engine == "tensor" else _engine_cycles(
-                instruction, generation, engine)  # fmt: skip
-            duration = cycles / generation.clock_ghz[engine]
-            start = max(ready, free[engine])
-            end = free[engine] = start + duration
+            end = math.inf
+            for candidate in _engines(instruction):  # the one that finishes first
+                cycles = _tensor_cycles(instruction) if candidate == "tensor" else _engine_cycles(
+                    instruction, generation, candidate)  # fmt: skip
+                time = cycles / generation.clock_ghz[candidate]
+                if max(ready, free[candidate]) + time < end:
+                    engine, duration = candidate, time
+                    start = max(ready, free[candidate])
+                    end = start + duration
+            free[engine] = end
         busy[engine] += duration
         regions.write(instruction.writes, end)
         if repeat is not None:

@@ -209,7 +209,7 @@ def copy(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     alu.require("copy", "x", x, alu.ON_CHIP)
     out = new_tile(x.shape, nki_dtype(dtype) if dtype is not None else x.dtype, "copy")
     alu.write(out, x.data if out.dtype == x.dtype else alu.as_f32(x), "copy")
-    run.count("vector", "copy", (x,), (out,))
+    run.count("vector", "copy", (x,), (out,), pinned=False)
     return out
 
 
@@ -276,7 +276,7 @@ def elementwise_into(
     values = [alu.expand(read(v), shape) if isinstance(v, NkiTensor) else read(v)
               for v in operands.values()]  # fmt: skip
     alu.write(dst, np.asarray(function(*values)), api)
-    run.count(engine, api, tiles, (dst,))
+    run.count(engine, api, tiles, (dst,), pinned=False)
 
 
 def read_bits(value: alu.Operand) -> Any:

@@ -206,13 +206,15 @@ class Run:
         reads: Sequence[Any] = (),
         writes: Sequence[Any] = (),
         params: Sequence[Any] | None = None,
+        pinned: bool = True,
     ) -> None:
         """One instruction on ``engine``; with a trace, also what it ``reads`` and ``writes``
-        (simulator tensors; scalars are skipped) and, when the caller knows them all, its
-        non-tile ``params`` (:class:`~asickernels.simulate.nki.trace.Instruction`)."""
+        (simulator tensors; scalars are skipped), when the caller knows them all, its
+        non-tile ``params``, and whether the kernel chose ``engine`` (``pinned``; False: the
+        compiler chooses) (:class:`~asickernels.simulate.nki.trace.Instruction`)."""
         self.instructions[engine] += 1
         if self.trace is not None:
-            self.trace.append(trace.instruction(engine, api, reads, writes, params))
+            self.trace.append(trace.instruction(engine, api, reads, writes, params, pinned))
 
     def count_dma(
         self,

@@ -53,13 +53,16 @@ class Instruction:
     """One instruction: ``engine`` is ``tensor``, ``vector``, ``scalar``, ``gpsimd`` or
     ``dma``; ``api`` the NKI call that issued it; ``params`` its arguments other than tiles
     (operators, scalars) when the call site records them all, else None (then two calls on
-    the same tiles are never taken for the same computation)."""
+    the same tiles are never taken for the same computation); ``pinned`` False when the
+    kernel left the engine to the compiler (an ``nl`` call, or an ``nisa`` call whose
+    ``engine`` was not set): ``engine`` is then the simulator's default."""
 
     engine: str
     api: str
     reads: tuple[Access, ...]
     writes: tuple[Access, ...]
     params: tuple[str, ...] | None = None
+    pinned: bool = True
 
 
 def _memory(buffer: MemoryRegion) -> str:
@@ -141,15 +144,18 @@ def instruction(
     reads: Sequence[Any],
     writes: Sequence[Any],
     params: Sequence[Any] | None = None,
+    pinned: bool = True,
 ) -> Instruction:
     """An :class:`Instruction` from simulator tensors (non-tiles are skipped); ``params``:
-    every non-tile argument (operators by name), or None when not all are known."""
+    every non-tile argument (operators by name), or None when not all are known;
+    ``pinned``: the caller chose the engine."""
     return Instruction(
         engine,
         api,
         tuple(a for a in map(access, reads) if a is not None),
         tuple(a for a in map(access, writes) if a is not None),
         None if params is None else tuple(_param(p) for p in params),
+        pinned,
     )
 
 

@@ -251,7 +251,7 @@ def tensor_copy(
     if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
         values = alu.cast(np.asarray(alu.as_f32(src)), language.nki_dtype(dtype))
     alu.write(dst, values, api)
-    run.count(chosen, "tensor_copy", (src,), (dst,))
+    run.count(chosen, "tensor_copy", (src,), (dst,), pinned=engine is not unknown_engine)
 
 
 def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: Any = None) -> None:
@@ -263,7 +263,7 @@ def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: 
     if chosen == "gpsimd":
         alu.check_no_psum_on_gpsimd(api, tiles)
     alu.write(dst, np.full(dst.shape, value), api)
-    run.count(chosen, "memset", (value,), (dst,))
+    run.count(chosen, "memset", (value,), (dst,), pinned=engine is not unknown_engine)
 
 
 def tensor_copy_predicated(
@@ -511,7 +511,7 @@ def tensor_tensor(
     if op in language.BITVEC_OPS:
         read = language.read_bits
     alu.write(dst, np.asarray(function(read(data1), read(data2).reshape(data1.shape))), api)
-    run.count(chosen, "tensor_tensor", (data1, data2), (dst,), (op,))
+    run.count(chosen, "tensor_tensor", (data1, data2), (dst,), (op,), engine is not unknown_engine)
 
 
 def tensor_scalar(
@@ -533,7 +533,11 @@ def tensor_scalar(
     chosen = _tensor_scalar(
         "tensor_scalar", dst, data, op0, operand0, reverse0, op1, operand1, reverse1, engine
     )
-    run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,))
+    # every non-tile argument (tiles are in the reads): the cost model reads the operators
+    scalars = [o if not isinstance(o, NkiTensor) else "tile" for o in (operand0, operand1)]
+    params = (op0, scalars[0], reverse0, op1, scalars[1], reverse1)
+    pinned = engine is not unknown_engine
+    run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,), params, pinned)
 
 
 def _tensor_scalar(

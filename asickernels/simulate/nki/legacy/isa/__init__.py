@@ -154,6 +154,7 @@ def _run_core(
     core_dtype: np.dtype[Any] | None = None,
     masked_inputs: bool = True,
     reads: tuple[Tensor, ...] = (),
+    pinned: bool | None = None,
     **operands: Any,
 ) -> Tensor:
     """Runs the core ``instruction(dst, **operands)`` on copies of the legacy operands and
@@ -162,7 +163,8 @@ def _run_core(
     ``core_dtype``: the core result's dtype where the instruction fixes it (then cast to
     ``dtype``); ``masked_inputs``: the mask covers the inputs shaped like the result (not
     for a transpose); ``reads``: tiles the instruction reads through prepared values (the
-    adapter checked their bounds)."""
+    adapter checked their bounds); ``pinned``: whether the kernel chose the engine, where
+    the core instruction cannot tell (None: as the core records it)."""
     runtime.active_run(api)
     executed = mask_values(api, mask, shape)
     for name, value in operands.items():
@@ -198,7 +200,9 @@ def _run_core(
         # The core's own record gives the parameters (the operator), unless a mask made
         # this a partial result.
         params = core_trace[-1].params if core_trace and mask is None else None
-        recorded.append(trace.instruction(engine, api, tiles, (out,), params))
+        if pinned is None:
+            pinned = core_trace[-1].pinned if core_trace else True
+        recorded.append(trace.instruction(engine, api, tiles, (out,), params, pinned))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
@@ -744,10 +748,16 @@ def dma_transpose(src: Tensor, *, axes: Any = None, mask: Any = None, dtype: Any
 _DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
-def reciprocal(data: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
-    """``1 / data`` element-wise (the core ``reciprocal``, Vector engine)."""
+def reciprocal(
+    data: Tensor, *, dtype: Any = None, mask: Any = None, engine: Any = engine.unknown, **kw: Any
+) -> Tensor:
+    """``1 / data`` element-wise (the core ``reciprocal``, Vector engine). ``engine`` unset:
+    the compiler chooses Scalar or Vector (general/nki/api/nki/isa/__init__.py@2086a70)."""
     out_dtype = nki_dtype(dtype) if dtype else data.dtype
-    return _run_core("reciprocal", core_isa.reciprocal, data.shape, out_dtype, mask, data=data)
+    pinned = engine is not unknown_engine
+    return _run_core(
+        "reciprocal", core_isa.reciprocal, data.shape, out_dtype, mask, pinned=pinned, data=data
+    )
 
 
 def tensor_partition_reduce(
