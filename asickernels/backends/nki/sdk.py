@@ -34,6 +34,8 @@ def _import_sdk() -> tuple[Any, Any, Any] | None:
     for name in ("nki", "neuronxcc.nki"):
         try:
             module = importlib.import_module(name)
+            if module.__name__.startswith("asickernels."):
+                continue  # the simulator, aliased as ``nki`` by simulate.nki.install()
             if not hasattr(module, "simulate"):
                 continue  # the legacy API (Neuron <= 2.26), which these kernels do not use
             return (
