@@ -3,7 +3,7 @@
 torch_xla runs torchvision's code, and on CPU tensors with torchvision.
 
 Run in the torch environment, one model per process (the recorded runs: fcos,
-faster_rcnn, mask_rcnn, retinanet and ssdlite (3 steps) in turn, each to its own
+faster_rcnn, mask_rcnn, retinanet, ssdlite (3 steps) and ssd in turn, each to its own
 ``benchmarks/detection/results_training_<model>.json``; written to a scratch directory
 first, as their "command" says):
 
@@ -16,7 +16,7 @@ Recorded on a 2-core machine shared with other jobs: load average 0.1 when FCOS 
 step; the first compiles), xla_ready on the torch_xla CPU device / plain torch_xla / CPU
 torchvision: FCOS 1.76 / 0.046 / 7.8, Faster R-CNN 0.25 / 0.0014 / 0.054, Mask R-CNN
 0.26 / 0.0019 / 0.10, RetinaNet 0.58 / 0.0079 / 0.027, SSDlite 0.92 / 0.032 / 0.62 (load
-3-5). Every xla_ready step: 0 fallbacks, one compilation (first step 17-199 s); plain
+3-5), SSD300 0.16 / 0.031 / 0.11 (load 3-4). Every xla_ready step: 0 fallbacks, one compilation (first step 17-199 s); plain
 torch_xla: 13-56 fallbacks and 5-56 compilations every step (first step 22-812 s). CPU
 torchvision is the most load-sensitive: its two intra-op threads wait on each other when
 the cores are oversubscribed (measured
