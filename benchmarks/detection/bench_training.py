@@ -11,20 +11,20 @@ first, as their "command" says):
         --models fcos --steps 2 --plain-timeout 900 \
         --out benchmarks/detection/results_training_fcos.json
 
-Recorded on a 2-core machine shared with other jobs: load average 0.1 when FCOS ran,
-1-15 for the others (the files from mask_rcnn on record it). Steps per second (the second
-step; the first compiles), xla_ready on the torch_xla CPU device / plain torch_xla / CPU
-torchvision: FCOS 1.76 / 0.046 / 7.8, Faster R-CNN 0.25 / 0.0014 / 0.054, Mask R-CNN
-0.26 / 0.0019 / 0.10, RetinaNet 0.58 / 0.0079 / 0.027, SSDlite 0.92 / 0.032 / 0.62 (load
-3-5), SSD300 0.16 / 0.031 / 0.11 (load 3-4). Every xla_ready step: 0 fallbacks, one compilation (first step 17-199 s); plain
-torch_xla: 13-56 fallbacks and 5-56 compilations every step (first step 22-812 s). CPU
-torchvision is the most load-sensitive: its two intra-op threads wait on each other when
-the cores are oversubscribed (measured
-beside these runs, FCOS's CPU step: 1.0-1.3 s with ``torch.set_num_threads(1)``, 10-19 s
-with 2 threads; 0.13 s on the idle machine). So under load its column understates CPU
-torchvision; FCOS's row, on the idle machine, is the fair one: there CPU torchvision's
-step is 4.4x faster than xla_ready's on the torch_xla CPU device (which stands in for a
-TPU here), and xla_ready's 38x faster than plain torch_xla's.
+Recorded on a 2-core machine shared with other jobs: load average 0.1 when FCOS ran, 1-15
+for the others (the files from mask_rcnn on record it). Steps per second (the second step;
+the first compiles), xla_ready on the torch_xla CPU device / plain torch_xla / CPU
+torchvision: FCOS 1.76 / 0.046 / 7.8, Faster R-CNN 0.25 / 0.0014 / 0.054, Mask R-CNN 0.26
+/ 0.0019 / 0.10, RetinaNet 0.58 / 0.0079 / 0.027, SSDlite 0.92 / 0.032 / 0.62 (load 3-5),
+SSD300 0.16 / 0.031 / 0.11 (load 3-4). Every xla_ready step: 0 fallbacks, one compilation
+(first step 17-199 s); plain torch_xla: 13-56 fallbacks and 5-56 compilations every step
+(first step 22-812 s). CPU torchvision is the most load-sensitive: its two intra-op
+threads wait on each other when the cores are oversubscribed (measured beside these runs,
+FCOS's CPU step: 1.0-1.3 s with ``torch.set_num_threads(1)``, 10-19 s with 2 threads; 0.13
+s on the idle machine). So under load its column understates CPU torchvision; FCOS's row,
+on the idle machine, is the fair one: there CPU torchvision's step is 4.4x faster than
+xla_ready's on the torch_xla CPU device (which stands in for a TPU here), and xla_ready's
+38x faster than plain torch_xla's.
 
 A step is forward, losses, backward and an SGD update on a batch of 2 images
 (asickernels.testing.detection_models' shapes) with 1 and 3 random boxes padded to 4
