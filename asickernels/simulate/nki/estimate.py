@@ -52,8 +52,8 @@ Sources (aws-neuron-sdk, file@commit):
 from __future__ import annotations
 
 import dataclasses
-import json
 import heapq
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
