@@ -15,8 +15,9 @@ The model:
   ``nisa`` call without ``engine``; :attr:`Instruction.pinned` False) runs on whichever of
   the engines documented for it (:data:`ALTERNATIVES`) finishes it first, at that engine's
   cost;
-* the 16 DMA engines as one resource that takes each transfer as soon as its data is ready,
-  not in program order (a store waiting for a result does not hold back the loads behind it);
+* the 16 DMA engines as one resource that serves transfers in the order their data is
+  ready, not in program order (a store waiting for a result does not hold back the loads
+  behind it);
 * per-instruction cycle counts from the ISA's "estimated instruction cost" formulas and the
   architecture guide's cost models, at each engine's clock (:class:`Generation`);
 * a DMA transfer occupies the DMA engines for ``(buffers * DMA_BUFFER_NS + bytes / (engine
@@ -34,7 +35,8 @@ The model:
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
-``+=`` of a matmul result is the matmul accumulating (no instruction either), and zeroing a
+``+=`` of a matmul result is the matmul accumulating (no instruction either; what reads the
+accumulator waits for the matmuls), and zeroing a
 PSUM tile costs nothing (the next matmul starts a new accumulation group).
 
 Sources (aws-neuron-sdk, file@commit):
@@ -50,6 +52,7 @@ Sources (aws-neuron-sdk, file@commit):
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 from collections.abc import Sequence
@@ -331,9 +334,10 @@ def _engines(instruction: Instruction) -> tuple[str, ...]:
 
 def _elided(instruction: Instruction) -> bool:
     """Instructions the compiler removes: ``assign`` (the producer writes the destination
-    directly) and zeroing a PSUM tile (the next matmul into it starts a new accumulation
+    directly), ``accumulate`` (a PSUM ``+=`` of a matmul result: the matmul accumulates;
+    its result is ready when the matmul's is) and zeroing a PSUM tile (the next matmul into it starts a new accumulation
     group instead: the tutorials' ``nl.zeros(..., buffer=nl.psum)`` before ``+=``)."""
-    if instruction.api == "assign":
+    if instruction.api in ("assign", "accumulate"):
         return True
     writes = instruction.writes
     zeroing = instruction.api in ("full", "memset") and not instruction.reads
@@ -346,18 +350,20 @@ class _Regions:
     instruction read)."""
 
     def __init__(self) -> None:
-        self.written: dict[int, dict[tuple[int, int], float]] = {}
+        self.written: dict[int, dict[tuple[int, int], float | _Transfer]] = {}
         self.versions: dict[int, int] = {}
 
-    def ready(self, accesses: Sequence[Access]) -> float:
+    def ready(self, accesses: Sequence[Access], dma: _DmaQueue) -> float:
+        """When every element range ``accesses`` touch was last written (a transfer still
+        waiting in ``dma`` is booked first)."""
         when = 0.0
         for a in accesses:
             for (low, high), end in self.written.get(a.key, {}).items():
-                if low <= a.high and a.low <= high and end > when:
-                    when = end
+                if low <= a.high and a.low <= high:
+                    when = max(when, dma.end(end))
         return when
 
-    def write(self, accesses: Sequence[Access], end: float) -> None:
+    def write(self, accesses: Sequence[Access], end: float | _Transfer) -> None:
         for a in accesses:
             self.written.setdefault(a.key, {})[(a.low, a.high)] = end
             self.versions[a.key] = self.versions.get(a.key, 0) + 1
@@ -381,7 +387,7 @@ class _HoistedLoads:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.kept: dict[tuple[Any, ...], tuple[float, int]] = {}
+        self.kept: dict[tuple[Any, ...], tuple[float | _Transfer, int]] = {}
         self.held = 0
 
     @staticmethod
@@ -397,14 +403,14 @@ class _HoistedLoads:
         source = (a.key, a.low, a.high, a.shape, a.runs_per_partition)
         return (*source, regions.versions.get(a.key, 0), tuple((w.shape, w.dtype) for w in writes))
 
-    def reuse(self, key: tuple[Any, ...]) -> float | None:
+    def reuse(self, key: tuple[Any, ...]) -> float | _Transfer | None:
         """When the kept copy of ``key`` was ready (None: not kept); marks it used."""
         if key not in self.kept:
             return None
         self.kept[key] = self.kept.pop(key)
         return self.kept[key][0]
 
-    def keep(self, key: tuple[Any, ...], ready: float, nbytes: int) -> None:
+    def keep(self, key: tuple[Any, ...], ready: float | _Transfer, nbytes: int) -> None:
         self.kept[key] = (ready, nbytes)
         self.held += nbytes
         while self.held > self.capacity:
@@ -434,18 +440,55 @@ def _sbuf_left(trace: Sequence[Instruction], generation: Generation) -> int:
     return max(0, generation.sbuf_bytes - peak)
 
 
+@dataclasses.dataclass
+class _Transfer:
+    """A DMA transfer of the trace: when its data is ready, its program position, how long
+    it occupies the DMA engines, and (once booked) when it starts and its result is ready."""
+
+    ready: float
+    order: int
+    duration: float
+    start: float = math.nan
+    done: float | None = None
+
+
 class _DmaQueue:
-    """The DMA engines as one resource that transfers are issued to as soon as their data
-    is ready, not in program order (A2: the compiler synchronises on data dependencies and
+    """The DMA engines as one resource that serves transfers in the order their data is
+    ready, not in program order (A2: the compiler synchronises on data dependencies and
     instructions without one run in parallel): a store waiting for a result leaves the
-    engines to the loads behind it. A transfer's descriptors take whatever engine time is
-    idle from its ready time on (DO: each queue's descriptors are spread over the 16
-    engines, which interleave the queues), so it may be split around transfers booked
-    before it. ``gaps`` are the idle stretches before ``free``."""
+    engines to the loads behind it, even a load later in the program whose data is ready
+    first. Transfers wait in ``pending`` until something needs one's result; then the
+    pending ones ready before it are booked first, earliest ready first. A transfer's
+    descriptors take whatever engine time is idle from its ready time on (DO: each queue's
+    descriptors are spread over the 16 engines, which interleave the queues), so it may be
+    split around transfers booked before it. ``gaps`` are the idle stretches before
+    ``free``."""
 
     def __init__(self) -> None:
         self.free = 0.0
         self.gaps: list[tuple[float, float]] = []
+        self.pending: list[tuple[float, int, _Transfer]] = []
+        self.booked: list[_Transfer] = []  # in booking order
+
+    def submit(self, transfer: _Transfer) -> _Transfer:
+        heapq.heappush(self.pending, (transfer.ready, transfer.order, transfer))
+        return transfer
+
+    def end(self, value: float | _Transfer) -> float:
+        """``value``'s time: a transfer's (booking the pending ones ready before it)."""
+        if not isinstance(value, _Transfer):
+            return value
+        while value.done is None:
+            _, _, transfer = heapq.heappop(self.pending)
+            transfer.start, moved_by = self.place(transfer.ready, transfer.duration)
+            transfer.done = moved_by + DMA_LATENCY_NS
+            self.booked.append(transfer)
+        return value.done
+
+    def drain(self) -> None:
+        """Books every pending transfer."""
+        while self.pending:
+            self.end(self.pending[0][2])
 
     def place(self, ready: float, duration: float) -> tuple[float, float]:
         """Books ``duration`` ns in the earliest idle time >= ``ready``; returns when the
@@ -528,50 +571,62 @@ def _schedule(
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
-    computed: dict[tuple[Any, ...], float] = {}
+    computed: dict[tuple[Any, ...], float | _Transfer] = {}
     dma = _DmaQueue()
     hoisted = _HoistedLoads(_sbuf_left(trace, generation) if hoist_loads else 0)
     moved = [0, 0]  # HBM bytes read, written
-    events: list[tuple[str, str, float, float]] = []
+    events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
+    apis: dict[int, str] = {}  # a transfer's program position -> its API
     finish = 0.0
-    for instruction in trace:
-        ready = regions.ready(instruction.reads + instruction.writes)
+    for order, instruction in enumerate(trace):
+        ready = regions.ready(instruction.reads + instruction.writes, dma)
         if _elided(instruction):
             regions.write(instruction.writes, ready)
             continue
         engine = instruction.engine
         repeat = regions.repeat_key(instruction)
         if repeat is not None and repeat in computed:
-            regions.write(instruction.writes, max(ready, computed[repeat]))
+            regions.write(instruction.writes, max(ready, dma.end(computed[repeat])))
             continue
         if engine == "dma":
             load = hoisted.key(instruction, regions)
             if load is not None and (kept := hoisted.reuse(load)) is not None:
-                regions.write(instruction.writes, max(ready, kept))
+                regions.write(instruction.writes, max(ready, dma.end(kept)))
                 continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
-            start, moved_by = dma.place(ready, duration)
-            end = moved_by + DMA_LATENCY_NS
+            transfer = dma.submit(_Transfer(ready, order, duration))
+            apis[order] = instruction.api
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
             if load is not None:
-                hoisted.keep(load, end, max(a.nbytes for a in instruction.writes))
-        else:
-            end = math.inf
-            for candidate in _engines(instruction):  # the one that finishes first
-                cycles = _tensor_cycles(instruction) if candidate == "tensor" else _engine_cycles(
-                    instruction, generation, candidate)  # fmt: skip
-                time = cycles / generation.clock_ghz[candidate]
-                if max(ready, free[candidate]) + time < end:
-                    engine, duration = candidate, time
-                    start = max(ready, free[candidate])
-                    end = start + duration
-            free[engine] = end
+                hoisted.keep(load, transfer, max(a.nbytes for a in instruction.writes))
+            busy[engine] += duration
+            regions.write(instruction.writes, transfer)
+            if repeat is not None:
+                computed[repeat] = transfer
+            continue
+        end = math.inf
+        for candidate in _engines(instruction):  # the one that finishes first
+            cycles = _tensor_cycles(instruction) if candidate == "tensor" else _engine_cycles(
+                instruction, generation, candidate)  # fmt: skip
+            time = cycles / generation.clock_ghz[candidate]
+            if max(ready, free[candidate]) + time < end:
+                engine, duration = candidate, time
+                start = max(ready, free[candidate])
+                end = start + duration
+        free[engine] = end
         busy[engine] += duration
         regions.write(instruction.writes, end)
         if repeat is not None:
             computed[repeat] = end  # keyed by the versions it read
         finish = max(finish, end)
         if timeline:
-            events.append((engine, instruction.api, start, end))
-    return finish, busy, events, (moved[0], moved[1])
+            events.append((order, (engine, instruction.api, start, end)))
+    dma.drain()
+    for transfer in dma.booked:
+        assert transfer.done is not None
+        finish = max(finish, transfer.done)
+        if timeline:
+            events.append((transfer.order, ("dma", apis[transfer.order], transfer.start,
+                                            transfer.done)))  # fmt: skip
+    return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1])

@@ -216,6 +216,13 @@ class Run:
         if self.trace is not None:
             self.trace.append(trace.instruction(engine, api, reads, writes, params, pinned))
 
+    def follow(self, api: str, reads: Sequence[Any], writes: Sequence[Any]) -> None:
+        """With a trace, an operation that issues no instruction of its own (a PSUM ``+=``
+        is the matmul accumulating): recorded so that what reads ``writes`` waits for
+        ``reads``; the cost model charges nothing for it."""
+        if self.trace is not None:
+            self.trace.append(trace.instruction("tensor", api, reads, writes))
+
     def count_dma(
         self,
         src_in_hbm: bool,

@@ -740,9 +740,10 @@ def accumulate(dst: Tensor, value: Tensor) -> None:
     matmul of an accumulation group overwrites, as the attention tutorial's ``nl.ndarray``
     PSUM accumulators rely on; the current API's ``nc_matmul(accumulate=None)`` alike)."""
     api = "accumulate"
-    runtime.active_run(api)
+    run = runtime.active_run(api)
     require_tile(api, "dst", dst, (MemoryRegion.psum,))
     require_tile(api, "value", value, (MemoryRegion.psum,))
+    run.follow(api, (value, dst), (dst,))
     shape = broadcast_shape(api, [dst.shape, value.shape])
     if shape != dst.shape:
         raise errors.StoreDstShapeSmallerThanOtherShape(
