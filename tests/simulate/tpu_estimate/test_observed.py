@@ -122,22 +122,32 @@ def test_a_grid_sized_at_run_time_is_counted_and_has_no_static_floor() -> None:
     assert call.grid == (-1,)
 
 
-def _counted_listing(trips: int) -> str:
-    """A loop of ``trips`` whose body holds a forward branch on a popped (unknown) value
-    skipping one bundle (bundle 8), and a fetch predicated on that value (bundle 9)."""
+def _outer_loop(trips: int, *body: tuple[str, str, str], end_region: str = "") -> str:
+    """A loop of ``trips`` whose first bundle (2) pops an unknown value and whose bundle 3
+    branches forward to region 9 when it is 0, then ``body`` (from bundle 8), then the
+    loop's back edge; ``end_region`` labels the back edge's first bundle."""
     return listing(
         ("", "%s1_s0 = smov 0", ""),
         ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %s5_s1 = spop %7", "Start region 5"),
         ("", "%p6_p1 = scmp.eq.s32.totalorder %s5_s1, 0", ""),
         ("", "%8 = sbr.rel (%p6_p1) target = $region9", ""),
         DELAY, DELAY, DELAY, DELAY,
+        *body,
+        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", end_region),
+        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
+        DELAY, DELAY, DELAY, DELAY,
+    )  # fmt: skip
+
+
+def _counted_listing(trips: int) -> str:
+    """A loop of ``trips`` whose body holds a forward branch on a popped (unknown) value
+    skipping one bundle (bundle 8), and a fetch predicated on that value (bundle 9)."""
+    return _outer_loop(
+        trips,
         ("", "%9 = vsyncpa [#allocation1], 1", ""),
         ("", "%10 = dma.hbm_to_vmem [thread:$0]  (!%p6_p1), /*hbm=*/%s1_s3, "
          "/*size_in_granules=*/32, /*vmem=*/%s1_s4, /*dst_syncflagno=*/[#allocation2]",
          "Start region 9"),
-        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", ""),
-        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
     )  # fmt: skip
 
 
@@ -389,19 +399,13 @@ def test_a_run_past_its_time_limit_is_not_used(monkeypatch: pytest.MonkeyPatch) 
 def _guarded_listing(trips: int) -> str:
     """An outer loop of ``trips``; in its body a guard (bundle 3) on a popped value skips
     exactly an inner data-dependent loop (bundles 8 to 14)."""
-    return listing(
-        ("", "%s1_s0 = smov 0", ""),
-        ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %s5_s1 = spop %7", "Start region 5"),
-        ("", "%p6_p1 = scmp.eq.s32.totalorder %s5_s1, 0", ""),
-        ("", "%8 = sbr.rel (%p6_p1) target = $region9", ""),
-        DELAY, DELAY, DELAY, DELAY,
+    return _outer_loop(
+        trips,
         ("LB", "%s9_s3 = spop %9", "Start region 7"),
         ("", "%p10_p2 = scmp.lt.s32.totalorder %s9_s3, 5", ""),
         ("", "%11 = sbr.rel (%p10_p2) target = $region7", ""),
         DELAY, DELAY, DELAY, DELAY,
-        ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", "Start region 9"),
-        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        end_region="Start region 9",
     )  # fmt: skip
 
 
