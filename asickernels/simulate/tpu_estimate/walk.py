@@ -485,6 +485,18 @@ class Walker:
         points = [point for point in run.points if point.kind == kind]
         return points[ordinal] if ordinal < len(points) else None
 
+    def _assume(self, note: str) -> None:
+        """Names, once, an assumption the estimate rests on."""
+        if note not in self.machine.unresolved_loops:
+            self.machine.unresolved_loops.append(note)
+
+    def _evenly(self, key: tuple[str, int], rate: float) -> bool:
+        """Whether this encounter of ``key`` is one that happens, with its ``rate`` of
+        encounters spread evenly (so the sampled part of a long loop sees the average)."""
+        seen = self._encounters.get(key, 0)
+        self._encounters[key] = seen + 1
+        return _spread(seen + 1, rate) > _spread(seen, rate)
+
     def _counted_branch(self, program: Program, pc: int) -> bool | None:
         """Whether a data-dependent forward branch of a counted kernel runs its region this
         time (None: no count for it)."""
@@ -493,20 +505,17 @@ class Walker:
         if point is None or point.rate is None:
             return None
         self.decisions += 1
-        seen = self._encounters.get((program.name, pc), 0)
-        self._encounters[(program.name, pc)] = seen + 1
+        evenly = self._evenly((program.name, pc), point.rate)
         note = (
             f"{program.name}: data-dependent branch at bundle {pc:#x} taken as the kernel "
             f"body's data-dependent branch #{sites[pc]} (in order); its region runs in "
             f"{point.rate:.1%} of executions, as in the run on the example inputs"
         )
-        if note not in self.machine.unresolved_loops:
-            self.machine.unresolved_loops.append(note)
+        self._assume(note)
         bits = _step_pattern(self.counted[program.name], self._steps.get(program.name, 0))
         if bits is not None and sites[pc] < len(bits[0]) and bits[0][sites[pc]] is not None:
             return bool(bits[0][sites[pc]])
-        # Spread the runs evenly: the sampled part of a long loop sees the average rate.
-        return _spread(seen + 1, point.rate) > _spread(seen, point.rate)
+        return evenly
 
     def _counted_guard(self, program: Program, pc: int, target: int) -> bool | None:
         """Whether a data-dependent loop is entered, when the forward branch at ``pc`` is
@@ -532,8 +541,7 @@ class Walker:
                 f"{program.name}: the guard at bundle {pc:#x} of loop #{number} skips it "
                 "where the run's while loop took no trip"
             )
-            if note not in self.machine.unresolved_loops:
-                self.machine.unresolved_loops.append(note)
+            self._assume(note)
             return False
         ordinals = self._data_loops.setdefault(program.name, {})
         point = self._counted_point(program.name, "loop", ordinals, number)
@@ -541,17 +549,13 @@ class Walker:
             return None
         self.decisions += 1
         self._guarded.add((program.name, number))
-        key = (f"{program.name} guard", pc)
-        seen = self._encounters.get(key, 0)
-        self._encounters[key] = seen + 1
+        rate = point.empty / point.entries
         note = (
             f"{program.name}: the guard at bundle {pc:#x} of loop #{number} skips it in "
             f"{point.empty / point.entries:.1%} of entries, as in the run on the example inputs"
         )
-        if note not in self.machine.unresolved_loops:
-            self.machine.unresolved_loops.append(note)
-        rate = point.empty / point.entries
-        return not _spread(seen + 1, rate) > _spread(seen, rate)
+        self._assume(note)
+        return not self._evenly((f"{program.name} guard", pc), rate)
 
     def _counted_fetch(self, program: Program, pc: int, op: Instruction) -> bool:
         """Whether a predicated pipeline fetch (``dma.hbm_to_vmem``) not ruled out by the
@@ -571,14 +575,12 @@ class Walker:
         if rate is None:
             return True
         self.decisions += 1
-        seen = self._encounters.get((program.name, -pc - 1), 0)
-        self._encounters[(program.name, -pc - 1)] = seen + 1
+        evenly = self._evenly((program.name, -pc - 1), rate)
         note = (
             f"{program.name}: predicated fetches of input blocks run as often as the run "
             "fetched input blocks of their size (a block is fetched when its index changes)"
         )
-        if note not in self.machine.unresolved_loops:
-            self.machine.unresolved_loops.append(note)
+        self._assume(note)
         # The fetch sites of one block size stand for that size's inputs, in order.
         sites = self._fetch_sites.setdefault((program.name, nbytes), {})
         ordinal = sites.setdefault(pc, len(sites))
@@ -586,7 +588,7 @@ class Walker:
         bits = _step_pattern(run, self._steps.get(program.name, 0))
         if bits is not None and ordinal < len(inputs) and inputs[ordinal] < len(bits[1]):
             return bool(bits[1][inputs[ordinal]])
-        return _spread(seen + 1, rate) > _spread(seen, rate)
+        return evenly
 
     def _planned_trips(self, program: Program, loop: Loop | None) -> int:
         """Trips for an entry of a data-dependent loop: the caller's figure, else the
@@ -612,8 +614,7 @@ class Walker:
         else:
             trips, how = 1, "assumed 1 trip"
         note = f"{program.name} loop #{number}: data-dependent exit, {how}"
-        if note not in self.machine.unresolved_loops:
-            self.machine.unresolved_loops.append(note)
+        self._assume(note)
         return max(trips, 1)
 
     def _kernel_loop_trips(
