@@ -442,9 +442,11 @@ def _sbuf_left(trace: Sequence[Instruction], generation: Generation) -> int:
 
 @dataclasses.dataclass
 class _Transfer:
-    """A DMA transfer of the trace: when its data is ready, its program position, how long
-    it occupies the DMA engines, and (once booked) when it starts and its result is ready."""
+    """A DMA transfer of the trace: its API, when its data is ready, its program position,
+    how long it occupies the DMA engines, and (once booked) when it starts and its result
+    is ready."""
 
+    api: str
     ready: float
     order: int
     duration: float
@@ -576,7 +578,6 @@ def _schedule(
     hoisted = _HoistedLoads(_sbuf_left(trace, generation) if hoist_loads else 0)
     moved = [0, 0]  # HBM bytes read, written
     events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
-    apis: dict[int, str] = {}  # a transfer's program position -> its API
     finish = 0.0
     for order, instruction in enumerate(trace):
         ready = regions.ready(instruction.reads + instruction.writes, dma)
@@ -594,8 +595,7 @@ def _schedule(
                 regions.write(instruction.writes, max(ready, dma.end(kept)))
                 continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
-            transfer = dma.submit(_Transfer(ready, order, duration))
-            apis[order] = instruction.api
+            transfer = dma.submit(_Transfer(instruction.api, ready, order, duration))
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
             if load is not None:
@@ -627,6 +627,5 @@ def _schedule(
         assert transfer.done is not None
         finish = max(finish, transfer.done)
         if timeline:
-            events.append((transfer.order, ("dma", apis[transfer.order], transfer.start,
-                                            transfer.done)))  # fmt: skip
+            events.append((transfer.order, ("dma", transfer.api, transfer.start, transfer.done)))
     return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1])
