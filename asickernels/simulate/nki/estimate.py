@@ -36,8 +36,8 @@ The model:
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
 ``+=`` of a matmul result is the matmul accumulating (no instruction either; what reads the
-accumulator waits for the matmuls), and zeroing a
-PSUM tile costs nothing (the next matmul starts a new accumulation group).
+accumulator waits for the matmuls), and zeroing a PSUM tile costs nothing (the next matmul
+starts a new accumulation group).
 
 Sources (aws-neuron-sdk, file@commit):
 
@@ -335,8 +335,9 @@ def _engines(instruction: Instruction) -> tuple[str, ...]:
 def _elided(instruction: Instruction) -> bool:
     """Instructions the compiler removes: ``assign`` (the producer writes the destination
     directly), ``accumulate`` (a PSUM ``+=`` of a matmul result: the matmul accumulates;
-    its result is ready when the matmul's is) and zeroing a PSUM tile (the next matmul into it starts a new accumulation
-    group instead: the tutorials' ``nl.zeros(..., buffer=nl.psum)`` before ``+=``)."""
+    its result is ready when the matmul's is) and zeroing a PSUM tile (the next matmul into
+    it starts a new accumulation group instead: the tutorials'
+    ``nl.zeros(..., buffer=nl.psum)`` before ``+=``)."""
     if instruction.api in ("assign", "accumulate"):
         return True
     writes = instruction.writes

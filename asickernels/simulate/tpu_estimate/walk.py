@@ -68,8 +68,8 @@ PLANNED_SAMPLE_START = 1
 PLANNED_SAMPLE_END = 3
 # With ``charge_steady_calls``, a program called this many times in a row at the same cost
 # from the same DMA/MXU state, walking only its own bundles (no calls, no count taken in
-# order; branches assumed to run their region are fine), is charged that cost on later calls instead of being walked again (XLA's
-# fusions inside long loops). Approximate: a callee's cost may also depend on scalar state
+# order; branches assumed to run their region are fine), is charged that cost on later
+# calls instead of being walked again (XLA's fusions inside long loops). Approximate: a callee's cost may also depend on scalar state
 # its caller set (on the xla matcher at batch 2: v5e and v6e exact, v5p 3% under).
 STEADY_CALLS = 3
 # A Mosaic grid loop runs its steps plus these trips (the pipeline's first fetch and last
