@@ -70,3 +70,11 @@ def test_every_figure_names_its_pinned_source_and_quote(figures):
         assert "aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155:" in row["source"]
         assert row["quote"] and row["figure"] > 0
         assert row["agrees"] or row["why"]
+
+
+def test_hbm_to_sbuf_dma_transpose_runs_near_a_copys_rate(figures):
+    """trainium2_arch.rst@81ce03a: "DMA transpose on Trainium2 can achieve up to 90% DMA
+    throughput utilization given hardware-friendly tensor access patterns, compared to up to
+    100% throughput utilization for a DMA copy" (a packed [512, 128] HBM tensor into a
+    [128, 512] SBUF tile)."""
+    _agrees(figures["dma_transpose_hbm_to_sbuf_share"])
