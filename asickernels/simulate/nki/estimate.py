@@ -51,6 +51,7 @@ Sources (aws-neuron-sdk, file@commit):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import json
@@ -218,6 +219,8 @@ class Estimate:
     # HBM bytes the modelled transfers read and write (hoisted loads counted once).
     hbm_read_bytes: int = 0
     hbm_write_bytes: int = 0
+    # SBUF values that did not fit, stored to HBM and reloaded (bytes of both ways).
+    spill_bytes: int = 0
 
     def describe(self) -> str:
         """``"12.3 us (band 8.1-20.4 us; DMA/HBM-bound)"``: the estimate in one phrase."""
@@ -345,13 +348,42 @@ def _elided(instruction: Instruction) -> bool:
     return zeroing and bool(writes) and all(a.memory == "psum" for a in writes)
 
 
+class _Ranges:
+    """Element ranges of one storage, each with a value, found by overlap: a range is filed
+    under every ``BUCKET``-element block it touches, so a lookup reads the few ranges near
+    its own instead of every range the storage ever had."""
+
+    BUCKET = 4096
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[int, int], Any] = {}
+        self.blocks: dict[int, set[tuple[int, int]]] = {}
+
+    def overlapping(self, low: int, high: int) -> list[tuple[tuple[int, int], Any]]:
+        found: set[tuple[int, int]] = set()
+        for block in range(low // self.BUCKET, high // self.BUCKET + 1):
+            found.update(r for r in self.blocks.get(block, ()) if r[0] <= high and low <= r[1])
+        return [(r, self.values[r]) for r in found]
+
+    def set(self, span: tuple[int, int], value: Any) -> None:
+        if span not in self.values:
+            for block in range(span[0] // self.BUCKET, span[1] // self.BUCKET + 1):
+                self.blocks.setdefault(block, set()).add(span)
+        self.values[span] = value
+
+    def remove(self, span: tuple[int, int]) -> None:
+        del self.values[span]
+        for block in range(span[0] // self.BUCKET, span[1] // self.BUCKET + 1):
+            self.blocks[block].discard(span)
+
+
 class _Regions:
     """When each written element range of each storage is ready, and how many times each
     storage has been written (to tell whether a tile still holds what an earlier
     instruction read)."""
 
     def __init__(self) -> None:
-        self.written: dict[int, dict[tuple[int, int], float | _Transfer]] = {}
+        self.written: dict[int, _Ranges] = {}  # storage -> range -> end (float | _Transfer)
         self.versions: dict[int, int] = {}
 
     def ready(self, accesses: Sequence[Access], dma: _DmaQueue) -> float:
@@ -359,14 +391,14 @@ class _Regions:
         waiting in ``dma`` is booked first)."""
         when = 0.0
         for a in accesses:
-            for (low, high), end in self.written.get(a.key, {}).items():
-                if low <= a.high and a.low <= high:
+            if a.key in self.written:
+                for _, end in self.written[a.key].overlapping(a.low, a.high):
                     when = max(when, dma.end(end))
         return when
 
     def write(self, accesses: Sequence[Access], end: float | _Transfer) -> None:
         for a in accesses:
-            self.written.setdefault(a.key, {})[(a.low, a.high)] = end
+            self.written.setdefault(a.key, _Ranges()).set((a.low, a.high), end)
             self.versions[a.key] = self.versions.get(a.key, 0) + 1
 
     def repeat_key(self, instruction: Instruction) -> tuple[Any, ...] | None:
@@ -384,7 +416,7 @@ class _Regions:
 class _HoistedLoads:
     """The loads a compiler that hoists loop-invariant loads keeps in SBUF: each load's
     source (HBM elements and their version) -> when its data was ready, least recently used
-    first, within ``capacity`` bytes."""
+    first, within ``capacity`` bytes per partition."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -419,26 +451,97 @@ class _HoistedLoads:
             self.held -= dropped
 
 
-def _sbuf_left(trace: Sequence[Instruction], generation: Generation) -> int:
-    """The SBUF bytes the kernel's own tiles leave free at their peak: each SBUF tile lives
-    from its first to its last use in ``trace`` (what a compiler that allocates by liveness
-    must hold at once); hoisted loads can keep no more than the rest."""
-    extent: dict[int, list[int]] = {}  # key -> [first use, last use, bytes]
+PARTITIONS = 128  # A2: SBUF and PSUM have 128 partitions, each addressed alike
+
+
+@dataclasses.dataclass
+class _Spill:
+    """A value the SBUF cannot hold: stored to HBM after instruction ``after`` and, when
+    read again, reloaded for instruction ``reload``, which waits for it. ``tile`` is the
+    SBUF access that wrote it."""
+
+    after: int
+    tile: Access
+    reload: int | None = None
+
+
+def _sbuf_plan(trace: Sequence[Instruction], generation: Generation) -> tuple[int, list[_Spill]]:
+    """What the SBUF holds over ``trace``: the bytes per partition its values leave free at
+    their peak (what hoisted loads can keep), and the spills of the values that do not fit.
+
+    A value is what one write leaves in an SBUF element range, live from that write to its
+    last read before the range is written again (what a compiler that allocates by
+    liveness must hold; a read-modify-write of the range keeps the value). A tile takes its
+    bytes on every partition it spans at the same address, so capacity is per partition.
+    When the live values exceed it, the one read furthest in the future is spilled (stored,
+    reloaded before its next read): Belady's rule, the choice that spills least, as the
+    compiler's allocator is not documented. NKIBench's bmm_softmax keeps each batch's
+    [4096, 4096] fp32 scores (64 MiB) between its max and its exp loop nests: the rule
+    spills 1.4 GB, its trn1 profile 1.5 GB (zhang677/AccelOpt@47e29a7
+    experiments/full_complete_local/profile_results.csv)."""
+    capacity = generation.sbuf_bytes // PARTITIONS
+    uses: list[list[int]] = []  # each value's instructions, its write first
+    size: list[int] = []  # bytes per partition
+    tiles: list[Access] = []
+    current: dict[int, _Ranges] = {}  # storage -> element range -> value
     for index, instruction in enumerate(trace):
-        for a in instruction.reads + instruction.writes:
-            if a.memory == "sbuf":
-                span = extent.setdefault(a.key, [index, index, 0])
-                span[1] = index
-                span[2] = max(span[2], a.nbytes)
-    changes: dict[int, int] = {}
-    for first, last, nbytes in extent.values():
-        changes[first] = changes.get(first, 0) + nbytes
-        changes[last + 1] = changes.get(last + 1, 0) - nbytes
-    live = peak = 0
-    for index in sorted(changes):
-        live += changes[index]
-        peak = max(peak, live)
-    return max(0, generation.sbuf_bytes - peak)
+        read = set()
+        for a in instruction.reads:
+            if a.memory == "sbuf" and a.key in current:
+                for _, value in current[a.key].overlapping(a.low, a.high):
+                    if value not in read:
+                        read.add(value)
+                        uses[value].append(index)
+        for a in instruction.writes:
+            if a.memory != "sbuf":
+                continue
+            ranges = current.setdefault(a.key, _Ranges())
+            if ranges.values.get((a.low, a.high)) in read:
+                continue  # a read-modify-write: the same value
+            for span, _ in ranges.overlapping(a.low, a.high):
+                if a.low <= span[0] and span[1] <= a.high:
+                    ranges.remove(span)  # overwritten: those values end at their last read
+            ranges.set((a.low, a.high), len(uses))
+            uses.append([index])
+            size.append(a.free_size * a.itemsize)
+            tiles.append(a)
+    events: dict[int, list[int]] = {}  # instruction -> the values it uses
+    for value, at in enumerate(uses):
+        for index in at:
+            events.setdefault(index, []).append(value)
+    spills: list[_Spill] = []
+    spilled: dict[int, _Spill] = {}  # value -> its spill, until reloaded
+    resident: set[int] = set()
+    later: list[tuple[int, int]] = []  # (-next use, value), entries may be out of date
+    nexts = [0] * len(uses)  # each value's next use after the current instruction
+    held = peak = 0
+    for index in range(len(trace)):
+        for value in events.get(index, ()):
+            if value in spilled:
+                spilled.pop(value).reload = index
+            if value not in resident:
+                resident.add(value)
+                held += size[value]
+            following = bisect.bisect_right(uses[value], index)
+            nexts[value] = uses[value][following] if following < len(uses[value]) else -1
+            if nexts[value] != -1:
+                heapq.heappush(later, (-nexts[value], value))
+            elif uses[value][0] < index:  # an input read for the last time: its result
+                resident.remove(value)  # may take its place (an in-place update)
+                held -= size[value]
+        while held > capacity and later:
+            negative, value = heapq.heappop(later)
+            if value in resident and nexts[value] == -negative:
+                resident.remove(value)
+                held -= size[value]
+                spilled[value] = _Spill(index, tiles[value])
+                spills.append(spilled[value])
+        peak = max(peak, held)
+        for value in events.get(index, ()):
+            if value in resident and nexts[value] == -1:  # written, never read
+                resident.remove(value)
+                held -= size[value]
+    return max(0, capacity - peak), spills
 
 
 @dataclasses.dataclass
@@ -536,16 +639,21 @@ def estimate(
     rewritten since) is computed once: its result is the earlier one's (a loop-invariant
     computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
+    plan = _sbuf_plan(trace, generation)
     finish, busy, events, moved = _schedule(
-        trace, generation, dma_buffer_ns, dma_efficiency, timeline, hoist_loads
+        trace, generation, plan, dma_buffer_ns, dma_efficiency, timeline, hoist_loads
     )
     share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
     bound = max(ENGINES, key=lambda e: busy[e])
     band_us = None
     if band:
         slow, fast = DMA_EFFICIENCY_RANGE
-        _, fast_busy, _, _ = _schedule(trace, generation, dma_buffer_ns, fast, False, hoist_loads)
-        slow_finish, _, _, _ = _schedule(trace, generation, dma_buffer_ns, slow, False, hoist_loads)
+        _, fast_busy, _, _ = _schedule(
+            trace, generation, plan, dma_buffer_ns, fast, False, hoist_loads
+        )
+        slow_finish, _, _, _ = _schedule(
+            trace, generation, plan, dma_buffer_ns, slow, False, hoist_loads
+        )
         band_us = (min(finish, max(fast_busy.values())) / 1000.0,
                    max(finish, slow_finish) / 1000.0)  # fmt: skip
     return Estimate(
@@ -563,25 +671,52 @@ def estimate(
 def _schedule(
     trace: Sequence[Instruction],
     generation: Generation,
+    plan: tuple[int, list[_Spill]],
     dma_buffer_ns: float,
     dma_efficiency: float,
     timeline: bool,
     hoist_loads: bool,
-) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int]]:
-    """The dependency schedule of ``trace``: its end (ns), each engine's busy ns, (with
-    ``timeline``) each instruction's (engine, api, start, end), and the HBM bytes read and
-    written."""
+) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int, int]]:
+    """The dependency schedule of ``trace`` with the SBUF ``plan`` of :func:`_sbuf_plan`: its
+    end (ns), each engine's busy ns, (with ``timeline``) each instruction's (engine, api,
+    start, end), and the HBM bytes read, written and spilled."""
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
     computed: dict[tuple[Any, ...], float | _Transfer] = {}
     dma = _DmaQueue()
-    hoisted = _HoistedLoads(_sbuf_left(trace, generation) if hoist_loads else 0)
-    moved = [0, 0]  # HBM bytes read, written
+    left, spills = plan
+    hoisted = _HoistedLoads(left if hoist_loads else 0)
+    stores: dict[int, list[_Spill]] = {}  # after instruction -> the values it spills
+    reloads: dict[int, list[_Spill]] = {}
+    for spill in spills:
+        stores.setdefault(spill.after, []).append(spill)
+        if spill.reload is not None:
+            reloads.setdefault(spill.reload, []).append(spill)
+    stored: dict[int, _Transfer] = {}  # id(spill) -> its store
+    moved = [0, 0, 0]  # HBM bytes read, written, spilled (stored and reloaded)
     events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
     finish = 0.0
+
+    def spill_transfer(api: str, tile: Access, ready: float, order: int) -> _Transfer:
+        duration = _dma_ns(
+            Instruction("dma", api, (tile,), ()), generation, dma_buffer_ns, dma_efficiency
+        )
+        busy["dma"] += duration
+        moved[2] += tile.nbytes
+        return dma.submit(_Transfer(api, ready, order, duration))
+
     for order, instruction in enumerate(trace):
-        ready = regions.ready(instruction.reads + instruction.writes, dma)
+        for spill in stores.get(order - 1, ()):  # its value is the last write of its tile
+            written = regions.ready((spill.tile,), dma)
+            stored[id(spill)] = spill_transfer("spill store", spill.tile, written, order)
+        waits = 0.0
+        for spill in reloads.get(order, ()):
+            stored_by = dma.end(stored[id(spill)])
+            waits = max(
+                waits, dma.end(spill_transfer("spill reload", spill.tile, stored_by, order))
+            )
+        ready = max(waits, regions.ready(instruction.reads + instruction.writes, dma))
         if _elided(instruction):
             regions.write(instruction.writes, ready)
             continue
@@ -600,7 +735,8 @@ def _schedule(
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
             if load is not None:
-                hoisted.keep(load, transfer, max(a.nbytes for a in instruction.writes))
+                per_partition = max(a.free_size * a.itemsize for a in instruction.writes)
+                hoisted.keep(load, transfer, per_partition)
             busy[engine] += duration
             regions.write(instruction.writes, transfer)
             if repeat is not None:
@@ -629,4 +765,4 @@ def _schedule(
         finish = max(finish, transfer.done)
         if timeline:
             events.append((transfer.order, ("dma", transfer.api, transfer.start, transfer.done)))
-    return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1])
+    return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1], moved[2])

@@ -148,6 +148,55 @@ def test_hoisted_loads_are_kept_only_within_the_sbuf_the_kernels_tiles_leave():
     assert result.hbm_read_bytes == 2 * (128 * 2048 * 4 + 128 * 64 * 1024 * 4)
 
 
+def _keep_then_read(tiles, per_partition_floats=16 * 1024):
+    """Computes ``tiles`` SBUF tiles of ``per_partition_floats`` fp32 per partition from
+    one input, then reads each again: all are live at once, as bmm_softmax's scores are
+    between its max and exp loop nests."""
+    shape = (128, per_partition_floats)
+    trace = [op("dma", "load", (tile(1, shape, "float32", "hbm"),), (tile(2, shape, "float32"),))]
+    for key in range(10, 10 + tiles):
+        trace.append(op("vector", "tensor_copy", (tile(2, shape, "float32"),),
+                        (tile(key, shape, "float32"),)))  # fmt: skip
+    for key in range(10, 10 + tiles):
+        trace.append(op("scalar", "activation", (tile(key, shape, "float32"),),
+                        (tile(key + 100, (128, 1), "float32"),)))  # fmt: skip
+    return trace
+
+
+def test_values_that_do_not_fit_in_sbuf_are_spilled_and_reloaded():
+    """trn1's SBUF holds 192 KiB per partition (24 MiB), three 64 KiB fp32 tiles: the input
+    and two results fit; a third result does not (one is spilled: stored and reloaded);
+    the fourth takes the input's place, read for the last time."""
+    tile_bytes = 128 * 16 * 1024 * 4
+    fits = cost_model.estimate(_keep_then_read(2), 2, band=False)
+    spills = cost_model.estimate(_keep_then_read(4), 2, band=False, timeline=True)
+    assert fits.spill_bytes == 0
+    assert spills.spill_bytes == 2 * tile_bytes
+    assert spills.latency_us > 2 * fits.latency_us  # the reload waits for the store
+    ((store,), (reload,)) = ([e for e in spills.timeline if e[1] == f"spill {way}"]
+                             for way in ("store", "reload"))  # fmt: skip
+    assert reload[2] >= store[3]
+
+
+def test_a_tile_rewritten_each_iteration_or_updated_in_place_holds_its_space_once():
+    """A value lives from its write to its last read: a buffer rewritten in every
+    iteration of a loop, or an input whose last read writes the output, never adds up."""
+    shape = (128, 40 * 1024)  # 160 KiB of fp32 per partition: one fits, two do not
+    buffer = tile(2, shape, "float32")
+    loop = []
+    for row in range(8):
+        source = tile(1, shape, "float32", "hbm", low=row * 128 * 40 * 1024,
+                      high=(row + 1) * 128 * 40 * 1024 - 1)  # fmt: skip
+        loop += [op("dma", "load", (source,), (buffer,)),
+                 op("scalar", "activation", (buffer,), (tile(3, (128, 1), "float32"),))]  # fmt: skip
+    chain = [op("dma", "load", (tile(1, shape, "float32", "hbm"),), (tile(10, shape, "float32"),))]
+    for key in range(10, 18):  # each step reads its input for the last time
+        chain.append(op("vector", "tensor_copy", (tile(key, shape, "float32"),),
+                        (tile(key + 1, shape, "float32"),)))  # fmt: skip
+    assert cost_model.estimate(loop, 2, band=False).spill_bytes == 0
+    assert cost_model.estimate(chain, 2, band=False).spill_bytes == 0
+
+
 def test_a_store_waiting_for_its_result_does_not_hold_back_later_loads():
     """DMA transfers start when their data is ready, not in program order."""
     compute = op("vector", "tensor_copy", (tile(1, (128, 4096), "float32"),),
