@@ -349,31 +349,42 @@ def _elided(instruction: Instruction) -> bool:
 
 
 class _Ranges:
-    """Element ranges of one storage, each with a value, found by overlap: a range is filed
-    under every ``BUCKET``-element block it touches, so a lookup reads the few ranges near
-    its own instead of every range the storage ever had."""
+    """Element ranges of one storage, each with a value, found by overlap. A range within a
+    few ``BUCKET``-element blocks (a tile) is filed under each block it touches, so a
+    lookup reads the ranges near its own; a wider one (a strided view of a large tensor)
+    is kept in ``wide``, read by every lookup."""
 
-    BUCKET = 4096
+    BUCKET = 1 << 16
+    NARROW = 16  # blocks
 
     def __init__(self) -> None:
         self.values: dict[tuple[int, int], Any] = {}
         self.blocks: dict[int, set[tuple[int, int]]] = {}
+        self.wide: set[tuple[int, int]] = set()
+
+    def _blocks(self, span: tuple[int, int]) -> range | None:
+        first, last = span[0] // self.BUCKET, span[1] // self.BUCKET
+        return range(first, last + 1) if last - first < self.NARROW else None
 
     def overlapping(self, low: int, high: int) -> list[tuple[tuple[int, int], Any]]:
-        found: set[tuple[int, int]] = set()
-        for block in range(low // self.BUCKET, high // self.BUCKET + 1):
-            found.update(r for r in self.blocks.get(block, ()) if r[0] <= high and low <= r[1])
-        return [(r, self.values[r]) for r in found]
+        blocks = self._blocks((low, high))
+        near: Any = self.values if blocks is None else self.wide.union(
+            *(self.blocks.get(block, ()) for block in blocks))  # fmt: skip
+        return [(r, self.values[r]) for r in near if r[0] <= high and low <= r[1]]
 
     def set(self, span: tuple[int, int], value: Any) -> None:
         if span not in self.values:
-            for block in range(span[0] // self.BUCKET, span[1] // self.BUCKET + 1):
+            blocks = self._blocks(span)
+            for block in blocks or ():
                 self.blocks.setdefault(block, set()).add(span)
+            if blocks is None:
+                self.wide.add(span)
         self.values[span] = value
 
     def remove(self, span: tuple[int, int]) -> None:
         del self.values[span]
-        for block in range(span[0] // self.BUCKET, span[1] // self.BUCKET + 1):
+        self.wide.discard(span)
+        for block in self._blocks(span) or ():
             self.blocks[block].discard(span)
 
 
@@ -413,77 +424,78 @@ class _Regions:
         return (instruction.engine, instruction.api, instruction.params, reads, writes)
 
 
-class _HoistedLoads:
-    """The loads a compiler that hoists loop-invariant loads keeps in SBUF: each load's
-    source (HBM elements and their version) -> when its data was ready, least recently used
-    first, within ``capacity`` bytes per partition."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.kept: dict[tuple[Any, ...], tuple[float | _Transfer, int]] = {}
-        self.held = 0
-
-    @staticmethod
-    def key(instruction: Instruction, regions: _Regions) -> tuple[Any, ...] | None:
-        """What makes ``instruction`` the same load as an earlier one; None: not a load
-        from HBM to on-chip memory."""
-        reads, writes = instruction.reads, instruction.writes
-        if len(reads) != 1 or reads[0].memory != "hbm" or not writes:
-            return None
-        if any(a.memory == "hbm" for a in writes):
-            return None
-        a = reads[0]
-        source = (a.key, a.low, a.high, a.shape, a.runs_per_partition)
-        return (*source, regions.versions.get(a.key, 0), tuple((w.shape, w.dtype) for w in writes))
-
-    def reuse(self, key: tuple[Any, ...]) -> float | _Transfer | None:
-        """When the kept copy of ``key`` was ready (None: not kept); marks it used."""
-        if key not in self.kept:
-            return None
-        self.kept[key] = self.kept.pop(key)
-        return self.kept[key][0]
-
-    def keep(self, key: tuple[Any, ...], ready: float | _Transfer, nbytes: int) -> None:
-        self.kept[key] = (ready, nbytes)
-        self.held += nbytes
-        while self.held > self.capacity:
-            _, dropped = self.kept.pop(next(iter(self.kept)))
-            self.held -= dropped
-
-
 PARTITIONS = 128  # A2: SBUF and PSUM have 128 partitions, each addressed alike
 
 
 @dataclasses.dataclass
 class _Spill:
-    """A value the SBUF cannot hold: stored to HBM after instruction ``after`` and, when
-    read again, reloaded for instruction ``reload``, which waits for it. ``tile`` is the
-    SBUF access that wrote it."""
+    """A value the SBUF cannot hold: after instruction ``after`` it leaves the SBUF (stored
+    to HBM unless ``stored`` is False: an unchanged copy of HBM data, which is fetched
+    again instead) and, when read again, comes back for instruction ``reload``, which
+    waits for it. ``tile`` is the SBUF access that wrote it."""
 
+    value: int
     after: int
     tile: Access
+    stored: bool
     reload: int | None = None
 
 
-def _sbuf_plan(trace: Sequence[Instruction], generation: Generation) -> tuple[int, list[_Spill]]:
-    """What the SBUF holds over ``trace``: the bytes per partition its values leave free at
-    their peak (what hoisted loads can keep), and the spills of the values that do not fit.
+@dataclasses.dataclass
+class _Plan:
+    """What :func:`_sbuf_plan` decides: the spills; each load's value (``copies``: load
+    instruction -> value), and the repeated loads not issued because their copy is still
+    in SBUF (``reused``)."""
+
+    spills: list[_Spill]
+    copies: dict[int, int]
+    reused: set[int]
+
+
+def _load_source(instruction: Instruction, hbm_versions: dict[int, int]) -> tuple[Any, ...] | None:
+    """What makes ``instruction`` the same load as an earlier one (HBM elements, their
+    version, the tile written); None: not a load from HBM into one SBUF tile."""
+    reads, writes = instruction.reads, instruction.writes
+    if len(reads) != 1 or reads[0].memory != "hbm" or len(writes) != 1:
+        return None
+    a, w = reads[0], writes[0]
+    if w.memory != "sbuf":
+        return None
+    version = hbm_versions.get(a.key, 0)
+    return (a.key, a.low, a.high, a.shape, a.runs_per_partition, version, w.shape, w.dtype)
+
+
+def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads: bool) -> _Plan:
+    """What the SBUF holds over ``trace``: which values spill, and which repeated loads the
+    compiler need not issue.
 
     A value is what one write leaves in an SBUF element range, live from that write to its
     last read before the range is written again (what a compiler that allocates by
-    liveness must hold; a read-modify-write of the range keeps the value). A tile takes its
-    bytes on every partition it spans at the same address, so capacity is per partition.
-    When the live values exceed it, the one read furthest in the future is spilled (stored,
-    reloaded before its next read): Belady's rule, the choice that spills least, as the
-    compiler's allocator is not documented. NKIBench's bmm_softmax keeps each batch's
-    [4096, 4096] fp32 scores (64 MiB) between its max and its exp loop nests: the rule
-    spills 1.4 GB, its trn1 profile 1.5 GB (zhang677/AccelOpt@47e29a7
-    experiments/full_complete_local/profile_results.csv)."""
+    liveness must hold; a read-modify-write of the range keeps the value). With
+    ``hoist_loads`` (the current compiler), a load of HBM elements already loaded into a
+    value that is unchanged, and not stored to since, is that value again: the compiler
+    keeps the copy instead of loading it twice (hoists a loop-invariant load). A tile takes
+    its bytes on every partition it spans at the same address, so capacity is per
+    partition. When the live values exceed it, the one read furthest in the future leaves
+    (Belady's rule, the choice that moves least, as the compiler's allocator is not
+    documented): stored and reloaded, or fetched again if it is an unchanged copy of HBM.
+
+    NKIBench's bmm_softmax keeps each batch's [4096, 4096] fp32 scores (64 MiB) between its
+    max and its exp loop nests: the rule spills 1.4 GB, its trn1 profile 1.5 GB
+    (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv)."""
     capacity = generation.sbuf_bytes // PARTITIONS
     uses: list[list[int]] = []  # each value's instructions, its write first
     size: list[int] = []  # bytes per partition
     tiles: list[Access] = []
+    clean: list[bool] = []  # an unchanged copy of HBM elements
     current: dict[int, _Ranges] = {}  # storage -> element range -> value
+    sources: dict[tuple[Any, ...], int] = {}  # a load's source -> its value
+    hbm_versions: dict[int, int] = {}
+    copies: dict[int, int] = {}
+    repeats: set[int] = set()  # loads of a value already loaded
+    # instruction -> (value, bytes): a write into part of a value frees that part of it
+    # (an accumulator zeroed whole and then written a slice at a time)
+    shrinks: dict[int, list[tuple[int, int]]] = {}
     for index, instruction in enumerate(trace):
         read = set()
         for a in instruction.reads:
@@ -492,33 +504,56 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation) -> tuple[in
                     if value not in read:
                         read.add(value)
                         uses[value].append(index)
+        source = _load_source(instruction, hbm_versions) if instruction.engine == "dma" else None
+        known = sources.get(source) if source is not None and hoist_loads else None
         for a in instruction.writes:
+            if a.memory == "hbm":
+                hbm_versions[a.key] = hbm_versions.get(a.key, 0) + 1
+                continue
             if a.memory != "sbuf":
                 continue
             ranges = current.setdefault(a.key, _Ranges())
-            if ranges.values.get((a.low, a.high)) in read:
-                continue  # a read-modify-write: the same value
-            for span, _ in ranges.overlapping(a.low, a.high):
+            value = ranges.values.get((a.low, a.high))
+            if value is not None and value in read:
+                clean[value] = False  # a read-modify-write: the same value, changed
+                continue
+            for span, older in ranges.overlapping(a.low, a.high):
                 if a.low <= span[0] and span[1] <= a.high:
                     ranges.remove(span)  # overwritten: those values end at their last read
+                elif span[0] <= a.low and a.high <= span[1] and older not in read:
+                    shrinks.setdefault(index, []).append((older, a.free_size * a.itemsize))
+            if known is not None and clean[known]:
+                ranges.set((a.low, a.high), known)  # the kept copy, loaded again
+                uses[known].append(index)
+                copies[index] = known
+                repeats.add(index)
+                continue
             ranges.set((a.low, a.high), len(uses))
+            if source is not None:
+                sources[source] = copies[index] = len(uses)
             uses.append([index])
             size.append(a.free_size * a.itemsize)
             tiles.append(a)
+            clean.append(source is not None)
     events: dict[int, list[int]] = {}  # instruction -> the values it uses
     for value, at in enumerate(uses):
         for index in at:
             events.setdefault(index, []).append(value)
     spills: list[_Spill] = []
-    spilled: dict[int, _Spill] = {}  # value -> its spill, until reloaded
+    spilled: dict[int, _Spill] = {}  # value -> its spill, until back
+    reused: set[int] = set()
     resident: set[int] = set()
     later: list[tuple[int, int]] = []  # (-next use, value), entries may be out of date
     nexts = [0] * len(uses)  # each value's next use after the current instruction
-    held = peak = 0
+    held = 0
     for index in range(len(trace)):
         for value in events.get(index, ()):
             if value in spilled:
-                spilled.pop(value).reload = index
+                back = spilled.pop(value)
+                if back.stored or index not in repeats:
+                    back.reload = index  # else the repeated load fetches it again
+            elif index in repeats:
+                reused.add(index)
             if value not in resident:
                 resident.add(value)
                 held += size[value]
@@ -529,19 +564,22 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation) -> tuple[in
             elif uses[value][0] < index:  # an input read for the last time: its result
                 resident.remove(value)  # may take its place (an in-place update)
                 held -= size[value]
+        for value, freed in shrinks.get(index, ()):
+            freed = min(freed, size[value])
+            size[value] -= freed
+            held -= freed if value in resident else 0
         while held > capacity and later:
             negative, value = heapq.heappop(later)
             if value in resident and nexts[value] == -negative:
                 resident.remove(value)
                 held -= size[value]
-                spilled[value] = _Spill(index, tiles[value])
+                spilled[value] = _Spill(value, index, tiles[value], not clean[value])
                 spills.append(spilled[value])
-        peak = max(peak, held)
         for value in events.get(index, ()):
             if value in resident and nexts[value] == -1:  # written, never read
                 resident.remove(value)
                 held -= size[value]
-    return max(0, capacity - peak), spills
+    return _Plan(spills, copies, reused)
 
 
 @dataclasses.dataclass
@@ -639,21 +677,17 @@ def estimate(
     rewritten since) is computed once: its result is the earlier one's (a loop-invariant
     computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
-    plan = _sbuf_plan(trace, generation)
+    plan = _sbuf_plan(trace, generation, hoist_loads)
     finish, busy, events, moved = _schedule(
-        trace, generation, plan, dma_buffer_ns, dma_efficiency, timeline, hoist_loads
+        trace, generation, plan, dma_buffer_ns, dma_efficiency, timeline
     )
     share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
     bound = max(ENGINES, key=lambda e: busy[e])
     band_us = None
     if band:
         slow, fast = DMA_EFFICIENCY_RANGE
-        _, fast_busy, _, _ = _schedule(
-            trace, generation, plan, dma_buffer_ns, fast, False, hoist_loads
-        )
-        slow_finish, _, _, _ = _schedule(
-            trace, generation, plan, dma_buffer_ns, slow, False, hoist_loads
-        )
+        _, fast_busy, _, _ = _schedule(trace, generation, plan, dma_buffer_ns, fast, False)
+        slow_finish, _, _, _ = _schedule(trace, generation, plan, dma_buffer_ns, slow, False)
         band_us = (min(finish, max(fast_busy.values())) / 1000.0,
                    max(finish, slow_finish) / 1000.0)  # fmt: skip
     return Estimate(
@@ -671,11 +705,10 @@ def estimate(
 def _schedule(
     trace: Sequence[Instruction],
     generation: Generation,
-    plan: tuple[int, list[_Spill]],
+    plan: _Plan,
     dma_buffer_ns: float,
     dma_efficiency: float,
     timeline: bool,
-    hoist_loads: bool,
 ) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int, int]]:
     """The dependency schedule of ``trace`` with the SBUF ``plan`` of :func:`_sbuf_plan`: its
     end (ns), each engine's busy ns, (with ``timeline``) each instruction's (engine, api,
@@ -685,37 +718,40 @@ def _schedule(
     regions = _Regions()
     computed: dict[tuple[Any, ...], float | _Transfer] = {}
     dma = _DmaQueue()
-    left, spills = plan
-    hoisted = _HoistedLoads(left if hoist_loads else 0)
     stores: dict[int, list[_Spill]] = {}  # after instruction -> the values it spills
     reloads: dict[int, list[_Spill]] = {}
-    for spill in spills:
+    for spill in plan.spills:
         stores.setdefault(spill.after, []).append(spill)
         if spill.reload is not None:
             reloads.setdefault(spill.reload, []).append(spill)
-    stored: dict[int, _Transfer] = {}  # id(spill) -> its store
+    left: dict[int, float | _Transfer] = {}  # id(spill) -> its store, or when it left
+    copied: dict[int, float | _Transfer] = {}  # value -> when its load's data was ready
     moved = [0, 0, 0]  # HBM bytes read, written, spilled (stored and reloaded)
     events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
     finish = 0.0
 
-    def spill_transfer(api: str, tile: Access, ready: float, order: int) -> _Transfer:
+    def transfer_of(api: str, tile: Access, ready: float, order: int, side: int) -> _Transfer:
         duration = _dma_ns(
             Instruction("dma", api, (tile,), ()), generation, dma_buffer_ns, dma_efficiency
         )
         busy["dma"] += duration
-        moved[2] += tile.nbytes
+        moved[side] += tile.nbytes
         return dma.submit(_Transfer(api, ready, order, duration))
 
     for order, instruction in enumerate(trace):
         for spill in stores.get(order - 1, ()):  # its value is the last write of its tile
             written = regions.ready((spill.tile,), dma)
-            stored[id(spill)] = spill_transfer("spill store", spill.tile, written, order)
+            left[id(spill)] = (
+                transfer_of("spill store", spill.tile, written, order, 2)
+                if spill.stored
+                else written
+            )
         waits = 0.0
         for spill in reloads.get(order, ()):
-            stored_by = dma.end(stored[id(spill)])
-            waits = max(
-                waits, dma.end(spill_transfer("spill reload", spill.tile, stored_by, order))
-            )
+            gone = dma.end(left[id(spill)])
+            api, side = ("spill reload", 2) if spill.stored else ("load again", 0)
+            copied[spill.value] = transfer_of(api, spill.tile, gone, order, side)
+            waits = max(waits, dma.end(copied[spill.value]))
         ready = max(waits, regions.ready(instruction.reads + instruction.writes, dma))
         if _elided(instruction):
             regions.write(instruction.writes, ready)
@@ -724,19 +760,20 @@ def _schedule(
         repeat = regions.repeat_key(instruction)
         if repeat is not None and repeat in computed:
             regions.write(instruction.writes, max(ready, dma.end(computed[repeat])))
+            if order in plan.copies:
+                copied[plan.copies[order]] = computed[repeat]
+            continue
+        if engine == "dma" and order in plan.reused:
+            copy = copied[plan.copies[order]]
+            regions.write(instruction.writes, max(ready, dma.end(copy)))
             continue
         if engine == "dma":
-            load = hoisted.key(instruction, regions)
-            if load is not None and (kept := hoisted.reuse(load)) is not None:
-                regions.write(instruction.writes, max(ready, dma.end(kept)))
-                continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
             transfer = dma.submit(_Transfer(instruction.api, ready, order, duration))
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
-            if load is not None:
-                per_partition = max(a.free_size * a.itemsize for a in instruction.writes)
-                hoisted.keep(load, transfer, per_partition)
+            if order in plan.copies:
+                copied[plan.copies[order]] = transfer
             busy[engine] += duration
             regions.write(instruction.writes, transfer)
             if repeat is not None:

@@ -107,19 +107,20 @@ def test_a_repeated_computation_on_unchanged_tiles_is_computed_once():
     assert rewritten > 2 * once
 
 
-def _weights_per_row_tile(rows, weight_hbm=(128, 2048)):
+def _weights_per_row_tile(rows, weight_hbm=(128, 2048), weights=1):
     """add_rmsnorm_matmul's loop nest (AccelOpt@47e29a7): each row tile loads its own x
-    and the same weight tiles again; each loaded tile is a new SBUF allocation."""
+    and the same ``weights`` weight tiles again; each loaded tile is a new SBUF allocation."""
     trace, key = [], 100
     for row in range(rows):
         x = tile(key, (128, 2048), "float32")
         trace.append(op("dma", "load", (tile(1, (128, 2048), "float32", "hbm", low=row * 262144,
                                              high=row * 262144 + 262143),), (x,)))  # fmt: skip
-        w = tile(key + 1, weight_hbm, "float32")
-        trace.append(op("dma", "load", (tile(2, weight_hbm, "float32", "hbm"),), (w,)))
-        trace.append(op("vector", "tensor_tensor", (x, w), (tile(key + 2, (128, 2048),
-                                                                 "float32"),)))  # fmt: skip
-        key += 3
+        for weight in range(2, 2 + weights):
+            w = tile(key + weight, weight_hbm, "float32")
+            trace.append(op("dma", "load", (tile(weight, weight_hbm, "float32", "hbm"),), (w,)))
+            trace.append(op("vector", "tensor_tensor", (x, w),
+                            (tile(key + 10 + weight, (128, 2048), "float32"),)))  # fmt: skip
+        key += 20
     return trace
 
 
@@ -140,12 +141,16 @@ def test_a_loop_invariant_load_is_issued_once_as_the_current_compiler_hoists_it(
     assert rewritten.hbm_read_bytes == 4 * tile_bytes and rewritten.hbm_write_bytes == tile_bytes
 
 
-def test_hoisted_loads_are_kept_only_within_the_sbuf_the_kernels_tiles_leave():
-    """Weights larger than the SBUF (24 MiB on trn1) cannot stay: every load is issued."""
-    huge = (128, 64 * 1024)  # 32 MiB of float32
-    trace = _weights_per_row_tile(2, weight_hbm=huge)
-    result = cost_model.estimate(trace, 2, band=False)
-    assert result.hbm_read_bytes == 2 * (128 * 2048 * 4 + 128 * 64 * 1024 * 4)
+def test_hoisted_loads_are_kept_only_while_the_sbuf_has_room():
+    """One 128 KiB-a-partition weight stays in trn1's 192 KiB a partition beside the row
+    tiles; two do not, and each leaves for the other (the one read furthest ahead leaves):
+    both are loaded again in every row, with nothing to store (an unchanged copy)."""
+    x_bytes, w_bytes = 128 * 2048 * 4, 128 * 32 * 1024 * 4
+    one = cost_model.estimate(_weights_per_row_tile(4, (128, 32 * 1024)), 2, band=False)
+    two = cost_model.estimate(_weights_per_row_tile(4, (128, 32 * 1024), 2), 2, band=False)
+    assert one.hbm_read_bytes == 4 * x_bytes + w_bytes
+    assert two.hbm_read_bytes == 4 * (x_bytes + 2 * w_bytes)
+    assert one.spill_bytes == two.spill_bytes == 0
 
 
 def _keep_then_read(tiles, per_partition_floats=16 * 1024):
