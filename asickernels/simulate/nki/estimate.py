@@ -27,11 +27,13 @@ The model:
   written since) is computed once, as a compiler's common-subexpression elimination does: a
   loop-invariant ``tensor_tensor`` inside a loop costs one instruction. Only instructions
   whose trace records every parameter qualify;
-* a load that repeats an earlier one (same HBM elements, not stored to since) while the
-  earlier copy can still be in SBUF is issued once, as the current compiler hoists a
-  loop-invariant load out of its loop (``hoist_loads``): the loads reused are kept, least
-  recently used first out, within the SBUF the kernel's own tiles leave free at their peak
-  (each tile live from its first to its last use).
+* the SBUF holds each value (what one write leaves in a tile) from its write to its last
+  read, 192 KiB a partition on trn1; when the live values do not fit, the one read
+  furthest ahead leaves: stored to HBM and reloaded before its next read (a spill), or,
+  if it is an unchanged copy of HBM data, fetched again. A load that repeats an earlier
+  one (same HBM elements, not stored to since) is the earlier value again while that is
+  still held, as the current compiler hoists a loop-invariant load out of its loop
+  (``hoist_loads``).
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
@@ -151,7 +153,7 @@ class Generation:
     dma_engines: int
     dma_engine_bytes_per_ns: float
     hbm_bytes_per_ns: float  # this core's share of the device's HBM bandwidth
-    sbuf_bytes: int  # the SBUF's capacity: what hoisted loads can keep
+    sbuf_bytes: int  # the SBUF's capacity over its 128 partitions
 
 
 GENERATIONS = {
