@@ -300,7 +300,9 @@ def _engine_cycles(instruction: Instruction, generation: Generation, engine: str
         cycles = 8 * n
     elif api == "tensor_reduce" and all(a.dtype == "bfloat16" for a in tiles):
         cycles = n / 2
-    elif api in ("activation_reduce", "tensor_scalar_reduce"):
+    elif api in ("activation_reduce", "tensor_scalar_reduce") or (
+        api == "activation" and len(writes) > 1  # with reduce_res
+    ):
         return max(MIN_II, cycles) + MIN_II
     return max(MIN_II, cycles)
 

@@ -184,7 +184,7 @@ def test_values_that_do_not_fit_in_sbuf_are_spilled_and_reloaded():
     # the same instructions in the other loop order (each result read as it is made): no
     # spill, and faster
     trace = _keep_then_read(4)
-    interleaved = [trace[0]] + [i for pair in zip(trace[1:5], trace[5:]) for i in pair]
+    interleaved = [trace[0]] + [i for pair in zip(trace[1:5], trace[5:], strict=True) for i in pair]
     reordered = cost_model.estimate(interleaved, 2, band=False)
     assert reordered.spill_bytes == 0 and reordered.latency_us < spills.latency_us
 
@@ -702,6 +702,40 @@ def test_legacy_isa_adapters_trace_the_kernels_tiles():
     load, add, store = trace
     assert (load.api, add.api, store.api) == ("load", "tensor_tensor", "store")
     assert add.reads[0].key == load.writes[0].key and store.reads[0].key == add.writes[0].key
+
+
+def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read():
+    """``reduce_res`` is an output of ``activation_reduce``: what reads it waits for the
+    activation, which pays ActReadAccumulator's "roughly 64 ScalarE cycles"
+    (nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03a)."""
+    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+    import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
+
+    def kernel(x, out):
+        tile = legacy_nl.load(x)
+        sums = legacy_nl.ndarray((128, 1), dtype=legacy_nl.float32, buffer=legacy_nl.sbuf)
+        legacy_nisa.activation_reduce(legacy_nl.exp, tile, reduce_op=legacy_nl.add,
+                                      reduce_res=sums)  # fmt: skip
+        legacy_nl.store(out, legacy_nl.copy(sums))
+
+    bench = legacy_nki.benchmark(kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoDeviceTimeWarning)
+        bench(
+            legacy_nt.tensor[[128, 512], legacy_nl.float32],
+            legacy_nt.tensor[[128, 1], legacy_nl.float32],
+        )
+    ((_, trace),) = runtime.last_traces()
+    activation = next(i for i in trace if i.api == "activation")
+    copy = next(i for i in trace if i.api in ("copy", "tensor_copy"))
+    sums_key = copy.reads[0].key
+    assert sums_key in {a.key for a in activation.writes}
+    assert sums_key not in {a.key for a in activation.reads}
+    result = cost_model.estimate(trace, 2, band=False, timeline=True)
+    ((_, _, start, end),) = [e for e in result.timeline if e[1] == "activation"]
+    assert end - start == pytest.approx((512 + 64) / 1.4)
+    copy_start = next(e[2] for e in result.timeline if e[1] in ("copy", "tensor_copy"))
+    assert copy_start >= end
 
 
 def test_recorded_calibration_matches_the_models_constants():
