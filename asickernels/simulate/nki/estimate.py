@@ -533,10 +533,12 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
                 repeats.add(index)
                 continue
             ranges.set((a.low, a.high), len(uses))
-            if source is not None:
+            if source is not None and a.free_size * a.itemsize <= capacity:
                 sources[source] = copies[index] = len(uses)
             uses.append([index])
-            size.append(a.free_size * a.itemsize)
+            # a value larger than the SBUF is not one allocation (a whole tensor zeroed,
+            # then used a tile at a time): not planned
+            size.append(a.free_size * a.itemsize if a.free_size * a.itemsize <= capacity else 0)
             tiles.append(a)
             clean.append(source is not None)
     events: dict[int, list[int]] = {}  # instruction -> the values it uses
@@ -563,7 +565,7 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
                 held += size[value]
             following = bisect.bisect_right(uses[value], index)
             nexts[value] = uses[value][following] if following < len(uses[value]) else -1
-            if nexts[value] != -1:
+            if nexts[value] != -1 and size[value]:
                 heapq.heappush(later, (-nexts[value], value))
             elif uses[value][0] < index:  # an input read for the last time: its result
                 resident.remove(value)  # may take its place (an in-place update)
@@ -574,7 +576,7 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
             held -= freed if value in resident else 0
         while held > capacity and later:
             negative, value = heapq.heappop(later)
-            if value in resident and nexts[value] == -negative:
+            if value in resident and nexts[value] == -negative and size[value]:
                 resident.remove(value)
                 held -= size[value]
                 spilled[value] = _Spill(value, index, tiles[value], not clean[value])

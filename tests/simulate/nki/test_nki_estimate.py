@@ -738,6 +738,34 @@ def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read
     assert copy_start >= end
 
 
+def test_a_legacy_loop_reduce_is_traced_as_writing_its_destination():
+    """``dst[...] = nl.loop_reduce(x, ...)`` combines into ``dst``: the store of ``dst``
+    waits for it (NKIBench's bmm_softmax and lora reduce their row maxima this way)."""
+    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+
+    def kernel(x, out):
+        acc = legacy_nl.zeros((128, 512), dtype=legacy_nl.float32, buffer=legacy_nl.sbuf)
+        for i in legacy_nl.affine_range(2):
+            acc[...] = legacy_nl.loop_reduce(legacy_nl.load(x), op=np.add, loop_indices=(i,))
+        legacy_nl.store(out, acc)
+
+    bench = legacy_nki.benchmark(kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoDeviceTimeWarning)
+        bench(
+            legacy_nt.tensor[[128, 512], legacy_nl.float32],
+            legacy_nt.tensor[[128, 512], legacy_nl.float32],
+        )
+    ((_, trace),) = runtime.last_traces()
+    reductions = [i for i in trace if i.api == "loop_reduce"]
+    store = trace[-1]
+    assert len(reductions) == 2 and store.api == "store"
+    assert all(r.writes[0].key == store.reads[0].key for r in reductions)
+    timeline = cost_model.estimate(trace, 2, band=False, timeline=True).timeline
+    last_reduction = max(e[3] for e in timeline if e[1] == "loop_reduce")
+    assert next(e[2] for e in timeline if e[1] == "store") >= last_reduction
+
+
 def test_recorded_calibration_matches_the_models_constants():
     """benchmarks/nki_estimate/calibration.json was recorded with the model's DMA constants;
     re-run the script when a constant changes."""
