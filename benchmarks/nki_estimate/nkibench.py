@@ -194,7 +194,8 @@ def rows_at(
             "hbm_write_bytes": {"profiler": profile["hbm_write_bytes"],
                                 "simulator": int(counters.get("sbuf_to_hbm_bytes", 0)),
                                 "model": result.hbm_write_bytes},
-            "spill_bytes": profile["spill_save_bytes"] + profile["spill_reload_bytes"],
+            "spill_bytes": {"profiler": profile["spill_save_bytes"]
+                            + profile["spill_reload_bytes"], "model": result.spill_bytes},
             "engine_busy_ms": {
                 engine: {"profiler": round(active[engine], 4),
                          "estimate": round(result.busy_share[engine] * latency_ms, 4)}
@@ -343,7 +344,8 @@ def render(record: dict[str, Any]) -> str:
         ]
     lines += [
         "| kernel | family | profiler ms | estimate ms (band) | error | HBM reads / profiler's "
-        "without spills: source, model (hoisted) | spill MB | VectorE busy ms est / profiler "
+        "without spills: source, model (hoisted) | spill MB (stored and reloaded) est / "
+        "profiler | VectorE busy ms est / profiler "
         "| ScalarE busy ms est / profiler |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -355,7 +357,8 @@ def render(record: dict[str, Any]) -> str:
             f"{r['estimate_ms']:.3f} ({r['band_ms'][0]:.2f}-{r['band_ms'][1]:.2f}) | "
             f"{r['error']:+.0%} | {reads['simulator'] / reads['profiler_without_spills']:.2f}, "
             f"{reads['model'] / reads['profiler_without_spills']:.2f} | "
-            f"{r['spill_bytes'] / 1e6:.0f} | {busy['vector']['estimate']:.2f} / "
+            f"{r['spill_bytes']['model'] / 1e6:.0f} / {r['spill_bytes']['profiler'] / 1e6:.0f} | "
+            f"{busy['vector']['estimate']:.2f} / "
             f"{busy['vector']['profiler']:.2f} | {busy['scalar']['estimate']:.2f} / "
             f"{busy['scalar']['profiler']:.2f} |"
         )

@@ -27,11 +27,13 @@ The model:
   written since) is computed once, as a compiler's common-subexpression elimination does: a
   loop-invariant ``tensor_tensor`` inside a loop costs one instruction. Only instructions
   whose trace records every parameter qualify;
-* a load that repeats an earlier one (same HBM elements, not stored to since) while the
-  earlier copy can still be in SBUF is issued once, as the current compiler hoists a
-  loop-invariant load out of its loop (``hoist_loads``): the loads reused are kept, least
-  recently used first out, within the SBUF the kernel's own tiles leave free at their peak
-  (each tile live from its first to its last use).
+* the SBUF holds each value (what one write leaves in a tile) from its write to its last
+  read, 192 KiB a partition on trn1; when the live values do not fit, the one read
+  furthest ahead leaves: stored to HBM and reloaded before its next read (a spill), or,
+  if it is an unchanged copy of HBM data, fetched again. A load that repeats an earlier
+  one (same HBM elements, not stored to since) is the earlier value again while that is
+  still held, as the current compiler hoists a loop-invariant load out of its loop
+  (``hoist_loads``).
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
@@ -51,6 +53,7 @@ Sources (aws-neuron-sdk, file@commit):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import json
@@ -150,7 +153,7 @@ class Generation:
     dma_engines: int
     dma_engine_bytes_per_ns: float
     hbm_bytes_per_ns: float  # this core's share of the device's HBM bandwidth
-    sbuf_bytes: int  # the SBUF's capacity: what hoisted loads can keep
+    sbuf_bytes: int  # the SBUF's capacity over its 128 partitions
 
 
 GENERATIONS = {
@@ -218,6 +221,8 @@ class Estimate:
     # HBM bytes the modelled transfers read and write (hoisted loads counted once).
     hbm_read_bytes: int = 0
     hbm_write_bytes: int = 0
+    # SBUF values that did not fit, stored to HBM and reloaded (bytes of both ways).
+    spill_bytes: int = 0
 
     def describe(self) -> str:
         """``"12.3 us (band 8.1-20.4 us; DMA/HBM-bound)"``: the estimate in one phrase."""
@@ -295,7 +300,9 @@ def _engine_cycles(instruction: Instruction, generation: Generation, engine: str
         cycles = 8 * n
     elif api == "tensor_reduce" and all(a.dtype == "bfloat16" for a in tiles):
         cycles = n / 2
-    elif api in ("activation_reduce", "tensor_scalar_reduce"):
+    elif api in ("activation_reduce", "tensor_scalar_reduce") or (
+        api == "activation" and len(writes) > 1  # with reduce_res
+    ):
         return max(MIN_II, cycles) + MIN_II
     return max(MIN_II, cycles)
 
@@ -345,13 +352,53 @@ def _elided(instruction: Instruction) -> bool:
     return zeroing and bool(writes) and all(a.memory == "psum" for a in writes)
 
 
+class _Ranges:
+    """Element ranges of one storage, each with a value, found by overlap. A range within a
+    few ``BUCKET``-element blocks (a tile) is filed under each block it touches, so a
+    lookup reads the ranges near its own; a wider one (a strided view of a large tensor)
+    is kept in ``wide``, read by every lookup."""
+
+    BUCKET = 1 << 16
+    NARROW = 16  # blocks
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[int, int], Any] = {}
+        self.blocks: dict[int, set[tuple[int, int]]] = {}
+        self.wide: set[tuple[int, int]] = set()
+
+    def _blocks(self, span: tuple[int, int]) -> range | None:
+        first, last = span[0] // self.BUCKET, span[1] // self.BUCKET
+        return range(first, last + 1) if last - first < self.NARROW else None
+
+    def overlapping(self, low: int, high: int) -> list[tuple[tuple[int, int], Any]]:
+        blocks = self._blocks((low, high))
+        near: Any = self.values if blocks is None else self.wide.union(
+            *(self.blocks.get(block, ()) for block in blocks))  # fmt: skip
+        return [(r, self.values[r]) for r in near if r[0] <= high and low <= r[1]]
+
+    def set(self, span: tuple[int, int], value: Any) -> None:
+        if span not in self.values:
+            blocks = self._blocks(span)
+            for block in blocks or ():
+                self.blocks.setdefault(block, set()).add(span)
+            if blocks is None:
+                self.wide.add(span)
+        self.values[span] = value
+
+    def remove(self, span: tuple[int, int]) -> None:
+        del self.values[span]
+        self.wide.discard(span)
+        for block in self._blocks(span) or ():
+            self.blocks[block].discard(span)
+
+
 class _Regions:
     """When each written element range of each storage is ready, and how many times each
     storage has been written (to tell whether a tile still holds what an earlier
     instruction read)."""
 
     def __init__(self) -> None:
-        self.written: dict[int, dict[tuple[int, int], float | _Transfer]] = {}
+        self.written: dict[int, _Ranges] = {}  # storage -> range -> end (float | _Transfer)
         self.versions: dict[int, int] = {}
 
     def ready(self, accesses: Sequence[Access], dma: _DmaQueue) -> float:
@@ -359,14 +406,14 @@ class _Regions:
         waiting in ``dma`` is booked first)."""
         when = 0.0
         for a in accesses:
-            for (low, high), end in self.written.get(a.key, {}).items():
-                if low <= a.high and a.low <= high:
+            if a.key in self.written:
+                for _, end in self.written[a.key].overlapping(a.low, a.high):
                     when = max(when, dma.end(end))
         return when
 
     def write(self, accesses: Sequence[Access], end: float | _Transfer) -> None:
         for a in accesses:
-            self.written.setdefault(a.key, {})[(a.low, a.high)] = end
+            self.written.setdefault(a.key, _Ranges()).set((a.low, a.high), end)
             self.versions[a.key] = self.versions.get(a.key, 0) + 1
 
     def repeat_key(self, instruction: Instruction) -> tuple[Any, ...] | None:
@@ -381,64 +428,164 @@ class _Regions:
         return (instruction.engine, instruction.api, instruction.params, reads, writes)
 
 
-class _HoistedLoads:
-    """The loads a compiler that hoists loop-invariant loads keeps in SBUF: each load's
-    source (HBM elements and their version) -> when its data was ready, least recently used
-    first, within ``capacity`` bytes."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.kept: dict[tuple[Any, ...], tuple[float | _Transfer, int]] = {}
-        self.held = 0
-
-    @staticmethod
-    def key(instruction: Instruction, regions: _Regions) -> tuple[Any, ...] | None:
-        """What makes ``instruction`` the same load as an earlier one; None: not a load
-        from HBM to on-chip memory."""
-        reads, writes = instruction.reads, instruction.writes
-        if len(reads) != 1 or reads[0].memory != "hbm" or not writes:
-            return None
-        if any(a.memory == "hbm" for a in writes):
-            return None
-        a = reads[0]
-        source = (a.key, a.low, a.high, a.shape, a.runs_per_partition)
-        return (*source, regions.versions.get(a.key, 0), tuple((w.shape, w.dtype) for w in writes))
-
-    def reuse(self, key: tuple[Any, ...]) -> float | _Transfer | None:
-        """When the kept copy of ``key`` was ready (None: not kept); marks it used."""
-        if key not in self.kept:
-            return None
-        self.kept[key] = self.kept.pop(key)
-        return self.kept[key][0]
-
-    def keep(self, key: tuple[Any, ...], ready: float | _Transfer, nbytes: int) -> None:
-        self.kept[key] = (ready, nbytes)
-        self.held += nbytes
-        while self.held > self.capacity:
-            _, dropped = self.kept.pop(next(iter(self.kept)))
-            self.held -= dropped
+PARTITIONS = 128  # A2: SBUF and PSUM have 128 partitions, each addressed alike
 
 
-def _sbuf_left(trace: Sequence[Instruction], generation: Generation) -> int:
-    """The SBUF bytes the kernel's own tiles leave free at their peak: each SBUF tile lives
-    from its first to its last use in ``trace`` (what a compiler that allocates by liveness
-    must hold at once); hoisted loads can keep no more than the rest."""
-    extent: dict[int, list[int]] = {}  # key -> [first use, last use, bytes]
+@dataclasses.dataclass
+class _Spill:
+    """A value the SBUF cannot hold: after instruction ``after`` it leaves the SBUF (stored
+    to HBM unless ``stored`` is False: an unchanged copy of HBM data, which is fetched
+    again instead) and, when read again, comes back for instruction ``reload``, which
+    waits for it. ``tile`` is the SBUF access that wrote it."""
+
+    value: int
+    after: int
+    tile: Access
+    stored: bool
+    reload: int | None = None
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What :func:`_sbuf_plan` decides: the spills; each load's value (``copies``: load
+    instruction -> value), and the repeated loads not issued because their copy is still
+    in SBUF (``reused``)."""
+
+    spills: list[_Spill]
+    copies: dict[int, int]
+    reused: set[int]
+
+
+def _load_source(instruction: Instruction, hbm_versions: dict[int, int]) -> tuple[Any, ...] | None:
+    """What makes ``instruction`` the same load as an earlier one (HBM elements, their
+    version, the tile written); None: not a load from HBM into one SBUF tile."""
+    reads, writes = instruction.reads, instruction.writes
+    if len(reads) != 1 or reads[0].memory != "hbm" or len(writes) != 1:
+        return None
+    a, w = reads[0], writes[0]
+    if w.memory != "sbuf":
+        return None
+    version = hbm_versions.get(a.key, 0)
+    return (a.key, a.low, a.high, a.shape, a.runs_per_partition, version, w.shape, w.dtype)
+
+
+def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads: bool) -> _Plan:
+    """What the SBUF holds over ``trace``: which values spill, and which repeated loads the
+    compiler need not issue.
+
+    A value is what one write leaves in an SBUF element range, live from that write to its
+    last read before the range is written again (what a compiler that allocates by
+    liveness must hold; a read-modify-write of the range keeps the value). With
+    ``hoist_loads`` (the current compiler), a load of HBM elements already loaded into a
+    value that is unchanged, and not stored to since, is that value again: the compiler
+    keeps the copy instead of loading it twice (hoists a loop-invariant load). A tile takes
+    its bytes on every partition it spans at the same address, so capacity is per
+    partition. When the live values exceed it, the one read furthest in the future leaves
+    (Belady's rule, the choice that moves least, as the compiler's allocator is not
+    documented): stored and reloaded, or fetched again if it is an unchanged copy of HBM.
+
+    NKIBench's bmm_softmax keeps each batch's [4096, 4096] fp32 scores (64 MiB) between its
+    max and its exp loop nests: the rule spills 1.4 GB, its trn1 profile 1.5 GB
+    (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv)."""
+    capacity = generation.sbuf_bytes // PARTITIONS
+    uses: list[list[int]] = []  # each value's instructions, its write first
+    size: list[int] = []  # bytes per partition
+    tiles: list[Access] = []
+    clean: list[bool] = []  # an unchanged copy of HBM elements
+    current: dict[int, _Ranges] = {}  # storage -> element range -> value
+    sources: dict[tuple[Any, ...], int] = {}  # a load's source -> its value
+    hbm_versions: dict[int, int] = {}
+    copies: dict[int, int] = {}
+    repeats: set[int] = set()  # loads of a value already loaded
+    # instruction -> (value, bytes): a write into part of a value frees that part of it
+    # (an accumulator zeroed whole and then written a slice at a time)
+    shrinks: dict[int, list[tuple[int, int]]] = {}
     for index, instruction in enumerate(trace):
-        for a in instruction.reads + instruction.writes:
-            if a.memory == "sbuf":
-                span = extent.setdefault(a.key, [index, index, 0])
-                span[1] = index
-                span[2] = max(span[2], a.nbytes)
-    changes: dict[int, int] = {}
-    for first, last, nbytes in extent.values():
-        changes[first] = changes.get(first, 0) + nbytes
-        changes[last + 1] = changes.get(last + 1, 0) - nbytes
-    live = peak = 0
-    for index in sorted(changes):
-        live += changes[index]
-        peak = max(peak, live)
-    return max(0, generation.sbuf_bytes - peak)
+        read = set()
+        for a in instruction.reads:
+            if a.memory == "sbuf" and a.key in current:
+                for _, value in current[a.key].overlapping(a.low, a.high):
+                    if value not in read:
+                        read.add(value)
+                        uses[value].append(index)
+        source = _load_source(instruction, hbm_versions) if instruction.engine == "dma" else None
+        known = sources.get(source) if source is not None and hoist_loads else None
+        for a in instruction.writes:
+            if a.memory == "hbm":
+                hbm_versions[a.key] = hbm_versions.get(a.key, 0) + 1
+                continue
+            if a.memory != "sbuf":
+                continue
+            ranges = current.setdefault(a.key, _Ranges())
+            value = ranges.values.get((a.low, a.high))
+            if value is not None and value in read:
+                clean[value] = False  # a read-modify-write: the same value, changed
+                continue
+            for span, older in ranges.overlapping(a.low, a.high):
+                if a.low <= span[0] and span[1] <= a.high:
+                    ranges.remove(span)  # overwritten: those values end at their last read
+                elif span[0] <= a.low and a.high <= span[1] and older not in read:
+                    shrinks.setdefault(index, []).append((older, a.free_size * a.itemsize))
+            if known is not None and clean[known]:
+                ranges.set((a.low, a.high), known)  # the kept copy, loaded again
+                uses[known].append(index)
+                copies[index] = known
+                repeats.add(index)
+                continue
+            ranges.set((a.low, a.high), len(uses))
+            if source is not None and a.free_size * a.itemsize <= capacity:
+                sources[source] = copies[index] = len(uses)
+            uses.append([index])
+            # a value larger than the SBUF is not one allocation (a whole tensor zeroed,
+            # then used a tile at a time): not planned
+            size.append(a.free_size * a.itemsize if a.free_size * a.itemsize <= capacity else 0)
+            tiles.append(a)
+            clean.append(source is not None)
+    events: dict[int, list[int]] = {}  # instruction -> the values it uses
+    for value, at in enumerate(uses):
+        for index in at:
+            events.setdefault(index, []).append(value)
+    spills: list[_Spill] = []
+    spilled: dict[int, _Spill] = {}  # value -> its spill, until back
+    reused: set[int] = set()
+    resident: set[int] = set()
+    later: list[tuple[int, int]] = []  # (-next use, value), entries may be out of date
+    nexts = [0] * len(uses)  # each value's next use after the current instruction
+    held = 0
+    for index in range(len(trace)):
+        for value in events.get(index, ()):
+            if value in spilled:
+                back = spilled.pop(value)
+                if back.stored or index not in repeats:
+                    back.reload = index  # else the repeated load fetches it again
+            elif index in repeats:
+                reused.add(index)
+            if value not in resident:
+                resident.add(value)
+                held += size[value]
+            following = bisect.bisect_right(uses[value], index)
+            nexts[value] = uses[value][following] if following < len(uses[value]) else -1
+            if nexts[value] != -1 and size[value]:
+                heapq.heappush(later, (-nexts[value], value))
+            elif uses[value][0] < index:  # an input read for the last time: its result
+                resident.remove(value)  # may take its place (an in-place update)
+                held -= size[value]
+        for value, freed in shrinks.get(index, ()):
+            freed = min(freed, size[value])
+            size[value] -= freed
+            held -= freed if value in resident else 0
+        while held > capacity and later:
+            negative, value = heapq.heappop(later)
+            if value in resident and nexts[value] == -negative and size[value]:
+                resident.remove(value)
+                held -= size[value]
+                spilled[value] = _Spill(value, index, tiles[value], not clean[value])
+                spills.append(spilled[value])
+        for value in events.get(index, ()):
+            if value in resident and nexts[value] == -1:  # written, never read
+                resident.remove(value)
+                held -= size[value]
+    return _Plan(spills, copies, reused)
 
 
 @dataclasses.dataclass
@@ -536,16 +683,17 @@ def estimate(
     rewritten since) is computed once: its result is the earlier one's (a loop-invariant
     computation in a loop, as the tutorial's ``mamba_v2`` has)."""
     generation = generation_of(version)
+    plan = _sbuf_plan(trace, generation, hoist_loads)
     finish, busy, events, moved = _schedule(
-        trace, generation, dma_buffer_ns, dma_efficiency, timeline, hoist_loads
+        trace, generation, plan, dma_buffer_ns, dma_efficiency, timeline
     )
     share = {engine: (busy[engine] / finish if finish else 0.0) for engine in ENGINES}
     bound = max(ENGINES, key=lambda e: busy[e])
     band_us = None
     if band:
         slow, fast = DMA_EFFICIENCY_RANGE
-        _, fast_busy, _, _ = _schedule(trace, generation, dma_buffer_ns, fast, False, hoist_loads)
-        slow_finish, _, _, _ = _schedule(trace, generation, dma_buffer_ns, slow, False, hoist_loads)
+        _, fast_busy, _, _ = _schedule(trace, generation, plan, dma_buffer_ns, fast, False)
+        slow_finish, _, _, _ = _schedule(trace, generation, plan, dma_buffer_ns, slow, False)
         band_us = (min(finish, max(fast_busy.values())) / 1000.0,
                    max(finish, slow_finish) / 1000.0)  # fmt: skip
     return Estimate(
@@ -563,25 +711,54 @@ def estimate(
 def _schedule(
     trace: Sequence[Instruction],
     generation: Generation,
+    plan: _Plan,
     dma_buffer_ns: float,
     dma_efficiency: float,
     timeline: bool,
-    hoist_loads: bool,
-) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int]]:
-    """The dependency schedule of ``trace``: its end (ns), each engine's busy ns, (with
-    ``timeline``) each instruction's (engine, api, start, end), and the HBM bytes read and
-    written."""
+) -> tuple[float, dict[str, float], list[tuple[str, str, float, float]], tuple[int, int, int]]:
+    """The dependency schedule of ``trace`` with the SBUF ``plan`` of :func:`_sbuf_plan`: its
+    end (ns), each engine's busy ns, (with ``timeline``) each instruction's (engine, api,
+    start, end), and the HBM bytes read, written and spilled."""
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
     computed: dict[tuple[Any, ...], float | _Transfer] = {}
     dma = _DmaQueue()
-    hoisted = _HoistedLoads(_sbuf_left(trace, generation) if hoist_loads else 0)
-    moved = [0, 0]  # HBM bytes read, written
+    stores: dict[int, list[_Spill]] = {}  # after instruction -> the values it spills
+    reloads: dict[int, list[_Spill]] = {}
+    for spill in plan.spills:
+        stores.setdefault(spill.after, []).append(spill)
+        if spill.reload is not None:
+            reloads.setdefault(spill.reload, []).append(spill)
+    left: dict[int, float | _Transfer] = {}  # id(spill) -> its store, or when it left
+    copied: dict[int, float | _Transfer] = {}  # value -> when its load's data was ready
+    moved = [0, 0, 0]  # HBM bytes read, written, spilled (stored and reloaded)
     events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
     finish = 0.0
+
+    def transfer_of(api: str, tile: Access, ready: float, order: int, side: int) -> _Transfer:
+        duration = _dma_ns(
+            Instruction("dma", api, (tile,), ()), generation, dma_buffer_ns, dma_efficiency
+        )
+        busy["dma"] += duration
+        moved[side] += tile.nbytes
+        return dma.submit(_Transfer(api, ready, order, duration))
+
     for order, instruction in enumerate(trace):
-        ready = regions.ready(instruction.reads + instruction.writes, dma)
+        for spill in stores.get(order - 1, ()):  # its value is the last write of its tile
+            written = regions.ready((spill.tile,), dma)
+            left[id(spill)] = (
+                transfer_of("spill store", spill.tile, written, order, 2)
+                if spill.stored
+                else written
+            )
+        waits = 0.0
+        for spill in reloads.get(order, ()):
+            gone = dma.end(left[id(spill)])
+            api, side = ("spill reload", 2) if spill.stored else ("load again", 0)
+            copied[spill.value] = transfer_of(api, spill.tile, gone, order, side)
+            waits = max(waits, dma.end(copied[spill.value]))
+        ready = max(waits, regions.ready(instruction.reads + instruction.writes, dma))
         if _elided(instruction):
             regions.write(instruction.writes, ready)
             continue
@@ -589,18 +766,20 @@ def _schedule(
         repeat = regions.repeat_key(instruction)
         if repeat is not None and repeat in computed:
             regions.write(instruction.writes, max(ready, dma.end(computed[repeat])))
+            if order in plan.copies:
+                copied[plan.copies[order]] = computed[repeat]
+            continue
+        if engine == "dma" and order in plan.reused:
+            copy = copied[plan.copies[order]]
+            regions.write(instruction.writes, max(ready, dma.end(copy)))
             continue
         if engine == "dma":
-            load = hoisted.key(instruction, regions)
-            if load is not None and (kept := hoisted.reuse(load)) is not None:
-                regions.write(instruction.writes, max(ready, dma.end(kept)))
-                continue
             duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
             transfer = dma.submit(_Transfer(instruction.api, ready, order, duration))
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
-            if load is not None:
-                hoisted.keep(load, transfer, max(a.nbytes for a in instruction.writes))
+            if order in plan.copies:
+                copied[plan.copies[order]] = transfer
             busy[engine] += duration
             regions.write(instruction.writes, transfer)
             if repeat is not None:
@@ -629,4 +808,4 @@ def _schedule(
         finish = max(finish, transfer.done)
         if timeline:
             events.append((transfer.order, ("dma", transfer.api, transfer.start, transfer.done)))
-    return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1])
+    return finish, busy, [event for _, event in sorted(events)], (moved[0], moved[1], moved[2])

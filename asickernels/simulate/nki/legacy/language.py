@@ -245,8 +245,10 @@ def compute(
     engine: str = "vector",
     free_only: bool = False,
     default_dtype: Any = None,
+    dst: Tensor | None = None,
 ) -> Tensor:
-    """One element-wise instruction on tiles (and scalars) into a new SBUF tile: the core
+    """One element-wise instruction on tiles (and scalars) into a new SBUF tile (or into
+    ``dst``, where ``mask`` holds): the core
     instruction (``core_language.elementwise_into``) with this generation's broadcasting,
     ``mask``, result dtype (:func:`promote` unless ``dtype`` or ``default_dtype``) and
     bounds checks of the views read."""
@@ -267,7 +269,7 @@ def compute(
         core_language.elementwise_into, api=api, function=function, operands=core_operands,
         read=read, engine=engine, broadcast=(not free_only, True),
     )  # fmt: skip
-    return isa._run_core(api, instruction, shape, nki_dtype(dtype), mask, reads=tuple(tiles))
+    return isa._run_core(api, instruction, shape, nki_dtype(dtype), mask, dst, reads=tuple(tiles))
 
 
 # -- ALU operators: the binary functions double as ``op=`` for nki.isa ---------------------
@@ -722,9 +724,9 @@ def assign(dst: Tensor, value: Any) -> None:
     runtime.active_run(api)
     require_tile(api, "dst", dst, ON_CHIP)
     if isinstance(value, LoopReduction):
-        reduced = compute("loop_reduce", value.function, {"dst": dst, "x": value.x},
-                          value.dtype or dst.dtype, value.mask)  # fmt: skip
-        dst.write(reduced.read(), mask_values(api, value.mask, dst.shape), api)
+        # traced as writing dst, so that what reads the reduction waits for it
+        compute("loop_reduce", value.function, {"dst": dst, "x": value.x},
+                value.dtype or dst.dtype, value.mask, dst=dst)  # fmt: skip
     elif isinstance(value, Tensor):
         require_tile(api, "value", value, ON_CHIP)
         source = _broadcast_source(api, value, dst, None)

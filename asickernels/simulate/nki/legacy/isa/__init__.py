@@ -196,13 +196,17 @@ def _run_core(
     if recorded is not None:
         counted = [e for e, n in run.instructions.items() if n != before.get(e, 0)]
         engine = "dma" if run.dma_transfers != transfers else counted[0]
-        tiles = [*reads, *(v for v in operands.values() if isinstance(v, Tensor))]
+        tiles = [*reads, *(v for n, v in operands.items()
+                           if isinstance(v, Tensor) and n not in _WRITTEN_OPERANDS)]  # fmt: skip
+        written = [
+            v for n, v in operands.items() if isinstance(v, Tensor) and n in _WRITTEN_OPERANDS
+        ]
         # The core's own record gives the parameters (the operator), unless a mask made
         # this a partial result.
         params = core_trace[-1].params if core_trace and mask is None else None
         if pinned is None:
             pinned = core_trace[-1].pinned if core_trace else True
-        recorded.append(trace.instruction(engine, api, tiles, (out,), params, pinned))
+        recorded.append(trace.instruction(engine, api, tiles, (out, *written), params, pinned))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
             operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
