@@ -405,8 +405,6 @@ WHY_OFF = {
     "takes at the plateau; the model's 10 ns per piece is far too small",
     "dma_transpose_sbuf": "the model costs a DMA transpose as a copy of the same pieces; between "
     "SBUF tiles that is the copy's cost exactly, where A3 gives half its rate",
-    "scalar_act_read": "the simulator traces activation_reduce (and activation with reduce_res) "
-    "as api 'activation', so the model's activation_reduce rule (+MIN_II) never applies",
     "scalar_dependent": "the model charges MIN_II = 64 cycles; A2's static overhead of 100 "
     "cycles for dependent back-to-back instructions and its ~60-cycle SBUF access overhead "
     "are not charged (264 cycles measured)",

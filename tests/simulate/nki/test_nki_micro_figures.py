@@ -78,3 +78,10 @@ def test_hbm_to_sbuf_dma_transpose_runs_near_a_copys_rate(figures):
     100% throughput utilization for a DMA copy" (a packed [512, 128] HBM tensor into a
     [128, 512] SBUF tile)."""
     _agrees(figures["dma_transpose_hbm_to_sbuf_share"])
+
+
+def test_an_activation_reading_its_accumulators_costs_about_64_more_cycles(figures):
+    """ "The ActReadAccumulator instruction is a low cost (roughly 64 ScalarE cycles on
+    NeuronCore-v2) instruction" (nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03a;
+    not held out: the model's rule quotes the same text)."""
+    _agrees(figures["scalar_act_read_accumulator_cycles"])
