@@ -455,17 +455,6 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(rows: Sequence[dict[str, Any]], readme: pathlib.Path) -> None:
-    """Replaces the section between START and END of ``readme`` (appended if absent)."""
-    text = readme.read_text()
-    if START not in text:
-        readme.write_text(text.rstrip("\n") + "\n\n" + render(rows) + "\n")
-        return
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(head + render(rows) + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(HERE / "micro_figures.json"))
@@ -482,7 +471,9 @@ def main() -> None:
     }
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if args.readme:
-        write_readme(rows, HERE / "README.md")
+        from nkibench import write_section  # this folder's scripts share it
+
+        write_section(render(rows), HERE / "README.md")
     for r in rows:
         mark = "ok " if r["agrees"] else "OFF"
         print(f"{mark} {r['id']:<38} figure {r['figure']:>9g}  model {r['model']:>9g}  "

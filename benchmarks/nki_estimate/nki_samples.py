@@ -506,17 +506,6 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(record: dict[str, Any], readme: pathlib.Path) -> None:
-    """Replaces the section between START and END of ``readme`` (appends it when absent)."""
-    text = readme.read_text()
-    if START not in text:
-        readme.write_text(text.rstrip("\n") + "\n\n" + render(record) + "\n")
-        return
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(head + render(record) + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("samples", type=pathlib.Path, help="nki-samples clone or git directory")
@@ -551,7 +540,9 @@ def main() -> None:
     }
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if args.readme:
-        write_readme(record, HERE / "README.md")
+        from nkibench import write_section  # this folder's scripts share it
+
+        write_section(render(record), HERE / "README.md")
     print(render(record))
 
 

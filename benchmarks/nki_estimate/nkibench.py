@@ -386,12 +386,18 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(record: dict[str, Any], readme: pathlib.Path) -> None:
-    """Replaces the section between START and END of ``readme`` with :func:`render`."""
+def write_section(section: str, readme: pathlib.Path) -> None:
+    """Replaces the part of ``readme`` between ``section``'s first and last lines (its
+    start and end markers) with ``section``, or appends it when ``readme`` has none."""
+    lines = section.splitlines()
+    start, end = lines[0], lines[-1]
     text = readme.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(head + render(record) + tail)
+    if start not in text:
+        readme.write_text(text.rstrip("\n") + "\n\n" + section + "\n")
+        return
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    readme.write_text(head + section + tail)
 
 
 def main() -> None:
@@ -450,7 +456,7 @@ def main() -> None:
     }  # fmt: skip
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if args.readme:
-        write_readme(record, HERE / "README.md")
+        write_section(render(record), HERE / "README.md")
     print(json.dumps({k: v for k, v in record.items() if not k.startswith("rows")}, indent=1))
 
 

@@ -445,6 +445,16 @@ def _legacy_api():
     return legacy_nki, legacy_nl, legacy_nt
 
 
+def _legacy_trace(kernel, *inputs):
+    """The trace of one trace-only ``nki.benchmark`` run of the legacy ``kernel``."""
+    legacy_nki, _, _ = _legacy_api()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoDeviceTimeWarning)
+        legacy_nki.benchmark(kernel)(*inputs)
+    ((_, trace),) = runtime.last_traces()
+    return trace
+
+
 def _require_tutorials():
     if not vendor_present("aws-neuron-sdk@72825d5"):
         pytest.skip(VENDOR_MISSING)
@@ -657,7 +667,7 @@ def test_what_reads_a_psum_accumulation_waits_for_the_matmuls():
 def test_the_trace_records_whether_the_kernel_chose_the_engine():
     """``nisa`` calls with ``engine`` unset and ``nl`` arithmetic leave the engine to the
     compiler (``pinned`` False); an explicit ``engine`` pins it (both API generations)."""
-    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+    _, legacy_nl, legacy_nt = _legacy_api()
     import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
 
     def kernel(x, out):
@@ -668,13 +678,8 @@ def test_the_trace_records_whether_the_kernel_chose_the_engine():
         inverse = legacy_nisa.reciprocal(fixed)
         legacy_nl.store(out, legacy_nl.multiply(inverse, tile))
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NoDeviceTimeWarning)
-        legacy_nki.benchmark(kernel)(
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-        )
-    ((_, trace),) = runtime.last_traces()
+    trace = _legacy_trace(kernel, legacy_nt.tensor[[128, 512], legacy_nl.float32],
+                          legacy_nt.tensor[[128, 512], legacy_nl.float32])  # fmt: skip
     assert [(i.api, i.pinned) for i in trace] == [
         ("load", True), ("tensor_scalar", False), ("tensor_scalar", True),
         ("reciprocal", False), ("multiply", False), ("store", True)]  # fmt: skip
@@ -683,7 +688,7 @@ def test_the_trace_records_whether_the_kernel_chose_the_engine():
 def test_legacy_isa_adapters_trace_the_kernels_tiles():
     """Legacy ``nisa`` calls that run through the current API's implementation are traced
     with the kernel's own tiles, so they depend on the load that wrote their input."""
-    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+    _, legacy_nl, legacy_nt = _legacy_api()
     import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
 
     def kernel(x, out):
@@ -691,14 +696,8 @@ def test_legacy_isa_adapters_trace_the_kernels_tiles():
         summed = legacy_nisa.tensor_tensor(tile, tile, op=legacy_nl.add)
         legacy_nl.store(out, summed)
 
-    bench = legacy_nki.benchmark(kernel)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NoDeviceTimeWarning)
-        bench(
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-        )
-    ((_, trace),) = runtime.last_traces()
+    trace = _legacy_trace(kernel, legacy_nt.tensor[[128, 512], legacy_nl.float32],
+                          legacy_nt.tensor[[128, 512], legacy_nl.float32])  # fmt: skip
     load, add, store = trace
     assert (load.api, add.api, store.api) == ("load", "tensor_tensor", "store")
     assert add.reads[0].key == load.writes[0].key and store.reads[0].key == add.writes[0].key
@@ -708,7 +707,7 @@ def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read
     """``reduce_res`` is an output of ``activation_reduce``: what reads it waits for the
     activation, which pays ActReadAccumulator's "roughly 64 ScalarE cycles"
     (nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03a)."""
-    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+    _, legacy_nl, legacy_nt = _legacy_api()
     import neuronxcc.nki.isa as legacy_nisa  # type: ignore[import-not-found]
 
     def kernel(x, out):
@@ -718,14 +717,8 @@ def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read
                                       reduce_res=sums)  # fmt: skip
         legacy_nl.store(out, legacy_nl.copy(sums))
 
-    bench = legacy_nki.benchmark(kernel)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NoDeviceTimeWarning)
-        bench(
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-            legacy_nt.tensor[[128, 1], legacy_nl.float32],
-        )
-    ((_, trace),) = runtime.last_traces()
+    trace = _legacy_trace(kernel, legacy_nt.tensor[[128, 512], legacy_nl.float32],
+                          legacy_nt.tensor[[128, 1], legacy_nl.float32])  # fmt: skip
     activation = next(i for i in trace if i.api == "activation")
     copy = next(i for i in trace if i.api in ("copy", "tensor_copy"))
     sums_key = copy.reads[0].key
@@ -741,7 +734,7 @@ def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read
 def test_a_legacy_loop_reduce_is_traced_as_writing_its_destination():
     """``dst[...] = nl.loop_reduce(x, ...)`` combines into ``dst``: the store of ``dst``
     waits for it (NKIBench's bmm_softmax and lora reduce their row maxima this way)."""
-    legacy_nki, legacy_nl, legacy_nt = _legacy_api()
+    _, legacy_nl, legacy_nt = _legacy_api()
 
     def kernel(x, out):
         acc = legacy_nl.zeros((128, 512), dtype=legacy_nl.float32, buffer=legacy_nl.sbuf)
@@ -749,14 +742,8 @@ def test_a_legacy_loop_reduce_is_traced_as_writing_its_destination():
             acc[...] = legacy_nl.loop_reduce(legacy_nl.load(x), op=np.add, loop_indices=(i,))
         legacy_nl.store(out, acc)
 
-    bench = legacy_nki.benchmark(kernel)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NoDeviceTimeWarning)
-        bench(
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-            legacy_nt.tensor[[128, 512], legacy_nl.float32],
-        )
-    ((_, trace),) = runtime.last_traces()
+    trace = _legacy_trace(kernel, legacy_nt.tensor[[128, 512], legacy_nl.float32],
+                          legacy_nt.tensor[[128, 512], legacy_nl.float32])  # fmt: skip
     reductions = [i for i in trace if i.api == "loop_reduce"]
     store = trace[-1]
     assert len(reductions) == 2 and store.api == "store"
