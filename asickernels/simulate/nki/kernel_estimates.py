@@ -22,14 +22,12 @@ eps`` and transcendental functions not counted), so they are lower bounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
-import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,20 +161,6 @@ class Row:
         }
 
 
-@contextlib.contextmanager
-def _target(version: int) -> Iterator[None]:
-    """Kernels launched inside run on NeuronCore-v``version`` (the SDK's override variable)."""
-    previous = os.environ.get(runtime.TARGET_ENV)
-    os.environ[runtime.TARGET_ENV] = f"gen{version}"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[runtime.TARGET_ENV]
-        else:
-            os.environ[runtime.TARGET_ENV] = previous
-
-
 def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
     """The instruction trace of ``case``'s one NKI kernel launch on NeuronCore-v``version``.
 
@@ -196,7 +180,7 @@ def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
     inputs = op.bench_case(case.parsed_size(), np.random.default_rng(0))
     launches: list[Any] = []
     with (
-        _target(version),
+        runtime.targeting(f"gen{version}"),
         sdk.observing_kernels(lambda kernel, args, kwargs: launches.append(kernel)),
         runtime.recording(),
     ):

@@ -50,6 +50,21 @@ def target_from_env() -> Target:
     return target_named(value, TARGET_ENV)
 
 
+@contextlib.contextmanager
+def targeting(name: str) -> Iterator[None]:
+    """Kernels launched inside run on the target ``name`` (``trn1``, ``gen2``, ...: what
+    ``NEURON_PLATFORM_TARGET_OVERRIDE`` takes), as if that variable were set."""
+    previous = os.environ.get(TARGET_ENV)
+    os.environ[TARGET_ENV] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[TARGET_ENV]
+        else:
+            os.environ[TARGET_ENV] = previous
+
+
 def target_named(name: str, where: str = "platform_target") -> Target:
     """The target a platform name (``trn1``, ``inf2``, ``gen2``, ``trn2``, ...) denotes."""
     value = name.strip().lower()
