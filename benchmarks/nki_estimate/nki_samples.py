@@ -36,10 +36,8 @@ import importlib.util
 import itertools
 import json
 import math
-import os
 import pathlib
 import pickle
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +52,9 @@ from asickernels.simulate.nki.estimate import estimate
 from asickernels.simulate.nki.install import install
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # this folder's scripts share nkibench's helpers
+from nkibench import PinnedRepo, write_section  # noqa: E402
+
 KERNELS = "src/nki_samples/reference"
 REPO = "aws-neuron/nki-samples"
 COMMIT = "0898a77"  # fc5c69f^: the last commit with the perf checks
@@ -189,19 +190,11 @@ SEQLENS = {
 }
 
 
-class Samples:
+class Samples(PinnedRepo):
     """Files of nki-samples at COMMIT, from a clone or a git directory."""
 
     def __init__(self, path: pathlib.Path) -> None:
-        self.git_dir = path / ".git" if (path / ".git").exists() else path
-
-    def git(self, *args: str) -> bytes:
-        return subprocess.run(
-            ["git", f"--git-dir={self.git_dir}", *args], capture_output=True, check=True
-        ).stdout
-
-    def read(self, name: str) -> str:
-        return self.git("show", f"{COMMIT}:{name}").decode()
+        super().__init__(path, COMMIT)
 
     def kernels(self, name: str, folder: pathlib.Path) -> Any:
         """The kernel module ``name`` of COMMIT (:func:`import_kernels` of a copy in
@@ -331,21 +324,13 @@ def trace_of(file: str, kernel_module: Any, params: dict[str, Any]) -> tuple:
     install()
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
 
-    previous = os.environ.get(runtime.TARGET_ENV)
-    os.environ[runtime.TARGET_ENV] = target
-    try:
+    with runtime.targeting(target), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         grid, args, kwargs = call(params, kernel_module)
         bench = nki.benchmark(warmup=1, iters=1)(getattr(kernel_module, kernel_name))
         started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            (bench[grid] if grid else bench)(*args, **kwargs)
+        (bench[grid] if grid else bench)(*args, **kwargs)
         seconds = time.perf_counter() - started
-    finally:
-        if previous is None:
-            del os.environ[runtime.TARGET_ENV]
-        else:
-            os.environ[runtime.TARGET_ENV] = previous
     ((version, instructions),) = runtime.last_traces()
     return version, instructions, seconds
 
@@ -522,12 +507,11 @@ def main() -> None:
         for file in TESTS:
             if args.only and pathlib.PurePath(file).stem not in args.only:
                 continue
+            blob = blob_id(samples.read(f"{KERNELS}/{TESTS[file][0]}.py"))
             for case in cases_of(file, samples.read(f"test/unit/{file}")):
                 outcome = simulate(
                     case, samples, pathlib.Path(folder), args.traces, args.budget_min * 60
                 )
-                module = TESTS[file][0]
-                blob = blob_id(samples.read(f"{KERNELS}/{module}.py"))
                 rows.append(row_of(case, outcome, blob))
     record = {
         "command": "PYTHONPATH=. python benchmarks/nki_estimate/nki_samples.py NKI_SAMPLES"
@@ -540,8 +524,6 @@ def main() -> None:
     }
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if args.readme:
-        from nkibench import write_section  # this folder's scripts share it
-
         write_section(render(record), HERE / "README.md")
     print(render(record))
 

@@ -4,8 +4,8 @@ and leave-one-family-out cross-validation of the shared DMA constants.
 
     PYTHONPATH=. python benchmarks/nki_estimate/nkibench.py ACCELOPT [--traces DIR] [--out FILE]
 
-ACCELOPT is github.com/zhang677/AccelOpt at 47e29a7: a checkout, or the git directory the
-search tool's ``fetch`` brings (files are then read with ``git show 47e29a7:PATH``). Its code
+ACCELOPT is github.com/zhang677/AccelOpt: a clone, or the git directory the search tool's
+``fetch`` brings; files are read at 47e29a7 with ``git show 47e29a7:PATH``. Its code
 is read at run time and never committed; ``nkibench.json`` records only figures and
 citations. Each kernel (``NKIBench/kernels/*_0.py``, the legacy ``neuronxcc.nki`` API) runs
 unchanged through ``nki.benchmark`` in trace-only mode on ``nt.tensor`` placeholders of the
@@ -85,23 +85,22 @@ SHIPPED_EFFICIENCY = {
 }
 
 
-class AccelOpt:
-    """Files of AccelOpt at COMMIT, from a checkout or a git directory."""
+class PinnedRepo:
+    """Files of a repository at ``commit``, read with ``git show`` from a clone or from the
+    git directory ``fetch`` brings (a clone's working tree may be at another commit)."""
 
-    def __init__(self, path: pathlib.Path) -> None:
-        self.path = path
-        self.checkout = (path / "NKIBench").is_dir()
+    def __init__(self, path: pathlib.Path, commit: str) -> None:
+        self.git_dir = path / ".git" if (path / ".git").exists() else path
+        self.commit = commit
 
     def read(self, name: str) -> str:
-        if self.checkout:
-            return (self.path / name).read_text()
         return subprocess.run(
-            ["git", f"--git-dir={self.path}", "show", f"{COMMIT}:{name}"],
+            ["git", f"--git-dir={self.git_dir}", "show", f"{self.commit}:{name}"],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
 
 
-def profiles(source: AccelOpt) -> list[dict[str, Any]]:
+def profiles(source: PinnedRepo) -> list[dict[str, Any]]:
     """One row per kernel: its problem, kernel and reference files, and the profile."""
     rows = []
     for row in csv.DictReader(io.StringIO(source.read(PROFILES))):
@@ -114,7 +113,7 @@ def profiles(source: AccelOpt) -> list[dict[str, Any]]:
     return rows
 
 
-def _module(source: AccelOpt, name: str, folder: pathlib.Path) -> Any:
+def _module(source: PinnedRepo, name: str, folder: pathlib.Path) -> Any:
     path = folder / pathlib.PurePath(name).name
     path.write_text(source.read(name))
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -124,7 +123,7 @@ def _module(source: AccelOpt, name: str, folder: pathlib.Path) -> Any:
     return module
 
 
-def trace_of(source: AccelOpt, row: dict[str, Any], cache: pathlib.Path | None) -> tuple:
+def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None) -> tuple:
     """``row``'s kernel's trn1 trace and the simulator's counters (from ``cache`` when there)."""
     cached = cache / (pathlib.PurePath(row["kernel"]).stem + ".pkl") if cache else None
     if cached is not None and cached.is_file():
@@ -415,7 +414,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.cached_only and args.traces is None:
         parser.error("--cached-only needs --traces DIR")
-    source = AccelOpt(args.accelopt)
+    source = PinnedRepo(args.accelopt, COMMIT)
     found = []
     # the quickest first (simulating takes roughly as long as the device did, times ~1e5)
     skipped = []
