@@ -13,10 +13,20 @@ PYTHON313 ?= $(or $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/pytho
 NEW_VENV := .venv-newest
 NEW_PY := $(NEW_VENV)/bin/python
 NEW_STAMP := $(NEW_VENV)/.installed
+# The newest jax release, without libtpu: jax[tpu] holds jax back to the newest release whose
+# libtpu is published, so .venv-newest may not have it (0.12.0.1 there, 0.12.1 here today).
+LATEST_VENV := .venv-jax-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_STAMP := $(LATEST_VENV)/.installed
 # The third environment: TorchTPU (torch-tpu 0.2.0, torch 2.13.0, jax 0.10.2, libtpu 0.0.52).
 TT_VENV := .venv-torch-tpu
 TT_PY := $(TT_VENV)/bin/python
 TT_STAMP := $(TT_VENV)/.installed
+# The nki-library environment: aws-neuron/nki-library's own test suite in its simulation mode (torch 2.13 CPU,
+# pytest plugins and the AWS clients its test framework imports; ~1.6 GB).
+NL_VENV := .venv-nkilib
+NL_PY := $(NL_VENV)/bin/python
+NL_STAMP := $(NL_VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
@@ -27,6 +37,7 @@ NATIVE := setup.py $(wildcard asickernels/backends/cpu/csrc/*)
 # there, installs into it, and stamps it. (Arguments with commas go through a variable.)
 MAIN_EXTRAS := -e '.[tpu,test,bench]'
 NEW_EXTRAS := -e '.[tpu,test]'
+LATEST_EXTRAS := -e '.[test]'
 define install
 	test -x $(1)/bin/python || $(2) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
@@ -34,7 +45,8 @@ define install
 	touch $(1)/.installed
 endef
 
-.PHONY: run test lint test-main test-torch-xla test-newest-jax test-torch-tpu package environments
+.PHONY: run test lint test-main test-torch-xla test-newest-jax test-jax-latest test-torch-tpu \
+	test-nkilib package dist environments
 
 # Every environment, one after another: each editable install builds the cpu library in place,
 # so two at once would write the same file (CI installs them first, then tests in parallel).
@@ -42,6 +54,7 @@ environments:
 	$(MAKE) $(STAMP)
 	$(MAKE) $(TX_STAMP)
 	$(MAKE) $(NEW_STAMP)
+	$(MAKE) $(LATEST_STAMP)
 	$(MAKE) $(TT_STAMP)
 
 $(STAMP): pyproject.toml $(NATIVE)
@@ -85,6 +98,16 @@ test-newest-jax: $(NEW_STAMP)
 	$(NEW_PY) -m pytest tests/kernels tests/backends/pallas_tpu tests/simulate/tpu_estimate
 	$(NEW_PY) -m asickernels check --quick
 
+$(LATEST_STAMP): pyproject.toml $(NATIVE)
+	$(call install,$(LATEST_VENV),$(PYTHON313),$(LATEST_EXTRAS))
+
+# The newest jax without libtpu (fast tier, ~4 min): the Pallas kernels' own tests (interpret
+# and TPU interpret mode), no deprecated jax API in our calls, and `asickernels check --quick`
+# (every op on every backend; the whole conformance suite runs on the other jax tiers).
+test-jax-latest: $(LATEST_STAMP)
+	$(LATEST_PY) -m pytest tests/backends/pallas_tpu tests/kernels/test_jax_deprecations.py
+	$(LATEST_PY) -m asickernels check --quick --quiet
+
 $(TT_STAMP): requirements-torch-tpu.txt pyproject.toml $(NATIVE)
 	$(call install,$(TT_VENV),$(PYTHON),-r requirements-torch-tpu.txt)
 
@@ -95,7 +118,23 @@ test-torch-tpu: $(TT_STAMP)
 	$(TT_PY) -m pytest tests/frontends/test_torch_tpu.py
 	$(TT_PY) -m pytest -m "slow or not slow" tests/docs/test_readme.py -k torch.md
 
-test: lint test-main test-torch-xla test-newest-jax test-torch-tpu
+$(NL_STAMP): requirements-nkilib.txt pyproject.toml $(NATIVE)
+	$(call install,$(NL_VENV),$(PYTHON),-r requirements-nkilib.txt)
+
+# AWS's NKI kernel library's own test suite (nki-library@d2ad3a5, read unchanged from
+# ../shared/vendor) in its simulation mode on our NKI simulator, two workers: every
+# NKILIB_EVERY-th case of each test function in its default selection (test/integration on
+# trn2, the large shapes its conftest skips left out); NKILIB_EVERY=1 runs all ~3,500 (about
+# 3 CPU-seconds each). ARGS: more pytest arguments, e.g. ARGS='-k cumsum'.
+NKILIB_EVERY ?= 16
+test-nkilib: $(NL_STAMP)
+	$(NL_PY) tests/simulate/nki/nkilib_suite.py -n 2 --nkilib-every $(NKILIB_EVERY) $(ARGS)
+
+test: lint test-main test-torch-xla test-newest-jax test-jax-latest test-torch-tpu
+
+# The release: dist/ gets the sdist and the manylinux abi3 wheel (.ci/dist; no compiler needed).
+dist:
+	PYTHON=$(PYTHON) .ci/dist dist
 
 # The package as pip users get it (.ci/package): sdist, manylinux wheel, and the wheel in
 # fresh environments with no compiler, an unwritable home and the oldest allowed versions.

@@ -1,22 +1,25 @@
-"""Builds the ``cpu`` backend's native library (``asickernels/backends/cpu/csrc``) into the
-wheel, so that installing asickernels needs no compiler and nothing is compiled at run time.
+"""Builds the ``cpu`` backend's native library (``asickernels/backends/cpu``) into the wheel,
+so that installing asickernels needs no compiler and nothing is compiled at run time.
 
-Each op's source (every ``csrc/*.cpp`` but the library-wide ``COMMON_SOURCES``) is compiled
-once per instruction-set level, each into its own namespace (``csrc/kernels.h``): on x86-64
-the compiler's baseline, x86-64-v3 (AVX2) and x86-64-v4 with AVX-512 VNNI; the baseline
-compile also holds the op's entry points (XLA FFI handlers and host functions), which run the
-best level the CPU has (``csrc/dispatch.cpp``). Elsewhere, the baseline only. The XLA FFI
-headers come from the jax installed in the build environment (``jax.ffi.include_dir()``).
-The library is loaded with ctypes, not imported: it uses no Python API, hence the ``abi3``
-tag (one wheel for every CPython >= 3.11).
+Each op's source (``backends/cpu/<op>.cpp``, beside its Python module) is compiled once per
+instruction-set level, each into its own namespace (``csrc/kernels.h``): on x86-64 the
+compiler's baseline, x86-64-v3 (AVX2) and x86-64-v4 with AVX-512 VNNI; the baseline compile
+also holds the op's XLA FFI handlers, which run the best level the CPU has
+(``csrc/dispatch.cpp``). Elsewhere, the baseline only. What the ops share (``csrc/*.cpp``) is
+compiled once. The XLA FFI headers come from the jax installed in the build environment
+(``jax.ffi.include_dir()``). The library is loaded with ctypes, not imported: it uses no
+Python API, hence the ``abi3`` tag (one wheel for every CPython >= 3.11).
 
 Built with the platform's compiler, the library needs the glibc and libstdc++ it was built
-against (Debian 12's g++: glibc 2.34, ``GLIBCXX_3.4.30``). The wheel CI ships is built with
-zig instead (``$ASICKERNELS_ZIG``, a command running zig, such as ``python -m ziglang`` of
-PyPI's ``ziglang``): it targets glibc :data:`ZIG_GLIBC` and links LLVM's libc++ statically,
-so the library runs on every Linux with that glibc or newer (``manylinux_2_28``). Same
-sources and flags (:meth:`BuildLevels.zig_level_flags`), the same bits at every level, the
-same speed (``benchmarks/wheel_toolchains.py``).
+against (Debian 12's g++: glibc 2.34, ``GLIBCXX_3.4.30``). The release wheel (``make dist``,
+``.ci/dist``) is built with zig instead (``$ASICKERNELS_ZIG``, a command running zig, such as
+``python -m ziglang`` of PyPI's ``ziglang``): it targets glibc :data:`ZIG_GLIBC` and links
+LLVM's libc++ statically, so the library needs no libstdc++ and no glibc newer than 2.28.
+``auditwheel repair`` then tags the wheel with the oldest manylinux policy whose glibc has
+every symbol the library uses: ``manylinux_2_24`` with today's sources (``.ci/dist``
+refuses a tag newer than ``manylinux_2_28``). Same sources and flags
+(:meth:`BuildLevels.zig_level_flags`), the same bits at every level, the same speed
+(``benchmarks/wheel_toolchains.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CSRC = Path("asickernels/backends/cpu/csrc")
-# Compiled once, at the baseline; every other source is an op's, compiled once per level.
-COMMON_SOURCES = ("dispatch.cpp", "parallel.cpp")
-OP_SOURCES = tuple(sorted(p.name for p in CSRC.glob("*.cpp") if p.name not in COMMON_SOURCES))
+CPU = Path("asickernels/backends/cpu")
+# Compiled once, at the baseline: what the ops share.
+COMMON_SOURCES = tuple(sorted(str(p) for p in (CPU / "csrc").glob("*.cpp")))
+# Each op's source, compiled once per level.
+OP_SOURCES = tuple(sorted(str(p) for p in CPU.glob("*.cpp")))
 X86_LEVELS = {
     "baseline": (),
     "avx2": ("-march=x86-64-v3",),
@@ -78,7 +82,7 @@ class BuildLevels(build_ext):
             if zig:
                 flags = self.zig_level_flags(flags)
             ext.extra_objects += self.compiler.compile(
-                [str(CSRC / name) for name in OP_SOURCES],
+                list(OP_SOURCES),
                 output_dir=str(Path(self.build_temp) / level),
                 macros=[*x86_levels, ("ASICKERNELS_CPU_ISA", level), *entry_points],
                 extra_postargs=[*ext.extra_compile_args, *flags],
@@ -115,8 +119,8 @@ setup(
     ext_modules=[
         Extension(
             "asickernels.backends.cpu._kernels",
-            sources=[str(CSRC / name) for name in COMMON_SOURCES],
-            depends=[str(path) for path in sorted(CSRC.glob("*.h"))],
+            sources=list(COMMON_SOURCES),
+            depends=[str(path) for path in sorted((CPU / "csrc").glob("*.h"))],
             extra_link_args=["-pthread"],
             language="c++",
             py_limited_api=True,

@@ -128,6 +128,24 @@ def _policy_text() -> str:
     return "Selection policy (asickernels/kernels/policy.py):\n" + report.text_table(headers, rows)
 
 
+def _policy_here() -> str:
+    """One line: what ``backend=None`` runs here, kernels grouped by the backends picked."""
+    import jax
+
+    from asickernels.kernels import policy
+
+    platform = jax.default_backend()
+    kernels_by_choice: dict[str, list[str]] = {}
+    for kernel, by_dtype in policy.describe(platform).items():
+        choices = dict.fromkeys(name.split(" (")[0] for name in by_dtype.values())
+        kernels_by_choice.setdefault(" or ".join(choices), []).append(kernel)
+    if len(kernels_by_choice) == 1:
+        ((choice, _),) = kernels_by_choice.items()
+        return f"backend=None here ({platform}) runs {choice} for every kernel"
+    groups = "; ".join(f"{choice}: {', '.join(k)}" for choice, k in kernels_by_choice.items())
+    return f"backend=None here ({platform}) runs {groups}"
+
+
 def _info(args: argparse.Namespace) -> int:
     described = report.machine()
     versions = report.versions()
@@ -143,31 +161,31 @@ def _info(args: argparse.Namespace) -> int:
     lines, hints = [], []
     for name in harness.implementation_names():
         status = harness.availability_of(name)
-        lines.append(
-            [
-                name,
-                harness.role_of(name),
-                status.mode,
-                ",".join(harness.ops_of(name)),
-                status.detail,
-            ]
-        )
+        ops = [",".join(harness.ops_of(name))] if args.full else []
+        lines.append([name, harness.role_of(name), status.mode, *ops, status.detail])
         if status.install_hint:
             hints.append(f"  {name}: {status.install_hint}")
-    print(report.text_table(("backend", "role", "runs here", "ops", "detail"), lines))
+    ops_header = ("ops",) if args.full else ()
+    print(report.text_table(("backend", "role", "runs here", *ops_header, "detail"), lines))
     if hints:
         print("\nTo install or enable:\n" + "\n".join(hints))
     print()
-    print(_policy_text())
+    print(_policy_text() if args.full else _policy_here())
     print()
     missing_libtpu = _libtpu_missing()
     plugin_lines = [
-        [name, module, _plugin_state(name, module, missing_libtpu), text]
+        [name, _plugin_state(name, module, missing_libtpu), *([module] if args.full else []), text]
         for name, (module, text) in PLUGINS.items()
     ]
-    print(report.text_table(("command", "module", "state", "what it does"), plugin_lines))
-    if missing_libtpu and any(line[2] in WITHOUT_LIBTPU.values() for line in plugin_lines):
+    module_header = ("module",) if args.full else ()
+    print(report.text_table(("command", "state", *module_header, "what it does"), plugin_lines))
+    if missing_libtpu and any(line[1] in WITHOUT_LIBTPU.values() for line in plugin_lines):
         print(f"\nTo enable them: {missing_libtpu}")
+    if not args.full:
+        print(
+            "\n`asickernels info --full` adds each backend's ops and which backend backend=None "
+            "picks per kernel and dtype, here and on each TPU generation."
+        )
     return 0
 
 
@@ -297,8 +315,8 @@ def _check(args: argparse.Namespace) -> int:
         checked = {c.name for _, backends in harness.check_plan(ops, None) for c in backends}
         if not selected & checked:
             raise UsageError(
-                f"--backends {','.join(sorted(selected))}: nothing that check compares with the "
-                f"reference (peers are timed by bench); check runs {', '.join(sorted(checked))}"
+                f"--backends {','.join(sorted(selected))}: none of them implements "
+                f"{', '.join(ops)}; these run: {', '.join(sorted(checked))}"
             )
     rows, ok = _run_check(args)
     _write_json(args, checks=rows)
@@ -327,18 +345,22 @@ def _run(args: argparse.Namespace) -> int:
 # -- parser --------------------------------------------------------------------------------
 
 
-def _add_selection(parser: argparse.ArgumentParser) -> None:
+def _add_selection(parser: argparse.ArgumentParser, *, peers: bool) -> None:
     parser.add_argument(
         "--ops",
         type=_name_list(lambda: list(WORKLOADS), "op"),
         metavar="OP[,OP...]",
         help=f"ops to run (default: all: {', '.join(WORKLOADS)})",
     )
+    names = harness.implementation_names if peers else harness.checked_names
     parser.add_argument(
         "--backends",
-        type=_name_list(harness.implementation_names, "backend"),
+        type=_name_list(names, "backend"),
         metavar="NAME[,NAME...]",
-        help="backends and peers to run (default: all; `asickernels info` lists them)",
+        help="backends and peers to run (default: all; `asickernels info` lists them)"
+        if peers
+        else "backends to check (default: all; `asickernels info` lists them; peers, other "
+        "libraries' implementations, are compared and timed by bench)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     parser.add_argument(
@@ -407,23 +429,30 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    commands.add_parser(
+    info = commands.add_parser(
         "info",
         help="platform, devices, and how each backend runs here",
         description="Show this machine's platform and devices; each backend and peer with how "
-        "it runs here (native, simulated, or missing and what to install); which backend "
-        "backend=None picks per kernel, here and on each TPU generation; and the optional "
-        "commands.",
-    ).set_defaults(handler=_info)
+        "it runs here (native, simulated, or missing and what to install); what backend=None "
+        "runs here; and the optional commands.",
+    )
+    info.add_argument(
+        "--full",
+        action="store_true",
+        help="also each backend's ops, and which backend backend=None picks per kernel and "
+        "dtype, here and on each TPU generation",
+    )
+    info.set_defaults(handler=_info)
     check = commands.add_parser(
         "check",
         help="every op on every backend against the float64 reference (exit 1 on any failure)",
         description="Run every op on every backend on its check cases (random, edge and "
         "adversarial inputs) and compare each result with the float64 reference. Prints one "
-        "row per op, case and backend; a backend that cannot run here is listed, not failed. "
-        "Exits 1 if any result is wrong or a call raises.",
+        "row per op and backend (cases passed, worst error, what failed); a backend that "
+        "cannot run here is listed, not failed. Exits 1 if any result is wrong or a call "
+        "raises.",
     )
-    _add_selection(check)
+    _add_selection(check, peers=False)
     check.add_argument(
         "--quick", action="store_true", help="only a few cases per op (the ones `run` uses)"
     )
@@ -453,7 +482,7 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
         ),
     ):
         sub = commands.add_parser(name, help=text, description=description)
-        _add_selection(sub)
+        _add_selection(sub, peers=True)
         _add_timing(sub, defaults)
         sub.set_defaults(handler=handler, quick=quick)
 
@@ -479,7 +508,9 @@ def build_parser(plugin: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # libtpu: do not query a cloud metadata server
+    from asickernels.simulate import tpu_compile
+
+    tpu_compile.set_libtpu_environment()  # before jax loads libtpu
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     try:

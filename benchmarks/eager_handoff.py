@@ -1,6 +1,6 @@
 """How long handing a host kernel's numpy output over to JAX takes, by public JAX API.
 
-An eager call that runs a host implementation (see :mod:`asickernels.kernels.declaration`)
+An eager call that runs a host implementation (see :mod:`asickernels.kernels.eager`)
 returns JAX arrays: its numpy outputs, 64-byte aligned, are handed over without a copy.
 Right after the kernel has swept its inputs through the caches, the hand-over's own code
 runs cold, so it is timed in that state: each round runs the cpu backend's GIOU host
@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from eager_overhead import misaligned, record
 
+import asickernels
 from asickernels.benchmarking import timing, workloads
 from asickernels.kernels import registry
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     op = workloads.WORKLOADS["giou"]
     case = op.bench_case(op.parse_size("1024x256"), np.random.default_rng(0))
     boxes1, boxes2 = (misaligned(a).reshape(-1, 4) for a in case.arrays)
-    host_twin = registry.implementation("giou", "cpu", host=True)
+    host_twin = registry.implementation(asickernels.giou, "cpu", host=True)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     samples: dict[str, list[float]] = {name: [] for name in HANDOVERS}
     for _ in range(args.rounds):

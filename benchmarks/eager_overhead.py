@@ -11,7 +11,7 @@ with ``backend=None`` are timed in turns in one process (see
 With ``--unaligned`` every input is first copied to memory that is not 64-byte aligned
 (numpy's own allocations are 16-byte aligned, so most are not), which XLA's CPU client
 copies before a compiled call: the case the host-twin switch in
-:mod:`asickernels.kernels.declaration` is for. For ops whose kernel has a host twin on the
+:mod:`asickernels.kernels.eager` is for. For ops whose kernel has a host twin on the
 cpu backend, a fourth call is timed in the same turns:
 
 * ``host_twin``: what an eager call on that path runs before it hands its numpy outputs
@@ -58,13 +58,13 @@ def misaligned(array: np.ndarray) -> np.ndarray:
 def host_twin_call(op: Workload, case: Case) -> Callable[[], Any] | None:
     """The op's computation on the cpu backend's host twin, as an eager call runs it (None
     when the op's kernel has none)."""
-    public = getattr(asickernels, op.name)
+    public = op.op
     arrays, statics, _, _ = public.bind(case.arrays, dict(case.static))
     plan = public.plan(arrays, statics)
-    if plan.kernel is None or not registry.has_host_implementation(plan.kernel, "cpu"):
+    if public.kernel is None or not registry.has_host_implementation(public.kernel, "cpu"):
         return None
-    runner = Runner("cpu", True, None)
-    return lambda: public.compute(runner, plan, **arrays)
+    runner = Runner(public, "cpu", True, None)
+    return lambda: public.compute(runner, plan, **arrays, **plan.statics)
 
 
 def bench_size(op: Workload, text: str, args: argparse.Namespace) -> dict[str, Any]:

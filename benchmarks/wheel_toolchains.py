@@ -31,17 +31,19 @@ from typing import Any
 import numpy as np
 from eager_overhead import record
 
+import asickernels
 from asickernels.backends.cpu import _library
 from asickernels.benchmarking import timing
 from asickernels.kernels import registry
 from asickernels.kernels.cases import random_boxes
+from asickernels.kernels.declaration import Op
 
 
 def _cases() -> dict[str, Callable[[], Any]]:
     """Each kernel's host twin on fixed inputs of a size that takes 0.1-10 ms here."""
     rng = np.random.default_rng(0)
 
-    def twin(kernel: str) -> Callable[..., Any]:
+    def twin(kernel: Op) -> Callable[..., Any]:
         return registry.implementation(kernel, "cpu", host=True)
 
     b1, b2 = (random_boxes(rng, (262144,)).astype(np.float32) for _ in range(2))
@@ -56,17 +58,17 @@ def _cases() -> dict[str, Callable[[], Any]]:
     rois = np.concatenate([rng.integers(0, 2, (100, 1)).astype(np.float32), corners], axis=1)
     roi_statics = {"spatial_scale": 0.125, "output_size": (7, 7), "sampling_ratio": 2}
     return {
-        "giou 262144 pairs": lambda: twin("giou")(b1, b2),
-        "giou_vjp 262144 pairs": lambda: twin("giou_vjp")(b1, b2, cotangent),
-        "ciou 262144 pairs": lambda: twin("ciou")(b1, b2),
-        "box_iou 1024x1024": lambda: twin("box_iou")(p1, p2),
-        "nms N=4096 out=128 iou>0.1": lambda: twin("nms")(
+        "giou 262144 pairs": lambda: twin(asickernels.giou)(b1, b2),
+        "giou_vjp 262144 pairs": lambda: twin(asickernels.giou_vjp)(b1, b2, cotangent),
+        "ciou 262144 pairs": lambda: twin(asickernels.ciou)(b1, b2),
+        "box_iou 1024x1024": lambda: twin(asickernels.box_iou)(p1, p2),
+        "nms N=4096 out=128 iou>0.1": lambda: twin(asickernels.nms)(
             boxes, scores, None, iou_threshold=0.1, max_output_size=128, score_threshold=-np.inf
         ),
-        "int8_matmul 1024^3": lambda: twin("int8_matmul")(
+        "int8_matmul 1024^3": lambda: twin(asickernels.int8_matmul)(
             x, y, x_scale=None, y_scale=None, out_dtype=np.dtype(np.int32)
         ),
-        "roi_align K=100 2x256x50x68": lambda: twin("roi_align")(
+        "roi_align K=100 2x256x50x68": lambda: twin(asickernels.roi_align)(
             features, rois, aligned=True, **roi_statics
         ),
     }
@@ -80,9 +82,10 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 def _use(lib: ctypes.CDLL) -> None:
-    """Makes the cpu backend's host entry points call ``lib`` from now on."""
+    """Makes the cpu backend's host calls run ``lib``'s handlers from now on."""
     _library.library = lambda: lib  # type: ignore[assignment]
-    _library.host_entry.cache_clear()
+    _library._handler.cache_clear()
+    _library._handler_address.cache_clear()
 
 
 def _outputs(call: Callable[[], Any]) -> list[np.ndarray]:

@@ -17,17 +17,18 @@ END = "<!-- op-table end -->"
 
 
 def table() -> str:
-    """One row per kernel (in the selection policy's order), one column per registered
-    backend: ✓ where it implements the kernel, ✓ f64 where it also computes in float64, and
-    "named" where ``backend=None`` never picks it for that kernel (not in its preference);
-    the last row: the platforms where ``backend=None`` may pick it (where it runs natively)."""
-    import asickernels  # noqa: F401  (fills the registry)
-    from asickernels.kernels import policy, registry
+    """One row per kernel (each op that declares a preference, in :data:`asickernels.OPS`'
+    order), one column per registered backend: ✓ where it implements the kernel, ✓ f64
+    where it also computes in float64, and "named" where ``backend=None`` never picks it for
+    that kernel (not in its preference); the last row: the platforms where ``backend=None``
+    may pick it (where it runs natively)."""
+    import asickernels
+    from asickernels.kernels import registry
 
     names = registry.backend_names()
     lines = ["| kernel | " + " | ".join(f"`{name}`" for name in names) + " |"]
     lines.append("|---" * (len(names) + 1) + "|")
-    for kernel in policy.PREFERENCE:
+    for kernel in (op for op in asickernels.OPS if op.preference):
         cells = []
         for name in names:
             if name not in registry.backends_for(kernel):
@@ -35,10 +36,10 @@ def table() -> str:
                 continue
             cell = "✓ f64" if "float64" in registry.support(kernel, name).dtypes else "✓"
             pickable = bool(registry.backend(name).platforms)
-            if pickable and name not in policy.PREFERENCE[kernel]:
+            if pickable and name not in kernel.preference:
                 cell += " named"
             cells.append(cell)
-        lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
+        lines.append(f"| `{kernel.name}` | " + " | ".join(cells) + " |")
     platforms = []
     for name in names:
         native = registry.backend(name).platforms

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import strategies as st
 
 from asickernels.kernels import registry
+from asickernels.kernels.declaration import Op
 
 # Test data (and the vendor code tests/fetch_vendor.py fetches) is read by tests, never collected.
 collect_ignore = ["data"]
@@ -40,10 +41,13 @@ VENDOR_MISSING = (
 )
 
 
-def vendor_present(folder: str) -> bool:
-    """Whether every file tests/fetch_vendor.py lists for ``folder`` (``<repo>@<commit>``)
-    is in ``VENDOR``."""
-    return all((VENDOR / f / path).is_file() for f, path, _ in fetch_vendor.FILES if f == folder)
+def vendor_present(folder: str, under: str = "") -> bool:
+    """Whether every file tests/fetch_vendor.py lists for ``folder`` (``<repo>@<commit>``),
+    under the path prefix ``under`` if given, is in ``VENDOR`` (a test asks only for the files
+    it reads: a folder's other files may be missing from an older copy of ../shared)."""
+    listed = [path for f, path, _ in fetch_vendor.FILES if f == folder and path.startswith(under)]
+    assert listed, f"tests/fetch_vendor.py lists nothing for {folder}/{under}"
+    return all((VENDOR / folder / path).is_file() for path in listed)
 
 
 def load_module(path: Path, name: str) -> ModuleType:
@@ -57,11 +61,11 @@ def load_module(path: Path, name: str) -> ModuleType:
     return module
 
 
-def backends_under_test(op: str) -> list[str]:
-    """Every backend implementing ``op`` except the reference it is checked against."""
-    import asickernels  # noqa: F401  (fills the registry)
-
-    return [name for name in registry.backends_for(op) if name != "reference"]
+def backends_under_test(op: Op) -> list[str]:
+    """Every backend implementing ``op``'s kernel except the reference it is checked
+    against."""
+    assert op.kernel is not None, f"{op.name} has no kernel"
+    return [name for name in registry.backends_for(op.kernel) if name != "reference"]
 
 
 def require(backend: str) -> None:

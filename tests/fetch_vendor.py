@@ -21,11 +21,23 @@ REPOSITORIES = {
     "aws-neuron-sdk@81ce03a": "aws-neuron/aws-neuron-sdk",
     "aws-neuron-sdk@72825d5": "aws-neuron/aws-neuron-sdk",
     "nki-samples@8370e11": "aws-neuron/nki-samples",
+    # fc5c69f^, the last commit with the direct-allocation reference kernels
+    "nki-samples@0898a77": "aws-neuron/nki-samples",
     "vision@00673be": "pytorch/vision",
 }
 # (folder, path in the repository, SHA-256 of the file at that commit, or None: the commit
 # alone pins it)
 FILES: list[tuple[str, str, str | None]] = [
+    (
+        "aws-neuron-sdk@81ce03a",
+        "nki/api/nki/isa/__init__.py",
+        "786dd12091aaf51085f98b0a2e1e6ec559d6235572d8a7745c7172fe004bfdf7",
+    ),
+    (
+        "aws-neuron-sdk@81ce03a",
+        "nki/api/nki/language/__init__.py",
+        "03a42daa0c672b900d5ec9f8cf85967e801d92dabb81239e08b1478a1e0bbe8f",
+    ),
     ("vision@00673be", "test/test_ops.py", None),
     # read by test_ops.py at import, from its own folder
     ("vision@00673be", "test/optests_failures_dict.json", None),
@@ -239,6 +251,11 @@ FILES: list[tuple[str, str, str | None]] = [
         "nki/test/test_sbuf_modulo_alloc.py",
         "6f2e4dc01bb045b97fadfe3ce9d6c9a26b6ef658c2e5d11b31db551445f55188",
     ),
+    (  # the trn2 kernel-optimization tutorial (benchmarks/nki_estimate/trn2_tutorial.py)
+        "aws-neuron-sdk@81ce03a",
+        "nki/guides/tutorials/kernel-optimization.rst",
+        "6d979cd6668dbd46301e3f5e05cf587c12fd64a33f3f1054edc27f55d364dfec",
+    ),
     (
         "aws-neuron-sdk@72825d5",
         "LICENSE-SAMPLECODE",
@@ -313,6 +330,36 @@ FILES: list[tuple[str, str, str | None]] = [
         "nki-samples@8370e11",
         "test/unit/test_resize_nearest.py",
         "e4d19b1c2d753c3a63312bfe1b6176a043bf637de6aafeba935f69dfe1ca9717",
+    ),
+    (
+        "nki-samples@0898a77",
+        "LICENSE",
+        "0beac60c03ba4648df37840205ea1abba594a08200e2665454ff26ab65e9021c",
+    ),
+    (
+        "nki-samples@0898a77",
+        "src/nki_samples/reference/__init__.py",
+        "1eb1c4ccde7e55bd4af7149fbc9c352c2b4172cc18d012854caae6a24594ad11",
+    ),
+    (
+        "nki-samples@0898a77",
+        "src/nki_samples/reference/allocated_attention.py",
+        "929bcc0ab4d8c8595133191d635bc54d65f06f7c37a7afc6737f396fa3502526",
+    ),
+    (
+        "nki-samples@0898a77",
+        "src/nki_samples/reference/allocated_fused_linear.py",
+        "a80e4379cabc7f548268e19b701eb1c1778db42958d005bc54837e27c577e446",
+    ),
+    (
+        "nki-samples@0898a77",
+        "test/unit/test_allocated_SD_attention_small_head.py",
+        "e7107487c9c320dd284faa53098f288db5e197d06ed64aa6a4d188601318788d",
+    ),
+    (
+        "nki-samples@0898a77",
+        "test/unit/test_rmsnorm_qkv.py",
+        "a8dac34e10542061709365bfe79fd2bf9c370b508d6c910df39a50d2190e80db",
     ),
 ]
 

@@ -3,9 +3,9 @@
 A backend is a subpackage here whose ``__init__`` defines ``BACKEND`` (a
 :class:`~asickernels.kernels.registry.Backend` with ``package=__name__``), with one module
 per kernel declaring what it implements and supports where the kernel is written
-(``@BACKEND.implements("giou", dtypes=...)``). Where it stands among the others is
-:data:`asickernels.kernels.policy.PREFERENCE`. A backend's kernel modules are imported when
-it is first asked about.
+(``@BACKEND.implements(ops.giou, dtypes=...)``, ``ops`` being
+:mod:`asickernels.kernels.public`). Where it stands among the others is each op's
+``preference``. A backend's kernel modules are imported when it is first asked about.
 """
 
 from __future__ import annotations

@@ -78,6 +78,12 @@ def implementation_names() -> list[str]:
     return registry.backend_names() + list(DEFAULT_ROWS) + list(PEERS)
 
 
+def checked_names() -> list[str]:
+    """The backends ``check`` compares with the reference: every registered one but the
+    reference, and the default-backend rows (peers are compared and timed by ``bench``)."""
+    return [name for name in registry.backend_names() if name != "reference"] + list(DEFAULT_ROWS)
+
+
 def role_of(name: str) -> Role:
     if name == "reference":
         return "reference"
@@ -93,7 +99,7 @@ def availability_of(name: str) -> Availability:
 def ops_of(name: str) -> list[str]:
     """The ops (of :data:`WORKLOADS`) that backend or peer ``name`` implements."""
     if name in PEERS:
-        return [op for op in WORKLOADS if op in PEERS[name].builders]
+        return [op for op, spec in WORKLOADS.items() if spec.op in PEERS[name].builders]
     if name in DEFAULT_ROWS:
         return list(WORKLOADS)
     return [op for op, spec in WORKLOADS.items() if name in spec.backends()]
@@ -123,8 +129,8 @@ def contenders(
             prepare = functools.partial(prepare_default, op, mode)
             found.append(Contender(name, "ours", availability_of(name), prepare))
     for peer in PEERS.values() if peers else ():
-        if op.name in peer.builders and (selected is None or peer.name in selected):
-            found.append(Contender(peer.name, "peer", peer.probe(), peer.builders[op.name]))
+        if op.op in peer.builders and (selected is None or peer.name in selected):
+            found.append(Contender(peer.name, "peer", peer.probe(), peer.builders[op.op]))
     return found
 
 

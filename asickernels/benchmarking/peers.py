@@ -22,7 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.benchmarking.workloads import Prepared
+from asickernels.kernels import public
 from asickernels.kernels.cases import Case
+from asickernels.kernels.declaration import Op
 from asickernels.kernels.registry import Availability
 
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ class Peer:
     name: str
     description: str
     probe: Callable[[], Availability]
-    builders: dict[str, Callable[[Case], Prepared]]  # op name -> prepared call
+    builders: dict[Op, Callable[[Case], Prepared]]  # the prepared call of each op
 
 
 def _pad_indices(kept: npt.ArrayLike, max_output_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,6 +109,11 @@ def _numpy_probe() -> Availability:
 # -- torchvision ---------------------------------------------------------------------------
 
 
+# PyTorch's CPU build (PyPI's Linux torch is the CUDA build: several GB of nvidia wheels that
+# no asickernels path uses). Installed first, it satisfies the torch extra's requirements.
+TORCH_INSTALL = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+
+
 @functools.cache
 def _torchvision_probe() -> Availability:
     try:
@@ -117,7 +124,7 @@ def _torchvision_probe() -> Availability:
         return Availability(
             "missing",
             f"torchvision does not import here ({error})",
-            "pip install torch torchvision",
+            f"{TORCH_INSTALL} (the CPU build)",
         )
     return Availability(
         "native", f"torchvision {torchvision.__version__}, torch {torch.__version__}, CPU"
@@ -242,23 +249,23 @@ PEERS: dict[str, Peer] = {
             "roi_pool and the GIoU, DIoU and CIoU losses)",
             _torchvision_probe,
             {
-                "giou": _torchvision_giou,
-                "giou_vjp": _torchvision_giou_vjp,
-                "nms": _torchvision_nms,
-                "batched_nms": _torchvision_nms,
-                "box_iou": _torchvision_pairwise("box_iou"),
-                "generalized_box_iou": _torchvision_pairwise("generalized_box_iou"),
-                "diou": _torchvision_metric("distance_box_iou_loss"),
-                "ciou": _torchvision_metric("complete_box_iou_loss"),
-                "roi_align": _torchvision_pooling("roi_align"),
-                "roi_pool": _torchvision_pooling("roi_pool"),
+                public.giou: _torchvision_giou,
+                public.giou_vjp: _torchvision_giou_vjp,
+                public.nms: _torchvision_nms,
+                public.batched_nms: _torchvision_nms,
+                public.box_iou: _torchvision_pairwise("box_iou"),
+                public.generalized_box_iou: _torchvision_pairwise("generalized_box_iou"),
+                public.diou: _torchvision_metric("distance_box_iou_loss"),
+                public.ciou: _torchvision_metric("complete_box_iou_loss"),
+                public.roi_align: _torchvision_pooling("roi_align"),
+                public.roi_pool: _torchvision_pooling("roi_pool"),
             },
         ),
         Peer(
             "numpy",
             "greedy NMS in numpy, in the style of the NMS article's CPU baseline",
             _numpy_probe,
-            {"nms": _numpy_nms_builder, "batched_nms": _numpy_nms_builder},
+            {public.nms: _numpy_nms_builder, public.batched_nms: _numpy_nms_builder},
         ),
     )
 }

@@ -8,7 +8,7 @@ import importlib.metadata
 import os
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, TypedDict
 
 from asickernels.benchmarking import schema
@@ -213,13 +213,20 @@ def check_table(rows: Sequence[CheckRow]) -> list[list[str]]:
     return lines
 
 
-def text_table(headers: Sequence[str], lines: Iterable[Sequence[str]]) -> str:
+def text_table(
+    headers: Sequence[str], lines: Iterable[Sequence[str]], *, right: Collection[int] = ()
+) -> str:
+    """Columns as wide as their widest cell (the last one unpadded), numbered columns in
+    ``right`` right-aligned."""
     lines = [list(headers)] + [list(line) for line in lines]
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers) - 1)]
     rendered = []
     for line in lines:
-        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)] + [line[-1]]
-        rendered.append("  ".join(cells).rstrip())
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=False))
+        ]
+        rendered.append("  ".join([*cells, line[-1]]).rstrip())
     rendered.insert(1, "-" * len(rendered[0]))
     return "\n".join(rendered)
 

@@ -27,11 +27,10 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-import asickernels
 from asickernels.kernels import registry
 from asickernels.kernels.case_tables import WORKLOADS
 from asickernels.kernels.cases import Canonical, Case, Workload
-from asickernels.kernels.declaration import x64_scope
+from asickernels.kernels.eager import x64_scope
 
 __all__ = [
     "WORKLOADS",
@@ -80,14 +79,15 @@ def prepare_backend(workload: Workload, backend: str, case: Case) -> Prepared:
             f"{backend} cannot run under jax.jit with jax {jax.__version__} "
             "(it runs eagerly only with this JAX)"
         )
-    op = workload.registry_op
-    computes, wanted = registry.support(op, backend).dtypes, _float_dtype(case)
+    kernel = workload.op.kernel
+    assert kernel is not None
+    computes, wanted = registry.support(kernel, backend).dtypes, _float_dtype(case)
     if wanted not in computes:
         raise NotApplicable(
-            f"{backend} computes {op} in {'/'.join(sorted(computes))} only; this case is {wanted}"
+            f"{backend} computes {kernel.name} in {'/'.join(sorted(computes))} only; "
+            f"this case is {wanted}"
         )
-    public = getattr(asickernels, workload.name)
-    function: Callable[..., object] = functools.partial(public, backend=backend, **case.static)
+    function: Callable[..., object] = functools.partial(workload.op, backend=backend, **case.static)
     if chosen.array_kind != "jax":
         return Prepared(lambda: function(*case.arrays), _to_numpy)
     return _jitted(function, case, on_device=True)
@@ -98,8 +98,7 @@ def prepare_default(workload: Workload, mode: DefaultMode, case: Case) -> Prepar
     user's first call looks like, ``"eager"``), or under ``jax.jit`` with the inputs on the
     device (``"jit"``) or given as the same numpy arrays (``"jit-numpy"``: what JAX itself
     spends taking numpy arguments, which an eager call cannot avoid)."""
-    public = getattr(asickernels, workload.name)
-    function: Callable[..., object] = functools.partial(public, **case.static)
+    function: Callable[..., object] = functools.partial(workload.op, **case.static)
     if mode == "eager":
         return Prepared(lambda: function(*case.arrays), _to_numpy)
     return _jitted(function, case, on_device=mode == "jit")

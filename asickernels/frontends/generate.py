@@ -1,13 +1,16 @@
-"""Writes the frontends' per-op functions from the op declarations (:data:`asickernels.OPS`).
+"""Writes the list of ops and the frontends' per-op functions from the op declarations.
 
-The torch functions (:mod:`asickernels.torch`) and the SPMD wrappers
-(:mod:`asickernels.frontends.jax_spmd`, :mod:`asickernels.frontends.torch_xla_spmd`) are
-ordinary checked-in Python, so that IDEs and type checkers see real signatures and
-docstrings; the part of each module below :data:`BEGIN` is generated here from each op's
-parameters, outputs, docstring and partition rule. ``tests/frontends/test_generated.py``
-fails when a module differs from what this script writes. After adding or changing an op::
+:data:`asickernels.OPS` (:mod:`asickernels.kernels.public`) is every op declared in a module
+of :mod:`asickernels.kernels` (each :class:`~asickernels.kernels.declaration.Op` knows the
+module it was declared in), by name. The torch functions (:mod:`asickernels.torch`) and the
+SPMD wrappers (:mod:`asickernels.frontends.jax_spmd`,
+:mod:`asickernels.frontends.torch_xla_spmd`) are ordinary checked-in Python, so that IDEs
+and type checkers see real signatures and docstrings; the part of each module below
+:data:`BEGIN` is generated here from each op's parameters, outputs, docstring and partition
+rule. ``tests/frontends/test_generated.py`` fails when a module differs from what this script
+writes. After adding or changing an op::
 
-    python -m asickernels.frontends.generate          # rewrites the three modules
+    python -m asickernels.frontends.generate          # rewrites the four modules
     python -m asickernels.frontends.generate --check  # exit 1 if one is stale
 """
 
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import asickernels
+from asickernels import kernels
 from asickernels.frontends import sharded_ops
 from asickernels.kernels.declaration import REQUIRED, Op, Param
 
@@ -111,11 +117,63 @@ def render_region(frontend: Frontend) -> str:
     return f"{BEGIN}\n\n\n{functions}"
 
 
-def render(frontend: Frontend, current: str) -> str:
+def render(frontend: Frontend | Listing, current: str) -> str:
     """``current`` (the module's text) with its generated part replaced."""
     if BEGIN not in current:
         raise ValueError(f"{frontend.path} has no line {BEGIN!r} to generate below")
-    return current[: current.index(BEGIN)] + render_region(frontend)
+    region = frontend.region() if isinstance(frontend, Listing) else render_region(frontend)
+    return current[: current.index(BEGIN)] + region
+
+
+# -- the list of ops ---------------------------------------------------------------------------
+
+
+def declared_ops() -> dict[str, list[Op]]:
+    """Every op declared in a module of :mod:`asickernels.kernels`, by module, each module's
+    by name; the modules by name (their ops are imported from them)."""
+    found: dict[str, list[Op]] = {}
+    for info in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        ops = [
+            value
+            for name, value in vars(module).items()
+            if isinstance(value, Op) and value.name == name and value.module == module.__name__
+        ]
+        if ops:
+            found[module.__name__] = sorted(ops, key=lambda op: op.name)
+    return found
+
+
+def _listing() -> str:
+    """The generated part of :mod:`asickernels.kernels.public`: the import of every op, and
+    :data:`~asickernels.kernels.public.OPS`, every op by name."""
+    declared = declared_ops()
+    imports = {module: [op.name for op in ops] for module, ops in declared.items()}
+    imports["asickernels.kernels.declaration"] = ["Op"]
+    lines = [BEGIN]  # the imports follow the comment, as ruff's isort keeps them
+    for module in sorted(imports):
+        names = imports[module]
+        one_line = f"from {module} import {', '.join(names)}"
+        if len(one_line) <= WIDTH:
+            lines.append(one_line)
+        else:  # as ruff's isort wraps it
+            lines += [f"from {module} import (", *(f"    {name}," for name in names), ")"]
+    every = sorted(op.name for ops in declared.values() for op in ops)
+    lines += ["", "OPS: tuple[Op, ...] = (", *(f"    {name}," for name in every), ")"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """A module whose generated part lists the ops rather than writing a function per op."""
+
+    path: str  # relative to the package
+    region: Callable[[], str]
+
+
+PUBLIC = Listing("kernels/public.py", _listing)
 
 
 # -- the frontends ---------------------------------------------------------------------------
@@ -221,18 +279,20 @@ TORCH_XLA_SPMD = Frontend(
 )
 
 FRONTENDS = (TORCH, JAX_SPMD, TORCH_XLA_SPMD)
+# Every module with a generated part.
+GENERATED: tuple[Frontend | Listing, ...] = (PUBLIC, *FRONTENDS)
 
 
 def stale(root: Path = PACKAGE) -> list[str]:
-    """The frontend modules under ``root`` whose generated part differs from the
+    """The generated modules under ``root`` whose generated part differs from the
     declarations'."""
-    return [f.path for f in FRONTENDS if (text := (root / f.path).read_text()) != render(f, text)]
+    return [f.path for f in GENERATED if (text := (root / f.path).read_text()) != render(f, text)]
 
 
 def write(root: Path = PACKAGE) -> list[str]:
-    """Rewrites the stale frontend modules under ``root``; returns their paths."""
+    """Rewrites the stale generated modules under ``root``; returns their paths."""
     changed = stale(root)
-    for frontend in FRONTENDS:
+    for frontend in GENERATED:
         if frontend.path in changed:
             path = root / frontend.path
             path.write_text(render(frontend, path.read_text()))

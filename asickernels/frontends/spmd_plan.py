@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -171,9 +170,7 @@ def spmd_plan(topology: str, backend: str = "pallas_tpu") -> TopologyPlan:
     """
     from jax.experimental import topologies
 
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    # Compiling needs no TPU, so other processes compiling at the same time are no conflict.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    tpu_compile.set_libtpu_environment()
     missing = tpu_compile.libtpu_status()
     if missing:
         raise ModuleNotFoundError(f"cannot compile for TPU here: {missing}", name="libtpu")

@@ -88,12 +88,12 @@ def tpu_backend(op: Op, values: Mapping[str, Any]) -> str | None:
     (on a host without a TPU, Pallas kernels are taken as if native)."""
     arrays = {n: values[n] for n in op.array_names}
     plan = op.plan(arrays, {n: values[n] for n in op.static_names})
-    if plan.kernel is None or values["backend"] is not None:
+    if op.kernel is None or values["backend"] is not None:
         return values["backend"]  # type: ignore[no-any-return]
     device = policy.default_device()
     generation = tpu_generations.generation_of(device) if device.platform == "tpu" else None
     where = policy.Where("tpu", generation, traced=True, simulated_ok=True, embedded=True)
-    return policy.select(plan.kernel, None, where, plan.dtype)
+    return policy.select(op.kernel, None, where, plan.dtype)
 
 
 def _function(
@@ -285,14 +285,29 @@ def sharded(
       (None: whole on every rank; a split K is summed exactly with an int32 ``psum``); the
       scales are passed whole on every rank; the result is sharded ``(m_axis, n_axis)``.
 
-    Each entry of ``batch_spec`` and each axis names one mesh axis (or None).
+    Each entry of ``batch_spec`` and each axis names one mesh axis (or None). Registering
+    a name again with the same op, mesh and partition returns the operator registered first.
 
     Raises:
+      ValueError: ``name`` is already registered over another op, mesh or partition, or is
+        the name of an unsharded operator (``<op>`` or ``<op>_backward``).
       ValueError: ``op`` has no partition rule; ``batch_spec`` given for ``int8_matmul`` or
         missing for another op; an axis for an op other than ``int8_matmul``; a dim split
         over several mesh axes.
     """
     layout = _layout(op, batch_spec, (m_axis, k_axis, n_axis))
+    registration = (op.name, mesh, tuple(layout.items()))
+    if name in _SHARDED:
+        earlier, operator = _SHARDED[name]
+        if earlier == registration:
+            return operator
+        raise ValueError(
+            f"name: {NAMESPACE}::{name} is already registered over another op, mesh or "
+            "partition; jax_op would replace it under the earlier operator: pick a new name"
+        )
+    names = [name, f"{name}_backward"] if op.vjp is not None else [name]
+    if taken := [n for n in names if n in _registered_names()]:
+        raise ValueError(f"name: {NAMESPACE}::{taken[0]} is already an operator's name")
     inputs, outputs = partition_specs(op, layout)
     jax_op = torch.tpu.pallas.jax_op  # type: ignore[attr-defined]
     forward: ops.CustomOp = jax_op(
@@ -315,7 +330,21 @@ def sharded(
         if op.partition == "loss":
             backward = _cotangent_per_box(backward)
         ops.register_autograd(op, forward, backward)
+    _SHARDED[name] = (registration, forward)
     return forward
+
+
+# What each name was registered as by `sharded`. jax_op (torch.library.custom_op) silently
+# replaces an operator registered again under its name: the earlier operator then runs the
+# later's function, and when the replaced library is garbage-collected torch drops its
+# cached `torch.ops` entry, so operator objects taken before that stop matching.
+_SHARDED: dict[str, tuple[tuple[object, ...], ops.CustomOp]] = {}
+
+
+def _registered_names() -> set[str]:
+    """The operator names taken in the namespace: each op's and each :func:`sharded` name,
+    with their ``_backward``."""
+    return {n for base in [*OPERATORS, *_SHARDED] for n in (base, f"{base}_backward")}
 
 
 def _cotangent_per_box(backward: ops.CustomOp) -> Callable[..., Any]:

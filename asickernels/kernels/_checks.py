@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Mapping
 from typing import Protocol, SupportsIndex, TypeVar
 
 import jax
@@ -48,13 +47,12 @@ def as_array(value: object, name: str) -> np.ndarray | jax.Array:
         raise TypeError(f"{name} must be an array, got {type(value).__name__}") from error
 
 
-def required(specs: Mapping[str, SpecT | None], name: str) -> SpecT:
-    """``specs[name]``, which must not be None (a required array).
+def required(spec: SpecT | None, name: str) -> SpecT:
+    """``spec``, the spec of a required array ``name``, which must not be None.
 
     Raises:
       TypeError: it is None.
     """
-    spec = specs[name]
     if spec is None:
         raise TypeError(f"{name} must be an array, got None")
     return spec

@@ -19,15 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast
+from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, Tolerance, array, cast
 from asickernels.kernels.giou import (
     GIOU_EPS,
+    MaskedLoss,
+    PairedMetric,
+    PairedMetricVjp,
     giou_vjp,
-    masked_loss_op,
-    masked_loss_reference,
     metric_plan,
-    paired_metric_op,
-    paired_vjp_op,
     reference_planes,
 )
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
@@ -140,6 +139,8 @@ def _atan(a: _Dual) -> _Dual:
     return _Dual(np.arctan(a.value), a._scaled(1.0 / (1.0 + a.value**2)))
 
 
+# NaN or infinite boxes give NaN results, as in every backend; numpy need not warn of them.
+@np.errstate(invalid="ignore", divide="ignore", over="ignore")
 def _box_metric(
     metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, with_tangents: bool
 ) -> _Dual:
@@ -179,25 +180,21 @@ def reference_pairwise(metric: str, boxes1: npt.ArrayLike, boxes2: npt.ArrayLike
     return _box_metric(metric, b1, b2, False).value
 
 
-@REFERENCE.implements("box_iou", dtypes=FLOAT32_AND_64)
 def reference_box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     """Pairwise IoU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return reference_pairwise("iou", boxes1, boxes2)
 
 
-@REFERENCE.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)
 def reference_generalized_box_iou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     """Pairwise GIOU ``[..., N, 4]`` x ``[..., M, 4]`` -> ``[..., N, M]`` float64."""
     return reference_pairwise("giou", boxes1, boxes2)
 
 
-@REFERENCE.implements("diou", dtypes=FLOAT32_AND_64)
 def reference_diou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     """DIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("diou", boxes1, boxes2, False).value
 
 
-@REFERENCE.implements("ciou", dtypes=FLOAT32_AND_64)
 def reference_ciou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     """CIoU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     return _box_metric("ciou", boxes1, boxes2, False).value
@@ -214,35 +211,44 @@ def reference_metric_vjp(
     return grad[..., :4], grad[..., 4:]
 
 
-@REFERENCE.implements("diou_vjp", dtypes=FLOAT32_AND_64)
 def reference_diou_vjp(
     boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
     return reference_metric_vjp("diou", boxes1, boxes2, cotangent)
 
 
-@REFERENCE.implements("ciou_vjp", dtypes=FLOAT32_AND_64)
 def reference_ciou_vjp(
     boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
     return reference_metric_vjp("ciou", boxes1, boxes2, cotangent)
 
 
-reference_diou_loss = masked_loss_reference(reference_diou)
-reference_ciou_loss = masked_loss_reference(reference_ciou)
-
-
 # Pairwise ------------------------------------------------------------------------------------
 
 
-def _compute_pairwise(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
-    """Runs the kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when unbatched)."""
+def check_pairwise(boxes1: Spec | None, boxes2: Spec | None) -> Plan:
+    """Validation of a pairwise metric ``(boxes1 [..., N, 4], boxes2 [..., M, 4]) ->
+    [..., N, M]``."""
+    a, b = _checks.required(boxes1, "boxes1"), _checks.required(boxes2, "boxes2")
+    _checks.check_boxes(a, "boxes1", min_ndim=2)
+    _checks.check_boxes(b, "boxes2", min_ndim=2)
+    if a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(
+            f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
+            f"got {a.shape} and {b.shape}"
+        )
+    return metric_plan(a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
+
+
+def compute_pairwise(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
+    """Runs the op's pairwise kernel on ``[B, N, 4]``, ``[B, M, 4]`` views (one image when
+    unbatched)."""
     out = plan.outputs
     assert isinstance(out, Spec)
     flat1 = cast(boxes1.reshape(-1, *boxes1.shape[-2:]), out.dtype)
     flat2 = cast(boxes2.reshape(-1, *boxes2.shape[-2:]), out.dtype)
-    assert plan.kernel is not None
-    return cast(runner.kernel(plan.kernel)(flat1, flat2), out.dtype).reshape(out.shape)
+    assert runner.op.kernel is not None
+    return cast(runner.kernel(runner.op.kernel)(flat1, flat2), out.dtype).reshape(out.shape)
 
 
 def _pairwise_giou_vjp(
@@ -264,7 +270,37 @@ def _pairwise_giou_vjp(
     return d1.sum(-2), d2.sum(-3)
 
 
-_PAIRWISE_DOC = """{what} of every pair of boxes, as torchvision's ``{torchvision}`` (with
+class PairwiseMetric(Op):
+    """``name(boxes1 [..., N, 4], boxes2 [..., M, 4]) -> [..., N, M]`` (torchvision's
+    ``name``), run by its own pairwise kernel (``[B, N, 4]`` x ``[B, M, 4]`` -> ``[B, N,
+    M]``); differentiable in both boxes through ``vjp`` when one is given. ``what`` and
+    ``gradient`` complete its docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        reference: Callable[..., np.ndarray],
+        what: str,
+        gradient: str,
+        vjp: Callable[..., tuple[Array, Array]] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            [array("boxes1", 2), array("boxes2", 2)],
+            check=check_pairwise,
+            compute=compute_pairwise,
+            reference=reference,
+            vjp=vjp,
+            differentiable=("boxes1", "boxes2") if vjp is not None else (),
+            # On CPU hosts the native kernels; on TPUs XLA's fused elementwise program,
+            # which ``asickernels estimate`` puts as fast as the Pallas kernel or faster:
+            # the Pallas kernel runs when named.
+            preference=("cpu", "nki", "xla", "pallas_tpu"),
+            # As GIOU, with room for the float32 rounding of areas of boxes at 1e4 (the
+            # "large_coords" edge case).
+            tolerance=(Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
+            doc=f"""{what} of every pair of boxes, as torchvision's ``{name}`` (with
     ``eps = 1e-7`` in the denominators: degenerate boxes give finite values).
 
     Args:
@@ -275,51 +311,17 @@ _PAIRWISE_DOC = """{what} of every pair of boxes, as torchvision's ``{torchvisio
 
     Returns:
       ``[..., N, M]`` float32 (float64 for float64 boxes).{gradient}
-    """
+    """,
+        )
 
 
-def _pairwise_op(
-    name: str,
-    *,
-    reference: Callable[..., np.ndarray],
-    what: str,
-    gradient: str,
-    vjp: Callable[..., tuple[Array, Array]] | None = None,
-) -> Op:
-    """The op ``name(boxes1 [..., N, 4], boxes2 [..., M, 4]) -> [..., N, M]`` (torchvision's
-    ``name``), run by the pairwise kernel of that name; differentiable in both boxes through
-    ``vjp`` when one is given. ``what`` and ``gradient`` complete its docstring."""
-
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-        a, b = _checks.required(specs, "boxes1"), _checks.required(specs, "boxes2")
-        _checks.check_boxes(a, "boxes1", min_ndim=2)
-        _checks.check_boxes(b, "boxes2", min_ndim=2)
-        if a.shape[:-2] != b.shape[:-2]:
-            raise ValueError(
-                f"boxes1 [..., N, 4] and boxes2 [..., M, 4] must have the same leading dims, "
-                f"got {a.shape} and {b.shape}"
-            )
-        return metric_plan(name, a.shape[:-1] + b.shape[-2:-1], a, b, paired=False)
-
-    return Op(
-        name,
-        [array("boxes1", 2), array("boxes2", 2)],
-        check=check,
-        compute=_compute_pairwise,
-        reference=reference,
-        vjp=vjp,
-        differentiable=("boxes1", "boxes2") if vjp is not None else (),
-        doc=_PAIRWISE_DOC.format(what=what, torchvision=name, gradient=gradient),
-    )
-
-
-box_iou = _pairwise_op(
+box_iou = PairwiseMetric(
     "box_iou",
     reference=reference_box_iou,
     what="IoU",
     gradient=" Differentiable with ``jax.grad`` on the JAX backends.",
 )
-generalized_box_iou = _pairwise_op(
+generalized_box_iou = PairwiseMetric(
     "generalized_box_iou",
     reference=reference_generalized_box_iou,
     vjp=_pairwise_giou_vjp,
@@ -367,17 +369,46 @@ def _loss_doc(metric: str) -> str:
     """
 
 
-diou_vjp = paired_vjp_op("diou", reference=reference_diou_vjp, doc=_vjp_doc("diou"))
-ciou_vjp = paired_vjp_op("ciou", reference=reference_ciou_vjp, doc=_vjp_doc("ciou"))
-diou = paired_metric_op(
-    "diou", reference=reference_diou, vjp=diou_vjp, doc=_metric_doc("diou", "Distance IoU (DIoU)")
+# As GIOU, with room for the float32 rounding of centre distances of boxes at 1e4.
+_METRIC_TOLERANCE = (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12))
+
+diou_vjp = PairedMetricVjp(
+    "diou_vjp",
+    reference=reference_diou_vjp,
+    preference=("cpu", "pallas_tpu", "xla"),
+    doc=_vjp_doc("diou"),
 )
-ciou = paired_metric_op(
-    "ciou", reference=reference_ciou, vjp=ciou_vjp, doc=_metric_doc("ciou", "Complete IoU (CIoU)")
+ciou_vjp = PairedMetricVjp(
+    "ciou_vjp",
+    reference=reference_ciou_vjp,
+    preference=("cpu", "pallas_tpu", "xla"),
+    doc=_vjp_doc("ciou"),
 )
-diou_loss = masked_loss_op(
-    "diou", reference=reference_diou_loss, vjp=diou_vjp, doc=_loss_doc("diou")
+diou = PairedMetric(
+    "diou",
+    reference=reference_diou,
+    gradient=diou_vjp,
+    preference=("cpu", "pallas_tpu", "nki", "xla"),
+    tolerance=_METRIC_TOLERANCE,
+    doc=_metric_doc("diou", "Distance IoU (DIoU)"),
 )
-ciou_loss = masked_loss_op(
-    "ciou", reference=reference_ciou_loss, vjp=ciou_vjp, doc=_loss_doc("ciou")
+ciou = PairedMetric(
+    "ciou",
+    reference=reference_ciou,
+    gradient=ciou_vjp,
+    preference=("cpu", "pallas_tpu", "nki", "xla"),
+    tolerance=_METRIC_TOLERANCE,
+    doc=_metric_doc("ciou", "Complete IoU (CIoU)"),
 )
+diou_loss = MaskedLoss("diou_loss", metric=diou, gradient=diou_vjp, doc=_loss_doc("diou"))
+ciou_loss = MaskedLoss("ciou_loss", metric=ciou, gradient=ciou_vjp, doc=_loss_doc("ciou"))
+
+for _op, _reference in (
+    (box_iou, reference_box_iou),
+    (generalized_box_iou, reference_generalized_box_iou),
+    (diou, reference_diou),
+    (ciou, reference_ciou),
+    (diou_vjp, reference_diou_vjp),
+    (ciou_vjp, reference_ciou_vjp),
+):
+    REFERENCE.implements(_op, dtypes=FLOAT32_AND_64)(_reference)

@@ -9,6 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from asickernels.kernels.box_iou import box_iou, ciou, diou, generalized_box_iou
 from asickernels.kernels.cases import (
     Case,
     CompileShape,
@@ -18,6 +19,7 @@ from asickernels.kernels.cases import (
     bench_boxes,
     random_boxes,
 )
+from asickernels.kernels.declaration import Op
 from asickernels.kernels.giou_cases import (
     SEED_PAIRS,
     SEED_PAIRS_WHY,
@@ -76,8 +78,8 @@ def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
 class BoxMetricWorkload(GiouWorkload):
     """DIoU or CIoU of paired boxes, at GIOU's sizes and on GIOU's cases."""
 
-    def __init__(self, name: str) -> None:
-        self.name = self.registry_op = name
+    def __init__(self, op: Op) -> None:
+        self.op = op
 
 
 class PairwiseWorkload(Workload):
@@ -89,8 +91,8 @@ class PairwiseWorkload(Workload):
     quick_cases = frozenset({"random_7x130", "adversarial_all_pairs"})
     quick_sizes = default_sizes
 
-    def __init__(self, name: str) -> None:
-        self.name = self.registry_op = name
+    def __init__(self, op: Op) -> None:
+        self.op = op
 
     def parse_size(self, text: str) -> Size:
         match = re.fullmatch(r"(\d+)x(\d+)", text)
@@ -111,10 +113,10 @@ class PairwiseWorkload(Workload):
 
 
 WORKLOADS = (
-    PairwiseWorkload("box_iou"),
-    PairwiseWorkload("generalized_box_iou"),
-    BoxMetricWorkload("diou"),
-    BoxMetricWorkload("ciou"),
+    PairwiseWorkload(box_iou),
+    PairwiseWorkload(generalized_box_iou),
+    BoxMetricWorkload(diou),
+    BoxMetricWorkload(ciou),
 )
 
 # -- TPU compile gate and NKI estimates ------------------------------------------------------

@@ -1,34 +1,38 @@
 """Every op's cases, gathered from the cases modules beside the declarations
-(``kernels/<op>_cases.py``; see :mod:`asickernels.kernels.cases`): what ``check``/``bench``,
-the TPU compile gate, the NKI estimates and the tests iterate over. A new op's cases module
-is added to :data:`CASE_MODULES`, and nothing else lists its cases."""
+(``kernels/<op>_cases.py``, every module of this package whose name ends in ``_cases``;
+see :mod:`asickernels.kernels.cases`): what ``check``/``bench``, the TPU compile gate, the
+NKI estimates and the tests iterate over. Nothing lists them: a new op's cases module is
+found by its name."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from asickernels.kernels import (
-    box_iou_cases,
-    giou_cases,
-    int8_matmul_cases,
-    linear_sum_assignment_cases,
-    nms_cases,
-    roi_cases,
-)
+from asickernels import kernels
 from asickernels.kernels.cases import CompileShape, NkiEstimate, Workload
+from asickernels.kernels.public import OPS
 
-CASE_MODULES = (
-    giou_cases,
-    int8_matmul_cases,
-    box_iou_cases,
-    roi_cases,
-    nms_cases,
-    linear_sum_assignment_cases,
+# In the order of OPS (of each module's first workload).
+CASE_MODULES = tuple(
+    sorted(
+        (
+            importlib.import_module(f"{kernels.__name__}.{module.name}")
+            for module in pkgutil.iter_modules(kernels.__path__)
+            if module.name.endswith("_cases")
+        ),
+        key=lambda module: min(OPS.index(workload.op) for workload in module.WORKLOADS),
+    )
 )
 
-# By public function name, in the order of CASE_MODULES.
+# By public function name, in the order of OPS.
 WORKLOADS: dict[str, Workload] = {
-    workload.name: workload for module in CASE_MODULES for workload in module.WORKLOADS
+    workload.name: workload
+    for op in OPS
+    for module in CASE_MODULES
+    for workload in module.WORKLOADS
+    if workload.op is op
 }
 COMPILE_SHAPES: tuple[CompileShape, ...] = tuple(
     shape for module in CASE_MODULES for shape in module.COMPILE_SHAPES

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 
 from asickernels.kernels import oracle, registry
+from asickernels.kernels.declaration import Op
 
 # Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
 RAGGED_SIZES = (1, 7, 130, 257)
@@ -113,10 +114,10 @@ class Comparison:
     checked: str = "all"  # what part of the output was compared
 
 
-def oracle_comparison(name: str, got: Canonical, expected: oracle.Outputs) -> Comparison:
+def oracle_comparison(op: Op, got: Canonical, expected: oracle.Outputs) -> Comparison:
     """The oracle's verdict (:mod:`asickernels.kernels.oracle`): error in units of the op's
     tolerance (1 or less passes); for exact ops, the number of differing elements."""
-    verdict = oracle.compare(name, got, expected)
+    verdict = oracle.compare(op, got, expected)
     limit = 0.0 if verdict.tolerance == oracle.EXACT else 1.0
     return Comparison(verdict.error, limit, verdict.passed)
 
@@ -125,12 +126,15 @@ class Workload:
     """A public op as ``check`` and ``bench`` run it (:mod:`asickernels.benchmarking`); each
     op's cases module fills in the op-specific parts."""
 
-    name: str  # also the name of its public function in ``asickernels``
-    registry_op: str  # the registry op whose backends run it
+    op: Op  # the public op it runs (``asickernels.<op.name>``)
     size_syntax: str  # for --help and errors
     default_sizes: tuple[str, ...]
     quick_cases: frozenset[str]  # the check cases `run` uses (each shape compiles anew)
     quick_sizes: tuple[str, ...]  # the sizes `run` times
+
+    @property
+    def name(self) -> str:
+        return self.op.name
 
     def parse_size(self, text: str) -> Size:
         raise NotImplementedError
@@ -148,14 +152,16 @@ class Workload:
     def expected(self, case: Case) -> Any:
         """What :meth:`compare` checks a result against: by default the op's float64
         reference (its declaration's) on the case's arrays and statics."""
-        return oracle.op_named(self.name).reference(*case.arrays, **case.static)
+        return self.op.reference(*case.arrays, **case.static)
 
     def compare(self, got: Canonical, expected: Any) -> Comparison:
         """By default the oracle's verdict (:func:`oracle_comparison`)."""
-        return oracle_comparison(self.name, got, expected)
+        return oracle_comparison(self.op, got, expected)
 
     def backends(self) -> list[str]:
-        return registry.backends_for(self.registry_op)
+        """The backends that implement the op's kernel."""
+        assert self.op.kernel is not None
+        return registry.backends_for(self.op.kernel)
 
 
 def pairs_size(text: str) -> Size:

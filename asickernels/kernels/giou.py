@@ -1,6 +1,9 @@
 """GIOU of paired boxes, its gradient, and the masked GIOU loss: the declarations, their
-float64 references, and the three op factories every paired box metric (GIOU, DIoU, CIoU) is
-declared with: :func:`paired_metric_op`, :func:`paired_vjp_op`, :func:`masked_loss_op`.
+float64 references, and what every paired box metric (GIOU, DIoU, CIoU) is declared with:
+the checks and computations of a metric (:func:`check_paired_metric`,
+:func:`compute_paired_metric`), of its gradient (:func:`check_paired_vjp`,
+:func:`compute_paired_vjp`) and of its masked loss (:func:`check_masked_loss`,
+:func:`compute_masked_loss`), each op running its own kernel.
 
 Boxes are ``(x1, y1, x2, y2)``; nothing requires ``x1 <= x2`` (such boxes give negative
 areas and the formulas below apply as written).
@@ -27,14 +30,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asickernels.kernels import _checks, registry
+from asickernels.kernels import _checks
 from asickernels.kernels.declaration import (
     Array,
-    Check,
     Op,
     Plan,
     Runner,
     Spec,
+    Tolerance,
     array,
     cast,
     static,
@@ -48,9 +51,12 @@ REDUCTIONS = ("none", "sum", "mean")
 _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 
-def _check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tuple[Spec, Spec]:
-    """Two float ``[..., 4]`` box arrays of one shape (paired boxes)."""
-    a, b = _checks.required(specs, first), _checks.required(specs, second)
+def _check_pair(
+    boxes1: Spec | None, boxes2: Spec | None, first: str, second: str
+) -> tuple[Spec, Spec]:
+    """Two float ``[..., 4]`` box arrays of one shape (paired boxes), named ``first`` and
+    ``second``."""
+    a, b = _checks.required(boxes1, first), _checks.required(boxes2, second)
     _checks.check_boxes(a, first)
     _checks.check_boxes(b, second)
     if a.shape != b.shape:
@@ -62,14 +68,15 @@ def _check_pair(specs: Mapping[str, Spec | None], first: str, second: str) -> tu
 
 
 def _paired(
-    runner: Runner, kernel: str, dtype: str, boxes1: Array, boxes2: Array, *per_pair: Array
+    runner: Runner, dtype: str | None, boxes1: Array, boxes2: Array, *per_pair: Array
 ) -> Any:
-    """Runs a paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` boxes; ``per_pair``
-    arrays (``[...]``, such as a cotangent) are flattened to ``[P]``."""
+    """Runs the running op's paired-box kernel on ``[P, 4]`` views of ``[..., 4]`` boxes;
+    ``per_pair`` arrays (``[...]``, such as a cotangent) are flattened to ``[P]``."""
     flat = [boxes1.reshape(-1, 4), boxes2.reshape(-1, 4), *(a.reshape(-1) for a in per_pair)]
     if dtype == "float64":
         flat = [cast(a, np.float64) for a in flat]
-    return runner.kernel(kernel)(*flat)
+    assert runner.op.kernel is not None
+    return runner.kernel(runner.op.kernel)(*flat)
 
 
 # The float64 references ---------------------------------------------------------------
@@ -80,7 +87,7 @@ def reference_planes(boxes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.n
     return b[..., 0], b[..., 1], b[..., 2], b[..., 3]
 
 
-@REFERENCE.implements("giou", dtypes=FLOAT32_AND_64)
+@np.errstate(invalid="ignore", divide="ignore", over="ignore")
 def reference_giou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     """GIOU of paired boxes ``[..., 4]`` -> ``[...]`` float64."""
     x1, y1, x2, y2 = reference_planes(boxes1)
@@ -93,7 +100,7 @@ def reference_giou(boxes1: npt.ArrayLike, boxes2: npt.ArrayLike) -> np.ndarray:
     return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
 
 
-@REFERENCE.implements("giou_vjp", dtypes=FLOAT32_AND_64)
+@np.errstate(invalid="ignore", divide="ignore", over="ignore")
 def reference_giou_vjp(
     boxes1: npt.ArrayLike, boxes2: npt.ArrayLike, cotangent: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -159,148 +166,116 @@ def reference_giou_vjp(
 
 def masked_loss_reference(
     metric: Callable[[npt.ArrayLike, npt.ArrayLike], np.ndarray],
-) -> Callable[..., np.ndarray]:
-    """The float64 reference of :func:`masked_loss_op` over a paired metric's reference:
-    ``loss(preds, targets, *, mask=None, reduction="mean")`` is ``1 - metric`` where
-    ``mask`` is True and exactly 0 at padding (which may hold NaN), reduced: ``"none"``,
-    ``"sum"``, or ``"mean"`` over the valid boxes (0 when there are none)."""
-
-    def loss(
-        preds: npt.ArrayLike,
-        targets: npt.ArrayLike,
-        *,
-        mask: npt.ArrayLike | None = None,
-        reduction: str = "mean",
-    ) -> np.ndarray:
-        with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
-            values = 1.0 - metric(preds, targets)
-        valid = np.ones(values.shape, bool) if mask is None else np.asarray(mask, bool)
-        values = np.where(valid, values, 0.0)
-        if reduction == "none":
-            return values
-        total = values.sum()
-        if reduction == "sum":
-            return np.asarray(total)
-        count = valid.sum()
-        return np.asarray(total / count if count else 0.0)
-
-    return loss
+    preds: npt.ArrayLike,
+    targets: npt.ArrayLike,
+    *,
+    mask: npt.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """The float64 reference of a masked loss over a paired metric's reference ``metric``:
+    ``1 - metric`` where ``mask`` is True and exactly 0 at padding (which may hold NaN),
+    reduced: ``"none"``, ``"sum"``, or ``"mean"`` over the valid boxes (0 when there are
+    none)."""
+    with np.errstate(all="ignore"):  # padding may hold NaN; it is masked out
+        values = 1.0 - metric(preds, targets)
+    valid = np.ones(values.shape, bool) if mask is None else np.asarray(mask, bool)
+    values = np.where(valid, values, 0.0)
+    if reduction == "none":
+        return values
+    total = values.sum()
+    if reduction == "sum":
+        return np.asarray(total)
+    count = valid.sum()
+    return np.asarray(total / count if count else 0.0)
 
 
-reference_giou_loss = masked_loss_reference(reference_giou)
+# Paired metrics: validation and computation -------------------------------------------------
 
 
-# Paired metrics: validation and computation -------------------------------------------------------
-
-
-def metric_plan(
-    kernel: str, shape: tuple[int, ...], boxes1: Spec, boxes2: Spec, *, paired: bool
-) -> Plan:
+def metric_plan(shape: tuple[int, ...], boxes1: Spec, boxes2: Spec, *, paired: bool) -> Plan:
     """The plan of a box metric of ``shape`` (paired or pairwise), computed in float64 for
     float64 boxes and in float32 otherwise; nothing to run when it is empty. A paired
     metric reads each box once: it is copy-bound (see :class:`Plan`)."""
     dtype = _checks.float_compute_dtype(boxes1, boxes2)
     return Plan(
-        kernel,
         dtype,
         Spec(shape, np.dtype(dtype)),
-        (),
         trivial=_checks.size(shape) == 0,
         copy_bound=paired,
     )
 
 
-def _paired_metric_check(kernel: str) -> Check:
+def check_paired_metric(boxes1: Spec | None, boxes2: Spec | None) -> Plan:
     """Validation of a paired-box metric ``(boxes1, boxes2 [..., 4]) -> [...]``."""
-
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-        a, b = _check_pair(specs, "boxes1", "boxes2")
-        return metric_plan(kernel, a.shape[:-1], a, b, paired=True)
-
-    return check
+    a, b = _check_pair(boxes1, boxes2, "boxes1", "boxes2")
+    return metric_plan(a.shape[:-1], a, b, paired=True)
 
 
-def _compute_paired_metric(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
-    assert isinstance(plan.outputs, Spec) and plan.kernel is not None
-    out = _paired(runner, plan.kernel, plan.dtype or "float32", boxes1, boxes2)
+def compute_paired_metric(runner: Runner, plan: Plan, boxes1: Array, boxes2: Array) -> Array:
+    """A paired-box metric on its kernel (``[P, 4]`` x2 -> ``[P]``)."""
+    assert isinstance(plan.outputs, Spec)
+    out = _paired(runner, plan.dtype, boxes1, boxes2)
     return cast(out, plan.outputs.dtype).reshape(boxes1.shape[:-1])
 
 
-def _paired_vjp_check(kernel: str) -> Check:
+def check_paired_vjp(boxes1: Spec | None, boxes2: Spec | None, cotangent: Spec | None) -> Plan:
     """Validation of a paired-box metric's VJP ``(boxes1, boxes2 [..., 4], cotangent
     [...]) -> (d_boxes1, d_boxes2)``."""
-
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-        a, b = _check_pair(specs, "boxes1", "boxes2")
-        cotangent = _checks.required(specs, "cotangent")
-        _checks.check_float(cotangent, "cotangent")
-        if cotangent.shape != a.shape[:-1]:
-            raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
-        dtype = _checks.float_compute_dtype(a, b)
-        out = Spec(a.shape, np.dtype(dtype))
-        return Plan(
-            kernel,
-            dtype,
-            (out, out),
-            (),
-            trivial=_checks.size(a.shape[:-1]) == 0,
-            copy_bound=True,
-        )
-
-    return check
+    a, b = _check_pair(boxes1, boxes2, "boxes1", "boxes2")
+    cotangent = _checks.required(cotangent, "cotangent")
+    _checks.check_float(cotangent, "cotangent")
+    if cotangent.shape != a.shape[:-1]:
+        raise ValueError(f"cotangent must have shape {a.shape[:-1]}, got {cotangent.shape}")
+    dtype = _checks.float_compute_dtype(a, b)
+    out = Spec(a.shape, np.dtype(dtype))
+    return Plan(dtype, (out, out), trivial=_checks.size(a.shape[:-1]) == 0, copy_bound=True)
 
 
-def _compute_paired_vjp(
+def compute_paired_vjp(
     runner: Runner, plan: Plan, boxes1: Array, boxes2: Array, cotangent: Array
 ) -> tuple[Array, Array]:
-    assert plan.kernel is not None
+    """A paired-box metric's VJP on its kernel (``[P, 4]`` x2, ``[P]`` -> ``[P, 4]`` x2)."""
     dtype = plan.dtype or "float32"
-    d1, d2 = _paired(runner, plan.kernel, dtype, boxes1, boxes2, cast(cotangent, dtype))
+    d1, d2 = _paired(runner, dtype, boxes1, boxes2, cast(cotangent, dtype))
     return cast(d1, dtype).reshape(boxes1.shape), cast(d2, dtype).reshape(boxes1.shape)
 
 
-def _check_mask_and_reduction(
-    specs: Mapping[str, Spec | None], statics: Mapping[str, object], batch: tuple[int, ...]
-) -> str:
-    """A ``[...]`` bool or numeric mask (or None) and a known reduction."""
-    reduction = statics["reduction"]
+def check_masked_loss(
+    preds: Spec | None, targets: Spec | None, mask: Spec | None, *, reduction: object
+) -> Plan:
+    """Validation of a masked loss over a paired metric (see :func:`compute_masked_loss`):
+    a ``[...]`` bool or numeric mask (or None) and a known reduction."""
+    a, b = _check_pair(preds, targets, "preds", "targets")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
-    mask = specs["mask"]
+    batch = a.shape[:-1]
     if mask is not None:
         if mask.shape != batch:
             raise ValueError(f"mask must have shape {batch}, got {mask.shape}")
         if not (np.issubdtype(mask.dtype, np.number) or mask.dtype == np.bool_):
             raise TypeError(f"mask must be bool or numeric, got dtype {mask.dtype}")
-    return str(reduction)
+    dtype = _checks.float_compute_dtype(a, b)
+    shape = batch if reduction == "none" else ()
+    return Plan(
+        dtype,
+        Spec(shape, np.dtype(dtype)),
+        {"reduction": str(reduction)},
+        trivial=_checks.size(batch) == 0,
+    )
 
 
-def _masked_loss_check(kernel: str) -> Check:
-    """Validation of a masked loss over a paired metric (see :func:`_masked_loss`)."""
-
-    def check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-        a, b = _check_pair(specs, "preds", "targets")
-        reduction = _check_mask_and_reduction(specs, statics, a.shape[:-1])
-        dtype = _checks.float_compute_dtype(a, b)
-        shape = a.shape[:-1] if reduction == "none" else ()
-        return Plan(
-            kernel,
-            dtype,
-            Spec(shape, np.dtype(dtype)),
-            (("reduction", reduction),),
-            trivial=_checks.size(a.shape[:-1]) == 0,
-        )
-
-    return check
-
-
-def _masked_loss(
-    runner: Runner, plan: Plan, preds: Array, targets: Array, mask: Array | None
+def compute_masked_loss(
+    runner: Runner,
+    plan: Plan,
+    preds: Array,
+    targets: Array,
+    mask: Array | None,
+    *,
+    reduction: str,
 ) -> Array:
-    """``1 - metric(preds, targets)`` over valid boxes (the metric: ``plan.kernel``), reduced
-    as ``plan`` says; padding boxes are replaced by a safe box first, so they contribute
-    exactly 0 (no NaN)."""
-    assert plan.kernel is not None
+    """``1 - metric(preds, targets)`` over valid boxes (the metric: the running op's
+    kernel), reduced as ``reduction`` says; padding boxes are replaced by a safe box first,
+    so they contribute exactly 0 (no NaN)."""
     xp = runner.xp
     dtype = plan.dtype or "float32"
     if mask is None:
@@ -310,9 +285,8 @@ def _masked_loss(
         safe = xp.asarray(_SAFE_BOX, preds.dtype)
         preds = xp.where(valid[..., None], preds, safe)
         targets = xp.where(valid[..., None], targets, safe)
-    value = cast(_paired(runner, plan.kernel, dtype, preds, targets), dtype)
+    value = cast(_paired(runner, dtype, preds, targets), dtype)
     loss = xp.where(valid, 1.0 - value.reshape(valid.shape), 0.0).astype(dtype)
-    reduction = plan.static("reduction")
     if reduction == "sum":
         loss = loss.sum()
     elif reduction == "mean":
@@ -320,7 +294,7 @@ def _masked_loss(
     return loss.astype(dtype)
 
 
-def _masked_loss_vjp(
+def masked_loss_vjp(
     metric_vjp: Op,
     arrays: Mapping[str, Array | None],
     statics: Mapping[str, object],
@@ -328,7 +302,7 @@ def _masked_loss_vjp(
     cotangent: Array,
 ) -> tuple[Array, Array]:
     """The gradient of a masked loss ``sum(-metric * weight)`` (``weight`` 0 at padding,
-    ``1 / count`` for "mean"): the metric's VJP with ``-weight * cotangent``. Padding is
+    ``1 / count`` for "mean"): the metric's VJP op with ``-weight * cotangent``. Padding is
     zeroed first so that NaN there cannot leak through ``0 * NaN``."""
     import jax
     import jax.numpy as jnp
@@ -344,89 +318,128 @@ def _masked_loss_vjp(
         count = math.prod(preds.shape[:-1])
         scale = 1.0 / max(count, 1) if statics["reduction"] == "mean" else 1.0
         local = xp.broadcast_to(-scale * cotangent, preds.shape[:-1])
-        return metric_vjp(preds, targets, local, backend=backend)
+        return metric_vjp(preds, targets, local, backend=backend)  # type: ignore[no-any-return]
     valid = xp.asarray(mask) != 0
     weight = valid.astype(dtype)
     if statics["reduction"] == "mean":
         weight = weight / xp.maximum(valid.sum(), 1).astype(dtype)
     local = -(weight * cotangent)
     inside = valid[..., None]
-    return metric_vjp(
+    return metric_vjp(  # type: ignore[no-any-return]
         xp.where(inside, preds, 0), xp.where(inside, targets, 0), local, backend=backend
     )
 
 
-# The op factories ---------------------------------------------------------------------------
-
-
-def _metric_vjp(
+def metric_vjp(
     vjp: Op,
     arrays: Mapping[str, Array | None],
     statics: Mapping[str, object],
     backend: str | None,
     cotangent: Array,
 ) -> tuple[Array, Array]:
+    """The gradient of a paired metric: its VJP op ``vjp`` on the same boxes."""
     return vjp(arrays["boxes1"], arrays["boxes2"], cotangent, backend=backend)  # type: ignore[no-any-return]
 
 
-def paired_metric_op(metric: str, *, reference: Callable[..., np.ndarray], vjp: Op, doc: str) -> Op:
-    """The op ``metric(boxes1, boxes2 [..., 4]) -> [...]``, run by the paired-box kernel
-    named ``metric`` (``[P, 4]`` x2 -> ``[P]``) and differentiated by ``vjp``."""
-    return Op(
-        metric,
-        [array("boxes1", 1), array("boxes2", 1)],
-        check=_paired_metric_check(metric),
-        compute=_compute_paired_metric,
-        reference=reference,
-        vjp=functools.partial(_metric_vjp, vjp),
-        differentiable=("boxes1", "boxes2"),
-        doc=doc,
-    )
+class PairedMetricVjp(Op):
+    """The gradient op of a paired-box metric, ``(boxes1, boxes2 [..., 4], cotangent [...])
+    -> (d_boxes1, d_boxes2)``, run by its own kernel (``[P, 4]`` x2, ``[P]`` -> ``[P, 4]``
+    x2): the gradient of ``sum(cotangent * metric(boxes1, boxes2))``."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        reference: Callable[..., tuple[np.ndarray, np.ndarray]],
+        preference: tuple[str, ...],
+        doc: str,
+        tolerance: tuple[Tolerance, Tolerance] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
+            check=check_paired_vjp,
+            compute=compute_paired_vjp,
+            reference=reference,
+            outputs=("d_boxes1", "d_boxes2"),
+            preference=preference,
+            tolerance=tolerance,
+            doc=doc,
+        )
 
 
-def paired_vjp_op(
-    metric: str, *, reference: Callable[..., tuple[np.ndarray, np.ndarray]], doc: str
-) -> Op:
-    """The op ``<metric>_vjp(boxes1, boxes2 [..., 4], cotangent [...]) -> (d_boxes1,
-    d_boxes2)``, run by the kernel of that name (``[P, 4]`` x2, ``[P]`` -> ``[P, 4]`` x2)."""
-    return Op(
-        f"{metric}_vjp",
-        [array("boxes1", 1), array("boxes2", 1), array("cotangent", 0)],
-        check=_paired_vjp_check(f"{metric}_vjp"),
-        compute=_compute_paired_vjp,
-        reference=reference,
-        outputs=("d_boxes1", "d_boxes2"),
-        doc=doc,
-    )
+class PairedMetric(Op):
+    """A metric of paired boxes, ``(boxes1, boxes2 [..., 4]) -> [...]``, run by its own kernel
+    (``[P, 4]`` x2 -> ``[P]``) and differentiated by its gradient op ``gradient``."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        reference: Callable[..., np.ndarray],
+        gradient: PairedMetricVjp,
+        preference: tuple[str, ...],
+        tolerance: tuple[Tolerance, Tolerance],
+        doc: str,
+    ) -> None:
+        super().__init__(
+            name,
+            [array("boxes1", 1), array("boxes2", 1)],
+            check=check_paired_metric,
+            compute=compute_paired_metric,
+            reference=reference,
+            vjp=functools.partial(metric_vjp, gradient),
+            differentiable=("boxes1", "boxes2"),
+            preference=preference,
+            tolerance=tolerance,
+            doc=doc,
+        )
 
 
-def masked_loss_op(metric: str, *, reference: Callable[..., np.ndarray], vjp: Op, doc: str) -> Op:
-    """The op ``<metric>_loss(preds, targets [..., 4], *, mask [...] | None, reduction)``:
-    ``1 - metric`` over the valid boxes, run by the paired-box kernel ``metric`` and
-    differentiated by ``vjp`` (the metric's VJP op)."""
-    return Op(
-        f"{metric}_loss",
-        [
-            array("preds", 1),
-            array("targets", 1),
-            array("mask", 0, optional=True),
-            static("reduction", "str", "mean"),
-        ],
-        check=_masked_loss_check(metric),
-        compute=_masked_loss,
-        reference=reference,
-        vjp=functools.partial(_masked_loss_vjp, vjp),
-        differentiable=("preds", "targets"),
-        partition="loss",
-        doc=doc,
-    )
+class MaskedLoss(Op):
+    """``1 - metric(preds, targets)`` over the valid boxes, ``(preds, targets [..., 4], *,
+    mask [...] | None, reduction)``, run by the kernel of the paired metric ``metric`` and
+    differentiated by its gradient op ``gradient`` (:func:`compute_masked_loss`,
+    :func:`masked_loss_vjp`)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        metric: PairedMetric,
+        gradient: PairedMetricVjp,
+        doc: str,
+        tolerance: tuple[Tolerance, Tolerance] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            [
+                array("preds", 1),
+                array("targets", 1),
+                array("mask", 0, optional=True),
+                static("reduction", "str", "mean", bad=(None, "average", 3)),
+            ],
+            check=check_masked_loss,
+            compute=compute_masked_loss,
+            reference=functools.partial(masked_loss_reference, metric.reference),
+            vjp=functools.partial(masked_loss_vjp, gradient),
+            differentiable=("preds", "targets"),
+            partition="loss",
+            kernel=metric,
+            tolerance=tolerance,
+            doc=doc,
+        )
 
 
 # GIOU ---------------------------------------------------------------------------------------
 
-giou_vjp = paired_vjp_op(
-    "giou",
+giou_vjp = PairedMetricVjp(
+    "giou_vjp",
     reference=reference_giou_vjp,
+    preference=("cpu", "pallas_tpu", "nki", "xla"),
+    # float32 GIOU carries about 1e-6 relative error per operation; the gradient divides by
+    # unions and hulls, hence rtol.
+    tolerance=(Tolerance(2e-4, 2e-5), Tolerance(1e-9, 1e-12)),
     doc="""Gradient of ``sum(cotangent * giou(boxes1, boxes2))`` with respect to both inputs.
 
     ``boxes1, boxes2 [..., 4]``, ``cotangent [...]`` -> ``(d_boxes1, d_boxes2)`` ``[..., 4]``,
@@ -435,10 +448,12 @@ giou_vjp = paired_vjp_op(
     """,
 )
 
-giou = paired_metric_op(
+giou = PairedMetric(
     "giou",
     reference=reference_giou,
-    vjp=giou_vjp,
+    gradient=giou_vjp,
+    preference=("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
+    tolerance=(Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
     doc="""Generalized IoU of paired boxes.
 
     Args:
@@ -455,10 +470,11 @@ giou = paired_metric_op(
     """,
 )
 
-giou_loss = masked_loss_op(
-    "giou",
-    reference=reference_giou_loss,
-    vjp=giou_vjp,
+giou_loss = MaskedLoss(
+    "giou_loss",
+    metric=giou,
+    gradient=giou_vjp,
+    tolerance=(Tolerance(1e-5, 2e-5), Tolerance(1e-10, 1e-12)),
     doc="""``1 - giou(preds, targets)`` over the valid (non-padding) boxes.
 
     Args:
@@ -474,7 +490,5 @@ giou_loss = masked_loss_op(
     """,
 )
 
-
-def differentiable_backends() -> list[str]:
-    """Backends :func:`giou_vjp` can run on (the backends with a ``giou_vjp`` kernel)."""
-    return registry.backends_for("giou_vjp")
+REFERENCE.implements(giou, dtypes=FLOAT32_AND_64)(reference_giou)
+REFERENCE.implements(giou_vjp, dtypes=FLOAT32_AND_64)(reference_giou_vjp)

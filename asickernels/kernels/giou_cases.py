@@ -26,6 +26,7 @@ from asickernels.kernels.cases import (
     pairs_size,
     random_boxes,
 )
+from asickernels.kernels.declaration import Op
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -109,8 +110,7 @@ def examples(batch: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
 
 
 class GiouWorkload(Workload):
-    name = "giou"
-    registry_op = "giou"
+    op: Op = giou_ops.giou
     size_syntax = "P or AxB box pairs"
     default_sizes: tuple[str, ...] = ("64x64", "1024x256")
     quick_cases = frozenset({"random_130", "adversarial"})
@@ -133,10 +133,7 @@ class GiouWorkload(Workload):
 class GiouVjpWorkload(GiouWorkload):
     """The GIOU backward pass: gradients of ``sum(cotangent * giou)``, at GIOU's sizes."""
 
-    name = "giou_vjp"
-
-    def backends(self) -> list[str]:
-        return giou_ops.differentiable_backends()
+    op = giou_ops.giou_vjp
 
     def _with_cotangent(
         self, name: str, a: np.ndarray, b: np.ndarray, rng: np.random.Generator

@@ -7,8 +7,7 @@ y_scale[None, :]`` rounded once to ``out_dtype``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,21 +22,6 @@ INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)
 _OUT_DTYPES = (np.dtype(np.int32),) + _checks.FLOAT_DTYPES
 
 
-class Int8MatmulOptions(TypedDict):
-    """The keywords every ``int8_matmul`` kernel takes: ``x_scale [M]`` and ``y_scale [N]``
-    float32 (both or neither) and the result's ``out_dtype``; a kernel declares them as
-    ``**options: Unpack[Int8MatmulOptions]``."""
-
-    x_scale: Array | None
-    y_scale: Array | None
-    out_dtype: np.dtype
-
-
-def int8_matmul_options(options: Int8MatmulOptions) -> tuple[Any, Any, np.dtype]:
-    """``(x_scale, y_scale, out_dtype)`` of a kernel's options."""
-    return options["x_scale"], options["y_scale"], options["out_dtype"]
-
-
 def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
     if spec is None:
         return
@@ -48,8 +32,15 @@ def _check_scale(spec: Spec | None, length: int, name: str, dim: str) -> None:
         )
 
 
-def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-    x, y = _checks.required(specs, "x"), _checks.required(specs, "y")
+def _check_int8_matmul(
+    x: Spec | None,
+    y: Spec | None,
+    x_scale: Spec | None,
+    y_scale: Spec | None,
+    *,
+    out_dtype: object,
+) -> Plan:
+    x, y = _checks.required(x, "x"), _checks.required(y, "y")
     for name, spec in (("x", x), ("y", y)):
         if spec.dtype != np.int8:
             raise TypeError(f"{name} must be int8, got dtype {spec.dtype}")
@@ -58,7 +49,6 @@ def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, o
     (m, k), (k2, n) = x.shape, y.shape
     if k != k2:
         raise ValueError(f"x [M, K] and y [K, N] disagree on K: {x.shape} @ {y.shape}")
-    x_scale, y_scale, out_dtype = specs["x_scale"], specs["y_scale"], statics["out_dtype"]
     try:
         requested = None if out_dtype is None else np.dtype(out_dtype)  # type: ignore[call-overload]
     except TypeError:  # np.dtype refuses what is not a dtype
@@ -78,10 +68,9 @@ def _check_int8_matmul(specs: Mapping[str, Spec | None], statics: Mapping[str, o
             "overflow; pass scales (or a float out_dtype) to have K split into exact chunks"
         )
     return Plan(
-        "int8_matmul",
         None,
         Spec((m, n), out),
-        (("out_dtype", out), ("scaled", scaled)),
+        {"out_dtype": out},
         trivial=m == 0 or n == 0 or k == 0,
     )
 
@@ -94,16 +83,23 @@ def _scale_vector(xp: Any, scale: Array | None, length: int) -> Array:
 
 
 def _compute_int8_matmul(
-    runner: Runner, plan: Plan, x: Array, y: Array, x_scale: Array | None, y_scale: Array | None
+    runner: Runner,
+    plan: Plan,
+    x: Array,
+    y: Array,
+    x_scale: Array | None,
+    y_scale: Array | None,
+    *,
+    out_dtype: np.dtype,
 ) -> Array:
-    xp, out = runner.xp, plan.static("out_dtype")
-    kernel = runner.kernel("int8_matmul")
+    """An int32 ``out_dtype`` is the exact product (the check allows it only unscaled)."""
+    kernel = runner.kernel(int8_matmul)
     (m, k), n = x.shape, y.shape[1]
-    if not plan.static("scaled"):
-        return kernel(x, y, x_scale=None, y_scale=None, out_dtype=out)
-    xs, ys = _scale_vector(xp, x_scale, m), _scale_vector(xp, y_scale, n)
+    if out_dtype == np.int32:
+        return kernel(x, y, x_scale=None, y_scale=None, out_dtype=out_dtype)
+    xs, ys = _scale_vector(runner.xp, x_scale, m), _scale_vector(runner.xp, y_scale, n)
     if k <= INT8_MATMUL_MAX_K:
-        return cast(kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out), out)
+        return cast(kernel(x, y, x_scale=xs, y_scale=ys, out_dtype=out_dtype), out_dtype)
     # Exact int32 chunks of K, their dequantized partial products summed in float32.
     total: Any = None
     for start in range(0, k, INT8_MATMUL_MAX_K):
@@ -112,10 +108,9 @@ def _compute_int8_matmul(
             x[:, start:stop], y[start:stop], x_scale=xs, y_scale=ys, out_dtype=np.dtype(np.float32)
         ).astype(np.float32)
         total = part if total is None else total + part
-    return total.astype(out)
+    return total.astype(out_dtype)
 
 
-@REFERENCE.implements("int8_matmul")
 def reference_int8_matmul(
     x: npt.ArrayLike,
     y: npt.ArrayLike,
@@ -160,12 +155,14 @@ int8_matmul = Op(
         array("y", 2),
         array("x_scale", optional=True),
         array("y_scale", optional=True),
-        static("out_dtype", "ScalarType?", None),
+        static("out_dtype", "ScalarType?", None, bad=("nonsense", np.int8, object())),
     ],
     check=_check_int8_matmul,
     compute=_compute_int8_matmul,
     reference=_reference_int8_matmul,
     partition="matmul",
+    preference=("cpu", "pallas_tpu", "nki", "xla"),
+    compute_dtypes=(None,),
     doc="""``x @ y`` for int8 ``x [M, K]`` and ``y [K, N]``, accumulated exactly in int32.
 
     Args:
@@ -186,14 +183,15 @@ int8_matmul = Op(
     """,
 )
 
+REFERENCE.implements(int8_matmul)(reference_int8_matmul)
+
 
 # quantize_int8 ------------------------------------------------------------------------------
 
 
-def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-    x = _checks.required(specs, "x")
+def _check_quantize(x: Spec | None, axis: object) -> Plan:
+    x = _checks.required(x, "x")
     _checks.check_float(x, "x")
-    axis = statics["axis"]
     ndim = len(x.shape)
     if axis is not None:
         axis = _checks.static_int(axis, "axis", low=-ndim)
@@ -203,9 +201,8 @@ def _check_quantize(specs: Mapping[str, Spec | None], statics: Mapping[str, obje
     scale_shape = () if axis is None else (x.shape[axis],)
     return Plan(
         None,
-        None,
         (Spec(x.shape, np.dtype(np.int8)), Spec(scale_shape, np.dtype(np.float32))),
-        (("axis", axis),),
+        {"axis": axis},
     )
 
 
@@ -214,8 +211,9 @@ def _check_quantize_values(x: Array, **_: Array | None) -> None:
         raise ValueError("quantize_int8: x holds NaN or infinite values, which have no int8 scale")
 
 
-def _compute_quantize(runner: Runner, plan: Plan, x: Array) -> tuple[Array, Array]:
-    axis = plan.static("axis")
+def _compute_quantize(
+    runner: Runner, plan: Plan, x: Array, axis: int | None
+) -> tuple[Array, Array]:
     values = jnp.asarray(x).astype(jnp.float32)
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
     amax = jnp.max(jnp.abs(values), axis=reduce_axes, initial=0.0)
@@ -244,7 +242,7 @@ def _reference_quantize(x: npt.ArrayLike, axis: int | None = None) -> tuple[np.n
 
 quantize_int8 = Op(
     "quantize_int8",
-    [array("x", 0), static("axis", "int?", None, positional=True)],
+    [array("x", 0), static("axis", "int?", None, positional=True, bad=("0", 1.0, 7))],
     check=_check_quantize,
     compute=_compute_quantize,
     reference=_reference_quantize,

@@ -23,7 +23,7 @@ from asickernels.kernels.cases import (
     Workload,
     checked,
 )
-from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, reference_int8_matmul
+from asickernels.kernels.int8_matmul import INT8_MATMUL_MAX_K, int8_matmul, reference_int8_matmul
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -103,8 +103,7 @@ _SAMPLED_ROWS = 128
 
 
 class Int8MatmulWorkload(Workload):
-    name = "int8_matmul"
-    registry_op = "int8_matmul"
+    op = int8_matmul
     size_syntax = "S (S x S x S) or MxKxN"
     default_sizes: tuple[str, ...] = ("256", "512", "1024", "2048", "4096", "8192")
     quick_cases = frozenset({"7x130x257", "scales_rows_cols"})
@@ -173,7 +172,7 @@ class Int8MatmulWorkload(Workload):
             return Comparison(error, 0.0, error == 0.0, checked)
         relative = np.abs(sample.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30)
         error = float(np.max(relative, initial=0.0))
-        tolerance = oracle.tolerance(self.name, out_dtype).rtol
+        tolerance = oracle.tolerance(self.op, out_dtype).rtol
         return Comparison(error, tolerance, error <= tolerance, checked)
 
 

@@ -14,7 +14,7 @@ Kernel calling convention (beside those in :mod:`asickernels.kernels.registry`):
 
 Where it is written: this file (declaration, checks, the orientation and masking every
 backend shares, the reference); each backend's kernel (``backends/xla/linear_sum_assignment.py``,
-``backends/cpu/linear_sum_assignment.py`` with ``csrc/linear_sum_assignment.cpp``,
+``backends/cpu/linear_sum_assignment.py`` with ``linear_sum_assignment.cpp`` beside it,
 ``backends/pallas_tpu/linear_sum_assignment.py``); the cases in
 :mod:`asickernels.kernels.linear_sum_assignment_cases`; DETR's matcher in
 :mod:`asickernels.matcher`.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,22 +45,20 @@ def _check_mask(mask: Spec | None, name: str, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(mask.shape)}")
 
 
-def _check(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-    cost = _checks.required(specs, "cost")
+def _check(cost: Spec | None, row_mask: Spec | None, col_mask: Spec | None) -> Plan:
+    cost = _checks.required(cost, "cost")
     _checks.check_float(cost, "cost")
     if len(cost.shape) < 2:
         raise ValueError(f"cost must have shape [..., N, M], got {tuple(cost.shape)}")
     batch, n, m = tuple(cost.shape[:-2]), cost.shape[-2], cost.shape[-1]
     if max(n, m) > _MAX_INT32:
         raise ValueError(f"cost has {max(n, m)} rows or columns, beyond the int32 index range")
-    _check_mask(specs["row_mask"], "row_mask", batch + (n,))
-    _check_mask(specs["col_mask"], "col_mask", batch + (m,))
+    _check_mask(row_mask, "row_mask", batch + (n,))
+    _check_mask(col_mask, "col_mask", batch + (m,))
     int32 = np.dtype(np.int32)
     return Plan(
-        "linear_sum_assignment",
         _checks.float_compute_dtype(cost),
         (Spec(batch + (n,), int32), Spec(batch, int32)),
-        (),
         trivial=_checks.size(batch) == 0 or n == 0 or m == 0,
         fill=(-1, 0),
     )
@@ -133,7 +130,7 @@ def _compute(
     batch = _checks.size(batch_shape)
     rows = xp.ones((batch, n), bool) if row_mask is None else row_mask.reshape(batch, n)
     cols = xp.ones((batch, m), bool) if col_mask is None else col_mask.reshape(batch, m)
-    assignment, count = runner.kernel("linear_sum_assignment")(
+    assignment, count = runner.kernel(linear_sum_assignment)(
         cast(cost, plan.dtype or "float32").reshape(batch, n, m), rows, cols
     )
     return (
@@ -145,7 +142,6 @@ def _compute(
 # -- the reference ----------------------------------------------------------------------------
 
 
-@REFERENCE.implements("linear_sum_assignment", dtypes=FLOAT32_AND_64)
 def scipy_per_image(
     cost: npt.ArrayLike, row_mask: npt.ArrayLike, col_mask: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -323,5 +319,11 @@ linear_sum_assignment = Op(
     reference=_reference,
     outputs=("assignment", "num_assigned"),
     partition="batch",  # one independent assignment per image
+    # The native CPU backend is SciPy's algorithm in C++; on TPUs the Pallas kernel keeps
+    # the O(K^2) sequential search steps inside one kernel, where XLA's version runs each as
+    # a trip of a device-level while loop.
+    preference=("cpu", "pallas_tpu", "xla"),
     doc=_DOC,
 )
+
+REFERENCE.implements(linear_sum_assignment, dtypes=FLOAT32_AND_64)(scipy_per_image)

@@ -155,7 +155,7 @@ class LsaWorkload(Workload):
     matches and total cost (within the rounding of the cost's dtype), and SciPy's
     assignment where the optimum is unique; ``max_error`` counts the images that do not."""
 
-    name = registry_op = "linear_sum_assignment"
+    op = lsa.linear_sum_assignment
     size_syntax = "BxNxM costs"
     default_sizes: tuple[str, ...] = ("2x100x20", "64x100x100")
     quick_cases = frozenset({"random_3x7_float32", "detr_masked_targets"})

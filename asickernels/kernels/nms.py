@@ -9,25 +9,24 @@ box unless its IoU with an already kept box of the same category is strictly gre
 
 Where NMS is written, so what a change edits:
 
-* its computation: this file (the reference and the doc), each backend's kernel
-  (``backends/xla/nms.py``, ``backends/pallas_tpu/nms.py``, ``backends/nki/nms.py``,
-  ``backends/cpu/csrc/nms.cpp``, ``backends/gpsimd/csrc/nms.cpp``) and the cases that show
-  the change (:mod:`asickernels.kernels.nms_cases`);
-* a new argument, also: the declaration's parameters and checks here (a static one also in
-  :class:`NmsStatics`, which every backend's ``nms`` takes), each backend's use of it
-  (``backends/cpu/nms.py`` and ``backends/gpsimd/nms.py`` hand it to the C++ kernels;
-  ``backends/gpsimd/csrc/shape.cpp`` states the Neuron operator's signature) and
-  ``asickernels/torch/vision.py`` where torchvision's signature has it. The torch operator
-  schema and the torch_xla kernels follow from the declaration at import; the torch
-  functions and the SPMD wrappers are regenerated from it (``python -m
-  asickernels.frontends.generate``).
+* its computation: this file (the reference and the doc), every backend's kernel (each
+  module ``backends/<backend>/nms.py``: xla, cpu, pallas_tpu, nki and gpsimd; the cpu and
+  gpsimd ones call the C++ of ``backends/cpu/nms.cpp`` and
+  ``backends/gpsimd/csrc/nms.cpp``) and the cases that show the change
+  (:mod:`asickernels.kernels.nms_cases`);
+* a new argument, also: the declaration's parameters and checks here; every kernel's
+  signature (each takes the checked statics as keyword arguments of the op's names) and
+  the C++ a kernel hands them to (``backends/gpsimd/csrc/shape.cpp`` states the Neuron
+  operator's signature); ``asickernels/torch/vision.py`` where torchvision's signature
+  has it. The torch operator schema and the torch_xla kernels follow from the declaration
+  at import; the torch functions and the SPMD wrappers are regenerated from it (``python
+  -m asickernels.frontends.generate``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, TypedDict, Unpack
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,46 +39,64 @@ from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 _MAX_INT32 = 2**31 - 1
 
 
-def _check_nms(specs: Mapping[str, Spec | None], statics: Mapping[str, object]) -> Plan:
-    boxes, scores = _checks.required(specs, "boxes"), _checks.required(specs, "scores")
-    idxs = _checks.required(specs, "idxs") if "idxs" in specs else None  # batched_nms
+def _check_nms(
+    boxes: Spec | None,
+    scores: Spec | None,
+    *,
+    iou_threshold: object,
+    max_output_size: object,
+    score_threshold: object,
+) -> Plan:
+    boxes, scores = _checks.required(boxes, "boxes"), _checks.required(scores, "scores")
     _checks.check_boxes(boxes, "boxes", min_ndim=2)
     _checks.check_float(scores, "scores")
     if scores.shape != boxes.shape[:-1]:
         raise ValueError(
             f"scores must have shape boxes.shape[:-1] = {boxes.shape[:-1]}, got {scores.shape}"
         )
-    if idxs is not None:
-        if idxs.shape != scores.shape:
-            raise ValueError(f"idxs must have the shape of scores {scores.shape}, got {idxs.shape}")
-        if not np.issubdtype(idxs.dtype, np.integer):
-            raise TypeError(f"idxs must be an integer array, got dtype {idxs.dtype}")
-    iou_threshold = _checks.static_float(statics["iou_threshold"], "iou_threshold", 0.0, 1.0)
-    max_output_size = _checks.static_int(
-        statics["max_output_size"], "max_output_size", high=_MAX_INT32
-    )
-    score_threshold = statics["score_threshold"]
-    threshold = (
-        -math.inf
-        if score_threshold is None
-        else _checks.static_float(score_threshold, "score_threshold")
-    )
+    max_outputs = _checks.static_int(max_output_size, "max_output_size", high=_MAX_INT32)
     batch, n = scores.shape[:-1], scores.shape[-1]
     if n > _MAX_INT32:
         raise ValueError(f"N = {n} boxes exceeds the int32 index range")
     int32 = np.dtype(np.int32)
     return Plan(
-        "nms",
         _checks.float_compute_dtype(boxes, scores),
-        (Spec(batch + (max_output_size,), int32), Spec(batch, int32)),
-        (
-            ("iou_threshold", iou_threshold),
-            ("max_output_size", max_output_size),
-            ("score_threshold", threshold),
-        ),
-        trivial=_checks.size(batch) == 0 or n == 0 or max_output_size == 0,
+        (Spec(batch + (max_outputs,), int32), Spec(batch, int32)),
+        {
+            "iou_threshold": _checks.static_float(iou_threshold, "iou_threshold", 0.0, 1.0),
+            "max_output_size": max_outputs,
+            "score_threshold": -math.inf
+            if score_threshold is None
+            else _checks.static_float(score_threshold, "score_threshold"),
+        },
+        trivial=_checks.size(batch) == 0 or n == 0 or max_outputs == 0,
         fill=(-1, 0),
     )
+
+
+def _check_batched_nms(
+    boxes: Spec | None,
+    scores: Spec | None,
+    idxs: Spec | None,
+    *,
+    iou_threshold: object,
+    max_output_size: object,
+    score_threshold: object,
+) -> Plan:
+    plan = _check_nms(
+        boxes,
+        scores,
+        iou_threshold=iou_threshold,
+        max_output_size=max_output_size,
+        score_threshold=score_threshold,
+    )
+    idxs = _checks.required(idxs, "idxs")
+    assert scores is not None  # checked above
+    if idxs.shape != scores.shape:
+        raise ValueError(f"idxs must have the shape of scores {scores.shape}, got {idxs.shape}")
+    if not np.issubdtype(idxs.dtype, np.integer):
+        raise TypeError(f"idxs must be an integer array, got dtype {idxs.dtype}")
+    return plan
 
 
 def dense_ranks(xp: Any, ids: Array) -> Array:
@@ -107,23 +124,29 @@ def _rank_wide_ids(arrays: dict[str, Array | None]) -> dict[str, Array | None]:
 
 
 def _compute_nms(
-    runner: Runner, plan: Plan, boxes: Array, scores: Array, idxs: Array | None = None
+    runner: Runner,
+    plan: Plan,
+    boxes: Array,
+    scores: Array,
+    idxs: Array | None = None,
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[Array, Array]:
     batch_shape = scores.shape[:-1]
     n = scores.shape[-1]
     batch = _checks.size(batch_shape)
-    dtype = plan.dtype or "float32"
-    if dtype == "float64":
+    if plan.dtype == "float64":
         boxes, scores = cast(boxes, np.float64), cast(scores, np.float64)
     categories = None if idxs is None else int32_category_ids(runner.xp, idxs).reshape(batch, n)
-    max_output_size = plan.static("max_output_size")
-    indices, num_valid = runner.kernel("nms")(
+    indices, num_valid = runner.kernel(nms)(
         boxes.reshape(batch, n, 4),
         scores.reshape(batch, n),
         categories,
-        iou_threshold=plan.static("iou_threshold"),
+        iou_threshold=iou_threshold,
         max_output_size=max_output_size,
-        score_threshold=plan.static("score_threshold"),
+        score_threshold=score_threshold,
     )
     return (
         cast(indices, np.int32).reshape(batch_shape + (max_output_size,)),
@@ -132,24 +155,10 @@ def _compute_nms(
 
 
 _NMS_STATICS = [
-    static("iou_threshold", "float"),
-    static("max_output_size", "int"),
-    static("score_threshold", "float?", None),
+    static("iou_threshold", "float", bad=(None, "0.5", 1.5, math.nan)),
+    static("max_output_size", "int", bad=(None, 2.0, True, -1)),
+    static("score_threshold", "float?", None, bad=("0.1", [0.1])),
 ]
-
-
-class NmsStatics(TypedDict):
-    """The checked statics every NMS kernel takes (``score_threshold`` is ``-inf`` when the
-    caller gave none); a kernel declares them as ``**statics: Unpack[NmsStatics]``."""
-
-    iou_threshold: float
-    max_output_size: int
-    score_threshold: float
-
-
-def nms_statics(statics: NmsStatics) -> tuple[float, int, float]:
-    """``(iou_threshold, max_output_size, score_threshold)`` of a kernel's statics."""
-    return statics["iou_threshold"], statics["max_output_size"], statics["score_threshold"]
 
 
 # -- the reference: the definition every backend is tested against -----------------------
@@ -174,17 +183,18 @@ def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return iou
 
 
-@REFERENCE.implements("nms", dtypes=FLOAT32_AND_64)
 def greedy_nms(
     boxes: npt.ArrayLike,
     scores: npt.ArrayLike,
     categories: npt.ArrayLike | None,
-    **statics: Unpack[NmsStatics],
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Greedy NMS per batch element. ``boxes [B, N, 4]``, ``scores [B, N]``, ``categories
     [B, N]`` or None -> (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid
     [B]`` int32)."""
-    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     boxes = np.asarray(boxes, np.float64)
     scores = np.asarray(scores, np.float64)
     batch, n = scores.shape
@@ -266,19 +276,23 @@ nms = Op(
     compute=_compute_nms,
     reference=_reference_nms,
     outputs=("indices", "num_valid"),
+    preference=("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
     doc=_NMS_DOC,
 )
 
 batched_nms = Op(
     "batched_nms",
     [array("boxes", 2), array("scores", 1), array("idxs", 1), *_NMS_STATICS],
-    check=_check_nms,
+    check=_check_batched_nms,
     compute=_compute_nms,
     reference=_reference_nms,
     outputs=("indices", "num_valid"),
     prepare=_rank_wide_ids,
+    kernel=nms,
     doc="""Per-category NMS, as ``torchvision.ops.batched_nms`` defines it: boxes only
     suppress boxes of the same category (``idxs [..., N]``, any integer dtype; ids keep
     their identity over the whole int64 range). Output as :func:`nms`: kept boxes of all
     categories in descending score order.""",
 )
+
+REFERENCE.implements(nms, dtypes=FLOAT32_AND_64)(greedy_nms)

@@ -27,7 +27,7 @@ from asickernels.kernels.cases import (
     checked,
     grid_boxes,
 )
-from asickernels.kernels.nms import greedy_nms
+from asickernels.kernels.nms import batched_nms, greedy_nms, nms
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -191,8 +191,7 @@ def seed_style_boxes(
 
 
 class NmsWorkload(Workload):
-    name = "nms"
-    registry_op = "nms"
+    op = nms
     size_syntax = "N[:max_output[:iou_threshold]] (defaults 128 outputs, threshold 0.1)"
     default_sizes: tuple[str, ...] = ("256", "1024", "4096", "16384")
     quick_cases = frozenset(
@@ -275,7 +274,7 @@ class NmsWorkload(Workload):
 class BatchedNmsWorkload(NmsWorkload):
     """Per-category NMS (``torchvision.ops.batched_nms``), 16 categories."""
 
-    name = "batched_nms"
+    op = batched_nms
     default_sizes: tuple[str, ...] = ("256", "1024")
     quick_cases = frozenset({"categories"})
     quick_sizes = ("1024",)

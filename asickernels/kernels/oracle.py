@@ -2,9 +2,10 @@
 conformance, torch and SPMD tests, ``asickernels check`` and ``bench``).
 
 :func:`expected` runs an op's float64 reference (its declaration's ``reference``) on the
-public arguments; :func:`compare` measures a result against it with the op's tolerance,
-which depends on the dtype the result was computed in; :func:`assert_agrees` raises an
-``AssertionError`` naming the worst element.
+public arguments; :func:`compare` measures a result against it with the op's tolerance
+(:attr:`~asickernels.kernels.declaration.Op.tolerance`), which depends on the dtype the
+result was computed in; :func:`assert_agrees` raises an ``AssertionError`` naming the
+worst element.
 """
 
 from __future__ import annotations
@@ -16,43 +17,12 @@ from typing import TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-import asickernels
-from asickernels.kernels.declaration import Op
+from asickernels.kernels.declaration import EXACT, Op, Tolerance
 
 # One output of an op, or the tuple of its outputs (numpy, JAX or torch arrays alike).
 Outputs: TypeAlias = npt.ArrayLike | tuple[npt.ArrayLike, ...]
 
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """``|got - want| <= atol + rtol * |want|`` elementwise; ``(0, 0)`` means exact."""
-
-    rtol: float
-    atol: float
-
-
-EXACT = Tolerance(0.0, 0.0)
-# Per op: (computed in float32 or narrower, computed in float64). float32 GIOU carries about
-# 1e-6 relative error per operation; the gradient divides by unions and hulls, hence rtol.
-_FLOAT_TOLERANCES: dict[str, tuple[Tolerance, Tolerance]] = {
-    "giou": (Tolerance(0.0, 2e-5), Tolerance(0.0, 1e-12)),
-    "giou_vjp": (Tolerance(2e-4, 2e-5), Tolerance(1e-9, 1e-12)),
-    "giou_loss": (Tolerance(1e-5, 2e-5), Tolerance(1e-10, 1e-12)),
-    # IoU/GIOU matrices, DIoU/CIoU: as GIOU, with room for the float32 rounding of areas and
-    # centre distances of boxes at 1e4 (the "large_coords" edge case).
-    "box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
-    "generalized_box_iou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
-    "diou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
-    "ciou": (Tolerance(0.0, 5e-5), Tolerance(0.0, 1e-12)),
-    # RoIAlign: sums of bilinear samples of O(1) features, and of up to thousands of them in
-    # a gradient pixel under a huge RoI's adaptive grid.
-    "roi_align": (Tolerance(1e-5, 2e-5), Tolerance(1e-12, 1e-12)),
-    "roi_align_vjp": (Tolerance(1e-5, 5e-5), Tolerance(1e-12, 1e-12)),
-    # RoIPool picks input values (exact); its gradient adds cotangents at the argmax pixels.
-    "roi_pool": (EXACT, EXACT),
-    "roi_pool_vjp": (Tolerance(1e-6, 1e-6), Tolerance(1e-12, 1e-12)),
-}
-# Any other float result (int8 matmul's dequantized one, an op without a line above): the
+# A float result of an op that declares no tolerance (int8 matmul's dequantized one): the
 # reference rounded once to the output dtype. Integer results are exact.
 _ROUNDED_ONCE = {4: Tolerance(1e-6, 1e-6), 8: Tolerance(1e-6, 1e-6), 2: Tolerance(1e-2, 1e-6)}
 
@@ -68,37 +38,32 @@ class Verdict:
     detail: str = ""
 
 
-def op_named(name: str) -> Op:
-    return next(op for op in asickernels.OPS if op.name == name)
-
-
 def expected(
-    name: str, arrays: Mapping[str, npt.ArrayLike | None], statics: Mapping[str, object]
+    op: Op, arrays: Mapping[str, npt.ArrayLike | None], statics: Mapping[str, object]
 ) -> Outputs:
-    """The float64 reference outputs of op ``name`` for public arguments (numpy)."""
-    reference = op_named(name).reference
+    """The float64 reference outputs of ``op`` for public arguments (numpy)."""
     present = {n: np.asarray(a) for n, a in arrays.items() if a is not None}
-    return reference(**present, **statics)
+    return op.reference(**present, **statics)  # type: ignore[no-any-return]
 
 
-def tolerance(name: str, out_dtype: np.dtype) -> Tolerance:
-    """The tolerance for an output of ``name`` computed in ``out_dtype``."""
-    if name in _FLOAT_TOLERANCES:
-        narrow, wide = _FLOAT_TOLERANCES[name]
+def tolerance(op: Op, out_dtype: np.dtype) -> Tolerance:
+    """The tolerance for an output of ``op`` computed in ``out_dtype``."""
+    if op.tolerance is not None:
+        narrow, wide = op.tolerance
         return wide if np.dtype(out_dtype) == np.float64 else narrow
     if np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V":
         return _ROUNDED_ONCE[np.dtype(out_dtype).itemsize]
     return EXACT
 
 
-def compare(name: str, got: Outputs, want: Outputs) -> Verdict:
+def compare(op: Op, got: Outputs, want: Outputs) -> Verdict:
     """How far ``got`` (an output or a tuple of outputs) is from the reference ``want``."""
     gots = got if isinstance(got, tuple) else (got,)
     wants = want if isinstance(want, tuple) else (want,)
     worst = Verdict(0.0, True, EXACT)
     for g, w in zip(gots, wants, strict=True):
         g_arr, w_arr = np.asarray(g), np.asarray(w)
-        tol = tolerance(name, g_arr.dtype)
+        tol = tolerance(op, g_arr.dtype)
         if g_arr.shape != w_arr.shape:
             return Verdict(np.inf, False, tol, f"shape {g_arr.shape} != {w_arr.shape}")
         g64, w64 = g_arr.astype(np.float64), w_arr.astype(np.float64)
@@ -106,8 +71,9 @@ def compare(name: str, got: Outputs, want: Outputs) -> Verdict:
             bad = int(np.sum(g64 != w64))
             verdict = Verdict(float(bad), bad == 0, tol, f"{bad} of {g64.size} differ")
         else:
-            diff = np.abs(g64 - w64)
-            ratio = diff / (tol.atol + tol.rtol * np.abs(w64))
+            with np.errstate(invalid="ignore"):  # inf - inf: equal infinities are zeroed below
+                diff = np.abs(g64 - w64)
+                ratio = diff / (tol.atol + tol.rtol * np.abs(w64))
             ratio = np.where((np.isnan(g64) & np.isnan(w64)) | (g64 == w64), 0.0, ratio)
             error = float(np.nanmax(np.where(np.isnan(ratio), np.inf, ratio), initial=0.0))
             at = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
@@ -120,12 +86,12 @@ def compare(name: str, got: Outputs, want: Outputs) -> Verdict:
     return worst
 
 
-def assert_agrees(name: str, got: Outputs, want: Outputs) -> None:
+def assert_agrees(op: Op, got: Outputs, want: Outputs) -> None:
     """Raises an AssertionError naming the worst element unless :func:`compare` passes."""
-    verdict = compare(name, got, want)
+    verdict = compare(op, got, want)
     if not verdict.passed:
         raise AssertionError(
-            f"{name} disagrees with the float64 reference: error {verdict.error:.3g} "
+            f"{op.name} disagrees with the float64 reference: error {verdict.error:.3g} "
             f"(tolerance rtol={verdict.tolerance.rtol}, atol={verdict.tolerance.atol}); "
             f"{verdict.detail}"
         )

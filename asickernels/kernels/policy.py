@@ -1,14 +1,16 @@
 """Which backend runs a kernel: the one selection policy of the library.
 
-Every kernel has one ordered preference (:data:`PREFERENCE`). For ``backend=None`` the
-first backend in that order is chosen that implements the kernel, runs *natively* on the
+Every op that has kernels declares one ordered preference of backends
+(:attr:`~asickernels.kernels.declaration.Op.preference`). For ``backend=None`` the first
+backend in that order is chosen that implements the kernel, runs *natively* on the
 platform the inputs live on (its :attr:`~asickernels.kernels.registry.Backend.platforms`),
 and supports the call (the compute dtype, the TPU generation; see
 :class:`~asickernels.kernels.registry.Support`, declared beside each kernel), and, inside a
-trace, takes JAX arrays. A
-native backend passed over for the dtype or generation is a *fallback*: it warns once, and
-``asickernels info`` lists it. A backend named by the caller is used as named, or refused
-with the reason; nothing falls back silently, and no backend falls back inside itself.
+trace, takes JAX arrays. A native backend passed over for the dtype or generation is a
+*fallback*: it warns once, and ``asickernels info`` lists it. A backend named by the caller
+is used as named, or refused with the reason; nothing falls back silently, and no backend
+falls back inside itself. The reference and TPU interpret mode are never picked: they are
+asked for by name.
 """
 
 from __future__ import annotations
@@ -23,34 +25,7 @@ from asickernels.kernels import registry
 if TYPE_CHECKING:
     import jax
 
-# One ordered preference per kernel: fastest first, the portable XLA implementation last.
-# The native CPU backend leads on CPU hosts; on TPUs the Pallas kernels; on Neuron devices
-# GpSimd before NKI where both exist (the seed's inf2 figures: 0.061 against 0.211 ms for
-# GIOU). The reference and TPU interpret mode are never picked: they are asked for by name.
-PREFERENCE: dict[str, tuple[str, ...]] = {
-    "giou": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
-    "giou_vjp": ("cpu", "pallas_tpu", "nki", "xla"),
-    "nms": ("cpu", "pallas_tpu", "gpsimd", "nki", "xla"),
-    "int8_matmul": ("cpu", "pallas_tpu", "nki", "xla"),
-    # Box ops: the native CPU backend leads on CPU hosts. Pairwise IoU/GIOU on TPUs: XLA's
-    # fused elementwise program is estimated as fast or faster than the Pallas kernel on v5e
-    # (GIOU 4096x4096: 172 against 199 us; 8x300x100: 5.8 against 10.8 us), so TPUs run XLA;
-    # the Pallas kernel is there by name.
-    "box_iou": ("cpu", "nki", "xla", "pallas_tpu"),
-    "generalized_box_iou": ("cpu", "nki", "xla", "pallas_tpu"),
-    "diou": ("cpu", "pallas_tpu", "nki", "xla"),
-    "diou_vjp": ("cpu", "pallas_tpu", "xla"),
-    "ciou": ("cpu", "pallas_tpu", "nki", "xla"),
-    "ciou_vjp": ("cpu", "pallas_tpu", "xla"),
-    "roi_align": ("cpu", "xla"),
-    "roi_align_vjp": ("cpu", "xla"),
-    "roi_pool": ("cpu", "xla"),
-    "roi_pool_vjp": ("cpu", "xla"),
-    # Assignment: the native CPU backend is SciPy's algorithm in C++; on TPUs the Pallas kernel
-    # keeps the O(K^2) sequential search steps inside one kernel, where XLA's version runs
-    # each as a trip of a device-level while loop (not yet timed on a TPU).
-    "linear_sum_assignment": ("cpu", "pallas_tpu", "xla"),
-}
+    from asickernels.kernels.declaration import Op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +62,15 @@ def default_device() -> jax.Device:
 _DEFAULT_DEVICE: list[jax.Device] = []
 
 
+def single_device_sharding(device: jax.Device) -> jax.sharding.Sharding:
+    """The sharding that places an array on ``device``: ``make_single_device_sharding`` where
+    jax has it (jax 0.12.1 deprecates constructing ``SingleDeviceSharding``), else the class."""
+    import jax
+
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
+
+
 def where_arrays_live(arrays: Sequence[object]) -> Where:
     """The :class:`Where` of a call on ``arrays`` (JAX arrays, tracers or host arrays)."""
     import jax
@@ -112,7 +96,7 @@ def _native_on(name: str, platform: str) -> bool:
     return "*" in platforms or platform in platforms
 
 
-def _why_not(kernel: str, name: str, where: Where, dtype: str | None) -> str | None:
+def _why_not(kernel: Op, name: str, where: Where, dtype: str | None) -> str | None:
     """Why ``name`` cannot run this call (None: it can), beyond being registered."""
     chosen = registry.backend(name)
     if where.traced and chosen.array_kind != "jax":
@@ -123,7 +107,7 @@ def _why_not(kernel: str, name: str, where: Where, dtype: str | None) -> str | N
     support = registry.support(kernel, name)
     if dtype is not None and dtype not in support.dtypes:
         return (
-            f"backend {name!r} computes {kernel} in {'/'.join(sorted(support.dtypes))}, not "
+            f"backend {name!r} computes {kernel.name} in {'/'.join(sorted(support.dtypes))}, not "
             f"{dtype}; pass {sorted(support.dtypes)[0]} inputs or a backend that has {dtype} "
             f"({', '.join(b for b in registry.backends_for(kernel) if dtype in registry.support(kernel, b).dtypes)})"
         )
@@ -133,15 +117,15 @@ def _why_not(kernel: str, name: str, where: Where, dtype: str | None) -> str | N
         and support.generations is not None
         and where.generation not in support.generations
     ):
-        return f"backend {name!r} has no {kernel} kernel for TPU {where.generation}"
+        return f"backend {name!r} has no {kernel.name} kernel for TPU {where.generation}"
     return None
 
 
-_WARNED: set[tuple[str, str, str]] = set()
-_SELECTED: dict[tuple[str, str | None, Where, str | None], str] = {}
+_WARNED: set[tuple[Op, str, str]] = set()
+_SELECTED: dict[tuple[Op, str | None, Where, str | None], str] = {}
 
 
-def select(kernel: str, requested: str | None, where: Where, dtype: str | None) -> str:
+def select(kernel: Op, requested: str | None, where: Where, dtype: str | None) -> str:
     """:func:`choose`, remembered: registrations and availability do not change while a
     process runs, so the same call always gets the same answer."""
     key = (kernel, requested, where, dtype)
@@ -151,7 +135,7 @@ def select(kernel: str, requested: str | None, where: Where, dtype: str | None) 
     return chosen
 
 
-def choose(kernel: str, requested: str | None, where: Where, dtype: str | None) -> str:
+def choose(kernel: Op, requested: str | None, where: Where, dtype: str | None) -> str:
     """The backend that runs ``kernel`` for a call (``dtype``: the compute dtype, or None
     for integer kernels).
 
@@ -175,19 +159,19 @@ def choose(kernel: str, requested: str | None, where: Where, dtype: str | None) 
             _WARNED.add(key)
             warnings.warn(f"{reason}: falling back to the next backend", stacklevel=4)
     raise TypeError(
-        f"no backend can run {kernel} here ({where.platform}"
+        f"no backend can run {kernel.name} here ({where.platform}"
         + (", traced" if where.traced else "")
         + (f", {dtype}" if dtype else "")
         + ")"
     )
 
 
-def candidates(kernel: str, where: Where, *, assume_native: bool = False) -> list[str]:
-    """Backends in preference order that implement ``kernel`` and run here, natively on
+def candidates(kernel: Op, where: Where, *, assume_native: bool = False) -> list[str]:
+    """Backends in ``kernel``'s preference order that implement it and run here, natively on
     ``where.platform`` (or simulated, where ``where.simulated_ok``). ``assume_native``
     answers for a machine of that platform rather than this one (for ``describe``)."""
     names = []
-    for name in PREFERENCE[kernel]:
+    for name in kernel.preference:
         if name not in registry.backend_names():
             continue
         backend = registry.backend(name)
@@ -206,17 +190,17 @@ def candidates(kernel: str, where: Where, *, assume_native: bool = False) -> lis
 def describe(
     platform: str, generation: str | None = None, *, assume_native: bool = False
 ) -> dict[str, dict[str, str]]:
-    """For ``asickernels info``: per kernel and compute dtype, the backend ``backend=None``
-    picks on ``platform`` (and TPU ``generation``), with each fallback it takes;
-    ``assume_native`` describes a machine of that platform instead of this one."""
+    """For ``asickernels info``: per kernel (every op that declares a preference) and
+    compute dtype, the backend ``backend=None`` picks on ``platform`` (and TPU
+    ``generation``), with each fallback it takes; ``assume_native`` describes a machine of
+    that platform instead of this one."""
+    from asickernels.kernels.public import OPS
+
     table: dict[str, dict[str, str]] = {}
     where = Where(platform, generation)
-    for kernel in PREFERENCE:
+    for kernel in (op for op in OPS if op.preference):
         row: dict[str, str] = {}
-        dtypes: tuple[str | None, ...] = (
-            (None,) if kernel == "int8_matmul" else ("float32", "float64")
-        )
-        for dtype in dtypes:
+        for dtype in kernel.compute_dtypes:
             skipped = []
             chosen = "none"
             for name in candidates(kernel, where, assume_native=assume_native):
@@ -227,5 +211,5 @@ def describe(
                 skipped.append(name)
             label = dtype or "int8"
             row[label] = chosen + (f" (falls back from {', '.join(skipped)})" if skipped else "")
-        table[kernel] = row
+        table[kernel.name] = row
     return table

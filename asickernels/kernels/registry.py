@@ -1,31 +1,23 @@
 """Where backends and their per-kernel implementations are registered and looked up.
 
 A public op (``asickernels.giou``, ``nms``, ...) is declared once in
-``asickernels/kernels/<op>.py`` (:mod:`asickernels.kernels.declaration`); it runs one or more
-*kernels* (``"giou"``, ``"giou_vjp"``, ``"nms"``, ``"int8_matmul"``). A *backend* (``"xla"``,
+``asickernels/kernels/<op>.py`` (:mod:`asickernels.kernels.declaration`); it runs the
+implementations of one op, its *kernel* (:attr:`~asickernels.kernels.declaration.Op.kernel`:
+the op itself, or another op's, as ``batched_nms`` runs ``nms``'s). A *backend* (``"xla"``,
 ``"pallas_tpu"``, ...) is a package under ``asickernels/backends/`` whose ``__init__``
 defines its :class:`Backend` (listed in ``asickernels/backends/__init__.py``); each of its
-kernel modules declares, where the kernel is written, which kernel it implements and what
-it supports: ``@BACKEND.implements("giou", dtypes=FLOAT32_AND_64)`` (:meth:`Backend.implements`,
-:meth:`Backend.host_twin`). Which backend runs is decided in one place,
-:mod:`asickernels.kernels.policy`. A backend's kernel modules are imported when the backend
-is first asked about, so a backend whose dependencies are missing costs nothing until then,
-and is reported ``missing`` (with the import error) rather than breaking the library.
+kernel modules declares, where the kernel is written, which op it implements and what it
+supports: ``@BACKEND.implements(ops.giou, dtypes=FLOAT32_AND_64)`` (:meth:`Backend.implements`,
+:meth:`Backend.host_twin`; ``ops`` is :mod:`asickernels.kernels.public`). Which backend runs
+is decided in one place, :mod:`asickernels.kernels.policy`, from the op's preference. A
+backend's kernel modules are imported when the backend is first asked about, so a backend
+whose dependencies are missing costs nothing until then, and is reported ``missing`` (with
+the import error) rather than breaking the library.
 
-Implementation calling conventions (the op layer validates, flattens and converts first):
-
-* ``giou(boxes1 [P, 4], boxes2 [P, 4]) -> [P] float``; P >= 1; float32 (or float64 where the
-  implementation's :class:`Support` lists it: then the result is float64). bfloat16/float16
-  inputs arrive upcast to float32.
-* ``giou_vjp(boxes1 [P, 4], boxes2 [P, 4], cotangent [P]) -> (d_boxes1, d_boxes2)``.
-* ``nms(boxes [B, N, 4], scores [B, N], categories [B, N] int32 | None, *, iou_threshold,
-  max_output_size, score_threshold) -> (indices [B, max_output_size] int32, num_valid [B] int32)``;
-  B, N, max_output_size >= 1, ``score_threshold`` a float (``-inf`` when the caller gave none);
-  boxes and scores float32 or float64 as for ``giou``; categories are int32 ids, equal
-  exactly when the caller's ids are (any int32 values: a kernel that needs small ones ranks
-  them with :func:`asickernels.kernels.nms.dense_ranks`).
-* ``int8_matmul(x [M, K] int8, y [K, N] int8, *, x_scale [M] | None, y_scale [N] | None,
-  out_dtype) -> [M, N]``; scales are both given or both None; K <= INT8_MATMUL_MAX_K.
+An implementation is called as its op's module documents (the op layer validates, flattens
+and converts first): its arrays positionally, the op's checked static arguments as keyword
+arguments of the op's own names and types (``nms(boxes, scores, categories, *,
+iou_threshold: float, max_output_size: int, score_threshold: float)``).
 
 An implementation whose declaration names a tuning config type
 (``@BACKEND.implements(..., config=GiouConfig)``) also takes ``config=`` (None when the caller
@@ -42,7 +34,10 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from asickernels.kernels.declaration import Op
 
 ArrayKind = Literal["numpy", "jax"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,18 +104,18 @@ class Backend:
 
     def implements(
         self,
-        kernel: str,
+        kernel: Op,
         *,
         dtypes: frozenset[str] = FLOAT32_ONLY,
         generations: frozenset[str] | None = None,
         config: type | None = None,
-        vjp: str | None = None,
+        vjp: Op | None = None,
     ) -> Callable[[F], F]:
         """Declares the decorated function as this backend's implementation of ``kernel``.
 
         ``dtypes`` and ``generations`` state what it supports, ``config`` the type of the
         tuning object it takes (None: it takes none) (:class:`Support`). ``vjp``
-        also declares, under that kernel name, its backward kernel by automatic
+        also declares, as that op's implementation, its backward kernel by automatic
         differentiation (:func:`asickernels.backends.autodiff.paired_vjp`; for a JAX
         paired-box kernel ``[P, 4] x2 -> [P]``), with the same support.
         """
@@ -136,7 +131,7 @@ class Backend:
 
         return declare
 
-    def host_twin(self, kernel: str) -> Callable[[F], F]:
+    def host_twin(self, kernel: Op) -> Callable[[F], F]:
         """Declares the decorated function as the host twin of this (JAX) backend's
         ``kernel``: the same computation, numpy in and numpy out, for eager host calls."""
 
@@ -164,7 +159,7 @@ class Support:
 
 
 # The float64 references: each is written beside its op's declaration
-# (``asickernels/kernels/<op>.py``) and registered there with ``REFERENCE.implements(...)``.
+# (``asickernels/kernels/<op>.py``) and registered there with ``REFERENCE.implements(op)``.
 REFERENCE = Backend(
     name="reference",
     array_kind="numpy",
@@ -183,9 +178,10 @@ class BackendUnavailableError(RuntimeError):
 
 
 _BACKENDS: dict[str, Backend] = {}
-_IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {}
-_HOST_TWINS: dict[tuple[str, str], Callable[..., Any]] = {}
-_LOADED: dict[tuple[str, str, bool], Callable[..., Any]] = {}
+# By (op, backend name).
+_IMPLEMENTATIONS: dict[tuple[Op, str], Implementation] = {}
+_HOST_TWINS: dict[tuple[Op, str], Callable[..., Any]] = {}
+_LOADED: dict[tuple[Op, str, bool], Callable[..., Any]] = {}
 _AVAILABILITY: dict[str, Availability] = {}
 # Backends whose kernel modules were imported: None, or why they could not be.
 _IMPORTED: dict[str, str | None] = {}
@@ -199,7 +195,7 @@ def register_backend(backend: Backend) -> None:
 
 
 def register(
-    kernel: str, backend: str, function: Callable[..., Any], *, support: Support = Support()
+    kernel: Op, backend: str, function: Callable[..., Any], *, support: Support = Support()
 ) -> None:
     """Registers ``function`` as ``backend``'s implementation of ``kernel`` (what
     :meth:`Backend.implements` does; for backends built at run time, such as tests')."""
@@ -249,12 +245,12 @@ def backend_names() -> list[str]:
     return list(_BACKENDS)
 
 
-def has_kernel(kernel: str, name: str) -> bool:
+def has_kernel(kernel: Op, name: str) -> bool:
     """Whether backend ``name`` (known) implements ``kernel``; imports its kernels."""
     return (kernel, _declared(name)) in _IMPLEMENTATIONS
 
 
-def backends_for(kernel: str) -> list[str]:
+def backends_for(kernel: Op) -> list[str]:
     """Backends that implement ``kernel``, in registration order."""
     return [name for name in _BACKENDS if has_kernel(kernel, name)]
 
@@ -275,12 +271,12 @@ def availability(name: str) -> Availability:
     return _AVAILABILITY[name]
 
 
-def support(kernel: str, name: str) -> Support:
+def support(kernel: Op, name: str) -> Support:
     """What ``name``'s implementation of ``kernel`` supports (it must implement it)."""
     return _IMPLEMENTATIONS[(kernel, _declared(name))].support
 
 
-def check_config(kernel: str, name: str, config: object) -> None:
+def check_config(kernel: Op, name: str, config: object) -> None:
     """Refuses a ``config`` that backend ``name``'s implementation of ``kernel`` does not
     take: anything but None where it declares no config type, anything but an instance of
     the type it declares.
@@ -293,24 +289,24 @@ def check_config(kernel: str, name: str, config: object) -> None:
     kind = support(kernel, name).config
     if kind is None:
         raise TypeError(
-            f"config: backend {name!r} takes no config for {kernel}; pass config=None, "
+            f"config: backend {name!r} takes no config for {kernel.name}; pass config=None, "
             f"got {type(config).__name__}"
         )
     if not isinstance(config, kind):
         raise TypeError(
-            f"config: backend {name!r} takes a {kind.__name__} for {kernel}, "
+            f"config: backend {name!r} takes a {kind.__name__} for {kernel.name}, "
             f"got {type(config).__name__}"
         )
 
 
-def has_host_implementation(kernel: str, name: str) -> bool:
+def has_host_implementation(kernel: Op, name: str) -> bool:
     source = _declared(name)
     return (kernel, source) in _IMPLEMENTATIONS and (
         backend(name).array_kind == "numpy" or (kernel, source) in _HOST_TWINS
     )
 
 
-def check_runs_here(kernel: str, name: str) -> None:
+def check_runs_here(kernel: Op, name: str) -> None:
     """Raises unless ``name`` is a known backend implementing ``kernel`` that can run here.
 
     Raises:
@@ -320,7 +316,7 @@ def check_runs_here(kernel: str, name: str) -> None:
     source = backend(name).kernels_of or name
     if not has_kernel(kernel, name) and _IMPORTED[source] is None:
         raise ValueError(
-            f"backend {name!r} does not implement {kernel!r}; backends that do: "
+            f"backend {name!r} does not implement {kernel.name!r}; backends that do: "
             f"{backends_for(kernel)}"
         )
     status = availability(name)
@@ -329,7 +325,7 @@ def check_runs_here(kernel: str, name: str) -> None:
         raise BackendUnavailableError(f"backend {name!r} cannot run here: {status.detail}{hint}")
 
 
-def implementation(kernel: str, name: str, *, host: bool = False) -> Callable[..., Any]:
+def implementation(kernel: Op, name: str, *, host: bool = False) -> Callable[..., Any]:
     """The callable for (``kernel``, backend), its kernels imported on first use: its host
     (numpy) twin with ``host=True`` (the implementation itself for a numpy backend)."""
     key = (kernel, name, host)
@@ -342,7 +338,7 @@ def implementation(kernel: str, name: str, *, host: bool = False) -> Callable[..
     if host and chosen.array_kind == "jax":
         function = _HOST_TWINS.get((kernel, source))
         if function is None:
-            raise ValueError(f"backend {name!r} has no host implementation of {kernel!r}")
+            raise ValueError(f"backend {name!r} has no host implementation of {kernel.name!r}")
     else:
         function = _IMPLEMENTATIONS[(kernel, source)].function
     bound = chosen.kernel_kwargs

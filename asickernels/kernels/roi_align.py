@@ -1,25 +1,28 @@
 """RoIAlign (torchvision's ``roi_align``) and its gradient: the declarations, what every RoI
-pooling op shares (:func:`pooling_ops`, which RoIPool's declarations use too), and the float64
-reference, a transcription of torchvision's CPU kernel (``ops/cpu/roi_align_kernel.cpp``).
+pooling op shares (its checks, :func:`pooling_plan`, and computations,
+:func:`compute_pooling`, which RoIPool's declarations use too), and the float64 reference,
+a transcription of torchvision's CPU kernel (``ops/cpu/roi_align_kernel.cpp``).
 
-A backend implements the kernels ``roi_align`` and ``roi_align_vjp``, called with arrays of
-one float dtype (the compute dtype: float32, or float64 where the backend supports it) and
-the checked statics (:class:`RoiAlignStatics`) as keywords:
+A backend implements the kernels of ``roi_align`` and ``roi_align_vjp``, called with arrays
+of one float dtype (the compute dtype: float32, or float64 where the backend supports it)
+and the checked statics as keywords (``output_size`` a pair of ints, ``spatial_scale`` a
+float, ``sampling_ratio`` a C int, ``aligned`` a bool):
 
-* ``roi_align(input [N, C, H, W], rois [K, 5], **statics) -> [K, C, PH, PW]``;
-* ``roi_align_vjp(rois [K, 5], cotangent [K, C, PH, PW], *, input_shape, **statics)
-  -> [N, C, H, W]`` (RoIAlign's gradient does not depend on the input's values).
+* ``roi_align(input [N, C, H, W], rois [K, 5], *, output_size, spatial_scale,
+  sampling_ratio, aligned) -> [K, C, PH, PW]``;
+* ``roi_align_vjp(input, rois, cotangent [K, C, PH, PW], *, ...the same statics)
+  -> [N, C, H, W]`` (RoIAlign's gradient reads only the input's shape, not its values).
 
-The op makes ``roi_align`` differentiable in ``input`` through ``roi_align_vjp``
-(:func:`pooling_ops`), so a JAX kernel need not be differentiable itself.
+The op makes ``roi_align`` differentiable in ``input`` through ``roi_align_vjp``'s kernel
+(:func:`compute_pooling`), so a JAX kernel need not be differentiable itself.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TypedDict, Unpack
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,31 +37,12 @@ from asickernels.kernels.declaration import (
     Plan,
     Runner,
     Spec,
+    Tolerance,
     array,
     cast,
     static,
 )
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
-
-
-class RoiStatics(TypedDict):
-    """The checked statics every RoI pooling kernel takes (RoIPool's, all of them)."""
-
-    output_size: tuple[int, int]  # (PH, PW), each >= 1
-    spatial_scale: float  # >= 0
-
-
-class RoiAlignStatics(RoiStatics):
-    """The checked statics of the ``roi_align`` and ``roi_align_vjp`` kernels."""
-
-    sampling_ratio: int  # a C int; <= 0: the adaptive grid
-    aligned: bool
-
-
-# How a RoI pooling op calls its ``<name>_vjp`` kernel: ``call(kernel, input, rois,
-# cotangent) -> d_input``, with the statics bound to ``kernel`` and the arrays in the
-# compute dtype.
-VjpCall = Callable[[Callable[..., Array], Array, Array, Array], Array]
 
 
 def check_output_size(size: object) -> tuple[int, int]:
@@ -77,29 +61,26 @@ def check_output_size(size: object) -> tuple[int, int]:
     return height, width
 
 
-def check_roi_statics(statics: Mapping[str, object]) -> RoiStatics:
-    """``output_size`` (see :func:`check_output_size`) and ``spatial_scale`` (a number >= 0).
+def _roi_align_statics(
+    output_size: object, spatial_scale: object, sampling_ratio: object, aligned: object
+) -> dict[str, Hashable]:
+    """RoIAlign's statics, checked: ``output_size`` (see :func:`check_output_size`),
+    ``spatial_scale`` (a number >= 0), ``sampling_ratio`` (a C int) and ``aligned`` (a
+    bool).
 
     Raises:
       TypeError, ValueError: naming the bad argument.
     """
-    return RoiStatics(
-        output_size=check_output_size(statics["output_size"]),
-        spatial_scale=_checks.static_float(statics["spatial_scale"], "spatial_scale", low=0.0),
-    )
-
-
-def _check_statics(statics: Mapping[str, object]) -> RoiAlignStatics:
-    aligned = statics["aligned"]
     if not isinstance(aligned, (bool, np.bool_)):
         raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")
-    return RoiAlignStatics(
-        **check_roi_statics(statics),
-        sampling_ratio=_checks.static_int(
-            statics["sampling_ratio"], "sampling_ratio", low=-(2**31), high=2**31 - 1
+    return {
+        "output_size": check_output_size(output_size),
+        "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
+        "sampling_ratio": _checks.static_int(
+            sampling_ratio, "sampling_ratio", low=-(2**31), high=2**31 - 1
         ),
-        aligned=bool(aligned),
-    )
+        "aligned": bool(aligned),
+    }
 
 
 def check_batch_indices(input: Array, rois: Array, **_: object) -> None:
@@ -119,122 +100,119 @@ def check_batch_indices(input: Array, rois: Array, **_: object) -> None:
         )
 
 
-def pooling_ops(
-    name: str,
-    statics: Sequence[Param],
-    check_statics: Callable[[Mapping[str, object]], RoiStatics],
-    reference: Callable[..., np.ndarray],
-    reference_vjp: Callable[..., np.ndarray],
-    call_vjp: VjpCall,
-    doc: str,
-    vjp_doc: str,
-) -> tuple[Op, Op]:
-    """A RoI pooling op and its gradient op ``<name>_vjp``, run by the kernels of those names.
+def pooling_plan(
+    input: Spec | None,
+    rois: Spec | None,
+    cotangent: Spec | None,
+    *,
+    gradient: bool,
+    statics: dict[str, Hashable],
+) -> Plan:
+    """The plan of a RoI pooling op (``input [N, C, H, W]``, ``rois [K, 5]``, both
+    floating -> ``[K, C, PH, PW]`` in the input's dtype) or, with ``gradient``, of its
+    gradient op (the same and ``cotangent [K, C, PH, PW]`` -> ``d_input [N, C, H, W]``),
+    given its checked ``statics`` (``output_size`` among them). Both compute in float32
+    (float64 for float64 inputs).
 
-    The op: ``input [N, C, H, W]``, ``rois [K, 5]`` (both floating) and ``statics`` ->
-    ``[K, C, PH, PW]`` in the input's dtype, differentiable in ``input``. The gradient op:
-    the same and ``cotangent [K, C, PH, PW]`` -> ``d_input [N, C, H, W]`` in the input's
-    dtype. Both compute in float32 (float64 for float64 inputs), check the batch indices
-    on eager calls (:func:`check_batch_indices`) and have no SPMD rule (a RoI names its
-    image by index). Under JAX the forward kernel's gradient in ``input`` is the
-    ``<name>_vjp`` kernel (through ``call_vjp``); ``rois`` get none, as in torchvision.
-
-    Validation raises TypeError/ValueError naming the argument: a missing or non-float
-    array, a shape other than the above, or what ``check_statics`` refuses.
+    Raises:
+      TypeError, ValueError: a missing or non-float array, or a shape other than the above,
+        naming the argument.
     """
-    vjp_name = f"{name}_vjp"
-
-    def checked(
-        specs: Mapping[str, Spec | None], given: Mapping[str, object]
-    ) -> tuple[Spec, Spec, tuple[int, ...], tuple[tuple[str, object], ...]]:
-        features, rois = _checks.required(specs, "input"), _checks.required(specs, "rois")
-        _checks.check_float(features, "input")
-        _checks.check_float(rois, "rois")
-        if len(features.shape) != 4:
-            raise ValueError(f"input must have shape [N, C, H, W], got {tuple(features.shape)}")
-        if len(rois.shape) != 2 or rois.shape[1] != 5:
-            raise ValueError(
-                "rois must have shape [K, 5] (batch index, x1, y1, x2, y2), got "
-                f"{tuple(rois.shape)}"
-            )
-        valid = check_statics(given)
-        pooled = (rois.shape[0], features.shape[1], *valid["output_size"])
-        return features, rois, pooled, tuple(valid.items())
-
-    def check(specs: Mapping[str, Spec | None], given: Mapping[str, object]) -> Plan:
-        features, rois, pooled, items = checked(specs, given)
-        return Plan(
-            name,
-            _checks.float_compute_dtype(features, rois),
-            Spec(pooled, features.dtype),
-            items,
-            trivial=_checks.size(pooled) == 0,
+    features, boxes = _checks.required(input, "input"), _checks.required(rois, "rois")
+    _checks.check_float(features, "input")
+    _checks.check_float(boxes, "rois")
+    if len(features.shape) != 4:
+        raise ValueError(f"input must have shape [N, C, H, W], got {tuple(features.shape)}")
+    if len(boxes.shape) != 2 or boxes.shape[1] != 5:
+        raise ValueError(
+            f"rois must have shape [K, 5] (batch index, x1, y1, x2, y2), got {tuple(boxes.shape)}"
         )
+    dtype = _checks.float_compute_dtype(features, boxes)
+    output_size = statics["output_size"]
+    assert isinstance(output_size, tuple)
+    pooled = (boxes.shape[0], features.shape[1], *output_size)
+    if not gradient:
+        return Plan(dtype, Spec(pooled, features.dtype), statics, trivial=_checks.size(pooled) == 0)
+    cotangent = _checks.required(cotangent, "cotangent")
+    _checks.check_float(cotangent, "cotangent")
+    if tuple(cotangent.shape) != pooled:
+        raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
+    empty = _checks.size(features.shape) == 0 or _checks.size(pooled) == 0
+    return Plan(dtype, Spec(features.shape, features.dtype), statics, trivial=empty)
 
-    def check_vjp(specs: Mapping[str, Spec | None], given: Mapping[str, object]) -> Plan:
-        features, rois, pooled, items = checked(specs, given)
-        cotangent = _checks.required(specs, "cotangent")
-        _checks.check_float(cotangent, "cotangent")
-        if tuple(cotangent.shape) != pooled:
-            raise ValueError(f"cotangent must have shape {pooled}, got {tuple(cotangent.shape)}")
-        return Plan(
-            vjp_name,
-            _checks.float_compute_dtype(features, rois),
-            Spec(features.shape, features.dtype),
-            items,
-            trivial=_checks.size(features.shape) == 0 or _checks.size(pooled) == 0,
-        )
 
-    def compute_vjp(
-        runner: Runner, plan: Plan, input: Array, rois: Array, cotangent: Array
-    ) -> Array:
-        dtype = plan.dtype or "float32"
-        kernel = functools.partial(runner.kernel(vjp_name), **dict(plan.statics))
-        grad = call_vjp(kernel, cast(input, dtype), cast(rois, dtype), cast(cotangent, dtype))
-        return cast(grad, input.dtype)
+def _check_roi_align(
+    input: Spec | None,
+    rois: Spec | None,
+    *,
+    output_size: object,
+    spatial_scale: object,
+    sampling_ratio: object,
+    aligned: object,
+) -> Plan:
+    statics = _roi_align_statics(output_size, spatial_scale, sampling_ratio, aligned)
+    return pooling_plan(input, rois, None, gradient=False, statics=statics)
 
-    def compute(runner: Runner, plan: Plan, input: Array, rois: Array) -> Array:
-        dtype = plan.dtype or "float32"
-        forward = functools.partial(runner.kernel(name), **dict(plan.statics))
-        features, boxes = cast(input, dtype), cast(rois, dtype)
-        if runner.host:
-            return cast(forward(features, boxes), input.dtype)
-        backward = functools.partial(compute_vjp, runner, plan)
-        return cast(_differentiable_in_input(forward, backward, features, boxes), input.dtype)
 
-    vjp_op = Op(
-        vjp_name,
-        [array("input", 3), array("rois", 1), array("cotangent", 3), *statics],
-        check=check_vjp,
-        check_values=check_batch_indices,
-        compute=compute_vjp,
-        reference=reference_vjp,
-        outputs=("d_input",),
-        partition="none",
-        doc=vjp_doc,
+def _check_roi_align_vjp(
+    input: Spec | None,
+    rois: Spec | None,
+    cotangent: Spec | None,
+    *,
+    output_size: object,
+    spatial_scale: object,
+    sampling_ratio: object,
+    aligned: object,
+) -> Plan:
+    statics = _roi_align_statics(output_size, spatial_scale, sampling_ratio, aligned)
+    return pooling_plan(input, rois, cotangent, gradient=True, statics=statics)
+
+
+def _pool_gradient(
+    kernel: Callable[..., Array], dtype: str, input: Array, rois: Array, cotangent: Array
+) -> Array:
+    """A RoI pooling gradient ``kernel(input, rois, cotangent)`` (its statics bound) on
+    arrays of the compute ``dtype``, in the input's dtype."""
+    grad = kernel(cast(input, dtype), cast(rois, dtype), cast(cotangent, dtype))
+    return cast(grad, input.dtype)
+
+
+def compute_pooling_vjp(
+    runner: Runner, plan: Plan, input: Array, rois: Array, cotangent: Array, **statics: Hashable
+) -> Array:
+    """A RoI pooling gradient op's computation: its kernel, given the op's statics."""
+    assert runner.op.kernel is not None
+    kernel = functools.partial(runner.kernel(runner.op.kernel), **statics)
+    return _pool_gradient(kernel, plan.dtype or "float32", input, rois, cotangent)
+
+
+def compute_pooling(
+    gradient: Op, runner: Runner, plan: Plan, input: Array, rois: Array, **statics: Hashable
+) -> Array:
+    """A RoI pooling op's computation: its kernel, given the op's statics, differentiable
+    under JAX in ``input`` through the kernel of ``gradient`` (its gradient op); ``rois``
+    get no gradient, as in torchvision."""
+    dtype = plan.dtype or "float32"
+    assert runner.op.kernel is not None
+    forward = functools.partial(runner.kernel(runner.op.kernel), **statics)
+    features, boxes = cast(input, dtype), cast(rois, dtype)
+    if runner.host:
+        return cast(forward(features, boxes), input.dtype)
+    backward = functools.partial(
+        _pool_gradient, functools.partial(runner.kernel(gradient), **statics), dtype
     )
+    return cast(_differentiable_in_input(forward, backward, features, boxes), input.dtype)
 
-    def vjp(
-        arrays: Mapping[str, Array],
-        given: Mapping[str, object],
-        backend: str | None,
-        cotangent: Array,
-    ) -> tuple[Array]:
-        return (vjp_op(arrays["input"], arrays["rois"], cotangent, backend=backend, **given),)
 
-    op = Op(
-        name,
-        [array("input", 3), array("rois", 1), *statics],
-        check=check,
-        check_values=check_batch_indices,
-        compute=compute,
-        reference=reference,
-        vjp=vjp,
-        differentiable=("input",),
-        partition="none",
-        doc=doc,
-    )
-    return op, vjp_op
+def pooling_vjp(
+    gradient: Op,
+    arrays: Mapping[str, Array | None],
+    statics: Mapping[str, object],
+    backend: str | None,
+    cotangent: Array,
+) -> tuple[Array]:
+    """The gradient of a RoI pooling op in ``input``: its gradient op ``gradient``."""
+    return (gradient(arrays["input"], arrays["rois"], cotangent, backend=backend, **statics),)
 
 
 def _differentiable_in_input(
@@ -263,25 +241,102 @@ def _differentiable_in_input(
     return pooled(input, rois)  # type: ignore[no-any-return]
 
 
+class RoiPoolingVjp(Op):
+    """The gradient op of a RoI pooling op: ``input [N, C, H, W]``, ``rois [K, 5]``,
+    ``cotangent [K, C, PH, PW]`` and ``statics`` -> ``d_input [N, C, H, W]``, run by its own
+    kernel (:func:`compute_pooling_vjp`); the batch indices checked on eager calls, no SPMD
+    rule (a RoI names its image by index)."""
+
+    def __init__(
+        self,
+        name: str,
+        statics: Sequence[Param],
+        *,
+        check: Callable[..., Plan],
+        reference: Callable[..., np.ndarray],
+        tolerance: tuple[Tolerance, Tolerance],
+        doc: str,
+    ) -> None:
+        super().__init__(
+            name,
+            [array("input", 3), array("rois", 1), array("cotangent", 3), *statics],
+            check=check,
+            check_values=check_batch_indices,
+            compute=compute_pooling_vjp,
+            reference=reference,
+            outputs=("d_input",),
+            partition="none",
+            preference=("cpu", "xla"),
+            tolerance=tolerance,
+            doc=doc,
+        )
+
+
+class RoiPooling(Op):
+    """A RoI pooling op: ``input [N, C, H, W]``, ``rois [K, 5]`` and ``statics`` -> ``[K, C,
+    PH, PW]`` in the input's dtype, run by its own kernel and differentiable in ``input``
+    through its gradient op ``gradient`` (:func:`compute_pooling`); the batch indices checked
+    on eager calls, no SPMD rule (a RoI names its image by index)."""
+
+    def __init__(
+        self,
+        name: str,
+        statics: Sequence[Param],
+        *,
+        check: Callable[..., Plan],
+        reference: Callable[..., np.ndarray],
+        gradient: RoiPoolingVjp,
+        tolerance: tuple[Tolerance, Tolerance],
+        doc: str,
+    ) -> None:
+        super().__init__(
+            name,
+            [array("input", 3), array("rois", 1), *statics],
+            check=check,
+            check_values=check_batch_indices,
+            compute=functools.partial(compute_pooling, gradient),
+            reference=reference,
+            vjp=functools.partial(pooling_vjp, gradient),
+            differentiable=("input",),
+            partition="none",
+            preference=("cpu", "xla"),
+            tolerance=tolerance,
+            doc=doc,
+        )
+
+
 # The float64 reference ----------------------------------------------------------------------
 
 # A bin's samples: (bin row, bin column, y, x).
 Point = tuple[int, int, float, float]
 
 
+class Sampling(NamedTuple):
+    """How the reference samples each RoI: RoIAlign's statics, checked as the op checks
+    them."""
+
+    output_size: tuple[int, int]
+    spatial_scale: float
+    sampling_ratio: int
+    aligned: bool
+
+
 def _samples(
-    roi: np.ndarray, statics: RoiAlignStatics, dtype: type[np.floating]
+    roi: np.ndarray, sampling: Sampling, dtype: type[np.floating]
 ) -> tuple[int, list[Point], int]:
     """torchvision's sampling of one RoI: its image, its samples and their number per bin
     (at least 1). The sample positions are computed in ``dtype``, the compute dtype, as
     torchvision computes them in the input's (at image coordinates near 1000, float32
     positions move a sample by about 1e-5 pixel)."""
-    height, width = statics["output_size"]
-    scale, ratio = dtype(statics["spatial_scale"]), statics["sampling_ratio"]
-    offset = dtype(0.5 if statics["aligned"] else 0.0)
-    x1, y1, x2, y2 = (dtype(v) * scale - offset for v in roi[1:])
+    height, width = sampling.output_size
+    scale, ratio = dtype(sampling.spatial_scale), sampling.sampling_ratio
+    offset = dtype(0.5 if sampling.aligned else 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0, overflow: not finite
+        x1, y1, x2, y2 = (dtype(v) * scale - offset for v in roi[1:])
+    if not np.isfinite([x1, y1, x2, y2]).all():
+        return int(roi[0]), [], 1  # a RoI with a NaN or infinite corner pools to 0
     roi_w, roi_h = x2 - x1, y2 - y1
-    if not statics["aligned"]:
+    if not sampling.aligned:
         roi_w, roi_h = max(roi_w, dtype(1.0)), max(roi_h, dtype(1.0))
     bin_h, bin_w = roi_h / dtype(height), roi_w / dtype(width)
     grid_h = ratio if ratio > 0 else math.ceil(roi_h / dtype(height))
@@ -329,7 +384,7 @@ def _corners(y: float, x: float, height: int, width: int) -> list[tuple[int, int
 
 def _taps(
     boxes: np.ndarray,
-    statics: RoiAlignStatics,
+    sampling: Sampling,
     height: int,
     width: int,
     dtype: type[np.floating],
@@ -338,7 +393,7 @@ def _taps(
     weight)``, the weight divided by the bin's number of samples (a bin is their mean);
     the samples placed in ``dtype``."""
     for k, roi in enumerate(boxes):
-        image, points, count = _samples(roi, statics, dtype)
+        image, points, count = _samples(roi, sampling, dtype)
         for ph, pw, y, x in points:
             for row, column, weight in _corners(y, x, height, width):
                 yield k, image, ph, pw, row, column, weight / count
@@ -351,17 +406,10 @@ def compute_dtype(input: npt.ArrayLike, rois: npt.ArrayLike) -> type[np.floating
     return np.float64 if wide else np.float32
 
 
-def _statics_of(
+def _sampling(
     output_size: int | Sequence[int], spatial_scale: float, sampling_ratio: int, aligned: bool
-) -> RoiAlignStatics:
-    return _check_statics(
-        dict(
-            output_size=output_size,
-            spatial_scale=spatial_scale,
-            sampling_ratio=sampling_ratio,
-            aligned=aligned,
-        )
-    )
+) -> Sampling:
+    return Sampling(**_roi_align_statics(output_size, spatial_scale, sampling_ratio, aligned))  # type: ignore[arg-type]
 
 
 def reference_roi_align(
@@ -378,11 +426,12 @@ def reference_roi_align(
     dtype = compute_dtype(input, rois)
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
-    statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
-    out = np.zeros((boxes.shape[0], features.shape[1], *statics["output_size"]))
+    sampling = _sampling(output_size, spatial_scale, sampling_ratio, aligned)
+    out = np.zeros((boxes.shape[0], features.shape[1], *sampling.output_size))
     height, width = features.shape[2:]
-    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, height, width, dtype):
-        out[k, :, ph, pw] += weight * features[image, :, row, column]
+    with np.errstate(invalid="ignore"):  # non-finite features propagate as torchvision's do
+        for k, image, ph, pw, row, column, weight in _taps(boxes, sampling, height, width, dtype):
+            out[k, :, ph, pw] += weight * features[image, :, row, column]
     return out
 
 
@@ -402,40 +451,45 @@ def reference_roi_align_vjp(
     dtype = compute_dtype(input, rois)
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
-    statics = _statics_of(output_size, spatial_scale, sampling_ratio, aligned)
+    sampling = _sampling(output_size, spatial_scale, sampling_ratio, aligned)
     grad = np.zeros(shape)
     height, width = shape[2:]
-    for k, image, ph, pw, row, column, weight in _taps(boxes, statics, height, width, dtype):
-        grad[image, :, row, column] += weight * grad_out[k, :, ph, pw]
+    with np.errstate(invalid="ignore"):  # non-finite cotangents propagate as torchvision's do
+        for k, image, ph, pw, row, column, weight in _taps(boxes, sampling, height, width, dtype):
+            grad[image, :, row, column] += weight * grad_out[k, :, ph, pw]
     return grad
 
 
-REFERENCE.implements("roi_align", dtypes=FLOAT32_AND_64)(reference_roi_align)
+_ROI_ALIGN_STATICS = [
+    static("output_size", "int[]", positional=True, bad=(None, (2, 0), (2, 2, 2), "2")),
+    static("spatial_scale", "float", 1.0, bad=(None, "0.5", -1.0, math.nan)),
+    static("sampling_ratio", "int", -1, bad=(None, 2.0, True)),
+    static("aligned", "bool", False, bad=(None, 1, "yes")),
+]
 
+roi_align_vjp = RoiPoolingVjp(
+    "roi_align_vjp",
+    _ROI_ALIGN_STATICS,
+    check=_check_roi_align_vjp,
+    reference=reference_roi_align_vjp,
+    # Sums of bilinear samples of O(1) features: up to thousands of them in a gradient
+    # pixel under a huge RoI's adaptive grid.
+    tolerance=(Tolerance(1e-5, 5e-5), Tolerance(1e-12, 1e-12)),
+    doc="""The gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in ``input``.
 
-@REFERENCE.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
-def _reference_vjp_kernel(
-    rois: np.ndarray,
-    cotangent: np.ndarray,
-    *,
-    input_shape: tuple[int, ...],
-    **statics: Unpack[RoiAlignStatics],
-) -> np.ndarray:
-    return reference_roi_align_vjp(np.zeros(input_shape, rois.dtype), rois, cotangent, **statics)
+    ``input [N, C, H, W]`` (its shape and dtype only), ``rois [K, 5]``, ``cotangent
+    [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype; the other
+    arguments and errors as :func:`roi_align`'s.
+    """,
+)
 
-
-roi_align, roi_align_vjp = pooling_ops(
+roi_align = RoiPooling(
     "roi_align",
-    [
-        static("output_size", "int[]", positional=True),
-        static("spatial_scale", "float", 1.0),
-        static("sampling_ratio", "int", -1),
-        static("aligned", "bool", False),
-    ],
-    _check_statics,
-    reference_roi_align,
-    reference_roi_align_vjp,
-    lambda kernel, input, rois, cotangent: kernel(rois, cotangent, input_shape=input.shape),
+    _ROI_ALIGN_STATICS,
+    check=_check_roi_align,
+    reference=reference_roi_align,
+    gradient=roi_align_vjp,
+    tolerance=(Tolerance(1e-5, 2e-5), Tolerance(1e-12, 1e-12)),
     doc="""RoIAlign, as ``torchvision.ops.roi_align`` defines it (Mask R-CNN's pooling).
 
     Each RoI is cut into ``output_size`` bins; a bin's value is the mean of bilinear
@@ -447,7 +501,8 @@ roi_align, roi_align_vjp = pooling_ops(
       input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
       rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
         a batch index that names no image of ``input`` is a ValueError (on eager calls;
-        under ``jit`` the cpu backend raises, XLA clamps it).
+        under ``jit`` the cpu backend raises, XLA clamps it). A RoI with a NaN or infinite
+        scaled corner pools to 0 and passes no gradient (torchvision's is undefined).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
       sampling_ratio: samples per bin side; <= 0 for the adaptive grid; a C int.
@@ -461,10 +516,7 @@ roi_align, roi_align_vjp = pooling_ops(
     Raises:
       TypeError, ValueError: naming the argument (shapes, dtypes, statics, batch indices).
     """,
-    vjp_doc="""The gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in ``input``.
-
-    ``input [N, C, H, W]`` (its shape and dtype only), ``rois [K, 5]``, ``cotangent
-    [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype; the other
-    arguments and errors as :func:`roi_align`'s.
-    """,
 )
+
+REFERENCE.implements(roi_align, dtypes=FLOAT32_AND_64)(reference_roi_align)
+REFERENCE.implements(roi_align_vjp, dtypes=FLOAT32_AND_64)(reference_roi_align_vjp)

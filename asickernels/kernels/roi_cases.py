@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from asickernels.kernels.cases import Case, CompileShape, Size, Workload
-from asickernels.kernels.roi_align import RoiAlignStatics, RoiStatics
+from asickernels.kernels.declaration import Op
+from asickernels.kernels.roi_align import roi_align
+from asickernels.kernels.roi_pool import roi_pool
 
 # -- conformance cases -----------------------------------------------------------------------
 
@@ -30,16 +32,18 @@ class RoiCase:
     sampling_ratio: int = -1
     aligned: bool = False
 
-    def align_statics(self) -> RoiAlignStatics:
-        return RoiAlignStatics(
-            output_size=self.output_size,
-            spatial_scale=self.spatial_scale,
-            sampling_ratio=self.sampling_ratio,
-            aligned=self.aligned,
-        )
+    def align_statics(self) -> dict[str, Any]:
+        """RoIAlign's static arguments, by name."""
+        return {
+            "output_size": self.output_size,
+            "spatial_scale": self.spatial_scale,
+            "sampling_ratio": self.sampling_ratio,
+            "aligned": self.aligned,
+        }
 
-    def pool_statics(self) -> RoiStatics:
-        return RoiStatics(output_size=self.output_size, spatial_scale=self.spatial_scale)
+    def pool_statics(self) -> dict[str, Any]:
+        """RoIPool's static arguments, by name."""
+        return {"output_size": self.output_size, "spatial_scale": self.spatial_scale}
 
 
 def random_rois(rng: np.random.Generator, count: int, batch: int, span: float) -> np.ndarray:
@@ -64,9 +68,19 @@ def random_rois(rng: np.random.Generator, count: int, batch: int, span: float) -
     return np.concatenate([index, boxes], 1)
 
 
+def nonfinite_rois(rois: np.ndarray) -> np.ndarray:
+    """``rois`` and, after them, 12 copies of their first RoIs, each with one corner
+    coordinate NaN, +inf or -inf (every column): such a RoI pools to 0 on every backend."""
+    bad = rois[:12].copy()
+    for i, row in enumerate(bad):
+        row[1 + i % 4] = (np.nan, np.inf, -np.inf)[i // 4]
+    return np.concatenate([rois, bad])
+
+
 def roi_cases() -> list[RoiCase]:
     """RoIAlign's statics on float32 and float64 maps, aligned or not, adaptive and fixed
-    sampling grids, whole-pixel bins, no RoIs, a one-pixel map and a transposed view;
+    sampling grids, whole-pixel bins, no RoIs, a one-pixel map, a transposed view and RoIs
+    with NaN or infinite corners;
     RoIPool takes each case's ``output_size`` and ``spatial_scale``."""
     rng = np.random.default_rng(26)
     features = rng.standard_normal((2, 3, 11, 13))
@@ -87,6 +101,8 @@ def roi_cases() -> list[RoiCase]:
         RoiCase("one_pixel_map", f32[:, :, :1, :1].copy(), b32, (2, 3), 0.1),
         # A transposed view: strides the kernels must not assume away.
         RoiCase("non_contiguous", np.swapaxes(f32, 2, 3), b32, (3, 3), 0.5, 2),
+        RoiCase("nonfinite_corners", f32, nonfinite_rois(b32), (3, 4), 0.5),
+        RoiCase("nonfinite_aligned_ratio_2", f32, nonfinite_rois(b32), (2, 2), 1.0, 2, True),
     ]
 
 
@@ -132,13 +148,13 @@ class RoiPoolingWorkload(Workload):
 
     def __init__(
         self,
-        name: str,
+        op: Op,
         statics_of: Callable[[RoiCase], Mapping[str, object]],
         bench_statics: dict[str, Any],
         default_sizes: tuple[str, ...],
         quick_sizes: tuple[str, ...],
     ) -> None:
-        self.name = self.registry_op = name
+        self.op = op
         self.statics_of = statics_of  # a conformance case's statics for this op
         self.bench_statics = bench_statics
         self.default_sizes = default_sizes
@@ -174,7 +190,7 @@ WORKLOADS = (
     # K=8: the size the simulators (nki, TPU interpret mode) are timed at; larger sizes are
     # skipped for them by extrapolation.
     RoiPoolingWorkload(
-        "roi_align",
+        roi_align,
         RoiCase.align_statics,
         {
             "output_size": (7, 7),
@@ -186,7 +202,7 @@ WORKLOADS = (
         ("8", "100"),
     ),
     RoiPoolingWorkload(
-        "roi_pool",
+        roi_pool,
         RoiCase.pool_statics,
         {"output_size": (7, 7), "spatial_scale": 1 / _ROI_STRIDE},
         ("100", "1000"),

@@ -3,36 +3,74 @@ declarations, and the float64 reference, a transcription of torchvision's CPU ke
 (``ops/cpu/roi_pool_kernel.cpp``).
 
 A backend implements the kernels ``roi_pool`` and ``roi_pool_vjp``, called with arrays of one
-float dtype (the compute dtype) and the checked statics (:class:`RoiStatics`) as keywords:
+float dtype (the compute dtype) and the checked statics as keywords (``output_size`` a pair
+of ints, ``spatial_scale`` a float):
 
-* ``roi_pool(input [N, C, H, W], rois [K, 5], **statics) -> [K, C, PH, PW]``;
-* ``roi_pool_vjp(input, rois, cotangent [K, C, PH, PW], **statics) -> [N, C, H, W]``
-  (each bin's cotangent added at its maximum's pixel, which the kernel finds again).
+* ``roi_pool(input [N, C, H, W], rois [K, 5], *, output_size, spatial_scale) -> [K, C, PH,
+  PW]``;
+* ``roi_pool_vjp(input, rois, cotangent [K, C, PH, PW], *, output_size, spatial_scale) ->
+  [N, C, H, W]`` (each bin's cotangent added at its maximum's pixel, which the kernel finds
+  again).
 
-The op makes ``roi_pool`` differentiable in ``input`` through ``roi_pool_vjp``
-(:func:`~asickernels.kernels.roi_align.pooling_ops`).
+The op makes ``roi_pool`` differentiable in ``input`` through ``roi_pool_vjp``'s kernel
+(:func:`~asickernels.kernels.roi_align.compute_pooling`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from asickernels.kernels.declaration import static
+from asickernels.kernels import _checks
+from asickernels.kernels.declaration import EXACT, Plan, Spec, Tolerance, static
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 from asickernels.kernels.roi_align import (
-    RoiStatics,
-    check_roi_statics,
+    RoiPooling,
+    RoiPoolingVjp,
+    check_output_size,
     compute_dtype,
-    pooling_ops,
+    pooling_plan,
 )
 
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
 # bin's value is 0; a bin whose values are all below it or NaN keeps it, with no argmax.
 LOWEST = -float(np.finfo(np.float32).max)
+
+
+def _roi_pool_statics(output_size: object, spatial_scale: object) -> dict[str, Hashable]:
+    """RoIPool's statics, checked: ``output_size`` (see
+    :func:`~asickernels.kernels.roi_align.check_output_size`) and ``spatial_scale`` (a
+    number >= 0).
+
+    Raises:
+      TypeError, ValueError: naming the bad argument.
+    """
+    return {
+        "output_size": check_output_size(output_size),
+        "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
+    }
+
+
+def _check_roi_pool(
+    input: Spec | None, rois: Spec | None, *, output_size: object, spatial_scale: object
+) -> Plan:
+    statics = _roi_pool_statics(output_size, spatial_scale)
+    return pooling_plan(input, rois, None, gradient=False, statics=statics)
+
+
+def _check_roi_pool_vjp(
+    input: Spec | None,
+    rois: Spec | None,
+    cotangent: Spec | None,
+    *,
+    output_size: object,
+    spatial_scale: object,
+) -> Plan:
+    statics = _roi_pool_statics(output_size, spatial_scale)
+    return pooling_plan(input, rois, cotangent, gradient=True, statics=statics)
 
 
 # The float64 reference ----------------------------------------------------------------------
@@ -45,15 +83,27 @@ def _round(value: float) -> int:
 
 
 def _bins(
-    roi: np.ndarray, statics: RoiStatics, height: int, width: int, dtype: type[np.floating]
+    roi: np.ndarray,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    height: int,
+    width: int,
+    dtype: type[np.floating],
 ) -> Iterator[tuple[int, int, range, range]]:
     """torchvision's bins of one RoI: ``(ph, pw, rows, columns)`` with ``rows`` and
     ``columns`` the clipped pixel ranges (possibly empty). The corners and bin edges are
     computed in ``dtype``, the compute dtype, as torchvision computes them in the input's:
     a float32 bin of 29/7 pixels ends at 29, a float64 one just past it (at 30)."""
-    pooled_height, pooled_width = statics["output_size"]
-    scale = dtype(statics["spatial_scale"])
-    start_w, start_h, end_w, end_h = (_round(float(dtype(v) * scale)) for v in roi[1:])
+    pooled_height, pooled_width = output_size
+    scale = dtype(spatial_scale)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0, overflow: not finite
+        scaled = [float(dtype(v) * scale) for v in roi[1:]]
+    if not np.isfinite(scaled).all():  # a RoI with a NaN or infinite corner pools to 0
+        for ph in range(pooled_height):
+            for pw in range(pooled_width):
+                yield ph, pw, range(0), range(0)
+        return
+    start_w, start_h, end_w, end_h = (_round(v) for v in scaled)
     bin_h = dtype(max(end_h - start_h + 1, 1)) / dtype(pooled_height)  # malformed: 1x1
     bin_w = dtype(max(end_w - start_w + 1, 1)) / dtype(pooled_width)
     for ph in range(pooled_height):
@@ -66,21 +116,26 @@ def _bins(
 
 
 def _pool(
-    input: npt.ArrayLike, rois: npt.ArrayLike, statics: RoiStatics
+    input: npt.ArrayLike,
+    rois: npt.ArrayLike,
+    output_size: int | Sequence[int],
+    spatial_scale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(out [K, C, PH, PW], argmax [K, C, PH, PW])`` in float64: each bin's maximum (the
     first in row-major order; NaN never wins) and its flat pixel index ``h * W + w``, -1 for
     none; the bins computed in the op's compute dtype (float64 if an input is, else
-    float32)."""
+    float32); the statics checked as the op checks them."""
+    size = check_output_size(output_size)
+    scale = _checks.static_float(spatial_scale, "spatial_scale", low=0.0)
     dtype = compute_dtype(input, rois)
     features = np.asarray(input, np.float64)
     boxes = np.asarray(rois, np.float64)
     _, channels, height, width = features.shape
-    out = np.zeros((boxes.shape[0], channels, *statics["output_size"]))
+    out = np.zeros((boxes.shape[0], channels, *size))
     argmax = np.full(out.shape, -1, np.int64)
     for k, roi in enumerate(boxes):
         plane = features[int(roi[0])].reshape(channels, height * width)
-        for ph, pw, rows, columns in _bins(roi, statics, height, width, dtype):
+        for ph, pw, rows, columns in _bins(roi, size, scale, height, width, dtype):
             pixels = np.array([h * width + w for h in rows for w in columns], np.int64)
             if pixels.size == 0:
                 continue  # an empty bin is 0, with no argmax
@@ -93,11 +148,6 @@ def _pool(
     return out, argmax
 
 
-def _statics_of(output_size: int | Sequence[int], spatial_scale: float) -> RoiStatics:
-    return check_roi_statics({"output_size": output_size, "spatial_scale": spatial_scale})
-
-
-@REFERENCE.implements("roi_pool", dtypes=FLOAT32_AND_64)
 def reference_roi_pool(
     input: npt.ArrayLike,
     rois: npt.ArrayLike,
@@ -107,11 +157,10 @@ def reference_roi_pool(
 ) -> np.ndarray:
     """The float64 :func:`roi_pool` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
     ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
-    out, _ = _pool(input, rois, _statics_of(output_size, spatial_scale))
+    out, _ = _pool(input, rois, output_size, spatial_scale)
     return out
 
 
-@REFERENCE.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
 def reference_roi_pool_vjp(
     input: npt.ArrayLike,
     rois: npt.ArrayLike,
@@ -124,7 +173,7 @@ def reference_roi_pool_vjp(
     ``input``: ``[N, C, H, W]``, each bin's cotangent added at its maximum's pixel."""
     boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
-    _, argmax = _pool(input, rois, _statics_of(output_size, spatial_scale))
+    _, argmax = _pool(input, rois, output_size, spatial_scale)
     n, channels, height, width = np.shape(input)
     grad = np.zeros((n, channels, height * width))
     for k, roi in enumerate(boxes):
@@ -135,13 +184,34 @@ def reference_roi_pool_vjp(
     return grad.reshape(np.shape(input))
 
 
-roi_pool, roi_pool_vjp = pooling_ops(
+_ROI_POOL_STATICS = [
+    static("output_size", "int[]", positional=True, bad=(None, (2, 0), (2, 2, 2), "2")),
+    static("spatial_scale", "float", 1.0, bad=(None, "0.5", -1.0, math.nan)),
+]
+
+roi_pool_vjp = RoiPoolingVjp(
+    "roi_pool_vjp",
+    _ROI_POOL_STATICS,
+    check=_check_roi_pool_vjp,
+    reference=reference_roi_pool_vjp,
+    # Cotangents added at the argmax pixels.
+    tolerance=(Tolerance(1e-6, 1e-6), Tolerance(1e-12, 1e-12)),
+    doc="""The gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in ``input``.
+
+    ``input [N, C, H, W]`` (its values choose each bin's maximum), ``rois [K, 5]``,
+    ``cotangent [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype:
+    each bin's cotangent added at its maximum's pixel (nothing for an empty bin); the other
+    arguments and errors as :func:`roi_pool`'s.
+    """,
+)
+
+roi_pool = RoiPooling(
     "roi_pool",
-    [static("output_size", "int[]", positional=True), static("spatial_scale", "float", 1.0)],
-    check_roi_statics,
-    reference_roi_pool,
-    reference_roi_pool_vjp,
-    lambda kernel, input, rois, cotangent: kernel(input, rois, cotangent),
+    _ROI_POOL_STATICS,
+    check=_check_roi_pool,
+    reference=reference_roi_pool,
+    gradient=roi_pool_vjp,
+    tolerance=(EXACT, EXACT),  # RoIPool picks input values
     doc="""RoIPool, as ``torchvision.ops.roi_pool`` defines it (Fast R-CNN's pooling).
 
     Each RoI's corners are scaled by ``spatial_scale`` and rounded to pixels (half away from
@@ -153,7 +223,8 @@ roi_pool, roi_pool_vjp = pooling_ops(
       input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
       rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
         a batch index that names no image of ``input`` is a ValueError (on eager calls;
-        under ``jit`` the cpu backend raises, XLA clamps it).
+        under ``jit`` the cpu backend raises, XLA clamps it). A RoI with a NaN or infinite
+        scaled corner pools to 0 and passes no gradient (torchvision's is undefined).
       output_size: int or ``(height, width)``, each >= 1.
       spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
       backend, config: see :func:`asickernels.giou`.
@@ -166,11 +237,7 @@ roi_pool, roi_pool_vjp = pooling_ops(
     Raises:
       TypeError, ValueError: naming the argument (shapes, dtypes, statics, batch indices).
     """,
-    vjp_doc="""The gradient of ``sum(cotangent * roi_pool(input, rois, ...))`` in ``input``.
-
-    ``input [N, C, H, W]`` (its values choose each bin's maximum), ``rois [K, 5]``,
-    ``cotangent [K, C, height, width]`` -> ``d_input [N, C, H, W]`` in the input's dtype:
-    each bin's cotangent added at its maximum's pixel (nothing for an empty bin); the other
-    arguments and errors as :func:`roi_pool`'s.
-    """,
 )
+
+REFERENCE.implements(roi_pool, dtypes=FLOAT32_AND_64)(reference_roi_pool)
+REFERENCE.implements(roi_pool_vjp, dtypes=FLOAT32_AND_64)(reference_roi_pool_vjp)

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asickernels import tpu_generations as generations
@@ -126,6 +126,23 @@ BENCHMARK_SHAPES: tuple[KernelShape, ...] = tuple(
 )
 
 
+# libtpu compiling on a machine with no TPU: setdefault into the environment before it loads.
+LIBTPU_WITHOUT_A_TPU = {
+    "TPU_SKIP_MDS_QUERY": "1",  # no cloud metadata server to ask
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # no machine-wide lock between processes that compile
+    # One host, this one: unset, libtpu prints an INVALID_ARGUMENT error with a source trace
+    # and a "could not determine TPU accelerator type" warning at every load.
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_HOST_BOUNDS": "1,1,1",
+}
+
+
+def set_libtpu_environment(env: MutableMapping[str, str] = os.environ) -> None:
+    """Sets :data:`LIBTPU_WITHOUT_A_TPU` in ``env`` where unset (what is set is kept)."""
+    for name, value in LIBTPU_WITHOUT_A_TPU.items():
+        env.setdefault(name, value)
+
+
 def libtpu_status() -> str | None:
     """None when libtpu can compile here, else why not and what to install."""
     try:
@@ -141,8 +158,7 @@ def topology_device(generation: str) -> jax.Device:
 
     Raises ValueError for a generation with no topology, ModuleNotFoundError (saying what
     to install) where libtpu is not installed."""
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: we are not on a TPU VM
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no lockfile between processes
+    set_libtpu_environment()
     from jax.experimental import topologies
 
     if generation not in TOPOLOGIES:
@@ -170,7 +186,9 @@ def lower_for_tpu(
     :func:`topology_device`."""
     import jax
 
-    sharding = jax.sharding.SingleDeviceSharding(topology_device(generation))
+    from asickernels.kernels.policy import single_device_sharding
+
+    sharding = single_device_sharding(topology_device(generation))
     args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in arg_specs]
     return jax.jit(fn).lower(*args)
 
@@ -236,20 +254,26 @@ def compile_all(
 
 
 def format_table(results: Sequence[CompileResult]) -> str:
+    from asickernels.benchmarking.report import text_table
+
     def mib(value: int | None, default: str = "") -> str:
         return default if value is None else f"{value / 2**20:.2f} MiB"
 
-    lines = [
-        f"{'kernel':<14} {'shape':<22} {'gen':<4} {'result':<9} {'VMEM blocks':>12} "
-        f"{'VMEM limit':>12} {'HBM':>11}  note"
+    headers = ("kernel", "shape", "gen", "result", "VMEM blocks", "VMEM limit", "HBM", "note")
+    rows = [
+        [
+            r.kernel,
+            r.shape,
+            r.generation,
+            "compiled" if r.ok else "FAILED",
+            mib(r.vmem_bytes),
+            mib(r.vmem_limit_bytes, "default") if r.ok else "",
+            mib(r.hbm_bytes),
+            r.error or f"{r.seconds:.1f}s",
+        ]
+        for r in results
     ]
-    for r in results:
-        lines.append(
-            f"{r.kernel:<14} {r.shape:<22} {r.generation:<4} {'compiled' if r.ok else 'FAILED':<9} "
-            f"{mib(r.vmem_bytes):>12} {mib(r.vmem_limit_bytes, 'default') if r.ok else '':>12} "
-            f"{mib(r.hbm_bytes):>11}  {r.error or f'{r.seconds:.1f}s'}"
-        )
-    return "\n".join(lines)
+    return text_table(headers, rows, right={4, 5, 6})
 
 
 def _run_cli(args: argparse.Namespace) -> int:

@@ -77,13 +77,13 @@ def _define_selection(
         from torch_xla.core import xla_builder
 
         if nms:  # (the dispatcher leaves out a backend=None: the schema's default)
-            from asickernels.kernels import policy
+            from asickernels.kernels import policy, public
             from asickernels.torch.xla import where_xla_tensors_live
 
             requested = statics.get("backend")
             assert requested is None or isinstance(requested, str)  # as the schema says
             statics["backend"] = policy.select(
-                "nms", requested, where_xla_tensors_live(), "float32"
+                public.nms, requested, where_xla_tensors_live(), "float32"
             )
         return tuple(xla_builder.call_jax(function, tensors, statics))
 

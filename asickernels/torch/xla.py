@@ -20,7 +20,8 @@ import torch
 
 import asickernels
 from asickernels.kernels import policy, registry
-from asickernels.kernels.declaration import Op, x64_scope
+from asickernels.kernels.declaration import Op
+from asickernels.kernels.eager import x64_scope
 from asickernels.torch import ops
 
 
@@ -76,8 +77,8 @@ def call(
     specs = {n: ops.spec_of(t) for n, t in tensors.items()}
     plan = op.plan(specs, statics)
     chosen = None
-    if plan.kernel is not None:
-        chosen = policy.select(plan.kernel, backend, where_xla_tensors_live(), plan.dtype)
+    if op.kernel is not None:
+        chosen = policy.select(op.kernel, backend, where_xla_tensors_live(), plan.dtype)
     device = next(t.device for t in tensors.values() if t is not None)
     if chosen is not None and registry.backend(chosen).array_kind == "numpy":
         on_host = {n: None if t is None else t.cpu() for n, t in tensors.items()}
@@ -89,7 +90,7 @@ def call(
     present = tuple(n for n, t in tensors.items() if t is not None)
     arrays = [tensors[n] for n in present]
     options = dict(statics)
-    if plan.kernel is not None:
+    if op.kernel is not None:
         options["backend"] = chosen
     with x64_scope(plan.x64):
         if cotangent is None:

@@ -52,8 +52,13 @@ from asickernels.simulate.nki.estimate import estimate
 from asickernels.simulate.nki.install import install
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # this folder's scripts share nkibench's helpers
-from nkibench import PinnedRepo, write_section  # noqa: E402
+# this folder's scripts share nkibench's helpers; the folder leaves sys.path again, as its
+# nki_samples.py would shadow the vendor package of that name for whoever imports this
+sys.path.insert(0, str(HERE))
+try:
+    from nkibench import PinnedRepo, keep_trace, write_section
+finally:
+    sys.path.remove(str(HERE))
 
 KERNELS = "src/nki_samples/reference"
 REPO = "aws-neuron/nki-samples"
@@ -376,10 +381,7 @@ def simulate(
         found = trace_of(case["file"], kernel_module, case["params"])
     except Exception as error:  # the simulator refused or crashed: a finding, kept verbatim
         return {"error": f"{type(error).__name__}: {error}"}
-    print(f"{name}: {found[2]:.0f} s", file=sys.stderr, flush=True)
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_bytes(pickle.dumps(found))
+    keep_trace(cached, found, name)
     return {"trace": found}
 
 
@@ -497,7 +499,8 @@ def main() -> None:
     parser.add_argument("--traces", type=pathlib.Path, help="keep traces here (and reuse them)")
     parser.add_argument("--budget-min", type=float, default=10.0,
                         help="skip a case whose probe predicts a longer simulation")  # fmt: skip
-    parser.add_argument("--only", nargs="*", help="only these test files (e.g. test_rmsnorm_qkv)")
+    parser.add_argument("--only", nargs="*", help="only these test files (e.g. test_rmsnorm_qkv): "
+                        "their rows of --out are replaced, the others kept")  # fmt: skip
     parser.add_argument("--out", default=str(HERE / "nki_samples.json"))
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's section")
     args = parser.parse_args()
@@ -513,16 +516,25 @@ def main() -> None:
                     case, samples, pathlib.Path(folder), args.traces, args.budget_min * 60
                 )
                 rows.append(row_of(case, outcome, blob))
-    record = {
-        "command": "PYTHONPATH=. python benchmarks/nki_estimate/nki_samples.py NKI_SAMPLES"
+    command = (
+        "PYTHONPATH=. python benchmarks/nki_estimate/nki_samples.py NKI_SAMPLES"
         + (" --traces DIR" if args.traces else "")
-        + (f" --budget-min {args.budget_min:g}" if args.budget_min != 10.0 else ""),
+        + (f" --budget-min {args.budget_min:g}" if args.budget_min != 10.0 else "")
+    )
+    out = pathlib.Path(args.out)
+    if args.only and out.is_file():  # the other files' rows as recorded
+        fresh = {row["case"]: row for row in rows}
+        kept = json.loads(out.read_text())
+        rows = [fresh.pop(row["case"], row) for row in kept["rows"]] + list(fresh.values())
+        command = f"{kept['command']}`, then `{command} --only {' '.join(args.only)}"
+    record = {
+        "command": command,
         "source": f"{REPO}@{COMMIT} test/unit/*.py (perf tests removed by fc5c69f)",
         "unit": f"microseconds ({UNIT_SOURCE})",
         "statistic": "upper bound: the test asserted percentile <= threshold on a device",
         "rows": rows,
     }
-    pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    out.write_text(json.dumps(record, indent=1) + "\n")
     if args.readme:
         write_section(render(record), HERE / "README.md")
     print(render(record))

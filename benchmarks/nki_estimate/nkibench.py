@@ -385,6 +385,15 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def keep_trace(cached: pathlib.Path | None, found: tuple[Any, ...], name: str) -> None:
+    """Reports a fresh trace's simulation time (``found`` ends with its seconds) and keeps
+    ``found`` in ``cached`` for the next run."""
+    print(f"{name}: {found[-1]:.0f} s", file=sys.stderr, flush=True)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_bytes(pickle.dumps(found))
+
+
 def write_section(section: str, readme: pathlib.Path) -> None:
     """Replaces the part of ``readme`` between ``section``'s first and last lines (its
     start and end markers) with ``section``, or appends it when ``readme`` has none."""

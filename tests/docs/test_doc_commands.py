@@ -134,9 +134,10 @@ def test_every_make_target_named_exists():
 ALIASES = {"ak": "asickernels", "akt": "asickernels.torch"}
 # Modules of ours that import a package not every environment has: the package.
 NEEDS = {"torch": "torch", "torch_xla_spmd": "torch_xla", "torch_tpu": "torch_tpu"}
-# Named by the pages but absent from a clone by design: a folder of ../shared/corpus, and
-# where tests/fetch_vendor.py puts the vendor code it fetches (gitignored).
-ABSENT_BY_DESIGN = ("neuron-customops/", "tests/data/vendor/")
+# Named by the pages but absent from a clone by design: a folder of ../shared/corpus, where
+# tests/fetch_vendor.py puts the vendor code it fetches, and where `make dist` writes the
+# wheel (both gitignored).
+ABSENT_BY_DESIGN = ("neuron-customops/", "tests/data/vendor/", "dist/")
 
 
 # Where the package's sources are not beside the tests (.ci/package tests the installed wheel
@@ -202,7 +203,9 @@ def test_every_repository_path_the_pages_give_exists():
                 if not re.search(r"\.(py|json|md|h|cpp|txt|png|toml)$|/$", word):
                     continue
                 path = word.rstrip("/")
-                if not SOURCES_HERE and "csrc" in path.split("/"):
+                if not SOURCES_HERE and (
+                    path.endswith((".cpp", ".h")) or "csrc" in path.split("/")
+                ):
                     continue  # C++ sources: in the sdist and the checkout, not in a wheel
                 # Pages shorten paths inside the package (`backends/cpu/nms.py`).
                 found = any(f == path or f.endswith("/" + path) for f in files)

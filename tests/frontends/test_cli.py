@@ -13,9 +13,10 @@ import types
 import numpy as np
 import pytest
 
+import asickernels
 from asickernels import cli
 from asickernels.benchmarking import device, harness, peers, schema, workloads
-from asickernels.benchmarking.progress import Progress, render_bar
+from asickernels.benchmarking.progress import LOG_INTERVAL_S, Progress, render_bar
 from asickernels.benchmarking.timing import Timing
 from asickernels.kernels import cases, int8_matmul_cases, nms_cases, registry
 from asickernels.kernels.giou import reference_giou
@@ -73,7 +74,9 @@ def test_every_command_describes_itself_in_plain_text(capsys, monkeypatch, comma
         (["bench", "--repeats", "0"], "must be >= 1"),
         (["run", "--budget", "-1"], "must be > 0"),
         (["bench", "--ops", "giou", "--size", "nms=64"], "--ops leaves out"),
-        (["check", "--ops", "nms", "--backends", "torchvision"], "nothing that check compares"),
+        (["check", "--ops", "nms", "--backends", "torchvision"], "unknown backend torchvision"),
+        (["check", "--backends", "reference"], "unknown backend reference"),
+        (["check", "--ops", "roi_pool", "--backends", "gpsimd"], "none of them implements"),
         (["check", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no folder"),
         (["bench", "--plot", "/nonexistent/p.png"], "--plot /nonexistent/p.png: no folder"),
     ],
@@ -144,6 +147,133 @@ def test_info_without_libtpu_lists_the_libtpu_commands_as_unavailable(capsys, mo
     assert 'pip install -e ".[tpu]"' in out
 
 
+def test_info_is_short_and_the_full_one_adds_ops_and_the_policy(capsys):
+    code, short, _ = run(capsys, "info")
+    assert code == 0
+    assert len(short.splitlines()) <= 40
+    assert "backend=None here (cpu) runs cpu for every kernel" in short
+    assert "Selection policy" not in short and "info --full" in short
+    code, full, _ = run(capsys, "info", "--full")
+    assert code == 0
+    assert "Selection policy" in full and "TPU v5e" in full
+    cpu_line = next(line for line in full.splitlines() if line.startswith("cpu "))
+    assert ",".join(harness.ops_of("cpu")) in cpu_line
+
+
+def test_check_prints_one_row_per_op_and_backend_as_its_help_says(capsys):
+    code, out, _ = run(capsys, "check", "--help")
+    assert code == 0 and "one row per op and backend" in " ".join(out.split())
+    assert "peers" in out  # says where they go instead
+    code, out, _ = run(capsys, "check", "--ops", "giou", "--backends", "cpu,xla", "--quiet")
+    assert code == 0
+    cases = workloads.WORKLOADS["giou"].check_cases(np.random.default_rng(0))
+    assert len(cases) > 1
+    rows = [line for line in out.splitlines() if line.startswith("giou ")]
+    assert [row.split()[1] for row in rows] == ["xla", "cpu"]
+
+
+def test_check_takes_every_backend_it_checks_and_no_peer():
+    parse = cli.build_parser().parse_args
+    checked = harness.checked_names()
+    assert parse(["check", "--backends", ",".join(checked)]).backends == checked
+    assert not set(checked) & set(peers.PEERS) and "reference" not in checked
+    assert set(harness.implementation_names()) - set(checked) == {*peers.PEERS, "reference"}
+
+
+def test_the_nki_runner_says_in_one_line_that_a_script_is_missing(capsys, tmp_path):
+    from asickernels.simulate.nki.__main__ import main
+
+    assert main([str(tmp_path / "missing.py"), "--flag"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"cannot open '{tmp_path / 'missing.py'}': no such file" in err
+
+
+def test_the_compile_table_is_aligned_whatever_the_names():
+    from asickernels.simulate.tpu_compile import CompileResult, format_table
+
+    results = [
+        CompileResult("giou", "8x4", "v5e", True, 1.5, "", 2**20, None, 3 * 2**20),
+        CompileResult(
+            "linear_sum_assignment_vjp", "64x128x128x4", "v5p", False, 0.2, "Mosaic refused it"
+        ),
+    ]
+    header, rule, first, second = format_table(results).splitlines()
+    assert set(rule) == {"-"}
+    for line in (first, second):  # each column starts under its header
+        for column in ("shape", "gen", "result"):
+            assert line[header.index(column) - 1] == " " and line[header.index(column)] != " "
+    assert first.index("3.00 MiB") + len("3.00 MiB") == header.index("HBM") + len("HBM")
+    assert "FAILED" in second and second.endswith("Mosaic refused it")
+
+
+def test_the_cli_quiets_libtpu_without_hiding_what_the_user_set(monkeypatch):
+    from asickernels.simulate import tpu_compile
+
+    for name in tpu_compile.LIBTPU_WITHOUT_A_TPU:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-a,host-b")
+    assert cli.main(["--version"]) == 0
+    import os
+
+    assert os.environ["TPU_WORKER_HOSTNAMES"] == "host-a,host-b"
+    assert os.environ["TPU_HOST_BOUNDS"] == "1,1,1" and os.environ["TPU_SKIP_MDS_QUERY"] == "1"
+
+
+def test_info_prints_no_libtpu_errors():
+    """libtpu, loaded by jax where it is installed, logs an INVALID_ARGUMENT error and a
+    warning at every load without a TPU unless told it is one host
+    (tpu_compile.LIBTPU_WITHOUT_A_TPU)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "asickernels", "info"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for noise in ("INVALID_ARGUMENT", "E0000", "could not determine TPU", "Source Location"):
+        assert noise not in done.stderr
+
+
+def test_estimate_render_compiles_nothing_and_needs_no_libtpu(capsys, monkeypatch, tmp_path):
+    from conftest import REPO
+
+    from asickernels.simulate.tpu_estimate import estimate
+
+    def compile_with_dumps(*args, **kwargs):
+        raise AssertionError("--render compiled")
+
+    monkeypatch.setattr(estimate, "compile_with_dumps", compile_with_dumps)
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
+    recorded = REPO / "benchmarks" / "results" / "tpu_estimates" / "estimates.json"
+    markdown = tmp_path / "estimates.md"
+    code, out, err = run(capsys, "estimate", "--render", str(recorded), "--markdown", str(markdown))
+    assert code == 0, err
+    assert "| int8_matmul |" in out and "compiling" not in err
+    assert "| int8_matmul |" in markdown.read_text()
+    code, _, err = run(capsys, "estimate", "--render", str(recorded), "--op", "giou")
+    assert code == 2 and "--render compiles nothing: drop --op" in err
+
+
+def test_estimate_rows_without_a_pallas_kernel_show_no_kernel_time():
+    from asickernels.simulate.tpu_estimate import report
+
+    def row(name, kernels):
+        estimate = types.SimpleNamespace(
+            generation="v5e", device_s=2e-3, kernel_s=1e-3 if kernels else 0.0,
+            kernels=kernels, utilization={},
+        )  # fmt: skip
+        return report.Row(types.SimpleNamespace(name=name, work=None), estimate)
+
+    header, pallas, xla = report.estimates_text([row("ours", ["k"]), row("xla", [])], False)
+    kernel_column = slice(header.index("program ms") + 11, header.index("kernel ms") + 9)
+    assert pallas[kernel_column].strip() == "1.0000"
+    assert xla[kernel_column].strip() == "-"
+
+
 # -- check exit codes (a planted backend) --------------------------------------------------
 
 
@@ -164,11 +294,11 @@ def planted(monkeypatch):
     """Registers test backends in a copy of the registry, restored afterwards."""
     # Kernel modules register into the registry when first imported; backends_for imports
     # every backend's now, or one first imported inside the copy would miss after the restore.
-    registry.backends_for("giou")
+    registry.backends_for(asickernels.giou)
     for table in ("_BACKENDS", "_IMPLEMENTATIONS", "_LOADED", "_AVAILABILITY", "_IMPORTED"):
         monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
 
-    def plant(name, target, counters=None, *, op="int8_matmul", **details):
+    def plant(name, target, counters=None, *, op=asickernels.int8_matmul, **details):
         probe = lambda: Availability("native", "planted by a test")  # noqa: E731
         support = details.pop("support", registry.Support())
         kind = details.pop("array_kind", "numpy")
@@ -203,9 +333,7 @@ def test_check_exits_1_when_a_backend_is_wrong_or_raises(
 
 def test_check_exits_0_when_every_backend_matches(capsys, planted):
     planted("planted", reference_int8_matmul)
-    code, out, _ = run(
-        capsys, "check", "--ops", "int8_matmul", "--backends", "planted,reference", "--quiet"
-    )
+    code, out, _ = run(capsys, "check", "--ops", "int8_matmul", "--backends", "planted", "--quiet")
     cases = workloads.WORKLOADS["int8_matmul"].check_cases(np.random.default_rng(0))
     assert code == 0
     assert f"{len(cases)}/{len(cases)} runs match" in out  # every case, on planted only
@@ -245,7 +373,7 @@ def _check_giou(capsys, tmp_path, backends):
 
 
 def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, planted, tmp_path):
-    planted("narrow", reference_giou, op="giou")  # registered float32-only
+    planted("narrow", reference_giou, op=asickernels.giou)  # registered float32-only
     code, out, rows = _check_giou(capsys, tmp_path, "narrow")
     assert code == 0, out
     assert rows["float64_offset_1e6"]["status"] == "n/a"
@@ -255,7 +383,7 @@ def test_a_float64_case_on_a_float32_only_backend_is_not_applicable(capsys, plan
 
 
 def test_a_wrong_float32_only_backend_still_fails(capsys, planted, tmp_path):
-    planted("wrong", _giou_plus_a_tenth, op="giou")
+    planted("wrong", _giou_plus_a_tenth, op=asickernels.giou)
     code, out, rows = _check_giou(capsys, tmp_path, "wrong")
     assert code == 1
     assert "FAILED" in out
@@ -267,7 +395,7 @@ def test_float64_cases_run_in_float64_and_a_backend_that_narrows_them_fails(
     capsys, planted, tmp_path
 ):
     wide = registry.Support(registry.FLOAT32_AND_64)
-    planted("narrows", _giou_in_float32, op="giou", support=wide)
+    planted("narrows", _giou_in_float32, op=asickernels.giou, support=wide)
     code, out, rows = _check_giou(capsys, tmp_path, "narrows")
     assert code == 1, out
     assert rows["float64_offset_1e6"]["status"] == "fail"
@@ -292,7 +420,7 @@ def test_a_jax_backend_this_jax_cannot_trace_is_not_applicable(capsys, planted, 
     planted(
         "eager_only",
         "asickernels.backends.xla.giou:giou",
-        op="giou",
+        op=asickernels.giou,
         array_kind="jax",
         traceable=lambda: False,
     )
@@ -451,7 +579,7 @@ def test_max_error_is_in_units_of_the_tolerance_as_the_schema_says():
         comparison = workloads.WORKLOADS["giou"].compare(got, want)
         assert comparison.tolerance == 1.0 and comparison.passed is passed
         assert comparison.max_error == pytest.approx(off_by, rel=1e-2)
-    exact = cases.oracle_comparison("nms", np.array([1, 2, 3]), np.array([1, 5, 4]))
+    exact = cases.oracle_comparison(asickernels.nms, np.array([1, 2, 3]), np.array([1, 5, 4]))
     assert (exact.max_error, exact.tolerance, exact.passed) == (2.0, 0.0, False)
 
 
@@ -462,13 +590,20 @@ def test_timing_statistics():
     assert timing.spread == pytest.approx((4.6 - 1.4) / 2 / 3)
 
 
-def test_progress_bar_writes_lines_when_not_a_terminal():
-    stream = io.StringIO()
-    progress = Progress(stream=stream)
-    progress.start(2)
-    progress.step("first")
-    progress.step("second")
-    assert stream.getvalue().splitlines() == [render_bar(0, 2, "first"), render_bar(1, 2, "second")]
+def test_progress_bar_writes_a_line_every_few_seconds_when_not_a_terminal():
+    stream, now = io.StringIO(), [0.0]
+    progress = Progress(stream=stream, clock=lambda: now[0])
+    progress.start(5)
+    for label, seconds in (("a", 0.0), ("b", 1.0), ("c", LOG_INTERVAL_S - 1.1), ("d", 0.2)):
+        now[0] += seconds
+        progress.step(label)
+    now[0] += LOG_INTERVAL_S
+    progress.step("e")
+    assert stream.getvalue().splitlines() == [
+        render_bar(0, 5, "a"),
+        render_bar(3, 5, "d"),
+        render_bar(4, 5, "e"),
+    ]
     assert render_bar(1, 2, "x", width=4) == "[##..] 1/2  x"
     quiet = io.StringIO()
     Progress(enabled=False, stream=quiet).step("nothing")
@@ -516,7 +651,7 @@ def test_a_native_backend_with_a_device_timer_is_timed_by_it(planted):
 
     probe = lambda: Availability("native", "a planted device")  # noqa: E731
     registry.register_backend(Backend("device", "numpy", probe, "test", device_timer=timer))
-    registry.register("int8_matmul", "device", reference_int8_matmul)
+    registry.register(asickernels.int8_matmul, "device", reference_int8_matmul)
     op = workloads.WORKLOADS["int8_matmul"]
     settings = harness.BenchSettings(
         sizes={"int8_matmul": [op.parse_size("16")]}, selected=frozenset({"device"}), repeats=7

@@ -23,8 +23,8 @@ from asickernels.kernels.roi_cases import random_rois
 # RoiAlignConformance in tests/kernels/test_conformance.py.
 BACKENDS = [
     b
-    for b in registry.backends_for("roi_align")
-    if b != "reference" and "float64" in registry.support("roi_align", b).dtypes
+    for b in registry.backends_for(asickernels.roi_align)
+    if b != "reference" and "float64" in registry.support(asickernels.roi_align, b).dtypes
 ]
 # (aligned, sampling_ratio, spatial_scale): both alignments, adaptive (-1 and 0) and fixed
 # grids, whole and fractional scales.

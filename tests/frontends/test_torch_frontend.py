@@ -36,7 +36,7 @@ except ImportError:
 import asickernels  # noqa: E402
 import asickernels.torch as at  # noqa: E402
 from asickernels.kernels import oracle  # noqa: E402
-from asickernels.kernels.giou import reference_giou_loss, reference_giou_vjp  # noqa: E402
+from asickernels.kernels.giou import reference_giou_vjp  # noqa: E402
 from asickernels.torch import ops  # noqa: E402
 
 
@@ -110,7 +110,7 @@ def test_giou_cases_on_cpu(case):
     wide = case.boxes1.dtype == np.float64
     assert got.dtype == (torch.float64 if wide else torch.float32)
     assert tuple(got.shape) == case.boxes1.shape[:-1]
-    oracle.assert_agrees("giou", got.numpy(), _reference_giou(case))
+    oracle.assert_agrees(asickernels.giou, got.numpy(), _reference_giou(case))
     assert torch.equal(b1, before[0]) and torch.equal(b2, before[1])
 
 
@@ -123,14 +123,16 @@ def _run_nms(case, device="cpu", backend=None):
 
 
 def _reference_giou(case):
-    return oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
+    return oracle.expected(asickernels.giou, {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
 
 
 def _reference_nms(case):
     arrays = {"boxes": case.boxes, "scores": case.scores}
     if case.categories is None:
-        return oracle.expected("nms", arrays, case.kwargs())
-    return oracle.expected("batched_nms", {**arrays, "idxs": case.categories}, case.kwargs())
+        return oracle.expected(asickernels.nms, arrays, case.kwargs())
+    return oracle.expected(
+        asickernels.batched_nms, {**arrays, "idxs": case.categories}, case.kwargs()
+    )
 
 
 @pytest.mark.parametrize("case", _fast(nms_cases()))
@@ -162,7 +164,7 @@ def _run_matmul(case, device="cpu", backend=None):
 
 def _reference_matmul(case):
     arrays = {"x": case.x, "y": case.y, "x_scale": case.x_scale, "y_scale": case.y_scale}
-    return oracle.expected("int8_matmul", arrays, {"out_dtype": case.out_dtype})
+    return oracle.expected(asickernels.int8_matmul, arrays, {"out_dtype": case.out_dtype})
 
 
 def _host(tensor_out):
@@ -177,7 +179,7 @@ def test_int8_matmul_cases_on_cpu(case):
     want = _reference_matmul(case)
     if want.dtype == np.int32:
         assert got.dtype == torch.int32
-    oracle.assert_agrees("int8_matmul", _host(got), want)
+    oracle.assert_agrees(asickernels.int8_matmul, _host(got), want)
 
 
 def test_quantize_int8_matches_the_jax_op():
@@ -256,8 +258,8 @@ def test_float64_gradient_is_the_reference_gradient():
     d1, d2 = torch.autograd.grad(at.giou(b1, b2), (b1, b2), cotangent)
     assert d1.dtype == torch.float64
     arrays = {"boxes1": b1.detach().numpy(), "boxes2": b2.detach().numpy()}
-    want = oracle.expected("giou_vjp", {**arrays, "cotangent": cotangent.numpy()}, {})
-    oracle.assert_agrees("giou_vjp", (d1.numpy(), d2.numpy()), want)
+    want = oracle.expected(asickernels.giou_vjp, {**arrays, "cotangent": cotangent.numpy()}, {})
+    oracle.assert_agrees(asickernels.giou_vjp, (d1.numpy(), d2.numpy()), want)
 
 
 @pytest.mark.parametrize("case", _fast([c for c in giou_cases() if c.boxes1.dtype == np.float32]))
@@ -284,7 +286,7 @@ def test_loss_padding_gets_exactly_zero_gradient(dtype):
     p = tensor(preds).to(dtype).requires_grad_()
     t = tensor(targets).to(dtype).requires_grad_()
     loss = at.giou_loss(p, t, mask=tensor(mask))
-    want = reference_giou_loss(preds, targets, mask=mask)
+    want = asickernels.giou_loss.reference(preds, targets, mask=mask)
     np.testing.assert_allclose(loss.item(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5)
     loss.backward()
     assert torch.all(p.grad[tensor(~mask)] == 0) and torch.all(torch.isfinite(p.grad))
@@ -416,7 +418,7 @@ def test_nms_equals_torchvision(per_category):
 def test_giou_cases_on_xla(case):
     device = _xla_device()
     got = at.giou(tensor(case.boxes1, device), tensor(case.boxes2, device), backend="xla")
-    oracle.assert_agrees("giou", got.cpu().numpy(), _reference_giou(case))
+    oracle.assert_agrees(asickernels.giou, got.cpu().numpy(), _reference_giou(case))
 
 
 @pytest.mark.parametrize("case", _fast([c for c in nms_cases() if c.scores.shape[-1] < 1000]))
@@ -432,7 +434,7 @@ def test_nms_cases_on_xla(case):
 def test_int8_matmul_cases_on_xla(case):
     device = _xla_device()
     got = _run_matmul(case, device, backend="xla")
-    oracle.assert_agrees("int8_matmul", _host(got), _reference_matmul(case))
+    oracle.assert_agrees(asickernels.int8_matmul, _host(got), _reference_matmul(case))
 
 
 def test_xla_default_runs_the_simulated_pallas_kernels_and_trains():
@@ -479,15 +481,15 @@ def test_neuron_devices_run_the_neuron_kernels(monkeypatch):
         "run_on_cpu",
         lambda op, t, s, backend: calls.append(backend) or run_on_cpu(op, t, s, backend),
     )
-    neuron_choice = policy.candidates("giou", policy.Where("neuron"))[0]
+    neuron_choice = policy.candidates(asickernels.giou, policy.Where("neuron"))[0]
     case = next(c for c in giou_cases() if c.name == "random_130")
     got = at.giou(tensor(case.boxes1, device), tensor(case.boxes2, device))
     assert got.device.type == "xla" and calls == [neuron_choice]
-    want = oracle.expected("giou", {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
-    oracle.assert_agrees("giou", got.cpu().numpy(), want)
+    want = oracle.expected(asickernels.giou, {"boxes1": case.boxes1, "boxes2": case.boxes2}, {})
+    oracle.assert_agrees(asickernels.giou, got.cpu().numpy(), want)
     case = next(c for c in nms_cases() if c.name == "categories")
     indices, num_valid = _run_nms(case, device)
-    assert calls[-1] == policy.candidates("nms", policy.Where("neuron"))[0]
+    assert calls[-1] == policy.candidates(asickernels.nms, policy.Where("neuron"))[0]
     assert num_valid.device.type == "xla"
     want_indices, want_valid = _reference_nms(case)
     np.testing.assert_array_equal(indices.cpu().numpy(), want_indices)
@@ -499,5 +501,5 @@ def test_xla_float64_keeps_its_dtype():
     b1, b2 = _boxes64(14, (5,)), _boxes64(15, (5,))
     got = at.giou(b1.detach().to(device), b2.detach().to(device), backend="xla")
     assert got.dtype == torch.float64
-    want = oracle.expected("giou", {"boxes1": b1.detach(), "boxes2": b2.detach()}, {})
-    oracle.assert_agrees("giou", got.cpu().numpy(), want)
+    want = oracle.expected(asickernels.giou, {"boxes1": b1.detach(), "boxes2": b2.detach()}, {})
+    oracle.assert_agrees(asickernels.giou, got.cpu().numpy(), want)

@@ -15,7 +15,7 @@ import pytest
 import asickernels
 from asickernels.kernels import oracle, policy, registry
 from asickernels.kernels.cases import grid_boxes, random_boxes
-from asickernels.kernels.declaration import host_empty, x64_scope
+from asickernels.kernels.eager import host_empty, x64_scope
 
 
 def _x64_enabled() -> bool:
@@ -36,17 +36,17 @@ def test_eager_calls_validate_once_per_signature(monkeypatch):
     op = asickernels.giou
     checks = []
 
-    def counted(specs, statics):
-        checks.append(specs["boxes1"].shape)
-        return check(specs, statics)
+    def counted(boxes1, boxes2):
+        checks.append(boxes1.shape)
+        return check(boxes1, boxes2)
 
     check = op.check
     monkeypatch.setattr(op, "check", counted)
-    monkeypatch.setattr(op, "_calls", {})
-    monkeypatch.setattr(op, "_executors", {})
+    monkeypatch.setattr(op.eager, "_calls", {})
+    monkeypatch.setattr(op.eager, "_executors", {})
     first = asickernels.giou(boxes, other, backend="xla")
     second = asickernels.giou(boxes + 1, other, backend="xla")
-    assert checks == [(64, 4)] and len(op._executors) == 1
+    assert checks == [(64, 4)] and len(op.eager._executors) == 1
     asickernels.giou(random_boxes(rng, (65,)), random_boxes(rng, (65,)), backend="xla")
     assert checks == [(64, 4), (65, 4)]  # keyed by backend, statics, shapes and dtypes
     asickernels.giou(jnp.asarray(boxes), other, backend="xla")  # a JAX array: its own key
@@ -112,18 +112,18 @@ def _misaligned(array: np.ndarray) -> np.ndarray:
 def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
     """Repeated eager calls of one signature: large numpy inputs XLA would copy go to the
     host twin, aligned ones to the jitted function, decided per call."""
-    registry.check_runs_here("giou", "cpu")
+    registry.check_runs_here(asickernels.giou, "cpu")
     host_calls = []
-    twin = registry.implementation("giou", "cpu", host=True)
+    twin = registry.implementation(asickernels.giou, "cpu", host=True)
 
     def counted(*args, **kwargs):
         host_calls.append(args[0].shape)
         return twin(*args, **kwargs)
 
-    monkeypatch.setitem(registry._LOADED, ("giou", "cpu", True), counted)
+    monkeypatch.setitem(registry._LOADED, (asickernels.giou, "cpu", True), counted)
     rng = np.random.default_rng(0)
     boxes1, boxes2 = random_boxes(rng, (1 << 15,)), random_boxes(rng, (1 << 15,))  # 512 KiB each
-    want = oracle.expected("giou", {"boxes1": boxes1, "boxes2": boxes2}, {})
+    want = oracle.expected(asickernels.giou, {"boxes1": boxes1, "boxes2": boxes2}, {})
     aligned = [host_empty(b.shape, b.dtype) for b in (boxes1, boxes2)]
     for copy, b in zip(aligned, (boxes1, boxes2), strict=True):
         copy[...] = b
@@ -131,19 +131,19 @@ def test_eager_numpy_inputs_xla_would_copy_go_to_the_host_twin(monkeypatch):
     for inputs, host in [(aligned, 0), (misaligned, 2), (aligned, 0), (misaligned, 2)]:
         host_calls.clear()
         for _ in range(2):
-            oracle.assert_agrees("giou", asickernels.giou(*inputs), want)
+            oracle.assert_agrees(asickernels.giou, asickernels.giou(*inputs), want)
         assert len(host_calls) == host
 
 
 def test_eager_numpy_inputs_of_a_compute_bound_kernel_stay_compiled(monkeypatch):
     """int8_matmul does O(M K N) work on O(M K + K N) bytes: XLA's copy of unaligned numpy
     inputs does not dominate it, so they stay on the jitted function."""
-    registry.check_runs_here("int8_matmul", "cpu")
+    registry.check_runs_here(asickernels.int8_matmul, "cpu")
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the host twin ran")
 
-    monkeypatch.setitem(registry._LOADED, ("int8_matmul", "cpu", True), forbidden)
+    monkeypatch.setitem(registry._LOADED, (asickernels.int8_matmul, "cpu", True), forbidden)
     rng = np.random.default_rng(6)
     x = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))  # 256 KiB each
     y = _misaligned(rng.integers(-128, 128, (512, 512), dtype=np.int8))
@@ -170,8 +170,8 @@ def test_repeated_calls_replay_the_route_of_their_own_signature():
     reductions = ["sum", "sum", "sum", "mean"]
     for _ in range(3):
         for call, inputs, reduction in zip(calls, given, reductions, strict=True):
-            want = oracle.expected("giou_loss", inputs, {"reduction": reduction})
-            oracle.assert_agrees("giou_loss", call(), want)
+            want = oracle.expected(asickernels.giou_loss, inputs, {"reduction": reduction})
+            oracle.assert_agrees(asickernels.giou_loss, call(), want)
 
 
 @pytest.mark.parametrize("bad", [True, 1.0])
@@ -296,12 +296,15 @@ def test_a_native_backend_passed_over_for_the_generation_warns(monkeypatch):
     monkeypatch.setattr(policy, "_SELECTED", {})
     on_v4 = policy.Where("tpu", "v4")
     with pytest.warns(UserWarning, match="no int8_matmul kernel for TPU v4"):
-        assert policy.select("int8_matmul", None, on_v4, None) == "xla"
+        assert policy.select(asickernels.int8_matmul, None, on_v4, None) == "xla"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert policy.select("int8_matmul", None, policy.Where("tpu", "v5e"), None) == "pallas_tpu"
+        assert (
+            policy.select(asickernels.int8_matmul, None, policy.Where("tpu", "v5e"), None)
+            == "pallas_tpu"
+        )
     with pytest.raises(TypeError, match="no int8_matmul kernel for TPU v4"):
-        policy.select("int8_matmul", "pallas_tpu", on_v4, None)
+        policy.select(asickernels.int8_matmul, "pallas_tpu", on_v4, None)
     table = policy.describe("tpu", "v4", assume_native=True)
     assert table["int8_matmul"]["int8"] == "xla (falls back from pallas_tpu)"
 
@@ -309,9 +312,9 @@ def test_a_native_backend_passed_over_for_the_generation_warns(monkeypatch):
 def test_cpu_default_runs_natively_here():
     where = policy.where_arrays_live([np.zeros(3)])
     assert where.platform == "cpu"
-    chosen = policy.select("nms", None, where, "float32")
+    chosen = policy.select(asickernels.nms, None, where, "float32")
     assert registry.availability(chosen).mode == "native"
-    assert chosen == policy.candidates("nms", where)[0]
+    assert chosen == policy.candidates(asickernels.nms, where)[0]
 
 
 def test_a_backend_whose_kernels_cannot_be_imported_is_missing_not_fatal(monkeypatch, tmp_path):
@@ -333,7 +336,7 @@ def test_a_backend_whose_kernels_cannot_be_imported_is_missing_not_fatal(monkeyp
     boxes = np.zeros((2, 4), np.float32)
     with pytest.raises(asickernels.BackendUnavailableError, match="not_installed"):
         asickernels.giou(boxes, boxes, backend="broken")
-    assert "broken" not in registry.backends_for("giou")
+    assert "broken" not in registry.backends_for(asickernels.giou)
     assert asickernels.giou(boxes, boxes).shape == (2,)
 
 
@@ -344,21 +347,28 @@ def test_oracle_agrees_with_every_public_op_on_the_default_backend():
     x = rng.integers(-128, 128, (9, 33), dtype=np.int8)
     y = rng.integers(-128, 128, (33, 5), dtype=np.int8)
     calls = [
-        ("giou", {"boxes1": boxes1, "boxes2": boxes2}, {}),
-        ("giou_loss", {"preds": boxes1, "targets": boxes2, "mask": None}, {"reduction": "sum"}),
+        (asickernels.giou, {"boxes1": boxes1, "boxes2": boxes2}, {}),
         (
-            "nms",
+            asickernels.giou_loss,
+            {"preds": boxes1, "targets": boxes2, "mask": None},
+            {"reduction": "sum"},
+        ),
+        (
+            asickernels.nms,
             {"boxes": grid, "scores": scores.astype(np.float32)},
             {"iou_threshold": 0.3, "max_output_size": 9, "score_threshold": None},
         ),
-        ("int8_matmul", {"x": x, "y": y, "x_scale": None, "y_scale": None}, {"out_dtype": None}),
+        (
+            asickernels.int8_matmul,
+            {"x": x, "y": y, "x_scale": None, "y_scale": None},
+            {"out_dtype": None},
+        ),
     ]
-    for name, arrays, statics in calls:
-        op = oracle.op_named(name)
+    for op, arrays, statics in calls:
         got = op(**{k: v for k, v in arrays.items() if v is not None}, **statics)
-        oracle.assert_agrees(name, got, oracle.expected(name, arrays, statics))
+        oracle.assert_agrees(op, got, oracle.expected(op, arrays, statics))
     with pytest.raises(AssertionError, match="disagrees"):
-        oracle.assert_agrees("giou", np.zeros(3, np.float32), np.full(3, 1e-3))
+        oracle.assert_agrees(asickernels.giou, np.zeros(3, np.float32), np.full(3, 1e-3))
 
 
 def test_repeated_eager_calls_keep_wide_category_ids_apart():
@@ -383,7 +393,7 @@ def test_a_config_is_checked_against_the_type_the_backend_declares():
     want = asickernels.giou(boxes, boxes, backend="xla")
     tuned = asickernels.giou(boxes, boxes, backend="pallas_tpu_interpret", config=GiouConfig(16))
     np.testing.assert_allclose(np.asarray(tuned), np.asarray(want), rtol=1e-5, atol=1e-6)
-    assert registry.support("giou_vjp", "pallas_tpu").config is GiouConfig  # its vjp too
+    assert registry.support(asickernels.giou_vjp, "pallas_tpu").config is GiouConfig  # its vjp too
     with pytest.raises(
         TypeError, match="config: backend 'pallas_tpu_interpret' takes a GiouConfig"
     ):

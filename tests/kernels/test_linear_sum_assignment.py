@@ -40,7 +40,7 @@ def _decision_dtype(cost: np.ndarray) -> type:
 def _refuses_float64(backend: str, cost: np.ndarray, call) -> bool:
     """A backend without float64 refuses float64 costs with a TypeError naming float64
     (nothing is silently decided in float32); whether it did."""
-    supported = registry.support("linear_sum_assignment", backend).dtypes
+    supported = registry.support(asickernels.linear_sum_assignment, backend).dtypes
     if cost.dtype == np.float64 and "float64" not in supported:
         with pytest.raises(TypeError, match="float64"):
             call()
@@ -119,7 +119,7 @@ class LsaConformance:
         case = next(c for c in lsa_cases() if c.name == "batch_2x3_f64")
         backend = self.backend
         cost = case.cost
-        if "float64" not in registry.support("linear_sum_assignment", backend).dtypes:
+        if "float64" not in registry.support(asickernels.linear_sum_assignment, backend).dtypes:
             cost = cost.astype(np.float32)
         with jax.enable_x64(True) if hasattr(jax, "enable_x64") else _x64():
             run = jax.jit(jax.vmap(lambda c: lsa(c, backend=backend)))
@@ -208,7 +208,7 @@ def test_the_case_subsets_name_cases():
 def test_every_backend_runs_the_suite():
     tested = {cls.backend for cls in globals().values()
               if isinstance(cls, type) and issubclass(cls, LsaConformance) and hasattr(cls, "backend")}  # fmt: skip
-    for backend in backends_under_test("linear_sum_assignment"):
+    for backend in backends_under_test(asickernels.linear_sum_assignment):
         assert backend in tested, (
             f"backend {backend!r} implements linear_sum_assignment: test it here"
         )
@@ -217,7 +217,7 @@ def test_every_backend_runs_the_suite():
 @pytest.mark.parametrize(
     "backend",
     [pytest.param(b, marks=[pytest.mark.slow] if b == "pallas_tpu" else [])
-     for b in ["reference", *backends_under_test("linear_sum_assignment")]
+     for b in ["reference", *backends_under_test(asickernels.linear_sum_assignment)]
      if b != "pallas_tpu_interpret"],  # its kernel is pallas_tpu's: drawn there
 )  # fmt: skip
 @settings(max_examples=30, deadline=None)

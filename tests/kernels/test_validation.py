@@ -353,7 +353,7 @@ def test_validation_is_the_same_under_jit(call, error, fragment, no_kernel_runs)
 
 
 def test_backend_without_the_op_is_refused(fake_backend, no_kernel_runs):
-    name = fake_backend("giou_only", "native", ["giou"])
+    name = fake_backend("giou_only", "native", [asickernels.giou])
     with pytest.raises(ValueError, match=r"backend 'giou_only' does not implement 'nms'.*'xla'"):
         _nms(backend=name)
     with pytest.raises(ValueError, match="does not implement 'int8_matmul'"):
@@ -361,7 +361,7 @@ def test_backend_without_the_op_is_refused(fake_backend, no_kernel_runs):
 
 
 def test_missing_backend_says_why_and_how_to_fix_it(fake_backend, no_kernel_runs):
-    name = fake_backend("absent_chip", "missing", ["giou", "nms"])
+    name = fake_backend("absent_chip", "missing", [asickernels.giou, asickernels.nms])
     with pytest.raises(
         asickernels.BackendUnavailableError, match=r"absent_chip probe says missing.*pip install it"
     ):
@@ -490,16 +490,16 @@ def test_inputs_are_never_modified(backend):
     boxes, other, scores = inputs["boxes"], inputs["other"], inputs["scores"]
     nms_args = {"iou_threshold": 0.3, "max_output_size": 4, "backend": backend}
     calls = {
-        "giou": [
+        asickernels.giou: [
             lambda: asickernels.giou(boxes, other, backend=backend),
             lambda: asickernels.giou_loss(boxes, other, mask=inputs["mask"], backend=backend),
         ],
-        "giou_vjp": [lambda: asickernels.giou_vjp(boxes, other, scores, backend=backend)],
-        "nms": [
+        asickernels.giou_vjp: [lambda: asickernels.giou_vjp(boxes, other, scores, backend=backend)],
+        asickernels.nms: [
             lambda: asickernels.nms(boxes, scores, **nms_args),
             lambda: asickernels.batched_nms(boxes, scores, inputs["idxs"], **nms_args),
         ],
-        "int8_matmul": [
+        asickernels.int8_matmul: [
             lambda: asickernels.int8_matmul(inputs["x"], inputs["y"], backend=backend),
             lambda: asickernels.int8_matmul(
                 inputs["x"],
@@ -531,23 +531,10 @@ VALID_ARGUMENTS = case_tables.examples()
 # Values that are no array: None (refused where the array is required), a plain object, a
 # string, a ragged list.
 NOT_ARRAYS = {"None": None, "object": object(), "string": "boxes", "ragged": [[1.0, 2.0], [3.0]]}
-# Bad values of each static parameter (None where it is required).
-BAD_STATICS = {
-    "reduction": [None, "average", 3],
-    "iou_threshold": [None, "0.5", 1.5, float("nan")],
-    "max_output_size": [None, 2.0, True, -1],
-    "score_threshold": ["0.1", [0.1]],
-    "out_dtype": ["nonsense", np.int8, object()],
-    "axis": ["0", 1.0, 7],
-    "output_size": [None, (2, 0), (2, 2, 2), "2"],
-    "spatial_scale": [None, "0.5", -1.0, float("nan")],
-    "sampling_ratio": [None, 2.0, True],
-    "aligned": [None, 1, "yes"],
-}
 
 
 def _call(op, arguments):
-    positional = [n for n in op.array_names if n in op._positional]
+    positional = [n for n in op.array_names if n in op.positional]
     return op(
         *(arguments[n] for n in positional),
         **{n: v for n, v in arguments.items() if n not in positional},
@@ -564,8 +551,8 @@ def test_every_op_has_valid_arguments_here():
             if p.default is not REQUIRED:
                 off = given[p.name] is not None if p.kind == "array" else given[p.name] != p.default
                 assert off, f"{op.name}: {p.name} is its default"
-    statics = {name for op in asickernels.OPS for name in op.static_names}
-    assert statics == set(BAD_STATICS)
+        for p in op.params:  # every static declares values its check refuses
+            assert p.kind != "static" or p.bad, f"{op.name}: {p.name} declares no bad values"
 
 
 def _not_array_arguments():
@@ -589,11 +576,14 @@ def test_an_array_argument_that_is_no_array_is_refused_by_name(op, param, value,
 
 
 def _static_values():
+    """(op, name, value) for every bad value each static parameter declares
+    (:attr:`~asickernels.kernels.declaration.Param.bad`)."""
     return [
-        pytest.param(op, name, value, id=f"{op.name}-{name}-{value!r}")
+        pytest.param(op, p.name, value, id=f"{op.name}-{p.name}-{value!r}")
         for op in asickernels.OPS
-        for name in op.static_names
-        for value in BAD_STATICS[name]
+        for p in op.params
+        if p.kind == "static"
+        for value in p.bad
     ]
 
 

@@ -1,11 +1,13 @@
-"""Native CPU kernels: C++ (``csrc/``) compiled when the package is built, once per
-instruction-set level (x86-64 baseline, AVX2, AVX-512 with VNNI: an AVX-512 VNNI int8
-microkernel, portable loops below it), the best level the CPU has chosen at load time.
+"""Native CPU kernels: C++ (``<op>.cpp`` beside each op's module) compiled when the package
+is built, once per instruction-set level (x86-64 baseline, AVX2, AVX-512 with VNNI: an
+AVX-512 VNNI int8 microkernel, portable loops below it), the best level the CPU has chosen
+at load time.
 
-Each kernel has two entry points over the same compiled library: a JAX implementation
-through XLA's FFI (works under ``jit``, ``vmap`` and ``grad``) and a host twin taking and
-returning numpy arrays through ctypes (zero-copy), for eager calls and CPU torch tensors.
-float32 and float64 are computed in their own precision (NMS decides in float64 always).
+Each kernel has one binding, its XLA FFI handler (typed C++ arguments, results and
+attributes), and one Python function: JAX arrays run it through XLA (``jit``, ``vmap``,
+``grad``), numpy arrays (eager calls, CPU torch tensors) on the host, zero-copy
+(:func:`asickernels.backends.cpu._library.call`). float32 and float64 are computed in their
+own precision (NMS decides in float64 always).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from asickernels.backends.gpsimd import BACKEND, _library
+from asickernels.kernels import public as ops
 
 
-@BACKEND.implements("giou")
+@BACKEND.implements(ops.giou)
 def giou(boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``boxes1, boxes2 [P, 4]`` (any float dtype, computed in float32) -> ``[P]`` float32."""
     a = np.ascontiguousarray(boxes1, dtype=np.float32)

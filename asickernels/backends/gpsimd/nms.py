@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Unpack
-
 import numpy as np
 
 from asickernels.backends.gpsimd import BACKEND, _library
-from asickernels.kernels.nms import NmsStatics, nms_statics
+from asickernels.kernels import public as ops
 
 # float32 represents every integer up to 2**24 exactly.
 _MAX_EXACT_RANKS = 2**24
@@ -35,17 +33,19 @@ def _scores_as_float32(scores: np.ndarray, score_threshold: float) -> tuple[np.n
     return ranked, float(np.searchsorted(distinct, score_threshold, side="left"))
 
 
-@BACKEND.implements("nms")
+@BACKEND.implements(ops.nms)
 def nms(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
-    **statics: Unpack[NmsStatics],
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``indices [B, max_output_size]`` int32 padded with -1, ``num_valid [B]`` int32).
     Boxes are computed in float32."""
-    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     batch, n = scores.shape
     boxes32 = np.ascontiguousarray(boxes, dtype=np.float32)
     scores32, threshold = _scores_as_float32(np.asarray(scores), score_threshold)

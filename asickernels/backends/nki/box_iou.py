@@ -20,6 +20,7 @@ import numpy as np
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.giou import PMAX, pair_tiles
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
+from asickernels.kernels import public as ops
 from asickernels.kernels.giou import GIOU_EPS
 
 # Boxes of boxes2 per tile: one 2 KiB PSUM bank of float32 per broadcast plane.
@@ -117,9 +118,9 @@ def _paired(metric: str, boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     return result
 
 
-box_iou = BACKEND.implements("box_iou")(functools.partial(_pairwise, "iou"))
-generalized_box_iou = BACKEND.implements("generalized_box_iou")(
+box_iou = BACKEND.implements(ops.box_iou)(functools.partial(_pairwise, "iou"))
+generalized_box_iou = BACKEND.implements(ops.generalized_box_iou)(
     functools.partial(_pairwise, "giou")
 )
-diou = BACKEND.implements("diou")(functools.partial(_paired, "diou"))
-ciou = BACKEND.implements("ciou")(functools.partial(_paired, "ciou"))
+diou = BACKEND.implements(ops.diou)(functools.partial(_paired, "diou"))
+ciou = BACKEND.implements(ops.ciou)(functools.partial(_paired, "ciou"))

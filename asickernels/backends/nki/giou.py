@@ -15,6 +15,7 @@ import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
+from asickernels.kernels import public as ops
 from asickernels.kernels.giou import GIOU_EPS
 
 PMAX = 128
@@ -146,14 +147,14 @@ def _owned(from1: Any, gradient: Any, first: bool) -> Any:
     return nl.where(from1, gradient, 0.0) if first else nl.where(from1, 0.0, gradient)
 
 
-@BACKEND.implements("giou")
+@BACKEND.implements(ops.giou)
 def giou(boxes1: np.ndarray, boxes2: np.ndarray) -> np.ndarray:
     """``[P, 4]`` x2 -> ``[P]`` float32."""
     result: np.ndarray = run(giou_kernel, float_input(boxes1), float_input(boxes2))
     return result
 
 
-@BACKEND.implements("giou_vjp")
+@BACKEND.implements(ops.giou_vjp)
 def giou_vjp(
     boxes1: np.ndarray, boxes2: np.ndarray, cotangent: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:

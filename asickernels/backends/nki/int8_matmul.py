@@ -10,13 +10,13 @@ and one PSUM bank); scales are applied in float32 and the result rounded once.
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import FLOAT_DTYPES, nisa, nki, nl, run
-from asickernels.kernels.int8_matmul import Int8MatmulOptions, int8_matmul_options
+from asickernels.kernels import public as ops
 
 PMAX = 128
 MAX_N = 512
@@ -76,14 +76,16 @@ def int8_matmul_kernel(x: Any, y: Any, x_scale: Any, y_scale: Any, out_dtype: An
     return out
 
 
-@BACKEND.implements("int8_matmul")
+@BACKEND.implements(ops.int8_matmul)
 def int8_matmul(
     x: np.ndarray,
     y: np.ndarray,
-    **options: Unpack[Int8MatmulOptions],
+    *,
+    x_scale: np.ndarray | None,
+    y_scale: np.ndarray | None,
+    out_dtype: np.dtype,
 ) -> np.ndarray:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` (see the module docstring)."""
-    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     out_dtype = np.dtype(out_dtype)
     # float64 (not an NKI dtype) leaves the kernel as float32: the op computes in float32.
     kernel_dtype = out_dtype if out_dtype in _KERNEL_OUT_DTYPES else np.dtype(np.float32)

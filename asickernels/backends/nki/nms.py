@@ -22,13 +22,13 @@ the reference defines for them.
 from __future__ import annotations
 
 import math
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
-from asickernels.kernels.nms import NmsStatics, nms_statics
+from asickernels.kernels import public as ops
 
 PMAX = 128
 # Boxes per image the kernel takes: 512 columns of state per partition stay well inside
@@ -214,15 +214,17 @@ def _float32_at_least(value: float) -> np.float32:
     return rounded
 
 
-@BACKEND.implements("nms")
+@BACKEND.implements(ops.nms)
 def nms(
     boxes: np.ndarray,
     scores: np.ndarray,
     categories: np.ndarray | None,
-    **statics: Unpack[NmsStatics],
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
-    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     batch, n = scores.shape
     if n > MAX_BOXES:
         raise ValueError(f"the nki NMS kernel takes N <= {MAX_BOXES} boxes per image, got {n}")

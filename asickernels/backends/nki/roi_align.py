@@ -20,7 +20,8 @@ The adaptive grid (``sampling_ratio <= 0``: ``ceil(roi size / output size)`` sam
 bin side) is data dependent: the host reads the largest over the call from the concrete
 RoIs (the kernel's own float32 formula, plus one step of margin for a device whose division
 rounds differently) and the kernel runs that many steps, masking each RoI's steps past its
-own grid. All math is float32. A RoI whose batch index names no image gives zeros.
+own grid. All math is float32. A RoI whose batch index names no image gives zeros, and so
+does one with a NaN or infinite scaled corner (the host makes it name no image).
 
 Non-finite values: a product with a zero weight would spread a NaN or an infinity to every
 bin (``0 * inf`` is NaN). When the host sees one in the features (the cotangent), the
@@ -33,14 +34,13 @@ is taken, an infinity is taken with weight 0, or both infinities are; +-inf wher
 from __future__ import annotations
 
 import functools
-import math
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 
 from asickernels.backends.nki import BACKEND
 from asickernels.backends.nki.sdk import float_input, nisa, nki, nl, run
-from asickernels.kernels.roi_align import RoiAlignStatics
+from asickernels.kernels import public as ops
 
 PMAX = 128
 MAX_BINS_H = 128  # the stationary free size of the second product
@@ -432,20 +432,16 @@ def _max_steps(rois: np.ndarray, axis: int, bins: int, sampling: tuple[float, in
     if not aligned:
         length = np.maximum(length, np.float32(1.0))
     grid = np.ceil(length / np.float32(bins))
-    largest = float(np.max(grid))
-    if not math.isfinite(largest):
-        raise ValueError("rois must be finite for the adaptive sampling grid")
-    return max(int(largest), 0) + 1
+    return max(int(np.max(grid)), 0) + 1
 
 
-def _sampling(
-    rois: np.ndarray, statics: RoiAlignStatics
-) -> tuple[tuple[float, int, bool], tuple[int, int]]:
-    """The kernels' ``(spatial_scale, sampling_ratio, aligned)`` and sample steps per bin
-    side (:func:`_max_steps`) for float32 ``rois [K, 5]``."""
-    sampling = (statics["spatial_scale"], statics["sampling_ratio"], statics["aligned"])
-    bins_h, bins_w = statics["output_size"]
-    return sampling, (_max_steps(rois, 0, bins_h, sampling), _max_steps(rois, 1, bins_w, sampling))
+def _steps(
+    rois: np.ndarray, output_size: tuple[int, int], sampling: tuple[float, int, bool]
+) -> tuple[int, int]:
+    """The sample steps per bin side (:func:`_max_steps`) for float32 ``rois [K, 5]``
+    without non-finite corners, sampled as ``(spatial_scale, sampling_ratio, aligned)``."""
+    bins_h, bins_w = output_size
+    return _max_steps(rois, 0, bins_h, sampling), _max_steps(rois, 1, bins_w, sampling)
 
 
 def _refuse_bins(kernel: str, output_size: tuple[int, int], limit: tuple[int, int]) -> None:
@@ -459,47 +455,69 @@ def _float32(array: np.ndarray) -> np.ndarray:
     return float_input(np.asarray(array)).astype(np.float32, copy=False)
 
 
-@BACKEND.implements("roi_align")
+def _finite_rois(rois: np.ndarray, spatial_scale: float) -> np.ndarray:
+    """float32 ``rois`` with each RoI whose scaled corners are not all finite made to name no
+    image, so that it pools to 0 and passes no gradient (as on every backend)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.all(np.isfinite(rois[:, 1:] * np.float32(spatial_scale)), axis=1)
+    if np.all(finite):
+        return rois
+    nowhere = np.array([-1, 0, 0, 0, 0], np.float32)
+    return np.where(finite[:, None], rois, nowhere)
+
+
+@BACKEND.implements(ops.roi_align)
 def roi_align(
-    input: np.ndarray, rois: np.ndarray, **statics: Unpack[RoiAlignStatics]
+    input: np.ndarray,
+    rois: np.ndarray,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
 ) -> np.ndarray:
     """``input [N, C, H, W]``, ``rois [K, 5]`` -> ``[K, C, PH, PW]`` float32.
 
     Raises:
-      ValueError: ``PH > 128`` or ``PW > 512`` (what one tile holds), or non-finite rois
-        with the adaptive grid.
+      ValueError: ``PH > 128`` or ``PW > 512`` (what one tile holds).
     """
-    _refuse_bins("roi_align", statics["output_size"], (MAX_BINS_H, MAX_BINS_W))
-    features, boxes = _float32(input), _float32(rois)
-    sampling, steps = _sampling(boxes, statics)
+    _refuse_bins("roi_align", output_size, (MAX_BINS_H, MAX_BINS_W))
+    features = _float32(input)
+    boxes = _finite_rois(_float32(rois), spatial_scale)
+    sampling = (spatial_scale, sampling_ratio, aligned)
+    steps = _steps(boxes, output_size, sampling)
     finite = bool(np.isfinite(features).all())
     result: np.ndarray = run(
-        roi_align_kernel, features, boxes, *statics["output_size"], *sampling, *steps, finite
+        roi_align_kernel, features, boxes, *output_size, *sampling, *steps, finite
     )
     return result
 
 
-@BACKEND.implements("roi_align_vjp")
+@BACKEND.implements(ops.roi_align_vjp)
 def roi_align_vjp(
+    input: np.ndarray,
     rois: np.ndarray,
     cotangent: np.ndarray,
     *,
-    input_shape: tuple[int, ...],
-    **statics: Unpack[RoiAlignStatics],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
 ) -> np.ndarray:
-    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient
-    ``[N, C, H, W]``, float32.
+    """``input [N, C, H, W]`` (its shape only), ``rois [K, 5]``, ``cotangent [K, C, PH,
+    PW]`` -> the gradient ``[N, C, H, W]``, float32.
 
     Raises:
-      ValueError: ``PH > 128`` or ``PW > 128`` (what one tile holds), or non-finite rois
-        with the adaptive grid.
+      ValueError: ``PH > 128`` or ``PW > 128`` (what one tile holds).
     """
-    _refuse_bins("roi_align_vjp", statics["output_size"], (PMAX, PMAX))
-    boxes, grad_out = _float32(rois), _float32(cotangent)
+    _refuse_bins("roi_align_vjp", output_size, (PMAX, PMAX))
+    boxes = _finite_rois(_float32(rois), spatial_scale)
+    grad_out = _float32(cotangent)
     if boxes.shape[0] == 0:
-        return np.zeros(input_shape, np.float32)
-    images, _, height, width = input_shape
-    sampling, steps = _sampling(boxes, statics)
+        return np.zeros(input.shape, np.float32)
+    images, _, height, width = input.shape
+    sampling = (spatial_scale, sampling_ratio, aligned)
+    steps = _steps(boxes, output_size, sampling)
     finite = bool(np.isfinite(grad_out).all())
     result: np.ndarray = run(
         roi_align_vjp_kernel, boxes, grad_out, images, height, width, *sampling, *steps, finite

@@ -23,12 +23,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.backends.pallas_tpu.giou import GiouConfig
 from asickernels.backends.xla import box_iou as xla_box_iou
 from asickernels.backends.xla.box_iou import metric_from_planes
+from asickernels.kernels import public as ops
+from asickernels.pallas_home import pl
 
 LANES = 128
 SUBLANES = 8
@@ -114,10 +115,10 @@ def _run_pairwise(
     return _box_kernel(True, metric, boxes1, boxes2, config or PairwiseConfig(), mode)
 
 
-box_iou = BACKEND.implements("box_iou", config=PairwiseConfig)(
+box_iou = BACKEND.implements(ops.box_iou, config=PairwiseConfig)(
     functools.partial(_run_pairwise, "iou")
 )
-generalized_box_iou = BACKEND.implements("generalized_box_iou", config=PairwiseConfig)(
+generalized_box_iou = BACKEND.implements(ops.generalized_box_iou, config=PairwiseConfig)(
     functools.partial(_run_pairwise, "giou")
 )
 
@@ -266,9 +267,9 @@ def _run_paired(
     return _box_kernel(False, metric, boxes1, boxes2, config, mode)
 
 
-diou = BACKEND.implements("diou", config=GiouConfig, vjp="diou_vjp")(
+diou = BACKEND.implements(ops.diou, config=GiouConfig, vjp=ops.diou_vjp)(
     functools.partial(_run_paired, "diou")
 )
-ciou = BACKEND.implements("ciou", config=GiouConfig, vjp="ciou_vjp")(
+ciou = BACKEND.implements(ops.ciou, config=GiouConfig, vjp=ops.ciou_vjp)(
     functools.partial(_run_paired, "ciou")
 )

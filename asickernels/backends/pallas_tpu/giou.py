@@ -23,10 +23,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.backends.xla.giou import giou_from_planes
+from asickernels.kernels import public as ops
+from asickernels.pallas_home import pl
 
 LANES = 128
 CHUNK = 4096  # lanes computed at a time: keeps the temporaries small
@@ -184,7 +185,7 @@ def _giou_bwd(
 _giou.defvjp(_giou_fwd, _giou_bwd)
 
 
-@BACKEND.implements("giou", config=GiouConfig, vjp="giou_vjp")
+@BACKEND.implements(ops.giou, config=GiouConfig, vjp=ops.giou_vjp)
 def giou(
     boxes1: jax.Array,
     boxes2: jax.Array,

@@ -15,16 +15,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+import numpy as np
 
 from asickernels import tpu_generations as generations
 from asickernels.backends.pallas_tpu import BACKEND, lowering, tuned_block_sizes
-from asickernels.kernels.int8_matmul import Int8MatmulOptions, int8_matmul_options
+from asickernels.kernels import public as ops
+from asickernels.pallas_home import pl, pltpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,20 +166,21 @@ def _build(
 
 
 # v4 and v7x have no int8 MXU path: the policy runs XLA there (and says so).
-@BACKEND.implements("int8_matmul", generations=generations.INT8_MXU, config=Int8MatmulConfig)
+@BACKEND.implements(ops.int8_matmul, generations=generations.INT8_MXU, config=Int8MatmulConfig)
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
     *,
     config: Int8MatmulConfig | None = None,
     mode: lowering.InterpretMode = None,
-    **options: Unpack[Int8MatmulOptions],
+    x_scale: jax.Array | None,
+    y_scale: jax.Array | None,
+    out_dtype: np.dtype,
 ) -> jax.Array:
     """``x [M, K]`` int8 @ ``y [K, N]`` int8 -> ``[M, N]`` int32, or ``out_dtype`` when
     ``x_scale [M]`` and ``y_scale [N]`` (float32) are given. Lowered for a TPU without an
     int8 MXU path (see :data:`asickernels.tpu_generations.INT8_MXU`) it raises
     NotImplementedError: choosing another backend there is the selection policy's job."""
-    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     scales = () if x_scale is None or y_scale is None else (x_scale, y_scale)
     dtype = jnp.dtype(out_dtype).name if scales else "int32"
     build = lowering.Build(_build, (config, dtype))

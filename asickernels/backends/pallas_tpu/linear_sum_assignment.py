@@ -21,10 +21,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.backends.xla.linear_sum_assignment import assign_by_rows
+from asickernels.kernels import public as ops
+from asickernels.pallas_home import pl
 
 _LANES = 128
 
@@ -173,7 +174,7 @@ def _build(target: lowering.Target) -> Callable[..., Any]:
     return run
 
 
-@BACKEND.implements("linear_sum_assignment")
+@BACKEND.implements(ops.linear_sum_assignment)
 def linear_sum_assignment(
     cost: jax.Array,
     row_mask: jax.Array,

@@ -169,7 +169,7 @@ def tpu_interpret_params() -> Any:
     """TPU interpret mode with race detection and two simulated TensorCores (as on v4/v5p
     megacore chips): "parallel" grid axes are split between them, so a kernel that wrongly
     claims independence shows up as a race."""
-    from jax.experimental.pallas import tpu as pltpu
+    from asickernels.pallas_home import pltpu
 
     # The option's name changed after jax 0.7 (num_cores_per_device -> num_cores_or_threads).
     options = inspect.signature(pltpu.InterpretParams).parameters
@@ -216,7 +216,7 @@ def compiler_params(
 ) -> Any:
     """Mosaic parameters; raises the scoped-VMEM limit only when the blocks need it, up to
     what ``generation``'s VMEM allows."""
-    from jax.experimental.pallas import tpu as pltpu
+    from asickernels.pallas_home import pltpu
 
     requests = _vmem_requests.get()
     if requests is not None:

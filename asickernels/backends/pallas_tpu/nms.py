@@ -29,18 +29,18 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from asickernels import tpu_generations as generations
 from asickernels.backends.pallas_tpu import BACKEND, lowering
-from asickernels.kernels.nms import NmsStatics, dense_ranks, nms_statics
+from asickernels.kernels import public as ops
+from asickernels.kernels.nms import dense_ranks
+from asickernels.pallas_home import pl, pltpu
 
 # Fields of a box (rows of the kernel's input): coordinates, area (computed in the kernel),
 # eligibility, dense category rank, original index.
@@ -458,7 +458,7 @@ def counted_loop_trips(
     )
 
 
-@BACKEND.implements("nms", config=NmsConfig)
+@BACKEND.implements(ops.nms, config=NmsConfig)
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
@@ -466,11 +466,12 @@ def nms(
     *,
     config: NmsConfig | None = None,
     mode: lowering.InterpretMode = None,
-    **statics: Unpack[NmsStatics],
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[jax.Array, jax.Array]:
     """``boxes [B, N, 4]``, ``scores [B, N]``, ``categories [B, N]`` int32 or None ->
     (``[B, max_output_size]`` int32 indices padded with -1, ``[B]`` int32 counts)."""
-    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
     static = (config, float(iou_threshold), int(max_output_size), float(score_threshold), False)
     # The kernel carries categories as float32 fields: dense ranks (< B * N) stay exact.
     extra = () if categories is None else (dense_ranks(jnp, categories),)

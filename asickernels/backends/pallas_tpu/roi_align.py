@@ -46,17 +46,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, Unpack
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from asickernels.backends.pallas_tpu import BACKEND, lowering
 from asickernels.backends.xla.roi_align import rounded_product, sampling_grid
-from asickernels.kernels.roi_align import RoiAlignStatics
+from asickernels.kernels import public as ops
+from asickernels.pallas_home import pl, pltpu
 
 LANES, SUBLANES = 128, 8
 # Per-RoI parameters in SMEM, float32: the box corner, bin size and grid of each axis.
@@ -544,43 +543,42 @@ def _build_backward(
     return backward
 
 
-def _sampling(statics: RoiAlignStatics) -> Sampling:
-    return (
-        statics["output_size"],
-        statics["spatial_scale"],
-        statics["sampling_ratio"],
-        statics["aligned"],
-    )
-
-
-@BACKEND.implements("roi_align", config=RoiAlignConfig)
+@BACKEND.implements(ops.roi_align, config=RoiAlignConfig)
 def roi_align(
     input: jax.Array,
     rois: jax.Array,
     *,
     config: RoiAlignConfig | None = None,
     mode: lowering.InterpretMode = None,
-    **statics: Unpack[RoiAlignStatics],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` float32 -> ``[K, C, PH, PW]`` float32."""
-    build = lowering.Build(_build_forward, (_sampling(statics), config or RoiAlignConfig()))
+    sampling = (output_size, spatial_scale, sampling_ratio, aligned)
+    build = lowering.Build(_build_forward, (sampling, config or RoiAlignConfig()))
     return lowering.run(build, mode, input, rois)  # type: ignore[no-any-return]
 
 
-@BACKEND.implements("roi_align_vjp", config=RoiAlignConfig)
+@BACKEND.implements(ops.roi_align_vjp, config=RoiAlignConfig)
 def roi_align_vjp(
+    input: jax.Array,
     rois: jax.Array,
     cotangent: jax.Array,
     *,
-    input_shape: tuple[int, ...],
     config: RoiAlignConfig | None = None,
     mode: lowering.InterpretMode = None,
-    **statics: Unpack[RoiAlignStatics],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
 ) -> jax.Array:
-    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` float32 -> the ``input_shape``
-    gradient ``[N, C, H, W]``, float32."""
+    """``input [N, C, H, W]`` (its shape only), ``rois [K, 5]``, ``cotangent [K, C, PH,
+    PW]`` float32 -> the gradient ``[N, C, H, W]``, float32."""
     if rois.shape[0] == 0:  # no grid steps to zero the gradient
-        return jnp.zeros(input_shape, jnp.float32)
+        return jnp.zeros(input.shape, jnp.float32)
+    sampling = (output_size, spatial_scale, sampling_ratio, aligned)
     config = config or RoiAlignConfig()
-    build = lowering.Build(_build_backward, (_sampling(statics), tuple(input_shape), config))
+    build = lowering.Build(_build_backward, (sampling, tuple(input.shape), config))
     return lowering.run(build, mode, rois, cotangent.astype(jnp.float32))  # type: ignore[no-any-return]

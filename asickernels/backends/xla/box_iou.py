@@ -12,6 +12,7 @@ import numpy as np
 
 from asickernels.backends.xla import BACKEND, compute_dtype
 from asickernels.backends.xla.giou import giou_from_planes
+from asickernels.kernels import public as ops
 from asickernels.kernels.giou import GIOU_EPS
 from asickernels.kernels.registry import FLOAT32_AND_64
 
@@ -31,7 +32,7 @@ def _lo(a: jax.Array, b: jax.Array) -> jax.Array:
 def _atan(z: jax.Array) -> jax.Array:
     """atan(z): float64 by ``jnp.arctan``; float32 by Cephes' ``atanf`` (range reduction to
     ``|x| <= tan(pi / 8)``, then an odd polynomial; absolute error 1.4e-7), which
-    vectorizes where XLA's CPU ``atan`` is a scalar call (8x faster on CPU) and which Mosaic
+    vectorizes where XLA's CPU ``atan`` is a scalar call, and which Mosaic
     lowers (it has no rule for ``atan``)."""
     if z.dtype == jnp.float64:
         return jnp.arctan(z)
@@ -92,13 +93,13 @@ def paired(metric: str, boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     return metric_from_planes(metric, *_planes(boxes1, dtype), *_planes(boxes2, dtype))
 
 
-box_iou = BACKEND.implements("box_iou", dtypes=FLOAT32_AND_64)(functools.partial(pairwise, "iou"))
-generalized_box_iou = BACKEND.implements("generalized_box_iou", dtypes=FLOAT32_AND_64)(
+box_iou = BACKEND.implements(ops.box_iou, dtypes=FLOAT32_AND_64)(functools.partial(pairwise, "iou"))
+generalized_box_iou = BACKEND.implements(ops.generalized_box_iou, dtypes=FLOAT32_AND_64)(
     functools.partial(pairwise, "giou")
 )
-diou = BACKEND.implements("diou", dtypes=FLOAT32_AND_64, vjp="diou_vjp")(
+diou = BACKEND.implements(ops.diou, dtypes=FLOAT32_AND_64, vjp=ops.diou_vjp)(
     functools.partial(paired, "diou")
 )
-ciou = BACKEND.implements("ciou", dtypes=FLOAT32_AND_64, vjp="ciou_vjp")(
+ciou = BACKEND.implements(ops.ciou, dtypes=FLOAT32_AND_64, vjp=ops.ciou_vjp)(
     functools.partial(paired, "ciou")
 )

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from asickernels.backends.xla import BACKEND, compute_dtype
+from asickernels.kernels import public as ops
 from asickernels.kernels.giou import GIOU_EPS
 from asickernels.kernels.registry import FLOAT32_AND_64
 
@@ -35,7 +36,7 @@ def giou_from_planes(
     return inter / (union + GIOU_EPS) - (hull - union) / (hull + GIOU_EPS)
 
 
-@BACKEND.implements("giou", dtypes=FLOAT32_AND_64, vjp="giou_vjp")
+@BACKEND.implements(ops.giou, dtypes=FLOAT32_AND_64, vjp=ops.giou_vjp)
 def giou(boxes1: jax.Array, boxes2: jax.Array) -> jax.Array:
     """``[P, 4]`` x2 -> ``[P]`` float32 (float64 for float64 boxes)."""
     dtype = compute_dtype(boxes1, boxes2)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Unpack
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
-from asickernels.kernels.int8_matmul import Int8MatmulOptions, int8_matmul_options
+from asickernels.kernels import public as ops
 
 
 def dequantize(
@@ -20,13 +18,15 @@ def dequantize(
     return (acc.astype(jnp.float32) * x_scale[:, None] * y_scale[None, :]).astype(out_dtype)
 
 
-@BACKEND.implements("int8_matmul")
+@BACKEND.implements(ops.int8_matmul)
 def int8_matmul(
     x: jax.Array,
     y: jax.Array,
-    **options: Unpack[Int8MatmulOptions],
+    *,
+    x_scale: jax.Array | None,
+    y_scale: jax.Array | None,
+    out_dtype: np.dtype,
 ) -> jax.Array:
-    x_scale, y_scale, out_dtype = int8_matmul_options(options)
     acc = lax.dot_general(x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
     if x_scale is None or y_scale is None:
         return acc

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
+from asickernels.kernels import public as ops
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 
@@ -152,7 +153,7 @@ def assign_by_rows(
     return assignment.astype(jnp.int32), count.astype(jnp.int32)
 
 
-@BACKEND.implements("linear_sum_assignment", dtypes=FLOAT32_AND_64)
+@BACKEND.implements(ops.linear_sum_assignment, dtypes=FLOAT32_AND_64)
 def linear_sum_assignment(
     cost: jax.Array, row_mask: jax.Array, col_mask: jax.Array
 ) -> tuple[jax.Array, jax.Array]:

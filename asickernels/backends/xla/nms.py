@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Unpack
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from asickernels.backends.xla import BACKEND, compute_dtype
-from asickernels.kernels.nms import NmsStatics, nms_statics
+from asickernels.kernels import public as ops
 from asickernels.kernels.registry import FLOAT32_AND_64
 
 
@@ -99,15 +99,17 @@ def _greedy_keep(cand: Candidates, iou_threshold: float, max_output_size: int) -
     return keep
 
 
-@BACKEND.implements("nms", dtypes=FLOAT32_AND_64)
+@BACKEND.implements(ops.nms, dtypes=FLOAT32_AND_64)
 def nms(
     boxes: jax.Array,
     scores: jax.Array,
     categories: jax.Array | None,
-    **statics: Unpack[NmsStatics],
+    *,
+    iou_threshold: float,
+    max_output_size: int,
+    score_threshold: float,
 ) -> tuple[jax.Array, jax.Array]:
     """``[B, N, 4]``, ``[B, N]`` -> (``[B, max_output_size]`` int32, ``[B]`` int32)."""
-    iou_threshold, max_output_size, score_threshold = nms_statics(statics)
 
     def one(b: jax.Array, s: jax.Array, c: jax.Array | None) -> tuple[jax.Array, jax.Array]:
         cand = _sort_candidates(b, s, c, score_threshold)

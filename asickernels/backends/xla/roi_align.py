@@ -10,15 +10,15 @@ few steps. The gradient runs the same steps, scatter-adding instead of gathering
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Unpack
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from asickernels.backends.xla import BACKEND
+from asickernels.kernels import public as ops
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import RoiAlignStatics
 
 # A bilinear corner of one sample step of every bin: rows [K, PH, 1], columns [K, 1, PW]
 # and weights [K, PH, PW].
@@ -81,6 +81,8 @@ def sampling_grid(
     else:
         grid_h = jnp.ceil(bin_h).astype(jnp.int32)
         grid_w = jnp.ceil(bin_w).astype(jnp.int32)
+    finite = jnp.isfinite(x1) & jnp.isfinite(y1) & jnp.isfinite(x2) & jnp.isfinite(y2)
+    grid_h, grid_w = jnp.where(finite, grid_h, 0), jnp.where(finite, grid_w, 0)  # pools to 0
     count = jnp.maximum(grid_h * grid_w, 1).astype(rois.dtype)
     return SamplingGrid(rois[:, 0].astype(jnp.int32), y1, x1, bin_h, bin_w, grid_h, grid_w, count)
 
@@ -144,11 +146,18 @@ def _for_each_sample(
     return lax.fori_loop(0, steps, step, init)  # type: ignore[no-any-return]
 
 
-@BACKEND.implements("roi_align", dtypes=FLOAT32_AND_64)
-def roi_align(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiAlignStatics]) -> jax.Array:
+@BACKEND.implements(ops.roi_align, dtypes=FLOAT32_AND_64)
+def roi_align(
+    input: jax.Array,
+    rois: jax.Array,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
-    output_size = statics["output_size"]
-    grid = sampling_grid(rois, **statics)
+    grid = sampling_grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
     channels_last = jnp.moveaxis(input, 1, -1)  # [N, H, W, C]: one gather per sample
     batch = grid.batch[:, None, None]
 
@@ -163,17 +172,21 @@ def roi_align(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiAlignStati
     return jnp.moveaxis(total / grid.samples[:, None, None, None], -1, 1)
 
 
-@BACKEND.implements("roi_align_vjp", dtypes=FLOAT32_AND_64)
+@BACKEND.implements(ops.roi_align_vjp, dtypes=FLOAT32_AND_64)
 def roi_align_vjp(
+    input: jax.Array,
     rois: jax.Array,
     cotangent: jax.Array,
     *,
-    input_shape: tuple[int, ...],
-    **statics: Unpack[RoiAlignStatics],
+    output_size: tuple[int, int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
 ) -> jax.Array:
-    """``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the ``input_shape`` gradient
-    ``[N, C, H, W]``, scatter-added (the order of additions is XLA's)."""
-    grid = sampling_grid(rois, **statics)
+    """``input [N, C, H, W]`` (its shape only), ``rois [K, 5]``, ``cotangent [K, C, PH,
+    PW]`` -> the gradient ``[N, C, H, W]``, scatter-added (the order of additions is
+    XLA's)."""
+    grid = sampling_grid(rois, output_size, spatial_scale, sampling_ratio, aligned)
     scaled = jnp.moveaxis(cotangent, 1, -1) / grid.samples[:, None, None, None]
     batch = grid.batch[:, None, None]
 
@@ -182,7 +195,7 @@ def roi_align_vjp(
             grad = grad.at[batch, row, column].add(weight[..., None] * scaled)
         return grad
 
-    n, c, h, w = input_shape
+    n, c, h, w = input.shape
     zeros = jnp.zeros((n, h, w, c), rois.dtype)
-    grad = _for_each_sample(grid, statics["output_size"], input_shape, body, zeros)
+    grad = _for_each_sample(grid, output_size, input.shape, body, zeros)
     return jnp.moveaxis(grad, -1, 1)

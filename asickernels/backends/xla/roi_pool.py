@@ -12,7 +12,6 @@ argmax.
 from __future__ import annotations
 
 import functools
-from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,8 @@ from jax import lax
 
 from asickernels.backends.xla import BACKEND
 from asickernels.backends.xla.roi_align import exact_quotient
+from asickernels.kernels import public as ops
 from asickernels.kernels.registry import FLOAT32_AND_64
-from asickernels.kernels.roi_align import RoiStatics
 from asickernels.kernels.roi_pool import LOWEST
 
 
@@ -48,10 +47,13 @@ def _pool(
     """``(out, argmax)``, both ``[K, C, PH, PW]``; argmax is the flat pixel ``h * W + w``,
     -1 where nothing was taken."""
     _, _, height, width = input.shape
-    corners = [_round(rois[:, i] * jnp.asarray(spatial_scale, rois.dtype)) for i in range(1, 5)]
+    scaled = [rois[:, i] * jnp.asarray(spatial_scale, rois.dtype) for i in range(1, 5)]
+    corners = [_round(corner) for corner in scaled]
     h0, h1 = _edges(corners[1], corners[3], output_size[0], height)
     w0, w1 = _edges(corners[0], corners[2], output_size[1], width)
-    rows, columns = h1 - h0, w1 - w0  # [K, PH], [K, PW]
+    finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in scaled])[:, None]
+    rows = jnp.where(finite, h1 - h0, 0)  # [K, PH]; a RoI with a NaN or inf corner pools to 0
+    columns = jnp.where(finite, w1 - w0, 0)  # [K, PW]
     empty = (rows[:, :, None] <= 0) | (columns[:, None, :] <= 0)  # [K, PH, PW]
     steps_w = jnp.max(columns, initial=0)
     steps = jnp.max(rows, initial=0) * steps_w
@@ -77,19 +79,30 @@ def _pool(
     return jnp.moveaxis(best, -1, 1), jnp.moveaxis(where, -1, 1)
 
 
-@BACKEND.implements("roi_pool", dtypes=FLOAT32_AND_64)
-def roi_pool(input: jax.Array, rois: jax.Array, **statics: Unpack[RoiStatics]) -> jax.Array:
+@BACKEND.implements(ops.roi_pool, dtypes=FLOAT32_AND_64)
+def roi_pool(
+    input: jax.Array,
+    rois: jax.Array,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
+) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]`` (float32 or float64) -> ``[K, C, PH, PW]``."""
-    return _pool(input, rois, **statics)[0]
+    return _pool(input, rois, output_size, spatial_scale)[0]
 
 
-@BACKEND.implements("roi_pool_vjp", dtypes=FLOAT32_AND_64)
+@BACKEND.implements(ops.roi_pool_vjp, dtypes=FLOAT32_AND_64)
 def roi_pool_vjp(
-    input: jax.Array, rois: jax.Array, cotangent: jax.Array, **statics: Unpack[RoiStatics]
+    input: jax.Array,
+    rois: jax.Array,
+    cotangent: jax.Array,
+    *,
+    output_size: tuple[int, int],
+    spatial_scale: float,
 ) -> jax.Array:
     """``input [N, C, H, W]``, ``rois [K, 5]``, ``cotangent [K, C, PH, PW]`` -> the gradient
     in ``input``: each bin's cotangent scatter-added at its argmax (none for -1)."""
-    _, argmax = _pool(input, rois, **statics)
+    _, argmax = _pool(input, rois, output_size, spatial_scale)
     n, c, h, w = input.shape
     batch = rois[:, 0].astype(jnp.int32)[:, None, None, None]
     channel = jnp.arange(c)[None, :, None, None]

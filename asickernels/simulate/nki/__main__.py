@@ -14,6 +14,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
+    if not os.path.exists(argv[0]):  # as `python missing.py` says it, without a traceback
+        print(f"asickernels.simulate.nki: cannot open {argv[0]!r}: no such file", file=sys.stderr)
+        return 2
     hooked = install()
     if hooked:
         print(f"[asickernels] simulating {', '.join(hooked)} on the CPU", file=sys.stderr)

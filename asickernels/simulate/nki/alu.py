@@ -34,11 +34,28 @@ ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 
 
 def require(
-    api: str, name: str, value: Any, regions: tuple[MemoryRegion, ...] = (*HBM, *ON_CHIP)
+    api: str,
+    name: str,
+    value: Any,
+    regions: tuple[MemoryRegion, ...] = (*HBM, *ON_CHIP),
+    skip_out_of_bounds: bool = False,
 ) -> NkiTensor:
-    """``value``, which must be a tensor in one of ``regions``."""
+    """``value``, which must be a non-empty tensor in one of ``regions``; an indirect view
+    with out-of-bounds rows only where the instruction skips them (a DMA's
+    ``oob_mode=oob_mode.skip``, nki.isa.dma_copy)."""
     if not isinstance(value, NkiTensor):
         raise TypeError(f"operand '{name}' of '{api}' must be a tensor, got {type(value).__name__}")
+    if value.size == 0:
+        raise errors.TensorAccessOutOfBound(
+            f"operand '{name}' of '{api}' is {value!r}, an empty view (an index range of size "
+            "0): an instruction accesses at least one element"
+        )
+    outside = value.out_of_bounds
+    if outside is not None and not skip_out_of_bounds:
+        raise errors.TensorAccessOutOfBound(
+            f"operand '{name}' of '{api}': rows {np.flatnonzero(outside).tolist()} of the "
+            f"indirect view {value!r} have offsets outside the tensor (oob_mode=skip skips them)"
+        )
     if value.buffer not in regions:
         spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))
         raise errors.UnsupportedMemory(
@@ -93,7 +110,7 @@ def as_f32(value: Operand) -> Any:
             raise errors.UnsupportedDtype(
                 f"{value!r} holds packed MX data: only nisa.nc_matmul_mx reads it"
             )
-        return value.data.astype(np.float32, copy=False)
+        return value.values.astype(np.float32, copy=False)
     return np.float32(value)
 
 
@@ -109,22 +126,45 @@ def matmul_f32(stationary: np.ndarray, moving: np.ndarray) -> np.ndarray:
 def dma_values(src: NkiTensor, dtype: np.dtype[Any]) -> np.ndarray:
     """What a DMA from ``src`` delivers as ``dtype``: a bit copy, or a cast via float32."""
     if src.dtype == dtype and dtype_name(src.dtype) == dtype_name(dtype):
-        return src.data
+        return src.values
     if is_packed(src.dtype):
-        return cast(src.data, dtype)  # raises unless dtype is the same packed type
-    return cast(src.data.astype(np.float32), dtype)
+        return cast(src.values, dtype)  # raises unless dtype is the same packed type
+    return cast(src.values.astype(np.float32), dtype)
 
 
-def write(dst: NkiTensor, values: np.ndarray, api: str) -> None:
-    """Stores ``values`` (as many elements as ``dst``, any shape) into ``dst``."""
+def write(dst: NkiTensor, values: np.ndarray, api: str, skip: np.ndarray | None = None) -> None:
+    """Stores ``values`` (as many elements as ``dst``, any shape) into ``dst``, except the
+    rows (first-axis indices) ``skip`` selects."""
     if dst.is_broadcast:
         raise errors.StoreDstShapeSmallerThanOtherShape(
             f"'{api}' would write into {dst!r}, a broadcast view: several values per element"
         )
     if values.shape != dst.shape:
         values = values.reshape(dst.shape)
-    if not dst.scatter(cast(values, dst.dtype)):
-        dst.data[...] = cast(values, dst.dtype)
+    if dst.scatter(cast(values, dst.dtype), skip):
+        return
+    if skip is None:
+        dst.values[...] = cast(values, dst.dtype)
+    else:
+        dst.values[~skip] = cast(values[~skip], dst.dtype)
+
+
+def skipped_rows(api: str, src: NkiTensor, dst: NkiTensor) -> np.ndarray | None:
+    """The rows of ``dst`` a DMA with ``oob_mode.skip`` leaves unwritten: its own
+    out-of-bounds rows and those whose source row is out of bounds (row for row)."""
+    if src.out_of_bounds is None and dst.out_of_bounds is None:
+        return None
+    skip = np.zeros(dst.shape[0], np.bool_)
+    if dst.out_of_bounds is not None:
+        skip |= dst.out_of_bounds
+    if src.out_of_bounds is not None:
+        if src.shape[0] != dst.shape[0]:
+            raise errors.ShapeMismatch(
+                f"'{api}' skips out-of-bounds rows of {src!r} row for row, but {dst!r} has "
+                f"{dst.shape[0]} rows"
+            )
+        skip |= src.out_of_bounds
+    return skip
 
 
 def per_partition(tile: NkiTensor) -> int:

@@ -66,11 +66,14 @@ class Latency:
         samples_us: Sequence[float] = (),
         estimate_us: float | None = None,
         band_us: tuple[float, float] | None = None,
+        calibrated: bool = True,
     ) -> None:
         self.samples_us = [float(s) for s in samples_us]
         self.estimate_us = estimate_us
         # (low, high) us the estimate may be off within: Estimate.band_us
         self.band_us = band_us
+        # False: no measured latency calibrates the generation (a wider band)
+        self.calibrated = calibrated
 
     @property
     def measured(self) -> bool:
@@ -95,7 +98,8 @@ class Latency:
         if self.estimated:
             band = "" if self.band_us is None else (
                 f", band {self.band_us[0]:.3f}-{self.band_us[1]:.3f} us")  # fmt: skip
-            return f"Latency(estimate {self.estimate_us:.3f} us{band}, not measured)"
+            calibration = "" if self.calibrated else ", uncalibrated generation"
+            return f"Latency(estimate {self.estimate_us:.3f} us{band}{calibration}, not measured)"
         return "Latency(none)"
 
 
@@ -115,7 +119,11 @@ class BenchmarkResult:
         self.nc_latency = (
             Latency()
             if estimated is None
-            else Latency(estimate_us=estimated.latency_us, band_us=estimated.band_us)
+            else Latency(
+                estimate_us=estimated.latency_us,
+                band_us=estimated.band_us,
+                calibrated=estimated.calibrated,
+            )
         )
         self.device_time_measured = False
         self.estimate = estimated

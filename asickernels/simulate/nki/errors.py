@@ -62,6 +62,14 @@ class TensorAccessOutOfBound(NkiValidationError):
     code = "err_tensor_access_out_of_bound"
 
 
+class InvalidAddress(NkiValidationError):
+    """A tensor placed at an address the hardware cannot start it at: a first partition
+    the ISA does not allow for its partition count, a PSUM tensor not starting at a bank,
+    or a legacy allocation function outside its documented range (not an SDK code)."""
+
+    code = "err_invalid_address"
+
+
 class StoreDstShapeSmallerThanOtherShape(NkiValidationError):
     """An instruction writes into a broadcast view, i.e. several values into one element."""
 
@@ -69,7 +77,8 @@ class StoreDstShapeSmallerThanOtherShape(NkiValidationError):
 
 
 class AmbiguousTensorTruthValue(NkiValidationError):
-    """Python control flow on a tile's value (``if tile:``): values exist only on device."""
+    """Python control flow on a legacy tile's value (``if tile:``): values exist only on
+    device."""
 
     code = "err_ambiguous_tensor_truth_value"
 
@@ -110,14 +119,41 @@ class BroadcastOperandWarning(UserWarning):
 
 
 class SpillWarning(UserWarning):
-    """Live legacy (``neuronxcc.nki``) tiles exceed SBUF or PSUM: that generation's compiler
-    spills them to HBM rather than failing (nki-samples attention.py@8370e11, flash_attn_bwd:
-    "we will have psum spilling in the current implementation")."""
+    """Live tiles exceed SBUF or PSUM: the compiler spills them to HBM rather than failing
+    (nki-samples attention.py@8370e11, flash_attn_bwd: "we will have psum spilling in the
+    current implementation"; the current API's kernel-optimization tutorial, whose v4 needs
+    more SBUF than trn2 has, aws-neuron-sdk@81ce03a)."""
 
 
 class DeviceRanItWarning(UserWarning):
     """Code a documented rule forbids but that published kernels ran on a Neuron device: the
     simulator runs it as the device did and names both the rule and the device-run code."""
+
+
+class DeprecatedApiWarning(FutureWarning):
+    """An API of the ``nki`` namespace that a later NKI release deprecated or removed: it runs
+    as the release the code was written for ran it, and the message names the release that
+    deprecated (and, if any, removed) it and what replaces it. The releases come from
+    ``reference.json`` (:mod:`asickernels.simulate.nki.reference`). A ``FutureWarning``, so
+    that users see it by default."""
+
+
+class CollectiveMismatch(NkiValidationError):
+    """The cores meeting in one collective, ``sendrecv`` or ``core_barrier`` (the n-th on
+    each, in program order) made different calls: another operation, other sizes or dtypes,
+    another replica group or peer. On a device this hangs or corrupts data; the message
+    names each core and its call (not an SDK code)."""
+
+    code = "err_collective_mismatch"
+
+
+class CollectiveDeadlock(NkiValidationError):
+    """Every core still running waits in a collective, ``sendrecv`` or ``core_barrier`` that
+    cannot complete: a peer finished the kernel without reaching it, or the cores wait for
+    each other in different ones. The message names each waiting core, its call and where
+    its missing peers are (not an SDK code)."""
+
+    code = "err_collective_deadlock"
 
 
 class UnsupportedDtype(NkiValidationError):
@@ -213,7 +249,9 @@ class ErrNestedKernelWithSpmdGrid(NkiValidationError):
 
 
 # The legacy generation's own rules (tests/simulate/nki/test_nki_legacy.py plants them).
+# A current-API tensor's truth value is a presence test (NkiTensor.__bool__).
 LEGACY_RULES = (
+    AmbiguousTensorTruthValue,
     Err1dArangeNotSupported,
     ErrSharedHbmMustInKernelLevel,
     ErrUnsupportedMixingBasicAdvancedTensorIndexing,
@@ -223,3 +261,6 @@ LEGACY_RULES = (
     ErrMutableParameterNotReturned,
     ErrNestedKernelWithSpmdGrid,
 )
+
+# Rules between cores and ranks (tests/simulate/nki/test_nki_collectives.py plants them).
+COLLECTIVE_RULES = (CollectiveMismatch, CollectiveDeadlock)

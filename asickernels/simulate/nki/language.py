@@ -1,4 +1,4 @@
-"""``nki.language`` (``nl``), with the names and signatures of the 2.32 API reference
+"""``nki.language`` (``nl``), with the names and signatures of the NKI 0.8 API reference
 (nki/api/nki/language/__init__.py).
 
 Compute functions here allocate their result in SBUF and run on the Vector engine (one
@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import scipy.special
 
-from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki import alu, errors, grid, prng, reference, runtime
+from asickernels.simulate.nki.compiler import DirectAllocation
 from asickernels.simulate.nki.tensor import (
     DTYPES,
     MemoryRegion,
@@ -29,10 +30,12 @@ from asickernels.simulate.nki.tensor import (
 )
 from asickernels.simulate.nki.tensor import is_hbm as _is_hbm_region
 
+DType = np.dtype  # what the dtype constants below are (the reference's type alias)
 bool_ = DTYPES["bool_"]
 int8 = DTYPES["int8"]
 int16 = DTYPES["int16"]
 int32 = DTYPES["int32"]
+int64 = DTYPES["int64"]
 uint8 = DTYPES["uint8"]
 uint16 = DTYPES["uint16"]
 uint32 = DTYPES["uint32"]
@@ -55,16 +58,20 @@ shared_hbm = MemoryRegion.shared_hbm
 hbm = MemoryRegion.private_hbm
 
 
-class _TileSize(NKIObject):
-    """Hardware tile size constants (the SBUF ones follow the simulated target)."""
+class TileSizes(NKIObject):
+    """Hardware tile size constants (the SBUF ones follow the simulated target), with the
+    names of both generations."""
 
     pmax = runtime.PMAX
-    psum_fmax = runtime.PSUM_BANK_BYTES // 4
     psum_bank_fmax = runtime.PSUM_BANK_BYTES // 4
     psum_bank_fmax_bytes = runtime.PSUM_BANK_BYTES
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
+
+    @property
+    def psum_fmax(self) -> int:
+        return self.psum_bank_fmax
 
     @property
     def psum_num_banks(self) -> int:
@@ -85,6 +92,34 @@ class _TileSize(NKIObject):
     @property
     def total_available_sbuf_size(self) -> int:
         return self.sbuf_fmax_bytes
+
+
+class _TileSize(TileSizes):
+    """``nl.tile_size`` of the current API: names a later release deprecated or removed
+    warn, and those the reference gives no value for are refused (``reference.json``)."""
+
+    @property
+    def psum_fmax(self) -> int:
+        reference.warn_changed("nki.language.tile_size.psum_fmax")
+        return self.psum_bank_fmax
+
+    @property
+    def psum_fmax_bytes(self) -> int:
+        reference.warn_changed("nki.language.tile_size.psum_fmax_bytes")
+        return self.psum_bank_fmax_bytes
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        reference.warn_changed("nki.language.tile_size.total_available_sbuf_size")
+        return self.sbuf_fmax_bytes
+
+    @property
+    def psum_min_align(self) -> int:
+        reference.refuse("nki.language.tile_size.psum_min_align")
+
+    @property
+    def sbuf_min_align(self) -> int:
+        reference.refuse("nki.language.tile_size.sbuf_min_align")
 
 
 tile_size = _TileSize()
@@ -110,43 +145,55 @@ def is_sbuf(buffer: MemoryRegion) -> bool:
 def ndarray(
     shape: Sequence[int],
     dtype: Any,
-    buffer: MemoryRegion = sbuf,
+    buffer: Any = sbuf,
     name: str = "",
     address: Any = None,
 ) -> NkiTensor:
     """A new tensor; its contents read as NaN (integers: 4) until written. ``address``
-    ``(partition_offset, free_offset)`` (bytes) places an on-chip tensor by hand; like the
-    SDK's simulator, the simulator then checks that it fits but keeps its storage separate
-    (nki/guides/nki_simulator.rst, "Memory Model")."""
-    tensor = allocate(shape, dtype, buffer, name, "ndarray")
-    if address is not None:
-        _check_address(tensor, address)
-    return tensor
-
-
-def _check_address(tensor: NkiTensor, address: Any) -> None:
-    partition_offset, free_offset = (int(a) for a in address)
-    if not tensor.on_chip:
-        raise errors.UnsupportedMemory(f"address= places SBUF/PSUM tensors, not {tensor!r}")
-    capacity = (
-        runtime.PSUM_BANKS * runtime.PSUM_BANK_BYTES
-        if tensor.buffer is MemoryRegion.psum
-        else runtime.current_target().sbuf_bytes_per_partition
-    )
-    end = free_offset + alu.per_partition(tensor) * tensor.dtype.itemsize
-    if partition_offset < 0 or free_offset < 0 or partition_offset + tensor.shape[0] > runtime.PMAX:
-        raise errors.TensorAccessOutOfBound(f"address {address} for {tensor!r}")
-    if end > capacity:
-        raise errors.TensorAccessOutOfBound(
-            f"address {address} for {tensor!r} ends at byte {end} of a {capacity}-byte partition"
-        )
+    ``(partition_offset, free_offset)`` (the first partition and the byte offset within each
+    partition) places an SBUF or PSUM tensor by hand: it is then a view of the core's one
+    physical memory, so tensors placed at overlapping addresses share their bytes, as on
+    the device (:mod:`asickernels.simulate.nki.placement`, which lists the rules checked).
+    ``buffer`` may be an ``nki.compiler`` allocation (``ncc.sbuf.mod_alloc(...)``), which
+    places the tensor's one tile."""
+    if isinstance(buffer, DirectAllocation):
+        if address is not None:
+            raise TypeError(f"'ndarray': give address= or buffer={buffer!r}, not both")
+        tile = tuple(int(s) for s in shape)
+        nbytes = math.prod(tile[1:]) * nki_dtype(dtype).itemsize
+        address, buffer = buffer.address((), tile[0] if tile else 0, nbytes), buffer.region
+    return _allocate(shape, dtype, buffer, name, "ndarray", address=address)
 
 
 def full(
     shape: Sequence[int], fill_value: float, dtype: Any, buffer: MemoryRegion = sbuf, name: str = ""
 ) -> NkiTensor:
     """A new on-chip tensor filled with ``fill_value`` (one memset instruction)."""
-    return _filled(allocate, shape, fill_value, dtype, buffer, name)
+    return _filled(_allocate, shape, fill_value, dtype, buffer, name)
+
+
+def _allocate(
+    shape: Sequence[int],
+    dtype: Any,
+    buffer: MemoryRegion,
+    *named: str,
+    fill: Any = None,
+    address: Any = None,
+) -> NkiTensor:
+    """:func:`~asickernels.simulate.nki.tensor.allocate` (``named``: the tensor's name and
+    the API allocating it), with a one-dimensional on-chip tensor as that many partitions of
+    one element each: the nki.isa.register_load and register_store reference examples
+    allocate ``nl.ones([1], ..., buffer=nl.sbuf)`` (nki/api/nki/isa/__init__.py@81ce03a).
+    On chip a tensor may span several 128-partition tiles: the nki.language.NkiBlockGrid
+    example allocates a block's element_shape (256, 512) in SBUF."""
+    dims, (name, api) = tuple(shape), named
+    if not isinstance(buffer, MemoryRegion) or _is_hbm_region(buffer):
+        return allocate(dims, dtype, buffer, name, api, fill=fill, address=address)
+    with runtime.allocating(api, partition_tiles=True):
+        if len(dims) == 1:
+            made = allocate((*dims, 1), dtype, buffer, name, api, fill=fill, address=address)
+            return made.reshape(dims)
+        return allocate(dims, dtype, buffer, name, api, fill=fill, address=address)
 
 
 def _filled(
@@ -208,7 +255,7 @@ def copy(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     run = runtime.active_run("copy")
     alu.require("copy", "x", x, alu.ON_CHIP)
     out = new_tile(x.shape, nki_dtype(dtype) if dtype is not None else x.dtype, "copy")
-    alu.write(out, x.data if out.dtype == x.dtype else alu.as_f32(x), "copy")
+    alu.write(out, x.values if out.dtype == x.dtype else alu.as_f32(x), "copy")
     run.count("vector", "copy", (x,), (out,), pinned=False)
     return out
 
@@ -237,11 +284,14 @@ def _elementwise(
     read: Callable[[Any], Any] = alu.as_f32,
 ) -> NkiTensor:
     """One Vector-engine instruction: float32 math (``read``: how operands are read) on
-    same-shaped tiles (and scalars), into a new SBUF tile."""
+    tiles of one partition count whose free axes broadcast as in NumPy (the functions are
+    "similar to numpy.add" & co., and the nl.abs_max reference example combines a [128, 512]
+    with a [128, 1] tile) and scalars, into a new SBUF tile."""
     tiles = _elementwise_tiles(api, operands)
     out_dtype = nki_dtype(dtype) if dtype is not None else _result_dtype(tiles)
-    out = new_tile(tiles[0].shape, out_dtype, api)
-    elementwise_into(out, api, function, operands, read)
+    shape = alu.broadcast_shape(api, [t.shape for t in tiles], False, True)
+    out = new_tile(shape, out_dtype, api)
+    elementwise_into(out, api, function, operands, read, broadcast=(False, True))
     return out
 
 
@@ -285,7 +335,7 @@ def read_bits(value: alu.Operand) -> Any:
     if isinstance(value, NkiTensor):
         if value.dtype.kind not in "iub":
             raise errors.UnsupportedDtype(f"bitvec operators take integer tiles, got {value!r}")
-        return value.data.astype(np.int64)
+        return value.values.astype(np.int64)
     if isinstance(value, float) and not value.is_integer():
         raise errors.UnsupportedDtype(f"bitvec operators take integer scalars, got {value}")
     return np.int64(value)
@@ -350,8 +400,10 @@ greater_equal = _binary("greater_equal", np.greater_equal)
 less = _binary("less", np.less)
 less_equal = _binary("less_equal", np.less_equal)
 power = _binary("power", np.power)
-abs_max = _binary("abs_max", lambda x, y: np.maximum(np.abs(x), np.abs(y)))
-abs_min = _binary("abs_min", lambda x, y: np.minimum(np.abs(x), np.abs(y)))
+# The signed input of larger (smaller) magnitude, ``y`` on a tie (nki.language.abs_max /
+# abs_min: abs_max(-5, 3) is -5).
+abs_max = _binary("abs_max", lambda x, y: np.where(np.abs(x) > np.abs(y), x, y))
+abs_min = _binary("abs_min", lambda x, y: np.where(np.abs(x) < np.abs(y), x, y))
 fmod = _binary("fmod", np.fmod)
 mod = _binary("mod", np.mod)
 logical_and = _binary("logical_and", np.logical_and, reduce=True)
@@ -701,10 +753,137 @@ def zeros_like(
 
 
 def empty_like(
-    x: NkiTensor, dtype: Any = None, buffer: MemoryRegion | None = None, name: str = ""
+    x: NkiTensor | grid.NkiGrid,
+    dtype: Any = None,
+    buffer: MemoryRegion | None = None,
+    name: str = "",
+    *,
+    transpose_axes: Sequence[int] | None = None,
+    address: Any = None,
+) -> NkiTensor | grid.NkiGrid:
+    """New uninitialised storage with ``x``'s geometry (its dtype and buffer unless given):
+    a tensor of ``x``'s shape, or a grid of the same kind, navigation shape, tile shape,
+    block grouping and clamped extents whose selected cells are packed densely.
+    ``transpose_axes`` ((1, 0), (2, 1, 0) or (3, 1, 2, 0)) permutes the (tiled) dimensions
+    for a later ``nisa.dma_transpose`` (nki.language.empty_like, NKI 0.7)."""
+    dtype = x.dtype if dtype is None else dtype
+    buffer = buffer or x.buffer
+    if isinstance(x, grid.NkiGrid):
+        extent, prefix, tile_shape, cells, consumed, block_shape = grid.dense_layout(
+            x, transpose_axes
+        )
+        on_chip = not _is_hbm_region(buffer)
+        shape = grid.packed_storage_shape(extent, tile_shape, on_chip)
+        storage = _grid_storage("empty_like", shape, tile_shape, dtype, buffer, name, address)
+        return grid.like(storage, extent, prefix, tile_shape, cells, consumed, block_shape)
+    shape = tuple(x.shape)
+    if transpose_axes is not None:
+        axes = tuple(transpose_axes)
+        if grid.TRANSPOSE_AXES.get(len(shape)) != axes:
+            raise ValueError(f"'empty_like' transpose_axes {axes} for a rank-{len(shape)} tensor")
+        shape = tuple(shape[a] for a in axes)
+    return ndarray(shape, dtype, buffer, name, address)
+
+
+# -- tile grids (NKI 0.7) -----------------------------------------------------------------
+NkiGrid = grid.NkiGrid
+NkiTileGrid = grid.NkiTileGrid
+NkiBlockGrid = grid.NkiBlockGrid
+
+
+def tiles(
+    source: NkiTensor | grid.NkiGrid, *, tile_shape: Sequence[int] | None = None
+) -> grid.NkiTileGrid:
+    """``source`` as a grid of ``tile_shape`` tiles over its trailing dimensions; a view that
+    copies nothing (nki.language.tiles, NKI 0.7). See :mod:`asickernels.simulate.nki.grid`."""
+    return grid.tiles(source, tile_shape)
+
+
+def blocks(
+    source: NkiTensor | grid.NkiGrid,
+    *,
+    tile_shape: Sequence[int] | None = None,
+    block_shape: Sequence[int],
+) -> grid.NkiBlockGrid:
+    """``source`` as a grid of blocks of ``block_shape`` tiles (nki.language.blocks)."""
+    return grid.blocks(source, block_shape, tile_shape)
+
+
+def alloc_tiles(
+    *,
+    tile_shape: tuple[int, ...],
+    element_shape: tuple[int, ...],
+    buffer: MemoryRegion,
+    dtype: Any,
+    address: Any = None,
+    name: str = "",
+) -> grid.NkiTileGrid:
+    """New uninitialised storage for ``element_shape`` elements as a grid of ``tile_shape``
+    tiles: one allocation, compact in HBM, tile after tile along the free axis on chip
+    (nki.language.alloc_tiles, NKI 0.7)."""
+    made = _alloc_grid("alloc_tiles", tile_shape, element_shape, buffer, dtype, address, name)
+    assert isinstance(made, grid.NkiTileGrid)
+    return made
+
+
+def alloc_blocks(
+    *,
+    tile_shape: tuple[int, ...],
+    block_shape: tuple[int, ...],
+    element_shape: tuple[int, ...],
+    buffer: MemoryRegion,
+    dtype: Any,
+    address: Any = None,
+    name: str = "",
+) -> grid.NkiBlockGrid:
+    """:func:`alloc_tiles` with the tiles grouped into blocks of ``block_shape`` tiles; the
+    tile layout is the same (nki.language.alloc_blocks, NKI 0.7)."""
+    made = _alloc_grid(
+        "alloc_blocks", tile_shape, element_shape, buffer, dtype, address, name, block_shape
+    )
+    assert isinstance(made, grid.NkiBlockGrid)
+    return made
+
+
+def _alloc_grid(
+    api: str,
+    tile_shape: Any,
+    element_shape: Any,
+    buffer: Any,
+    dtype: Any,
+    address: Any,
+    name: str,
+    block_shape: Any = None,
+) -> grid.NkiGrid:
+    if not isinstance(buffer, MemoryRegion):
+        raise TypeError(
+            f"'{api}' buffer must be an NKI MemoryRegion (nl.sbuf, ...), got {buffer!r}"
+        )
+    extent = grid._shape_argument(api, "element_shape", element_shape)
+    tiles_of = grid._shape_argument(api, "tile_shape", tile_shape, minimum=2)
+    on_chip = not _is_hbm_region(buffer)
+    grid._check_tiling(api, extent, tiles_of, on_chip)
+    shape = grid.packed_storage_shape(extent, tiles_of, on_chip)
+    storage = _grid_storage(api, shape, tiles_of, dtype, buffer, name, address)
+    return grid.over_storage(storage, extent, tiles_of, block_shape, api)
+
+
+def _grid_storage(
+    api: str,
+    shape: tuple[int, ...],
+    tile_shape: Sequence[int],
+    dtype: Any,
+    buffer: Any,
+    name: str,
+    address: Any,
 ) -> NkiTensor:
-    """A new uninitialised tensor shaped like ``x`` (its dtype and buffer unless given)."""
-    return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer or x.buffer, name)
+    """The one tensor behind a new grid. In PSUM each tile takes whole banks (a matmul
+    writes a tile within one bank before NeuronCore-v4), not the grid as a whole."""
+    if buffer is not MemoryRegion.psum:
+        return ndarray(shape, dtype, buffer, name, address)
+    tile_bytes = math.prod(tile_shape[1:]) * nki_dtype(dtype).itemsize
+    with runtime.allocating(api, psum_tile_bytes=tile_bytes):
+        return ndarray(shape, dtype, buffer, name, address)
 
 
 def shared_constant(constant: Any) -> NkiTensor:
@@ -732,9 +911,12 @@ def random_generator(api: str) -> np.random.Generator:
 
 
 def random_seed(seed: Any) -> None:
-    """Seeds :func:`rand` and :func:`dropout` (an int, or a tile holding one)."""
-    value = seed.data.reshape(-1)[0] if isinstance(seed, NkiTensor) else seed
-    runtime.active_run("random_seed").random = np.random.default_rng(int(value))
+    """Seeds :func:`rand`, :func:`dropout` and the engines' generators (an int, or a tile
+    holding one)."""
+    value = int(seed.values.reshape(-1)[0] if isinstance(seed, NkiTensor) else seed)
+    run = runtime.active_run("random_seed")
+    run.random = np.random.default_rng(value)
+    prng.seed_all(run, value)
 
 
 def rand(
@@ -770,7 +952,7 @@ def gather_flattened(
     """``out[p, i...] = data[p].flat[indices[p, i...]]``: each partition gathers from its own
     flattened free elements."""
     count = alu.per_partition(data)
-    flat = indices.data.reshape(indices.shape[0], -1).astype(np.int64)
+    flat = indices.values.reshape(indices.shape[0], -1).astype(np.int64)
     if flat.size and (flat.min() < 0 or flat.max() >= count):
         raise errors.TensorAccessOutOfBound(f"'gather_flattened' index outside 0..{count - 1}")
 
@@ -796,44 +978,90 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
         src.shape[::-1], nki_dtype(dtype) if dtype is not None else src.dtype, "load_transpose2d"
     )
     alu.write(out, alu.dma_values(src, out.dtype).T, "load_transpose2d")
-    runtime.active_run("load_transpose2d").count_dma(True, False, src.size * src.dtype.itemsize)
+    runtime.active_run("load_transpose2d").count_dma(
+        True, False, src.size * src.dtype.itemsize, "load_transpose2d", (src,), (out,)
+    )
     return out
 
 
 # -- loops, indexing, control flow, debugging ---------------------------------------------------
+def _range(start: Any, stop: Any = None, step: int = 1) -> range:
+    from asickernels.simulate.nki.scalar import value_of  # scalar builds on this module
+
+    if stop is None:
+        return range(value_of(start))
+    return range(value_of(start), value_of(stop), step)
+
+
+@reference.deprecated("nki.language.affine_range")
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
-    return range(start, stop, step) if stop is not None else range(start)
+    """``range(start, stop, step)``: a loop whose iterations do not depend on each other."""
+    return _range(start, stop, step)
 
 
-sequential_range = affine_range
-static_range = affine_range
-dynamic_range = affine_range
+@reference.deprecated("nki.language.sequential_range")
+def sequential_range(start: int, stop: int | None = None, step: int = 1) -> range:
+    """``range(start, stop, step)``: a loop with a dependency between iterations."""
+    return _range(start, stop, step)
+
+
+@reference.deprecated("nki.language.static_range")
+def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+    """``range(start, stop, step)``: a loop unrolled when the kernel is specialized."""
+    return _range(start, stop, step)
+
+
+@reference.deprecated("nki.language.dynamic_range")
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
+    """``range(start, stop, step)`` with bounds read from registers (ints or
+    ``VirtualRegister``) when the loop starts."""
+    return _range(start, stop, step)
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
-    """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)`` (bounds: ints or
-    registers), ``i`` a fresh :class:`~asickernels.simulate.nki.isa.VirtualRegister` each
-    iteration, as the reference says, so the body can pass it as ``scalar_offset``."""
+    """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)``. Bounds are ints,
+    32-bit :class:`~asickernels.simulate.nki.scalar.NkiScalar` (an ``nl.int64`` one cannot
+    bound the loop) or registers; ``i`` is a fresh ``NkiScalar`` (``nl.int32``) each
+    iteration, or a ``VirtualRegister`` when a bound is one (nki.language.fori_loop, NKI
+    0.7), so the body can pass it as ``scalar_offset``."""
     from asickernels.simulate.nki.isa import VirtualRegister  # isa builds on this module
+    from asickernels.simulate.nki.scalar import NkiScalar, value_of
 
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"fori_loop: step must be a positive int, got {step!r}")
-    for i in range(int(lower), int(upper), step):
-        body_fun(VirtualRegister(i))
+    for bound in (lower, upper):
+        if isinstance(bound, NkiScalar) and bound.dtype.itemsize == 8:
+            raise errors.UnsupportedDtype(
+                f"fori_loop: an nl.int64 scalar cannot bound the loop ({bound!r}); the trip-count "
+                "comparison has no 64-bit form"
+            )
+    register = any(isinstance(b, VirtualRegister) for b in (lower, upper))
+    with _dynamic_loop():
+        for i in range(value_of(lower), value_of(upper), step):
+            body_fun(VirtualRegister.holding(i) if register else NkiScalar(i, int32))
 
 
-def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> Any:
-    """Repeats ``state = body_fun(state)`` from ``init`` while the state (a register or tile
-    holding one value) is nonzero; returns the final state."""
+def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
+    """Repeats ``state = body_fun(state)`` from ``init`` (a register or scalar) while the
+    state is nonzero, checking before each iteration (nki.language.while_loop)."""
+    from asickernels.simulate.nki.scalar import value_of  # scalar builds on this module
+
     state = init
-    while _scalar_value(state):
-        state = body_fun(state)
-    return state
+    with _dynamic_loop():
+        while value_of(state) != 0:
+            state = body_fun(state)
 
 
-def _scalar_value(value: Any) -> float:
-    data = getattr(value, "data", value)
-    return float(np.asarray(data).reshape(-1)[0])
+class _dynamic_loop:
+    """Marks the body of one ``fori_loop``/``while_loop`` in the run, for the rule that a
+    dependency edge cannot cross into or out of a dynamic loop (NkiInstruction.depends_on)."""
+
+    def __enter__(self) -> None:
+        run = runtime.active_run("dynamic loop")
+        run.dynamic_loops.append(id(self))
+
+    def __exit__(self, *exc: object) -> None:
+        runtime.active_run("dynamic loop").dynamic_loops.pop()
 
 
 class no_reorder:
@@ -870,4 +1098,4 @@ def ds(start: int, size: int) -> slice:
 
 def device_print(print_prefix: str, tensor: NkiTensor) -> None:
     """Prints ``tensor``'s values now (the simulator runs eagerly)."""
-    print(print_prefix, tensor.data)
+    print(print_prefix, tensor.values)

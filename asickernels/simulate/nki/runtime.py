@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from asickernels.simulate.nki import errors, trace
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
@@ -50,6 +52,21 @@ def target_from_env() -> Target:
     return target_named(value, TARGET_ENV)
 
 
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+
+def lnc_from_env() -> int:
+    """The LNC degree of a kernel launched without ``kernel[lnc]``: ``NEURON_LOGICAL_NC_CONFIG``
+    (1 or 2), else 1 ("kernel(...)  # Kernel implicitly defaults to LNC=1",
+    compiler/error-codes/EVRF066.rst of the NKI 0.8 docs)."""
+    value = os.environ.get(LNC_ENV, "").strip()
+    if not value:
+        return 1
+    if value not in ("1", "2"):
+        raise ValueError(f"{LNC_ENV}={value!r}: the LNC degree is 1 or 2")
+    return int(value)
+
+
 @contextlib.contextmanager
 def targeting(name: str) -> Iterator[None]:
     """Kernels launched inside run on the target ``name`` (``trn1``, ``gen2``, ...: what
@@ -76,18 +93,17 @@ def target_named(name: str, where: str = "platform_target") -> Target:
 
 
 class Launch:
-    """What the logical cores of one launch share: a barrier (``nisa.core_barrier``) and the
-    kernel's ``shared_hbm`` tensors. Every core runs the same program, so the n-th
-    ``shared_hbm`` tensor a core creates is the n-th of every core: one storage, as on device."""
+    """What the cores of one rank share: its HBM (the kernel's ``shared_hbm`` tensors). Every
+    core runs the same program, so the n-th ``shared_hbm`` tensor a core creates is the n-th
+    of every core: one storage, as on device. ``world`` is the launch's
+    :class:`~asickernels.simulate.nki.world.World` (every rank and core)."""
 
-    def __init__(self, cores: int) -> None:
+    def __init__(self, cores: int, rank: int = 0, world: Any = None) -> None:
         self.cores = cores
-        self.barrier = threading.Barrier(cores)
+        self.rank = rank
+        self.world = world
         self._lock = threading.Lock()
         self._shared: list[Any] = []
-        self._mail = threading.Condition()
-        self._mailbox: dict[tuple[int, int, int], Any] = {}
-        self.failed = False  # a core raised: peers stop waiting for it
 
     def shared_tensor(self, index: int, create: Any) -> Any:
         """The launch's ``index``-th shared HBM storage, made by ``create()`` on first use."""
@@ -96,34 +112,30 @@ class Launch:
                 self._shared.append(create())
             return self._shared[index]
 
-    def exchange(self, pipe: int, rank: int, send_to: int, receive_from: int, data: Any) -> Any:
-        """``nisa.sendrecv``: posts ``data`` for core ``send_to`` on ``pipe`` and waits for
-        what core ``receive_from`` posted for this core."""
-        with self._mail:
-            self._mailbox[(pipe, rank, send_to)] = data
-            self._mail.notify_all()
-            key = (pipe, receive_from, rank)
-            while key not in self._mailbox:
-                if self.failed:
-                    raise threading.BrokenBarrierError("the sending core failed")
-                self._mail.wait(timeout=0.1)
-            return self._mailbox.pop(key)
-
 
 class Allocation:
     """The storage behind an on-chip tensor and all its views. Its bytes count against the
     run's SBUF or PSUM until the last view referencing it is gone (Python's reference
-    counting plays the role of the compiler's liveness analysis)."""
+    counting plays the role of the compiler's liveness analysis). A tensor the kernel placed
+    at an address (``address``: its first partition and byte) is a view of the run's
+    :meth:`Run.physical` memory instead and counts nothing: the kernel owns its placement."""
 
-    __slots__ = ("bytes_per_partition", "in_psum", "matmul_written", "run", "serial")
+    __slots__ = ("address", "bytes_per_partition", "in_psum", "matmul_written", "run", "serial")
 
     _serials = itertools.count(1)
 
-    def __init__(self, run: Run, in_psum: bool, bytes_per_partition: int) -> None:
+    def __init__(
+        self,
+        run: Run,
+        in_psum: bool,
+        bytes_per_partition: int,
+        address: tuple[int, int] | None = None,
+    ) -> None:
         self.run = run
         self.serial = next(self._serials)  # names the storage in an instruction trace
         self.in_psum = in_psum
         self.bytes_per_partition = bytes_per_partition
+        self.address = address
         # PSUM only: which elements a matmul has written (for ``accumulate=None``).
         self.matmul_written: Any = None
 
@@ -150,6 +162,17 @@ class Run:
         self.scalar_reduce_registers: Any = None  # nisa.activation's per-lane accumulators
         self.vector_reduce_registers: Any = None  # the Vector engine's accumulators
         self.random: Any = None  # nisa.dropout / rng / rand2 (a numpy Generator, seed 0)
+        self.rng_states: dict[str, Any] = {}  # per engine: its lanes' PRNG states (nisa.rng)
+        self.dynamic_loops: list[int] = []  # the nl.fori_loop/while_loop bodies running
+        self.psum_tile_bytes = 0  # while a PSUM tile grid is allocated: its tiles' bytes
+        # nl.ndarray on chip may span several 128-partition tiles (the nki.language.NkiBlockGrid
+        # page allocates element_shape (256, 512) in SBUF); instructions then check operands
+        self.partition_tiles = False  # while such an allocation is made
+        self.wide_on_chip = False  # whether one was
+        self.compile_config: Any = None  # the top-level kernel's nki.jit(compile_config=)
+        self.specialization_config: Any = None
+        self.meetings: dict[Any, int] = {}  # per channel, the meetings this core joined (world.py)
+        self.prepared: Any = None  # the collective a *_prepare set up for its *_trigger
         self.instructions = dict.fromkeys(ENGINES, 0)
         self.dma_transfers = 0
         self.hbm_to_sbuf_bytes = 0
@@ -158,18 +181,42 @@ class Run:
         self.psum_banks_in_use = 0
         self.peak_sbuf = 0
         self.peak_psum_banks = 0
+        # Direct allocation: the SBUF and PSUM as bytes (in_psum -> [128, bytes per
+        # partition]), made on first use, and the highest byte a placed tensor reaches.
+        self._physical: dict[bool, np.ndarray] = {}
+        self.placed_extent = {False: 0, True: 0}
         # Set by :func:`recording`: the instruction trace, and whether values are skipped.
         self.trace: list[trace.Instruction] | None = [] if _recording.get("trace") else None
         self.trace_only = bool(_recording.get("trace_only"))
+        # False while an instruction runs inside another's adapter (the legacy API's over
+        # the core's): its record keeps the engine and parameters, not the operands
+        self.trace_accesses = True
+
+    @property
+    def core(self) -> tuple[int, int]:
+        """``(rank, physical core)`` of this run in its launch."""
+        return (self.launch.rank, self.program_id)
+
+    def next_meeting(self, channel: Any) -> int:
+        """How many meetings on ``channel`` this core joined before this one (meetings pair
+        up by program order: the n-th of one core with the n-th of its peers)."""
+        count = self.meetings.get(channel, 0)
+        self.meetings[channel] = count + 1
+        return count
 
     def allocate(self, in_psum: bool, bytes_per_partition: int, what: str) -> Allocation:
         if in_psum:
-            banks = -(-bytes_per_partition // PSUM_BANK_BYTES)
+            # A tile grid's tiles (nl.alloc_tiles, NKI 0.7) each sit in whole banks, as many
+            # to a bank as fit; any other tensor is one tile.
+            tile = max(1, self.psum_tile_bytes or bytes_per_partition)
+            per_bank = max(1, PSUM_BANK_BYTES // tile)
+            tiles = -(-bytes_per_partition // tile)
+            banks = -(-tiles // per_bank) * -(-tile // PSUM_BANK_BYTES)
             # NeuronCore-v4 matmuls write up to all 8 banks at once (nki.isa.nc_matmul, "Tile
             # size"); earlier cores keep a PSUM tile within one 2 KiB bank.
-            if banks > 1 and self.target.version < 4:
+            if tile > PSUM_BANK_BYTES and self.target.version < 4:
                 raise errors.SizeOfDimensionExceedArchLimit(
-                    f"{what} needs {bytes_per_partition} bytes per partition; a PSUM tile must fit "
+                    f"{what} needs {tile} bytes per partition; a PSUM tile must fit "
                     f"one bank of {PSUM_BANK_BYTES} bytes (512 fp32) before NeuronCore-v4"
                 )
             if self.psum_banks_in_use + banks > PSUM_BANKS:
@@ -193,7 +240,10 @@ class Run:
                 )
             self.sbuf_in_use += bytes_per_partition
             self.peak_sbuf = max(self.peak_sbuf, self.sbuf_in_use)
-        return Allocation(self, in_psum, bytes_per_partition)
+        # PSUM: whole banks, which the release gives back
+        return Allocation(
+            self, in_psum, banks * PSUM_BANK_BYTES if in_psum else bytes_per_partition
+        )
 
     def _over_capacity(
         self, error: type[errors.NkiValidationError], message: str, alone: bool
@@ -207,6 +257,25 @@ class Run:
             warnings.warn(
                 f"{message}: the compiler spills to HBM", errors.SpillWarning, stacklevel=4
             )
+
+    def physical(self, in_psum: bool) -> np.ndarray:
+        """The core's SBUF (or PSUM) as one ``[128, bytes per partition]`` uint8 array that
+        tensors placed at addresses view, so that two placements overlapping in memory see
+        each other's writes. It starts as 0xFF bytes: NaN in every float dtype (integers
+        read as all ones)."""
+        if in_psum not in self._physical:
+            row = PSUM_BANKS * PSUM_BANK_BYTES if in_psum else self.target.sbuf_bytes_per_partition
+            self._physical[in_psum] = np.full((PMAX, row), 0xFF, np.uint8)
+        return self._physical[in_psum]
+
+    def place(
+        self, in_psum: bool, address: tuple[int, int], bytes_per_partition: int
+    ) -> Allocation:
+        """The allocation of a tensor the kernel placed at ``address`` (first partition,
+        first byte of each partition; checked by the caller)."""
+        end = address[1] + bytes_per_partition
+        self.placed_extent[in_psum] = max(self.placed_extent[in_psum], end)
+        return Allocation(self, in_psum, 0, address)
 
     def release(self, allocation: Allocation) -> None:
         if allocation.in_psum:
@@ -228,7 +297,11 @@ class Run:
         non-tile ``params``, and whether the kernel chose ``engine`` (``pinned``; False: the
         compiler chooses) (:class:`~asickernels.simulate.nki.trace.Instruction`)."""
         self.instructions[engine] += 1
+        if self.wide_on_chip:
+            _within_partitions(engine, api, (*reads, *writes))
         if self.trace is not None:
+            if not self.trace_accesses:
+                reads = writes = ()
             self.trace.append(trace.instruction(engine, api, reads, writes, params, pinned))
 
     def follow(self, api: str, reads: Sequence[Any], writes: Sequence[Any]) -> None:
@@ -249,6 +322,8 @@ class Run:
     ) -> None:
         self.dma_transfers += 1
         if self.trace is not None:
+            if not self.trace_accesses:
+                reads = writes = ()
             self.trace.append(trace.instruction("dma", api, reads, writes))
         if src_in_hbm and not dst_in_hbm:
             self.hbm_to_sbuf_bytes += nbytes
@@ -263,8 +338,11 @@ class Run:
             dma_transfers=float(self.dma_transfers),
             hbm_to_sbuf_bytes=float(self.hbm_to_sbuf_bytes),
             sbuf_to_hbm_bytes=float(self.sbuf_to_hbm_bytes),
-            peak_sbuf_bytes_per_partition=float(self.peak_sbuf),
-            peak_psum_banks=float(self.peak_psum_banks),
+            # placed tensors reach placed_extent; the compiler's tiles come on top
+            peak_sbuf_bytes_per_partition=float(self.peak_sbuf + self.placed_extent[False]),
+            peak_psum_banks=float(
+                self.peak_psum_banks + -(-self.placed_extent[True] // PSUM_BANK_BYTES)
+            ),
         )
         return report
 
@@ -339,6 +417,37 @@ def publish_counters(runs: list[Run]) -> None:
         key: (max if key.startswith("peak_") else sum)(r[key] for r in reports)
         for key in reports[0]
     }
+
+
+def _within_partitions(engine: str, api: str, operands: Sequence[Any]) -> None:
+    """A compute engine reads and writes at most 128 partitions: an on-chip tensor over more
+    (see :func:`allocating`) is reached by DMA or one partition tile at a time."""
+    for operand in operands:
+        shape = getattr(operand, "shape", ())
+        if getattr(operand, "on_chip", False) and shape and shape[0] > PMAX:
+            raise errors.NumPartitionExceedArchLimit(
+                f"'{api}' operand {operand!r}: size of partition dimension {shape[0]} exceeds "
+                f"architecture limitation of {PMAX} for a {engine} engine instruction (a tensor "
+                "over 128 partitions is reached by DMA or one 128-partition tile at a time)"
+            )
+
+
+@contextlib.contextmanager
+def allocating(api: str, **settings: Any) -> Iterator[None]:
+    """On-chip allocations inside are made with ``settings`` on the run: ``psum_tile_bytes``
+    (the tiles' bytes per partition of a PSUM tile grid: :meth:`Run.allocate` gives each tile
+    whole banks) or ``partition_tiles=True`` (a tensor may have more than 128 partitions: the
+    memory holds it as 128-partition tiles side by side, its bytes per partition multiplied;
+    engine instructions check their operands, :func:`_within_partitions`)."""
+    run = active_run(api)
+    saved = {key: getattr(run, key) for key in settings}
+    for key, value in settings.items():
+        setattr(run, key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(run, key, value)
 
 
 def in_kernel() -> bool:

@@ -4,6 +4,7 @@ SDK's indexing and view rules checked (bounds, the partition axis of on-chip ten
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from asickernels.simulate.nki import errors, runtime
+from asickernels.simulate.nki import errors, placement, runtime
 
 
 class MemoryRegion(enum.Enum):
@@ -39,6 +40,8 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "int8": np.dtype(np.int8),
     "int16": np.dtype(np.int16),
     "int32": np.dtype(np.int32),
+    # 64-bit values only for NkiScalar loads and stores (nki.isa.scalar_load, NKI 0.7+).
+    "int64": np.dtype(np.int64),
     "uint8": np.dtype(np.uint8),
     "uint16": np.dtype(np.uint16),
     "uint32": np.dtype(np.uint32),
@@ -106,13 +109,61 @@ def is_hbm(buffer: MemoryRegion) -> bool:
 class NKIObject:
     """``nl.NKIObject``: the base class of NKI kernel dataclasses and configuration objects
     (2.32 reference, nki/api/nki/language/__init__.py); keyword arguments become
-    attributes."""
+    attributes.
+
+    A subclass that defines no ``__init__`` gets the one the NKI compiler creates, with or
+    without ``@dataclass`` (nki/get-started/nki-language-guide.rst, "Class Support"): one
+    parameter per field, in order, defaulting to the field's class value (None when it has
+    none), then ``__post_init__`` (other keywords become attributes, as ``NKIObject``'s own
+    ``__init__`` makes them). Fields are the annotated class attributes and, as AWS's
+    kernels use them, the unannotated ones (nki-library@d2ad3a5 attention_cte.py builds its
+    ``@dataclass SectionParams`` of plain ``section_idx = None`` attributes by keyword), frozen
+    dataclasses too (its rotational_topk_utils.py ``@dataclass(frozen=True)
+    TopkHardwareParams``)."""
 
     __slots__ = ()
 
     def __init__(self, **kwargs: Any) -> None:
         for name, value in kwargs.items():
             setattr(self, name, value)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        inherited = cls.__init__
+        if "__init__" not in cls.__dict__ and (
+            inherited is NKIObject.__init__ or getattr(inherited, "nki_generated", False)
+        ):
+            cls.__init__ = _field_initializer(cls)  # type: ignore[method-assign]
+
+
+def _field_initializer(cls: type) -> Any:
+    """The NKI compiler's default ``__init__`` for ``cls`` (see :class:`NKIObject`)."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__[: cls.__mro__.index(NKIObject)]):
+        for name in inspect.get_annotations(klass):
+            defaults.setdefault(name, klass.__dict__.get(name))
+        for name, value in klass.__dict__.items():
+            if not name.startswith("_") and not callable(value) and not hasattr(value, "__get__"):
+                defaults.setdefault(name, value)
+    fields = list(defaults)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(fields):
+            raise TypeError(f"{cls.__name__}() takes {len(fields)} fields, got {len(args)}")
+        values = {**defaults, **dict(zip(fields, args, strict=False))}
+        for name, value in kwargs.items():  # other keywords become attributes, as NKIObject's
+            if name in fields[: len(args)]:
+                raise TypeError(f"{cls.__name__}() got {name!r} twice")
+            values[name] = value
+        for name, value in values.items():  # as dataclass's own __init__ sets a frozen one's
+            object.__setattr__(self, name, value)
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+
+    __init__.nki_generated = True  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
 
 
 class NkiTensor(NKIObject):
@@ -122,6 +173,7 @@ class NkiTensor(NKIObject):
     __slots__ = (
         "_data",
         "_gather",
+        "_oob",
         "allocation",
         "buffer",
         "dtype",
@@ -148,8 +200,10 @@ class NkiTensor(NKIObject):
         # The whole allocation (C-contiguous) this tensor views: what ``.ap`` addresses.
         self.root = data if root is None else root
         self.is_indirect_view = indirect
-        # per-partition indirection (vector_select, ap(vector_offset=)): each partition's view
-        self._gather: list[np.ndarray] | None = None
+        # per-partition indirection (vector_select, ap(vector_offset=), indirect()): each
+        # partition's row view and the index into it (Ellipsis: the whole row)
+        self._gather: list[tuple[np.ndarray, Any]] | None = None
+        self._oob: np.ndarray | None = None  # rows of such a view whose offset is out of bounds
         self.dtype = dtype
         self.buffer = buffer
         self.allocation = alloc  # on-chip: its SBUF/PSUM accounting
@@ -175,22 +229,37 @@ class NkiTensor(NKIObject):
         return not is_hbm(self.buffer)
 
     @property
-    def data(self) -> np.ndarray:
+    def data(self) -> NkiTensor:
+        """The tensor itself: the operand form that tensors share with tile grids
+        (``nki.language.NkiGrid.data``), so a kernel can write ``tile.data`` for either
+        (the example of the nki.language.NkiTileGrid reference page, NKI 0.7+)."""
+        return self
+
+    @property
+    def values(self) -> np.ndarray:
         """The simulated storage (read it for debugging; kernels use NKI APIs). For a
         per-partition indirect view, a read-only copy of the gathered partitions."""
         if self._gather is None:
             return self._data
-        gathered = np.stack(self._gather)
+        gathered = np.stack([row[key] for row, key in self._gather])
         gathered.flags.writeable = False
         return gathered
 
-    def scatter(self, values: np.ndarray) -> bool:
-        """Writes ``values`` through a per-partition indirect view (True), or does nothing
-        for an ordinary view (False)."""
+    @property
+    def out_of_bounds(self) -> np.ndarray | None:
+        """For an indirect view (``ap(vector_offset=)``, ``vector_select``), which of its rows
+        have an offset outside the tensor; None otherwise. Only a DMA with
+        ``oob_mode=nisa.oob_mode.skip`` touches such a view: it skips those rows."""
+        return self._oob
+
+    def scatter(self, values: np.ndarray, skip: np.ndarray | None = None) -> bool:
+        """Writes ``values`` through a per-partition indirect view, leaving the rows
+        ``skip`` selects (True), or does nothing for an ordinary view (False)."""
         if self._gather is None:
             return False
-        for row, value in zip(self._gather, values, strict=True):
-            row[...] = value
+        for r, ((row, key), value) in enumerate(zip(self._gather, values, strict=True)):
+            if skip is None or not skip[r]:
+                row[key] = value
         return True
 
     def __repr__(self) -> str:
@@ -199,10 +268,15 @@ class NkiTensor(NKIObject):
         )
 
     def __bool__(self) -> bool:
-        raise errors.AmbiguousTensorTruthValue(
-            f"the truth value of {self!r} is only known on device; branch with nl.where or "
-            "predicated instructions, not Python control flow"
-        )
+        """True: a tensor in a Python condition is a presence test. The compiler resolves every
+        ``if`` while specializing the kernel, before any tensor holds a value (nki/get-started/
+        nki-language-guide.rst@81ce03a, "Compilation Model" and "Control Flow"), and the
+        reference's ``NkiTensor`` defines no truth value of its own (nki/api/nki/language/
+        __init__.py@81ce03a); nki-library@d2ad3a5's device-run kernels test optional tensors
+        so (core/mlp/mlp_tkg/mlp_tkg_constants.py:173, ``if ... expert_index:`` on HBM and
+        SBUF indices, which may hold 0). A branch on values takes nl.where or predicated
+        instructions, on a device as here."""
+        return True
 
     def __iter__(self) -> Any:
         raise TypeError("NKI tensors are not iterable; index them with slices")
@@ -210,17 +284,46 @@ class NkiTensor(NKIObject):
     @property
     def strides(self) -> tuple[int, ...]:
         """Element strides of this view into its storage (partition stride included)."""
-        return tuple(stride // self.dtype.itemsize for stride in self._data.strides)
+        return tuple(stride // self.dtype.itemsize for stride in self._byte_strides())
 
     @property
     def offset(self) -> int:
         """Element offset of this view's first element in its storage."""
         return self._byte_offset() // self.dtype.itemsize
 
+    # A tensor's storage is its allocation laid out row-major, one partition after another
+    # (what ``offset``, ``strides`` and ``ap`` address). An ordinary allocation is such an
+    # array; a tensor placed at an address is a view of the core's physical memory, whose
+    # partitions lie further apart: positions are translated between the two layouts.
+    def _memory(self) -> tuple[np.ndarray, int, int]:
+        """``(memory, start, row)``: the bytes behind this tensor's allocation as one
+        contiguous uint8 array, where the allocation starts in it, and the bytes from one
+        partition to the next there."""
+        allocation = self.allocation
+        if allocation is None or allocation.address is None:
+            return self.root.reshape(-1).view(np.uint8), 0, self._row_bytes()
+        memory = allocation.run.physical(allocation.in_psum)
+        row = memory.shape[1]
+        return memory.reshape(-1), allocation.address[0] * row + allocation.address[1], row
+
+    def _row_bytes(self) -> int:
+        """Bytes per partition of the allocation's row-major layout."""
+        return self.root.nbytes // self.root.shape[0] if self.root.ndim else self.root.nbytes
+
     def _byte_offset(self) -> int:
-        return int(
-            self._data.__array_interface__["data"][0] - self.root.__array_interface__["data"][0]
-        )
+        """Where this view starts in its allocation's row-major layout, in bytes."""
+        delta = _address(self._data) - _address(self.root)
+        _, _, row = self._memory()
+        partitions, within = divmod(delta, row)
+        return partitions * self._row_bytes() + within
+
+    def _byte_strides(self) -> tuple[int, ...]:
+        """This view's strides in its allocation's row-major layout, in bytes."""
+        strides = self._data.strides
+        _, _, row = self._memory()
+        if not strides or row == self._row_bytes():
+            return tuple(strides)
+        return (strides[0] // row * self._row_bytes(), *strides[1:])
 
     def _view(
         self,
@@ -248,22 +351,30 @@ class NkiTensor(NKIObject):
     # -- indexing -----------------------------------------------------------------------
     def __getitem__(self, key: Any) -> NkiTensor:
         """Integers, slices (step >= 1), ``Ellipsis`` and :func:`nki.language.ds`; every
-        index must lie inside the tensor. On-chip, an integer on axis 0 keeps the axis."""
+        index must lie inside the tensor. On-chip, an integer on axis 0 keeps the axis, and
+        views stay at least 2-D: integers on every free axis keep the last one at size 1
+        (``t[:, 3]`` of a ``[128, 8]`` tile is ``[128, 1]``; nki-language-guide.rst@81ce03a,
+        "Indexing"; nki-library@d2ad3a5 attention_cte.py:2734-2745 indexes that view with
+        ``[:num_p, :1]``). HBM views stay at least 1-D. An empty range (``nl.ds(start, 0)``) makes an empty view, which no instruction takes:
+        AWS's cross-entropy kernel gives an LNC=2 core no rows for a one-row input and
+        never touches its empty slices (nki-library@d2ad3a5,
+        test/integration/nkilib/experimental/loss/test_cross_entropy_forward.py, B=T=1)."""
         keys = expand_ellipsis(self, list(key) if isinstance(key, tuple) else [key])
         keys += [slice(None)] * (self.ndim - len(keys))
         numpy_key: list[int | slice] = []
         for axis, (k, size) in enumerate(zip(keys, self.shape, strict=True)):
             if isinstance(k, slice):
-                numpy_key.append(checked_slice(self, axis, k, size))
+                numpy_key.append(checked_slice(self, axis, k, size, allow_empty=True))
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
                 i = checked_index(self, axis, k, size)
                 numpy_key.append(slice(i, i + 1) if axis == 0 and self.on_chip else i)
             else:
                 raise TypeError(f"unsupported index {k!r} for {self!r}: use ints, slices or nl.ds")
-        if not self.on_chip and all(not isinstance(k, slice) for k in numpy_key):
+        free = numpy_key[1:] if self.on_chip else numpy_key
+        if free and all(not isinstance(k, slice) for k in free):
             last = numpy_key[-1]
             assert isinstance(last, int)
-            numpy_key[-1] = slice(last, last + 1)  # HBM views stay at least 1-D
+            numpy_key[-1] = slice(last, last + 1)
         return self._view(self._data[tuple(numpy_key)])
 
     # -- views ---------------------------------------------------------------------------
@@ -381,10 +492,13 @@ class NkiTensor(NKIObject):
         return self[tuple(key)]
 
     def select(self, dim: int, index: int | NkiTensor) -> NkiTensor:
-        """Element ``index`` of ``dim``, removing the dimension. A tensor ``index`` (dynamic
-        selection) is read now: the simulator knows device values as it runs."""
-        indirect = isinstance(index, NkiTensor)
-        if isinstance(index, NkiTensor):
+        """Element ``index`` of ``dim``, removing the dimension. A run-time ``index`` (a
+        one-element tensor or an ``NkiScalar``: dynamic selection) is read now, as the
+        simulator knows device values as it runs; one outside the dimension makes a view
+        that raises where an instruction uses it (a DMA with ``oob_mode.skip`` skips it),
+        as a device finds it only then."""
+        indirect = not isinstance(index, (int, np.integer))
+        if indirect:
             if self.is_indirect_view:
                 raise errors.NkiValidationError(f"{self!r} is already an indirect view")
             if self.on_chip and dim % self.ndim == 0:
@@ -392,6 +506,14 @@ class NkiTensor(NKIObject):
                     f"dynamic select on the partition axis of {self!r}"
                 )
             index = _scalar_value(index)
+            if not 0 <= index < self.shape[dim % self.ndim]:
+                shape = [n for d, n in enumerate(self.shape) if d != dim % self.ndim]
+                placeholder = np.zeros(shape, self.dtype)
+                return self._gathered(
+                    [(row, Ellipsis) for row in placeholder],
+                    self.dtype,
+                    np.ones(len(placeholder), np.bool_),
+                )
         dim %= self.ndim
         self._check_partition_axis_kept(dim == 0, f"select({dim}, {index})")
         key: list[Any] = [slice(None)] * self.ndim
@@ -407,39 +529,96 @@ class NkiTensor(NKIObject):
             raise errors.LeadingDimensionOfTensorMustBePartition(
                 f"vector_select({dim}) on {self!r}: only dimension 0"
             )
-        offsets = self._vector_offsets(vector_offset, self.shape[0])
-        return self._gathered([self._data[o] for o in offsets], self.dtype)
+        if vector_offset.size != vector_offset.shape[0]:
+            raise errors.ShapeMismatch(
+                f"vector_select takes an SBUF [P, 1] vector_offset, got {vector_offset!r}"
+            )
+        offsets, outside = self._vector_offsets(
+            vector_offset, self.shape[0], vector_offset.shape[0]
+        )
+        placeholder = np.zeros(self.shape[1:], self.dtype)
+        rows = [
+            (placeholder if bad else self._data[o], Ellipsis)
+            for o, bad in zip(offsets, outside, strict=True)
+        ]
+        return self._gathered(rows, self.dtype, outside)
 
-    def _vector_offsets(self, vector_offset: NkiTensor, limit: int) -> np.ndarray:
-        """The per-partition offsets of an indirect view (an SBUF [P, 1] integer tile, read
-        as the instruction runs), each in ``[0, limit)``."""
+    def _vector_offsets(
+        self, vector_offset: NkiTensor, limit: int, count: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``count`` offsets of an indirect view and which of them lie outside
+        ``[0, limit)``: the SBUF integer tile ``vector_offset`` read as the instruction
+        runs, column after
+        column (``indices.T.flatten()``: a ``[128, N]`` tile of the 2-D index form gathers
+        ``128 * N`` rows, nki.isa.dma_transpose "Indirect transpose", NKI 0.6)."""
         if self.is_indirect_view:
             raise errors.NkiValidationError(f"{self!r} is already an indirect view")
         if self.on_chip:
             raise errors.UnsupportedMemory(f"per-partition indirection reads HBM, not {self!r}")
-        if (
-            vector_offset.buffer is not MemoryRegion.sbuf
-            or vector_offset.size != vector_offset.shape[0]
-        ):
+        if vector_offset.buffer is not MemoryRegion.sbuf or vector_offset.ndim != 2:
             raise errors.ShapeMismatch(
-                f"vector_offset must be an SBUF [P, 1] tile, got {vector_offset!r}"
+                f"vector_offset must be a 2-D SBUF tile, got {vector_offset!r}"
             )
         if vector_offset.dtype.kind not in "iu":
             raise errors.UnsupportedDtype(
                 f"vector_offset must hold integers, got {vector_offset!r}"
             )
-        offsets = vector_offset.data.reshape(-1).astype(np.int64)
-        if offsets.min() < 0 or offsets.max() >= limit:
-            raise errors.TensorAccessOutOfBound(
-                f"vector_offset values {offsets.min()}..{offsets.max()} outside 0..{limit - 1} "
-                f"for {self!r}"
+        if vector_offset.size < count:
+            raise errors.ShapeMismatch(
+                f"{count} indirect rows need as many offsets, {vector_offset!r} has "
+                f"{vector_offset.size}"
             )
-        return offsets
+        offsets = vector_offset.values.T.reshape(-1)[:count].astype(np.int64)
+        return offsets, (offsets < 0) | (offsets >= limit)
 
-    def _gathered(self, rows: list[np.ndarray], dtype: np.dtype[Any]) -> NkiTensor:
-        view = self._view(np.stack(rows), dtype=dtype, indirect=True)
+    def _gathered(
+        self,
+        rows: list[tuple[np.ndarray, Any]],
+        dtype: np.dtype[Any],
+        out_of_bounds: np.ndarray | None = None,
+    ) -> NkiTensor:
+        view = self._view(np.stack([row[key] for row, key in rows]), dtype=dtype, indirect=True)
         view._gather = rows
+        if out_of_bounds is not None and out_of_bounds.any():
+            view._oob = out_of_bounds
         return view
+
+    def indirect(self, index: NkiTensor, num_elem: int | None = None) -> NkiTensor:
+        """A Tensor Indirection view (NeuronCore-v4): ``[P, num_elem]``, element ``[p, i]``
+        being this tensor's partition ``p`` at free offset ``o_i`` (of the flattened free
+        axes), with ``o_i = index[i % 16, i // 16]`` (``index``: an SBUF ``[P, K]`` integer
+        tile, read as the instruction runs; ``num_elem`` defaults to ``index.size``).
+        Instructions read it (gather) or write it (scatter). The snake groups 16
+        partitions, the group of the Vector, Scalar and GpSimd engines; the Tensor
+        engine's group of 32 is not simulated (nki.language.NkiTensor.indirect, NKI 0.6)."""
+        if runtime.current_target().version < 4:
+            raise errors.UnsupportedOperator(
+                f"indirect() on {self!r}: Tensor Indirection needs NeuronCore-v4 (trn3)"
+            )
+        if self.is_indirect_view:
+            raise errors.NkiValidationError(f"{self!r} is already an indirect view")
+        if not isinstance(index, NkiTensor) or index.buffer is not MemoryRegion.sbuf:
+            raise errors.UnsupportedMemory(
+                f"indirect(): index must be an SBUF tensor, got {index!r}"
+            )
+        if index.ndim != 2 or index.shape[0] != self.shape[0] or index.dtype.kind not in "iu":
+            raise errors.ShapeMismatch(
+                f"indirect(): index must be an integer [{self.shape[0]}, K] tile, got {index!r}"
+            )
+        count = index.size if num_elem is None else int(num_elem)
+        group = min(16, index.shape[0])
+        if not 0 < count <= index.size:
+            raise errors.ShapeMismatch(f"indirect(): num_elem {count} outside 1..{index.size}")
+        positions = np.arange(count)
+        offsets = index.values[positions % group, positions // group].astype(np.int64)
+        row_shape = self.shape[1:]
+        if offsets.min() < 0 or offsets.max() >= math.prod(row_shape):
+            raise errors.TensorAccessOutOfBound(
+                f"indirect() offsets {offsets.min()}..{offsets.max()} outside the "
+                f"{math.prod(row_shape)} free elements of {self!r}"
+            )
+        key = np.unravel_index(offsets, row_shape)
+        return self._gathered([(row, key) for row in self._data], self.dtype)
 
     def is_contiguous(self) -> bool:
         """Row-major contiguity of the view (for on-chip tensors, of the free axes only)."""
@@ -486,7 +665,12 @@ class NkiTensor(NKIObject):
         if scalar_offset is not None:
             if self.is_indirect_view:
                 raise errors.NkiValidationError(f"{self!r} is already an indirect view")
-            start += _scalar_value(scalar_offset) * self._data.strides[indirect_dim]
+            if self.on_chip and getattr(scalar_offset, "dtype", None) == np.dtype(np.int64):
+                # nki.isa.scalar_load: "on an SBUF or PSUM operand the offset must be nl.int32"
+                raise errors.UnsupportedDtype(
+                    f"an nl.int64 scalar_offset on {self!r}: on-chip offsets are nl.int32"
+                )
+            start += _scalar_value(scalar_offset) * self._byte_strides()[indirect_dim]
         total = self.root.nbytes
         low = start + sum(min(0, step * (count - 1)) for step, count in pairs) * itemsize
         high = start + (sum(max(0, step * (count - 1)) for step, count in pairs) + 1) * itemsize
@@ -495,14 +679,18 @@ class NkiTensor(NKIObject):
                 f"access pattern {pattern} at element offset {start // itemsize} reaches bytes "
                 f"[{low}, {high}) of {self!r}'s {total}-byte storage"
             )
+        strides = [step * itemsize for step, _ in pairs]
+        memory, base, row = self._memory()
         if self.on_chip:
             self._check_on_chip_pattern(pairs, start, itemsize)
+            strides[0] = strides[0] // self._row_bytes() * row  # whole partitions
+        partitions, within = divmod(start, self._row_bytes())
         data = np.ndarray(
             [count for _, count in pairs],
             new_dtype,
-            buffer=self.root.reshape(-1).view(np.uint8),
-            offset=start,
-            strides=[step * itemsize for step, _ in pairs],
+            buffer=memory,
+            offset=base + partitions * row + within,
+            strides=strides,
         )
         return self._view(data, dtype=new_dtype, indirect=scalar_offset is not None)
 
@@ -515,27 +703,25 @@ class NkiTensor(NKIObject):
         dtype: Any,
     ) -> NkiTensor:
         (_, partitions), *free = [(int(step), int(count)) for step, count in pattern]
-        if partitions != vector_offset.shape[0]:
-            raise errors.ShapeMismatch(
-                f"access pattern {pattern} walks {partitions} partitions, vector_offset has "
-                f"{vector_offset.shape[0]}"
-            )
         new_dtype = self.dtype if dtype is None else nki_dtype(dtype)
         stride = self._data.strides[indirect_dim]
         if stride % new_dtype.itemsize:
             raise errors.ShapeMismatch(
                 f"dimension {indirect_dim} of {self!r} is not a whole number of {new_dtype}"
             )
-        offsets = self._vector_offsets(vector_offset, self.shape[indirect_dim])
+        offsets, outside = self._vector_offsets(vector_offset, self.shape[indirect_dim], partitions)
+        placeholder = np.zeros([count for _, count in free], new_dtype)
         rows = [
-            self.ap(
+            placeholder
+            if bad
+            else self.ap(
                 [[1, 1], *([step, count] for step, count in free)],
                 (offset or 0) + int(row) * stride // new_dtype.itemsize,
                 dtype=new_dtype,
             )._data[0]
-            for row in offsets
+            for row, bad in zip(offsets, outside, strict=True)
         ]
-        return self._gathered(rows, new_dtype)
+        return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
 
     def _check_on_chip_pattern(
         self, pairs: list[tuple[int, int]], start: int, itemsize: int
@@ -545,7 +731,9 @@ class NkiTensor(NKIObject):
         row_bytes = self.root.nbytes // self.root.shape[0]
         (partition_step, partitions), free = pairs[0], pairs[1:]
         within = start % row_bytes + (sum(max(0, s * (c - 1)) for s, c in free) + 1) * itemsize
-        if partitions > runtime.PMAX:
+        # a tensor over 128 partitions (runtime.allocating) is viewed whole; compute
+        # instructions check their operands
+        if partitions > max(runtime.PMAX, self.root.shape[0]):
             raise errors.NumPartitionExceedArchLimit(
                 f"access pattern with {partitions} partitions exceeds architecture limitation of "
                 f"{runtime.PMAX}"
@@ -570,11 +758,12 @@ class NkiTensor(NKIObject):
                 f"{self.shape[-1] * self.dtype.itemsize} bytes does not divide"
             )
         count = self.shape[-1] * self.dtype.itemsize // new_dtype.itemsize
+        memory, _, _ = self._memory()
         data = np.ndarray(
             (*self.shape[:-1], count),
             new_dtype,
-            buffer=self.root.reshape(-1).view(np.uint8),
-            offset=self._byte_offset(),
+            buffer=memory,
+            offset=_address(self._data) - _address(memory),
             strides=(*self._data.strides[:-1], new_dtype.itemsize),
         )
         return self._view(data, dtype=new_dtype)
@@ -611,9 +800,10 @@ def checked_index(tensor: Any, axis: int, k: int | np.integer[Any], size: int) -
     return i
 
 
-def checked_slice(tensor: Any, axis: int, k: slice, size: int) -> slice:
+def checked_slice(tensor: Any, axis: int, k: slice, size: int, allow_empty: bool = False) -> slice:
     """``k`` on dimension ``axis`` (of ``size``) of ``tensor`` (either generation's) with its
-    bounds resolved: a step >= 1 and a non-empty range inside the dimension."""
+    bounds resolved: a step >= 1 and a range inside the dimension, non-empty unless
+    ``allow_empty``."""
     step = 1 if k.step is None else int(k.step)
     start = 0 if k.start is None else int(k.start)
     stop = size if k.stop is None else int(k.stop)
@@ -621,6 +811,8 @@ def checked_slice(tensor: Any, axis: int, k: slice, size: int) -> slice:
     stop += size if stop < 0 else 0
     if step < 1:
         raise errors.TensorAccessOutOfBound(f"slice step {step} on {tensor!r}: steps must be >= 1")
+    if allow_empty and 0 <= start == stop <= size:
+        return slice(start, stop, step)
     if not 0 <= start < stop <= size:
         raise errors.TensorAccessOutOfBound(
             f"index range [{start}, {stop - 1}] on dimension {axis} of {tensor!r} exceeds "
@@ -632,11 +824,11 @@ def checked_slice(tensor: Any, axis: int, k: slice, size: int) -> slice:
 
 
 def _scalar_value(value: Any) -> int:
-    """A run-time index: a one-element tensor's value, or a register's (``nl.fori_loop``
-    hands its body a ``VirtualRegister``)."""
+    """A run-time index: a one-element tensor's value, or an ``NkiScalar``'s or register's
+    (``nl.fori_loop`` hands its body one)."""
     if isinstance(value, NkiTensor):
-        return int(np.asarray(value.data).reshape(-1)[0])
-    return int(value)
+        return int(np.asarray(value.values).reshape(-1)[0])
+    return int(getattr(value, "value", value))
 
 
 def allocate(
@@ -648,16 +840,29 @@ def allocate(
     fill: float | None = None,
     *,
     block_dims: int = 0,
+    address: Any = None,
 ) -> NkiTensor:
     """New storage in ``buffer``, holding ``fill`` or, for ``None``, the uninitialised
     sentinel (NaN for floats, 4 for integers). ``block_dims``: leading dimensions before
     the partition dimension (the legacy generation's ``par_dim``), which are logical: "the
     physical tiles may not be alive in the memory simultaneously ... at the very minimum,
     only 1 physical tile needs to be alive" (general/nki/nki_block_dimension_migration_guide.rst),
-    so one tile is counted."""
+    so one tile is counted. ``address`` ``(partition_offset, free_offset)`` places an
+    on-chip tensor in the core's physical memory instead (:mod:`.placement`): it holds
+    whatever was written there."""
     run = runtime.active_run(api)
     dtype = nki_dtype(dtype)
     shape = storage_shape(api, shape, buffer)
+    if address is not None:
+        if is_hbm(buffer):
+            raise NotImplementedError(
+                f"'{api}': address= on an HBM tensor ({name or list(shape)}) is not simulated; "
+                "only SBUF and PSUM placements are"
+            )
+        what = f"{name or 'tensor'} {list(shape)} {dtype} in {buffer.value}"
+        psum = buffer is MemoryRegion.psum
+        data, placed = placement.place(run, psum, dtype, shape, address, what)
+        return NkiTensor(data, dtype, buffer, placed, name)
     alloc = None
     if not is_hbm(buffer):
         what = f"{name or 'tensor'} {list(shape)} {dtype} in {buffer.value}"
@@ -665,7 +870,7 @@ def allocate(
     if buffer is MemoryRegion.shared_hbm:  # one storage for all logical cores of the launch
         run.shared_hbm_created += 1
         data = run.launch.shared_tensor(
-            run.shared_hbm_created - 1, lambda: _new_storage(shape, dtype, fill)
+            run.shared_hbm_created - 1, lambda: _new_storage(shape, dtype, fill, run.trace_only)
         )
         if data.shape != shape or data.dtype != dtype:
             raise errors.ShapeMismatch(
@@ -673,7 +878,7 @@ def allocate(
                 f"where another core created {list(data.shape)} {data.dtype}"
             )
     else:
-        data = _new_storage(shape, dtype, fill)
+        data = _new_storage(shape, dtype, fill, run.trace_only)
     return NkiTensor(data, dtype, buffer, alloc, name)
 
 
@@ -697,15 +902,23 @@ def on_chip_allocation(
         raise errors.LeadingDimensionOfTensorMustBePartition(
             f"{what}: an on-chip tile needs a partition axis and at least one free axis"
         )
-    if tile[0] > runtime.PMAX:
-        raise errors.NumPartitionExceedArchLimit(
-            f"{what}: size of partition dimension {tile[0]} exceeds architecture "
-            f"limitation of {runtime.PMAX}"
-        )
-    return run.allocate(buffer is MemoryRegion.psum, math.prod(tile[1:]) * dtype.itemsize, what)
+    partition_tiles = -(-tile[0] // runtime.PMAX)
+    if partition_tiles > 1:
+        if not run.partition_tiles:
+            raise errors.NumPartitionExceedArchLimit(
+                f"{what}: size of partition dimension {tile[0]} exceeds architecture "
+                f"limitation of {runtime.PMAX}"
+            )
+        run.wide_on_chip = True  # runtime.allocating(partition_tiles=True)
+    nbytes = partition_tiles * math.prod(tile[1:]) * dtype.itemsize
+    return run.allocate(buffer is MemoryRegion.psum, nbytes, what)
 
 
-def _new_storage(shape: tuple[int, ...], dtype: np.dtype[Any], fill: float | None) -> np.ndarray:
+def _new_storage(
+    shape: tuple[int, ...], dtype: np.dtype[Any], fill: float | None, trace_only: bool
+) -> np.ndarray:
+    if trace_only:  # values are not computed: every value reads as zero (and zeroed pages
+        return np.zeros(shape, dtype)  # are only touched when written)
     if is_packed(dtype):  # packed MX data starts as all-ones bytes (NaN in both fp8 formats)
         return np.full((*shape, dtype.itemsize), 0xFF, np.uint8).view(dtype).reshape(shape)
     if fill is None:
@@ -738,3 +951,8 @@ def wrap_argument(
     if array.ndim == 0 or array.size == 0:
         raise errors.ShapeMismatch(f"kernel argument {position} has shape {array.shape}")
     return NkiTensor(array, dtype, buffer, None, position, is_argument=True)
+
+
+def _address(array: np.ndarray) -> int:
+    """Where ``array``'s first element is in memory."""
+    return int(array.__array_interface__["data"][0])

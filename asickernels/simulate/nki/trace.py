@@ -75,6 +75,31 @@ def _runs(first_partition: np.ndarray) -> int:
     return 1 + int(np.count_nonzero(np.diff(flat) != 1)) if flat.size > 1 else 1
 
 
+def _strided_runs(row: np.ndarray) -> int:
+    """Contiguous pieces of a strided row (a NumPy view), from its strides: the innermost
+    axes that continue one another make one piece (what :func:`_runs` counts, without
+    building the row's offsets)."""
+    axes = [(n, s) for n, s in zip(row.shape, row.strides, strict=True) if n > 1]
+    piece, step = 1, row.itemsize
+    for size, stride in reversed(axes):
+        if stride != step:
+            break
+        piece *= size
+        step *= size
+    return math.prod(n for n, _ in axes) // piece
+
+
+# dtype -> its name (``np.dtype.name`` is slow, and asked for every operand)
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(getattr(dtype, "name", dtype))
+    return name
+
+
 def access(tensor: Any) -> Access | None:
     """The :class:`Access` of a simulator tensor (current or legacy API); None for a
     scalar or anything else that is not a tile."""
@@ -90,18 +115,41 @@ def access(tensor: Any) -> Access | None:
         blocks = min(tensor.block_dims, offsets.ndim - 1)
         partitions = offsets.shape[blocks] if offsets.ndim else 1
         memory, dtype = _memory(tensor.buffer), tensor.dtype
+        # a strided view (slices and integers, no mask): its pieces and bounds from strides
+        strided = None if tensor.repeats or tensor.out_of_bounds is not None else tensor.core
         runs = 1
         if memory == "hbm" and offsets.ndim > 1:  # only DMAs price an HBM view's pieces
-            runs = _runs(offsets[(0,) * (blocks + 1)])
-        low = int(offsets.min()) if offsets.size else 0
-        high = int(offsets.max()) if offsets.size else 0
+            first = (0,) * (blocks + 1)
+            if strided is not None:
+                runs = _strided_runs(strided.values[first])
+            else:
+                row = offsets[first]
+                if tensor.out_of_bounds is not None:  # elements a mask excludes move nothing
+                    row = row[~tensor.out_of_bounds[first]]
+                runs = _runs(row)
+        if allocation is not None and allocation.address is not None:
+            physical = allocation.run.physical(allocation.in_psum)
+            key = id(physical)
+            low, high = _placed_bytes(storage.flat, offsets, physical)
+        elif not offsets.size:
+            low = high = 0
+        elif strided is not None:
+            low, high = _element_bounds(strided.values, storage.tensor.values)
+        else:
+            low, high = int(offsets.min()), int(offsets.max())
     elif isinstance(tensor, NkiTensor):
         data, root = tensor._data, tensor.root
-        key = -tensor.allocation.serial if tensor.allocation is not None else id(root)
-        low, high = _element_bounds(data, root)
+        allocation = tensor.allocation
+        key = -allocation.serial if allocation is not None else id(root)
+        if allocation is not None and allocation.address is not None:
+            physical = allocation.run.physical(allocation.in_psum)
+            key = id(physical)
+            low, high = _placed_view_bytes(data, physical)
+        else:
+            low, high = _element_bounds(data, root)
         partitions = data.shape[0] if data.ndim else 1
         memory, dtype = _memory(tensor.buffer), tensor.dtype
-        runs = _runs(_row_offsets(data[0])) if memory == "hbm" and data.ndim > 1 else 1
+        runs = _strided_runs(data[0]) if memory == "hbm" and data.ndim > 1 else 1
     else:
         return None
     return Access(
@@ -111,7 +159,7 @@ def access(tensor: Any) -> Access | None:
         low,
         high,
         tuple(int(s) for s in tensor.shape),
-        str(getattr(dtype, "name", dtype)),
+        _dtype_name(dtype),
         int(np.dtype(dtype).itemsize),
         runs,
     )
@@ -129,13 +177,34 @@ def _element_bounds(view: np.ndarray, root: np.ndarray) -> tuple[int, int]:
     return start + sum(r for r in reach if r < 0), start + sum(r for r in reach if r > 0)
 
 
-def _row_offsets(row: np.ndarray) -> np.ndarray:
-    """Element offsets of a strided view, relative to its first element."""
-    item = row.dtype.itemsize
-    offsets = np.zeros((), np.int64)
-    for size, stride in zip(row.shape, row.strides, strict=True):
-        offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * (stride // item)
-    return offsets
+# Tensors placed at addresses (:mod:`asickernels.simulate.nki.placement`) are views of one
+# physical memory, keyed by it; a tile takes the same bytes on each of its partitions, so
+# an access's range is the bytes it touches within a partition: placements overlap exactly
+# where their byte ranges do (partitions apart, they still count as overlapping).
+def _placed_view_bytes(view: np.ndarray, physical: np.ndarray) -> tuple[int, int]:
+    """The first and last byte within a partition of ``physical`` that ``view`` touches."""
+    start = (_pointer(view) - _pointer(physical)) % physical.shape[1]
+    reach = [
+        (size - 1) * stride for size, stride in zip(view.shape[1:], view.strides[1:], strict=True)
+    ]
+    low = start + sum(r for r in reach if r < 0)
+    return low, start + sum(r for r in reach if r > 0) + view.dtype.itemsize - 1
+
+
+def _placed_bytes(elements: Any, offsets: np.ndarray, physical: np.ndarray) -> tuple[int, int]:
+    """The first and last byte within a partition of ``physical`` that the elements
+    ``offsets`` of a placed legacy tensor (``elements``: its ``PlacedElements``) occupy."""
+    if not offsets.size:
+        return 0, 0
+    memory = elements.memory
+    item = memory.dtype.itemsize
+    start = _pointer(memory) - _pointer(physical)
+    within = (start + elements.to_memory[offsets] * item) % physical.shape[1]
+    return int(within.min()), int(within.max()) + item - 1
+
+
+def _pointer(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
 
 
 def instruction(

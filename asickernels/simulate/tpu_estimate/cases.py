@@ -170,7 +170,8 @@ def stream_builder(rows: int, cols: int, block_rows: int) -> Built:
     """A trivial memory-bound Pallas kernel (``x * 2 + 1`` over row blocks): the estimate
     must come out near its bytes over the HBM bandwidth. A fixture for the tests."""
     import jax
-    from jax.experimental import pallas as pl
+
+    from asickernels.pallas_home import pl
 
     def kernel(x_ref: Any, out_ref: Any) -> None:
         out_ref[...] = x_ref[...] * 2.0 + 1.0
@@ -245,6 +246,30 @@ def xla_matmul_case(m: int, k: int, n: int, variant: str) -> EstimateTarget:
         impl="xla",
         shape=label,
         work=roofline.matmul(m, k, n, dtype=dtype, out_bytes=out_bytes, scales=scales),
+    )
+
+
+def blocked_matmul_builder(m: int, k: int, n: int, bm: int, bk: int, bn: int) -> Built:
+    """The Pallas guide's blocked bf16 matmul (:func:`.seed_kernels.matmul_pallas`) at
+    ``[m, k] @ [k, n]`` with blocks ``bm x bk x bn``."""
+    function = functools.partial(seeds.matmul_pallas, bm=bm, bk=bk, bn=bn)
+    return function, [((m, k), "bfloat16"), ((k, n), "bfloat16")]
+
+
+def blocked_matmul_case(
+    m: int, k: int, n: int, blocks: tuple[int, int, int] = (16, 1024, 1024)
+) -> EstimateTarget:
+    """:func:`blocked_matmul_builder`; at few rows (the default blocks take 16), HBM-bound:
+    the weights stream once."""
+    bm, bk, bn = blocks
+    return make_case(
+        f"blocked Pallas matmul bf16 {m}x{k}x{n}, blocks {bm}x{bk}x{bn}",
+        f"{_HERE}:blocked_matmul_builder",
+        {"m": m, "k": k, "n": n, "bm": bm, "bk": bk, "bn": bn},
+        op="bf16_matmul",
+        impl="pallas_tpu",
+        shape=f"{m}x{k}x{n}",
+        work=roofline.matmul(m, k, n, dtype="bfloat16", out_bytes=2),
     )
 
 

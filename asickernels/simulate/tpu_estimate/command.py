@@ -20,6 +20,21 @@ def _run_cli(args: argparse.Namespace) -> int:
     from asickernels.simulate import tpu_compile
     from asickernels.simulate.tpu_estimate import report
 
+    if args.render:  # compiles nothing
+        clashing = [
+            flag for flag in ("generation", "op", "tune", "function", "arg") if getattr(args, flag)
+        ]
+        if clashing:
+            print(f"--render compiles nothing: drop --{', --'.join(clashing)}", file=sys.stderr)
+            return 2
+        return report.run(
+            (),
+            tune_blocks=False,
+            markdown=args.markdown,
+            verbose=False,
+            json_path=args.json,
+            recorded=args.render,
+        )
     missing = tpu_compile.libtpu_status()
     if missing:
         print(f"cannot compile for TPU here: {missing}", file=sys.stderr)
@@ -36,7 +51,6 @@ def _run_cli(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         json_path=args.json,
         ops=args.op,
-        recorded=args.render or (),
     )
 
 
@@ -111,7 +125,9 @@ def register_cli(subparsers: Any) -> None:
         "--tune", action="store_true", help="also sweep int8 matmul blocks and NMS tiles (slow)"
     )
     parser.add_argument(
-        "--markdown", metavar="PATH", help="write calibration, estimates and tuning as markdown"
+        "--markdown",
+        metavar="PATH",
+        help="write the estimates as markdown (TPU: with calibration and tuning)",
     )
     parser.add_argument(
         "--json",
@@ -124,8 +140,9 @@ def register_cli(subparsers: Any) -> None:
         "--render",
         metavar="JSON",
         nargs="+",
-        help="compile nothing: merge these recorded --json files and write the table, "
-        "--json and --markdown from them (with a fresh calibration when they cover v5e)",
+        help="compile nothing (no libtpu needed): merge these recorded --json files and "
+        "write the comparison table, --json and --markdown from them (the calibration "
+        "against published timings compiles, so a full run writes it)",
     )
     parser.add_argument(
         "--op",

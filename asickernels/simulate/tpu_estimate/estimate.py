@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from asickernels import tpu_generations as generations
-from asickernels.simulate.tpu_estimate import parsing, program_facts, walk
+from asickernels.simulate import tpu_compile
+from asickernels.simulate.tpu_estimate import parsing, program_facts, scalar, walk
 from asickernels.simulate.tpu_estimate.observed import KernelRun
 from asickernels.simulate.tpu_estimate.roofline import Work
 
@@ -44,24 +46,30 @@ GENERATIONS = tuple(
 
 
 def hbm_bytes_per_cycle(generation: str) -> float:
-    """One TensorCore's share of the chip's HBM bandwidth, in bytes per cycle."""
+    """One TensorCore's share of its device's HBM bandwidth, at the share a copy gets
+    (:attr:`~asickernels.tpu_generations.Generation.hbm_efficiency`), in bytes per cycle."""
     facts = generations.get(generation)
     assert facts.clock_hz is not None
-    return facts.hbm_bytes_per_s / facts.cores_per_chip / facts.clock_hz
+    device = facts.per_device(facts.hbm_bytes_per_s) * facts.hbm_efficiency
+    return device / facts.cores_per_device / facts.clock_hz
 
 
 # MXUs per TensorCore and their width (jax/_src/pallas/mosaic/tpu_info.py in jax 0.10.2:
 # num_mxus, mxu_column_size); the listings name the same units (mxu0..mxu3 on v5e and v5p,
-# mxu0..mxu1 on v6e).
-MXU_GEOMETRY = {"v4": (4, 128), "v5e": (4, 128), "v5p": (4, 128), "v6e": (2, 256)}
+# mxu0..mxu1 on v6e and v7x).
+MXU_GEOMETRY = {"v4": (4, 128), "v5e": (4, 128), "v5p": (4, 128), "v6e": (2, 256), "v7x": (2, 256)}
+# Branch delay slots where they are not walk.BRANCH_DELAY_SLOTS (see there).
+BRANCH_DELAY_SLOTS = {"v7x": 6}
 _INTEGER_MXU_TYPES = ("s8", "u8", "s4", "u4")
+_FLOAT8_MXU_TYPES = ("e4m3", "e5m2")
 
 
 def mxu_op_cycles(generation: str) -> dict[str, float]:
     """Cycles one ``vmatmul`` occupies its MXU, per operand type: it pushes one vreg of
     ``8 x 32 / bits`` rows through a ``width x width`` array, at the MXU's share of the
-    chip's datasheet peak (int8 for integer types, bfloat16 otherwise; float32 at the
-    bfloat16 rate per row, an assumption). E.g. v5e bf16: 16 x 128 x 128 multiply-adds at
+    device's datasheet peak (int8 for integer types, fp8 for 8-bit floats where the
+    datasheet gives an fp8 peak, bfloat16 otherwise; float32 at the bfloat16 rate per row,
+    an assumption). E.g. v5e bf16: 16 x 128 x 128 multiply-adds at
     197e12 / 2 / 4 MXUs per second = 16 cycles at 1.5 GHz."""
     facts = generations.get(generation)
     if facts.clock_hz is None or generation not in MXU_GEOMETRY:
@@ -69,12 +77,25 @@ def mxu_op_cycles(generation: str) -> dict[str, float]:
     mxus, width = MXU_GEOMETRY[generation]
     cycles = {}
     for operand_type, bits in parsing.MXU_OPERAND_BITS.items():
-        integer = operand_type in _INTEGER_MXU_TYPES
-        peak = (facts.peak_int8_ops_per_s if integer else None) or facts.peak_bf16_ops_per_s
-        macs_per_s = peak / 2 / facts.cores_per_chip / mxus
+        peak = facts.peak_bf16_ops_per_s
+        if operand_type in _INTEGER_MXU_TYPES:
+            peak = facts.peak_int8_ops_per_s or peak
+        elif operand_type in _FLOAT8_MXU_TYPES:
+            peak = facts.peak_fp8_ops_per_s or peak
+        macs_per_s = facts.per_device(peak) / 2 / facts.cores_per_device / mxus
         rows = 8 * 32 // bits
         cycles[operand_type] = rows * width * width / macs_per_s * facts.clock_hz
     return cycles
+
+
+def product_ops_per_cycle(generation: str) -> tuple[float, float]:
+    """One TensorCore's (integer, other) matrix-product operations per cycle at the chip's
+    datasheet peaks (int8, bf16)."""
+    facts = generations.get(generation)
+    assert facts.clock_hz is not None
+    per_cycle = facts.cores_per_chip * facts.clock_hz
+    bf16 = facts.peak_bf16_ops_per_s / per_cycle
+    return (facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s) / per_cycle, bf16
 
 
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
@@ -88,12 +109,12 @@ OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
 # CALL_OVERHEAD_S: per-call time outside the device program (host dispatch, launch,
 #   synchronisation) that `timeit` around `block_until_ready` includes; in "per call" only.
 DMA_LATENCY_S = 0.50e-6
-CALL_OVERHEAD_S = 112e-6
+CALL_OVERHEAD_S = 109e-6
 
 # What the walk does not model, named wherever an estimate comes out below its floor.
 BELOW_FLOOR_NOTE = (
-    "a cost the walk does not model: MXU result-path latency, VMEM bank conflicts, or DMA "
-    "queues beyond one HBM queue per core"
+    "work it did not walk (a loop or branch it assumed: see 'assumes') or a cost it does not "
+    "model (MXU result-path latency, VMEM bank conflicts)"
 )
 
 DUMP_PASSES = "final_bundles|deduplication-map|final_hlo-static"
@@ -120,7 +141,9 @@ class EstimateTarget:
     int or a tuple taken in turn on successive entries of that loop. ``observed_trips``: the
     trips a run on example inputs took in the function's ``while`` loops, in entry order
     (:func:`~.observed.observe`), for the data-dependent loops ``loop_trips``
-    does not name; ``kernel_runs``: what that run saw inside each Pallas kernel (grid
+    does not name; ``arguments``: the function's arguments (:func:`argument`), whose values
+    (small ones given as example arrays) the walk computes with; ``kernel_runs``: what that
+    run saw inside each Pallas kernel (grid
     steps, how often each data-dependent branch ran its region, loop trips).
 
     ``op``, ``impl`` (``"pallas_tpu"``, ``"xla"`` or ``"seed"``) and ``shape`` label the
@@ -131,8 +154,9 @@ class EstimateTarget:
     builder: str
     kwargs: tuple[tuple[str, Any], ...] = ()
     loop_trips: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    observed_trips: tuple[int, ...] = ()
+    observed_trips: tuple[int | None, ...] = ()
     kernel_runs: tuple[KernelRun, ...] = ()
+    arguments: tuple[Argument, ...] = ()
     op: str = ""
     impl: str = ""
     shape: str = ""
@@ -143,6 +167,53 @@ class EstimateTarget:
         built: tuple[Callable[..., Any], list[tuple[tuple[int, ...], Any]]]
         built = getattr(importlib.import_module(module), function)(**dict(self.kwargs))
         return built
+
+
+# An argument of the function: its HLO type (``"s32[8]"``) and, when its values are known
+# and small, its elements' little-endian bytes in C order (None: a shape only, or too big to
+# matter to the scalar unit).
+Argument = tuple[str, bytes | None]
+_HLO_TYPES = {"b": "pred", "i": "s", "u": "u", "f": "f"}
+
+
+def argument(value: Any) -> Argument:
+    """An example argument (an array, or anything with ``shape`` and ``dtype``) as the walk
+    takes it: its values when it is an array of at most
+    :data:`~.scalar.MAX_TRACKED_WORDS` elements (group sizes, loop bounds, block masks)."""
+    import numpy as np
+
+    dtype = np.dtype(value.dtype)
+    kind = "bf" if dtype.name == "bfloat16" else _HLO_TYPES.get(dtype.kind, "?")
+    bits = "" if kind == "pred" else str(dtype.itemsize * 8)
+    shape = tuple(int(d) for d in value.shape)
+    hlo_type = f"{kind}{bits}[{','.join(map(str, shape))}]"
+    small = math.prod(shape) <= scalar.MAX_TRACKED_WORDS and hasattr(value, "__array__")
+    if not small or dtype.kind not in "biuf" or dtype.name == "bfloat16":
+        return hlo_type, None
+    data = np.ascontiguousarray(np.asarray(value), dtype.newbyteorder("<")).tobytes()
+    return hlo_type, data
+
+
+def parameter_words(
+    layouts: Sequence[str], arguments: Sequence[Argument]
+) -> dict[int, dict[int, int]]:
+    """The known words of the top-level program's parameters (by number): each parameter
+    (type and TPU layout, :attr:`~.parsing.Dump.parameter_layouts`) takes the next argument
+    of its type (arguments the compiler dropped as unused are skipped), laid out in memory as
+    the layout says."""
+    words: dict[int, dict[int, int]] = {}
+    position = 0
+    for number, layout in enumerate(layouts):
+        hlo_type = layout.partition("{")[0]
+        while position < len(arguments) and arguments[position][0] != hlo_type:
+            position += 1
+        if position == len(arguments):
+            break
+        data = arguments[position][1]
+        position += 1
+        if data is not None:
+            words[number] = dict(enumerate(scalar.memory_words(layout, data)))
+    return words
 
 
 # --------------------------------------------------------------------------------------
@@ -159,9 +230,7 @@ def compile_with_dumps(case: EstimateTarget, generation: str, directory: Path) -
     env = dict(os.environ)
     flags = f"--xla_jf_dump_to={listings} --xla_jf_dump_llo_pass_label_regex={DUMP_PASSES}"
     env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {flags}".strip()
-    env.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    # libtpu takes a machine-wide lock meant for real TPUs; compiling needs none.
-    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    tpu_compile.set_libtpu_environment(env)
     request = json.dumps(
         {
             "builder": case.builder,
@@ -245,6 +314,7 @@ class Estimate:
     unresolved: tuple[str, ...]
     loops: tuple[str, ...]
     mxu_stall_cycles: float = 0.0
+    step_floor_cycles: float = 0.0
     floor_s: float | None = None
     floor_bound: str = ""
     bound: str = ""
@@ -267,7 +337,13 @@ class Estimate:
             "compiler's schedule, not a measurement):",
             f"  device time   {self.device_s * 1e3:.4f} ms (MXU-busy stalls "
             f"{self.mxu_stall_cycles / clock * 1e3:.4f} ms, DMA waits "
-            f"{self.dma_wait_cycles / clock * 1e3:.4f} ms)",
+            f"{self.dma_wait_cycles / clock * 1e3:.4f} ms"
+            + (
+                f", raised to kernels' step floors {self.step_floor_cycles / clock * 1e3:.4f} ms"
+                if self.step_floor_cycles
+                else ""
+            )
+            + ")",
             f"  Pallas kernels {self.kernel_s * 1e3:.4f} ms" if self.kernels else "",
             f"  floor         {floor}",
             f"  bound by      {self.bound}",
@@ -281,8 +357,9 @@ class Estimate:
 
 
 def _assumptions(
-    machine: Any, facts: program_facts.ProgramFacts | None, generation: str
+    walker: walk.Walker, facts: program_facts.ProgramFacts | None, generation: str
 ) -> tuple[str, ...]:
+    machine = walker.machine
     notes: list[str] = []
     for note in machine.unresolved_loops:
         notes.append(note)
@@ -303,7 +380,11 @@ def _assumptions(
             "(no rate known)"
         )
     notes += [f"no listing for {name}: not counted" for name in sorted(machine.missing_programs)]
-    facts_cores = generations.get(generation).cores_per_chip
+    notes += [
+        f"{kernel}: walked without counts from the run on the example inputs ({why})"
+        for kernel, why in walker.uncounted_kernels.items()
+    ]
+    facts_cores = generations.get(generation).cores_per_device
     if facts is None:
         notes.append("the function's jaxpr could not be read: floor and core split unknown")
     else:
@@ -326,8 +407,9 @@ def estimate_dump(
     call_overhead_s: float = CALL_OVERHEAD_S,
     facts: program_facts.ProgramFacts | None = None,
     mxu_occupancy: bool = True,
-    observed_trips: Sequence[int] = (),
+    observed_trips: Sequence[int | None] = (),
     kernel_runs: Sequence[KernelRun] = (),
+    arguments: Sequence[Argument] = (),
 ) -> Estimate:
     """Walks a loaded dump for ``generation``; see :class:`Estimate`. ``mxu_occupancy``
     False walks the schedule as issued (MXU pushes cost only their bundle)."""
@@ -340,17 +422,19 @@ def estimate_dump(
         "mxu_op_cycles": mxu_op_cycles(generation) if mxu_occupancy else None,
         "observed_trips": observed_trips,
         "kernel_runs": kernel_runs,
+        "parameters": parameter_words(dump.parameter_layouts, arguments),
+        "delay_slots": BRANCH_DELAY_SLOTS.get(generation, walk.BRANCH_DELAY_SLOTS),
+        "product_ops_per_cycle": product_ops_per_cycle(generation),
     }
-    walker = walk.Walker(dump, **options)
+    walker = walk.Walker(dump, charge_steady_calls=True, **options)
+    cycles = walker.run()
     charged: tuple[str, ...] = ()
-    try:
-        cycles = walker.run()
-    except walk.WalkTooLong as error:  # walk again, charging repeated calls at their cost
-        walker = walk.Walker(dump, charge_steady_calls=True, **options)
-        cycles = walker.run()
+    if walker.charged:
+        calls = ", ".join(f"{name} x{count}" for name, count in sorted(walker.charged.items()))
         charged = (
-            f"{error}: walked again with programs called {walk.STEADY_CALLS}+ times in a row "
-            "at a steady cost charged that cost instead of walked (approximate)",
+            f"calls charged at the cost of the last {walk.STEADY_CALLS} identical ones walked "
+            "(same DMA/MXU state, nothing decided or written from the arguments' values) "
+            f"instead of walked: {calls}",
         )
     kernels = tuple(name for name in walker.stats if name in dump.mosaic_kernels)
     kernel_cycles = sum(walker.stats[name].cycles for name in kernels)
@@ -379,7 +463,10 @@ def estimate_dump(
         device_s=device_s,
         kernel_s=kernel_cycles / clock,
         per_call_s=device_s + call_overhead_s,
-        schedule_cycles=cycles - machine.dma_wait_cycles - machine.mxu_stall_cycles,
+        schedule_cycles=cycles
+        - machine.dma_wait_cycles
+        - machine.mxu_stall_cycles
+        - machine.step_floor_cycles,
         dma_wait_cycles=machine.dma_wait_cycles,
         hbm_bytes=machine.hbm_bytes,
         utilization=utilization,
@@ -398,10 +485,11 @@ def estimate_dump(
         + tuple(f"no listing for {name}" for name in sorted(machine.missing_programs)),
         loops=tuple(walker.describe_loops(kernels or None)),
         mxu_stall_cycles=machine.mxu_stall_cycles,
+        step_floor_cycles=machine.step_floor_cycles,
         floor_s=floor_s,
         floor_bound=facts.floor.bound(generation) if facts else "",
         bound=bound,
-        assumptions=charged + _assumptions(machine, facts, generation),
+        assumptions=charged + _assumptions(walker, facts, generation),
     )
 
 
@@ -424,6 +512,7 @@ def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Esti
             facts=facts,
             observed_trips=case.observed_trips,
             kernel_runs=case.kernel_runs,
+            arguments=case.arguments,
             **options,
         )
     except parsing.ScheduleError as error:

@@ -1,7 +1,14 @@
-"""Programs of the JAX Pallas TPU sparse guide, rebuilt here from its description (written
-here, not copied) to judge the estimate on them: jax-ml/jax
-``docs/pallas/tpu/sparse.ipynb`` @ 1082251, "Dense @ Dense Matrix Multiplication with a
-Block-Sparse Output Mask" (a lower-triangular mask) and its dense reference.
+"""Programs of the JAX Pallas TPU guides, rebuilt here from their descriptions (written
+here, not copied) to judge the estimate on them:
+
+* the matmul guide (jax-ml/jax ``docs/pallas/tpu/matmul.ipynb`` @ d0d0815), "Fused
+  right-hand-side transpose" and "Fused activation function": its blocked bf16 matmul
+  with ``y`` given transposed (``[n, k]``, contracted on its last dimension in the
+  kernel) or with a ReLU applied to the accumulator before the store
+  (:func:`guide_matmul_case`; the plain one is :func:`.seed_kernels.matmul_pallas`);
+* the sparse guide (``docs/pallas/tpu/sparse.ipynb`` @ 1082251), "Dense @ Dense Matrix
+  Multiplication with a Block-Sparse Output Mask" (a lower-triangular mask) and its dense
+  reference.
 
 The masked matmul skips the output blocks its block mask zeroes (``pl.when`` on a scalar
 prefetch value) and, through *prefetch maps* in its index maps, fetches no new input block
@@ -12,6 +19,7 @@ its estimate needs the counts of a run on the mask (:func:`masked_example`,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,13 +27,84 @@ import numpy as np
 
 BLOCK_MN = 512
 BLOCK_K = 1024
+GUIDE_VARIANTS = ("transpose_rhs", "relu")
+
+
+def _guide_kernel(x_ref, y_ref, z_ref, acc_ref, *, nsteps, transpose_rhs, relu) -> None:  # type: ignore[no-untyped-def]
+    import jax
+    from jax import numpy as jnp
+
+    from asickernels.pallas_home import pl
+
+    @pl.when(pl.program_id(2) == 0)
+    def _() -> None:
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+    acc_ref[...] += jax.lax.dot_general(
+        x_ref[...], y_ref[...], (contract, ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(pl.program_id(2) == nsteps - 1)
+    def _() -> None:
+        acc = acc_ref[...]
+        z_ref[...] = (jnp.maximum(acc, 0.0) if relu else acc).astype(z_ref.dtype)
+
+
+def guide_matmul(x, y, *, bm, bk, bn, variant):  # type: ignore[no-untyped-def]
+    """The matmul guide's fused variants: ``x [m, k] @ y``, ``y`` given as ``[n, k]``
+    (``"transpose_rhs"``: the guide's wrapper swaps its axes logically and the kernel
+    contracts on its last dimension) or ``[k, n]`` with a ReLU on the output
+    (``"relu"``)."""
+    import jax
+    from jax import numpy as jnp
+
+    from asickernels.pallas_home import pl, pltpu
+
+    transpose_rhs = variant == "transpose_rhs"
+    m, k = x.shape
+    n = y.shape[0] if transpose_rhs else y.shape[1]
+    y_spec = (
+        pl.BlockSpec((bn, bk), lambda i, j, s: (j, s))
+        if transpose_rhs
+        else pl.BlockSpec((bk, bn), lambda i, j, s: (s, j))
+    )
+    kernel = functools.partial(
+        _guide_kernel, nsteps=k // bk, transpose_rhs=transpose_rhs, relu=variant == "relu"
+    )
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=0,
+            in_specs=[pl.BlockSpec((bm, bk), lambda i, j, s: (i, s)), y_spec],
+            out_specs=pl.BlockSpec((bm, bn), lambda i, j, s: (i, j)),
+            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+            grid=(m // bm, n // bn, k // bk),
+        ),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")
+        ),
+    )(x, y)
+
+
+def guide_matmul_case(
+    size: int, blocks: tuple[int, int, int], variant: str
+) -> tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]:
+    """The builder of :func:`guide_matmul` at ``size``^3 in bfloat16, blocks (bm, bk, bn)."""
+    if variant not in GUIDE_VARIANTS:
+        raise ValueError(f"variant must be one of {GUIDE_VARIANTS}, got {variant!r}")
+    bm, bk, bn = blocks
+    function = functools.partial(guide_matmul, bm=bm, bk=bk, bn=bn, variant=variant)
+    return function, [((size, size), "bfloat16")] * 2
 
 
 def _masked_kernel(
     block_mask, mask_kind, next_i, next_j, x_ref, y_ref, mask_ref, o_ref, acc_ref
 ) -> None:  # type: ignore[no-untyped-def]
     from jax import numpy as jnp
-    from jax.experimental import pallas as pl
+
+    from asickernels.pallas_home import pl
 
     del mask_kind, next_i, next_j
     i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -50,8 +129,8 @@ def masked_matmul(block_mask, mask_kind, next_i, next_j, x, y, mask_blocks):  # 
     kind and indices, so a skipped step keeps the blocks it has."""
     import jax
     from jax import numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+
+    from asickernels.pallas_home import pl, pltpu
 
     m, kk = x.shape
     n = y.shape[1]

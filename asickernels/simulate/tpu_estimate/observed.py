@@ -3,15 +3,21 @@ outcome depends on data, which no compiled schedule can decide:
 
 * the trips of each ``while`` loop outside Pallas kernels (XLA's loops), in entry order;
 * per Pallas kernel (``pallas_call``): the grid steps it ran (its grid may be sized at run
-  time) and, for each ``pl.when``/``lax.cond`` and ``while``/``fori_loop`` inside its body
-  whose outcome depends on memory (a value loaded from a ref, e.g. a scalar-prefetch block
-  mask or group offsets), how often its region ran or how many trips it took.
+  time), its scalar operands (grid bounds, scalar-prefetch arrays: the schedule walk reads
+  them), each step's own work (its products, the bytes its pipeline moves) and, for each
+  ``pl.when``/``lax.cond`` and ``while``/``fori_loop`` inside its body whose outcome
+  depends on memory (a value loaded from a ref, e.g. a scalar-prefetch block mask or
+  group offsets), how often its region ran or how many trips it took.
 
 The function's jaxpr (``jax.make_jaxpr``) is run one equation at a time on the default
-(CPU) backend. Inside a kernel, the body's *control part* is evaluated once per grid step
-by the evaluator here: ``program_id``/``num_programs`` from the step, loads from the
-scalar-prefetch refs from the example values, and everything else as "unknown", so
-counting a 16384^3 masked matmul takes seconds. Where that leaves a point uncounted (its
+(CPU) backend, as far as its arrays decide: arguments given as ``jax.ShapeDtypeStruct``
+are shapes only, and an equation that takes one gives shapes only (not computed). A
+``platform_dependent`` choice takes its TPU branch; conds, calls and one-device
+``shard_map`` calls that hold a kernel or a loop are looked into. Inside a kernel, the
+body's *control part* is evaluated once per grid step by the evaluator here:
+``program_id``/``num_programs`` from the step, loads from the scalar-prefetch refs from
+the example values, and everything else as "unknown", so counting a 16384^3 masked
+matmul takes seconds. Where that leaves a point uncounted (its
 predicate depends on a block of a tensor operand), the body is run whole with its values
 (:mod:`.kernel_values`), which counts every point; if it cannot (a primitive it does not
 run, or longer than :data:`.kernel_values.MAX_SECONDS`), such a point stays *not counted*
@@ -24,16 +30,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asickernels.simulate.tpu_estimate import kernel_values
 from asickernels.simulate.tpu_estimate.kernel_values import CALLS, call_jaxpr, scan_counts
-from asickernels.simulate.tpu_estimate.program_facts import jaxprs_in_params
+from asickernels.simulate.tpu_estimate.program_facts import dot_ops, jaxprs_in_params
 
 # At most this many grid steps of one kernel are evaluated; larger grids are sampled at an
 # even stride and the counts scaled.
 MAX_EVALUATED_STEPS = 1 << 16
+# A kernel's scalar operands are recorded for this many of its calls (later calls of the
+# walk reuse them in turn).
+MAX_RECORDED_CALLS = 64
+# A body whose matrix products depend on its branches has them counted on at most this many
+# grid steps (evenly strided) when nothing else needs every step evaluated.
+MAX_WORK_STEPS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +55,16 @@ class ControlCount:
     computable predicate; ``taken``: of those, times a branch ran its region (branch index
     != 0, the ``pl.when`` body), or the trips a loop took in all; ``unknown``: times it was
     reached with a predicate that depends on tensor data (not counted); ``empty``: of a
-    loop's counted entries, those that took no trip (its guard skipped it)."""
+    loop's counted entries, those that took no trip (its guard skipped it); ``scalar``: its
+    predicate follows from the grid indices and scalar operands alone (the control part
+    computed it every time), so a walk given those operands decides it itself."""
 
     kind: str
     entries: float = 0.0
     taken: float = 0.0
     unknown: float = 0.0
     empty: float = 0.0
+    scalar: bool = False
 
     @property
     def rate(self) -> float | None:
@@ -78,6 +93,44 @@ class KernelRun:
     # How the points were counted: "" (no point needing values), "values" (the body run
     # whole on the example values: :mod:`.kernel_values`), else why that run was not used.
     valued: str = ""
+    # Per call (the first MAX_RECORDED_CALLS), its scalar operands (dynamic grid bounds,
+    # then scalar-prefetch arrays) as (HLO type, e.g. "s32[9]", its elements' bytes in C
+    # order): what the kernel's schedule reads from its operands and SMEM.
+    scalars: tuple[tuple[tuple[str, bytes], ...], ...] = ()
+    # Why nothing was counted (its grid bounds or scalar-prefetch arrays follow from an
+    # argument given as a shape only); "" when counted.
+    uncounted: str = ""
+    # Each grid step's own work, as a histogram over all calls: (integer and other matrix
+    # product operations the step runs, bytes the pipeline moves during it: the next
+    # step's new input blocks and the previous step's finished output blocks, steps);
+    # and the bytes before and after the grid (the first blocks in, the last out).
+    step_work: tuple[tuple[float, float, float, float], ...] = ()
+    edge_bytes: float = 0.0
+    # The first call's steps in grid order, each the number of its entry of step_work
+    # (little-endian uint32s; empty when not every step's work was counted).
+    step_order: bytes = b""
+
+    def step_floors(self, int8_ops: float, other_ops: float, nbytes: float) -> list[float]:
+        """The floor of each entry of :attr:`step_work` at these rates (one step)."""
+        return [
+            max(ints / int8_ops + others / other_ops, moved / nbytes)
+            for ints, others, moved, _ in self.step_work
+        ]
+
+    def ordered_steps(self) -> list[int]:
+        """:attr:`step_order` as a list of entry numbers."""
+        import numpy as np
+
+        return np.frombuffer(self.step_order, "<u4").tolist()
+
+    def step_floor(self, int8_ops: float, other_ops: float, nbytes: float) -> float:
+        """The least time its grid can take at these rates (per unit of time: integer and
+        other matrix-product operations, bytes): each step at least its own products and
+        the transfers the pipeline overlaps with it, plus the first fetch and the last
+        write-back; summed over all calls."""
+        floors = self.step_floors(int8_ops, other_ops, nbytes)
+        per_step = sum(floor * work[3] for floor, work in zip(floors, self.step_work, strict=True))
+        return per_step + self.edge_bytes / nbytes
 
     def fetch_rate(self, nbytes: float) -> float | None:
         """Fraction of steps on which an input block of ``nbytes`` was fetched (the mean
@@ -89,6 +142,13 @@ class KernelRun:
         return min(1.0, sum(counts) / len(counts) / self.steps)
 
     def describe(self) -> str:
+        if self.uncounted:
+            kinds = [point.kind for point in self.points]
+            return (
+                f"{self.name}: not counted ({self.uncounted}); its "
+                f"{kinds.count('branch')} data-dependent branch(es) and {kinds.count('loop')} "
+                "loop(s) are assumed"
+            )
         parts = [
             f"{self.name}: {self.steps:.0f} grid step(s) in {self.calls} call(s) on the example "
             f"inputs{' (grid sized at run time)' if self.dynamic_grid else ''}"
@@ -123,21 +183,26 @@ class KernelRun:
 
 @dataclasses.dataclass(frozen=True)
 class Observed:
-    while_trips: tuple[int, ...] = ()  # XLA while loops outside kernels, in entry order
+    # XLA while loops outside kernels, in entry order (None: its exit depends on an
+    # argument given as a shape only)
+    while_trips: tuple[int | None, ...] = ()
     kernels: tuple[KernelRun, ...] = ()  # in the order the kernels were first called
+    notes: tuple[str, ...] = ()  # what the run could not look into
 
 
 def observe(function: Callable[..., Any], args: Sequence[Any]) -> Observed:
     """Runs ``function(*args)`` on the default backend one jaxpr equation at a time (call it
     under ``jax.default_device(cpu)`` and Pallas interpret mode) and returns what it saw
-    (see the module docstring)."""
+    (see the module docstring). Arguments given as ``jax.ShapeDtypeStruct`` are shapes
+    only: what follows from them is not computed, and what depends on it is not counted."""
     import jax
 
     closed = jax.make_jaxpr(function)(*args)
     run = _Run()
     if _needs_run(closed.jaxpr):  # else nothing to count: skip the (maybe long) CPU run
         run.jaxpr(closed.jaxpr, closed.consts, list(args), [False] * len(closed.jaxpr.outvars))
-    return Observed(tuple(run.trips), tuple(counter.freeze() for counter in run.kernels.values()))
+    kernels = tuple(counter.freeze() for counter in run.kernels.values())
+    return Observed(tuple(run.trips), kernels, tuple(dict.fromkeys(run.notes)))
 
 
 class _Unknown:
@@ -179,12 +244,41 @@ def _live_equations(jaxpr: Any, needed_outputs: Sequence[bool]) -> list[bool]:
     return keep
 
 
+def _shape_only(value: Any) -> bool:
+    """A value given (or following from arguments given) as a shape only."""
+    import jax
+
+    return isinstance(value, jax.ShapeDtypeStruct)
+
+
+def _shapes_of(variables: Sequence[Any]) -> list[Any]:
+    """Shape-only values of ``variables`` (their avals)."""
+    import jax
+
+    return [
+        jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
+        if hasattr(var.aval, "shape") and hasattr(var.aval, "dtype")
+        else UNKNOWN
+        for var in variables
+    ]
+
+
+def _tpu_branch(platforms: Sequence[Any]) -> int | None:
+    """The branch a ``platform_dependent`` choice takes on TPU (None: none does)."""
+    for index, names in enumerate(platforms):
+        if names is None or "tpu" in names:
+            return index
+    return None
+
+
 class _Run:
-    """The outer run: XLA-level equations, executed."""
+    """The outer run: XLA-level equations, executed where their inputs are known; those
+    whose inputs follow from shape-only arguments give shape-only outputs."""
 
     def __init__(self) -> None:
-        self.trips: list[int] = []
+        self.trips: list[int | None] = []
         self.kernels: dict[int, _KernelCounter] = {}
+        self.notes: list[str] = []
         self._compiled: dict[int, tuple[Any, Any]] = {}  # id -> (closed jaxpr, jitted)
 
     def jaxpr(
@@ -194,8 +288,10 @@ class _Run:
 
         env: dict[Any, Any] = {}
 
-        def read(var: Any) -> Any:  # UNKNOWN: an output nothing needed, not computed
-            return var.val if isinstance(var, jex.core.Literal) else env.get(var, UNKNOWN)
+        def read(var: Any) -> Any:  # an output nothing needed is not computed: its shape
+            if isinstance(var, jex.core.Literal):
+                return var.val
+            return env[var] if var in env else _shapes_of([var])[0]
 
         env.update(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
@@ -209,8 +305,9 @@ class _Run:
 
     def closed(self, closed: Any, args: Sequence[Any], needed: Sequence[bool]) -> list[Any]:
         """A loop's cond or body: run one equation at a time when it holds something to
-        count, else compiled once (a loop runs its body many times)."""
-        if _needs_run(closed.jaxpr):
+        count or takes a shape-only value, else compiled once (a loop runs its body many
+        times)."""
+        if _needs_run(closed.jaxpr) or any(_shape_only(arg) for arg in args):
             return self.jaxpr(closed.jaxpr, closed.consts, args, needed)
         import jax
         import jax.extend as jex
@@ -221,42 +318,23 @@ class _Run:
         return list(self._compiled[key][1](*args))
 
     def equation(self, eqn: Any, values: list[Any], jaxpr: Any, uses: _Uses) -> list[Any]:
-        import jax.numpy as jnp
-
         params, name = eqn.params, eqn.primitive.name
         if name == "while":
-            cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-            n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-            cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
-            carry = values[n_cond + n_body :]
-            slot, count = len(self.trips), 0
-            self.trips.append(0)
-            every = [True] * len(body.jaxpr.outvars)
-            while True:
-                pred = jnp.asarray(self.closed(cond, [*cond_consts, *carry], [True])[0])
-                if not bool(jnp.any(pred)):
-                    break
-                step = self.closed(body, [*body_consts, *carry], every)
-                # A vmapped loop's predicate is per image (leading dimensions): as XLA's
-                # lowering, the loop runs while any holds and only those images advance.
-                carry = (
-                    [
-                        jnp.where(
-                            pred.reshape(pred.shape + (1,) * (jnp.ndim(new) - pred.ndim)), new, old
-                        )
-                        for new, old in zip(step, carry, strict=True)
-                    ]
-                    if pred.ndim
-                    else step
-                )
-                count += 1
-            self.trips[slot] = count
-            return carry
+            return self._while(eqn, values)
         if name == "scan" and params["length"] and _needs_run(params["jaxpr"].jaxpr):
-            return self._scan(params, values)
+            return self._scan(eqn, values)
+        if name == "cond":
+            return self._cond(eqn, values, uses)
+        if name == "platform_index":  # a choice by platform: the estimate is for TPU
+            import numpy as np
+
+            index = _tpu_branch(params["platforms"])
+            return [np.int32(len(params["platforms"]) if index is None else index)]
         if name in CALLS and call_jaxpr(params) is not None:
             inner = call_jaxpr(params)
             return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
+        if name == "shard_map" and _one_device(params):  # as many shards as devices: one
+            return self.jaxpr(params["jaxpr"], (), values, uses.of(eqn))
         if name == _BY_PLATFORM:  # asickernels' own Pallas kernels: see the pallas_call
             inner = _by_platform_jaxpr(params, values)
             return self.jaxpr(inner.jaxpr, inner.consts, values, uses.of(eqn))
@@ -264,16 +342,91 @@ class _Run:
             counter = self.kernels.setdefault(id(eqn), _KernelCounter(eqn, len(self.kernels)))
             counter.count(values)
             if not any(uses.of(eqn)):  # nothing reads its outputs: count, don't execute
-                return [UNKNOWN] * len(eqn.outvars)
+                return _shapes_of(eqn.outvars)
+        elif any(_needs_run(sub) for sub in jaxprs_in_params(params)):
+            self.notes.append(
+                f"a Pallas kernel or while loop inside {name!r} is not counted (the run does "
+                "not look inside it)"
+            )
+        if any(_shape_only(value) or value is UNKNOWN for value in values):
+            return _shapes_of(eqn.outvars)
         result = eqn.primitive.bind(*values, **params)
         return list(result) if eqn.primitive.multiple_results else [result]
 
-    def _scan(self, params: Any, values: list[Any]) -> list[Any]:
+    def _cond(self, eqn: Any, values: list[Any], uses: _Uses) -> list[Any]:
+        """A ``cond``: the branch its index (on TPU, for a choice by platform) picks, run
+        equation by equation when it holds something to count or takes a shape-only
+        value."""
+        import numpy as np
+
+        params, branches = eqn.params, eqn.params["branches"]
+        platforms = params.get("branches_platforms")
+        index, operands = values[0], values[1:]
+        if platforms is not None:
+            chosen = _tpu_branch(platforms)
+        elif _shape_only(index) or index is UNKNOWN:
+            chosen = None
+        else:
+            chosen = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+        if chosen is None:
+            if any(_needs_run(branch.jaxpr) for branch in branches):
+                self.notes.append(
+                    "a cond holding a Pallas kernel or while loop chooses its branch from an "
+                    "argument given as a shape only: not counted"
+                )
+            return _shapes_of(eqn.outvars)
+        branch = branches[chosen]
+        if _needs_run(branch.jaxpr) or any(_shape_only(value) for value in operands):
+            return self.jaxpr(branch.jaxpr, branch.consts, operands, uses.of(eqn))
+        return list(eqn.primitive.bind(np.int32(chosen), *operands, **params))
+
+    def _while(self, eqn: Any, values: list[Any]) -> list[Any]:
+        """A ``while`` loop, its trips recorded (None when its exit depends on a
+        shape-only argument)."""
+        import jax.numpy as jnp
+
+        params = eqn.params
+        cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+        n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+        cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+        carry = values[n_cond + n_body :]
+        slot, count = len(self.trips), 0
+        self.trips.append(0)
+        every = [True] * len(body.jaxpr.outvars)
+        while True:
+            pred = self.closed(cond, [*cond_consts, *carry], [True])[0]
+            if _shape_only(pred) or pred is UNKNOWN:
+                self.trips[slot] = None
+                return _shapes_of(eqn.outvars)
+            pred = jnp.asarray(pred)
+            if not bool(jnp.any(pred)):
+                break
+            step = self.closed(body, [*body_consts, *carry], every)
+            # A vmapped loop's predicate is per image (leading dimensions): as XLA's
+            # lowering, the loop runs while any holds and only those images advance.
+            carry = (
+                [
+                    new
+                    if _shape_only(new) or _shape_only(old)
+                    else jnp.where(
+                        pred.reshape(pred.shape + (1,) * (jnp.ndim(new) - pred.ndim)), new, old
+                    )
+                    for new, old in zip(step, carry, strict=True)
+                ]
+                if pred.ndim
+                else step
+            )
+            count += 1
+        self.trips[slot] = count
+        return carry
+
+    def _scan(self, eqn: Any, values: list[Any]) -> list[Any]:
         """A ``scan`` whose body holds something to count, one iteration at a time. Its
         trips are not recorded: XLA lowers it to a loop on a counter that the walk follows
         in the schedule, so a recorded count would land on the next data-dependent loop."""
         import jax.numpy as jnp
 
+        params = eqn.params
         body, length = params["jaxpr"], params["length"]
         n_consts, n_carry = scan_counts(params)
         consts, carry = values[:n_consts], values[n_consts : n_consts + n_carry]
@@ -282,12 +435,29 @@ class _Run:
         ys: list[list[Any]] = []
         steps = range(length - 1, -1, -1) if params["reverse"] else range(length)
         for step in steps:
-            out = self.closed(body, [*consts, *carry, *(x[step] for x in xs)], every)
+            sliced = [
+                _shapes_of([var])[0] if _shape_only(x) else x[step]
+                for x, var in zip(xs, body.jaxpr.invars[n_consts + n_carry :], strict=True)
+            ]
+            out = self.closed(body, [*consts, *carry, *sliced], every)
             carry, y = out[:n_carry], out[n_carry:]
             ys.append(y)
         if params["reverse"]:
             ys.reverse()
-        return [*carry, *(jnp.stack(column) for column in zip(*ys, strict=True))]
+        stacked = [
+            shape if any(_shape_only(y) for y in column) else jnp.stack(column)
+            for column, shape in zip(
+                zip(*ys, strict=True), _shapes_of(eqn.outvars[n_carry:]), strict=True
+            )
+        ]
+        return [*carry, *stacked]
+
+
+def _one_device(params: Any) -> bool:
+    """Whether a ``shard_map``'s mesh has one device (its body then sees whole arrays)."""
+    mesh = params.get("mesh")
+    sizes = getattr(mesh, "shape", None)
+    return sizes is not None and math.prod(dict(sizes).values()) == 1
 
 
 # The primitive of asickernels.backends.pallas_tpu.lowering.run: a Pallas kernel whose
@@ -330,11 +500,12 @@ def _is_var(var: Any) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any]) -> set[Any]:
+def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any], loads: bool = True) -> set[Any]:
     """Marks the variables of ``jaxpr`` that depend on memory (``tainted`` holds the
     tainted inputs; loads from refs taint their results) and appends, in preorder, the
     ``cond`` and ``while`` equations whose predicate is tainted. Returns the tainted
-    outputs' variables."""
+    outputs' variables. ``loads`` False: a load is tainted only by its ref (which refs hold
+    tensor data is then said by ``tainted``)."""
     import jax.extend as jex
 
     def is_tainted(var: Any) -> bool:
@@ -351,28 +522,28 @@ def _data_points(jaxpr: Any, tainted: set[Any], points: list[Any]) -> set[Any]:
             for branch in eqn.params["branches"]:
                 sub = branch.jaxpr
                 marked = {v for v, t in zip(sub.invars, ins[1:], strict=True) if t}
-                result = _data_points(sub, marked, points)
+                result = _data_points(sub, marked, points, loads)
                 outs = [
                     o or (_is_var(v) and v in result)
                     for o, v in zip(outs, sub.outvars, strict=True)
                 ]
         elif name == "while":
-            outs = _while_taint(eqn, ins, points)
+            outs = _while_taint(eqn, ins, points, loads)
         elif name == "scan":
-            outs = _scan_taint(eqn, ins, points)
+            outs = _scan_taint(eqn, ins, points, loads)
         elif name in CALLS and call_jaxpr(eqn.params) is not None:
             sub = call_jaxpr(eqn.params).jaxpr
             marked = {v for v, t in zip(sub.invars, ins, strict=True) if t}
-            result = _data_points(sub, marked, points)
+            result = _data_points(sub, marked, points, loads)
             outs = [_is_var(v) and v in result for v in sub.outvars]
         else:
-            reads = name in ("get", "swap", "load", "masked_load")
+            reads = loads and name in ("get", "swap", "load", "masked_load")
             outs = [reads or any(ins)] * len(eqn.outvars)
         tainted.update(var for var, t in zip(eqn.outvars, outs, strict=True) if t)
     return {var for var in jaxpr.outvars if is_tainted(var)}
 
 
-def _while_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
+def _while_taint(eqn: Any, ins: list[bool], points: list[Any], loads: bool) -> list[bool]:
     params = eqn.params
     n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
     cond, body = params["cond_jaxpr"].jaxpr, params["body_jaxpr"].jaxpr
@@ -381,7 +552,7 @@ def _while_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
         marked = {
             v for v, t in zip(body.invars, ins[n_cond : n_cond + n_body] + carry, strict=True) if t
         }
-        result = _data_points(body, marked, [])
+        result = _data_points(body, marked, [], loads)
         grown = [
             c or (_is_var(v) and v in result) for c, v in zip(carry, body.outvars, strict=True)
         ]
@@ -389,16 +560,16 @@ def _while_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
             break
         carry = grown
     cond_marked = {v for v, t in zip(cond.invars, ins[:n_cond] + carry, strict=True) if t}
-    if _data_points(cond, cond_marked, []):
+    if _data_points(cond, cond_marked, [], loads):
         points.append(eqn)
     body_marked = {
         v for v, t in zip(body.invars, ins[n_cond : n_cond + n_body] + carry, strict=True) if t
     }
-    _data_points(body, body_marked, points)
+    _data_points(body, body_marked, points, loads)
     return carry
 
 
-def _scan_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
+def _scan_taint(eqn: Any, ins: list[bool], points: list[Any], loads: bool) -> list[bool]:
     n_consts, n_carry = scan_counts(eqn.params)
     body = eqn.params["jaxpr"].jaxpr
     carry = ins[n_consts : n_consts + n_carry]
@@ -411,7 +582,7 @@ def _scan_taint(eqn: Any, ins: list[bool], points: list[Any]) -> list[bool]:
             if t
         }
         found: list[Any] = []
-        result = _data_points(body, marked, found)
+        result = _data_points(body, marked, found, loads)
         outs = [_is_var(v) and v in result for v in body.outvars]
         grown = [c or o for c, o in zip(carry, outs[:n_carry], strict=True)]
         if grown == carry:
@@ -438,11 +609,21 @@ class _KernelCounter:
         _data_points(self.body, set(self.body.invars), found)
         self.order = {id(point): index for index, point in enumerate(found)}
         self.kinds = ["branch" if point.primitive.name == "cond" else "loop" for point in found]
+        on_tensors: list[Any] = []  # the points whose predicate reads tensor data
+        _data_points(self.body, set(self.body.invars[self.prefetch :]), on_tensors, False)
+        self.scalar = [all(point is not other for other in on_tensors) for point in found]
         self.entries = [0.0] * len(found)
         self.taken = [0.0] * len(found)
         self.unknown = [0.0] * len(found)
         self.empty = [0.0] * len(found)
         self.eqn = eqn
+        self.scalars: list[tuple[tuple[str, bytes], ...]] = []
+        self.uncounted = ""
+        self.step_work: dict[tuple[float, float, float], float] = {}
+        self.step_order: list[tuple[float, float, float]] = []  # the first call's steps
+        self.edge_bytes = 0.0
+        self.outputs_bytes = [_ref_bytes(ref.aval) for ref in self._output_refs()]
+        self.fixed_work, self.branch_work = _product_ops(self.body)
         self.valued = ""
         self.calls = 0
         self.steps = 0.0
@@ -456,9 +637,15 @@ class _KernelCounter:
 
     def freeze(self) -> KernelRun:
         points = tuple(
-            ControlCount(kind, entries, taken, unknown, empty)
-            for kind, entries, taken, unknown, empty in zip(
-                self.kinds, self.entries, self.taken, self.unknown, self.empty, strict=True
+            ControlCount(kind, entries, taken, unknown, empty, scalar)
+            for kind, entries, taken, unknown, empty, scalar in zip(
+                self.kinds,
+                self.entries,
+                self.taken,
+                self.unknown,
+                self.empty,
+                self.scalar,
+                strict=True,
             )
         )
         fetches = tuple(zip(self.block_bytes, self.fetches, strict=True))
@@ -472,11 +659,33 @@ class _KernelCounter:
             fetches,
             patterns,
             self.valued,
+            tuple(self.scalars),
+            self.uncounted if not self.calls else "",
+            tuple((*key, weight) for key, weight in sorted(self.step_work.items())),
+            self.edge_bytes,
+            self._frozen_order(),
         )
+
+    def _frozen_order(self) -> bytes:
+        import numpy as np
+
+        number = {key: n for n, key in enumerate(sorted(self.step_work))}
+        return np.asarray([number[key] for key in self.step_order], "<u4").tobytes()
+
+    def _output_refs(self) -> list[Any]:
+        mapping = self.eqn.params["grid_mapping"]
+        first = self.prefetch + int(getattr(mapping, "num_inputs", 0) or 0)
+        return self.body.invars[first : first + int(getattr(mapping, "num_outputs", 0) or 0)]
 
     def count(self, values: Sequence[Any]) -> None:
         import numpy as np
 
+        if any(_shape_only(value) for value in values[: self.dynamic + self.prefetch]):
+            self.uncounted = (
+                "its grid bounds or scalar-prefetch arrays follow from an argument given as a "
+                "shape only: pass that argument as an array"
+            )
+            return
         bounds = iter(values[: self.dynamic])
         grid = tuple(
             int(np.asarray(next(bounds))) if not isinstance(size, int) else size
@@ -484,12 +693,20 @@ class _KernelCounter:
         )
         prefetch = [np.asarray(v) for v in values[self.dynamic : self.dynamic + self.prefetch]]
         steps = math.prod(grid)
+        if len(self.scalars) < MAX_RECORDED_CALLS:
+            self.scalars.append(
+                tuple(scalar_operand(v) for v in values[: self.dynamic + self.prefetch])
+            )
         self.calls += 1
         self.steps += steps
         if not steps:
             return
         stride = max(1, math.ceil(steps / MAX_EVALUATED_STEPS))
         weight = steps / len(range(0, steps, stride))
+        # Steps whose products are counted: every evaluated one, or a sample when only the
+        # products need the body (they depend on its branches).
+        work_stride = stride if self.order else max(1, math.ceil(steps / MAX_WORK_STEPS))
+        step_ops: dict[int, tuple[float, float]] = {}
         rest = [UNKNOWN] * (len(self.body.invars) - len(prefetch))
         keys: list[list[Any]] = []  # per step, each block's index (inputs, then outputs)
         branches: list[tuple[int | None, ...]] = []
@@ -506,9 +723,15 @@ class _KernelCounter:
                     for index_map in self.index_maps
                 ]
             )
-            if self.order and number % stride == 0:
+            if (self.order and number % stride == 0) or (
+                self.branch_work and number % work_stride == 0
+            ):
                 step.jaxpr(self.body, self.body_consts, [*prefetch, *rest])
-                branches.append(tuple(step.ran.get(n) for n in range(self.kinds.count("branch"))))
+                step_ops[number] = step.ops
+                if self.order and number % stride == 0:
+                    branches.append(
+                        tuple(step.ran.get(n) for n in range(self.kinds.count("branch")))
+                    )
         if stride == 1 and any(
             self.unknown[p] > before[2][p] or self.entries[p] == before[0][p]
             for p in range(len(self.kinds))
@@ -521,6 +744,7 @@ class _KernelCounter:
                 for number, key in enumerate(keys)
                 if not number or key[slot] != keys[number - 1][slot] or None in key[slot]
             )
+        self._count_work(keys, step_ops, work_stride if self.branch_work else 1)
         if stride > 1:
             return
         for number, key in enumerate(keys):  # the fetches issued on a step: the next step's
@@ -530,6 +754,45 @@ class _KernelCounter:
             )
             pattern = (branches[number] if branches else (), fetched)
             self.patterns[pattern] = self.patterns.get(pattern, 0.0) + 1.0
+
+    def _count_work(
+        self, keys: list[list[Any]], step_ops: dict[int, tuple[float, float]], stride: int
+    ) -> None:
+        """Adds this call's steps to :attr:`KernelRun.step_work`: a step's products (those
+        its evaluation ran, else those it surely runs) and the transfers the pipeline runs
+        during it (the next step's changed input blocks, the previous step's output blocks
+        whose index then changed)."""
+        inputs = len(self.fetches)
+        last = len(keys) - 1
+
+        def fetched(number: int) -> float:  # bytes of the blocks step `number` needs anew
+            if number > last:
+                return 0.0
+            return sum(
+                size
+                for slot, size in enumerate(self.block_bytes)
+                if not number or keys[number][slot] != keys[number - 1][slot]
+            )
+
+        def written(number: int) -> float:  # bytes of outputs finished after step `number`
+            if number < 0:
+                return 0.0
+            return sum(
+                size
+                for slot, size in enumerate(self.outputs_bytes)
+                if number == last or keys[number][inputs + slot] != keys[number + 1][inputs + slot]
+            )
+
+        self.edge_bytes += fetched(0) + written(last)
+        first_call = self.calls == 1 and stride == 1
+        for number in range(0, len(keys), stride):
+            ints, others = step_ops.get(number, self.fixed_work)
+            key = (ints, others, fetched(number + 1) + written(number - 1))
+            self.step_work[key] = self.step_work.get(key, 0.0) + len(
+                range(number, min(number + stride, len(keys)))
+            )
+            if first_call:
+                self.step_order.append(key)
 
     def _run_with_values(
         self,
@@ -585,6 +848,10 @@ class _KernelStep:
     ) -> None:
         self.counter, self.grid, self.index, self.weight = counter, grid, index, weight
         self.ran: dict[int, int] = {}  # branch point -> 1 if it ran its region this step
+        self.ops = (0.0, 0.0)  # the step's (integer, other) matrix-product operations
+
+    def _add(self, ops: tuple[float, float], times: float = 1.0) -> None:
+        self.ops = (self.ops[0] + times * ops[0], self.ops[1] + times * ops[1])
 
     def jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         outputs, _ = kernel_values.evaluate(
@@ -602,10 +869,20 @@ class _KernelStep:
             return [np.int32(self.index[params["axis"]])]
         if name == "num_programs":
             return [np.int32(self.grid[params["axis"]])]
+        if name == "dot_general":
+            ops, integer = dot_ops(eqn)
+            self._add((ops, 0.0) if integer else (0.0, ops))
+        if name == "scan":  # its body's products, as often as it runs (at least)
+            self._add(_product_ops(params["jaxpr"].jaxpr)[0], params["length"])
+        if name == "run_scoped":  # scratch refs for a region: unknown contents
+            body = params["jaxpr"]
+            extra = [UNKNOWN] * (len(body.invars) - len(values))
+            return self.jaxpr(body, (), [*values, *extra])
         if name == "cond":
             index = values[0]
             if index is UNKNOWN:
                 self._count(point, unknown=True)
+                self._add(_least_ops(params["branches"]))
                 return unknown
             chosen = int(np.clip(int(np.asarray(index)), 0, len(params["branches"]) - 1))
             self._count(point, taken=float(chosen != 0))
@@ -665,6 +942,41 @@ class _KernelStep:
             counter.taken[point] += taken * self.weight
 
 
+def _product_ops(jaxpr: Any) -> tuple[tuple[float, float], bool]:
+    """((integer, other) matrix-product operations ``jaxpr`` surely runs: a branch's least,
+    a ``while``'s none, a ``scan``'s body per trip), and whether any of its products sits
+    under a branch or a ``while`` (its work then depends on the step)."""
+    ints = others = 0.0
+    conditional = False
+    for eqn in jaxpr.eqns:
+        name, params = eqn.primitive.name, eqn.params
+        if name == "dot_general":
+            ops, integer = dot_ops(eqn)
+            ints, others = (ints + ops, others) if integer else (ints, others + ops)
+        elif name == "cond":
+            least = _least_ops(params["branches"])
+            ints, others = ints + least[0], others + least[1]
+            conditional = conditional or any(
+                sum(_product_ops(branch.jaxpr)[0]) for branch in params["branches"]
+            )
+        elif name == "while":
+            conditional = conditional or any(
+                sum(_product_ops(sub)[0]) for sub in jaxprs_in_params(params)
+            )
+        else:
+            times = params["length"] if name == "scan" else 1
+            for sub in jaxprs_in_params(params):
+                (sub_ints, sub_others), sub_conditional = _product_ops(sub)
+                ints, others = ints + times * sub_ints, others + times * sub_others
+                conditional = conditional or sub_conditional
+    return (ints, others), conditional
+
+
+def _least_ops(branches: Sequence[Any]) -> tuple[float, float]:
+    """The products of the branch of a ``cond`` that runs fewest (its lower bound)."""
+    return min((_product_ops(branch.jaxpr)[0] for branch in branches), key=sum)
+
+
 def _numpy_ops() -> dict[str, Callable[..., Any]]:
     import numpy as np
 
@@ -718,6 +1030,18 @@ def _load(params: Any, values: list[Any]) -> Any:
     return np.asarray(ref)[tuple(where)]
 
 
+def scalar_operand(value: Any) -> tuple[str, bytes]:
+    """A kernel's scalar operand: (its HLO type, e.g. ``"s32[9]"``, its elements'
+    little-endian bytes in C order)."""
+    import numpy as np
+
+    array = np.asarray(value)
+    kind = {"i": "s", "u": "u", "f": "f", "b": "pred"}.get(array.dtype.kind, "?")
+    bits = "" if kind == "pred" else str(array.dtype.itemsize * 8)
+    data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return f"{kind}{bits}[{','.join(map(str, array.shape))}]", data
+
+
 def _ref_bytes(aval: Any) -> float:
     import numpy as np
 
@@ -729,28 +1053,3 @@ def _kernel_name(params: Any, number: int) -> str:
     info = params.get("name_and_src_info")
     name = getattr(info, "name", None) or params.get("name")
     return str(name) if name else f"pallas_call #{number}"
-
-
-def kernel_points(function: Callable[..., Any], args: Sequence[Any]) -> Iterator[str]:
-    """The kinds of each kernel's data-dependent control points, one line per kernel (for
-    messages when no arrays were given)."""
-    import jax
-
-    closed = jax.make_jaxpr(function)(*args)
-    for number, eqn in enumerate(_pallas_calls(closed.jaxpr)):
-        counter = _KernelCounter(eqn, number)
-        if counter.kinds or counter.dynamic:
-            yield (
-                f"{counter.name}: {counter.kinds.count('branch')} data-dependent branch(es), "
-                f"{counter.kinds.count('loop')} loop(s)"
-                + (", grid sized at run time" if counter.dynamic else "")
-            )
-
-
-def _pallas_calls(jaxpr: Any) -> Iterator[Any]:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            yield eqn
-        else:
-            for sub in jaxprs_in_params(eqn.params):
-                yield from _pallas_calls(sub)

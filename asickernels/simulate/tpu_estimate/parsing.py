@@ -68,6 +68,11 @@ class Instruction:
     memory: tuple[Operand, ...] = ()  # sld/sst: the SMEM address's terms (summed)
     fallback: Operand | None = None  # ``op (!%p, %s_old), x``: the result when %p is off
 
+    @property
+    def guard(self) -> tuple[Operand, ...]:
+        """The predicate register as an operand (none when unpredicated)."""
+        return () if self.predicate is None else (Operand(register=self.predicate[0]),)
+
 
 @dataclasses.dataclass
 class Bundle:
@@ -144,25 +149,44 @@ def _bundle_body(chunk: str) -> tuple[str, str]:
     return chunk[chunk.index("{") + 1 : trailer.start()], trailer.group(1) or ""
 
 
-def _relevant(op_text: str) -> bool:
+def _relevant(dest: str | None, opcode: str) -> bool:
     """Whether the walk needs this op: scalar/predicate results, SMEM stores, control flow,
-    DMAs, calls, delays, MXU pushes (``vmatmul``: they occupy their MXU). Other vector work
-    only costs its bundle."""
-    head = _OP_HEAD.match(op_text)
-    if not head:
-        return False
-    dest, opcode = head.group(1), head.group(2)
+    DMAs, calls, delays, MXU pushes (``vmatmul``: they occupy their MXU), vector words pushed
+    to the scalar unit (``vpush``). Other vector work only costs its bundle."""
     if opcode == "sphi":  # after register allocation a phi leaves its register as it is
         return False
     if dest and dest[0] in "sp" and _REGISTER.match("%" + dest):
         return True
-    return opcode in ("sbr.rel", "sst", "inlined_call", "vdelay") or opcode.startswith(
-        ("dma.", "sdivrem", "vmatmul.")
-    )
+    return opcode in (
+        "sbr.rel",
+        "sst",
+        "inlined_call",
+        "call",
+        "vdelay",
+        "vpush",
+    ) or opcode.startswith(("dma.", "sdivrem", "vmatmul."))
+
+
+_VMEM_ADDRESS = re.compile(r"\[vmem:\[([^\]]*)\]")
+
+
+def _vector_load(opcode: str, text: str) -> tuple[Operand, ...] | None:
+    """A ``vld``'s VMEM address terms (``vld [vmem:[#allocation13 + %s2] sm:$0xff]``), None
+    for any other op or an address it cannot read."""
+    if opcode != "vld":
+        return None
+    match = _VMEM_ADDRESS.search(_COMMENT.sub(" ", text))
+    if not match:
+        return None
+    terms = tuple(parse_operand(term) for term in match.group(1).split("+"))
+    return terms if all(t != Operand() for t in terms) else None
+
+
+_ALLOCATION_NOTE = re.compile(r"\s+\[#allocation\w+\]$")  # ``%s161_s22, 1 [#allocation5]``
 
 
 def parse_operand(text: str) -> Operand:
-    text = text.strip()
+    text = _ALLOCATION_NOTE.sub("", text.strip())
     register = _REGISTER.match(text)
     if register:
         return Operand(register=register.group(1))
@@ -207,7 +231,12 @@ def _parse_op(text: str) -> Instruction:
         match = re.match(r"^\[smem:\[(.*?)\]\]\s*(.*)$", rest, re.S)
         if match:
             memory = tuple(parse_operand(term) for term in match.group(1).split("+"))
-            operands = (parse_operand(match.group(2)),) if match.group(2).strip() else ()
+            value = match.group(2).strip()
+            pred = _PREDICATE.match(value)  # a predicated store: sst [smem:[X]] (%p), VALUE
+            if pred and predicate is None:
+                predicate = (pred.group(2), pred.group(1) == "!")
+                value = value[pred.end() :]
+            operands = (parse_operand(value),) if value else ()
     elif opcode.startswith("int_to_ptr"):  # int_to_ptr.hbm [resolvable:$true] %sN
         operands = (parse_operand(rest.split()[-1]),) if rest else ()
     else:
@@ -231,9 +260,24 @@ def mxu_push(op: Instruction) -> tuple[str, str] | None:
     return ("e4m3" if kind.startswith("f8") else kind), f"mxu{match.group(2)}"
 
 
+_CALL_OPERAND = re.compile(
+    r"^inlined_call_operand\.(<[^>]*>|\S+)\s*\[shape:\s*(\w+\[[^\]]*\])[^\]]*?index:\s*(\d+)"
+)
+
+
+def call_operand(op: Instruction) -> tuple[str, str, int] | None:
+    """A kernel's ``inlined_call_operand`` (the register holding one of its operands):
+    (memory space, HLO type, operand index), e.g. ``("vmem", "s32[9]", 1)``; a scalar
+    passed in the register has memory space ``"<no memory space>"``."""
+    text = _COMMENT.sub(" ", op.text)
+    text = text.split("=", 1)[1].strip() if "=" in text else text.strip()
+    match = _CALL_OPERAND.match(text)
+    return (match.group(1), match.group(2), int(match.group(3))) if match else None
+
+
 def call_target(op: Instruction) -> str | None:
-    """An ``inlined_call``'s callee program, from its comment (``/* %name = fusion(...) */``
-    or ``/* <late-initialization> */``)."""
+    """An ``inlined_call``'s (or ``call``'s) callee program, from its comment (``/* %name =
+    fusion(...) */`` or ``/* <late-initialization> */``)."""
     match = _CALL_TARGET.search(op.text)
     return (match.group(1) or match.group(2)) if match else None
 
@@ -242,11 +286,28 @@ def parse_bundles(text: str) -> list[Bundle]:
     """Parses a ``*-final_bundles.txt`` listing into bundles, in address order."""
     starts = list(_BUNDLE_START.finditer(text))
     bundles = []
+    vector_loads: dict[str, tuple[Operand, ...] | None] = {}  # vector register -> its vld
     for number, start in enumerate(starts):
         end = starts[number + 1].start() if number + 1 < len(starts) else len(text)
         chunk = text[start.start() : end]
         body, trailer = _bundle_body(chunk)
-        ops = [_parse_op(part) for part in body.split(" ;; ") if _relevant(part)]
+        ops, loads = [], []
+        for part in body.split(" ;; "):
+            head = _OP_HEAD.match(part)
+            if not head:
+                continue
+            dest, opcode = head.group(1), head.group(2)
+            if _relevant(dest, opcode):
+                op = _parse_op(part)
+                if opcode == "vpush" and op.operands and op.operands[0].register:
+                    # The words it pushes: those of the vector load that last set its register.
+                    op = dataclasses.replace(
+                        op, memory=vector_loads.get(op.operands[0].register) or ()
+                    )
+                ops.append(op)
+            if dest and dest[0] == "v":
+                loads.append((dest.rpartition("_")[2], _vector_load(opcode, part)))
+        vector_loads.update(loads)  # a bundle's reads happen before its writes
         delay = sum(
             op.operands[0].constant or 0
             for op in ops
@@ -313,17 +374,52 @@ _DUMP_FILE = re.compile(
 )
 _DEDUP_FILE = re.compile(r"^(\d+)-TLP-\d+-deduplication-map\.txt$")
 _HLO_FILE = re.compile(r"^(\d+)-TLP-hlo\.txt$")
-_MOSAIC_CALL = re.compile(r'%([\w.\-]+) = [^\n]*custom_call_target="tpu_custom_call"')
+_MOSAIC_CALL = re.compile(
+    r'%([\w.\-]+) = [^\n]*?custom-call\(([^)]*)\)[^\n]*custom_call_target="tpu_custom_call"'
+)
+_HLO_DEFINITION = re.compile(
+    r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\w+\[[\d,]*\](?:\{[^}]*\})?)", re.M
+)
+
+
+_ENTRY_LAYOUT = re.compile(r"entry_computation_layout=\{\(")
+
+
+def entry_parameters(hlo: str) -> tuple[str, ...]:
+    """The entry computation's parameter types with their layouts (``"s32[8]{0:T(128)}"``),
+    from an HLO module's ``entry_computation_layout`` (empty if it has none)."""
+    match = _ENTRY_LAYOUT.search(hlo)
+    if not match:
+        return ()
+    parts, depth, start = [], 0, match.end()
+    for index in range(match.end(), len(hlo)):
+        char = hlo[index]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:  # the parameter list's closing parenthesis
+                parts.append(hlo[start:index])
+                break
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(hlo[start:index])
+            start = index + 1
+    return tuple(part.strip() for part in parts if part.strip())
 
 
 @dataclasses.dataclass
 class Dump:
     """All programs of one compiled executable; ``aliases`` maps deduplicated HLO names to
-    the program compiled for them, ``mosaic_kernels`` names the Pallas/Mosaic custom calls."""
+    the program compiled for them, ``mosaic_kernels`` names the Pallas/Mosaic custom calls,
+    ``kernel_operands`` each one's operand types with their TPU layouts (``"s32[8,8]{1,0:
+    T(8,128)}"``: how its scalar-prefetch arrays lie in memory)."""
 
     programs: dict[str, Program]
     aliases: dict[str, str]
     mosaic_kernels: frozenset[str] = frozenset()
+    kernel_operands: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # The top-level program's parameters, with their TPU layouts, in parameter order.
+    parameter_layouts: tuple[str, ...] = ()
 
     def program(self, name: str) -> Program | None:
         return self.programs.get(name) or self.programs.get(self.aliases.get(name, ""))
@@ -337,6 +433,8 @@ def load_dump(directory: str | Path) -> Dump:
     tables: dict[str, tuple[int, Path]] = {}
     aliases: dict[str, str] = {}
     mosaic: set[str] = set()
+    operands: dict[str, tuple[str, ...]] = {}
+    parameters: tuple[str, ...] = ()
     for path in sorted(directory.iterdir()):
         match = _DUMP_FILE.match(path.name)
         if match:
@@ -347,7 +445,13 @@ def load_dump(directory: str | Path) -> Dump:
         elif _DEDUP_FILE.match(path.name):
             aliases.update(parse_dedup_map(path.read_text()))
         elif _HLO_FILE.match(path.name):
-            mosaic.update(_MOSAIC_CALL.findall(path.read_text()))
+            text = path.read_text()
+            parameters = entry_parameters(text)
+            types = dict(_HLO_DEFINITION.findall(text))
+            for name, arguments in _MOSAIC_CALL.findall(text):
+                mosaic.add(name)
+                names = re.findall(r"%([\w.\-]+)", _COMMENT.sub(" ", arguments))
+                operands[name] = tuple(types.get(operand, "") for operand in names)
     if TOP_LEVEL_PROGRAM not in listings:
         raise ScheduleError(
             f"no top-level program listing (*-TLP-*-final_bundles.txt) in {directory}"
@@ -358,4 +462,10 @@ def load_dump(directory: str | Path) -> Dump:
         programs[name] = parse_program(
             name, path.read_text(), table[1].read_text() if table else None
         )
-    return Dump(programs, aliases, mosaic_kernels=frozenset(mosaic))
+    return Dump(
+        programs,
+        aliases,
+        mosaic_kernels=frozenset(mosaic),
+        kernel_operands=operands,
+        parameter_layouts=parameters,
+    )

@@ -38,8 +38,8 @@ class PallasCall:
     def megacore(self, generation: str) -> str:
         """How the kernel uses ``generation``'s TensorCores, in one sentence."""
         facts = tpu_generations.get(generation)
-        if facts.cores_per_chip == 1:
-            return f"{self.name}: one TensorCore per chip on {generation}, nothing to split"
+        if facts.cores_per_device == 1:
+            return f"{self.name}: one TensorCore per device on {generation}, nothing to split"
         if self.core_map_cores is not None:
             return (
                 f"{self.name}: core_map over {self.core_map_cores} core(s); the walk follows "
@@ -58,13 +58,13 @@ class PallasCall:
                 else "steps (grid sized at run time)"
             )
             return (
-                f"{self.name}: grid {self.grid} split over {facts.cores_per_chip} TensorCores "
+                f"{self.name}: grid {self.grid} split over {facts.cores_per_device} TensorCores "
                 f"along parallel axis {split[0]} (dimension_semantics {semantics}); the walk "
                 f"follows core 0's share of the {share}"
             )
         return (
             f"{self.name}: grid {self.grid} runs on one of {generation}'s "
-            f"{facts.cores_per_chip} TensorCores (dimension_semantics {semantics}: no "
+            f"{facts.cores_per_device} TensorCores (dimension_semantics {semantics}: no "
             "parallel axis); the other idles"
         )
 
@@ -78,12 +78,13 @@ class Floor:
     hbm_bytes: float = 0.0
 
     def terms(self, generation: str) -> dict[str, float]:
-        """Seconds each resource needs at ``generation``'s datasheet rates (per chip)."""
+        """Seconds each resource needs at ``generation``'s datasheet rates (per device)."""
         facts = tpu_generations.get(generation)
-        int8_rate = facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s
+        int8_rate = facts.per_device(facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s)
+        bf16_rate = facts.per_device(facts.peak_bf16_ops_per_s)
         return {
-            "HBM": self.hbm_bytes / facts.hbm_bytes_per_s,
-            "MXU": self.mxu_int8_ops / int8_rate + self.mxu_bf16_ops / facts.peak_bf16_ops_per_s,
+            "HBM": self.hbm_bytes / facts.per_device(facts.hbm_bytes_per_s),
+            "MXU": self.mxu_int8_ops / int8_rate + self.mxu_bf16_ops / bf16_rate,
         }
 
     def seconds(self, generation: str) -> float:
@@ -129,7 +130,7 @@ def _nbytes(aval: Any) -> float:
     return float(math.prod(aval.shape) * np.dtype(aval.dtype).itemsize)
 
 
-def _dot_ops(eqn: Any) -> tuple[float, bool]:
+def dot_ops(eqn: Any) -> tuple[float, bool]:
     """(operations, integer operands) of a ``dot_general`` or ``ragged_dot``."""
     lhs, rhs = (var.aval for var in eqn.invars[:2])
     integer = _is_integer(lhs.dtype) and _is_integer(rhs.dtype)
@@ -154,7 +155,7 @@ class _Collector:
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name in ("dot_general", "ragged_dot", "ragged_dot_general"):
-                ops, integer = _dot_ops(eqn)
+                ops, integer = dot_ops(eqn)
                 if integer:
                     self.int8_ops += weight * ops
                 else:

@@ -91,6 +91,7 @@ class Runner:
                 facts=facts,
                 observed_trips=case.observed_trips,
                 kernel_runs=case.kernel_runs,
+                arguments=case.arguments,
             )
         except parsing.ScheduleError as error:
             self.errors.append(f"{case.name} on {generation}: {error}")
@@ -297,7 +298,8 @@ def estimates_text(rows: Sequence[Row], verbose: bool) -> list[str]:
         e = row.estimate
         flag = f"  (below floor: {cost.BELOW_FLOOR_NOTE})" if row.below_roofline else ""
         lines.append(
-            f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} {_ms(e.kernel_s):>10} "
+            f"{row.case.name:<52} {e.generation:<4} {_ms(e.device_s):>10} "
+            f"{_ms(e.kernel_s) if e.kernels else '-':>10} "
             f"{_ms(row.roofline_s):>11} {row.roofline_s / e.device_s:>9.0%}  {_util(e)}{flag}"
         )
         if verbose:
@@ -434,11 +436,12 @@ def run(
     ops: Sequence[str] | None = None,
     recorded: Sequence[str] = (),
 ) -> int:
-    """Estimates ``generations`` (or, with ``recorded`` JSON files, re-renders those rows:
-    merged, normalized, with a fresh calibration when they cover v5e) and writes the
-    table, JSON and markdown."""
+    """Estimates ``generations`` (or, with ``recorded`` JSON files, re-renders those rows,
+    merged and normalized, compiling nothing: no calibration) and writes the table, JSON
+    and markdown."""
     runner = Runner()
-    runner.progress("compiling with libtpu (a few seconds per kernel and generation)...")
+    if not recorded:
+        runner.progress("compiling with libtpu (a few seconds per kernel and generation)...")
     # Later files win: a row re-estimated in a later file replaces the earlier one.
     merged = {
         (r["name"], r["generation"]): normalize(r)
@@ -449,7 +452,8 @@ def run(
     if recorded:
         generations = sorted({r["generation"] for r in records}, key=tpu_generations.NAMES.index)
     # Calibration first: it walks each published program twice while its dump is cached.
-    calibration = calibrate(runner) if "v5e" in generations and ops is None else None
+    fresh = not recorded and ops is None
+    calibration = calibrate(runner) if fresh and "v5e" in generations else None
     rows: list[Row] = []
     for generation in generations if not recorded else ():
         for case in estimate_cases(generation, ops):
@@ -500,8 +504,8 @@ def markdown_document(
 ) -> list[str]:
     facts = [tpu_generations.get(g) for g in generations]
     gens = ", ".join(
-        f"{g.name} ({(g.clock_hz or 0) / 1e9:.2f} GHz, {g.hbm_bytes_per_s / 1e9:.0f} GB/s HBM"
-        f"{' shared by 2 TensorCores' if g.cores_per_chip == 2 else ''})"
+        f"{g.name} ({(g.clock_hz or 0) / 1e9:.2f} GHz, {g.per_device(g.hbm_bytes_per_s) / 1e9:.0f}"
+        f" GB/s HBM{' shared by 2 TensorCores' if g.cores_per_device == 2 else ''})"
         for g in facts
     )
     lines = [
@@ -572,8 +576,10 @@ CALIBRATION_NOTE = (
 )
 LIMITS_NOTE = (
     "Not modelled: stalls the static schedule does not show beyond MXU occupancy (MXU "
-    "result-path latency, VMEM bank conflicts), more than one DMA in flight sharing HBM beyond a single queue, the other "
-    "TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), and loops "
-    "whose exit depends on data (their trips come from the workload where the table says so, "
-    "else they run once). The v6e clock is an assumption (see `asickernels/tpu_generations.py`)."
+    "result-path latency, VMEM bank conflicts), more than one DMA in flight sharing HBM "
+    "beyond a single queue (at the share of the bandwidth libtpu's cost model gives a copy), "
+    "the other TensorCore's HBM traffic on v5p (each core gets half the bandwidth instead), "
+    "and loops whose exit depends on data where no example values decide them (their trips "
+    "come from the workload where the table says so, else they run once). Only v5e's clock "
+    "is published; the others are libtpu's (see `asickernels/tpu_generations.py`)."
 )

@@ -35,11 +35,12 @@ class Work:
         """The roofline bound on ``generation``, in seconds."""
         facts = tpu_generations.get(generation)
         rates = {
-            "mxu_int8": facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s,
-            "mxu_bf16": facts.peak_bf16_ops_per_s,
+            "mxu_int8": facts.per_device(facts.peak_int8_ops_per_s or facts.peak_bf16_ops_per_s),
+            "mxu_bf16": facts.per_device(facts.peak_bf16_ops_per_s),
             "vpu": facts.vpu_f32_ops_per_s,
         }
-        return max(self.hbm_bytes / facts.hbm_bytes_per_s, self.ops / rates[self.unit])
+        hbm_s = self.hbm_bytes / facts.per_device(facts.hbm_bytes_per_s)
+        return max(hbm_s, self.ops / rates[self.unit])
 
 
 def matmul(m: int, k: int, n: int, *, dtype: str, out_bytes: int, scales: bool = False) -> Work:

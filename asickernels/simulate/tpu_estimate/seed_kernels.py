@@ -86,7 +86,7 @@ def _nms_step_kernel(
     n_boxes: int,
 ) -> None:
     """One greedy selection per grid step; state lives in VMEM scratch across steps."""
-    from jax.experimental import pallas as pl
+    from asickernels.pallas_home import pl
 
     step = pl.program_id(0)
 
@@ -115,8 +115,7 @@ def nms_pallas(
     """The seed's Pallas NMS design: masks and rank keys in XLA, then ``max_output_size``
     grid steps of one selection each. ``[N, 4]``, ``[N]`` -> ``[1, N]`` float32 keys, zeroed
     for suppressed boxes."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+    from asickernels.pallas_home import pl, pltpu
 
     n_boxes = scores.shape[0]
     overlaps, others = _overlap_masks(boxes, SEED_NMS_IOU_THRESHOLD)
@@ -137,7 +136,7 @@ def nms_pallas(
 
 
 def _matmul_block_kernel(x_ref: Any, y_ref: Any, out_ref: Any, acc_ref: Any) -> None:
-    from jax.experimental import pallas as pl
+    from asickernels.pallas_home import pl
 
     k = pl.program_id(2)
 
@@ -157,8 +156,7 @@ def matmul_pallas(
 ) -> jax.Array:
     """The Pallas tutorial's blocked matmul as the seed ran it: bf16 -> bf16 (f32
     accumulator) or int8 -> int32 (int32 accumulator). Sizes must divide by the blocks."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+    from asickernels.pallas_home import pl, pltpu
 
     (m, k), n = x.shape, y.shape[1]
     integer = x.dtype == jnp.int8

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,9 @@ from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import observed
 
 _MAIN_MODULE = "asickernels_estimated_main"
+# Array arguments a function needs as values while it is traced are bound (and sent to the
+# compile child) only up to this many elements each: metadata, not tensors.
+MAX_BOUND_ELEMENTS = 1 << 16
 _SPEC = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[\s*([0-9,\s]*)\]\s*$")
 
 
@@ -78,10 +82,13 @@ def build(
     arg_specs: Sequence[Sequence[Any]],
     path: str | None = None,
     static_kwargs: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, tuple[str, Any]] | None = None,
 ) -> Built:
     """The compile child's side: imports ``reference`` (by name, else from the file at
     ``path``: a script, or a module on a path only the caller had) and returns it with its
-    argument specs."""
+    argument specs. ``fixed``: argument position -> (dtype, nested list), arguments the
+    function needs as values at trace time: bound to them (constants of the program) and
+    left out of the specs."""
     module_name, _, qualname = reference.partition(":")
     module: Any = None
     if module_name != "__main__":
@@ -101,9 +108,35 @@ def build(
     function: Any = module
     for part in qualname.split("."):
         function = getattr(function, part)
-    if static_kwargs:
-        function = functools.partial(function, **static_kwargs)
-    return function, [(tuple(shape), str(dtype)) for shape, dtype in arg_specs]
+    if static_kwargs:  # JSON made their tuples lists: jit needs them hashable again
+        function = functools.partial(
+            function, **{key: _tuples(value) for key, value in static_kwargs.items()}
+        )
+    specs = [(tuple(shape), str(dtype)) for shape, dtype in arg_specs]
+    if fixed:
+        import jax.numpy as jnp
+
+        values = {int(key): jnp.asarray(data, dtype) for key, (dtype, data) in fixed.items()}
+        function = with_values(function, values, len(specs))
+        specs = [spec for position, spec in enumerate(specs) if position not in values]
+    return function, specs
+
+
+def with_values(
+    function: Callable[..., Any], values: Mapping[int, Any], count: int
+) -> Callable[..., Any]:
+    """``function`` of ``count`` arguments with those at the positions of ``values`` bound
+    to them: it takes the others, in order."""
+
+    def bound(*others: Any) -> Any:
+        rest = iter(others)
+        return function(*(values[n] if n in values else next(rest) for n in range(count)))
+
+    return bound
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
 
 
 def _spec_of(argument: Any) -> tuple[tuple[int, ...], str]:
@@ -131,19 +164,24 @@ def estimate_function(
 
     ``function``: defined at module level (or ``"module:name"``), or a
     ``functools.partial`` of one with JSON-able keyword arguments (trace-time constants
-    such as block sizes). ``example_args``: arrays (the function then runs on them on
-    CPU, Pallas kernels in interpret mode, to count the trips of its ``while`` loops and,
-    inside Pallas kernels, the grid steps and how often each branch or loop that depends
-    on loaded values ran: :mod:`.observed`), or ``jax.ShapeDtypeStruct`` (shapes only:
-    such loops are assumed to run once and such branches to run their region, and the
-    estimate says so). A mix works too where the shapes-only arguments feed only Pallas
-    kernels whose outputs nothing later reads (the run counts such a kernel's control
-    flow without executing it): arrays for what decides control flow (a block mask, group
-    sizes), shapes for the big tensors. ``loop_trips``: trips for loops whose exit depends on
-    data, as :class:`~.estimate.EstimateTarget` takes them (unlisted ones are assumed to
-    run once, and the estimate says so). Raises ValueError for a function or argument it
-    cannot use, :class:`~.estimate.EstimateError` when libtpu refuses the program.
+    such as block sizes). ``example_args``: arrays, or ``jax.ShapeDtypeStruct`` for shapes
+    only, in any mix: arrays for what decides control flow (group sizes, a block mask),
+    shapes for the big tensors. The function runs on CPU (Pallas kernels in interpret
+    mode, :mod:`.observed`) as far as the arrays (and its own constants) decide: it counts
+    the trips of its ``while`` loops and, inside each Pallas kernel, the grid steps and the
+    scalar operands (grid bounds, scalar-prefetch arrays) that the schedule walk then
+    follows step by step, and how often each branch or loop that depends on tensor data
+    ran. What follows from shape-only arguments is not computed: such loops are assumed
+    to run once and such branches to run their region, and the estimate says so. A
+    function that needs its array arguments as values while it is traced (a wrapper that
+    validates them, or sizes a grid from them on the host) gets them as values: bound as
+    constants of the compiled program, and the estimate says so. ``loop_trips``: trips for
+    loops whose exit depends on data, as :class:`~.estimate.EstimateTarget` takes them
+    (they win over counted ones). Raises ValueError for a function or argument it cannot
+    use, :class:`~.estimate.EstimateError` when libtpu refuses the program.
     """
+    import jax
+
     static: dict[str, Any] = {}
     if isinstance(function, functools.partial):
         if function.args:
@@ -159,24 +197,87 @@ def estimate_function(
         runnable = build(reference, specs, path, static)[0]
     else:
         runnable = functools.partial(function, **static) if static else function
-    observed, run_note = _observe(runnable, example_args)
+    args, fixed, fixed_note = _trace_time_values(runnable, example_args)
+    if fixed:
+        runnable = with_values(runnable, fixed, len(example_args))
+    seen, run_note = _observe(runnable, args)
     kwargs: dict[str, Any] = {"reference": reference, "arg_specs": specs}
     if path is not None:
         kwargs["path"] = path
     if static:
         kwargs["static_kwargs"] = static
+    if fixed:
+        kwargs["fixed"] = {
+            str(n): (str(value.dtype), jax.numpy.asarray(value).tolist())
+            for n, value in fixed.items()
+        }
     target = cost.EstimateTarget(
         name or reference.partition(":")[2],
         f"{__name__}:build",
         tuple(kwargs.items()),
         tuple((program, tuple(entries.items())) for program, entries in (loop_trips or {}).items()),
-        observed_trips=observed.while_trips,
-        kernel_runs=observed.kernels,
+        observed_trips=seen.while_trips,
+        kernel_runs=seen.kernels,
+        # What the compiled program takes as parameters (values bound at trace time are its
+        # constants): the walk computes with the small ones' values.
+        arguments=tuple(
+            cost.argument(value) for n, value in enumerate(example_args) if n not in fixed
+        ),
     )
     estimates = [cost.estimate_case(target, generation) for generation in generations]
     for estimate in estimates:
-        estimate.assumptions += (run_note,)
+        estimate.assumptions += tuple(note for note in (fixed_note, run_note) if note)
     return estimates
+
+
+def _trace_time_values(
+    function: Callable[..., Any], example_args: Sequence[Any]
+) -> tuple[list[Any], dict[int, Any], str]:
+    """The arguments to trace ``function`` with, and the array arguments it needs as values
+    while it is traced (position -> array; none if it traces with them abstract), with a
+    sentence saying so. ValueError when it traces neither way."""
+    import jax
+
+    try:
+        jax.eval_shape(function, *example_args)
+        return list(example_args), {}, ""
+    except Exception as error:  # the function's own code refused abstract arguments
+        first = f"{type(error).__name__}: {_first_line(error)}"
+        arrays = {
+            n: jax.numpy.asarray(a)
+            for n, a in enumerate(example_args)
+            if not isinstance(a, jax.ShapeDtypeStruct) and math.prod(a.shape) <= MAX_BOUND_ELEMENTS
+        }
+        if not arrays:
+            raise ValueError(
+                f"the function cannot be traced with these example arguments ({first}); if "
+                "it needs some of them as values while it is traced, pass those as arrays "
+                f"(of at most {MAX_BOUND_ELEMENTS} elements; big tensors as shapes)"
+            ) from error
+    shapes = [
+        jax.ShapeDtypeStruct(*_spec_of(a)) for n, a in enumerate(example_args) if n not in arrays
+    ]
+    try:
+        jax.eval_shape(with_values(function, arrays, len(example_args)), *shapes)
+    except Exception as again:
+        raise ValueError(
+            f"the function cannot be traced with these example arguments ({first}), nor "
+            f"with its array arguments as values ({type(again).__name__}: "
+            f"{_first_line(again)})"
+        ) from again
+    named = ", ".join(f"#{n} {_spec_of(a)[1]}{list(_spec_of(a)[0])}" for n, a in arrays.items())
+    return (
+        shapes,
+        arrays,
+        f"the function needs its array arguments as values while it is traced ({first}): "
+        f"argument(s) {named} are bound to their example values, constants of the compiled "
+        "program (XLA may fold what it computes from them)",
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:160] if text else ""
 
 
 def _observe(
@@ -186,32 +287,30 @@ def _observe(
     interpret mode) saw of its data-dependent loops and branches, and a sentence saying
     how it was obtained."""
     import jax
-    from jax.experimental.pallas import tpu as pltpu
 
-    if all(isinstance(a, jax.ShapeDtypeStruct) for a in example_args) and example_args:
-        kernels = "; ".join(observed.kernel_points(function, example_args))
-        return observed.Observed(), (
-            "example arguments are shapes only: while loops, and branches and loops inside "
-            "Pallas kernels, whose outcome depends on data are not counted (pass arrays to "
-            "count them from a run on CPU)" + (f"; {kernels}" if kernels else "")
-        )
+    from asickernels.pallas_home import pltpu
+
     try:
         with jax.default_device(jax.devices("cpu")[0]), pltpu.force_tpu_interpret_mode():
             seen = observed.observe(function, list(example_args))
     except Exception as error:  # the user's function failed on CPU: say so, estimate anyway
-        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         return observed.Observed(), (
-            f"running the example inputs on CPU failed ({type(error).__name__}: {first})"
+            f"running the example inputs on CPU failed ({type(error).__name__}: "
+            f"{_first_line(error)}): nothing counted"
         )
     trips = seen.while_trips
+    shown = ", ".join("?" if t is None else str(t) for t in trips[:8])
     notes = [
         f"ran the example inputs on CPU: {len(trips)} while-loop entr"
-        f"{'y' if len(trips) == 1 else 'ies'} outside Pallas kernels counted"
-        + (
-            f" ({', '.join(map(str, trips[:8]))}{', ...' if len(trips) > 8 else ''} trips)"
-            if trips
-            else ""
-        )
+        f"{'y' if len(trips) == 1 else 'ies'} outside Pallas kernels"
+        + (f" ({shown}{', ...' if len(trips) > 8 else ''} trips; ?: not counted)" if trips else "")
     ]
+    counted = [kernel for kernel in seen.kernels if not kernel.uncounted]
+    notes.append(
+        f"{len(counted)} of {len(seen.kernels)} Pallas kernel(s) counted"
+        if seen.kernels
+        else "the run met no Pallas kernel"
+    )
     notes += [kernel.describe() for kernel in seen.kernels]
+    notes += list(seen.notes)
     return seen, "; ".join(notes)

@@ -10,9 +10,13 @@ other programs) and a per-bundle unit utilisation table
 * scalar and predicate registers are tracked where they are computable (grid counters, loop
   bounds, spills to static SMEM slots), so loop trip counts and which ``pl.when`` regions run
   come out of the schedule itself; a branch that depends on data (e.g. a value loaded from
-  a scalar-prefetch ref) is *unresolved*. In a Pallas kernel with counts from a run on
-  example inputs (``kernel_runs``, :mod:`.observed`), the kernel's unresolved forward
-  branches take, in the order the walk meets them, the data-dependent branches of its body
+  a scalar-prefetch ref) is *unresolved*. A Pallas kernel with counts from a run on
+  example inputs (``kernel_runs``, :mod:`.observed`) gets that run's scalar operands (grid
+  bounds in registers, scalar-prefetch arrays in SMEM, laid out as the program lays them
+  out), so what follows from them (the grid's trips, index-map fetches, output
+  write-backs, ``pl.when`` on prefetched data) is decided by the schedule; a long grid is
+  extrapolated step by step in the run's order, and a call is never charged less than its
+  steps' own floor. Its remaining unresolved forward branches take, in the order the walk meets them, the data-dependent branches of its body
   in preorder, each running its region at the rate the run saw (spread evenly over its
   executions); its data-dependent loops likewise take the run's trips per entry. Otherwise
   a forward branch is assumed not taken (its region runs) and a loop runs the trips the
@@ -34,8 +38,9 @@ It needs no JAX or libtpu: only the text files, so it also runs on stored dumps.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from asickernels.simulate.tpu_estimate.observed import KernelRun
 from asickernels.simulate.tpu_estimate.parsing import (
@@ -50,14 +55,30 @@ from asickernels.simulate.tpu_estimate.parsing import (
     Program,
     ScheduleError,
     Value,
+    call_operand,
     call_target,
     mxu_push,
     parse_operand,
 )
-from asickernels.simulate.tpu_estimate.scalar import COMPARE, Machine, as_signed
+from asickernels.simulate.tpu_estimate.scalar import (
+    COMPARE,
+    DATA,
+    MAX_TRACKED_WORDS,
+    RUNTIME,
+    SOMEWHERE,
+    Machine,
+    Origin,
+    as_signed,
+    joined,
+    memory_words,
+)
 
+# Bundles after a branch that run whether it is taken or not. 4 on v4 to v6e; v7x's listings
+# fill 6 (ops predicated on the branch not taken, up to the "End region" of the skipped
+# region), so its walk takes 6 (Walker(delay_slots=...)).
 BRANCH_DELAY_SLOTS = 4
 GRANULE_BYTES = 32  # DMA sizes are in 32-byte granules (checked against window shapes).
+GRANULE_WORDS = GRANULE_BYTES // 4
 LOOP_SAMPLE_START = 512
 LOOP_SAMPLE_END = 1024
 MAX_WALKED_BUNDLES = 60_000_000
@@ -68,13 +89,20 @@ PLANNED_SAMPLE_START = 1
 PLANNED_SAMPLE_END = 3
 # With ``charge_steady_calls``, a program called this many times in a row at the same cost
 # from the same DMA/MXU state, walking only its own bundles (no calls, no count taken in
-# order; branches assumed to run their region are fine), is charged that cost on later
-# calls instead of being walked again (XLA's fusions inside long loops). Approximate: a callee's cost may also depend on scalar state
-# its caller set (on the xla matcher at batch 2: v5e and v6e exact, v5p 3% under).
+# order, nothing decided or written from the arguments' values; branches assumed to run
+# their region are fine), is charged that cost on later calls instead of being walked again
+# (XLA's fusions inside long loops). Approximate where a callee's cost depends on other
+# scalar state its caller set.
 STEADY_CALLS = 3
 # A Mosaic grid loop runs its steps plus these trips (the pipeline's first fetch and last
 # write-back; seen in libtpu's schedules of static grids, e.g. 34 trips for 32 steps).
 PIPELINE_EXTRA_TRIPS = 2
+# The longest repeating pattern of iterations the walk looks for before charging a loop's
+# iterations in steady state (see Walker._steady).
+MAX_PERIOD = 64
+# Iterations walked before a steady period is looked for: a shorter pattern seen early (a
+# grid's inner axis) may be part of a longer one (its outer axis) up to MAX_PERIOD.
+STEADY_WINDOW = 2 * MAX_PERIOD
 
 
 class WalkTooLong(ScheduleError):
@@ -112,7 +140,7 @@ class Loop:
         return self.iterations / self.entries if self.entries else 0.0
 
 
-def loop_tree(program: Program) -> list[Loop]:
+def loop_tree(program: Program, delay_slots: int = BRANCH_DELAY_SLOTS) -> list[Loop]:
     """The program's loops (from its back-edges), nested by containment."""
     loops = []
     for index, bundle in enumerate(program.bundles):
@@ -120,7 +148,7 @@ def loop_tree(program: Program) -> list[Loop]:
             if op.opcode == "sbr.rel" and op.target_region is not None:
                 start = program.target(op.target_region, index)
                 if start <= index:
-                    loops.append(Loop(program.name, start, index + BRANCH_DELAY_SLOTS))
+                    loops.append(Loop(program.name, start, index + delay_slots))
     loops.sort(key=lambda loop: (loop.start, -loop.end))
     roots: list[Loop] = []
     stack: list[Loop] = []
@@ -145,74 +173,134 @@ class _CallCost:
     repeats: int = 1
 
 
+class _LoopSite(NamedTuple):
+    """Where a loop runs: its program, the loop (None: a back-edge loop_tree did not see),
+    the program's statistics."""
+
+    program: Program
+    loop: Loop | None
+    stats: ProgramStats
+
+
+@dataclasses.dataclass
+class _Sample:
+    """Where a loop's sampled iterations started: the machine's time and totals, the
+    program's executions per bundle, the decisions taken from counts, every program's calls
+    and cycles, and the loop counter."""
+
+    now: float
+    totals: tuple[float, ...]
+    counts: list[float]
+    decisions: int
+    programs: dict[str, tuple[int, float]]
+    counter: int | None = None
+
+
 @dataclasses.dataclass
 class _LoopRun:
     iterations: int = 0
     planned: int | None = None  # trips decided for a data-dependent loop
-    sample_now: float = 0.0
-    sample_totals: tuple[float, ...] = ()
-    sample_counts: list[float] | None = None
-    sample_counter: int | None = None
-    last_counter: int | None = None
-    sample_decisions: int = -1
-    sample_programs: dict[str, tuple[int, float]] | None = None
+    observed: int | None = None  # trips the CPU run counted for it (a valued top-level loop)
+    sample: _Sample | None = None  # planned trips' sample, or the steady iteration's
+    window: _Sample | None = None  # a long loop's LOOP_SAMPLE_START..END window
+    # Steady state: the machine at the end of the last iteration; per recent iteration its
+    # cost, decisions from counts, decisions and stores from the arguments' values, and
+    # counter step; the period being sampled.
+    last: tuple[Any, ...] | None = None
+    history: list[tuple[tuple[float, ...], int, int, int]] = dataclasses.field(default_factory=list)
+    period: int = 0
+    pending: int = 0
 
 
 @dataclasses.dataclass
 class _ExitTest:
     """A loop's exit compare ``scmp.<condition> counter, bound`` (the back-edge branch is
-    taken while the compare's result equals ``continue_when``)."""
+    taken while the compare's result equals ``continue_when``); ``bound`` is a constant or
+    the register holding it (a grid sized at run time, a while loop's bound argument)."""
 
     condition: str
     signed: bool
     counter: str
-    bound: int
+    bound: int | str
     continue_when: bool
+
+
+def _definition(program: Program, register: str, before: int, start: int) -> Instruction | None:
+    """The last op in bundles ``[start, before]`` that writes ``register``."""
+    for index in range(before, start - 1, -1):
+        for op in program.bundles[index].ops:
+            if op.dest == register:
+                return op
+    return None
 
 
 def _exit_test(
     program: Program, branch_index: int, branch: Instruction, start: int
 ) -> _ExitTest | None:
+    """The compare deciding a loop's back-edge: the branch's predicate itself, or (as XLA
+    writes a ``while`` condition) a compare turned into 0/1 by ``scalar_select``, masked by
+    ``sand 1`` and tested against 0."""
     if branch.predicate is None:
         return None
     register, negated = branch.predicate
-    for index in range(branch_index, start - 1, -1):
-        for op in program.bundles[index].ops:
-            if op.dest != register:
-                continue
-            family, _, kind = op.opcode.partition(".")
-            condition, number_type = [*kind.split("."), "", ""][:2]
-            if (
-                family == "scmp"
-                and number_type in ("s32", "u32")
-                and len(op.operands) == 2
-                and op.operands[0].register is not None
-                and op.operands[1].constant is not None
-            ):
-                return _ExitTest(
-                    condition,
-                    number_type == "s32",
-                    op.operands[0].register,
-                    op.operands[1].constant,
-                    not negated,
-                )
+    continue_when = not negated
+    for _ in range(4):
+        op = _definition(program, register, branch_index, start)
+        if op is None:
             return None
+        family, _, kind = op.opcode.partition(".")
+        condition, number_type = [*kind.split("."), "", ""][:2]
+        if family != "scmp" or number_type not in ("s32", "u32") or len(op.operands) != 2:
+            return None
+        counter, bound = op.operands
+        if counter.register is None:
+            return None
+        if condition in ("eq", "ne") and bound.constant == 0:
+            flag = _zero_one_flag(program, counter.register, branch_index, start)
+            if flag is not None:  # (flag ? 1 : 0) == 0 is "not flag"
+                register = flag
+                continue_when = continue_when != (condition == "eq")
+                continue
+        limit = bound.constant if bound.constant is not None else bound.register
+        if limit is None:
+            return None
+        return _ExitTest(condition, number_type == "s32", counter.register, limit, continue_when)
     return None
 
 
-def _remaining_iterations(test: _ExitTest, counter: int, step: int) -> int | None:
-    """Iterations still to run after one whose compare saw ``counter`` (the counter moving by
-    ``step`` per iteration), or None if the loop would not end."""
+def _zero_one_flag(program: Program, register: str, before: int, start: int) -> str | None:
+    """The predicate a register holds as 0/1 (``sand 1, scalar_select p, 1, 0``), if so."""
+    op = _definition(program, register, before, start)
+    if op is not None and op.opcode.startswith("sand") and len(op.operands) == 2:
+        one = [o for o in op.operands if o.constant == 1]
+        other = [o for o in op.operands if o.register is not None]
+        if not one or not other:
+            return None
+        op = _definition(program, other[0].register or "", before, start)
+    if (
+        op is not None
+        and op.opcode == "scalar_select"
+        and len(op.operands) == 3
+        and op.operands[0].register is not None
+        and (op.operands[1].constant, op.operands[2].constant) == (1, 0)
+    ):
+        return op.operands[0].register
+    return None
+
+
+def _remaining_iterations(test: _ExitTest, counter: int, step: int, bound: int) -> int | None:
+    """Iterations still to run after one whose compare saw ``counter`` against ``bound``
+    (the counter moving by ``step`` per iteration), or None if the loop would not end."""
+
+    bound = as_signed(bound) if test.signed else bound
 
     def continues(value: int) -> bool:
-        bound = as_signed(test.bound) if test.signed else test.bound
         return COMPARE[test.condition](value, bound) == test.continue_when
 
     value = as_signed(counter) if test.signed else counter
     if step == 0:
         return None
     if test.condition in ("eq", "ne"):
-        bound = as_signed(test.bound) if test.signed else test.bound
         distance = bound - value
         if distance % step or distance // step < 1:
             return None
@@ -244,9 +332,12 @@ class Walker:
         dma_latency_cycles: float = 0.0,
         loop_trips: Mapping[str, Mapping[int, Any]] | None = None,
         mxu_op_cycles: Mapping[str, float] | None = None,
-        observed_trips: Sequence[int] = (),
+        observed_trips: Sequence[int | None] = (),
         kernel_runs: Sequence[KernelRun] = (),
         charge_steady_calls: bool = False,
+        parameters: Mapping[int, Mapping[int, int]] | None = None,
+        delay_slots: int = BRANCH_DELAY_SLOTS,
+        product_ops_per_cycle: tuple[float, float] | None = None,
     ) -> None:
         """``loop_trips``: for loops whose exit depends on data, program name (or its name
         before a ``.N`` suffix) -> {loop number (preorder in :func:`loop_tree`): trips}, an int
@@ -259,26 +350,52 @@ class Walker:
         name. ``kernel_runs``: what a run saw inside each Pallas kernel
         (:class:`~.observed.KernelRun`), taken in turn by the Mosaic kernel programs in the
         order the walk first calls them. ``charge_steady_calls``: see
-        :data:`STEADY_CALLS` (for programs too long to walk call by call)."""
+        :data:`STEADY_CALLS` (for programs too long to walk call by call). ``parameters``:
+        the 32-bit words of the top-level program's parameters (its HBM arguments, by
+        parameter number) whose values are known: what the scalar unit computes from them
+        (loop bounds, a grid's size, branch outcomes) then follows from them.
+        ``delay_slots``: the generation's branch delay slots. ``product_ops_per_cycle``: one
+        core's (integer, other) matrix-product operations per cycle; with it, a counted
+        kernel's call is never cheaper than its grid steps' own floor (:meth:`_step_floor`)."""
         if bytes_per_cycle <= 0:
             raise ValueError("bytes_per_cycle must be > 0")
         self.dump = dump
+        self.delay_slots = delay_slots
         self.machine = Machine(bytes_per_cycle, dma_latency_cycles)
+        for number, words in (parameters or {}).items():
+            self.machine.memory.fill(f"parameter {number}", words)
         self.mxu_op_cycles = dict(mxu_op_cycles or {})
         self.observed_trips = list(observed_trips)
         self.loop_trips = loop_trips or {}
         self.kernel_runs = list(kernel_runs)
         self.charge_steady_calls = charge_steady_calls
+        self.product_ops_per_cycle = product_ops_per_cycle
         self.counted: dict[str, KernelRun] = {}  # Mosaic program -> its run's counts
+        self._site_runs: dict[str, KernelRun] = {}  # kernel call site -> its run's counts
+        # Kernel call sites walked without counts, though a run gave counts for others.
+        self.uncounted_kernels: dict[str, str] = {}
+        self._site_calls: dict[str, int] = {}
+        # Per counted program, this call's scalar operands (:attr:`KernelRun.scalars`) and
+        # which of them its schedule's operands took.
+        self._scalars: dict[str, tuple[tuple[str, bytes], ...]] = {}
+        self._layouts: dict[str, tuple[str, ...]] = {}  # its operands' memory layouts
+        self._seeded: dict[str, set[int]] = {}
         self._sites: dict[str, dict[int, int]] = {}  # program -> {branch bundle: ordinal}
         self._data_loops: dict[str, dict[int, int]] = {}  # program -> {loop number: ordinal}
         self._encounters: dict[tuple[str, int], int] = {}
         self._fetch_sites: dict[tuple[str, float], dict[int, int]] = {}
         self._steps: dict[str, int] = {}  # counted kernel -> trips of its outer loops so far
+        # Counted kernel -> when this call entered and each trip of its grid loop ended.
+        self._step_times: dict[str, list[float]] = {}
         self._guarded: set[tuple[str, int]] = set()  # (program, loop number) with a guard
         self.decisions = 0  # data-dependent decisions taken from counts, in order
         self._calls = 0  # program calls walked
         self._call_costs: dict[Any, _CallCost] = {}  # (callee, state) -> its last call
+        self.charged: dict[str, int] = {}  # program -> calls charged, not walked
+        self._delaying = False  # walking the delay slots of a taken branch
+        # The program being walked: its bundle ranges that run because of data (a region a
+        # data-dependent branch entered, a loop whose trips follow from data).
+        self._regions: list[tuple[int, int]] = []
         self.stats: dict[str, ProgramStats] = {}
         self.loops: dict[str, list[Loop]] = {}
         self._depth = 0
@@ -289,24 +406,31 @@ class Walker:
         if top is None:
             raise ScheduleError("the dump has no top-level program")
         self._walk(top)
-        return self.machine.now
+        # The program has not finished before its last DMA has (its outputs land in HBM).
+        machine = self.machine
+        end = max([machine.now, machine.hbm_free, *machine.flags.values()])
+        machine.dma_wait_cycles += end - machine.now
+        machine.now = end
+        return machine.now
 
     # The walk proper.
-    def _walk(self, program: Program) -> None:
+    def _walk(self, program: Program, site: str | None = None) -> None:
         self._depth += 1
         if self._depth > 16:
             raise ScheduleError(f"calls nested too deeply at {program.name}")
         machine = self.machine
+        caller_scope, machine.scope = machine.scope, f"{program.name}:"
+        caller_regions, self._regions = self._regions, []
         stats = self.stats.setdefault(
             program.name, ProgramStats(counts=[0.0] * (len(program.bundles) + 1))
         )
         if program.name not in self.loops:
-            self.loops[program.name] = loop_tree(program)
-            if program.name in self.dump.mosaic_kernels and self.kernel_runs:
-                self.counted[program.name] = self.kernel_runs.pop(0)
+            self.loops[program.name] = loop_tree(program, self.delay_slots)
+        self._enter_kernel(program, site)
         loops = {loop.start: loop for loop in _flatten(self.loops[program.name])}
         diff = stats.counts  # a difference array: executions per bundle = prefix sums
         start_now = machine.now
+        grid_trips = [loop.iterations for loop in self.loops[program.name]]
         runs: dict[int, _LoopRun] = {}
         exit_tests: dict[int, _ExitTest | None] = {}
         size = len(program.bundles)
@@ -321,6 +445,7 @@ class Walker:
                 pc = stop
                 continue
             bundle = program.bundles[pc]
+            self._delaying = jump_to >= 0  # a branch here, in a taken one's slots, is not
             taken_target = self._execute(program, pc, bundle, stats, runs, exit_tests, loops)
             machine.now += bundle.cost
             machine.walked += 1
@@ -334,11 +459,102 @@ class Walker:
                     pc, jump_to = jump_to, -1
                     continue
             elif taken_target is not None:
-                jump_to, delay_left = taken_target, BRANCH_DELAY_SLOTS
+                jump_to, delay_left = taken_target, self.delay_slots
             pc += 1
+        if program.name in self.counted:
+            self._step_floor(program, start_now, grid_trips)
         stats.calls += 1
         stats.cycles += machine.now - start_now
+        machine.scope, self._regions = caller_scope, caller_regions
         self._depth -= 1
+
+    def _step_floor(self, program: Program, start: float, trips_before: list[float]) -> None:
+        """Holds a counted kernel's call to its grid steps' own floor (each step at least
+        its products at the MXU's rate and the transfers overlapped with it at the HBM
+        rate: :meth:`~.observed.KernelRun.step_floor`), for the share of the run's steps
+        this core's grid loop ran; what it adds is said."""
+        run = self.counted[program.name]
+        if self.product_ops_per_cycle is None or not run.step_work or not run.steps:
+            return
+        machine = self.machine
+        trips = [
+            loop.iterations - before
+            for loop, before in zip(self.loops[program.name], trips_before, strict=True)
+        ]
+        steps = max(trips, default=0) - PIPELINE_EXTRA_TRIPS
+        share = min(1.0, steps / (run.steps / run.calls)) if steps > 0 else 1.0
+        ints, others = self.product_ops_per_cycle
+        floor = run.step_floor(ints, others, machine.bytes_per_cycle) / run.calls * share
+        walked = machine.now - start
+        if walked >= floor:
+            return
+        machine.now = start + floor
+        machine.step_floor_cycles += floor - walked
+        self._assume(
+            f"{program.name}: the walk of a call came under its grid steps' own floor (each "
+            "step's products at the MXU's peak, the transfers it overlaps at the HBM "
+            "rate); charged the floor"
+        )
+
+    def _enter_kernel(self, program: Program, site: str | None) -> None:
+        """Pairs a Mosaic kernel's call site with the next kernel run (in the order the
+        walk first calls them; calls deduplicated into one program keep their own runs)
+        and takes this call's scalar operands."""
+        kernels = self.dump.mosaic_kernels
+        kernel = site if site in kernels else program.name if program.name in kernels else None
+        if kernel is None:
+            return
+        if kernel not in self._site_runs and self.kernel_runs:
+            self._site_runs[kernel] = self.kernel_runs.pop(0)
+        run = self._site_runs.get(kernel)
+        if run is None or run.uncounted:
+            self.counted.pop(program.name, None)
+            if run is not None or self._site_runs:
+                self.uncounted_kernels[kernel] = (
+                    run.uncounted if run is not None else "the run met fewer Pallas kernels"
+                )
+            return
+        self.counted[program.name] = run
+        call = self._site_calls.get(kernel, 0)
+        self._site_calls[kernel] = call + 1
+        self._scalars[program.name] = run.scalars[call % len(run.scalars)] if run.scalars else ()
+        self._layouts[program.name] = self.dump.kernel_operands.get(kernel, ())
+        self._seeded[program.name] = set()
+        self._step_times[program.name] = [self.machine.now]
+        if run.scalars:
+            self.decisions += 1  # its cost depends on its scalars: never charged as steady
+
+    def _operand(self, program: Program, op: Instruction) -> Value:
+        """A kernel's operand register: a scalar operand's value when the run knows it,
+        else a symbolic address of the operand, whose words (laid out as the program lays
+        the operand out in memory) are seeded in SMEM, for reads and for the DMAs that
+        copy scalar-prefetch arrays to SMEM, when the run knows them."""
+        found = call_operand(op)
+        if found is None:
+            return None
+        space, hlo_type, index = found
+        base = f"%{program.name}/operand{index}"
+        scalars = self._scalars.get(program.name, ())
+        known = index < len(scalars) and _same_values(scalars[index][0], hlo_type)
+        if not known:
+            return None
+        layouts = self._layouts.get(program.name, ())
+        layout = layouts[index] if index < len(layouts) and layouts[index] else hlo_type
+        words = memory_words(layout, scalars[index][1])
+        if space == "<no memory space>":
+            if not words:
+                return None
+            self._seeded[program.name].add(index)
+            return words[0]
+        self._seeded[program.name].add(index)
+        self.machine.memory.fill(base, dict(enumerate(words)))
+        return Addr(base, 0)
+
+    def _seeded_all(self, program: str) -> bool:
+        """Whether this call's schedule took every scalar operand of the kernel's run (it
+        then decides what follows from them itself)."""
+        scalars = self._scalars.get(program, ())
+        return bool(scalars) and len(self._seeded.get(program, ())) == len(scalars)
 
     def _execute(
         self,
@@ -352,42 +568,71 @@ class Walker:
     ) -> int | None:
         """Executes one bundle's ops (reads before writes); returns a taken branch's target."""
         machine = self.machine
-        writes: list[tuple[str, Value]] = []
-        stores: list[tuple[Addr, Value]] = []
+        writes: list[tuple[str, Value, Origin]] = []
+        stores: list[tuple[Addr, Value, Origin]] = []
         taken: int | None = None
+        delaying = self._delaying  # (a call in this bundle walks other programs)
+        context: Origin = None  # what runs here only because of data (a region, a trip)
+        if self._regions:
+            self._regions = [region for region in self._regions if region[1] >= pc]
+            context = DATA if any(start <= pc for start, _ in self._regions) else None
         for op in bundle.ops:
             runs_op = machine.predicate(op)
             if op.opcode == "sbr.rel":
-                taken = self._branch(program, pc, op, runs_op, runs, exit_tests, loops, stats)
+                if not delaying:
+                    taken = self._branch(program, pc, op, runs_op, runs, exit_tests, loops, stats)
+            elif op.dest is not None and op.opcode.startswith("inlined_call_operand"):
+                seeded = self._operand(program, op)
+                if seeded is not None:  # else the caller left the operand in this register
+                    writes.append((op.dest, seeded, DATA))
             elif op.dest is not None:
                 if runs_op is False:
                     if op.fallback is not None:
-                        writes.append((op.dest, machine.read(op.fallback)))
+                        writes.append(
+                            (op.dest, machine.read(op.fallback), machine.origin_of([op.fallback]))
+                        )
                     continue
-                value = machine.evaluate(op) if runs_op else None
+                value, origin = machine.evaluate(op)
+                origin = joined([origin, context, machine.origin_of(op.guard)])
+                if not runs_op:
+                    value = None
+                source = op.operands[0].register if op.operands else None
+                if op.opcode.startswith("int_to_ptr") and runs_op and source:
+                    # A pointer cast is a renaming: it sees a value written in its bundle.
+                    value, origin = next(
+                        ((v, o) for r, v, o in reversed(writes) if r == source), (value, origin)
+                    )
                 if op.dest[0] == "p" and type(value) is int:
                     value = value != 0
-                writes.append((op.dest, value))
+                writes.append((op.dest, value, origin))
             elif op.opcode == "sst" and runs_op is not False and op.operands:
                 address = machine.address(op)
-                if address is not None:
-                    stores.append((address, machine.read(op.operands[0]) if runs_op else None))
+                if address is None:  # what it overwrote is unknown from now on
+                    machine.memory.lost([machine.read(term) for term in op.memory])
+                    continue
+                value = machine.read(op.operands[0]) if runs_op else None
+                origin = joined([machine.origin_of(op.operands + op.guard), context])
+                stores.append((address, value, origin))
             elif op.opcode.startswith("sdivrem") and runs_op is not False:
                 machine.divide(op)
-            elif op.opcode == "inlined_call" and runs_op is not False:
+            elif op.opcode == "vpush" and runs_op is not False:
+                machine.push(op)
+            elif op.opcode in ("inlined_call", "call") and runs_op is not False:
+                # A large program calls its fusions by address (``call``), others inline.
                 self._call(op)
             elif op.opcode == "dma.done.wait" and runs_op is not False:
                 self._dma_wait(op)
             elif op.opcode.startswith("dma.") and runs_op is not False:
-                if op.predicate is not None and not self._counted_fetch(program, pc, op):
+                if runs_op is None and not self._counted_fetch(program, pc, op):
                     continue
                 self._dma_issue(op)
             elif runs_op is not False and (push := mxu_push(op)):
                 self._mxu_push(*push)
-        for register, value in writes:
+        for register, value, origin in writes:
             machine.registers[register] = value
-        for address, value in stores:
-            machine.smem[address] = value
+            machine.origins[register] = origin
+        for address, value, origin in stores:
+            machine.memory.store(address, value, origin)
         return taken
 
     def _branch(
@@ -405,7 +650,14 @@ class Walker:
             raise ScheduleError(f"{program.name}: branch without target at bundle {pc:#x}")
         target = program.target(op.target_region, pc)
         machine = self.machine
+        origin = machine.origins.get(op.predicate[0]) if op.predicate else None
+        machine.data_decisions += decision is not None and origin == DATA
         if target > pc:  # forward: skips a predicated region
+            if decision is None and origin == RUNTIME:
+                # The compiler's own control on the runtime's state (trace every 1024th run,
+                # RNG seed set up once): its region runs, and it is no assumption about data.
+                machine.runtime_branches += 1
+                return None
             if decision is None:
                 entered = self._counted_guard(program, pc, target)
                 if entered is not None:
@@ -419,70 +671,233 @@ class Walker:
                     machine.unresolved_branch_sites.get(site, 0) + 1
                 )
                 return None
+            if origin == DATA and not decision:  # what the region computes follows from data
+                self._regions.append((pc + 1, target - 1))
+            if decision and origin == DATA and self._guard_of(program, pc, target) is not None:
+                self._skipped_loop(program, pc)
             return target if decision else None
         loop = loops.get(target)
         run = runs.setdefault(pc, _LoopRun())
-        if loop is not None and run.iterations == 0:
-            loop.entries += 1
+        if run.iterations == 0:
+            if loop is not None:
+                loop.entries += 1
+            if decision is not None and origin == DATA:
+                run.observed = self._valued_loop(program, loop)
         if decision is None:
             if run.planned is None:
                 run.planned = self._planned_trips(program, loop)
             decision = run.iterations + 1 < run.planned
         if not decision:
-            if loop is not None:
-                loop.iterations += run.iterations + 1
+            self._loop_done(program, loop, run, run.iterations + 1)
             runs[pc] = _LoopRun()
             return None
         run.iterations += 1
+        if origin == DATA and (target, pc + self.delay_slots) not in self._regions:
+            self._regions.append((target, pc + self.delay_slots))  # its trips follow from data
         if run.planned is not None and self._extrapolate_planned(stats, run):
-            if loop is not None:
-                loop.iterations += run.planned
+            self._loop_done(program, loop, run, run.planned)
             runs[pc] = _LoopRun()
             return None
         if program.name in self.counted and loop in self.loops[program.name]:
             # A new grid step: its branches and fetches take the step's pattern together.
             self._steps[program.name] = self._steps.get(program.name, 0) + 1
+            self._step_times.setdefault(program.name, [machine.now]).append(machine.now)
         if pc not in exit_tests:
             exit_tests[pc] = _exit_test(program, pc, op, target)
         test = exit_tests[pc]
-        counter = machine.registers.get(test.counter) if test else None
-        if run.iterations == LOOP_SAMPLE_START and type(counter) is int:
-            run.sample_now = machine.now
-            run.sample_totals = machine.totals()
-            run.sample_counts = _prefix_sums(stats.counts)
-            run.sample_counter = counter
-        if (
-            run.iterations == LOOP_SAMPLE_END
-            and test
-            and run.sample_counts
-            and type(counter) is int
-        ):
-            sampled = LOOP_SAMPLE_END - LOOP_SAMPLE_START
-            assert run.sample_counter is not None
-            step_total = (as_signed(counter) if test.signed else counter) - (
-                as_signed(run.sample_counter) if test.signed else run.sample_counter
-            )
-            if step_total % sampled == 0:
-                remaining = _remaining_iterations(test, counter, step_total // sampled)
-                if remaining is not None:
-                    self._extrapolate(stats, run, remaining / sampled)
-                    machine.registers[test.counter] = (
-                        counter + remaining * (step_total // sampled)
-                    ) & U32
-                    if loop is not None:
-                        loop.iterations += run.iterations + remaining
-                    runs[pc] = _LoopRun()
-                    return None
+        if test is not None and run.planned is None:
+            charged, done = self._steady(_LoopSite(program, loop, stats), run, test)
+            if done:
+                self._loop_done(program, loop, run, run.iterations + charged)
+                runs[pc] = _LoopRun()
+                return None
+            run.iterations += charged
         return target
 
-    def _counted_point(self, program: str, kind: str, ordinals: dict[int, int], key: int) -> Any:
+    def _loop_done(self, program: Program, loop: Loop | None, run: _LoopRun, trips: int) -> None:
+        if loop is not None:
+            loop.iterations += trips
+        if run.observed is not None and run.observed != trips:
+            self._assume(
+                f"{program.name}: a while loop's trips computed from the arguments' values "
+                f"({trips}) differ from the run on CPU ({run.observed}); the schedule's are taken"
+            )
+
+    def _guard_of(self, program: Program, pc: int, target: int) -> Loop | None:
+        """The loop a forward branch at ``pc`` guards (it skips exactly that loop: a
+        ``while`` that may take no trip), if it is a guard."""
+        flat = _flatten(self.loops.get(program.name, []))
+        return next((one for one in flat if one.end + 1 == target and pc < one.start), None)
+
+    def _skipped_loop(self, program: Program, pc: int) -> None:
+        """A guard decided from the arguments' values skips its loop: a top-level ``while``
+        that took no trip, as the CPU run's next one should have."""
+        self._assume(
+            f"{program.name}: the guard at bundle {pc:#x} skips its loop: exit depends on the "
+            "arguments; no trip, from the example inputs' values"
+        )
+        if program.name != TOP_LEVEL_PROGRAM or not self.observed_trips:
+            return
+        if self.observed_trips.pop(0):
+            self._assume(
+                f"{program.name}: the guard at bundle {pc:#x} skips its while loop from the "
+                "arguments' values, where the run on CPU took trips; the schedule's is taken"
+            )
+
+    def _valued_loop(self, program: Program, loop: Loop | None) -> int | None:
+        """A loop whose exit depends on the function's arguments, decided from their values
+        (given as example inputs) as the scalar unit computes it. Returns the trips the CPU
+        run counted for it (a top-level ``while``: the next in entry order), to compare."""
+        number = -1 if loop is None else _flatten(self.loops[program.name]).index(loop)
+        self._assume(
+            f"{program.name} loop #{number}: exit depends on the arguments; trips computed from "
+            "the example inputs' values as the compiled loop's own compare evaluates them"
+        )
+        if program.name == TOP_LEVEL_PROGRAM and self.observed_trips:
+            return self.observed_trips.pop(0)
+        return None
+
+    def _steady(self, where: _LoopSite, run: _LoopRun, test: _ExitTest) -> tuple[int, bool]:
+        """Steady state. Once the loop's iterations have repeated a pattern of period P (1
+        to :data:`MAX_PERIOD`; a Mosaic grid's inner axis makes one) for three periods in a
+        row, each iteration costing what its twin a period earlier cost (cycles and the
+        machine's totals), moving the counter by the same step and taking no decision from
+        counts nor deciding or storing anything from the arguments' values (a later
+        iteration might not repeat it), whole periods are charged at the last one's cost
+        instead of walked, leaving at least one period (and the loop's last iterations) to
+        walk. Returns (iterations charged, whether the loop is done: a long loop's window,
+        :meth:`_long_loop`, charges the rest)."""
+        machine, stats = self.machine, where.stats
+        counter = machine.registers.get(test.counter)
+        bound = test.bound if isinstance(test.bound, int) else machine.registers.get(test.bound)
+        if type(counter) is not int or type(bound) is not int:
+            run.last, run.sample = None, None
+            run.history.clear()
+            return 0, False
+        value = as_signed(counter) if test.signed else counter
+        from_data = machine.memory.data_writes + machine.data_decisions
+        state = (machine.now, machine.totals(), self.decisions, from_data, value)
+        last, run.last = run.last, state
+        if last is None:
+            return 0, False
+        cost = (state[0] - last[0], *(a - b for a, b in zip(state[1], last[1], strict=True)))
+        run.history.append((cost, state[2] - last[2], state[3] - last[3], value - last[4]))
+        del run.history[:-STEADY_WINDOW]
+        step = value - last[4]
+        if run.sample is not None:
+            run.pending -= 1
+            if run.pending == 0:
+                period, sample = run.period, run.sample
+                run.sample = None
+                remaining = _remaining_iterations(test, counter, step, bound)
+                periods = (remaining - period) // period if remaining else 0
+                if _periodic(run.history, period) and periods > 0:
+                    self._extrapolate(stats, sample, periods)
+                    machine.registers[test.counter] = (counter + periods * period * step) & U32
+                    run.last = None
+                    run.history.clear()
+                    return periods * period, False
+        if run.sample is None and len(run.history) >= STEADY_WINDOW:  # walked since a charge
+            period = next(
+                (p for p in range(1, len(run.history) // 2 + 1) if _periodic(run.history, p)), 0
+            )
+            if period:  # the next period, if it repeats this one, is the sample
+                run.sample, run.period, run.pending = self._sample(stats), period, period
+        charged = self._long_loop(where, run, test, (counter, bound))
+        return (0, False) if charged is None else (charged, True)
+
+    def _long_loop(
+        self, where: _LoopSite, run: _LoopRun, test: _ExitTest, now: tuple[int, int]
+    ) -> int | None:
+        """A long loop that never settles (a grid whose steps take different patterns):
+        iterations LOOP_SAMPLE_START to LOOP_SAMPLE_END are walked and the rest charged at
+        their average (a counted kernel's grid: step by step, :meth:`_grid_factor`). ``now``:
+        the counter and the bound the exit compare sees."""
+        program, loop, stats = where
+        counter, bound = now
+        if run.iterations == LOOP_SAMPLE_START:
+            run.window = self._sample(stats, counter)
+        if run.iterations != LOOP_SAMPLE_END or run.window is None:
+            return None
+        assert run.window.counter is not None
+        sampled = LOOP_SAMPLE_END - LOOP_SAMPLE_START
+        step_total = (
+            (as_signed(counter) - as_signed(run.window.counter))
+            if test.signed
+            else (counter - run.window.counter)
+        )
+        if step_total % sampled:
+            return None
+        step = step_total // sampled
+        remaining = _remaining_iterations(test, counter, step, bound)
+        if remaining is None:
+            return None
+        factor = remaining / sampled
+        if program.name in self.counted and loop in self.loops[program.name]:
+            factor = self._grid_factor(program, run, remaining) or factor
+        self._extrapolate(stats, run.window, factor)
+        self.machine.registers[test.counter] = (counter + remaining * step) & U32
+        return remaining
+
+    def _grid_factor(self, program: Program, run: _LoopRun, remaining: int) -> float | None:
+        """How many times the sampled trips' cost a counted kernel's remaining grid steps
+        cost, step by step as the run ordered them: each step at the walked cost of steps
+        with the same work (the same products and transfers; a kind of step the walk has
+        not met yet: the nearest kind by floor, plus the difference of their floors), so
+        a grid whose work changes along it (a triangular mask) is not extrapolated from
+        its first steps. None without the run's order."""
+        kernel = self.counted[program.name]
+        order = kernel.ordered_steps()
+        times = self._step_times.get(program.name, [])
+        assert run.window is not None
+        window = self.machine.now - run.window.now
+        if not order or len(times) < 3 or window <= 0:
+            return None
+        floors = (
+            kernel.step_floors(*self.product_ops_per_cycle, self.machine.bytes_per_cycle)
+            if self.product_ops_per_cycle
+            else [0.0] * len(kernel.step_work)
+        )
+        walked: dict[int, list[float]] = {}
+        for trip in range(1, len(times) - 1):  # trip t computes step t - 1
+            if trip - 1 < len(order):
+                walked.setdefault(order[trip - 1], []).append(times[trip + 1] - times[trip])
+        if not walked:
+            return None
+        means = {kind: sum(costs) / len(costs) for kind, costs in walked.items()}
+        overall = sum(sum(costs) for costs in walked.values()) / sum(map(len, walked.values()))
+
+        def cost(kind: int) -> float:
+            if kind in means:
+                return means[kind]
+            near = min(means, key=lambda seen: abs(floors[seen] - floors[kind]))
+            return max(means[near] + floors[kind] - floors[near], floors[kind])
+
+        first = len(times) - 1  # the next trip
+        predicted = sum(
+            cost(order[trip - 1]) if 0 <= trip - 1 < len(order) else overall
+            for trip in range(first, first + remaining)
+        )
+        return predicted / window
+
+    def _counted_point(
+        self, program: str, kind: str, ordinals: dict[int, int], key: int
+    ) -> tuple[Any, int] | None:
         """The run's count for the ``kind`` point that the schedule's ``key`` (a branch
-        bundle or loop number) of ``program`` stands for: ordinals in the order first met."""
+        bundle or loop number) of ``program`` stands for, ordinals in the order first met,
+        and its number among the body's points of that kind. A walk given the kernel's
+        scalar operands decides the points that follow from them itself: only the others
+        are handed out."""
         run = self.counted.get(program)
         if run is None:
             return None
         ordinal = ordinals.setdefault(key, len(ordinals))
-        points = [point for point in run.points if point.kind == kind]
+        seeded = self._seeded_all(program)
+        points = [
+            (point, number)
+            for number, point in enumerate(p for p in run.points if p.kind == kind)
+            if not (seeded and point.scalar)
+        ]
         return points[ordinal] if ordinal < len(points) else None
 
     def _assume(self, note: str) -> None:
@@ -501,20 +916,21 @@ class Walker:
         """Whether a data-dependent forward branch of a counted kernel runs its region this
         time (None: no count for it)."""
         sites = self._sites.setdefault(program.name, {})
-        point = self._counted_point(program.name, "branch", sites, pc)
-        if point is None or point.rate is None:
+        counted = self._counted_point(program.name, "branch", sites, pc)
+        if counted is None or counted[0].rate is None:
             return None
+        point, number = counted
         self.decisions += 1
         evenly = self._evenly((program.name, pc), point.rate)
         note = (
             f"{program.name}: data-dependent branch at bundle {pc:#x} taken as the kernel "
-            f"body's data-dependent branch #{sites[pc]} (in order); its region runs in "
+            f"body's data-dependent branch #{number} (in order); its region runs in "
             f"{point.rate:.1%} of executions, as in the run on the example inputs"
         )
         self._assume(note)
         bits = _step_pattern(self.counted[program.name], self._steps.get(program.name, 0))
-        if bits is not None and sites[pc] < len(bits[0]) and bits[0][sites[pc]] is not None:
-            return bool(bits[0][sites[pc]])
+        if bits is not None and number < len(bits[0]) and bits[0][number] is not None:
+            return bool(bits[0][number])
         return evenly
 
     def _counted_guard(self, program: Program, pc: int, target: int) -> bool | None:
@@ -523,18 +939,17 @@ class Walker:
         when it is not a guard or the loop has no count. In a counted kernel, entries with
         no trip are spread evenly at the run's rate; in the top-level program, the guard
         skips the loop when the run's next ``while`` took no trip (and takes that count)."""
-        flat = _flatten(self.loops.get(program.name, []))
-        loop = next((one for one in flat if one.end + 1 == target and pc < one.start), None)
+        loop = self._guard_of(program, pc, target)
         if loop is None:
             return None
-        number = flat.index(loop)
+        number = _flatten(self.loops[program.name]).index(loop)
         if program.name not in self.counted:
             base = program.name.rsplit(".", 1)[0]
             given = self.loop_trips.get(program.name, self.loop_trips.get(base, {}))
             if program.name != TOP_LEVEL_PROGRAM or not self.observed_trips or number in given:
                 return None
             self.decisions += 1
-            if self.observed_trips[0]:
+            if self.observed_trips[0] is None or self.observed_trips[0]:
                 return True  # entered: the loop takes the count
             self.observed_trips.pop(0)
             note = (
@@ -544,9 +959,10 @@ class Walker:
             self._assume(note)
             return False
         ordinals = self._data_loops.setdefault(program.name, {})
-        point = self._counted_point(program.name, "loop", ordinals, number)
-        if point is None or not point.entries:
+        counted = self._counted_point(program.name, "loop", ordinals, number)
+        if counted is None or not counted[0].entries:
             return None
+        point = counted[0]
         self.decisions += 1
         self._guarded.add((program.name, number))
         rate = point.empty / point.entries
@@ -609,8 +1025,12 @@ class Walker:
         elif given is not None:
             trips, how = int(given), "trips given by the caller (loop_trips)"
         elif self.observed_trips and program.name == TOP_LEVEL_PROGRAM:  # XLA's while loops
-            trips = self.observed_trips.pop(0)
-            how = "trips from running the function on the example inputs on CPU"
+            seen = self.observed_trips.pop(0)
+            trips, how = (
+                (1, "its exit depends on an argument given as a shape only: assumed 1 trip")
+                if seen is None
+                else (seen, "trips from running the function on the example inputs on CPU")
+            )
         else:
             trips, how = 1, "assumed 1 trip"
         note = f"{program.name} loop #{number}: data-dependent exit, {how}"
@@ -632,9 +1052,10 @@ class Walker:
                 f"example inputs, plus {PIPELINE_EXTRA_TRIPS} pipeline trips"
             )
         ordinals = self._data_loops.setdefault(program.name, {})
-        point = self._counted_point(program.name, "loop", ordinals, number)
-        if point is None or point.rate is None:
+        counted = self._counted_point(program.name, "loop", ordinals, number)
+        if counted is None or counted[0].rate is None:
             return None
+        point, ordinal = counted
         rate, per = point.rate, "entry"
         if (program.name, number) in self._guarded and point.entries > point.empty:
             # Its guard already skipped the entries with no trip.
@@ -642,7 +1063,7 @@ class Walker:
         entry = loop.entries if loop is not None else 1
         trips = _spread(entry, rate) - _spread(entry - 1, rate)
         return trips, (
-            f"the kernel body's data-dependent loop #{ordinals[number]} (in order): "
+            f"the kernel body's data-dependent loop #{ordinal} (in order): "
             f"{rate:.2f} trips per {per} in the run on the example inputs"
         )
 
@@ -654,30 +1075,35 @@ class Walker:
         if run.planned <= PLANNED_SAMPLE_END + 1:
             return False
         if run.iterations == PLANNED_SAMPLE_START:
-            run.sample_now = self.machine.now
-            run.sample_totals = self.machine.totals()
-            run.sample_counts = _prefix_sums(stats.counts)
-            run.sample_decisions = self.decisions
-            run.sample_programs = {
-                name: (other.calls, other.cycles) for name, other in self.stats.items()
-            }
+            run.sample = self._sample(stats)
             return False
-        if run.iterations != PLANNED_SAMPLE_END or run.sample_decisions != self.decisions:
+        if (
+            run.iterations != PLANNED_SAMPLE_END
+            or run.sample is None
+            or run.sample.decisions != self.decisions
+        ):
             return False
         factor = (run.planned - run.iterations) / (PLANNED_SAMPLE_END - PLANNED_SAMPLE_START)
-        self._extrapolate(stats, run, factor)
-        before = run.sample_programs or {}
-        for name, other in self.stats.items():  # the callees the sampled trips ran (their
-            if other is not stats:  # per-bundle counts stay those of the sampled trips)
-                calls, cycles = before.get(name, (0, 0.0))
-                other.calls += round((other.calls - calls) * factor)
-                other.cycles += (other.cycles - cycles) * factor
+        self._extrapolate(stats, run.sample, factor)
         return True
 
-    def _extrapolate(self, stats: ProgramStats, run: _LoopRun, factor: float) -> None:
-        """Adds ``factor`` times what the sampled iterations cost."""
+    def _sample(self, stats: ProgramStats, counter: int | None = None) -> _Sample:
+        """Where the sampled iterations of a loop start (see :meth:`_extrapolate`)."""
+        return _Sample(
+            self.machine.now,
+            self.machine.totals(),
+            _prefix_sums(stats.counts),
+            self.decisions,
+            {name: (other.calls, other.cycles) for name, other in self.stats.items()},
+            counter,
+        )
+
+    def _extrapolate(self, stats: ProgramStats, sample: _Sample, factor: float) -> None:
+        """Adds ``factor`` times what the sampled iterations cost: time, the machine's totals,
+        the loop's program's executions per bundle, and its callees' calls and cycles (their
+        per-bundle executions stay those of the sampled iterations)."""
         machine = self.machine
-        extra = (machine.now - run.sample_now) * factor
+        extra = (machine.now - sample.now) * factor
         machine.now += extra
         machine.hbm_free += extra
         machine.flags = {key: done + extra for key, done in machine.flags.items()}
@@ -685,18 +1111,21 @@ class Walker:
         machine.add_totals(
             [
                 (now - then) * factor
-                for now, then in zip(machine.totals(), run.sample_totals, strict=True)
+                for now, then in zip(machine.totals(), sample.totals, strict=True)
             ]
         )
-        assert run.sample_counts is not None
         current = _prefix_sums(stats.counts)
-        for index, (now_count, then_count) in enumerate(
-            zip(current, run.sample_counts, strict=True)
-        ):
+        for index, (now_count, then_count) in enumerate(zip(current, sample.counts, strict=True)):
             delta = (now_count - then_count) * factor
             if delta:
                 stats.counts[index] += delta
                 stats.counts[index + 1] -= delta
+        before = sample.programs
+        for name, other in self.stats.items():
+            if other is not stats:
+                calls, cycles = before.get(name, (0, 0.0))
+                other.calls += round((other.calls - calls) * factor)
+                other.cycles += (other.cycles - cycles) * factor
 
     def _call(self, op: Instruction) -> None:
         name = call_target(op)
@@ -724,19 +1153,31 @@ class Walker:
         )
         cost = self._call_costs.get(key)
         if not self.charge_steady_calls:
-            self._walk(callee)
+            self._walk(callee, name)
             return
         if cost is not None and cost.repeats >= STEADY_CALLS:
             self._charge(callee.name, cost)
             return
-        start, totals, calls, decisions = machine.now, machine.totals(), self._calls, self.decisions
+        start, totals = machine.now, machine.totals()
+        before = (
+            self._calls + 1,
+            self.decisions,
+            machine.data_decisions,
+            machine.memory.data_writes,
+        )
         sites = dict(machine.unresolved_branch_sites)
         stats = self.stats.get(callee.name)
         counts = list(stats.counts) if stats else [0.0] * (len(callee.bundles) + 1)
         self._calls += 1
-        self._walk(callee)
-        if (self._calls, self.decisions) != (calls + 1, decisions):
-            # It called others or took a count in order: walk it every time.
+        self._walk(callee, name)
+        if (
+            self._calls,
+            self.decisions,
+            machine.data_decisions,
+            machine.memory.data_writes,
+        ) != before:
+            # It called others, took a count in order, or decided or wrote something from the
+            # arguments' values (another call may not): walk it every time.
             self._call_costs.pop(key, None)
             return
         new = _CallCost(
@@ -749,16 +1190,17 @@ class Walker:
                 if count != sites.get(site, 0)
             },
         )
-        if cost is not None and (cost.cycles, cost.totals, cost.assumed) == (
-            new.cycles,
-            new.totals,
-            new.assumed,
+        if (
+            cost is not None
+            and cost.assumed == new.assumed
+            and _same_cost((cost.cycles, *cost.totals), (new.cycles, *new.totals))
         ):
             new.repeats = cost.repeats + 1
         self._call_costs[key] = new
 
     def _charge(self, name: str, cost: _CallCost) -> None:
         """A steady callee's call, charged at the cost of its last walked calls."""
+        self.charged[name] = self.charged.get(name, 0) + 1
         machine = self.machine
         machine.now += cost.cycles
         machine.hbm_free += cost.cycles
@@ -789,6 +1231,7 @@ class Walker:
         nbytes = granules * GRANULE_BYTES if type(granules) is int else 0
         flag = self._flag(parse_operand(keywords.get("dst_syncflagno", "").strip()))
         kind = op.opcode.split(".", 1)[1]
+        self._copy_words(kind, keywords, granules)
         start = machine.now
         # dma.general (strided descriptors) is how XLA fusions stream operands from HBM.
         if ("hbm" in kind or kind == "general") and nbytes:
@@ -799,6 +1242,33 @@ class Walker:
         else:
             done = start
         machine.flags[flag] = max(machine.flags.get(flag, 0.0), done)
+
+    def _copy_words(self, kind: str, keywords: dict[str, str], granules: Value) -> None:
+        """What a DMA moves, for the scalar unit's later reads: ``X_to_Y`` copies the
+        source's known words (SMEM addresses count words, HBM and VMEM ones 32-byte
+        granules); a strided ``general`` DMA leaves its destination unknown."""
+        machine = self.machine
+        source_space, _, destination_space = kind.partition("_to_")
+        if kind == "general":
+            source_space, destination_space = "src", "dst"
+        if destination_space not in keywords:
+            return
+        words = granules * GRANULE_WORDS if type(granules) is int else MAX_TRACKED_WORDS + 1
+
+        def pointer(space: str) -> Addr | None:
+            value = machine.read(parse_operand(keywords.get(space, "").strip()))
+            if not isinstance(value, Addr):
+                return None
+            scale = 1 if space == "smem" or value.offset == SOMEWHERE else GRANULE_WORDS
+            return Addr(value.base, value.offset * scale)
+
+        destination = pointer(destination_space)
+        if destination is None and destination_space == "smem":
+            machine.memory.untracked_smem_writes = True
+        if kind == "general":
+            machine.memory.copy(None, destination and Addr(destination.base, 0), 1 << 62)
+        else:
+            machine.memory.copy(pointer(source_space), destination, words)
 
     def _mxu_push(self, operand_type: str, unit: str) -> None:
         if not self.mxu_op_cycles:
@@ -859,6 +1329,37 @@ class Walker:
             if program.capacity:
                 return dict(zip(program.units, program.capacity, strict=True))
         return {}
+
+
+def _same_values(one: str, other: str) -> bool:
+    """Whether two HLO types (``"s32[1]"``, ``"s32[]"``) hold as many values of one type."""
+
+    def parts(text: str) -> tuple[str, int]:
+        kind, _, dims = text.partition("[")
+        return kind, math.prod(int(d) for d in dims.rstrip("]").split(",") if d.strip())
+
+    return parts(one) == parts(other)
+
+
+def _periodic(history: Sequence[tuple[tuple[float, ...], int, int, int]], period: int) -> bool:
+    """Whether the last ``period`` iterations repeat the ``period`` before them: the same
+    costs and counter steps, with no data-dependent decision or store."""
+    if len(history) < 2 * period:
+        return False
+    for back in range(1, period + 1):
+        now, then = history[-back], history[-back - period]
+        if now[1:3] != (0, 0) or then[1:3] != (0, 0) or now[3] != then[3]:
+            return False
+        if not _same_cost(now[0], then[0]):
+            return False
+    return True
+
+
+def _same_cost(one: Sequence[float], other: Sequence[float]) -> bool:
+    """Whether two costs (cycles and the machine's totals) are equal but for rounding."""
+    return all(
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(one, other, strict=True)
+    )
 
 
 def _flatten(loops: Iterable[Loop]) -> list[Loop]:

@@ -1,6 +1,7 @@
-"""The native CPU backend (asickernels.backends.cpu) against the float64 reference: both entry
-points of every kernel (JAX through XLA's FFI, and the numpy host twin) on the conformance
-cases, float64 and hidden-size/adversarial inputs, jit/vmap/grad, and an ASan + UBSan build.
+"""The native CPU backend (asickernels.backends.cpu) against the float64 reference: both paths
+of every kernel (JAX through XLA's FFI, and numpy arrays on the host, the same handler) on the
+conformance cases, float64 and hidden-size/adversarial inputs, jit/vmap/grad, the handlers'
+checks of their calls, and an ASan + UBSan build.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from conftest import run_pytest_sanitized
 
 import asickernels
+from asickernels import _native_build
 from asickernels.backends.cpu import _library
 from asickernels.backends.cpu import box_iou as cpu_box
 from asickernels.backends.cpu import giou as cpu_giou
@@ -31,7 +33,7 @@ from asickernels.kernels.box_iou import (
 )
 from asickernels.kernels.box_iou_cases import pairwise_cases
 from asickernels.kernels.cases import grid_boxes, random_boxes
-from asickernels.kernels.declaration import x64_scope
+from asickernels.kernels.eager import x64_scope
 from asickernels.kernels.giou import reference_giou, reference_giou_vjp
 from asickernels.kernels.giou_cases import giou_cases
 from asickernels.kernels.int8_matmul import reference_int8_matmul
@@ -54,14 +56,15 @@ def _params(cases):
     ]
 
 
-def _entry_points(jax_fn, host_fn):
-    """Both entry points as ``(name, fn)``; the JAX one jitted, its outputs as numpy."""
+def _entry_points(fn):
+    """Both paths of a kernel as ``entry``: jitted (XLA), its outputs as numpy; and called
+    on numpy arrays (the host)."""
 
     def run_jax(*args, **kwargs):
-        out = jax.jit(lambda *a: jax_fn(*a, **kwargs))(*args)
+        out = jax.jit(lambda *a: fn(*a, **kwargs))(*args)
         return jax.tree.map(np.asarray, out)
 
-    return pytest.mark.parametrize("entry", [run_jax, host_fn], ids=["jax", "host"])
+    return pytest.mark.parametrize("entry", [run_jax, fn], ids=["jax", "host"])
 
 
 def _copies(*arrays):
@@ -80,7 +83,7 @@ def _assert_unchanged(before, arrays):
 _GIOU_CASES = [c for c in giou_cases() if c.boxes1.size]
 
 
-@_entry_points(cpu_giou.giou, cpu_giou.giou_host)
+@_entry_points(cpu_giou.giou)
 @pytest.mark.parametrize("case", _params(_GIOU_CASES))
 def test_giou(entry, case):
     b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
@@ -93,7 +96,7 @@ def test_giou(entry, case):
     _assert_unchanged(before, [b1, b2])
 
 
-@_entry_points(cpu_giou.giou_vjp, cpu_giou.giou_vjp_host)
+@_entry_points(cpu_giou.giou_vjp)
 @pytest.mark.parametrize("case", _params([c for c in _GIOU_CASES if c.boxes1.dtype == np.float32]))
 def test_giou_vjp(entry, case):
     b1, b2 = case.boxes1.reshape(-1, 4), case.boxes2.reshape(-1, 4)
@@ -136,14 +139,12 @@ def test_giou_float64_is_computed_in_float64():
     cotangent = rng.normal(size=130)
     want = reference_giou(b1, b2)
     want1, want2 = reference_giou_vjp(b1, b2, cotangent)
-    host = cpu_giou.giou_host(b1, b2)
+    host = cpu_giou.giou(b1, b2)
     assert host.dtype == np.float64
     np.testing.assert_allclose(host, want, rtol=0, atol=1e-9)
     # float32 cannot: the 1e6 offset leaves about 0.06 of resolution on each coordinate.
-    assert (
-        np.abs(cpu_giou.giou_host(b1.astype(np.float32), b2.astype(np.float32)) - want).max() > 1e-4
-    )
-    d1, d2 = cpu_giou.giou_vjp_host(b1, b2, cotangent)
+    assert np.abs(cpu_giou.giou(b1.astype(np.float32), b2.astype(np.float32)) - want).max() > 1e-4
+    d1, d2 = cpu_giou.giou_vjp(b1, b2, cotangent)
     np.testing.assert_allclose(d1, want1, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(d2, want2, rtol=1e-9, atol=1e-12)
     with x64_scope(True):
@@ -172,10 +173,6 @@ def _images(boxes):
     return boxes.reshape((int(np.prod(boxes.shape[:-2])), *boxes.shape[-2:]))
 
 
-def _pairwise_entry_points(op):
-    return [getattr(cpu_box, op), getattr(cpu_box, f"{op}_host")]
-
-
 def _pairwise_reference_vjp(metric, boxes1, boxes2, cotangent):
     """The reference gradient of ``sum(cotangent [B, N, M] * metric)``: the paired one on
     every pair, summed over the other side's boxes."""
@@ -192,8 +189,8 @@ def test_pairwise_box_metric(entry, op, case):
     """``[B, N, 4] x [B, M, 4]``, N or M possibly 0, every adversarial pair, bfloat16 in."""
     b1, b2 = _images(case.boxes1), _images(case.boxes2)
     before = _copies(b1, b2)
-    jax_fn, host_fn = _pairwise_entry_points(op)
-    got = np.asarray(jax.jit(jax_fn)(b1, b2)) if entry == "jax" else host_fn(b1, b2)
+    fn = getattr(cpu_box, op)
+    got = np.asarray(jax.jit(fn)(b1, b2)) if entry == "jax" else fn(b1, b2)
     want = reference_pairwise(_PAIRWISE[op], b1, b2)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=_box_tolerance(b1), rtol=0)
@@ -248,7 +245,7 @@ def test_paired_box_metric(entry, metric, case):
         if entry == "jax":
             got = np.asarray(jax.jit(getattr(cpu_box, metric))(b1, b2))
         else:
-            got = getattr(cpu_box, f"{metric}_host")(b1, b2)
+            got = getattr(cpu_box, metric)(b1, b2)
     assert got.dtype == (np.float64 if wide else np.float32) and got.shape == b1.shape[:-1]
     want = getattr(box_metrics, f"reference_{metric}")(b1, b2)
     np.testing.assert_allclose(got, want, atol=1e-12 if wide else _box_tolerance(b1), rtol=0)
@@ -269,7 +266,7 @@ def test_paired_box_metric_vjp(entry, metric, case):
         if entry == "jax":
             d1, d2 = jax.jit(getattr(cpu_box, f"{metric}_vjp"))(b1, b2, cotangent)
         else:
-            d1, d2 = getattr(cpu_box, f"{metric}_vjp_host")(b1, b2, cotangent)
+            d1, d2 = getattr(cpu_box, f"{metric}_vjp")(b1, b2, cotangent)
     want1, want2 = getattr(box_metrics, f"reference_{metric}_vjp")(b1, b2, cotangent)
     assert np.asarray(d1).dtype == b1.dtype
     # Gradients scale with 1 / box size: compare relative to the largest one.
@@ -311,11 +308,11 @@ def test_box_metrics_float64_are_computed_in_float64(op):
     if op in _PAIRED:
         b1, b2 = b1[0], b2[0]
     want = getattr(box_metrics, f"reference_{op}")(b1, b2)
-    host = getattr(cpu_box, f"{op}_host")(b1, b2)
+    host = getattr(cpu_box, op)(b1, b2)
     assert host.dtype == np.float64
     np.testing.assert_allclose(host, want, rtol=0, atol=1e-9)
     # float32 cannot: the 1e6 offset leaves about 0.06 of resolution on each coordinate.
-    rounded = getattr(cpu_box, f"{op}_host")(b1.astype(np.float32), b2.astype(np.float32))
+    rounded = getattr(cpu_box, op)(b1.astype(np.float32), b2.astype(np.float32))
     assert np.abs(rounded - want).max() > 1e-4
     with x64_scope(True):
         got = jax.jit(getattr(cpu_box, op))(b1, b2)
@@ -323,14 +320,105 @@ def test_box_metrics_float64_are_computed_in_float64(op):
         np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-9)
 
 
-def test_unknown_box_metric_code_is_refused():
-    boxes = np.zeros((1, 4), np.float32)
-    out = np.empty(1, np.float32)
-    status = _library.library().asickernels_cpu_paired_box_metric(
-        4, 0, *map(_library.address, (boxes, boxes)), 1, _library.address(out)
-    )
-    with pytest.raises(_library.NativeCpuError, match="unsupported dtype or metric code"):
-        _library.check(status)
+_BOXES = np.array([[[0, 0, 2, 2], [1, 1, 3, 3]]], np.float32)
+_SCORES = np.array([[0.9, 0.8]], np.float32)
+_NMS_RESULTS = [((1, 2), np.int32), ((1,), np.int32)]
+_NMS_STATICS = {"iou_threshold": 0.5, "max_output_size": 2, "score_threshold": 0.0}
+
+
+@pytest.mark.parametrize("entry", ["jax", "host"])
+@pytest.mark.parametrize(
+    "kernel, arrays, results, statics, message",
+    [
+        ("nms", (_BOXES, _SCORES), _NMS_RESULTS, _NMS_STATICS, None),
+        ("paired_box_metric", (_BOXES[0], _BOXES[0]), [((2,), np.float32)], {"metric": "xiou"},
+         "iou, giou, diou or ciou expected, got xiou"),
+        ("nms", (_BOXES, _SCORES), _NMS_RESULTS, {**_NMS_STATICS, "score_threshold": None},
+         "attribute of type NoneType"),
+        ("nms", (_BOXES, _SCORES), _NMS_RESULTS, {"iou_threshold": 0.5, "max_output_size": 2},
+         "Wrong number of attributes"),
+        ("nms", (_BOXES, _SCORES), _NMS_RESULTS, {**_NMS_STATICS, "max_output_size": 2.0},
+         "Wrong scalar data type: expected S64 but got F64"),
+        ("nms", (_BOXES, _SCORES), _NMS_RESULTS, {**_NMS_STATICS, "iou": 0.5},
+         "Wrong number of attributes"),
+        ("nms", (_BOXES.astype(np.float64), _SCORES), _NMS_RESULTS, _NMS_STATICS,
+         "Wrong buffer dtype: expected F64 but got F32"),
+        ("nms", (_BOXES.astype(np.int32), _SCORES), _NMS_RESULTS, _NMS_STATICS,
+         "nms: float32 or float64 expected, got S32"),
+        ("nms", (_BOXES,), _NMS_RESULTS, _NMS_STATICS, "Wrong number of arguments"),
+        ("nms", (_BOXES, _SCORES), [((1, 3), np.int32), ((1,), np.int32)], _NMS_STATICS,
+         "indices or num_valid of the wrong size"),
+        ("roi_pool", (np.ones((1, 1, 4, 4), np.float32), np.array([[2, 0, 0, 1, 1]], np.float32)),
+         [((1, 1, 2, 2), np.float32)], {"output_size": (2, 2), "spatial_scale": 1.0},
+         r"rois\[:, 0\] must be image indices"),
+        ("roi_pool", (np.ones((1, 1, 4, 4), np.float32), np.array([[0, 0, 0, 1, 1]], np.float32)),
+         [((1, 1, 2, 2), np.float32)], {"output_size": (2.0, 2.0), "spatial_scale": 1.0},
+         "output_size: a native kernel takes no attribute of type tuple"),
+    ],
+    ids=["valid", "metric", "none", "missing", "type", "unknown", "dtypes", "int", "arity",
+         "result_shape", "roi_image", "float_tuple"],
+)  # fmt: skip
+def test_a_handler_refuses_a_malformed_call_on_either_path(
+    entry, kernel, arrays, results, statics, message
+):
+    """Each kernel's handler checks its call (XLA's decoding: counts, element types,
+    attribute names and types; the handler: shapes and values), on the host as under XLA."""
+    if entry == "host":
+        call = lambda: _library.call(kernel, arrays, results, **statics)  # noqa: E731
+        error = _library.NativeCpuError
+    else:
+        jitted = jax.jit(lambda *a: _library.call(kernel, a, results, **statics))
+        call = lambda: jax.block_until_ready(jitted(*arrays))  # noqa: E731
+        error = Exception
+    with x64_scope(True):
+        if message is None:
+            indices, num_valid = call()
+            np.testing.assert_array_equal(np.asarray(indices), [[0, 1]])
+            np.testing.assert_array_equal(np.asarray(num_valid), [2])
+            return
+        if "attribute of type" in message:  # refused in Python, on either path
+            error = TypeError
+        with pytest.raises(error, match=message):
+            call()
+
+
+_STATICS_SOURCE = """
+#include "csrc/kernels.h"
+struct Statics {
+  double iou_threshold;
+  int64_t max_output_size;
+  double score_threshold;
+};
+AK_ATTRIBUTES(Statics, %s);
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native_build.compiler() is None, reason="needs a C++ compiler")
+@pytest.mark.parametrize(
+    "fields, compiles",
+    [
+        ("iou_threshold, max_output_size, score_threshold", True),
+        ("iou_threshold, max_output_size", False),  # would leave score_threshold 0
+        ("score_threshold, max_output_size, iou_threshold", False),  # would swap two doubles
+        ("iou_threshold, iou_threshold, score_threshold", False),
+    ],
+    ids=["every_field", "one_missing", "reordered", "repeated"],
+)
+def test_a_statics_struct_is_registered_with_every_field_in_order(tmp_path, fields, compiles):
+    """AK_ATTRIBUTES builds a handler's statics struct from the attributes it lists, in
+    order: a list that misses, repeats or reorders a field (two doubles swapped would
+    compile and run silently wrong) must not compile."""
+    source = tmp_path / "statics.cpp"
+    source.write_text(_STATICS_SOURCE % fields)
+    command = [
+        *_native_build.require_compiler("the statics check"), "-std=c++17", "-fsyntax-only",
+        "-I", str(Path(_library.__file__).parent), "-isystem", jax.ffi.include_dir(), str(source),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert (result.returncode == 0) == compiles, result.stderr[-2000:]
+    if not compiles:
+        assert "must list every field, in declaration order" in result.stderr
 
 
 # -- NMS -----------------------------------------------------------------------------------
@@ -356,7 +444,7 @@ def _nms_inputs(case):
 _NMS_CASES = [c for c in nms_cases() if c.scores.size and c.max_output_size]
 
 
-@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+@_entry_points(cpu_nms.nms)
 @pytest.mark.parametrize("case", _params(_NMS_CASES))
 def test_nms(entry, case):
     boxes, scores, categories, kwargs = _nms_inputs(case)
@@ -393,7 +481,7 @@ def _random_nms_problem(seed: int, n: int, dtype=np.float32):
     return boxes[None], scores[None], None if categories is None else categories[None], kwargs
 
 
-@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+@_entry_points(cpu_nms.nms)
 @pytest.mark.parametrize("n", [1, 7, 130, 257, 1500])
 @pytest.mark.parametrize("seed", range(6))
 def test_nms_random_off_grid(entry, n, seed):
@@ -405,7 +493,7 @@ def test_nms_random_off_grid(entry, n, seed):
 
 
 def test_nms_empty_image_and_batch_under_vmap():
-    empty = cpu_nms.nms_host(
+    empty = cpu_nms.nms(
         np.zeros((2, 0, 4), np.float32),
         np.zeros((2, 0), np.float32),
         None,
@@ -443,7 +531,7 @@ def _float64_only_decisions():
     return boxes[None], scores[None]
 
 
-@_entry_points(cpu_nms.nms, cpu_nms.nms_host)
+@_entry_points(cpu_nms.nms)
 def test_nms_float64_decided_in_float64(entry):
     boxes, scores = _float64_only_decisions()
     kwargs = {"iou_threshold": 0.5, "max_output_size": 4, "score_threshold": -np.inf}
@@ -460,7 +548,7 @@ def test_nms_float64_decided_in_float64(entry):
 def test_nms_float64_random_matches_reference(seed):
     boxes, scores, categories, kwargs = _random_nms_problem(seed, 700, np.float64)
     boxes = boxes + 1e6
-    got = cpu_nms.nms_host(boxes, scores, categories, **kwargs)
+    got = cpu_nms.nms(boxes, scores, categories, **kwargs)
     want = _reference_nms(boxes, scores, categories, **kwargs)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
@@ -498,7 +586,7 @@ def _matmul_cases():
     return cases
 
 
-@_entry_points(cpu_matmul.int8_matmul, cpu_matmul.int8_matmul_host)
+@_entry_points(cpu_matmul.int8_matmul)
 @pytest.mark.parametrize("case", _params(_matmul_cases()))
 def test_int8_matmul(entry, case):
     args = _matmul_args(case)
@@ -529,9 +617,7 @@ def test_int8_matmul_float64_out_and_vmap():
         )
         for b in range(2)
     ]  # fmt: skip
-    host = cpu_matmul.int8_matmul_host(
-        x[0], y[0], x_scale=xs[0], y_scale=ys[0], out_dtype=np.float64
-    )
+    host = cpu_matmul.int8_matmul(x[0], y[0], x_scale=xs[0], y_scale=ys[0], out_dtype=np.float64)
     assert host.dtype == np.float64
     np.testing.assert_array_equal(host, want[0])  # rounded once from the exact product
     with x64_scope(True):
@@ -575,26 +661,22 @@ def _every_kernel_on_random_inputs() -> list[np.ndarray]:
         b1, b2 = (random_boxes(rng, (1037,)).astype(dtype) for _ in range(2))
         cotangent = rng.normal(size=1037).astype(dtype)
         for module, metric in ((cpu_giou, "giou"), (cpu_box, "diou"), (cpu_box, "ciou")):
-            outputs.append(getattr(module, f"{metric}_host")(b1, b2))
-            outputs.extend(getattr(module, f"{metric}_vjp_host")(b1, b2, cotangent))
+            outputs.append(getattr(module, metric)(b1, b2))
+            outputs.extend(getattr(module, f"{metric}_vjp")(b1, b2, cotangent))
         p1, p2 = random_boxes(rng, (2, 37)).astype(dtype), random_boxes(rng, (2, 53))
-        outputs.append(cpu_box.box_iou_host(p1, p2.astype(dtype)))
-        outputs.append(cpu_box.generalized_box_iou_host(p1, p2.astype(dtype)))
+        outputs.append(cpu_box.box_iou(p1, p2.astype(dtype)))
+        outputs.append(cpu_box.generalized_box_iou(p1, p2.astype(dtype)))
         for seed in range(4):
             boxes, scores, categories, kwargs = _random_nms_problem(seed, 3000, dtype)
-            outputs.extend(cpu_nms.nms_host(boxes, scores, categories, **kwargs))
+            outputs.extend(cpu_nms.nms(boxes, scores, categories, **kwargs))
     for _, m, k, n in _BLOCKED:
         x = rng.integers(-128, 128, (m, k), dtype=np.int8)
         y = rng.integers(-128, 128, (k, n), dtype=np.int8)
-        outputs.append(
-            cpu_matmul.int8_matmul_host(x, y, x_scale=None, y_scale=None, out_dtype=np.int32)
-        )
+        outputs.append(cpu_matmul.int8_matmul(x, y, x_scale=None, y_scale=None, out_dtype=np.int32))
         x_scale = rng.uniform(0.5, 2, m).astype(np.float32)
         y_scale = rng.uniform(0.5, 2, n).astype(np.float32)
         outputs.append(
-            cpu_matmul.int8_matmul_host(
-                x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=np.float64
-            )
+            cpu_matmul.int8_matmul(x, y, x_scale=x_scale, y_scale=y_scale, out_dtype=np.float64)
         )
     return outputs
 

@@ -114,11 +114,10 @@ def test_a_kernel_lowered_for_a_topology_device_is_mosaic_with_no_context_manage
     import jax.numpy as jnp
 
     import asickernels
+    from asickernels.kernels.policy import single_device_sharding
 
     device = tpu_compile.topology_device("v6e")
-    arg = jax.ShapeDtypeStruct(
-        (1000, 4), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device)
-    )
+    arg = jax.ShapeDtypeStruct((1000, 4), jnp.float32, sharding=single_device_sharding(device))
     lowered = jax.jit(lambda a, b: asickernels.giou(a, b, backend="pallas_tpu")).lower(arg, arg)
     assert "tpu_custom_call" in lowered.as_text()
     lowered.compile()

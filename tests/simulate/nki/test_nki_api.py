@@ -201,7 +201,7 @@ def test_loops_and_program_ids_without_a_grid():
     seen = []
 
     def kernel(x):
-        nl.fori_loop(0, 3, lambda i: seen.append(int(i)))  # i: a VirtualRegister
+        nl.fori_loop(0, 3, lambda i: seen.append(i.value))  # i: an NkiScalar (NKI 0.7)
         seen.append((nl.program_id(0), nl.num_programs(), nl.program_ndim()))
         with nl.no_reorder():
             return x
@@ -282,9 +282,14 @@ def test_view_methods_share_storage():
     np.testing.assert_array_equal(run(kernel, x), x.reshape(4, 2, 3).transpose(0, 2, 1))
 
 
-def test_access_pattern_addresses_storage_and_writes_through():
+@pytest.mark.parametrize("address", [None, (0, 4096)])
+def test_access_pattern_addresses_storage_and_writes_through(address):
+    """Also for a tensor placed at an address (a view of physical memory whose partitions
+    lie further apart): the pattern counts in the tensor's own row-major layout."""
+
     def kernel(x):
-        tile = nl.load(x)  # [4, 8]
+        tile = nl.ndarray(x.shape, dtype=x.dtype, address=address)  # [4, 8]
+        nisa.dma_copy(dst=tile, src=x)
         odd_columns = tile.ap([[8, 4], [2, 4]], offset=1)
         nisa.memset(dst=odd_columns, value=-1.0)
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -404,8 +409,10 @@ def test_tensor_reduce_subtract_and_bitwise(rng):
     ("op", "expected"),
     [
         (nl.average, lambda x: x.mean(axis=0)),
+        (nl.mean, lambda x: x.mean(axis=0)),  # NKI 0.7's name for it
         (nl.bitwise_and, lambda x: np.bitwise_and.reduce(x, axis=0)),
         (nl.bitwise_or, lambda x: np.bitwise_or.reduce(x, axis=0)),
+        (nl.bitwise_xor, lambda x: np.bitwise_xor.reduce(x, axis=0)),  # NKI 0.7
     ],
 )
 def test_tensor_partition_reduce_documented_ops(op, expected, rng):
@@ -414,7 +421,7 @@ def test_tensor_partition_reduce_documented_ops(op, expected, rng):
         isa_kernel(
             lambda d, t: nisa.tensor_partition_reduce(d, op, t),
             (1, 4),
-            np.float32 if op is nl.average else np.int32,
+            np.float32 if op in (nl.average, nl.mean) else np.int32,
         ),
         x,
     )
@@ -528,7 +535,7 @@ def test_nc_transpose_reciprocal_and_scalar_tensor_tensor(rng):
 
     # past the docs' 32x32 on the Vector engine, as public kernels ran it on trn1: a warning
     def on_vector(dst, t):
-        nisa.nc_transpose(dst, t, engine=nisa.vector_engine)
+        nisa.nc_transpose(dst, t, engine=nisa.engine.vector)
 
     wide = rng.normal(size=(128, 64)).astype(np.float32)
     with pytest.warns(errors.DeviceRanItWarning, match="up to 32x32"):
@@ -717,6 +724,9 @@ def test_matmul_never_mixes_the_two_e4m3_formats(monkeypatch, rng):
 
 
 def test_registers_drive_dynamic_loops():
+    """NKI 0.6's dynamic loops: registers, nl.dynamic_range and ``while reg:``, which NKI 0.7
+    removed and 0.8 deprecated (registers): they still run, each warning."""
+
     def kernel(x):
         bound = nl.ndarray((1, 1), dtype=nl.int32)
         nisa.memset(bound, 3)
@@ -732,7 +742,15 @@ def test_registers_drive_dynamic_loops():
         nisa.register_store(out, steps)
         return out
 
-    assert run(kernel, np.zeros((1, 1), np.float32))[0, 0] == 6
+    with pytest.warns(errors.DeprecatedApiWarning) as caught:
+        assert run(kernel, np.zeros((1, 1), np.float32))[0, 0] == 6
+    named = {str(w.message).split(" was ")[0] for w in caught}
+    assert named == {
+        "nki.language.dynamic_range",
+        "nki.isa.VirtualRegister.__bool__",
+        "nki.isa.VirtualRegister.__index__",
+        *(f"nki.isa.register_{op}" for op in ("alloc", "load", "move", "store")),
+    }
 
 
 def test_stream_shuffle_and_dma_compute(rng):
@@ -766,7 +784,8 @@ def test_sendrecv_and_core_barrier_under_lnc2(monkeypatch):
         nl.store(out[rank : rank + 1, :], received)
         return out
 
-    result = ring[2](np.zeros((1, 1), np.float32))
+    with pytest.warns(errors.DeprecatedApiWarning, match="NKI 0.8"):  # nki.lnc's in 0.8
+        result = ring[2](np.zeros((1, 1), np.float32))
     np.testing.assert_array_equal(result, [[2.0] * 4, [1.0] * 4])
 
 
@@ -810,7 +829,7 @@ def test_a_failing_core_does_not_leave_its_peer_waiting(monkeypatch):
     def lopsided(x):
         tile = nl.load(x)
         if nl.program_id() == 1:
-            nl.ndarray((129, 4), dtype=nl.float32)  # core 1 breaks a rule
+            nisa.memset(dst=nl.ndarray((129, 4), dtype=nl.float32), value=0.0)  # breaks a rule
         nisa.sendrecv(
             src=tile,
             dst=nl.ndarray(tile.shape, dtype=tile.dtype),
@@ -820,7 +839,10 @@ def test_a_failing_core_does_not_leave_its_peer_waiting(monkeypatch):
         )
         nisa.core_barrier(x, (0, 1))
 
-    with pytest.raises(errors.NumPartitionExceedArchLimit):
+    with (
+        pytest.raises(errors.NumPartitionExceedArchLimit),
+        pytest.warns(errors.DeprecatedApiWarning, match="nki.isa.sendrecv"),
+    ):
         lopsided[2](np.zeros((4, 4), np.float32))
 
 
@@ -916,7 +938,8 @@ def test_fori_loop_hands_its_body_a_register_for_scalar_offset():
         return output
 
     data = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
-    out = run(kernel, data, np.array([[5]], np.int32))
+    with pytest.warns(errors.DeprecatedApiWarning, match="register_"):  # NKI 0.6's registers
+        out = run(kernel, data, np.array([[5]], np.int32))
     np.testing.assert_array_equal(out, np.where(np.arange(8) < 5, data, 0))
 
 
@@ -973,3 +996,33 @@ def test_benchmark_and_profile_run_in_the_simulator_and_measure_no_device_time()
     profiled = nki.profile(working_directory="/tmp/profiles", profile_nth=2)(add)
     with pytest.warns(NoDeviceTimeWarning):
         assert profiled(x) is None
+
+
+def test_memory_region_predicates_and_enums():
+    assert nl.is_hbm(nl.hbm) and nl.is_hbm(nl.shared_hbm) and not nl.is_hbm(nl.sbuf)
+    assert nl.is_on_chip(nl.psum) and not nl.is_on_chip(nl.private_hbm)
+    assert nl.is_psum(nl.psum) and nl.is_sbuf(nl.sbuf) and not nl.is_sbuf(nl.psum)
+    assert {r.name for r in nl.MemoryRegion} == {"sbuf", "psum", "private_hbm", "shared_hbm"}
+    assert {e.name for e in nisa.dma_engine} == {"dma", "gpsimd_dma"}
+    assert nisa.get_nc_sub_version() == 0  # the first silicon revision (nki.isa.get_nc_sub_version)
+
+
+def test_expand_dim_logical_not_and_shared_constant(rng):
+    x = rng.normal(size=(4, 6)).astype(np.float32)
+    table = rng.normal(size=(4, 6)).astype(np.float32)
+
+    def kernel(src):
+        tile = nl.load(src)
+        assert tile.expand_dim(1).shape == (4, 1, 6)
+        with pytest.raises(errors.LeadingDimensionOfTensorMustBePartition):
+            tile.expand_dim(0)
+        flags = nl.logical_not(nl.greater(tile, 0.0), dtype=nl.float32)
+        constant = nl.load(nl.shared_constant(table))
+        out = nl.ndarray((2, 4, 6), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[0], flags)
+        nl.store(out[1], constant)
+        return out
+
+    flags, copied = run(kernel, x)
+    np.testing.assert_array_equal(flags, (x <= 0).astype(np.float32))
+    np.testing.assert_array_equal(copied, table)

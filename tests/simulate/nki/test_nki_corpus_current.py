@@ -25,9 +25,12 @@ CORPUS = SHARED / "corpus" / "nki"
 SDK = CORPUS / "aws-neuron-sdk@81ce03a" / "nki"
 SAMPLES = CORPUS / "nki-samples@6905a68" / "src" / "nki_samples" / "tutorials"
 
-pytestmark = pytest.mark.skipif(
-    not CORPUS.is_dir(), reason=f"vendor kernel corpus not found at {CORPUS}"
-)
+pytestmark = [
+    pytest.mark.skipif(not CORPUS.is_dir(), reason=f"vendor kernel corpus not found at {CORPUS}"),
+    # The SDK's NKI 0.6 examples loop with nl.affine_range, which NKI 0.7 deprecated: each
+    # loop warns (errors.DeprecatedApiWarning), as test_nki_reference.py checks.
+    pytest.mark.filterwarnings("ignore::asickernels.simulate.nki.errors.DeprecatedApiWarning"),
+]
 
 ALIASES = {
     "nki": simulator,

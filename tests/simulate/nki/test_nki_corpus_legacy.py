@@ -132,13 +132,13 @@ def test_attention_forward(load, kernel, seqlen, atol):
 
 @needs_corpus
 @pytest.mark.parametrize("kernel", ["attn_fwd_v9", "attn_fwd_v10"])
-def test_attention_direct_allocation_is_refused(load, kernel):
-    """v9/v10 place tensors at explicit SBUF addresses (nki.compiler.sbuf.mod_alloc), which
-    the simulator does not model: it says so instead of guessing."""
+def test_attention_with_direct_allocation(load, kernel):
+    """v9/v10 place their tensors at explicit SBUF and PSUM addresses
+    (``nki.compiler.sbuf.mod_alloc``, PSUM banks shared between tensors)."""
     module = load(SAMPLES / "attention_fwd_performance" / "attention_kernels.py")
-    q = np.zeros((128, 512), np.float32)
-    with pytest.raises(NotImplementedError, match="direct allocation"):
-        getattr(module, kernel)(q, q, q)
+    q, k, v = (RNG.standard_normal((128, 512)).astype(np.float32) for _ in range(3))
+    out = getattr(module, kernel)(q, k, v)
+    np.testing.assert_allclose(np.asarray(out, np.float32), _attention(q, k, v), atol=3e-2)
 
 
 @needs_corpus

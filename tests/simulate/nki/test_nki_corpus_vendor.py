@@ -8,7 +8,11 @@ through the import hook against their own goldens:
   ``adaptive_avg_pool2d_kernel`` (vision.py), each driven by the numerical test method of its
   own test/unit/test_*.py file at smaller shapes than the file's (the simulator runs Python),
   and ``quantized_double_row_matmul`` (double_row_matmul.py) with its test file's helpers.
-- aws-neuron-sdk@81ce03a: the per-instruction unittest files of nki/test/.
+- nki-samples@0898a77 (fc5c69f^): the direct-allocation kernels 8370e11 removed,
+  ``allocated_fused_rms_norm_qkv`` and ``allocated_fused_self_attn_for_SD_small_head_size``,
+  through their own numerical tests.
+- aws-neuron-sdk@81ce03a: the per-instruction unittest files of nki/test/ (with the SBUF and
+  PSUM modulo-allocation tests).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import unittest
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,28 +35,26 @@ from asickernels.simulate.nki.benchmarking import NoDeviceTimeWarning
 from asickernels.simulate.nki.errors import BroadcastOperandWarning
 
 pytestmark = pytest.mark.skipif(
-    not (vendor_present("nki-samples@8370e11") and vendor_present("aws-neuron-sdk@81ce03a")),
+    not (
+        vendor_present("nki-samples@8370e11")
+        and vendor_present("aws-neuron-sdk@81ce03a", "nki/test/")
+    ),
     reason=VENDOR_MISSING,
 )
 SAMPLES = VENDOR / "nki-samples@8370e11"
+ALLOCATED = VENDOR / "nki-samples@0898a77"
 SDK_TESTS = VENDOR / "aws-neuron-sdk@81ce03a" / "nki" / "test"
-# SDK test files that do not run here, and why (each is a gap in the simulator).
-SDK_GAPS = {
-    "test_psum_modulo_alloc.py": "direct allocation (nki.compiler.psum.mod_alloc) is not simulated",
-    "test_sbuf_modulo_alloc.py": "direct allocation (nki.compiler.sbuf.mod_alloc) is not simulated",
-}
 
 
-@pytest.fixture
-def vendor() -> Iterator[Any]:
-    """``vendor(name)``: imports a module of nki-samples (its src/ and test/unit/ on sys.path)
-    with the hook installed (``neuronxcc.nki`` resolving to the simulator); modules, path
-    and hook are restored afterwards."""
+def _importing(root: Path) -> Iterator[Any]:
+    """``vendor(name)``: imports a module of the nki-samples tree ``root`` (its src/ and
+    test/unit/ on sys.path) with the hook installed (``neuronxcc.nki`` resolving to the
+    simulator); modules, path and hook are restored afterwards."""
     if hook.real_sdk_available("neuronxcc"):
         pytest.skip("a real neuronxcc is installed: the hook does not shadow it")
     hook.install()
     saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path[:0] = [str(SAMPLES / "src"), str(SAMPLES / "test" / "unit")]
+    sys.path[:0] = [str(root / "src"), str(root / "test" / "unit")]
     np.random.seed(0)  # the vendor tests draw from numpy's global generator
     try:
         with warnings.catch_warnings():
@@ -64,6 +67,20 @@ def vendor() -> Iterator[Any]:
             if _is_vendor(sys.modules[name]):
                 del sys.modules[name]
         sys.path[:] = saved_path
+
+
+@pytest.fixture
+def vendor() -> Iterator[Any]:
+    """Imports from nki-samples@8370e11 (see :func:`_importing`)."""
+    yield from _importing(SAMPLES)
+
+
+@pytest.fixture
+def allocated() -> Iterator[Any]:
+    """Imports from nki-samples@0898a77, whose direct-allocation kernels 8370e11 removed."""
+    if not vendor_present(ALLOCATED.name):
+        pytest.skip(VENDOR_MISSING)
+    yield from _importing(ALLOCATED)
 
 
 def _is_vendor(module: Any) -> bool:
@@ -173,6 +190,44 @@ def test_benchmark_decorated_kernel_runs_and_says_no_device_time(vendor):
     assert result.counters["dma_transfers"] > 0
 
 
+# -- nki-samples' direct-allocation kernels (nki.compiler.sbuf/psum placements), through
+# their own numerical tests ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("batch", "seqlen", "dim", "d_head", "dtype"),
+    [  # the file's own cases
+        (1, 128, 512, 512, "float16"),
+        (1, 512, 1024, 384, "bfloat16"),
+        (1, 128, 1024, 512, "bfloat16"),
+        pytest.param(1, 1024, 8192, 512, "bfloat16", marks=pytest.mark.slow),
+    ],
+)
+def test_allocated_fused_rms_norm_qkv(allocated, batch, seqlen, dim, d_head, dtype):
+    module = allocated("test_rmsnorm_qkv")
+    nl = allocated("neuronxcc.nki.language")
+    module.TestRMSNormQKV().test_allocated_rmsnorm_qkv_numeric(
+        True, batch, seqlen, dim, d_head, getattr(nl, dtype)
+    )
+
+
+@pytest.mark.parametrize(
+    ("seqlen", "dtype"),
+    [  # 2048 is not the file's (4096 and 5120 are): the kernel takes multiples of 1024
+        (2048, "float32"),
+        pytest.param(4096, "float32", marks=pytest.mark.slow),
+        pytest.param(4096, "bfloat16", marks=pytest.mark.slow),
+        pytest.param(5120, "bfloat16", marks=pytest.mark.slow),
+    ],
+)
+def test_allocated_stable_diffusion_attention(allocated, seqlen, dtype):
+    """The kernel advances its address counter inside an affine_range body, so its tiles
+    fit only as the SDK traces that body: once (legacy/spmd.py, traced_placement)."""
+    module = allocated("test_allocated_SD_attention_small_head")
+    nl = allocated("neuronxcc.nki.language")
+    module.TestAttention().test_allocated_attention_for_SD_numberic(
+        True, 1, seqlen, 128, getattr(nl, dtype)
+    )
+
+
 # -- aws-neuron-sdk per-instruction tests -----------------------------------------------------
 def _sdk_test_files() -> list[str]:
     return sorted(p.name for p in SDK_TESTS.glob("test_*.py"))
@@ -197,8 +252,6 @@ SDK_FAILING = {
     ],
 )
 def test_sdk_instruction_tests(vendor, name):
-    if name in SDK_GAPS:
-        pytest.skip(SDK_GAPS[name])
     module = load_module(SDK_TESTS / name, f"sdk_{name[:-3]}")
     suite = unittest.defaultTestLoader.loadTestsFromModule(module)
     result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)

@@ -703,6 +703,31 @@ def test_legacy_isa_adapters_trace_the_kernels_tiles():
     assert add.reads[0].key == load.writes[0].key and store.reads[0].key == add.writes[0].key
 
 
+def test_load_transpose2d_is_one_transfer_traced_with_its_tiles_in_both_apis():
+    """``nl.load_transpose2d`` is a DMA that reads the HBM tensor and writes the SBUF tile
+    (so what reads the tile waits for it), named as the kernel called it."""
+    _, legacy_nl, legacy_nt = _legacy_api()
+
+    def legacy_kernel(x, out):
+        legacy_nl.store(out, legacy_nl.load_transpose2d(x))
+
+    def current_kernel(x):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load_transpose2d(x))
+        return out
+
+    legacy = _legacy_trace(legacy_kernel, legacy_nt.tensor[[64, 128], legacy_nl.float32],
+                           legacy_nt.tensor[[128, 64], legacy_nl.float32])  # fmt: skip
+    with runtime.recording(trace_only=True):
+        nki.simulate(current_kernel)(np.zeros((64, 128), np.float32))
+    ((_, current),) = runtime.last_traces()
+    for load, store in (legacy, current):
+        assert (load.engine, load.api) == ("dma", "load_transpose2d")
+        assert [a.memory for a in load.reads + load.writes] == ["hbm", "sbuf"]
+        assert load.reads[0].nbytes == 64 * 128 * 4
+        assert store.reads[0].key == load.writes[0].key
+
+
 def test_a_legacy_reduce_res_is_traced_as_written_and_costs_the_accumulator_read():
     """``reduce_res`` is an output of ``activation_reduce``: what reads it waits for the
     activation, which pays ActReadAccumulator's "roughly 64 ScalarE cycles"

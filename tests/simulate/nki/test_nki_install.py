@@ -16,7 +16,7 @@ from asickernels.simulate import nki as simulator
 from asickernels.simulate.nki import install as hook
 from asickernels.simulate.nki import legacy
 
-HOOKED = ("nki", "neuronxcc")
+HOOKED = ("nki", "neuronxcc", "nki_cpu_simulator", "neuron_dtypes")
 
 
 def _forget(*roots: str) -> None:
@@ -89,15 +89,19 @@ def _fake_package(root: Path, name: str, body: str) -> None:
     ids=["real", "broken"],
 )
 def test_hook_never_shadows_a_real_sdk(clean_imports, tmp_path, monkeypatch, nki_body, hooked):
-    """A (fake) real ``neuronxcc.nki`` and ``nki`` on sys.path win: nothing is hooked. A real
-    ``nki`` that fails to import counts as absent (hooked); a working ``neuronxcc`` stays."""
+    """A (fake) real ``neuronxcc.nki``, ``nki``, ``nki_cpu_simulator.nki`` and
+    ``neuron_dtypes`` on sys.path win: nothing is hooked. A real ``nki`` that fails to import
+    counts as absent (hooked); the working others stay."""
     _fake_package(tmp_path, "nki", nki_body)
-    _fake_package(tmp_path, "neuronxcc", "")
-    _fake_package(tmp_path, "neuronxcc.nki", "REAL = True\n")
+    for namespace in ("neuronxcc", "nki_cpu_simulator"):
+        _fake_package(tmp_path, namespace, "")
+        _fake_package(tmp_path, f"{namespace}.nki", "REAL = True\n")
+    _fake_package(tmp_path, "neuron_dtypes", "REAL = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert hook.install() == hooked
-    assert importlib.import_module("neuronxcc.nki").REAL
+    for real in ("neuronxcc.nki", "nki_cpu_simulator.nki", "neuron_dtypes"):
+        assert importlib.import_module(real).REAL
     if hooked:
         assert importlib.import_module("nki") is simulator
     else:

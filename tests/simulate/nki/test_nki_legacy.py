@@ -482,8 +482,6 @@ def test_device_print_and_typing(capsys):
 def test_compiler_directives():
     assert nki.compiler.skip_middle_end_transformations(len) is len
     assert nki.compiler.sbuf.auto_alloc() is nl.sbuf
-    with pytest.raises(NotImplementedError, match="direct allocation"):
-        nki.compiler.sbuf.mod_alloc(base_addr=0)
 
 
 def test_activation_functions_and_elementwise_ops():

@@ -85,7 +85,7 @@ def test_on_chip_integer_index_keeps_the_partition_axis():
     def kernel(x):
         tile = nl.load(x)
         assert tile[2].shape == (1, 4)
-        assert tile[:, 1].shape == (8,)
+        assert tile[:, 1].shape == (8, 1)  # on-chip views stay 2-D (nki-language-guide.rst)
         assert x[2].shape == (4,)  # HBM drops the axis
 
     run(kernel, np.zeros((8, 4), np.float32))
@@ -236,11 +236,11 @@ def test_nested_jit_kernel_runs_inline():
 
 def test_target_from_environment(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
-    assert nl.tile_size.total_available_sbuf_size == 224 * 1024
+    assert nl.tile_size.sbuf_fmax_bytes == 224 * 1024
     assert nisa.get_nc_version() is nisa.nc_version.gen3
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE")
     # unset: trn3, as the SDK's simulator off-device (nki/guides/nki_simulator.rst)
-    assert nl.tile_size.total_available_sbuf_size == 256 * 1024
+    assert nl.tile_size.sbuf_fmax_bytes == 256 * 1024
     assert nisa.get_nc_version() is nisa.nc_version.gen4
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")
     with pytest.raises(ValueError, match="trn9"):

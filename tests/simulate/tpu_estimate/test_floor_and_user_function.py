@@ -82,8 +82,12 @@ def test_mxu_push_cycles_follow_the_datasheet_peak() -> None:
     assert v5e["s8"] == pytest.approx(v5e["bf16"])  # twice the rows at twice the rate
     v6e = cost.mxu_op_cycles("v6e")  # two 256x256 MXUs per core
     assert v6e["bf16"] == pytest.approx(16 * 256 * 256 / (918e12 / 4) * 1.75e9)
-    with pytest.raises(ValueError, match="no MXU facts"):
-        cost.mxu_op_cycles("v7x")
+    # v7x: a device is one TensorCore (two MXUs) with half the chip's peak; fp8 at its own.
+    v7x = cost.mxu_op_cycles("v7x")
+    assert v7x["bf16"] == pytest.approx(16 * 256 * 256 / (2307e12 / 2 / 4) * 1.9e9)
+    assert v7x["e4m3"] == pytest.approx(v7x["bf16"])  # twice the rows at twice the rate
+    with pytest.raises(ValueError, match="unknown TPU generation"):
+        cost.mxu_op_cycles("v9")
 
 
 # -- what the jaxpr says ----------------------------------------------------------------------
@@ -101,7 +105,8 @@ def test_facts_count_products_per_grid_step_and_read_the_grid_split() -> None:
     assert facts.floor.mxu_bf16_ops == 2 * 512 * 1024 * 768
     assert facts.floor.hbm_bytes == 2 * (512 * 1024 + 1024 * 768 + 512 * 768)
     assert "split over 2 TensorCores along parallel axis 0" in call.megacore("v5p")
-    assert "one TensorCore per chip" in call.megacore("v5e")
+    assert "one TensorCore per device" in call.megacore("v5e")
+    assert "one TensorCore per device" in call.megacore("v7x")
     stream, stream_specs = cases.stream_builder(1024, 512, 256)  # no dimension_semantics
     (serial,) = program_facts.program_facts(stream, stream_specs).pallas_calls
     assert serial.dimension_semantics is None
@@ -198,11 +203,17 @@ FLOOR_PROGRAMS = [
     ("bf16 matmul", lambda: cases.xla_matmul_case(1024, 1024, 1024, "bf16")),
     ("int8 matmul", lambda: cases.xla_matmul_case(1024, 1024, 1024, "int8")),
     ("copy-bound stream", lambda: cases.stream_case(2048, 512, 256)),
+    # A user's memory-bound Pallas matmul (issue #42: under its HBM floor on v5e and v6e).
+    ("HBM-bound Pallas matmul", lambda: cases.blocked_matmul_case(16, 8192, 8192)),
+    (
+        "MXU-bound Pallas matmul",
+        lambda: cases.blocked_matmul_case(2048, 2048, 2048, (512, 1024, 1024)),
+    ),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("generation", ["v5e", "v6e", "v5p"])
+@pytest.mark.parametrize("generation", ["v5e", "v6e", "v5p", "v7x"])
 @pytest.mark.parametrize(("what", "make"), FLOOR_PROGRAMS, ids=[p[0] for p in FLOOR_PROGRAMS])
 def test_estimates_of_programs_with_a_known_floor_stay_above_it(
     generation: str, what: str, make: object
@@ -217,7 +228,7 @@ def test_estimates_of_programs_with_a_known_floor_stay_above_it(
     # The jaxpr's floor is the hand-written one (XLA matmul: same bytes and operations).
     assert estimate.floor_s == pytest.approx(floor, rel=0.02), (what, estimate.floor_s, floor)
     facts = tpu_generations.get(generation)
-    hbm_s = target.work.hbm_bytes / facts.hbm_bytes_per_s
+    hbm_s = target.work.hbm_bytes / facts.per_device(facts.hbm_bytes_per_s)
     assert estimate.floor_bound == ("HBM" if hbm_s == pytest.approx(floor) else "MXU")
 
 

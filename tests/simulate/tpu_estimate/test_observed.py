@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from test_tpu_estimate import DELAY, listing
 
+from asickernels.pallas_home import pl, pltpu
 from asickernels.simulate.tpu_estimate import observed, parsing, program_facts
 from asickernels.simulate.tpu_estimate import walk as walking
 
@@ -199,8 +198,9 @@ def test_spreading_a_rate_over_events_hits_it(rate: float) -> None:
 def test_shapes_only_say_which_kernel_points_were_not_counted() -> None:
     x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
     spec = jax.ShapeDtypeStruct((8,), jnp.int32)
-    (line,) = observed.kernel_points(functools.partial(masked_sum), [spec, spec, x])
-    assert "2 data-dependent branch(es), 1 loop(s)" in line
+    (kernel,) = _observe(masked_sum, spec, spec, x).kernels
+    assert kernel.uncounted and kernel.steps == 0 and not kernel.scalars
+    assert "its 2 data-dependent branch(es) and 1 loop(s) are assumed" in kernel.describe()
 
 
 # -- the Pallas TPU sparse guide's masked matmul, rebuilt -------------------------------------
@@ -261,7 +261,9 @@ def test_the_masked_matmul_estimate_skips_what_the_mask_skips() -> None:
     # 36 of 64 output blocks computed: well under the all-blocks estimate, above the floor.
     assert counted.device_s < 0.75 * assumed.device_s
     assert counted.floor_s is not None and counted.device_s > counted.floor_s
-    assert any("data-dependent branch at bundle" in a for a in counted.assumptions)
+    # The walk reads the mask from the kernel's SMEM: it decides the branch itself.
+    assert any("1 of 1 Pallas kernel(s) counted" in a for a in counted.assumptions)
+    assert not any("masked_matmul" in a and "depend on data" in a for a in counted.assumptions)
     assert any("1 data-dependent branch(es)" in a for a in assumed.assumptions)
 
 
@@ -515,14 +517,122 @@ def test_a_callee_called_at_a_steady_cost_is_charged_not_walked() -> None:
     assert charged.machine.unresolved_branches == walked.machine.unresolved_branches == 10
 
 
-def test_an_estimate_too_long_to_walk_charges_steady_calls_and_says_so(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_estimate_charges_steady_calls_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from asickernels.simulate.tpu_estimate import estimate as tpu_cost
 
-    walked = tpu_cost.estimate_dump(_ten_calls(), "v5e")
-    monkeypatch.setattr(walking, "MAX_WALKED_BUNDLES", 60)  # walked: 10 + 10 x 10 bundles
     charged = tpu_cost.estimate_dump(_ten_calls(), "v5e")
-    assert charged.device_s == walked.device_s
-    assert any("walked again" in note for note in charged.assumptions)
-    assert not any("walked again" in note for note in walked.assumptions)
+    # 3 calls walked, 7 charged: the walk stays short, the time is that of ten walked calls.
+    monkeypatch.setattr(walking.Walker, "_charge", lambda *_: pytest.fail("charged"))
+    monkeypatch.setattr(walking, "STEADY_CALLS", 100)
+    walked = tpu_cost.estimate_dump(_ten_calls(), "v5e")
+    assert charged.device_s == pytest.approx(walked.device_s, rel=1e-12)
+    assert any("k.1 x7" in note for note in charged.assumptions)
+    assert not any("charged" in note for note in walked.assumptions)
+
+
+# -- mixed calls: arrays where they decide, shapes for the rest ---------------------------------
+
+
+def test_a_wrapper_that_transforms_a_shape_only_operand_still_counts_its_kernel() -> None:
+    def wrapped(mask: jax.Array, limit: jax.Array, x: jax.Array) -> jax.Array:
+        # XLA work on the big operand before the kernel (shapes only here) and on its
+        # output after (its value is not needed to count anything).
+        return masked_sum(mask, limit, (x * 2.0).astype(jnp.float32)).sum()
+
+    x = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16)
+    seen = _observe(wrapped, jnp.asarray(MASK), jnp.asarray(LIMIT), x)
+    (kernel,) = seen.kernels
+    assert not kernel.uncounted and kernel.points[0].taken == MASK.sum()
+    # Its scalar operands, as the walk reads them: the mask and the limits.
+    assert [hlo_type for hlo_type, _ in kernel.scalars[0]] == ["s32[8]", "s32[8]"]
+    assert np.frombuffer(kernel.scalars[0][0][1], np.int32).tolist() == MASK.tolist()
+
+
+def test_a_while_loop_on_shape_only_data_is_not_counted() -> None:
+    def search(x: jax.Array, n: jax.Array) -> jax.Array:
+        counted = jax.lax.while_loop(lambda i: i < n, lambda i: i + 1, jnp.int32(0))
+        on_x = jax.lax.while_loop(
+            lambda c: c[1] < x.sum(), lambda c: (c[0] + 1, c[1] + 1.0), (0, 0.0)
+        )
+        return counted + on_x[0]
+
+    seen = _observe(search, jax.ShapeDtypeStruct((8,), jnp.float32), jnp.int32(3))
+    assert seen.while_trips == (3, None)
+
+
+def test_a_choice_by_platform_is_taken_as_on_tpu_and_counts_the_kernel_inside() -> None:
+    def dispatch(mask: jax.Array, limit: jax.Array, x: jax.Array) -> jax.Array:
+        return jax.lax.platform_dependent(
+            mask, limit, x, tpu=masked_sum, default=lambda mask, limit, x: x[:8] * 0.0
+        )
+
+    x = jnp.ones((64, 128), jnp.float32)
+    (kernel,) = _observe(dispatch, jnp.asarray(MASK), jnp.asarray(LIMIT), x).kernels
+    assert kernel.steps == 8 and kernel.points[0].taken == MASK.sum()
+
+
+def test_a_kernel_whose_scalars_follow_from_a_shape_only_argument_is_reported_uncounted() -> None:
+    spec = jax.ShapeDtypeStruct((8,), jnp.int32)
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    seen = _observe(masked_sum, spec, jnp.asarray(LIMIT), x)
+    (kernel,) = seen.kernels
+    assert "given as a shape only" in kernel.uncounted and "not counted" in kernel.describe()
+
+
+# -- the layout of scalar-prefetch arrays in SMEM -----------------------------------------------
+
+
+def test_memory_words_lay_arrays_out_in_tpu_tiles() -> None:
+    from asickernels.simulate.tpu_estimate.scalar import memory_words
+
+    square = np.arange(64, dtype=np.int32).reshape(8, 8)
+    words = memory_words("s32[8,8]{1,0:T(8,128)}", square.tobytes())
+    assert len(words) == 8 * 128  # one (8, 128) tile, rows padded to 128 words
+    assert [words[row * 128 + col] for row, col in [(0, 0), (1, 0), (7, 7)]] == [0, 8, 63]
+    bytes_ = np.arange(64, dtype=np.int8).reshape(1, 8, 8)
+    packed = memory_words("s8[1,8,8]{2,1,0:T(8,128)(4,1)}", bytes_.tobytes())
+    # Four rows of a column share a word, one byte each (splash's mask, read by shifts).
+    assert packed[0] == 0x18100800 and packed[128] == 0x38302820 and packed[1] == 0x19110901
+    row = np.arange(23, dtype=np.int32)
+    assert memory_words("s32[23]{0:T(128)S(1)}", row.tobytes())[:23] == tuple(range(23))
+    assert memory_words("s32[]{:T(128)}", np.int32(-3).tobytes()) == (2**32 - 3,)
+    assert memory_words("", np.int32([1, 2]).tobytes()) == (1, 2)  # no layout: C order
+
+
+def test_the_walk_reads_a_kernels_prefetched_array_from_smem() -> None:
+    """A kernel copies its operand 1 (s32[4]) to SMEM, loads element 2 and branches on it:
+    with the run's scalars the walk decides the branch itself."""
+    operand = "inlined_call_operand.vmem [shape: s32[4], index: 1, kind: input, shape index: {}]"
+    pointer = "%s3_s3 = sshll.u32 %s1_s1, 4  ;;  %s4_s3 = int_to_ptr.vmem [resolvable:$true] %s3_s3"
+    copy = (
+        "%5 = dma.vmem_to_smem /*vmem=*/%s4_s3, /*size_in_granules=*/16, /*smem=*/%s2_s2, "
+        "/*dst_syncflagno=*/[#allocation3]"
+    )
+    branch = "%p8_p1 = scmp.eq.s32.totalorder %s7_s6, 0  ;;  %s9_s7 = smov 1"
+    text = listing(
+        ("", f"%s1_s1 = {operand}  ;;  %s2_s2 = smov [#allocation4]", ""),
+        ("", f"{pointer}  ;;  %s6_s5 = smov 2", ""),
+        ("", copy, ""),
+        ("", "%s7_s6 = sld [smem:[#allocation4 + %s6_s5]]", ""),
+        ("", branch, ""),
+        ("", "%9 = sbr.rel (%p8_p1) target = $region9", ""),
+        DELAY, DELAY, DELAY, DELAY,
+        ("", "%10 = vsyncpa [#allocation1], 1", ""),
+        ("", "%11 = vsyncpa [#allocation1], 1", "Start region 9"),
+    )  # fmt: skip
+
+    def walked(third: int) -> walking.Walker:
+        scalars = (
+            observed.scalar_operand(np.int32(0)),
+            observed.scalar_operand(np.array([5, 6, third, 8], np.int32)),
+        )
+        run = observed.KernelRun("k", 1, 1, False, scalars=(scalars,))
+        program = parsing.parse_program("TLP", text)
+        dump = parsing.Dump({"TLP": program}, {}, mosaic_kernels=frozenset({"TLP"}))
+        walker = walking.Walker(dump, bytes_per_cycle=32.0, kernel_runs=(run,))
+        walker.run()
+        return walker
+
+    taken, not_taken = walked(0), walked(7)
+    assert taken.machine.unresolved_branches == not_taken.machine.unresolved_branches == 0
+    assert taken.executions("TLP")[10] == 0 and not_taken.executions("TLP")[10] == 1

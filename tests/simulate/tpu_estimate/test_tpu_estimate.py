@@ -196,7 +196,10 @@ def test_remaining_iterations(
     # The back-edge is taken while the compare says "continue": not (counter >= bound) etc.
     continue_when = condition in ("lt", "ne")
     test = walking._ExitTest(condition, True, "s0", bound, continue_when)
-    assert walking._remaining_iterations(test, counter, step) == expected
+    assert walking._remaining_iterations(test, counter, step, bound) == expected
+    # A bound held in a register (a grid sized at run time) gives the same trips.
+    in_register = walking._ExitTest(condition, True, "s0", "s1", continue_when)
+    assert walking._remaining_iterations(in_register, counter, step, bound) == expected
 
 
 def test_parse_errors_are_clear() -> None:

@@ -71,7 +71,8 @@ void use_isa_level(IsaLevel level) {
 
 }  // namespace asickernels_cpu
 
-// Host entry points of the library as a whole (the ops' are in their files). Levels:
+// The library's own C functions (the ops' kernels are reached through their FFI handlers,
+// binding.cpp). Levels:
 // 0 = baseline, 1 = avx2, 2 = avx512 (asickernels_cpu::IsaLevel).
 extern "C" {
 

@@ -1,22 +1,23 @@
-// What every op's file of the native CPU library shares. An op's file (nms.cpp, box_iou.cpp,
-// int8_matmul.cpp, ...) holds, in this order:
+// What every op's file of the native CPU library shares. An op's file (backends/cpu/nms.cpp,
+// box_iou.cpp, int8_matmul.cpp, ...: beside its Python module) holds, in this order:
 //
 //   1. its kernels' declarations, in every instruction-set level's namespace (AK_EVERY_LEVEL);
 //   2. the kernels, in namespace asickernels_cpu::ASICKERNELS_CPU_ISA;
-//   3. under #ifdef ASICKERNELS_CPU_ENTRY_POINTS: the dispatching kernels (AK_DISPATCH), its
-//      XLA FFI handlers (symbols asickernels_cpu_ffi_<name>, which Python registers by that
-//      name) and its host entry points (extern "C" asickernels_cpu_<name>, called through
-//      ctypes by the op's Python module, which declares their argument types).
+//   3. under #ifdef ASICKERNELS_CPU_ENTRY_POINTS: the dispatching kernels (AK_DISPATCH) and
+//      its XLA FFI handlers (AK_HANDLER, AK_FLOAT_HANDLER), each kernel's one binding: its
+//      typed C++ signature is the argument list, XLA infers the binding from it, and the
+//      host (eager) path calls the same handler (csrc/binding.cpp), so no argument list is
+//      written twice.
 //
 // setup.py compiles each op's file once per level (baseline, avx2, avx512 on x86-64), with
 // ASICKERNELS_CPU_ISA naming the level; the baseline compile also defines
-// ASICKERNELS_CPU_ENTRY_POINTS. dispatch.cpp and parallel.cpp are compiled once. A build that
-// compiles every file once without those macros (the sanitizer build) gets the baseline with
-// the entry points. No other file lists the ops: adding one is adding its file.
+// ASICKERNELS_CPU_ENTRY_POINTS. The files in csrc/ are compiled once. A build that compiles
+// every file once without those macros (the sanitizer build) gets the baseline with the
+// entry points. No other file lists the ops: adding one is adding its file.
 //
-// Semantics are the float64 references' (asickernels/reference.py, kernels/nms.py,
-// kernels/roi_*.py). Every level computes the same results bit for bit (no FMA contraction,
-// no reassociation).
+// Semantics are the float64 references' (asickernels/kernels/giou.py, box_iou.py, nms.py,
+// int8_matmul.py, roi_align.py, roi_pool.py, linear_sum_assignment.py). Every level computes
+// the same results bit for bit (no FMA contraction, no reassociation).
 #pragma once
 
 #include <cstddef>
@@ -80,6 +81,10 @@ void use_isa_level(IsaLevel level);
 #endif
 
 #ifdef ASICKERNELS_CPU_ENTRY_POINTS
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
 #include "xla/ffi/api/ffi.h"
 
 namespace asickernels_cpu::entry {
@@ -100,30 +105,137 @@ ffi::Error ffi_guarded(Run&& run) {
   }
 }
 
-// A host entry point's status: 0, or 1 when run() returns false (an unknown dtype or code),
-// or 2 when it ran out of memory (asickernels/backends/cpu/_library.py's check()).
-template <typename Run>
-int host_guarded(Run&& run) {
-  try {
-    return run() ? 0 : 1;
-  } catch (const std::bad_alloc&) {
-    return 2;
-  }
-}
+// An error naming what a buffer's dimensions should have been, or Success when `dims` are
+// `want` (a handler checks the shapes it relies on before it reads or writes a byte).
+ffi::Error expect_dims(const char* what, ffi::Span<const int64_t> dims,
+                       std::initializer_list<int64_t> want);
 
-// Runs run(T{}) with T the float type of host dtype code 0 (float) or 1 (double); the status.
-template <typename Run>
-int with_float(int dtype, Run&& run) {
-  return host_guarded([&] {
-    if (dtype == 0) {
-      run(0.0f);
-    } else if (dtype == 1) {
-      run(0.0);
-    } else {
-      return false;
+// -- Bindings --------------------------------------------------------------------------------
+
+// A handler's parameter the host path can pass: a buffer, a result, or attributes.
+template <typename P>
+inline constexpr bool kHostParameter =
+    !std::is_void_v<typename ffi::ArgBinding<P>::Arg> ||
+    !std::is_void_v<typename ffi::RetBinding<P>::Ret> ||
+    !std::is_void_v<typename ffi::AttrBinding<P>::Attr> ||
+    !std::is_void_v<typename ffi::AttrsBinding<P>::Attrs>;
+
+template <typename Fn>
+struct HostCallable;
+template <typename... Params>
+struct HostCallable<ffi::Error (*)(Params...)> {
+  static constexpr bool value = (kHostParameter<Params> && ...);
+};
+
+// The first of a handler's float32 and float64 instantiations' parameters whose types
+// differ: which buffer's element type picks the instantiation (an argument's, or a
+// result's: index among the arguments, or among the results).
+struct FloatSlot {
+  bool result;
+  size_t index;
+};
+
+template <typename F32, typename F64>
+struct FloatSlotOf;
+template <typename... A, typename... B>
+struct FloatSlotOf<ffi::Error (*)(A...), ffi::Error (*)(B...)> {
+  static constexpr FloatSlot value = [] {
+    constexpr bool differs[] = {!std::is_same_v<A, B>..., true};
+    constexpr bool result[] = {!std::is_void_v<typename ffi::RetBinding<A>::Ret>..., false};
+    constexpr bool argument[] = {!std::is_void_v<typename ffi::ArgBinding<A>::Arg>..., false};
+    size_t i = 0, arguments = 0, results = 0;
+    for (; !differs[i]; ++i) {
+      arguments += argument[i];
+      results += result[i];
     }
-    return true;
-  });
+    return FloatSlot{result[i], result[i] ? results : arguments};
+  }();
+  static_assert(sizeof...(A) == sizeof...(B) && !(std::is_same_v<A, B> && ...),
+                "the float32 and float64 handlers must differ in a buffer's type");
+};
+
+// Runs `f32` or `f64` (two handlers of one kernel) on `frame` as the element type of the
+// buffer at `slot` says: F32, F64, or an error naming the kernel.
+XLA_FFI_Error* by_float_type(const char* kernel, XLA_FFI_CallFrame* frame, FloatSlot slot,
+                             XLA_FFI_Handler* f32, XLA_FFI_Handler* f64);
+
+}  // namespace asickernels_cpu::entry
+
+// The XLA FFI handler symbol asickernels_cpu_ffi_<name> of `handler`, a function whose typed
+// parameters (ffi::Buffer<...> arguments, ffi::ResultBuffer<...> results, an attributes
+// struct registered with AK_ATTRIBUTES) are its binding (ffi::Ffi::BindTo). Python calls it
+// by name, under jit through XLA and eagerly on the host (csrc/binding.cpp).
+#define AK_HANDLER(name, handler)                                                        \
+  static_assert(::asickernels_cpu::entry::HostCallable<decltype(&handler)>::value,       \
+                #handler ": parameters must be buffers, results or attributes");         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name, handler)
+
+// One handler symbol asickernels_cpu_ffi_<name> for a handler template over its float type
+// (template <ffi::DataType kType>): handler<ffi::F32> or handler<ffi::F64>, chosen by the
+// element type of the first buffer whose type depends on it; any other type is refused.
+#define AK_FLOAT_HANDLER(name, handler)                                                        \
+  static_assert(::asickernels_cpu::entry::HostCallable<decltype(&handler<ffi::F32>)>::value, \
+                #handler ": parameters must be buffers, results or attributes");               \
+  extern "C" XLA_FFI_Error* asickernels_cpu_ffi_##name(XLA_FFI_CallFrame* frame) {            \
+    XLA_FFI_DEFINE_HANDLER(f32, handler<ffi::F32>);                                            \
+    XLA_FFI_DEFINE_HANDLER(f64, handler<ffi::F64>);                                            \
+    constexpr auto slot = ::asickernels_cpu::entry::FloatSlotOf<                               \
+        decltype(&handler<ffi::F32>), decltype(&handler<ffi::F64>)>::value;                    \
+    return ::asickernels_cpu::entry::by_float_type(#name, frame, slot, f32, f64);              \
+  }
+
+// AK_ATTRIBUTES(Struct, field, ...): a handler's Struct parameter is decoded from the call's
+// attributes, one per field, named as the field and of its type (a Python keyword
+// iou_threshold=0.5 arrives as NmsParams::iou_threshold, a double). Every field must be
+// listed, in declaration order (checked here: the struct is built from the list in order).
+#define AK_ATTRIBUTES(T, ...)                                                            \
+  static_assert(::asickernels_cpu::entry::lists_every_field<T>(                           \
+                    {AK_FOR_EACH_(AK_OFFSET_, T, __VA_ARGS__)}),                           \
+                "AK_ATTRIBUTES(" #T ", ...) must list every field, in declaration order"); \
+  XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(T, AK_FOR_EACH_(AK_MEMBER_, T, __VA_ARGS__))
+
+#define AK_MEMBER_(T, field) ::xla::ffi::StructMember<decltype(T::field)>(#field)
+#define AK_OFFSET_(T, field) offsetof(T, field)
+#define AK_FOR_EACH_(m, T, ...)                                                         \
+  AK_PICK_(__VA_ARGS__, AK_EACH8_, AK_EACH7_, AK_EACH6_, AK_EACH5_, AK_EACH4_, AK_EACH3_, \
+           AK_EACH2_, AK_EACH1_)(m, T, __VA_ARGS__)
+#define AK_PICK_(_1, _2, _3, _4, _5, _6, _7, _8, NAME, ...) NAME
+#define AK_EACH1_(m, T, a) m(T, a)
+#define AK_EACH2_(m, T, a, ...) m(T, a), AK_EACH1_(m, T, __VA_ARGS__)
+#define AK_EACH3_(m, T, a, ...) m(T, a), AK_EACH2_(m, T, __VA_ARGS__)
+#define AK_EACH4_(m, T, a, ...) m(T, a), AK_EACH3_(m, T, __VA_ARGS__)
+#define AK_EACH5_(m, T, a, ...) m(T, a), AK_EACH4_(m, T, __VA_ARGS__)
+#define AK_EACH6_(m, T, a, ...) m(T, a), AK_EACH5_(m, T, __VA_ARGS__)
+#define AK_EACH7_(m, T, a, ...) m(T, a), AK_EACH6_(m, T, __VA_ARGS__)
+#define AK_EACH8_(m, T, a, ...) m(T, a), AK_EACH7_(m, T, __VA_ARGS__)
+
+namespace asickernels_cpu::entry {
+
+// Converts to any field's type: T{AnyField{}...} compiles with as many as T has fields.
+struct AnyField {
+  template <typename U>
+  operator U() const;
+};
+
+template <typename T, typename Indices, typename = void>
+struct BracedFrom : std::false_type {};
+template <typename T, size_t... kI>
+struct BracedFrom<T, std::index_sequence<kI...>,
+                  std::void_t<decltype(T{(void(kI), AnyField{})...})>> : std::true_type {};
+
+// Whether fields at these offsets are all of T's, in declaration order: as many as T has
+// (T is built from that many values, not one more), each after the one before.
+template <typename T, size_t kCount>
+constexpr bool lists_every_field(const size_t (&offsets)[kCount]) {
+  static_assert(std::is_standard_layout_v<T> && std::is_aggregate_v<T>);
+  if (!BracedFrom<T, std::make_index_sequence<kCount>>::value ||
+      BracedFrom<T, std::make_index_sequence<kCount + 1>>::value) {
+    return false;
+  }
+  for (size_t i = 1; i < kCount; ++i) {
+    if (offsets[i] <= offsets[i - 1]) return false;
+  }
+  return true;
 }
 
 }  // namespace asickernels_cpu::entry

@@ -1,4 +1,4 @@
-"""``nki.isa`` (``nisa``): instructions of the 2.32 API reference
+"""``nki.isa`` (``nisa``): instructions of the NKI 0.8 API reference
 (nki/api/nki/isa/__init__.py) with its names and signatures (the destination first). Each
 call is one instruction on one engine, counted per run; DMAs are counted with the bytes
 they move."""
@@ -6,17 +6,28 @@ they move."""
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import alu, errors, language, runtime
+from asickernels.simulate.nki import alu, errors, language, neuron_dtypes, prng, reference, runtime
 from asickernels.simulate.nki.errors import NkiValidationError
-from asickernels.simulate.nki.tensor import PACKED_X4, MemoryRegion, NkiTensor, dtype_name
+from asickernels.simulate.nki.scalar import NkiScalar, scalar_alu, scalar_load, scalar_store
+from asickernels.simulate.nki.tensor import (
+    PACKED_X4,
+    MemoryRegion,
+    NKIObject,
+    NkiTensor,
+    dtype_name,
+)
 
 __all__ = [
+    "NkiInstruction",
+    "NkiScalar",
     "NkiValidationError",
     "VirtualRegister",
     "activate2",
@@ -34,8 +45,8 @@ __all__ = [
     "dropout",
     "engine",
     "exponential",
+    "get_nc_sub_version",
     "get_nc_version",
-    "gpsimd_engine",
     "iota",
     "local_gather",
     "matmul_perf_mode",
@@ -53,6 +64,8 @@ __all__ = [
     "oob_mode",
     "quantize_mx",
     "rand2",
+    "rand_get_state",
+    "rand_set_state",
     "range_select",
     "reciprocal",
     "reduce_cmd",
@@ -61,14 +74,19 @@ __all__ = [
     "register_move",
     "register_store",
     "rng",
-    "scalar_engine",
+    "scalar_alu",
+    "scalar_load",
+    "scalar_store",
     "scalar_tensor_tensor",
     "select_reduce",
     "sendrecv",
+    "sendrecv_compute",
     "sequence_bounds",
+    "set_rng_seed",
     "tensor_copy",
+    "tensor_copy_dynamic_dst",
+    "tensor_copy_dynamic_src",
     "tensor_copy_predicated",
-    "tensor_engine",
     "tensor_partition_reduce",
     "tensor_reduce",
     "tensor_scalar",
@@ -76,8 +94,7 @@ __all__ = [
     "tensor_scalar_reduce",
     "tensor_tensor",
     "tensor_tensor_scan",
-    "unknown_engine",
-    "vector_engine",
+    "topk",
 ]
 
 
@@ -137,19 +154,64 @@ class dma_engine(enum.Enum):
 
 
 class nc_version(enum.Enum):
-    """NeuronCore generations: gen2 = trn1/inf2, gen3 = trn2, gen4 = trn3."""
+    """NeuronCore generations: gen2 = trn1/inf2, gen3 = trn2, gen4 = trn3. Generations are
+    ordered, among themselves and against their numbers: the reference is silent, and AWS's
+    kernels branch on ``nisa.get_nc_version() >= nisa.nc_version.gen4`` and
+    ``get_nc_version() >= 3`` (nki-library@d2ad3a5 core/attention/attention_tkg.py,
+    experimental/collectives/fgcc.py)."""
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
 
+    def _other(self, other: Any) -> int | None:
+        if isinstance(other, nc_version):
+            return int(other.value)
+        if isinstance(other, int) and not isinstance(other, bool):
+            return other
+        return None
 
-# Deprecated module constants the API reference still lists (use ``engine.<name>``).
-tensor_engine = engine.tensor
-vector_engine = engine.vector
-scalar_engine = engine.scalar
-gpsimd_engine = engine.gpsimd
-unknown_engine = engine.unknown
+    def __lt__(self, other: Any) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.value < value
+
+    def __le__(self, other: Any) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.value <= value
+
+    def __gt__(self, other: Any) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.value > value
+
+    def __ge__(self, other: Any) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.value >= value
+
+
+_UNKNOWN = engine.unknown
+_OOB_SKIP = oob_mode.skip
+# Module constants the reference lists as deprecated (use ``engine.<name>``): served by
+# ``__getattr__`` so that a kernel using one is warned.
+_ENGINE_CONSTANTS = {
+    "tensor_engine": engine.tensor,
+    "vector_engine": engine.vector,
+    "scalar_engine": engine.scalar,
+    "gpsimd_engine": engine.gpsimd,
+    "unknown_engine": engine.unknown,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE_CONSTANTS:
+        reference.warn_changed(f"nki.isa.{name}")
+        return _ENGINE_CONSTANTS[name]
+    raise AttributeError(f"module 'nki.isa' has no attribute '{name}'")
+
+
+def get_nc_sub_version() -> int:
+    """The silicon revision within the target's ``nc_version``: 0, the first revision (the
+    default the reference gives; the simulator models no later one)."""
+    return 0
 
 
 def get_nc_version() -> nc_version:
@@ -162,13 +224,16 @@ _INTEGER_32 = (np.dtype(np.int32), np.dtype(np.uint32))
 _MATMUL_INPUT_DTYPES = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
 _FP32_LIKE = ("float32", "tfloat32")
 _FP8 = ("float8_e4m3", "float8_e5m2", "float8_e4m3fn")
-# tensor_partition_reduce's docstring: add, average, max, bitwise_or, bitwise_and.
+# tensor_partition_reduce's docstring: add, average, max, bitwise_or, bitwise_and (NKI 0.6);
+# NKI 0.7 names the mean nl.mean and adds bitwise_xor (the v2.33.0 page).
 _PARTITION_REDUCE_OPS = (
     language.add,
     language.average,
+    language.mean,
     language.maximum,
     language.bitwise_or,
     language.bitwise_and,
+    language.bitwise_xor,
 )
 
 
@@ -189,7 +254,7 @@ def _alu(api: str, op: Any, allowed: tuple[Any, ...] | None = None) -> Any:
 
 def _exact_integers(tile: NkiTensor) -> Any:
     """GpSimd reads 32-bit integers exactly, everything else as float32."""
-    return tile.data.astype(np.int64) if tile.dtype in _INTEGER_32 else alu.as_f32(tile)
+    return tile.values.astype(np.int64) if tile.dtype in _INTEGER_32 else alu.as_f32(tile)
 
 
 # -- data movement ------------------------------------------------------------------------
@@ -201,25 +266,40 @@ def dma_copy(
     dge_mode: dge_mode = dge_mode.unknown,
     engine: engine = engine.unknown,
     name: Any = None,
+    *,
+    dst_rmw_op: Any = None,
+    unique_indices: Any = None,
 ) -> None:
     """``dst = src`` by DMA between HBM and SBUF (any views with equally many elements;
-    different dtypes are cast through float32)."""
-    _dma_copy(dst, src, accumulate=False)
+    different dtypes are cast through float32). Rows of an indirect view whose offset is
+    outside its tensor raise, or with ``oob_mode=oob_mode.skip`` are left alone (a
+    destination row, or the destination row of a source row). ``dst_rmw_op=nl.add``
+    (``dst += src``) and ``unique_indices`` are NKI 0.2's, removed in 0.3 for
+    ``nisa.dma_compute``: they still run, with a warning."""
+    for parameter, value in (("dst_rmw_op", dst_rmw_op), ("unique_indices", unique_indices)):
+        if value is not None:
+            reference.warn_changed(f"nki.isa.dma_copy.{parameter}")
+    if dst_rmw_op not in (None, language.add):
+        raise errors.UnsupportedOperator(f"'dma_copy' dst_rmw_op is nl.add, got {dst_rmw_op!r}")
+    _dma_copy(dst, src, accumulate=dst_rmw_op is not None, oob=oob_mode)
 
 
-def _dma_copy(dst: NkiTensor, src: NkiTensor, accumulate: bool) -> None:
+def _dma_copy(
+    dst: NkiTensor, src: NkiTensor, accumulate: bool, oob: oob_mode = oob_mode.error
+) -> None:
     """:func:`dma_copy`; ``accumulate``: ``dst += src`` in float32, the legacy generation's
     ``dst_rmw_op=np.add`` (general/nki/api/nki/isa/__init__.py@0521004c, dma_copy)."""
     api = "dma_copy"
     run = runtime.active_run(api)
-    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
-    alu.require(api, "src", src, (*alu.HBM, *alu.SBUF))
+    skipping = oob is oob_mode.skip
+    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF), skipping)
+    alu.require(api, "src", src, (*alu.HBM, *alu.SBUF), skipping)
     if dst.size != src.size:
         raise errors.ShapeMismatch(f"'{api}' from {src!r} to {dst!r}: element counts differ")
     values = alu.dma_values(src, dst.dtype)
     if accumulate:
         values = alu.as_f32(dst) + alu.as_f32(src).reshape(dst.shape)
-    alu.write(dst, values, api)
+    alu.write(dst, values, api, alu.skipped_rows(api, src, dst))
     run.count_dma(
         not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize, "dma_copy", (src,), (dst,)
     )
@@ -247,11 +327,11 @@ def tensor_copy(
             f"'{api}' cannot run on the Scalar engine of NeuronCore-v2; use nisa.activation"
         )
     same = src.dtype == dst.dtype and dtype_name(src.dtype) == dtype_name(dst.dtype)
-    values = src.data if same else alu.as_f32(src)
+    values = src.values if same else alu.as_f32(src)
     if dtype is not None and language.nki_dtype(dtype) != dst.dtype:
         values = alu.cast(np.asarray(alu.as_f32(src)), language.nki_dtype(dtype))
     alu.write(dst, values, api)
-    run.count(chosen, "tensor_copy", (src,), (dst,), pinned=engine is not unknown_engine)
+    run.count(chosen, "tensor_copy", (src,), (dst,), pinned=engine is not _UNKNOWN)
 
 
 def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: Any = None) -> None:
@@ -263,7 +343,7 @@ def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: 
     if chosen == "gpsimd":
         alu.check_no_psum_on_gpsimd(api, tiles)
     alu.write(dst, np.full(dst.shape, value), api)
-    run.count(chosen, "memset", (value,), (dst,), pinned=engine is not unknown_engine)
+    run.count(chosen, "memset", (value,), (dst,), pinned=engine is not _UNKNOWN)
 
 
 def tensor_copy_predicated(
@@ -292,11 +372,11 @@ def tensor_copy_predicated(
         raise errors.UnsupportedDtype(
             f"'{api}' needs src and dst of one dtype, got {src.dtype}, {dst.dtype}"
         )
-    chosen = predicate.data.reshape(dst.shape) != 0
+    chosen = predicate.values.reshape(dst.shape) != 0
     if reverse_pred:
         chosen = ~chosen
-    values = src.data.reshape(dst.shape) if isinstance(src, NkiTensor) else alu.as_f32(src)
-    alu.write(dst, np.where(chosen, alu.cast(np.asarray(values), dst.dtype), dst.data), api)
+    values = src.values.reshape(dst.shape) if isinstance(src, NkiTensor) else alu.as_f32(src)
+    alu.write(dst, np.where(chosen, alu.cast(np.asarray(values), dst.dtype), dst.values), api)
     run.count("vector", "tensor_copy_predicated", (src, predicate), (dst,))
 
 
@@ -328,11 +408,14 @@ def nc_matmul(
     """``dst = stationary.T @ moving`` on the Tensor engine: ``stationary [K, M]`` and
     ``moving [K, N]`` in SBUF (K <= 128 partitions, M <= 128, N <= 512; on NeuronCore-v4 N
     up to 8 PSUM banks), ``dst [M, N]`` float32 (or bfloat16 on v4) in PSUM; fp8, bf16,
-    fp16, tf32 or fp32 inputs. ``tile_position``/``tile_size`` restrict the systolic array
-    used; ``perf_mode=double_row`` takes fp8 ``[K, 2, free]`` tiles contracting over K and
-    the 2. ``accumulate``: False overwrites, True adds, None adds where an earlier matmul
+    fp16, tf32 or fp32 inputs; ``is_transpose=True`` from NeuronCore-v3 may also write a
+    bf16 or fp16 ``stationary``'s own dtype. ``tile_position``/``tile_size`` restrict the
+    systolic array used; ``perf_mode=double_row`` takes fp8 ``[K, 2, free]`` tiles
+    contracting over K and the 2. ``accumulate``: False overwrites, True adds, None adds where an earlier matmul
     wrote (accumulation is float32, as in PSUM)."""
-    _nc_matmul(dst, stationary, moving, accumulate, tile_position, tile_size, perf_mode, True)
+    _nc_matmul(
+        dst, stationary, moving, accumulate, tile_position, tile_size, perf_mode, True, is_transpose
+    )
 
 
 def _nc_matmul(
@@ -344,6 +427,7 @@ def _nc_matmul(
     tile_size: tuple[int, ...],
     perf_mode: matmul_perf_mode,
     fp32_pairs: bool,
+    is_transpose: bool = False,
 ) -> None:
     """:func:`nc_matmul`; ``fp32_pairs``: the rule "if one of the input tiles is
     tfloat32/float32, the other tile must also be" (nki.isa.nc_matmul), which the legacy
@@ -380,8 +464,8 @@ def _nc_matmul(
                     f"'{api}' double_row takes fp8 {operand}, got {tile!r}"
                 )
         contraction = (stationary.shape[0] * 2, moving.shape[0] * 2)
-        stationary_2d = stationary.data.transpose(1, 0, 2).reshape(contraction[0], -1)
-        moving_2d = moving.data.transpose(1, 0, 2).reshape(contraction[1], -1)
+        stationary_2d = stationary.values.transpose(1, 0, 2).reshape(contraction[0], -1)
+        moving_2d = moving.values.transpose(1, 0, 2).reshape(contraction[1], -1)
     else:
         for operand, tile in operands.items():
             if tile.ndim != 2:
@@ -389,7 +473,7 @@ def _nc_matmul(
                     f"parameter '{operand}' {tile!r} of '{api}' exceeds max supported number of "
                     "dimensions of 2"
                 )
-        stationary_2d, moving_2d = stationary.data, moving.data
+        stationary_2d, moving_2d = stationary.values, moving.values
     alu.check_partitions(api, {"stationary": stationary, "moving": moving})
     m, n = stationary_2d.shape[1], moving_2d.shape[1]
     # v4 streams a moving tile across all 8 PSUM banks: 4096 fp32 or 8192 bf16 (nc_matmul,
@@ -427,8 +511,23 @@ def _nc_matmul(
         )
     if {"float8_e4m3", "float8_e4m3fn"} <= set(names.values()):
         raise errors.UnsupportedDtype(f"'{api}' cannot mix float8_e4m3 and float8_e4m3fn")
-    if dst.dtype != language.float32 and not (dst.dtype == language.bfloat16 and version >= 4):
-        raise errors.UnsupportedDtype(f"'{api}' writes a float32 PSUM tile, got dst {dst.dtype}")
+    # Transpose mode from NeuronCore-v3 writes "FP16/BF16 PSUM output for FP16/BF16 transpose"
+    # (trainium2_arch.rst@81ce03a, "Built-in Transpose Support"; nki-library@d2ad3a5
+    # bwmm_shard_on_I.py:767-782 transposes bf16 into bf16 PSUM on gen3); else float32
+    # (bf16 from v4: nki.isa.nc_matmul, "Data types").
+    transposed_16 = (
+        is_transpose
+        and version >= 3
+        and dst.dtype == stationary.dtype
+        and names["stationary"] in ("bfloat16", "float16")
+    )
+    if dst.dtype != language.float32 and not (
+        transposed_16 or (dst.dtype == language.bfloat16 and version >= 4)
+    ):
+        raise errors.UnsupportedDtype(
+            f"'{api}' writes a float32 PSUM tile (a bfloat16/float16 one for a transpose of "
+            f"that dtype from NeuronCore-v3, bfloat16 from v4), got dst {dst.dtype}"
+        )
     # Trace-only runs get a zero product without the arithmetic (alu.matmul_f32).
     _accumulate(dst, alu.matmul_f32(stationary_2d, moving_2d), accumulate, api)
     run.count("tensor", "nc_matmul", (stationary, moving), (dst,))
@@ -454,7 +553,10 @@ def _tiling(api: str, tile_position: Any, tile_size: Any, version: int) -> tuple
 
 def _accumulate(dst: NkiTensor, product: np.ndarray, accumulate: bool | None, api: str) -> None:
     """Writes a matmul ``product`` into PSUM: False overwrites, True adds, None adds where an
-    earlier matmul wrote (accumulation is float32, as in PSUM)."""
+    earlier matmul wrote (accumulation is float32, as in PSUM). Trace-only runs write
+    nothing (every value reads as zero)."""
+    if runtime.values_skipped():
+        return
     written = _matmul_written(dst)
     if accumulate is None:
         product = np.where(written, alu.as_f32(dst) + product, product)
@@ -467,17 +569,17 @@ def _accumulate(dst: NkiTensor, product: np.ndarray, accumulate: bool | None, ap
 def _matmul_written(dst: NkiTensor) -> np.ndarray:
     """A writable boolean view, shaped like ``dst``, of which PSUM elements of its storage a
     matmul has written."""
-    root = dst.data if dst.data.base is None else dst.data.base
+    root = dst.values if dst.values.base is None else dst.values.base
     allocation = dst.allocation
     assert allocation is not None and isinstance(root, np.ndarray)
     if allocation.matmul_written is None:
         allocation.matmul_written = np.zeros(root.size, np.bool_)
     itemsize = dst.dtype.itemsize
-    offset = (dst.data.ctypes.data - root.ctypes.data) // itemsize
+    offset = (dst.values.ctypes.data - root.ctypes.data) // itemsize
     return np.lib.stride_tricks.as_strided(
         allocation.matmul_written[offset:],
         shape=dst.shape,
-        strides=tuple(stride // itemsize for stride in dst.data.strides),
+        strides=tuple(stride // itemsize for stride in dst.values.strides),
     )
 
 
@@ -511,7 +613,7 @@ def tensor_tensor(
     if op in language.BITVEC_OPS:
         read = language.read_bits
     alu.write(dst, np.asarray(function(read(data1), read(data2).reshape(data1.shape))), api)
-    run.count(chosen, "tensor_tensor", (data1, data2), (dst,), (op,), engine is not unknown_engine)
+    run.count(chosen, "tensor_tensor", (data1, data2), (dst,), (op,), engine is not _UNKNOWN)
 
 
 def tensor_scalar(
@@ -536,7 +638,7 @@ def tensor_scalar(
     # every non-tile argument (tiles are in the reads): the cost model reads the operators
     scalars = [o if not isinstance(o, NkiTensor) else "tile" for o in (operand0, operand1)]
     params = (op0, scalars[0], reverse0, op1, scalars[1], reverse1)
-    pinned = engine is not unknown_engine
+    pinned = engine is not _UNKNOWN
     run.count(chosen, "tensor_scalar", (data, operand0, operand1), (dst,), params, pinned)
 
 
@@ -652,7 +754,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
         raise errors.ShapeMismatch(
             f"'{api}' of {data!r} needs dst [1, {data.shape[1:]}], got {dst!r}"
         )
-    if op is language.average:
+    if op in (language.average, language.mean):
         values = alu.as_f32(data).mean(axis=0, keepdims=True)
     elif op in language.BITVEC_OPS:
         values = language.ALU_OPS[op].reduce(language.read_bits(data), axis=0, keepdims=True)
@@ -725,12 +827,16 @@ def activation(
     reduce_op: Any = None,
     reduce_res: NkiTensor | None = None,
     reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    engine: engine = engine.scalar,
     name: Any = None,
 ) -> None:
-    """``dst = op(data * scale + bias)`` on the Scalar engine (float32 math), optionally
-    adding the result along the free axes into the engine's reduction registers
-    (``reduce_op=nl.add``, ``reduce_cmd``) and reading them into ``reduce_res [P, 1]``."""
-    _activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, (language.add,))
+    """``dst = op(data * scale + bias)`` on the Scalar engine (float32 math), or the GpSimd
+    engine from NeuronCore-v4 (``engine``, NKI 0.7), optionally adding the result along the
+    free axes into the Scalar engine's reduction registers (``reduce_op=nl.add``,
+    ``reduce_cmd``) and reading them into ``reduce_res [P, 1]``."""
+    _activation(
+        dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, (language.add,), engine
+    )
 
 
 def _activation(
@@ -743,6 +849,7 @@ def _activation(
     reduce_res: NkiTensor | None,
     reduce_cmd: reduce_cmd,
     reduce_ops: tuple[Any, ...],
+    requested: engine = engine.scalar,
 ) -> None:
     """:func:`activation` with the reduce operators a generation allows: ``nl.add`` here
     ("reduce_op must be nl.add", nki.isa.activation); any ALU operator in the legacy
@@ -752,6 +859,7 @@ def _activation(
     run = runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
+    chosen = _activation_engine(api, requested, operands, reduce_op, reduce_res, reduce_cmd)
     if op not in language.ACTIVATIONS:
         raise errors.UnsupportedOperator(f"'{api}' does not take op={op!r}")
     if isinstance(scale, NkiTensor) and scale.dtype != language.float32:
@@ -769,7 +877,29 @@ def _activation(
     result = np.asarray(language.ACTIVATIONS[op](values), np.float32)
     alu.write(dst, result, api)
     _scalar_reduce(api, run, result, reduce_op, reduce_res, reduce_cmd, reduce_ops)
-    run.count("scalar", "activation", (data, bias, scale), (dst, reduce_res))
+    run.count(chosen, "activation", (data, bias, scale), (dst, reduce_res))
+
+
+def _activation_engine(
+    api: str,
+    requested: engine,
+    operands: dict[str, NkiTensor],
+    reduce_op: Any,
+    reduce_res: Any,
+    command: reduce_cmd,
+) -> str:
+    """The engine of an activation: the Scalar engine, or from NeuronCore-v4 the GpSimd
+    engine, which has no accumulator and no PSUM access (nki.isa.activation and
+    nki.isa.activate2, NKI 0.7: "Accumulator is only available on the Scalar engine")."""
+    allowed = ("scalar", "gpsimd") if runtime.current_target().version >= 4 else ("scalar",)
+    chosen = _engine(api, requested, "scalar", allowed)
+    if chosen == "gpsimd":
+        alu.check_no_psum_on_gpsimd(api, list(operands.values()))
+        if reduce_op is not None or reduce_res is not None or command is not reduce_cmd.idle:
+            raise errors.UnsupportedEngine(
+                f"'{api}' reduces only on the Scalar engine; the GpSimd engine has no accumulator"
+            )
+    return chosen
 
 
 def _scalar_reduce(
@@ -816,7 +946,9 @@ def activation_reduce(
 ) -> None:
     """:func:`activation` that also writes the free-axis ``reduce_op`` (nl.add) of its result
     into ``reduce_res [P, 1]``."""
-    activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd.reset_reduce, name)
+    activation(
+        dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd.reset_reduce, name=name
+    )
 
 
 # -- Vector engine: scans, statistics, transposes -----------------------------------------
@@ -844,8 +976,8 @@ def tensor_tensor_scan(
     a = alu.as_f32(data0).reshape(lanes, -1)
     b = alu.as_f32(data1).reshape(lanes, -1)
     state = np.broadcast_to(_per_partition_operand(api, "initial", initial, a), (lanes, 1))[:, 0]
-    result = np.empty_like(a)
-    for i in range(a.shape[1]):
+    result = np.zeros_like(a)
+    for i in range(0 if runtime.values_skipped() else a.shape[1]):  # trace-only: zeros
         partial = first(state, a[:, i]) if reverse0 else first(a[:, i], state)
         state = np.asarray(
             second(b[:, i], partial) if reverse1 else second(partial, b[:, i]), np.float32
@@ -894,7 +1026,7 @@ def _nc_transpose(
     if chosen == "tensor":
         alu.require(api, "dst", dst, tensor_dst)
         alu.require(api, "data", data, alu.SBUF)
-    alu.write(dst, data.data.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
+    alu.write(dst, data.values.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
     run.count(chosen, api, (data,), (dst,))
 
 
@@ -972,14 +1104,14 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: Any = None) -> None:
     run.count("vector", "bn_aggr", (data,), (dst,))
 
 
+@reference.deprecated("nki.isa.core_barrier")
 def core_barrier(
     data: NkiTensor, cores: Any, engine: engine = engine.gpsimd, name: Any = None
 ) -> None:
-    """Waits until every logical core of the launch reaches this barrier (``kernel[2]``)."""
-    api = "core_barrier"
-    run = runtime.active_run(api)
-    run.launch.barrier.wait()
-    run.count("gpsimd", "core_barrier", (data,), ())
+    """Deprecated in NKI 0.8 for :func:`nki.lnc.core_barrier`, which it runs."""
+    from asickernels.simulate.nki import lnc  # lnc builds on this module
+
+    lnc.core_barrier(data, cores, engine, name)
 
 
 # -- MX (microscaling) on NeuronCore-v4 --------------------------------------------------
@@ -1003,18 +1135,13 @@ def _scale_rows(api: str, scale: NkiTensor, partitions: int) -> np.ndarray:
 
 
 def _scale_exponents(scale: NkiTensor) -> np.ndarray:
-    return scale.data.reshape(scale.shape[0], -1).view(np.uint8).astype(np.int32)
+    return scale.values.reshape(scale.shape[0], -1).view(np.uint8).astype(np.int32)
 
 
 def _unpack_mx(tile: NkiTensor) -> np.ndarray:
     """``tile [P, F]`` of a packed type as float32 values ``[P, F, 4]`` (element 0 in the low
     bits, as little-endian packing gives)."""
-    element, nbytes = PACKED_X4[dtype_name(tile.dtype)]
-    raw = np.ascontiguousarray(tile.data).view(np.uint8).reshape(*tile.shape, nbytes)
-    if nbytes == 4:
-        return raw.view(element).astype(np.float32)
-    nibbles = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*tile.shape, 4)
-    return nibbles.astype(np.uint8).view(element).astype(np.float32)
+    return neuron_dtypes.unpack_x4(tile.values).reshape(*tile.shape, 4)
 
 
 def nc_matmul_mx(
@@ -1130,7 +1257,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
         )
     if dst_scale.ndim != 2:
         raise errors.ShapeMismatch(f"'{api}' dst_scale must be 2-D, got {dst_scale!r}")
-    dst_scale.data.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
+    dst_scale.values.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
     run.count("vector", "quantize_mx", (src,), (dst, dst_scale))
 
 
@@ -1313,9 +1440,9 @@ def tensor_scalar_cumulative(
     registers, function = _accumulator_start(api, run, lanes, op1, reduce_cmd, imm1, src)
     values = _alu(api, op0)(alu.as_f32(src), _per_partition_operand(api, "imm0", imm0, src))
     values = np.asarray(values, np.float32).reshape(lanes, -1)
-    result = np.empty_like(values)
+    result = np.zeros_like(values)
     state = registers[:lanes].copy()
-    for i in range(values.shape[1]):
+    for i in range(0 if runtime.values_skipped() else values.shape[1]):  # trace-only: zeros
         state = np.asarray(function(values[:, i], state), np.float32)
         result[:, i] = state
     registers[:lanes] = state
@@ -1377,7 +1504,7 @@ def select_reduce(
         )
     if reduce_op not in (language.maximum, language.max):
         raise errors.UnsupportedOperator(f"'{api}' reduces with nl.maximum only")
-    chosen = predicate.data.reshape(on_true.shape) != 0
+    chosen = predicate.values.reshape(on_true.shape) != 0
     if reverse_pred:
         chosen = ~chosen
     result = np.where(
@@ -1430,7 +1557,9 @@ def range_select(
         raise errors.UnsupportedOperator(
             f"'{api}' compares with equal/less/less_equal/greater/greater_equal"
         )
-    if on_false_value != _FP32_MIN:
+    # A float32 value: the reference's own literal for FP32_MIN (-3.4028235e+38, which
+    # nki-library's attention kernels pass) is FP32_MIN once rounded to float32.
+    if np.float32(on_false_value) != np.float32(_FP32_MIN):
         raise errors.UnsupportedOperator(f"'{api}' on_false_value must be FP32_MIN ({_FP32_MIN})")
     for bound_name, bound in (("bound0", bound0), ("bound1", bound1)):
         if bound.dtype != language.float32:
@@ -1567,11 +1696,11 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any =
         raise errors.UnsupportedDtype(f"'{api}' needs uint32 indices and dst in {data.dtype}")
     if alu.per_partition(dst) != alu.per_partition(indices):
         raise errors.ShapeMismatch(f"'{api}' writes one element per index: {indices!r} -> {dst!r}")
-    flat = indices.data.reshape(indices.shape[0], -1).astype(np.int64)
+    flat = indices.values.reshape(indices.shape[0], -1).astype(np.int64)
     count = alu.per_partition(data)
     if flat.size and flat.max() >= count:
         raise errors.TensorAccessOutOfBound(f"'{api}' index {flat.max()} outside 0..{count - 1}")
-    rows = data.data.reshape(data.shape[0], -1)
+    rows = data.values.reshape(data.shape[0], -1)
     alu.write(dst, np.take_along_axis(rows, flat, axis=1), api)
     run.count("gpsimd", "nc_n_gather", (data, indices), (dst,))
 
@@ -1580,7 +1709,11 @@ def nonzero_with_count(
     dst: NkiTensor, src: NkiTensor, index_offset: int = 0, padding_val: int = -1, name: Any = None
 ) -> None:
     """On partitions 0, 16, ..., 112 only: the indices (plus ``index_offset``) of ``src``'s
-    nonzero elements, then ``padding_val``, then their count (GpSimd engine, v3+)."""
+    nonzero elements, then ``padding_val``, then their count (GpSimd engine, v3+). The free
+    axes count as one, row-major: ``dst`` has one element per partition more than ``src``
+    ("exactly 1 more element than the source tensor in the free dimension", nki.isa
+    reference; nki-library@d2ad3a5 core/subkernels/find_nonzero_indices.py passes a 3-D
+    ``src`` [P, tiles, T] with a 2-D ``dst`` [P, tiles * T + 1])."""
     api = "nonzero_with_count"
     run = runtime.active_run(api)
     _require_version(api, 3)
@@ -1591,16 +1724,18 @@ def nonzero_with_count(
         raise errors.UnsupportedDtype(
             f"'{api}' reads float32/int32 into int32, got {src!r} -> {dst!r}"
         )
-    if src.ndim != 2 or dst.shape != (src.shape[0], src.shape[1] + 1):
+    free = alu.per_partition(src)
+    if alu.per_partition(dst) != free + 1:
         raise errors.ShapeMismatch(
-            f"'{api}' needs dst [P, F + 1] for src [P, F]: {src!r} -> {dst!r}"
+            f"'{api}' needs dst with F + 1 elements per partition for src with F: "
+            f"{src!r} -> {dst!r}"
         )
     for lane in range(0, src.shape[0], 16):
-        found = np.flatnonzero(src.data[lane] != 0) + int(index_offset)
-        row = np.full(src.shape[1] + 1, int(padding_val), np.int64)
+        found = np.flatnonzero(src.values[lane] != 0) + int(index_offset)
+        row = np.full(free + 1, int(padding_val), np.int64)
         row[: found.size] = found
         row[-1] = found.size
-        dst.data[lane] = row.astype(np.int32)
+        dst.values[lane] = row.astype(np.int32).reshape(dst.shape[1:])
     run.count("gpsimd", "nonzero_with_count", (src,), (dst,))
 
 
@@ -1620,29 +1755,48 @@ def dma_transpose(
 ) -> None:
     """``dst = src`` transposed by a DMA: 2-D [1, 0], 3-D [2, 1, 0], 4-D [3, 1, 2, 0] (or
     ``axes``); 2-byte dtypes, ``src.shape[-1] <= 128``."""
-    _dma_transpose(dst, src, axes, two_byte_rows=True)
+    _dma_transpose(dst, src, axes, two_byte_rows=True, oob=oob_mode)
 
 
-def _dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any, two_byte_rows: bool) -> None:
+def _dma_transpose(
+    dst: NkiTensor,
+    src: NkiTensor,
+    axes: Any,
+    two_byte_rows: bool,
+    oob: oob_mode = oob_mode.error,
+) -> None:
     """:func:`dma_transpose`; ``two_byte_rows``: the rule "src.dtype is 2 bytes,
     src.shape[-1] <= 128" (nki.isa.dma_transpose), which the legacy generation's reference
     (general/nki/api/nki/isa/__init__.py@0521004c) does not state."""
     api = "dma_transpose"
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
-    alu.require(api, "src", src, (*alu.HBM, *alu.SBUF))
+    alu.require(api, "src", src, (*alu.HBM, *alu.SBUF), oob is oob_mode.skip)
     permutation = tuple(axes) if axes is not None else _DMA_TRANSPOSE_AXES.get(src.ndim)
     if permutation is None or sorted(permutation) != list(range(src.ndim)):
         raise errors.ShapeMismatch(
             f"'{api}' transposes 2-D to 4-D tensors, got {src!r} axes={axes}"
         )
-    if two_byte_rows and (src.dtype.itemsize != 2 or src.shape[-1] > 128):
+    if two_byte_rows and (src.dtype.itemsize not in (2, 4) or src.shape[-1] > 128):
         raise errors.UnsupportedDtype(
             f"'{api}' moves 2-byte dtypes with src.shape[-1] <= 128, got {src!r}"
+        )
+    if two_byte_rows and src.dtype.itemsize == 4:
+        warnings.warn(
+            f"'{api}' of {src!r}: the reference allows 2-byte dtypes (nki.isa.dma_transpose), "
+            "but nki-library@d2ad3a5's float32 attention_cte and moe_tkg kernels transpose "
+            "4-byte data by DMA in their trn2 tests: simulated as a transpose",
+            errors.DeviceRanItWarning,
+            stacklevel=3,
         )
     values = alu.dma_values(src, dst.dtype).transpose(permutation)
     if values.shape != dst.shape:
         raise errors.ShapeMismatch(f"'{api}' of {src!r} gives {list(values.shape)}, dst is {dst!r}")
+    if src.out_of_bounds is not None:  # skipped: what the gathered row lands on stays
+        outside = np.broadcast_to(
+            src.out_of_bounds.reshape((-1,) + (1,) * (src.ndim - 1)), src.shape
+        ).transpose(permutation)
+        values = np.where(outside, dst.values, values)
     alu.write(dst, values, api)
     run.count_dma(
         not src.on_chip,
@@ -1673,8 +1827,8 @@ def _dropout(dst: NkiTensor, data: NkiTensor, prob: float | NkiTensor, same_dtyp
     if same_dtype and dst.dtype != data.dtype:
         raise errors.UnsupportedDtype(f"'{api}' dst must have data's dtype {data.dtype}")
     drop = _per_partition_operand(api, "prob", prob, data)
-    keep = language.random_generator(api).random(data.shape) >= drop
-    alu.write(dst, np.where(keep, data.data, 0), api)
+    keep = prng.uniform(run, "vector", data.shape) >= drop
+    alu.write(dst, np.where(keep, data.values, 0), api)
     run.count("vector", "dropout", (data, prob), (dst,))
 
 
@@ -1689,9 +1843,9 @@ def rng(dst: NkiTensor, engine: engine = engine.vector, name: Any = None) -> Non
         alu.check_no_psum_on_gpsimd(api, tiles)
     if dst.dtype.kind not in "iu":
         raise errors.UnsupportedDtype(f"'{api}' writes integer tiles, got {dst!r}")
-    bits = language.random_generator(api).integers(0, 2**32, dst.shape, dtype=np.uint32)
+    bits = prng.bits(run, chosen, dst.shape)
     unsigned = np.dtype(f"u{dst.dtype.itemsize}")  # keep the least significant bits
-    dst.data[...] = bits.astype(unsigned).view(dst.dtype)
+    dst.values[...] = bits.astype(unsigned).view(dst.dtype)
     run.count(chosen, "rng", (), (dst,))
 
 
@@ -1705,8 +1859,111 @@ def rand2(dst: NkiTensor, min: float | NkiTensor, max: float | NkiTensor, name: 
     high = _per_partition_operand(api, "max", max, dst)
     if np.any(np.asarray(low) >= np.asarray(high)):
         raise ValueError(f"'{api}' needs min < max")
-    alu.write(dst, low + (high - low) * language.random_generator(api).random(dst.shape), api)
+    alu.write(dst, low + (high - low) * prng.uniform(run, "vector", dst.shape), api)
     run.count("vector", "rand2", (min, max), (dst,))
+
+
+def set_rng_seed(src_seeds: NkiTensor, name: Any = None) -> None:
+    """Seeds the Vector engine's generators (every lane) from the 32-bit value of the
+    ``[1, 1]`` SBUF/PSUM tile ``src_seeds``: one seed, one sequence (nki.isa.set_rng_seed)."""
+    api = "set_rng_seed"
+    run = runtime.active_run(api)
+    alu.require(api, "src_seeds", src_seeds, alu.ON_CHIP)
+    if src_seeds.shape != (1, 1) or src_seeds.dtype.itemsize != 4:
+        raise errors.ShapeMismatch(f"'{api}' takes a [1, 1] 32-bit tile, got {src_seeds!r}")
+    seed = int(src_seeds.values.reshape(-1).view(np.uint32)[0])
+    run.rng_states["vector"] = prng.seeded(seed, "vector")
+    run.count("vector", api, (src_seeds,), ())
+
+
+def _rng_state_operand(api: str, tile: NkiTensor, requested: engine, name: str) -> str:
+    """The engine of a PRNG state transfer and the checks of nki.isa.rand_set_state /
+    rand_get_state: NeuronCore-v3+, GpSimd (and the Vector engine from v4), a uint32 tile
+    of 6 (GpSimd) or 24 (Vector) elements per partition, GpSimd without PSUM."""
+    _require_version(api, 3)
+    allowed = ("gpsimd", "vector") if runtime.current_target().version >= 4 else ("gpsimd",)
+    chosen = _engine(api, requested, "gpsimd", allowed)
+    alu.require(api, name, tile, alu.ON_CHIP)
+    if chosen == "gpsimd":
+        alu.check_no_psum_on_gpsimd(api, [tile])
+    if tile.dtype != language.uint32 or alu.per_partition(tile) != prng.WORDS[chosen]:
+        raise errors.ShapeMismatch(
+            f"'{api}' on the {chosen} engine moves {prng.WORDS[chosen]} uint32 per partition, "
+            f"got {tile!r}"
+        )
+    return chosen
+
+
+def rand_set_state(src_seeds: NkiTensor, engine: engine = engine.gpsimd, name: Any = None) -> None:
+    """Sets the PRNG state of each compute lane of ``engine`` from the matching partition
+    of ``src_seeds`` (uint32, SBUF; nki.isa.rand_set_state)."""
+    api = "rand_set_state"
+    run = runtime.active_run(api)
+    alu.require(api, "src_seeds", src_seeds, alu.SBUF)
+    chosen = _rng_state_operand(api, src_seeds, engine, "src_seeds")
+    lanes = src_seeds.shape[0]
+    prng.states(run, chosen)[:lanes] = src_seeds.values.reshape(lanes, -1)
+    run.count(chosen, api, (src_seeds,), ())
+
+
+def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: Any = None) -> None:
+    """Writes the PRNG state of each compute lane of ``engine`` into the matching partition
+    of ``dst`` (uint32; SBUF, or PSUM from NeuronCore-v4 on the Vector engine;
+    nki.isa.rand_get_state)."""
+    api = "rand_get_state"
+    run = runtime.active_run(api)
+    if runtime.current_target().version < 4:
+        alu.require(api, "dst", dst, alu.SBUF)
+    chosen = _rng_state_operand(api, dst, engine, "dst")
+    lanes = dst.shape[0]
+    alu.write(dst, prng.states(run, chosen)[:lanes].copy(), api)
+    run.count(chosen, api, (), (dst,))
+
+
+# nki.isa.topk, "Constraints".
+_TOPK_SNAKE = 16
+
+
+def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: Any = None) -> None:
+    """The ``K`` (``val_dst``'s free size) largest of ``n`` bfloat16 values and their
+    indices, on the GpSimd engine (nki.isa.topk, NKI 0.6). Every 16 partitions of ``src``
+    hold one "snake" of ``n`` values, element ``s`` at partition ``s % 16``, column
+    ``s // 16``; each of those partitions receives the snake's top ``K`` in ascending order
+    (ties: lower index first) in ``val_dst`` (bfloat16) and their snake indices in
+    ``idx_dst`` (uint32). The reference does not say which of the 16 partitions receive
+    the result: the simulator writes it to all of them."""
+    api = "topk"
+    run = runtime.active_run(api)
+    alu.require_all(api, alu.SBUF, val_dst=val_dst, idx_dst=idx_dst, src=src)
+    alu.check_partitions(api, {"val_dst": val_dst, "idx_dst": idx_dst, "src": src})
+    partitions, k, n = src.shape[0], alu.per_partition(val_dst), int(n)
+    if src.dtype != language.bfloat16 or val_dst.dtype != language.bfloat16:
+        raise errors.UnsupportedDtype(f"'{api}' reads and writes bfloat16 values: {src!r}")
+    if idx_dst.dtype != language.uint32:
+        raise errors.UnsupportedDtype(f"'{api}' writes uint32 indices, got {idx_dst!r}")
+    if val_dst.ndim != 2 or idx_dst.shape != val_dst.shape or partitions % _TOPK_SNAKE:
+        raise errors.ShapeMismatch(
+            f"'{api}' needs val_dst and idx_dst [P, k] with P a multiple of 16: "
+            f"{val_dst!r}, {idx_dst!r}"
+        )
+    if not 8 <= n < 65536 or not 1 <= k <= min(n, 32767):
+        raise errors.SizeOfDimensionExceedArchLimit(
+            f"'{api}' takes 8 <= n < 65536 and 1 <= K < 32768 with K <= n; got n={n}, K={k}"
+        )
+    if alu.per_partition(src) < -(-n // _TOPK_SNAKE):
+        raise errors.ShapeMismatch(f"'{api}' n={n} needs {-(-n // 16)} columns of {src!r}")
+    columns = alu.as_f32(src).reshape(partitions // _TOPK_SNAKE, _TOPK_SNAKE, -1)
+    values = np.empty((partitions, k), np.float32)
+    indices = np.empty((partitions, k), np.int64)
+    for group, block in enumerate(columns):
+        snake = block.T.reshape(-1)[:n]
+        top = np.lexsort((np.arange(n), -snake))[:k]  # largest first, ties: lower index
+        top = top[np.lexsort((top, snake[top]))]  # ascending values
+        rows = slice(group * _TOPK_SNAKE, (group + 1) * _TOPK_SNAKE)
+        values[rows], indices[rows] = snake[top], top
+    alu.write(val_dst, values, api)
+    alu.write(idx_dst, indices, api)
+    run.count("gpsimd", api, (src,), (val_dst, idx_dst))
 
 
 # -- cross-partition movement, DMA compute, core-to-core transfers -------------------------
@@ -1727,8 +1984,8 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: A
         raise errors.ShapeMismatch(
             f"'{api}' needs one dtype and elements per partition: {src!r} -> {dst!r}"
         )
-    source = src.data.reshape(src.shape[0], -1).copy()  # in-place shuffles read the old values
-    result = dst.data.reshape(dst.shape[0], -1).copy()
+    source = src.values.reshape(src.shape[0], -1).copy()  # in-place shuffles read the old values
+    result = dst.values.reshape(dst.shape[0], -1).copy()
     for partition in range(dst.shape[0]):
         quadrant, lane = divmod(partition, 32)
         if mask[lane] != 255:
@@ -1753,7 +2010,8 @@ def dma_compute(
     ``scales`` all 1.0, up to 16 sources of ``dst``'s element count, HBM or SBUF)."""
     api = "dma_compute"
     run = runtime.active_run(api)
-    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF))
+    skipping = oob_mode is _OOB_SKIP
+    alu.require(api, "dst", dst, (*alu.HBM, *alu.SBUF), skipping)
     if reduce_op is not language.add:
         raise errors.UnsupportedOperator(f"'{api}' reduces with nl.add only")
     if scales is not None and any(float(scale) != 1.0 for scale in scales):
@@ -1761,12 +2019,15 @@ def dma_compute(
     if not 1 <= len(srcs) <= 16:
         raise errors.ShapeMismatch(f"'{api}' takes 1 to 16 sources, got {len(srcs)}")
     total = np.zeros(dst.size, np.float32)
+    skip = None
     for i, src in enumerate(srcs):
-        alu.require(api, f"srcs[{i}]", src, (*alu.HBM, *alu.SBUF))
+        alu.require(api, f"srcs[{i}]", src, (*alu.HBM, *alu.SBUF), skipping)
         if src.size != dst.size:
             raise errors.ShapeMismatch(f"'{api}' srcs[{i}] {src!r} does not match {dst!r}")
         total += alu.as_f32(src).reshape(-1)
-    alu.write(dst, total, api)
+        rows = alu.skipped_rows(api, src, dst)
+        skip = rows if skip is None else skip if rows is None else skip | rows
+    alu.write(dst, total, api, skip)
     run.count_dma(
         any(not s.on_chip for s in srcs),
         not dst.on_chip,
@@ -1777,6 +2038,7 @@ def dma_compute(
     )
 
 
+@reference.deprecated("nki.isa.sendrecv")
 def sendrecv(
     src: NkiTensor,
     dst: NkiTensor,
@@ -1786,65 +2048,76 @@ def sendrecv(
     dma_engine: dma_engine = dma_engine.dma,
     name: Any = None,
 ) -> None:
-    """Sends the SBUF tile ``src`` to logical core ``send_to_rank`` and receives the tile
-    core ``recv_from_rank`` sends into ``dst`` (``kernel[2]``, NeuronCore-v3+)."""
-    api = "sendrecv"
-    run = runtime.active_run(api)
-    _require_version(api, 3)
-    alu.require(api, "src", src, alu.SBUF)
-    alu.require(api, "dst", dst, alu.SBUF)
-    if src.dtype != dst.dtype or src.shape != dst.shape:
-        raise errors.ShapeMismatch(
-            f"'{api}' needs src and dst of one shape and dtype: {src!r}, {dst!r}"
-        )
-    cores = run.launch.cores
-    if not (0 <= int(send_to_rank) < cores and 0 <= int(recv_from_rank) < cores):
-        raise errors.UnsupportedOperator(
-            f"'{api}' ranks {send_to_rank}/{recv_from_rank} outside this launch's {cores} core(s)"
-        )
-    # gpsimd_dma: at most 1024/512/256 bytes per partition for 32/16/8-bit data, 256 elements
-    if dma_engine is dma_engine.gpsimd_dma and alu.per_partition(src) > 256:
-        raise errors.SizeOfDimensionExceedArchLimit(
-            f"'{api}' gpsimd_dma moves at most 256 elements per partition, got {src!r}"
-        )
-    received = run.launch.exchange(
-        int(pipe_id), run.program_id, int(send_to_rank), int(recv_from_rank), np.array(src.data)
-    )
-    alu.write(dst, received, api)
-    run.count_dma(False, False, src.size * src.dtype.itemsize, "sendrecv", (src,), (dst,))
+    """Deprecated in NKI 0.8 for :func:`nki.lnc.sendrecv`, which it runs; NKI 0.8 ignores
+    ``pipe_id`` (sendrecvs pair up by program order)."""
+    from asickernels.simulate.nki import lnc  # lnc builds on this module
+
+    lnc.sendrecv(src, dst, send_to_rank, recv_from_rank, dma_engine, name)
+
+
+@reference.deprecated("nki.isa.sendrecv_compute")
+def sendrecv_compute(
+    src: NkiTensor,
+    dst: NkiTensor,
+    send_to_rank: int,
+    recv_from_rank: int,
+    reduce_op: Any,
+    name: Any = None,
+) -> None:
+    """NKI 0.7's ``nki.isa.sendrecv_compute``, deprecated in 0.8 for
+    :func:`nki.lnc.sendrecv_compute`, which it runs."""
+    from asickernels.simulate.nki import lnc  # lnc builds on this module
+
+    lnc.sendrecv_compute(src, dst, send_to_rank, recv_from_rank, reduce_op, name)
 
 
 # -- engine sequencer registers ----------------------------------------------------------
-class VirtualRegister:
-    """A 32-bit integer register of an engine sequencer. ``int(reg)``, ``range(reg)``
-    (``nl.dynamic_range``) and ``while reg:`` read its value, as the parser frontend allows."""
+class VirtualRegister(NKIObject):
+    """A 32-bit integer register of an engine sequencer (deprecated in NKI 0.8 for
+    :class:`NkiScalar`). Python control flow on it (``while reg:``, ``int(reg)``,
+    ``range(reg)``) ran under the parser frontend, which NKI 0.7 removed: it still runs
+    here, with a :class:`~asickernels.simulate.nki.errors.DeprecatedApiWarning`."""
+
+    __slots__ = ("frozen", "value")
 
     def __init__(self, state: int | None = None, frozen: bool = False) -> None:
+        reference.warn_changed("nki.isa.VirtualRegister")
         self.value = 0 if state is None else int(state)
         self.frozen = frozen
 
+    @classmethod
+    def holding(cls, value: int, frozen: bool = False) -> VirtualRegister:
+        """A register holding ``value``, made by the simulator (no warning)."""
+        register = cls.__new__(cls)
+        register.value, register.frozen = int(value), frozen
+        return register
+
     def __index__(self) -> int:
+        reference.warn_changed("nki.isa.VirtualRegister.__index__")
         return self.value
 
     __int__ = __index__
 
     def __bool__(self) -> bool:
+        reference.warn_changed("nki.isa.VirtualRegister.__bool__")
         return self.value != 0
 
     def __repr__(self) -> str:
         return f"VirtualRegister({self.value})"
 
 
+@reference.deprecated("nki.isa.register_alloc")
 def register_alloc(x: int | None = None) -> VirtualRegister:
     """A new register, holding ``x`` (0 when None)."""
     runtime.active_run("register_alloc")
-    return VirtualRegister(x)
+    return VirtualRegister.holding(0 if x is None else x)
 
 
+@reference.deprecated("nki.isa.register_move")
 def register_move(dst: VirtualRegister, src: int | VirtualRegister) -> None:
     """``dst = src`` (an integer or another register)."""
     runtime.active_run("register_move")
-    dst.value = int(src)
+    dst.value = src.value if isinstance(src, VirtualRegister) else int(src)
 
 
 def _single_element(api: str, tensor: NkiTensor) -> NkiTensor:
@@ -1854,16 +2127,18 @@ def _single_element(api: str, tensor: NkiTensor) -> NkiTensor:
     return tensor
 
 
+@reference.deprecated("nki.isa.register_load")
 def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
     """``dst`` = the single (up to 32-bit) value of ``src`` (HBM or SBUF)."""
     runtime.active_run("register_load")
-    dst.value = int(_single_element("register_load", src).data.reshape(-1)[0])
+    dst.value = int(_single_element("register_load", src).values.reshape(-1)[0])
 
 
+@reference.deprecated("nki.isa.register_store")
 def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
     """Writes the register ``src`` into the single-element tensor ``dst`` (HBM or SBUF)."""
     runtime.active_run("register_store")
-    alu.write(_single_element("register_store", dst), np.array([int(src)]), "register_store")
+    alu.write(_single_element("register_store", dst), np.array([src.value]), "register_store")
 
 
 # -- Scalar engine: activate2 (NeuronCore-v4) ---------------------------------------------
@@ -1899,9 +2174,11 @@ def activate2(
     reduce_op: Any = None,
     reduce_res: NkiTensor | None = None,
     reduce_cmd: reduce_cmd = reduce_cmd.idle,
+    engine: engine = engine.scalar,
     name: Any = None,
 ) -> None:
-    """``dst = op((data op0 imm0) op1 imm1)`` on the Scalar engine (NeuronCore-v4), ``op0``
+    """``dst = op((data op0 imm0) op1 imm1)`` on the Scalar engine (NeuronCore-v4), or the
+    GpSimd engine without reduction (``engine``, NKI 0.7), ``op0``
     / ``op1`` one of the six documented pairs (``nl.bypass`` skips a stage), ``relu_param``
     the negative slope of ``nl.prelu``; optional free-axis reduction into the Scalar
     accumulators (add, max, min, abs_max, abs_min)."""
@@ -1910,6 +2187,7 @@ def activate2(
     _require_version(api, 4)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data)
     alu.check_elements(api, operands)
+    chosen = _activation_engine(api, engine, operands, reduce_op, reduce_res, reduce_cmd)
     if (op0, op1) not in _ACTIVATE2_STAGES:
         raise errors.UnsupportedOperator(f"'{api}' does not take op0={op0!r}, op1={op1!r}")
     values = alu.as_f32(data)
@@ -1945,7 +2223,7 @@ def activate2(
                 folded = function(folded, rows[:, column])
             registers[:lanes] = function(registers[:lanes], folded)
         _write_reduce_result(api, reduce_res, registers[:lanes])
-    run.count("scalar", "activate2", (data, imm0, imm1), (dst, reduce_res))
+    run.count(chosen, "activate2", (data, imm0, imm1), (dst, reduce_res))
 
 
 def local_gather(
@@ -1985,8 +2263,8 @@ def local_gather(
         raise errors.ShapeMismatch(
             f"'{api}' writes {valid} x {width} elements per partition into {dst!r}"
         )
-    rows = src_buffer.data.reshape(partitions, -1)
-    offsets = index.data.reshape(partitions, -1).astype(np.int64)
+    rows = src_buffer.values.reshape(partitions, -1)
+    offsets = index.values.reshape(partitions, -1).astype(np.int64)
     gathered = np.empty((partitions, valid, width), rows.dtype)
     for start in range(0, partitions, 16):
         core_offsets = offsets[start : start + 16].flatten(order="F")[:valid]
@@ -2015,7 +2293,7 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: Any = None) ->
     for tile in (dst, segment_ids):
         if tile.dtype not in (language.float32, language.int32):
             raise errors.UnsupportedDtype(f"'{api}' takes float32 or int32, got {tile!r}")
-    ids = segment_ids.data.reshape(-1)
+    ids = segment_ids.values.reshape(-1)
     starts = np.empty(n, np.int64)
     ends = np.empty(n, np.int64)
     for i in range(n):
@@ -2026,3 +2304,71 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: Any = None) ->
         )
     alu.write(dst, np.stack([starts, ends])[None], api)
     run.count("gpsimd", "sequence_bounds", (segment_ids,), (dst,))
+
+
+# -- removed instructions -----------------------------------------------------------------
+@reference.deprecated("nki.isa.tensor_copy_dynamic_src")
+def tensor_copy_dynamic_src(
+    dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: Any = None
+) -> None:
+    """:func:`tensor_copy` from a ``src`` view at a run-time offset (``.ap(scalar_offset=)``
+    makes it), the Neuron 2.27 instruction."""
+    tensor_copy(dst, src, engine, name)
+
+
+@reference.deprecated("nki.isa.tensor_copy_dynamic_dst")
+def tensor_copy_dynamic_dst(
+    dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: Any = None
+) -> None:
+    """:func:`tensor_copy` into a ``dst`` view at a run-time offset, the Neuron 2.27
+    instruction."""
+    tensor_copy(dst, src, engine, name)
+
+
+# -- instruction handles ------------------------------------------------------------------
+class NkiInstruction(NKIObject):
+    """The handle every ``nki.isa`` instruction returns (nki.isa.NkiInstruction, NKI 0.6).
+    ``consumer.depends_on(*producers)`` orders the consumer after the producers; the
+    simulator runs in program order, which satisfies every edge, and checks the documented
+    rule that an edge does not cross into or out of a dynamic loop (``nl.fori_loop`` /
+    ``nl.while_loop``): both instructions at the same nesting, or the producer in an
+    enclosing scope."""
+
+    __slots__ = ("handle", "loops", "producers")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle  # the instruction's name
+        run = runtime.active_run(str(handle))
+        self.loops = tuple(run.dynamic_loops)
+        self.producers: list[NkiInstruction] = []
+
+    def depends_on(self, *producers: NkiInstruction) -> NkiInstruction:
+        for producer in producers:
+            if not isinstance(producer, NkiInstruction):
+                raise TypeError(f"depends_on takes NkiInstructions, got {producer!r}")
+            if self.loops[: len(producer.loops)] != producer.loops:
+                raise errors.NkiValidationError(
+                    f"{self!r} depends on {producer!r} across a dynamic loop boundary: the "
+                    "producer must sit at the consumer's loop nesting or in an enclosing scope"
+                )
+            self.producers.append(producer)
+        return self
+
+    def __repr__(self) -> str:
+        return f"NkiInstruction({self.handle})"
+
+
+def _returns_instruction(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def instruction(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs)
+        return NkiInstruction(function.__name__) if result is None else result
+
+    return instruction
+
+
+# Every instruction returns its handle (or its value, when it has one: scalar_load, ...).
+for _name in __all__:
+    _function = globals()[_name]
+    if callable(_function) and not isinstance(_function, type):
+        globals()[_name] = _returns_instruction(_function)

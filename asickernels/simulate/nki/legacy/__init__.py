@@ -267,5 +267,5 @@ def _unwrap(value: Any) -> Any:
                 errors.OnChipOutputWarning,
                 stacklevel=3,
             )
-        return np.array(value.read())
+        return value.read()  # a new array (a copy of the view's values)
     return value

@@ -23,7 +23,7 @@ import builtins
 import functools
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -37,6 +37,7 @@ from asickernels.simulate.nki.errors import ErrSharedHbmMustInKernelLevel
 # The dtypes (general/nki/api/nki.api.shared.rst, "Supported Data Types") and buffers are
 # the core simulator's objects.
 from asickernels.simulate.nki.language import (
+    TileSizes,
     bfloat16,
     bool_,
     float8_e4m3,
@@ -52,7 +53,6 @@ from asickernels.simulate.nki.language import (
     sbuf,
     shared_hbm,
     tfloat32,
-    tile_size,
     uint8,
     uint16,
     uint32,
@@ -78,6 +78,9 @@ from asickernels.simulate.nki.tensor import (
     is_hbm,
     nki_dtype,
 )
+
+# The tile size constants under their legacy names (nothing deprecated there).
+tile_size = TileSizes()
 
 __all__ = [
     "IndexGrid",
@@ -481,7 +484,9 @@ min = _reduction("min", np.minimum, "Minimum")
 mean = _reduction("mean", core_language._mean, "Arithmetic mean (float32)")
 ALU_OPS[max] = ALU_OPS[np.max] = ALU_OPS[np.amax] = np.maximum
 ALU_OPS[min] = ALU_OPS[np.min] = ALU_OPS[np.amin] = np.minimum
-ALU_OPS[sum] = np.add
+# np.sum as a reduce_op: nki-samples@0898a77 allocated_attention.py (device-benchmarked)
+# passes activation_reduce(..., reduce_op=np.sum)
+ALU_OPS[sum] = ALU_OPS[np.sum] = np.add
 
 
 def var(x: Tensor, axis: Any, *, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
@@ -587,11 +592,16 @@ def shared_identity_matrix(n: int, dtype: Any = uint8, **kwargs: Any) -> Tensor:
 # masks and broadcasting are resolved ------------------------------------------------------
 def load(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwargs: Any) -> Tensor:
     """A new SBUF tile with the values of the HBM view ``src``: the core ``nisa.dma_copy``."""
+    return _load("load", src, mask, dtype)
+
+
+def _load(api: str, src: Tensor, mask: Any, dtype: Any) -> Tensor:
+    """``nl.load`` or, of a transposed view, ``nl.load_transpose2d`` (traced as ``api``)."""
     from asickernels.simulate.nki.legacy import isa  # the instruction adapter
 
-    require_tile("load", "src", src, HBM)
+    require_tile(api, "src", src, HBM)
     out_dtype = nki_dtype(dtype) if dtype is not None else src.dtype
-    return isa._run_core("load", core_isa.dma_copy, src.shape, out_dtype, mask, src=src)
+    return isa._run_core(api, core_isa.dma_copy, src.shape, out_dtype, mask, src=src)
 
 
 def store(dst: Tensor, value: Any, *, mask: Any = None, **kwargs: Any) -> None:
@@ -752,7 +762,7 @@ def accumulate(dst: Tensor, value: Tensor) -> None:
             f"'{api}' of {value!r} into the smaller {dst!r}"
         )
     checked_inputs(api, {"value": value}, shape, None)
-    if runtime.values_skipped():  # trace-only: only what is written
+    if runtime.values_skipped():  # trace-only: no values, only the write's checks
         dst.write(np.zeros((), np.float32), None, api)
         return
     added = expand(as_f32(value), shape)
@@ -818,14 +828,35 @@ def transpose(x: Tensor, *, dtype: Any = None, mask: Any = None, **kwargs: Any) 
 
 
 # -- loops, SPMD, indexing, debugging ------------------------------------------------------
-def affine_range(*args: int, **kwargs: Any) -> range:
+class TracedRange:
+    """What ``affine_range``/``sequential_range`` return: the iterations of ``range(*args)``,
+    run in order here. The SDK traces such a loop's body once, which direct allocation
+    inside it sees (:func:`spmd.traced_placement`)."""
+
+    def __init__(self, *args: int) -> None:
+        self.values = range(*args)
+
+    def __iter__(self) -> Iterator[int]:
+        return spmd.traced_loop(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.values[index]
+
+    def __repr__(self) -> str:
+        return f"TracedRange({self.values.start}, {self.values.stop}, {self.values.step})"
+
+
+def affine_range(*args: int, **kwargs: Any) -> TracedRange:
     """Loop iterations without carried dependencies (run in order here)."""
-    return range(*args)
+    return TracedRange(*args)
 
 
-def sequential_range(*args: int, **kwargs: Any) -> range:
+def sequential_range(*args: int, **kwargs: Any) -> TracedRange:
     """Loop iterations with carried dependencies (run in order)."""
-    return range(*args)
+    return TracedRange(*args)
 
 
 def static_range(*args: int) -> range:
@@ -874,7 +905,7 @@ def load_transpose2d(src: Tensor, *, mask: Any = None, dtype: Any = None, **kwar
         raise errors.ExceedMaxSupportedDimension(f"'load_transpose2d' takes 2-D, got {src!r}")
     oob = None if src.out_of_bounds is None else src.out_of_bounds.T
     transposed = Tensor(src.storage, src.offsets.T, 0, oob, src.repeats, src.dynamic)
-    return load(transposed, mask=mask, dtype=dtype)
+    return _load("load_transpose2d", transposed, mask, dtype)
 
 
 class fp32:

@@ -18,6 +18,7 @@ are the core's functions.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from asickernels.simulate.nki import alu, errors, runtime
+from asickernels.simulate.nki import alu, errors, placement, runtime
+from asickernels.simulate.nki.compiler import DirectAllocation
 from asickernels.simulate.nki.errors import (
     Err1dArangeNotSupported,
     ErrCannotAssignToIndex,
     ErrControlFlowConditionDependingOnArange,
     ErrUnsupportedMixingBasicAdvancedTensorIndexing,
 )
+from asickernels.simulate.nki.legacy import spmd
 from asickernels.simulate.nki.tensor import (
     UNINITIALISED_FLOAT,
     UNINITIALISED_INT,
@@ -45,6 +48,7 @@ from asickernels.simulate.nki.tensor import (
     is_float,
     is_hbm,
     nki_dtype,
+    storage_shape,
     wrap_argument,
 )
 from asickernels.simulate.nki.tensor import allocate as core_allocate
@@ -220,6 +224,30 @@ def mask_values(api: str, mask: Any, shape: tuple[int, ...]) -> np.ndarray | Non
 
 
 # -- storage and views --------------------------------------------------------------------
+class PlacedElements:
+    """The elements of a tensor the kernel placed (:func:`_placed`), in its logical order
+    (blocks, then each tile row-major), as they lie in the core's physical memory:
+    ``elements[i]`` is ``memory[to_memory[i]]``. Views index logical elements, so that each
+    logical tile keeps its own state (a PSUM tile's accumulation), while tiles placed at one
+    address share their values."""
+
+    __slots__ = ("memory", "to_memory")
+
+    def __init__(self, memory: np.ndarray, to_memory: np.ndarray) -> None:
+        self.memory = memory  # the physical SBUF or PSUM as one array of the tensor's dtype
+        self.to_memory = to_memory
+
+    @property
+    def size(self) -> int:
+        return int(self.to_memory.size)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self.memory[self.to_memory[index]]  # type: ignore[no-any-return]
+
+    def __setitem__(self, index: Any, values: Any) -> None:
+        self.memory[self.to_memory[index]] = values
+
+
 class Storage:
     """The memory behind a legacy tensor and all its views: a whole core :class:`NkiTensor`
     from the core allocator (one storage object and one SBUF/PSUM accounting for both
@@ -227,9 +255,17 @@ class Storage:
 
     __slots__ = ("block_dims", "compiler_placed", "flat", "read_only", "tensor", "written")
 
-    def __init__(self, tensor: NkiTensor, block_dims: int = 0, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        tensor: NkiTensor,
+        block_dims: int = 0,
+        read_only: bool = False,
+        flat: PlacedElements | None = None,
+    ) -> None:
         self.tensor = tensor
-        self.flat = tensor.data.reshape(-1)  # a view: storage is created C-contiguous
+        # the elements views index (``flat[offsets]``): the tensor's own array (a view: storage
+        # is created C-contiguous), or where a placed tensor's elements are in memory
+        self.flat: Any = tensor.values.reshape(-1) if flat is None else flat
         self.block_dims = block_dims  # on-chip: leading dims before the partition dim
         self.read_only = read_only  # an immutable kernel parameter
         self.compiler_placed = False  # an instruction's result: the compiler places it
@@ -241,7 +277,7 @@ class Storage:
         """``data``, a NumPy view of this storage, as a core tensor view."""
         core = self.tensor
         return NkiTensor(data, core.dtype, core.buffer, core.allocation, core.name,
-                         core.is_argument, root=core.data)  # fmt: skip
+                         core.is_argument, root=core.values)  # fmt: skip
 
     def check_writable(self, api: str) -> None:
         """A write to a parameter not annotated ``nt.mutable_tensor``: the docs forbid it
@@ -263,18 +299,85 @@ class Storage:
 
 
 def allocate(
-    shape: Sequence[int], dtype: Any, buffer: MemoryRegion, name: str, api: str, fill: Any = None
+    shape: Sequence[int], dtype: Any, buffer: Any, name: str, api: str, fill: Any = None
 ) -> Tensor:
     """New storage of ``shape`` from the core allocator (``par_dim`` marks the partition
-    dim; the dimensions before it are block dimensions)."""
+    dim; the dimensions before it are block dimensions), or placed by the kernel
+    (``buffer`` a :class:`~asickernels.simulate.nki.compiler.DirectAllocation`)."""
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     block_dims = marked[0] if marked else 0
+    if isinstance(buffer, DirectAllocation):
+        return _placed(shape, dtype, buffer, name, api, fill, block_dims)
     storage = Storage(
         core_allocate(shape, dtype, buffer, name, api, fill, block_dims=block_dims), block_dims
     )
     if storage.written is not None and fill is not None:
         storage.written[:] = True
     return Tensor.whole(storage)
+
+
+def _placed(
+    shape: Sequence[int],
+    dtype: Any,
+    direct: DirectAllocation,
+    name: str,
+    api: str,
+    fill: Any,
+    block_dims: int,
+) -> Tensor:
+    """A tensor whose logical tiles (one per block index) the kernel placed with ``direct``:
+    each tile is a view of the core's physical SBUF or PSUM (:mod:`.placement`), tiles
+    placed at one address are one physical tile, and the tensor's storage is that memory
+    read as ``dtype``."""
+    run = runtime.active_run(api)
+    dtype = nki_dtype(dtype)
+    dims = storage_shape(api, shape, direct.region)
+    blocks, tile = dims[:block_dims], dims[block_dims:]
+    what = f"{name or 'tensor'} {list(dims)} {dtype} ({direct!r})"
+    if len(tile) < 2:
+        raise errors.LeadingDimensionOfTensorMustBePartition(
+            f"{what}: an on-chip tile needs a partition axis and at least one free axis"
+        )
+    in_psum = direct.region is MemoryRegion.psum
+    nbytes = math.prod(tile[1:]) * dtype.itemsize
+    reserved = 0 if in_psum else placement.LEGACY_SBUF_RESERVED
+
+    def place() -> dict[tuple[int, ...], tuple[int, int]]:
+        return {
+            block: placement.check(
+                run, in_psum, tile[0], nbytes, direct.address(block, tile[0], nbytes),
+                f"{what} block {block}", reserved,
+            )
+            for block in np.ndindex(*blocks)
+        }  # fmt: skip
+
+    addresses = spmd.traced_placement(place)
+    physical = run.physical(in_psum)
+    row = physical.shape[1]
+    first = min(p * row + b for p, b in addresses.values())
+    if any((p * row + b - first) % dtype.itemsize for p, b in addresses.values()):
+        raise NotImplementedError(
+            f"{what}: its tiles start at byte offsets that differ by other than whole "
+            f"{dtype} elements, which the simulator cannot view as one {dtype} storage"
+        )
+    base = first % dtype.itemsize
+    memory = np.ndarray(((physical.size - base) // dtype.itemsize,), dtype, physical, base)
+    rows = row // dtype.itemsize
+    within = np.arange(tile[0])[:, None] * rows + np.arange(math.prod(tile[1:]))
+    to_memory = np.empty((*blocks, *tile), np.int64)
+    for block, (p, b) in addresses.items():
+        to_memory[block] = ((p * row + b - base) // dtype.itemsize + within).reshape(tile)
+    highest = max(addresses.values(), key=lambda address: address[1])
+    allocation = run.place(in_psum, highest, nbytes)
+    core = NkiTensor(memory, dtype, direct.region, allocation, name)
+    storage = Storage(core, block_dims, flat=PlacedElements(memory, to_memory.reshape(-1)))
+    tensor = Tensor(storage, _offsets(storage.flat.size).reshape(dims), block_dims)
+    if not blocks:  # one tile: its strided view of the memory reads and writes it
+        data = placement.view(run, in_psum, dtype, tile, addresses[()])
+        tensor.core = NkiTensor(data, dtype, direct.region, allocation, name, root=memory)
+    if fill is not None:
+        tensor.write(np.full(tensor.shape, fill), None, api)
+    return tensor
 
 
 def argument(array: np.ndarray, position: str, writable: bool) -> Tensor:
@@ -425,7 +528,7 @@ class Tensor:
         if runtime.values_skipped():  # trace-only: every value reads as zero
             return np.zeros(self.shape, self.dtype)
         if self.core is not None:
-            return self.core.data.copy()
+            return self.core.values.copy()
         values = self.storage.flat[self.offsets]
         if self.out_of_bounds is not None and self.out_of_bounds.any():
             fill = UNINITIALISED_FLOAT if is_float(self.dtype) else UNINITIALISED_INT
@@ -438,13 +541,11 @@ class Tensor:
         if self.out_of_bounds is not None:
             check_in_bounds(api, self, where)
         if where is None and not self.repeats and runtime.values_skipped():
-            if self.storage.written is not None:  # trace-only: only what is written
-                self.storage.written[self.offsets] = True
-            return
+            return  # trace-only: no values, nor which PSUM elements hold one
         if self.core is not None and not self.repeats:  # a strided view: no offsets needed
             if not runtime.values_skipped():
                 cast = np.broadcast_to(alu.cast(np.asarray(values), self.dtype), self.shape)
-                target = self.core.data
+                target = self.core.values
                 if where is None:
                     target[...] = cast
                 else:
@@ -488,7 +589,7 @@ class Tensor:
                     f"block index {i} on dimension {axis} of {self!r} (size {size})"
                 )
         oob = None if self.out_of_bounds is None else self.out_of_bounds[index]
-        core = None if self.core is None else self.core.data[index]
+        core = None if self.core is None else self.core.values[index]
         view = self._derived(self.offsets[index], oob, self.repeats, core)
         view.block_dims = self.block_dims - len(index)
         return view
@@ -564,7 +665,7 @@ class Tensor:
             oob = None if oob is None else oob[:, None]
         core = None
         if self.core is not None and not grids:  # slices and integers: a strided view
-            core = self.core.data[tuple(numpy_key)]
+            core = self.core.values[tuple(numpy_key)]
             core = core[:, None] if core.ndim < offsets.ndim else core
         view = self._derived(offsets, oob, self.repeats or grids, core)
         view.dynamic = self.dynamic or dynamic
@@ -633,8 +734,8 @@ class Tensor:
                 f"reshape of {self!r} to {dims} would change its partition axis"
             )
         oob = None if self.out_of_bounds is None else self.out_of_bounds.reshape(dims)
-        core = None if self.core is None else self.core.data.reshape(dims)
-        if core is not None and not np.may_share_memory(core, self.storage.flat):
+        core = None if self.core is None else self.core.values.reshape(dims)
+        if core is not None and not np.may_share_memory(core, self.storage.tensor.values):
             core = None  # the layout needs a copy: not a view
         return self._derived(self.offsets.reshape(dims), oob, self.repeats, core)
 
@@ -645,7 +746,7 @@ class Tensor:
                 f"expand_dims(0) on {self!r} would move its partition axis"
             )
         oob = None if self.out_of_bounds is None else np.expand_dims(self.out_of_bounds, axis)
-        core = None if self.core is None else np.expand_dims(self.core.data, axis)
+        core = None if self.core is None else np.expand_dims(self.core.values, axis)
         return self._derived(np.expand_dims(self.offsets, axis), oob, self.repeats, core)
 
     def view(self, dtype: Any) -> Tensor:
@@ -657,8 +758,10 @@ class Tensor:
             )
         old = self.storage
         core = old.tensor  # the same memory (and allocation: counted once) as ``new``
-        viewed = NkiTensor(core.data.view(new), new, core.buffer, core.allocation, core.name)
-        storage = Storage(viewed, old.block_dims, old.read_only)
+        viewed = NkiTensor(core.values.view(new), new, core.buffer, core.allocation, core.name)
+        placed = old.flat if isinstance(old.flat, PlacedElements) else None
+        flat = None if placed is None else PlacedElements(viewed.values, placed.to_memory)
+        storage = Storage(viewed, old.block_dims, old.read_only, flat)
         storage.written = old.written
         storage.compiler_placed = old.compiler_placed
         return Tensor(storage, self.offsets, self.block_dims, self.out_of_bounds, self.repeats,
@@ -738,10 +841,28 @@ class Tensor:
 
 def _has_duplicates(offsets: np.ndarray, storage_size: int) -> bool:
     """Whether ``offsets`` (into a storage of ``storage_size`` elements) name one element
-    twice (a marker array: linear time, unlike sorting)."""
-    marks = np.zeros(storage_size, np.bool_)
-    marks[offsets] = True
-    return int(np.count_nonzero(marks)) != offsets.size
+    twice: a marker array over the storage (linear time, unlike sorting), or the offsets
+    sorted where the storage is much larger than they are. Whether offsets repeat depends
+    only on their pattern relative to the first, which a loop reuses: checked once each."""
+    if not offsets.size:
+        return False
+    pattern = np.ascontiguousarray(offsets - offsets.flat[0])
+    key = (pattern.shape, hashlib.blake2b(pattern.data, digest_size=16).digest())
+    found = _REPEATING.get(key)
+    if found is None:
+        if storage_size > 16 * offsets.size:
+            ordered = np.sort(pattern, axis=None)
+            found = bool(np.any(ordered[1:] == ordered[:-1]))
+        else:
+            marks = np.zeros(storage_size, np.bool_)
+            marks[offsets] = True
+            found = int(np.count_nonzero(marks)) != offsets.size
+        _REPEATING[key] = found
+    return found
+
+
+# (shape, digest of offsets relative to the first) -> whether they name an element twice
+_REPEATING: dict[tuple[tuple[int, ...], bytes], bool] = {}
 
 
 _GRID_OPERATORS = {"add": "add", "subtract": "sub", "multiply": "mul"}

@@ -183,16 +183,16 @@ def _run_core(
     run = runtime.active_run(api)
     # The trace records the kernel's tiles, not the core's copies: the core instruction
     # traces into a scratch list, and the engine it counted itself on is traced here.
-    recorded = run.trace
+    recorded, accesses = run.trace, run.trace_accesses
     core_trace: list[trace.Instruction] | None = None if recorded is None else []
-    run.trace = core_trace
+    run.trace, run.trace_accesses = core_trace, False
     before, transfers = dict(run.instructions), run.dma_transfers
     try:
         instruction(core_dst, **converted)
     finally:
-        run.trace = recorded
+        run.trace, run.trace_accesses = recorded, accesses
     out = dst if dst is not None else nl.new_tile(shape, dtype, api, buffer)
-    out.write(core_dst.data, executed, api)
+    out.write(core_dst.values, executed, api)
     if recorded is not None:
         counted = [e for e, n in run.instructions.items() if n != before.get(e, 0)]
         engine = "dma" if run.dma_transfers != transfers else counted[0]
@@ -209,7 +209,7 @@ def _run_core(
         recorded.append(trace.instruction(engine, api, tiles, (out, *written), params, pinned))
     for name in _WRITTEN_OPERANDS & set(operands):  # e.g. reduce_res: copied back
         if isinstance(operands[name], Tensor):
-            operands[name].write(converted[name].data.reshape(operands[name].shape), None, api)
+            operands[name].write(converted[name].values.reshape(operands[name].shape), None, api)
     return out
 
 
@@ -886,7 +886,7 @@ def sequence_bounds(*, segment_ids: Tensor, dtype: Any = None) -> Tensor:
     )
     core_isa.sequence_bounds(bounds, ids)  # checks the dtypes, counts the instruction
     out = nl.new_tile(bounds.shape, out_dtype, api)
-    out.write(bounds.data, None, api)
+    out.write(bounds.values, None, api)
     return out
 
 

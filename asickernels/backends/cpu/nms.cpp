@@ -17,7 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels.h"
+#include "csrc/kernels.h"
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -25,6 +25,7 @@
 
 namespace asickernels_cpu {
 
+// The statics, as the FFI handlers' attributes of these names bring them (AK_ATTRIBUTES).
 struct NmsParams {
   double iou_threshold;
   int64_t max_output_size;
@@ -331,6 +332,8 @@ template void nms<double>(const double*, const double*, const int32_t*, int64_t,
 }  // namespace asickernels_cpu::ASICKERNELS_CPU_ISA
 
 #ifdef ASICKERNELS_CPU_ENTRY_POINTS
+AK_ATTRIBUTES(asickernels_cpu::NmsParams, iou_threshold, max_output_size, score_threshold);
+
 namespace asickernels_cpu::entry {
 namespace {
 
@@ -340,77 +343,51 @@ void nms(const T* boxes, const T* scores, const int32_t* categories, int64_t bat
   AK_DISPATCH(nms(boxes, scores, categories, batch, n, params, indices, num_valid));
 }
 
-// XLA FFI: boxes [..., N, 4], scores [..., N] (leading dimensions are images), categories
-// [..., N] int32 or null; attributes iou_threshold, max_output_size, score_threshold.
+// boxes [..., N, 4], scores [..., N] and categories [..., N] or null (leading dimensions are
+// images) -> indices [..., max_output_size], num_valid [...].
 template <ffi::DataType kType>
-ffi::Error RunNms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, const int32_t* categories,
-                  double iou_threshold, int64_t max_output_size, double score_threshold,
-                  ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
+ffi::Error run_nms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores,
+                   const int32_t* categories, const NmsParams& params,
+                   ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
   const auto dims = scores.dimensions();
-  const int64_t n = dims.size() == 0 ? 1 : dims.back();
-  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(scores.element_count()) / n;
+  if (dims.size() == 0 || params.max_output_size < 0) {
+    return ffi::Error::InvalidArgument("nms: scores [..., N] and max_output_size >= 0 expected");
+  }
+  const int64_t n = dims.back();
+  int64_t batch = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) batch *= dims[i];
+  if (boxes.element_count() != scores.element_count() * 4 ||
+      indices->element_count() != static_cast<size_t>(batch * params.max_output_size) ||
+      num_valid->element_count() != static_cast<size_t>(batch)) {
+    return ffi::Error::InvalidArgument("nms: boxes, indices or num_valid of the wrong size");
+  }
   return ffi_guarded([&] {
     nms<Native<kType>>(boxes.typed_data(), scores.typed_data(), categories, batch, n,
-                       NmsParams{iou_threshold, max_output_size, score_threshold},
-                       indices->typed_data(), num_valid->typed_data());
+                       params, indices->typed_data(), num_valid->typed_data());
   });
 }
 
 template <ffi::DataType kType>
-ffi::Error Nms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, double iou_threshold,
-               int64_t max_output_size, double score_threshold,
+ffi::Error Nms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores, NmsParams params,
                ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
-  return RunNms<kType>(boxes, scores, nullptr, iou_threshold, max_output_size, score_threshold,
-                       indices, num_valid);
+  return run_nms(boxes, scores, nullptr, params, indices, num_valid);
 }
 
+// categories [..., N] int32: a box suppresses only boxes of its category.
 template <ffi::DataType kType>
 ffi::Error BatchedNms(ffi::Buffer<kType> boxes, ffi::Buffer<kType> scores,
-                      ffi::Buffer<ffi::S32> categories, double iou_threshold,
-                      int64_t max_output_size, double score_threshold,
+                      ffi::Buffer<ffi::S32> categories, NmsParams params,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::S32> num_valid) {
-  return RunNms<kType>(boxes, scores, categories.typed_data(), iou_threshold, max_output_size,
-                       score_threshold, indices, num_valid);
+  if (categories.element_count() != scores.element_count()) {
+    return ffi::Error::InvalidArgument("batched_nms: categories must have the shape of scores");
+  }
+  return run_nms(boxes, scores, categories.typed_data(), params, indices, num_valid);
 }
 
 }  // namespace
+
+AK_FLOAT_HANDLER(nms, Nms)
+AK_FLOAT_HANDLER(batched_nms, BatchedNms)
+
 }  // namespace asickernels_cpu::entry
-
-#define AK_NMS_ATTRS_AND_RESULTS                   \
-  .Attr<double>("iou_threshold")                   \
-      .Attr<int64_t>("max_output_size")            \
-      .Attr<double>("score_threshold")             \
-      .Ret<ffi::Buffer<ffi::S32>>()                \
-      .Ret<ffi::Buffer<ffi::S32>>()
-#define AK_NMS_HANDLERS(suffix, type)                                                        \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_nms_##suffix, Nms<type>,                 \
-                                ffi::Ffi::Bind()                                             \
-                                    .Arg<ffi::Buffer<type>>()                                \
-                                    .Arg<ffi::Buffer<type>>() AK_NMS_ATTRS_AND_RESULTS);     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_batched_nms_##suffix, BatchedNms<type>,  \
-                                ffi::Ffi::Bind()                                             \
-                                    .Arg<ffi::Buffer<type>>()                                \
-                                    .Arg<ffi::Buffer<type>>()                                \
-                                    .Arg<ffi::Buffer<ffi::S32>>() AK_NMS_ATTRS_AND_RESULTS);
-
-namespace asickernels_cpu::entry {
-AK_NMS_HANDLERS(f32, ffi::F32)
-AK_NMS_HANDLERS(f64, ffi::F64)
-}  // namespace asickernels_cpu::entry
-
-// Host: dtype code 0 = float32, 1 = float64; categories may be null (plain NMS). Returns a
-// status (kernels.h's host_guarded).
-extern "C" int asickernels_cpu_nms(int dtype, const void* boxes, const void* scores,
-                                   const int32_t* categories, int64_t batch, int64_t n,
-                                   double iou_threshold, int64_t max_output_size,
-                                   double score_threshold, int32_t* indices,
-                                   int32_t* num_valid) {
-  using namespace asickernels_cpu;
-  const NmsParams params{iou_threshold, max_output_size, score_threshold};
-  return entry::with_float(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    entry::nms(static_cast<const T*>(boxes), static_cast<const T*>(scores), categories, batch,
-               n, params, indices, num_valid);
-  });
-}
 #endif  // ASICKERNELS_CPU_ENTRY_POINTS

@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels.h"
+#include "csrc/kernels.h"
 
 #ifdef ASICKERNELS_CPU_ENTRY_POINTS
 namespace asickernels_cpu {
@@ -158,16 +158,28 @@ void linear_sum_assignment(const T* cost, const bool* row_mask, const bool* col_
 namespace asickernels_cpu::entry {
 namespace {
 
-// XLA FFI: cost [B, N, M], row_mask [B, N] and col_mask [B, M] bool -> assignment [B, N],
-// num_assigned [B] int32.
+// cost [..., N, M], row_mask [..., N] and col_mask [..., M] bool -> assignment [..., N],
+// num_assigned [...] int32 (leading dimensions are images).
 template <ffi::DataType kType>
 ffi::Error LinearSumAssignment(ffi::Buffer<kType> cost, ffi::Buffer<ffi::PRED> row_mask,
                                ffi::Buffer<ffi::PRED> col_mask,
                                ffi::ResultBuffer<ffi::S32> assignment,
                                ffi::ResultBuffer<ffi::S32> num_assigned) {
   const auto dims = cost.dimensions();
+  if (dims.size() < 2) {
+    return ffi::Error::InvalidArgument("linear_sum_assignment: cost [..., N, M] expected");
+  }
   const int64_t n = dims[dims.size() - 2], m = dims.back();
-  const int64_t batch = static_cast<int64_t>(cost.element_count()) / (n * m);
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) batch *= dims[i];
+  const auto count = [](int64_t value) { return static_cast<size_t>(value); };
+  if (row_mask.element_count() != count(batch * n) ||
+      col_mask.element_count() != count(batch * m) ||
+      assignment->element_count() != count(batch * n) ||
+      num_assigned->element_count() != count(batch)) {
+    return ffi::Error::InvalidArgument(
+        "linear_sum_assignment: cost [..., N, M], masks [..., N], [..., M] -> [..., N], [...]");
+  }
   return ffi_guarded([&] {
     asickernels_cpu::linear_sum_assignment<Native<kType>>(
         cost.typed_data(), row_mask.typed_data(), col_mask.typed_data(), batch, n, m,
@@ -176,33 +188,8 @@ ffi::Error LinearSumAssignment(ffi::Buffer<kType> cost, ffi::Buffer<ffi::PRED> r
 }
 
 }  // namespace
+
+AK_FLOAT_HANDLER(linear_sum_assignment, LinearSumAssignment)
+
 }  // namespace asickernels_cpu::entry
-
-#define AK_LSA_HANDLER(suffix, type)                                                      \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_linear_sum_assignment_##suffix,       \
-                                LinearSumAssignment<type>,                                \
-                                ffi::Ffi::Bind()                                          \
-                                    .Arg<ffi::Buffer<type>>()                             \
-                                    .Arg<ffi::Buffer<ffi::PRED>>()                        \
-                                    .Arg<ffi::Buffer<ffi::PRED>>()                        \
-                                    .Ret<ffi::Buffer<ffi::S32>>()                         \
-                                    .Ret<ffi::Buffer<ffi::S32>>());
-
-namespace asickernels_cpu::entry {
-AK_LSA_HANDLER(f32, ffi::F32)
-AK_LSA_HANDLER(f64, ffi::F64)
-}  // namespace asickernels_cpu::entry
-
-// Host: dtype code 0 = float32, 1 = float64. Returns a status (kernels.h's host_guarded).
-extern "C" int asickernels_cpu_linear_sum_assignment(int dtype, const void* cost,
-                                                     const bool* row_mask, const bool* col_mask,
-                                                     int64_t batch, int64_t n, int64_t m,
-                                                     int32_t* assignment, int32_t* num_assigned) {
-  using namespace asickernels_cpu;
-  return entry::with_float(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    linear_sum_assignment(static_cast<const T*>(cost), row_mask, col_mask, batch, n, m,
-                          assignment, num_assigned);
-  });
-}
 #endif  // ASICKERNELS_CPU_ENTRY_POINTS

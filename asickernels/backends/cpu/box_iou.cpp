@@ -1,24 +1,25 @@
 // Box-pair metrics (IoU, GIOU, DIoU, CIoU) and their gradients in T (float or double), on
 // paired boxes ([P, 4] x2 -> [P]) and on every pair of two sets ([B, N, 4] x [B, M, 4] ->
-// [B, N, M]). Formulas and gradient rules are asickernels/reference.py's: eps = 1e-7 in every
-// denominator; max/min pass the gradient to the boxes1 side on a tie, max(0, w) only where
-// w > 0; CIoU's alpha is a constant for gradients (as torchvision and the CIoU paper have it).
+// [B, N, M]). Formulas and gradient rules are the float64 references' (asickernels/kernels/
+// giou.py and box_iou.py): eps = 1e-7 in every denominator; max/min pass the gradient to the
+// boxes1 side on a tie, max(0, w) only where w > 0; CIoU's alpha is a constant for gradients
+// (as torchvision and the CIoU paper have it).
 // One per-pair function computes each metric and one its gradient: the kernels differ only
 // in how they walk the pairs.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "kernels.h"
+#include "csrc/kernels.h"
 
 namespace asickernels_cpu {
 
-// Box-pair metrics (asickernels/reference.py's METRICS); the codes are those of the host
-// entry points and of the FFI handlers' "metric" attribute.
-enum class BoxMetric : int64_t { kIou = 0, kGiou = 1, kDiou = 2, kCiou = 3 };
-
-inline bool is_box_metric(int64_t code) { return code >= 0 && code <= 3; }
+// Box-pair metrics (asickernels/kernels/box_iou.py's METRICS).
+enum class BoxMetric { kIou, kGiou, kDiou, kCiou };
 
 AK_EVERY_LEVEL(
     // metric [P] of paired boxes [P, 4].
@@ -463,6 +464,17 @@ AK_BOX_METRICS(double)
 
 #ifdef ASICKERNELS_CPU_ENTRY_POINTS
 namespace asickernels_cpu::entry {
+
+// The handlers' attributes: the metric by name ("iou", "giou", "diou" or "ciou").
+struct MetricAttribute {
+  std::string_view metric;
+};
+
+}  // namespace asickernels_cpu::entry
+
+AK_ATTRIBUTES(asickernels_cpu::entry::MetricAttribute, metric);
+
+namespace asickernels_cpu::entry {
 namespace {
 
 template <typename T>
@@ -492,81 +504,110 @@ void pairwise_box_metric_vjp(BoxMetric metric, const T* boxes1, const T* boxes2,
                                       d_boxes2));
 }
 
-// XLA FFI. Leading dimensions beyond the kernel's own are batch dimensions (what vmap's
+// Leading dimensions beyond the kernel's own are batch dimensions (what vmap's
 // "broadcast_all" adds): paired metrics flatten them into pairs, pairwise ones into images.
 
-// A box metric code (the "metric" attribute) as a BoxMetric, or an error.
-ffi::Error box_metric(int64_t code, BoxMetric& metric) {
-  if (!is_box_metric(code)) return ffi::Error::InvalidArgument("unknown box metric code");
-  metric = static_cast<BoxMetric>(code);
-  return ffi::Error::Success();
+// The metric the attribute names, or an error.
+ffi::Error box_metric(MetricAttribute attribute, BoxMetric& metric) {
+  static constexpr std::pair<std::string_view, BoxMetric> kNames[] = {
+      {"iou", BoxMetric::kIou},
+      {"giou", BoxMetric::kGiou},
+      {"diou", BoxMetric::kDiou},
+      {"ciou", BoxMetric::kCiou},
+  };
+  for (const auto& [name, value] : kNames) {
+    if (attribute.metric == name) {
+      metric = value;
+      return ffi::Error::Success();
+    }
+  }
+  return ffi::Error::InvalidArgument("box metric: iou, giou, diou or ciou expected, got " +
+                                     std::string(attribute.metric));
 }
 
 // Paired boxes [..., 4] x2 -> [...]: leading dimensions are pairs.
 template <ffi::DataType kType>
-ffi::Error PairedBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
-                           ffi::ResultBuffer<kType> out) {
+ffi::Error PairedBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                           MetricAttribute attribute, ffi::ResultBuffer<kType> out) {
   BoxMetric metric;
-  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  if (ffi::Error error = box_metric(attribute, metric); error.failure()) return error;
+  const size_t pairs = boxes1.element_count() / 4;
+  if (boxes2.element_count() != pairs * 4 || out->element_count() != pairs) {
+    return ffi::Error::InvalidArgument("paired box metric: boxes [..., 4] x2 -> [...]");
+  }
   return ffi_guarded([&] {
     paired_box_metric<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
-                                     static_cast<int64_t>(boxes1.element_count() / 4),
-                                     out->typed_data());
+                                     static_cast<int64_t>(pairs), out->typed_data());
   });
 }
 
+// The gradients of both boxes, or of boxes1 alone when d_boxes2 is null.
 template <ffi::DataType kType>
-ffi::Error RunPairedVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                        ffi::Buffer<kType> cotangent, int64_t code, Native<kType>* d_boxes1,
-                        Native<kType>* d_boxes2) {
+ffi::Error run_paired_vjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                          ffi::Buffer<kType> cotangent, MetricAttribute attribute,
+                          ffi::Buffer<kType> d_boxes1, Native<kType>* d_boxes2,
+                          size_t d_boxes2_count) {
   BoxMetric metric;
-  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  if (ffi::Error error = box_metric(attribute, metric); error.failure()) return error;
+  const size_t pairs = boxes1.element_count() / 4;
+  if (boxes2.element_count() != pairs * 4 || cotangent.element_count() != pairs ||
+      d_boxes1.element_count() != pairs * 4 || (d_boxes2 && d_boxes2_count != pairs * 4)) {
+    return ffi::Error::InvalidArgument(
+        "paired box metric gradient: boxes [..., 4] x2, cotangent [...] -> [..., 4]");
+  }
   return ffi_guarded([&] {
-    paired_box_metric_vjp<Native<kType>>(
-        metric, boxes1.typed_data(), boxes2.typed_data(), cotangent.typed_data(),
-        static_cast<int64_t>(boxes1.element_count() / 4), d_boxes1, d_boxes2);
+    paired_box_metric_vjp<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
+                                         cotangent.typed_data(), static_cast<int64_t>(pairs),
+                                         d_boxes1.typed_data(), d_boxes2);
   });
 }
 
 template <ffi::DataType kType>
 ffi::Error PairedBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                              ffi::Buffer<kType> cotangent, int64_t code,
+                              ffi::Buffer<kType> cotangent, MetricAttribute attribute,
                               ffi::ResultBuffer<kType> d_boxes1,
                               ffi::ResultBuffer<kType> d_boxes2) {
-  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(),
-                             d_boxes2->typed_data());
+  return run_paired_vjp(boxes1, boxes2, cotangent, attribute, *d_boxes1,
+                        d_boxes2->typed_data(), d_boxes2->element_count());
 }
 
 // The gradient with respect to boxes1 only (boxes2 is not differentiated, e.g. targets).
 template <ffi::DataType kType>
 ffi::Error PairedBoxMetricVjpFirst(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                                   ffi::Buffer<kType> cotangent, int64_t code,
+                                   ffi::Buffer<kType> cotangent, MetricAttribute attribute,
                                    ffi::ResultBuffer<kType> d_boxes1) {
-  return RunPairedVjp<kType>(boxes1, boxes2, cotangent, code, d_boxes1->typed_data(), nullptr);
+  return run_paired_vjp(boxes1, boxes2, cotangent, attribute, *d_boxes1, nullptr, 0);
 }
 
 // Pairwise boxes1 [..., N, 4] x boxes2 [..., M, 4]: leading dimensions are images. Runs
-// run(metric, batch, n, m) under ffi_guarded, or returns the error of the metric code or of
-// the shapes.
+// run(metric, batch, n, m) under ffi_guarded once `out` (the metric, or a cotangent) is
+// [..., N, M], or returns the error of the metric or of a shape.
 template <ffi::DataType kType, typename Run>
-ffi::Error run_pairwise(int64_t code, const ffi::Buffer<kType>& boxes1,
-                        const ffi::Buffer<kType>& boxes2, Run&& run) {
+ffi::Error run_pairwise(MetricAttribute attribute, const ffi::Buffer<kType>& boxes1,
+                        const ffi::Buffer<kType>& boxes2, const ffi::Buffer<kType>& out,
+                        Run&& run) {
   BoxMetric metric;
-  if (ffi::Error error = box_metric(code, metric); error.failure()) return error;
+  if (ffi::Error error = box_metric(attribute, metric); error.failure()) return error;
   const auto dims1 = boxes1.dimensions(), dims2 = boxes2.dimensions();
-  if (dims1.size() < 2 || dims1.size() != dims2.size()) {
-    return ffi::Error::InvalidArgument("pairwise box metric: boxes of one rank >= 2 expected");
+  if (dims1.size() < 2 || dims1.size() != dims2.size() || dims1.back() != 4 ||
+      dims2.back() != 4) {
+    return ffi::Error::InvalidArgument("pairwise box metric: boxes [..., N, 4], [..., M, 4]");
   }
   int64_t batch = 1;
   for (size_t i = 0; i + 2 < dims1.size(); ++i) batch *= dims1[i];
   const int64_t n = dims1[dims1.size() - 2], m = dims2[dims2.size() - 2];
+  if (static_cast<int64_t>(boxes2.element_count()) != batch * m * 4 ||
+      static_cast<int64_t>(out.element_count()) != batch * n * m) {
+    return ffi::Error::InvalidArgument(
+        "pairwise box metric: [..., N, 4] x [..., M, 4] -> [..., N, M]");
+  }
   return ffi_guarded([&] { run(metric, batch, n, m); });
 }
 
 template <ffi::DataType kType>
-ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2, int64_t code,
-                             ffi::ResultBuffer<kType> out) {
-  return run_pairwise(code, boxes1, boxes2,
+ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
+                             MetricAttribute attribute, ffi::ResultBuffer<kType> out) {
+  return run_pairwise(attribute, boxes1, boxes2, *out,
                       [&](BoxMetric metric, int64_t batch, int64_t n, int64_t m) {
                         pairwise_box_metric<Native<kType>>(metric, boxes1.typed_data(),
                                                            boxes2.typed_data(), batch, n, m,
@@ -576,97 +617,30 @@ ffi::Error PairwiseBoxMetric(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes
 
 template <ffi::DataType kType>
 ffi::Error PairwiseBoxMetricVjp(ffi::Buffer<kType> boxes1, ffi::Buffer<kType> boxes2,
-                                ffi::Buffer<kType> cotangent, int64_t code,
+                                ffi::Buffer<kType> cotangent, MetricAttribute attribute,
                                 ffi::ResultBuffer<kType> d_boxes1,
                                 ffi::ResultBuffer<kType> d_boxes2) {
+  if (d_boxes1->element_count() != boxes1.element_count() ||
+      d_boxes2->element_count() != boxes2.element_count()) {
+    return ffi::Error::InvalidArgument(
+        "pairwise box metric gradient: d_boxes of the boxes' shapes");
+  }
   return run_pairwise(
-      code, boxes1, boxes2, [&](BoxMetric metric, int64_t batch, int64_t n, int64_t m) {
+      attribute, boxes1, boxes2, cotangent,
+      [&](BoxMetric metric, int64_t batch, int64_t n, int64_t m) {
         pairwise_box_metric_vjp<Native<kType>>(metric, boxes1.typed_data(), boxes2.typed_data(),
                                                cotangent.typed_data(), batch, n, m,
                                                d_boxes1->typed_data(), d_boxes2->typed_data());
       });
 }
 
-// Runs run(metric, T{}) for a host metric code and dtype code; the status.
-template <typename Run>
-int with_metric_and_float(int metric, int dtype, Run&& run) {
-  if (!is_box_metric(metric)) return 1;
-  const auto kind = static_cast<BoxMetric>(metric);
-  return with_float(dtype, [&](auto zero) { run(kind, zero); });
-}
-
 }  // namespace
 
-// Handlers asickernels_cpu_ffi_<name>_{f32,f64}: (boxes1, boxes2[, cotangent]) of one float
-// type, the "metric" code, results.
-#define AK_BOX_ARGS(type, count) AK_BOX_ARGS_##count(type).Attr<int64_t>("metric")
-#define AK_BOX_ARGS_2(type) ffi::Ffi::Bind().Arg<ffi::Buffer<type>>().Arg<ffi::Buffer<type>>()
-#define AK_BOX_ARGS_3(type) AK_BOX_ARGS_2(type).Arg<ffi::Buffer<type>>()
-#define AK_BOX_HANDLER(name, handler, args, results)                                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f32, handler<ffi::F32>,     \
-                                AK_BOX_ARGS(ffi::F32, args) results(ffi::F32));          \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_##name##_f64, handler<ffi::F64>,     \
-                                AK_BOX_ARGS(ffi::F64, args) results(ffi::F64));
-#define AK_ONE_RESULT(type) .Ret<ffi::Buffer<type>>()
-#define AK_TWO_RESULTS(type) .Ret<ffi::Buffer<type>>().Ret<ffi::Buffer<type>>()
-AK_BOX_HANDLER(paired_box_metric, PairedBoxMetric, 2, AK_ONE_RESULT)
-AK_BOX_HANDLER(paired_box_metric_vjp, PairedBoxMetricVjp, 3, AK_TWO_RESULTS)
-AK_BOX_HANDLER(paired_box_metric_vjp_first, PairedBoxMetricVjpFirst, 3, AK_ONE_RESULT)
-AK_BOX_HANDLER(pairwise_box_metric, PairwiseBoxMetric, 2, AK_ONE_RESULT)
-AK_BOX_HANDLER(pairwise_box_metric_vjp, PairwiseBoxMetricVjp, 3, AK_TWO_RESULTS)
+AK_FLOAT_HANDLER(paired_box_metric, PairedBoxMetric)
+AK_FLOAT_HANDLER(paired_box_metric_vjp, PairedBoxMetricVjp)
+AK_FLOAT_HANDLER(paired_box_metric_vjp_first, PairedBoxMetricVjpFirst)
+AK_FLOAT_HANDLER(pairwise_box_metric, PairwiseBoxMetric)
+AK_FLOAT_HANDLER(pairwise_box_metric_vjp, PairwiseBoxMetricVjp)
 
 }  // namespace asickernels_cpu::entry
-
-// Host: metric 0 = IoU, 1 = GIOU, 2 = DIoU, 3 = CIoU (BoxMetric); dtype 0 = float32,
-// 1 = float64. Each returns a status (kernels.h's host_guarded).
-extern "C" {
-
-int asickernels_cpu_paired_box_metric(int metric, int dtype, const void* boxes1,
-                                      const void* boxes2, int64_t pairs, void* out) {
-  using namespace asickernels_cpu::entry;
-  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
-    using T = decltype(zero);
-    paired_box_metric(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2), pairs,
-                      static_cast<T*>(out));
-  });
-}
-
-// d_boxes2 may be null (boxes1's gradient only).
-int asickernels_cpu_paired_box_metric_vjp(int metric, int dtype, const void* boxes1,
-                                          const void* boxes2, const void* cotangent,
-                                          int64_t pairs, void* d_boxes1, void* d_boxes2) {
-  using namespace asickernels_cpu::entry;
-  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
-    using T = decltype(zero);
-    paired_box_metric_vjp(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
-                          static_cast<const T*>(cotangent), pairs, static_cast<T*>(d_boxes1),
-                          static_cast<T*>(d_boxes2));
-  });
-}
-
-int asickernels_cpu_pairwise_box_metric(int metric, int dtype, const void* boxes1,
-                                        const void* boxes2, int64_t batch, int64_t n, int64_t m,
-                                        void* out) {
-  using namespace asickernels_cpu::entry;
-  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
-    using T = decltype(zero);
-    pairwise_box_metric(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
-                        batch, n, m, static_cast<T*>(out));
-  });
-}
-
-int asickernels_cpu_pairwise_box_metric_vjp(int metric, int dtype, const void* boxes1,
-                                            const void* boxes2, const void* cotangent,
-                                            int64_t batch, int64_t n, int64_t m, void* d_boxes1,
-                                            void* d_boxes2) {
-  using namespace asickernels_cpu::entry;
-  return with_metric_and_float(metric, dtype, [&](auto kind, auto zero) {
-    using T = decltype(zero);
-    pairwise_box_metric_vjp(kind, static_cast<const T*>(boxes1), static_cast<const T*>(boxes2),
-                            static_cast<const T*>(cotangent), batch, n, m,
-                            static_cast<T*>(d_boxes1), static_cast<T*>(d_boxes2));
-  });
-}
-
-}  // extern "C"
 #endif  // ASICKERNELS_CPU_ENTRY_POINTS

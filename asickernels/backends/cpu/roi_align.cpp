@@ -1,7 +1,6 @@
 // RoI pooling: RoIAlign (torchvision.ops.roi_align) and RoIPool (torchvision.ops.roi_pool)
-// with their gradients: the kernels, their XLA FFI handlers and their host (ctypes) entry
-// points, in one file compiled once (not per instruction-set level: the kernels gather and
-// do not vectorize).
+// with their gradients: the kernels and their XLA FFI handlers, in one file compiled once
+// (not per instruction-set level: the kernels gather and do not vectorize).
 //
 // RoIPool is torchvision's ops/cpu/roi_pool_kernel.cpp: each bin's first maximum in
 // row-major order (NaN never wins; -FLT_MAX where nothing exceeds it, 0 for an empty bin),
@@ -22,7 +21,7 @@
 #include <new>
 #include <vector>
 
-#include "kernels.h"
+#include "csrc/kernels.h"
 
 // Compiled once, at the baseline level (no vector code to gain from the others).
 #ifdef ASICKERNELS_CPU_ENTRY_POINTS
@@ -66,6 +65,12 @@ struct RoiSampling {
     const T roi_start_h = roi[2] * scale - offset;
     const T roi_end_w = roi[3] * scale - offset;
     const T roi_end_h = roi[4] * scale - offset;
+    if (!(std::isfinite(roi_start_w) && std::isfinite(roi_start_h) && std::isfinite(roi_end_w) &&
+          std::isfinite(roi_end_h))) {  // a RoI with a NaN or infinite corner pools to 0
+      grid_h = grid_w = per_bin = 0;
+      samples.clear();
+      return;
+    }
     T roi_width = roi_end_w - roi_start_w;
     T roi_height = roi_end_h - roi_start_h;
     if (!p.aligned) {  // malformed RoIs are forced to 1x1
@@ -209,6 +214,12 @@ struct PoolBin {
 // torchvision's bins of one RoI (roi_pool_forward_kernel_impl), row-major.
 template <typename T>
 int64_t pool_bins(const T* roi, const RoiShape& s, T scale, std::vector<PoolBin>& bins) {
+  bins.clear();
+  if (!(std::isfinite(roi[1] * scale) && std::isfinite(roi[2] * scale) &&
+        std::isfinite(roi[3] * scale) && std::isfinite(roi[4] * scale))) {
+    bins.resize(static_cast<size_t>(s.pooled_height * s.pooled_width), PoolBin{0, 0, 0, 0});
+    return static_cast<int64_t>(roi[0]);  // a RoI with a NaN or infinite corner pools to 0
+  }
   const int roi_start_w = static_cast<int>(std::round(roi[1] * scale));
   const int roi_start_h = static_cast<int>(std::round(roi[2] * scale));
   const int roi_end_w = static_cast<int>(std::round(roi[3] * scale));
@@ -218,7 +229,6 @@ int64_t pool_bins(const T* roi, const RoiShape& s, T scale, std::vector<PoolBin>
   const T bin_size_h = static_cast<T>(roi_height) / static_cast<T>(s.pooled_height);
   const T bin_size_w = static_cast<T>(roi_width) / static_cast<T>(s.pooled_width);
   const int height = static_cast<int>(s.height), width = static_cast<int>(s.width);
-  bins.clear();
   for (int ph = 0; ph < s.pooled_height; ++ph) {
     for (int pw = 0; pw < s.pooled_width; ++pw) {
       int hstart = static_cast<int>(std::floor(static_cast<T>(ph) * bin_size_h));
@@ -303,205 +313,121 @@ bool roi_pool_vjp(const T* input, const T* rois, const T* cotangent, const RoiSh
 
 // -- XLA FFI handlers ----------------------------------------------------------------------
 
+namespace asickernels_cpu::entry {
+
+// RoIPool's statics, as the op's keywords name them: output_size (pooled height, width),
+// spatial_scale.
+struct RoiPoolAttributes {
+  ffi::Span<const int64_t> output_size;
+  double spatial_scale;
+};
+
+// RoIAlign's: RoIPool's and sampling_ratio, aligned.
+struct RoiAlignAttributes {
+  ffi::Span<const int64_t> output_size;
+  double spatial_scale;
+  int64_t sampling_ratio;
+  bool aligned;
+};
+
+}  // namespace asickernels_cpu::entry
+
+AK_ATTRIBUTES(asickernels_cpu::entry::RoiPoolAttributes, output_size, spatial_scale);
+AK_ATTRIBUTES(asickernels_cpu::entry::RoiAlignAttributes, output_size, spatial_scale,
+              sampling_ratio, aligned);
+
+namespace asickernels_cpu::entry {
 namespace {
 
-namespace ffi = xla::ffi;
-namespace ak = asickernels_cpu;
-
-template <ffi::DataType kType>
-using Native = ffi::NativeType<kType>;
-
-ffi::Error roi_error(bool ran) {
+// Runs `run(shape)` (false: a RoI names no image) once the call's shape checks out:
+// features [N, C, H, W] (the input, or the gradient's result), rois [K, 5], output_size
+// (PH, PW) and `pooled` (the output or the cotangent) [K, C, PH, PW]; else the error naming
+// what is not.
+template <ffi::DataType kType, typename Run>
+ffi::Error run_roi(ffi::Span<const int64_t> features, const ffi::Buffer<kType>& rois,
+                   ffi::Span<const int64_t> output_size, ffi::Span<const int64_t> pooled,
+                   Run&& run) {
+  const auto rois_dims = rois.dimensions();
+  if (features.size() != 4 || rois_dims.size() != 2 || rois_dims[1] != 5 ||
+      output_size.size() != 2 || output_size[0] <= 0 || output_size[1] <= 0) {
+    return ffi::Error::InvalidArgument(
+        "RoI pooling: input [N, C, H, W], rois [K, 5] and output_size (PH, PW) expected");
+  }
+  const RoiShape shape{features[0], features[1],    features[2],   features[3],
+                       rois_dims[0], output_size[0], output_size[1]};
+  if (ffi::Error error =
+          expect_dims("RoI pooling output or cotangent", pooled,
+                      {shape.rois, shape.channels, shape.pooled_height, shape.pooled_width});
+      error.failure()) {
+    return error;
+  }
+  bool ran = false;
+  if (ffi::Error error = ffi_guarded([&] { ran = run(shape); }); error.failure()) return error;
   return ran ? ffi::Error::Success()
              : ffi::Error::InvalidArgument(
                    "RoI pooling: rois[:, 0] must be image indices in [0, N) of the input");
 }
 
-template <typename Run>
-ffi::Error guarded_roi(Run&& run) {
-  try {
-    return roi_error(run());
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "asickernels cpu: out of memory");
-  }
-}
-
-// The shape of a call: features [N, C, H, W] (the input, or the gradient's result), rois [K, 5]
-// and the pooled size.
-template <ffi::DataType kType>
-ak::RoiShape roi_shape(ffi::Span<const int64_t> features, const ffi::Buffer<kType>& rois,
-                                  int64_t pooled_height, int64_t pooled_width) {
-  return {features[0], features[1],          features[2],  features[3],
-          rois.dimensions()[0], pooled_height, pooled_width};
+RoiAlignParams params_of(const RoiAlignAttributes& attributes) {
+  return {attributes.spatial_scale, attributes.sampling_ratio, attributes.aligned};
 }
 
 template <ffi::DataType kType>
-ffi::Error RoiAlign(ffi::Buffer<kType> input, ffi::Buffer<kType> rois, int64_t pooled_height,
-                    int64_t pooled_width, double spatial_scale, int64_t sampling_ratio,
-                    int64_t aligned, ffi::ResultBuffer<kType> out) {
-  const auto shape = roi_shape(input.dimensions(), rois, pooled_height, pooled_width);
-  return guarded_roi([&] {
-    return ak::roi_align<Native<kType>>(input.typed_data(), rois.typed_data(), shape,
-                                        {spatial_scale, sampling_ratio, aligned != 0},
-                                        out->typed_data());
-  });
+ffi::Error RoiAlign(ffi::Buffer<kType> input, ffi::Buffer<kType> rois,
+                    RoiAlignAttributes attributes, ffi::ResultBuffer<kType> out) {
+  return run_roi(input.dimensions(), rois, attributes.output_size, out->dimensions(),
+                 [&](const RoiShape& shape) {
+                   return roi_align<Native<kType>>(input.typed_data(), rois.typed_data(), shape,
+                                                   params_of(attributes), out->typed_data());
+                 });
 }
 
+// The gradient in the input, [N, C, H, W] as the result's shape says.
 template <ffi::DataType kType>
 ffi::Error RoiAlignVjp(ffi::Buffer<kType> rois, ffi::Buffer<kType> cotangent,
-                       int64_t pooled_height, int64_t pooled_width, double spatial_scale,
-                       int64_t sampling_ratio, int64_t aligned,
-                       ffi::ResultBuffer<kType> d_input) {
-  const auto shape = roi_shape(d_input->dimensions(), rois, pooled_height, pooled_width);
-  return guarded_roi([&] {
-    return ak::roi_align_vjp<Native<kType>>(rois.typed_data(), cotangent.typed_data(), shape,
-                                            {spatial_scale, sampling_ratio, aligned != 0},
-                                            d_input->typed_data());
-  });
+                       RoiAlignAttributes attributes, ffi::ResultBuffer<kType> d_input) {
+  return run_roi(d_input->dimensions(), rois, attributes.output_size, cotangent.dimensions(),
+                 [&](const RoiShape& shape) {
+                   return roi_align_vjp<Native<kType>>(rois.typed_data(), cotangent.typed_data(),
+                                                       shape, params_of(attributes),
+                                                       d_input->typed_data());
+                 });
 }
 
 template <ffi::DataType kType>
-ffi::Error RoiPool(ffi::Buffer<kType> input, ffi::Buffer<kType> rois, int64_t pooled_height,
-                   int64_t pooled_width, double spatial_scale, ffi::ResultBuffer<kType> out) {
-  const auto shape = roi_shape(input.dimensions(), rois, pooled_height, pooled_width);
-  return guarded_roi([&] {
-    return ak::roi_pool<Native<kType>>(input.typed_data(), rois.typed_data(), shape,
-                                       spatial_scale, out->typed_data(), nullptr);
-  });
+ffi::Error RoiPool(ffi::Buffer<kType> input, ffi::Buffer<kType> rois,
+                   RoiPoolAttributes attributes, ffi::ResultBuffer<kType> out) {
+  return run_roi(input.dimensions(), rois, attributes.output_size, out->dimensions(),
+                 [&](const RoiShape& shape) {
+                   return roi_pool<Native<kType>>(input.typed_data(), rois.typed_data(), shape,
+                                                  attributes.spatial_scale, out->typed_data(),
+                                                  nullptr);
+                 });
 }
 
+// The gradient in the input (its argmaxes found again).
 template <ffi::DataType kType>
 ffi::Error RoiPoolVjp(ffi::Buffer<kType> input, ffi::Buffer<kType> rois,
-                      ffi::Buffer<kType> cotangent, int64_t pooled_height, int64_t pooled_width,
-                      double spatial_scale, ffi::ResultBuffer<kType> d_input) {
-  const auto shape = roi_shape(input.dimensions(), rois, pooled_height, pooled_width);
-  return guarded_roi([&] {
-    return ak::roi_pool_vjp<Native<kType>>(input.typed_data(), rois.typed_data(),
-                                           cotangent.typed_data(), shape, spatial_scale,
-                                           d_input->typed_data());
-  });
-}
-
-}  // namespace
-
-#define AK_ROI_POOL_HANDLER(name, handler, type, arrays)               \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, handler<type>,                   \
-                                arrays.Attr<int64_t>("pooled_height")  \
-                                    .Attr<int64_t>("pooled_width")     \
-                                    .Attr<double>("spatial_scale")     \
-                                    .Ret<ffi::Buffer<type>>());
-#define AK_TWO_ARRAYS(type) ffi::Ffi::Bind().Arg<ffi::Buffer<type>>().Arg<ffi::Buffer<type>>()
-#define AK_THREE_ARRAYS(type) AK_TWO_ARRAYS(type).Arg<ffi::Buffer<type>>()
-AK_ROI_POOL_HANDLER(asickernels_cpu_ffi_roi_pool_f32, RoiPool, ffi::F32, AK_TWO_ARRAYS(ffi::F32))
-AK_ROI_POOL_HANDLER(asickernels_cpu_ffi_roi_pool_f64, RoiPool, ffi::F64, AK_TWO_ARRAYS(ffi::F64))
-AK_ROI_POOL_HANDLER(asickernels_cpu_ffi_roi_pool_vjp_f32, RoiPoolVjp, ffi::F32,
-                    AK_THREE_ARRAYS(ffi::F32))
-AK_ROI_POOL_HANDLER(asickernels_cpu_ffi_roi_pool_vjp_f64, RoiPoolVjp, ffi::F64,
-                    AK_THREE_ARRAYS(ffi::F64))
-
-#define AK_ROI_ALIGN_HANDLER(name, handler, type)                      \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, handler<type>,                   \
-                                ffi::Ffi::Bind()                       \
-                                    .Arg<ffi::Buffer<type>>()          \
-                                    .Arg<ffi::Buffer<type>>()          \
-                                    .Attr<int64_t>("pooled_height")    \
-                                    .Attr<int64_t>("pooled_width")     \
-                                    .Attr<double>("spatial_scale")     \
-                                    .Attr<int64_t>("sampling_ratio")   \
-                                    .Attr<int64_t>("aligned")          \
-                                    .Ret<ffi::Buffer<type>>());
-AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_f32, RoiAlign, ffi::F32)
-AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_f64, RoiAlign, ffi::F64)
-AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f32, RoiAlignVjp, ffi::F32)
-AK_ROI_ALIGN_HANDLER(asickernels_cpu_ffi_roi_align_vjp_f64, RoiAlignVjp, ffi::F64)
-
-// -- Host entry points (ctypes; the conventions of the other ops' files) ----------------------------------
-//
-// Each takes the dtype code (0 = float32, 1 = float64), its arrays, the call's shape (batch,
-// channels, height, width of the input or of the gradient's result; RoI count; pooled height
-// and width), spatial_scale, RoIAlign's sampling_ratio and aligned, and the output; it
-// returns 0, or 1 for an unknown dtype code or a RoI naming no image, or 2 when out of memory.
-
-namespace {
-
-template <typename Run>
-int host_roi(int dtype, const ak::RoiShape& shape, Run&& run) {
-  try {
-    if (dtype == 0) return run(0.0f, shape) ? 0 : 1;
-    if (dtype == 1) return run(0.0, shape) ? 0 : 1;
-    return 1;
-  } catch (const std::bad_alloc&) {
-    return 2;
+                      ffi::Buffer<kType> cotangent, RoiPoolAttributes attributes,
+                      ffi::ResultBuffer<kType> d_input) {
+  if (d_input->element_count() != input.element_count()) {
+    return ffi::Error::InvalidArgument("roi_pool gradient: d_input of the input's shape");
   }
+  return run_roi(input.dimensions(), rois, attributes.output_size, cotangent.dimensions(),
+                 [&](const RoiShape& shape) {
+                   return roi_pool_vjp<Native<kType>>(
+                       input.typed_data(), rois.typed_data(), cotangent.typed_data(), shape,
+                       attributes.spatial_scale, d_input->typed_data());
+                 });
 }
 
 }  // namespace
 
-extern "C" {
+AK_FLOAT_HANDLER(roi_align, RoiAlign)
+AK_FLOAT_HANDLER(roi_align_vjp, RoiAlignVjp)
+AK_FLOAT_HANDLER(roi_pool, RoiPool)
+AK_FLOAT_HANDLER(roi_pool_vjp, RoiPoolVjp)
 
-// input [batch, channels, height, width], rois [rois, 5] -> out [rois, channels, pooled_height,
-// pooled_width].
-int asickernels_cpu_roi_align(int dtype, const void* input, const void* rois, int64_t batch,
-                              int64_t channels, int64_t height, int64_t width, int64_t roi_count,
-                              int64_t pooled_height, int64_t pooled_width, double spatial_scale,
-                              int64_t sampling_ratio, int64_t aligned, void* out) {
-  const ak::RoiAlignParams params{spatial_scale, sampling_ratio, aligned != 0};
-  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
-                  [&](auto zero, const ak::RoiShape& shape) {
-                    using T = decltype(zero);
-                    return ak::roi_align(static_cast<const T*>(input), static_cast<const T*>(rois),
-                                         shape, params, static_cast<T*>(out));
-                  });
-}
-
-// rois [rois, 5], cotangent [rois, channels, pooled_height, pooled_width] -> d_input
-// [batch, channels, height, width].
-int asickernels_cpu_roi_align_vjp(int dtype, const void* rois, const void* cotangent,
-                                  int64_t batch, int64_t channels, int64_t height, int64_t width,
-                                  int64_t roi_count, int64_t pooled_height, int64_t pooled_width,
-                                  double spatial_scale, int64_t sampling_ratio, int64_t aligned,
-                                  void* d_input) {
-  const ak::RoiAlignParams params{spatial_scale, sampling_ratio, aligned != 0};
-  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
-                  [&](auto zero, const ak::RoiShape& shape) {
-                    using T = decltype(zero);
-                    return ak::roi_align_vjp(static_cast<const T*>(rois),
-                                             static_cast<const T*>(cotangent), shape, params,
-                                             static_cast<T*>(d_input));
-                  });
-}
-
-// input [batch, channels, height, width], rois [rois, 5] -> out [rois, channels,
-// pooled_height, pooled_width].
-int asickernels_cpu_roi_pool(int dtype, const void* input, const void* rois, int64_t batch,
-                             int64_t channels, int64_t height, int64_t width, int64_t roi_count,
-                             int64_t pooled_height, int64_t pooled_width, double spatial_scale,
-                             void* out) {
-  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
-                  [&](auto zero, const ak::RoiShape& shape) {
-                    using T = decltype(zero);
-                    return ak::roi_pool(static_cast<const T*>(input), static_cast<const T*>(rois),
-                                        shape, spatial_scale, static_cast<T*>(out), nullptr);
-                  });
-}
-
-// input [batch, channels, height, width], rois [rois, 5], cotangent [rois, channels,
-// pooled_height, pooled_width] -> d_input [batch, channels, height, width].
-int asickernels_cpu_roi_pool_vjp(int dtype, const void* input, const void* rois,
-                                 const void* cotangent, int64_t batch, int64_t channels,
-                                 int64_t height, int64_t width, int64_t roi_count,
-                                 int64_t pooled_height, int64_t pooled_width,
-                                 double spatial_scale, void* d_input) {
-  return host_roi(dtype, {batch, channels, height, width, roi_count, pooled_height, pooled_width},
-                  [&](auto zero, const ak::RoiShape& shape) {
-                    using T = decltype(zero);
-                    return ak::roi_pool_vjp(static_cast<const T*>(input),
-                                            static_cast<const T*>(rois),
-                                            static_cast<const T*>(cotangent), shape,
-                                            spatial_scale, static_cast<T*>(d_input));
-                  });
-}
-
-}  // extern "C"
+}  // namespace asickernels_cpu::entry
 
 #endif  // ASICKERNELS_CPU_ENTRY_POINTS

@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels.h"
+#include "csrc/kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -328,17 +328,26 @@ void int8_matmul(const int8_t* x, const int8_t* y, int64_t m, int64_t k, int64_t
 
 const char* int8_matmul_path() { AK_DISPATCH(int8_matmul_path()); }
 
-// XLA FFI: x [..., M, K] @ y [..., K, N] with optional scales [..., M], [..., N]; leading
-// dimensions are a batch the handler loops over.
-ffi::Error RunMatmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y, const float* x_scale,
-                     const float* y_scale, MatmulOut out_kind, void* out,
-                     size_t out_element_bytes) {
+// x [..., M, K] @ y [..., K, N] with optional scales [..., M], [..., N] -> out [..., M, N]
+// (out_count elements of out_element_bytes); leading dimensions are a batch the handler
+// loops over.
+ffi::Error run_matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y, const float* x_scale,
+                      size_t x_scale_count, const float* y_scale, size_t y_scale_count,
+                      MatmulOut out_kind, void* out, size_t out_count, size_t out_element_bytes) {
   const auto x_dims = x.dimensions(), y_dims = y.dimensions();
   if (x_dims.size() < 2 || y_dims.size() != x_dims.size()) {
     return ffi::Error::InvalidArgument("int8_matmul: x and y must have the same rank >= 2");
   }
   const int64_t m = x_dims[x_dims.size() - 2], k = x_dims.back(), n = y_dims.back();
-  const int64_t batch = m * k == 0 ? 1 : static_cast<int64_t>(x.element_count()) / (m * k);
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < x_dims.size(); ++i) batch *= x_dims[i];
+  const auto count = [](int64_t value) { return static_cast<size_t>(value); };
+  if (y_dims[y_dims.size() - 2] != k || y.element_count() != count(batch * k * n) ||
+      out_count != count(batch * m * n) ||
+      (x_scale && (x_scale_count != count(batch * m) || y_scale_count != count(batch * n)))) {
+    return ffi::Error::InvalidArgument(
+        "int8_matmul: x [..., M, K], y [..., K, N], scales [..., M], [..., N] -> [..., M, N]");
+  }
   return ffi_guarded([&] {
     for (int64_t b = 0; b < batch; ++b) {
       int8_matmul(x.typed_data() + b * m * k, y.typed_data() + b * k * n, m, k, n,
@@ -348,58 +357,33 @@ ffi::Error RunMatmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y, const float
   });
 }
 
+// The exact int32 product.
 ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y,
                       ffi::ResultBuffer<ffi::S32> out) {
-  return RunMatmul(x, y, nullptr, nullptr, MatmulOut::kInt32, out->typed_data(),
-                   sizeof(int32_t));
+  return run_matmul(x, y, nullptr, 0, nullptr, 0, MatmulOut::kInt32, out->typed_data(),
+                    out->element_count(), sizeof(int32_t));
 }
 
+// The product dequantized with the row and column scales (float32 or float64 out).
 template <ffi::DataType kOut>
 ffi::Error Int8MatmulScaled(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> y,
                             ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> y_scale,
                             ffi::ResultBuffer<kOut> out) {
   constexpr MatmulOut kind = kOut == ffi::F32 ? MatmulOut::kFloat32 : MatmulOut::kFloat64;
-  return RunMatmul(x, y, x_scale.typed_data(), y_scale.typed_data(), kind, out->typed_data(),
-                   sizeof(Native<kOut>));
+  return run_matmul(x, y, x_scale.typed_data(), x_scale.element_count(), y_scale.typed_data(),
+                    y_scale.element_count(), kind, out->typed_data(), out->element_count(),
+                    sizeof(Native<kOut>));
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(asickernels_cpu_ffi_int8_matmul, Int8Matmul,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
-
-#define AK_MATMUL_SCALED(name, out_type)                               \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Int8MatmulScaled<out_type>,      \
-                                ffi::Ffi::Bind()                       \
-                                    .Arg<ffi::Buffer<ffi::S8>>()       \
-                                    .Arg<ffi::Buffer<ffi::S8>>()       \
-                                    .Arg<ffi::Buffer<ffi::F32>>()      \
-                                    .Arg<ffi::Buffer<ffi::F32>>()      \
-                                    .Ret<ffi::Buffer<out_type>>());
-AK_MATMUL_SCALED(asickernels_cpu_ffi_int8_matmul_scaled_f32, ffi::F32)
-AK_MATMUL_SCALED(asickernels_cpu_ffi_int8_matmul_scaled_f64, ffi::F64)
+AK_HANDLER(int8_matmul, Int8Matmul);
+AK_FLOAT_HANDLER(int8_matmul_scaled, Int8MatmulScaled)
 
 }  // namespace asickernels_cpu::entry
 
-extern "C" {
-
-// Host: out_kind 0 = int32 (scales ignored), 1 = float32, 2 = float64; scales may be null.
-// Returns a status (kernels.h's host_guarded).
-int asickernels_cpu_int8_matmul(const int8_t* x, const int8_t* y, int64_t m, int64_t k,
-                                int64_t n, const float* x_scale, const float* y_scale,
-                                int out_kind, void* out) {
-  using namespace asickernels_cpu;
-  return entry::host_guarded([&] {
-    if (out_kind < 0 || out_kind > 2) return false;
-    entry::int8_matmul(x, y, m, k, n, x_scale, y_scale, static_cast<MatmulOut>(out_kind), out);
-    return true;
-  });
+// "avx512-vnni" or "portable": which int8 microkernel runs here.
+extern "C" const char* asickernels_cpu_int8_matmul_path() {
+  return asickernels_cpu::entry::int8_matmul_path();
 }
-
-const char* asickernels_cpu_int8_matmul_path() { return asickernels_cpu::entry::int8_matmul_path(); }
-
-}  // extern "C"
 #endif  // ASICKERNELS_CPU_ENTRY_POINTS

@@ -1,0 +1,413 @@
+"""Runs AWS's NKI kernel library's own test suite (aws-neuron/nki-library at d2ad3a5, read
+unchanged from the vendor tree) in its simulation mode on asickernels' NKI simulator::
+
+    python tests/simulate/nki/nkilib_suite.py [-n 2] [pytest arguments]   # make test-nkilib
+
+in an environment with the suite's test dependencies (requirements-nkilib.txt). The suite's
+``--test-mode simulation`` imports AWS's CPU simulator as ``nki_cpu_simulator`` and the SDK's
+``neuron_dtypes``; ``-p asickernels.simulate.nki.pytest_plugin`` hooks both onto the
+simulator. It runs the suite's default simulation selection: ``test/integration`` on
+``--platform-target trn2``, without the large shapes its conftest skips in simulation.
+
+This module is also the pytest plugin the run loads (``-p nkilib_suite``): it supplies the one
+module the d2ad3a5 snapshot lacks and marks the cases known to fail, each with its reason,
+as strict xfails (a case that starts passing fails the run until it leaves the list).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+FOLDER = "nki-library@d2ad3a5"
+# Where the tree is: tests/data/vendor (tests/fetch_vendor.py's folder) or the copy beside the
+# checkout (CI's), as tests/conftest.py looks for vendor files.
+TREES = (REPO / "tests" / "data" / "vendor" / FOLDER, REPO.parent / "shared" / "vendor" / FOLDER)
+
+
+def vendor_tree() -> Path | None:
+    """The nki-library tree at d2ad3a5 (symbolic links resolved: pytest registers a conftest
+    by its path, so test paths given in the resolved form must name the same files), or None
+    where neither place has it."""
+    tree = next((tree for tree in TREES if (tree / "test" / "conftest.py").is_file()), None)
+    return None if tree is None else tree.resolve()
+
+
+def _in_tree(tree: Path, argument: str) -> str | None:
+    """A test file, folder or node id of ``tree`` that an argument names (a relative path read
+    from the current directory), with its path made absolute; None for other arguments."""
+    path, separator, node = argument.partition("::")
+    if not Path(path).exists() or not Path(path).resolve().is_relative_to(tree):
+        return None
+    return f"{Path(path).resolve()}{separator}{node}"
+
+
+# Options naming a file the run writes: read from the current directory, as they are given.
+OUTPUT_OPTIONS = ("--nkilib-results", "--junitxml", "--junit-xml")
+# The environment variable through which the runner tells the plugin its command line.
+COMMAND_VARIABLE = "NKILIB_SUITE_COMMAND"
+
+
+def _absolute_outputs(arguments: list[str]) -> list[str]:
+    """``arguments`` with the paths of :data:`OUTPUT_OPTIONS` made absolute."""
+    absolute = []
+    for index, argument in enumerate(arguments):
+        option, equals, value = argument.partition("=")
+        if equals and option in OUTPUT_OPTIONS:
+            argument = f"{option}={Path(value).absolute()}"
+        elif index and arguments[index - 1] in OUTPUT_OPTIONS:
+            argument = str(Path(argument).absolute())
+        absolute.append(argument)
+    return absolute
+
+
+def command(tree: Path, work: Path, arguments: list[str]) -> list[str]:
+    """The pytest command run from ``work`` (artifacts and logs go there; nothing is written
+    into ``tree``): the test files, folders and node ids of ``tree`` that ``arguments`` name,
+    else the suite's default simulation selection, ``test/integration``."""
+    in_tree = [_in_tree(tree, argument) for argument in arguments]
+    default = [] if any(in_tree) else [str(tree / "test" / "integration")]
+    arguments = [path or argument for path, argument in zip(in_tree, arguments, strict=True)]
+    arguments = _absolute_outputs(arguments)
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "asickernels.simulate.nki.pytest_plugin",
+        "-p",
+        "nkilib_suite",
+        "-p",
+        "no:cacheprovider",
+        *default,
+        "--test-mode",
+        "simulation",
+        "--output-directory",
+        str(work / "output"),
+        "-o",
+        f"artifacts_dir={work / 'artifacts'}",
+        "--force-local-cleanup",  # each case's dumped inputs and outputs (up to a GB)
+        *arguments,
+    ]
+
+
+def main(arguments: list[str]) -> int:
+    tree = vendor_tree()
+    if tree is None:
+        print(f"skipped: {FOLDER} is in none of {[str(t) for t in TREES]}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="nkilib-suite-") as work:
+        environment = {
+            **os.environ,
+            # the simulator, this plugin, and the suite's own import root (nkilib_src)
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), str(tree / "src")]),
+            # compiled modules (pytest's rewritten tests too) go here, not into the tree
+            "PYTHONPYCACHEPREFIX": str(Path(work) / "pycache"),
+            # One BLAS/OpenMP thread per process, before numpy loads (the suite's conftest
+            # asks for it in xdist workers only, after numpy has started its threads):
+            # OpenBLAS's threads spin on a busy machine, a 128x128x512 matmul taking 50x
+            # the CPU time of one thread.
+            **dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
+            COMMAND_VARIABLE: shlex.join(
+                ["python", "tests/simulate/nki/nkilib_suite.py", *arguments]
+            ),
+        }
+        environment.pop("PYTHONDONTWRITEBYTECODE", None)
+        return subprocess.call(command(tree, Path(work), arguments), cwd=work, env=environment)
+
+
+# Modules the d2ad3a5 snapshot's test framework imports but does not contain, with the names
+# imported from each; both serve device runs only. test/utils/core_lock_client.py imports
+# LockResult and LockStatus from test/utils/scripts/remote_lock_scripts.py (remote core
+# locking for --target-host; the public repository adds the file after d2ad3a5), and
+# test/utils/test_orchestrator.py imports analyze_trace from test/utils/perf_analysis_private.py
+# (--enable-perf-analysis on device profiles; never published).
+SNAPSHOT_GAPS = {
+    "test.utils.scripts.remote_lock_scripts": ("LockResult", "LockStatus"),
+    "test.utils.perf_analysis_private": ("analyze_trace",),
+}
+_GAP_PACKAGES = {"test.utils.scripts"}
+
+
+class _AbsentFromSnapshot:
+    """Stands for a name of a missing module: importable, unusable."""
+
+    def __init__(self, qualified_name: str) -> None:
+        self.qualified_name = qualified_name
+
+    def _refuse(self) -> RuntimeError:
+        return RuntimeError(
+            f"{self.qualified_name} is missing from aws-neuron/nki-library@d2ad3a5; it serves "
+            "device runs only (--target-host, --enable-perf-analysis)"
+        )
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise self._refuse()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+
+class _SnapshotGapFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Provides the :data:`SNAPSHOT_GAPS` modules where the tree lacks them (it sits last on
+    ``sys.meta_path``: a tree that has the real file wins)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in SNAPSHOT_GAPS and fullname not in _GAP_PACKAGES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname in _GAP_PACKAGES)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name, "absent from aws-neuron/nki-library@d2ad3a5")
+        for name in SNAPSHOT_GAPS.get(spec.name, ()):
+            setattr(module, name, _AbsentFromSnapshot(f"{spec.name}.{name}"))
+        if spec.name in _GAP_PACKAGES:
+            module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+# Test files (under test/integration/nkilib/) the d2ad3a5 snapshot cannot import, and why.
+_MLP_SYNTAX = (
+    "src/nkilib_src/nkilib/core/mlp/mlp.py cannot be imported: the tail of mlp()'s docstring is "
+    "repeated after its closing quotes, an IndentationError at line 203"
+)
+UNIMPORTABLE = {
+    "core/mlp/test_mlp_cte.py": _MLP_SYNTAX,
+    "core/mlp/test_mlp_tkg.py": _MLP_SYNTAX,
+    "experimental/transformer/test_transformer_tkg.py": (
+        f"its kernel experimental/transformer/transformer_tkg.py imports mlp (line 23); {_MLP_SYNTAX}"
+    ),
+    "core/qkv/test_qkv_tkg.py": (
+        "line 929 marks a test with Platforms.TRN1, but the file never imports Platforms: NameError"
+    ),
+    "experimental/subkernels/test_topk_reduce.py": (
+        "imports nkilib_src.nkilib.experimental.subkernels.topk_reduce, which the snapshot "
+        "does not contain"
+    ),
+}
+# Cases known to fail, and why: strict xfails. A key is a case's node id from
+# test/integration/nkilib/, or a test function's (every case of it).
+_GEN_MASK = (
+    "vendor bug in every test mode: generate_gen_mask_inputs (test_gen_mask_tkg.py:363) passes "
+    "the output as 'mask_out_hbm.must_alias_input', and _run_test's output descriptor "
+    "(line 422) reads kernel_input['mask_out_hbm']: KeyError before the kernel runs"
+)
+KNOWN_FAILURES: dict[str, str] = {
+    f"core/attention/test_gen_mask_tkg.py::TestGenMaskTkg::{function}": _GEN_MASK
+    for function in (
+        "test_flat_kv_strided_mask_generation",
+        "test_flat_kv_nonstrided_mask_generation",
+        "test_block_kv_mask_generation",
+        "test_swa_mask_generation",
+        "test_flat_kv_with_active_mask",
+        "test_block_kv_with_active_mask",
+    )
+}
+# Node ids are relative to the suite's rootdir, test/ (its pytest.ini): integration/nkilib/...
+_ROOT = "integration/nkilib/"
+
+
+def _relative(path: Any) -> str | None:
+    """A path's or node id's part after integration/nkilib/ (None: not under it)."""
+    text = str(path).replace(os.sep, "/")
+    return text.split(_ROOT, 1)[1] if _ROOT in text else None
+
+
+def pytest_ignore_collect(collection_path: Path, config: Any) -> bool | None:
+    return True if _relative(collection_path) in UNIMPORTABLE else None
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption(
+        "--nkilib-every",
+        type=int,
+        default=1,
+        help="run every N-th case the suite selects in each test function (its first included)",
+    )
+    parser.addoption(
+        "--nkilib-results",
+        type=Path,
+        default=None,
+        help="write the outcome per test file and every case that did not pass (markdown)",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after the suite's conftest marks the cases it skips
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    every = config.getoption("nkilib_every")
+    seen: dict[str, int] = {}
+    kept, dropped = [], []
+    for item in items:
+        skipped = any(mark.name == "skip" for mark in item.iter_markers())
+        if every > 1 and not skipped:
+            function = item.nodeid.split("[")[0]
+            seen[function] = seen.get(function, -1) + 1
+            if seen[function] % every:
+                dropped.append(item)
+                continue
+        kept.append(item)
+        reason = _known_failure(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# A case's outcome from its reports: the first of these that any phase had.
+OUTCOMES = ("error", "failed", "xpassed", "xfailed", "passed", "skipped")
+_outcomes: dict[str, str] = {}
+_messages: dict[str, str] = {}
+_started = time.monotonic()
+
+
+def _outcome(report: Any) -> str:
+    if report.when != "call" and report.failed:
+        return "error"
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    return str(report.outcome)
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """Each phase of each case (in xdist's controller too: workers send their reports); a
+    setup or teardown that passed says nothing of the case (a skipped case has both)."""
+    if report.when != "call" and report.passed:
+        return
+    outcome = _outcome(report)
+    previous = _outcomes.get(report.nodeid, "skipped")
+    _outcomes[report.nodeid] = min(outcome, previous, key=OUTCOMES.index)
+    if outcome in ("error", "failed") and report.nodeid not in _messages:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        _messages[report.nodeid] = crash.message if crash else str(report.longrepr)
+
+
+def pytest_collectreport(report: Any) -> None:
+    if report.failed:  # a test file that did not import: an error of its own
+        _outcomes[report.nodeid] = "error"
+        _messages[report.nodeid] = str(report.longrepr).strip().splitlines()[-1]
+
+
+def results_markdown(outcomes: dict[str, str], messages: dict[str, str], run: str) -> str:
+    """The results page: totals, the outcome per test file, and each case that did not pass
+    (expected failures by reason, failures grouped by the first line of their error)."""
+    files: dict[str, dict[str, int]] = {}
+    for nodeid, outcome in outcomes.items():
+        file = (_relative(nodeid) or nodeid).split("::")[0]
+        counts = files.setdefault(file, dict.fromkeys(OUTCOMES, 0))
+        counts[outcome] += 1
+    total = {outcome: sum(c[outcome] for c in files.values()) for outcome in OUTCOMES}
+    ran = sum(total.values()) - total["skipped"]
+    rate = f"{100 * total['passed'] / ran:.1f}%" if ran else "-"
+    lines = [
+        "# nki-library's simulation suite on asickernels' NKI simulator",
+        "",
+        run,
+        "",
+        f"**{total['passed']} of {ran} cases passed ({rate})**; "
+        + ", ".join(f"{total[o]} {o}" for o in OUTCOMES if o != "passed")
+        + " (skipped: the large shapes the suite's conftest skips in simulation).",
+        "",
+        "| test file | " + " | ".join(OUTCOMES) + " |",
+        "| --- |" + " ---: |" * len(OUTCOMES),
+    ]
+    for file in sorted(files):
+        lines.append(f"| {file} | " + " | ".join(str(files[file][o]) for o in OUTCOMES) + " |")
+    lines += ["", "## Test files not collected", ""]
+    lines += [f"- `{path}`: {reason}" for path, reason in UNIMPORTABLE.items()]
+    lines += ["", "## Expected failures (strict xfails)", ""]
+    xfailed = [n for n, o in outcomes.items() if o == "xfailed"]
+    for reason in dict.fromkeys(_known_failure(n) for n in xfailed):
+        cases = [n for n in xfailed if _known_failure(n) == reason]
+        lines.append(f"- {len(cases)} cases: {reason}")
+    lines += ["", "## Failures and errors, by error", ""]
+    failing = [n for n, o in outcomes.items() if o in ("error", "failed", "xpassed")]
+    by_message: dict[str, list[str]] = {}
+    for nodeid in failing:
+        message = messages.get(nodeid, "passed unexpectedly").strip().splitlines() or [""]
+        by_message.setdefault(message[0][:300], []).append(nodeid)
+    for message, cases in sorted(by_message.items(), key=lambda item: -len(item[1])):
+        lines.append(f"- {len(cases)} x `{message}`")
+        lines += [f"  - `{_relative(case) or case}`" for case in sorted(cases)]
+    return "\n".join(lines) + "\n"
+
+
+def _known_failure(nodeid: str) -> str | None:
+    case = _relative(nodeid) or ""
+    return KNOWN_FAILURES.get(case, KNOWN_FAILURES.get(case.split("[")[0]))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
+    terminalreporter.section("nki-library test files not collected (d2ad3a5)")
+    for path, reason in UNIMPORTABLE.items():
+        terminalreporter.write_line(f"{path}: {reason}")
+    path = config.getoption("nkilib_results")
+    if path is not None and not hasattr(config, "workerinput"):
+        minutes = (time.monotonic() - _started) / 60
+        run = (
+            f"Written by `{os.environ.get(COMMAND_VARIABLE, 'pytest -p nkilib_suite ...')}` "
+            f"({time.strftime('%Y-%m-%d')}, asickernels {_commit()}, {minutes:.0f} min wall "
+            f"on {os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f}): "
+            f"aws-neuron/nki-library@d2ad3a5's `test/integration` in `--test-mode simulation`, "
+            f"every {config.getoption('nkilib_every')}. case of each test function."
+        )
+        path.write_text(results_markdown(_outcomes, _messages, run))
+        terminalreporter.write_line(f"results: {path}")
+
+
+def _commit() -> str:
+    """The checkout's commit (with ``+`` when it has changes), or ``unknown``."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
+    """Before the suite's conftest imports core_lock_client."""
+    if not any(isinstance(finder, _SnapshotGapFinder) for finder in sys.meta_path):
+        sys.meta_path.append(_SnapshotGapFinder())
+
+
+def pytest_configure(config: Any) -> None:
+    """Repairs the one d2ad3a5 framework bug that fails every simulated case: ``Orchestrator``
+    sets ``_compiled_kernel`` only in its compile step, which simulation mode skips
+    (test/utils/test_orchestrator.py, ``_run_compilation``), and then reads it
+    (``_rename_neff_outputs_to_python_names``): AttributeError. The public repository's next
+    version of that file (e9ef98f) initialises it to None in ``__init__``; so does this."""
+    orchestrator = sys.modules.get("test.utils.test_orchestrator")
+    if orchestrator is not None and not hasattr(orchestrator.Orchestrator, "_compiled_kernel"):
+        orchestrator.Orchestrator._compiled_kernel = None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
