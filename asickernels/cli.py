@@ -26,11 +26,11 @@ from asickernels.kernels.cases import Size
 # Commands other modules provide: name -> (module with register_cli, one-line help).
 PLUGINS: dict[str, tuple[str, str]] = {
     "compile": (
-        "asickernels.simulate.tpu_compile",
+        "asickernels.estimates.compile_gate",
         "compile every Pallas kernel for real TPU generations with libtpu (no TPU needed)",
     ),
     "estimate": (
-        "asickernels.simulate.tpu_estimate.command",
+        "asickernels.estimates.command",
         "estimate kernel times: TPU from the compiler's schedule, Neuron (--neuron) from the "
         "NKI simulator's cost model (estimates, not measurements)",
     ),

@@ -7,9 +7,9 @@ what exercises the op:
 * its :class:`Workload`\\ s: what ``asickernels check`` and ``bench`` run (sizes, inputs,
   what a result is compared with), built from those conformance cases;
 * its :class:`CompileShape`\\ s: the shapes the TPU compile gate compiles its Pallas kernel
-  at (:data:`asickernels.simulate.tpu_compile.BENCHMARK_SHAPES`);
+  at (:data:`asickernels.estimates.compile_gate.BENCHMARK_SHAPES`);
 * its :class:`NkiEstimate`\\ s: the bench size the NKI estimate rows simulate
-  (:data:`asickernels.simulate.nki.kernel_estimates.KERNELS`);
+  (:data:`asickernels.estimates.nki_estimates.KERNELS`);
 * its ``examples(batch)``: for each of its ops, valid arguments by parameter name that give every
   parameter, the optional ones off their defaults, with shapes and values distinct enough
   that an argument passed to the wrong parameter shows, and ``batch`` leading dims where the
@@ -31,6 +31,7 @@ import numpy as np
 
 from asickernels.kernels import oracle, registry
 from asickernels.kernels.declaration import Op
+from asickernels.simulate.tpu_compile import ArgSpec
 
 # Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
 RAGGED_SIZES = (1, 7, 130, 257)
@@ -174,8 +175,6 @@ def pairs_size(text: str) -> Size:
 
 
 # -- the simulators' and compilers' shapes ---------------------------------------------------
-
-ArgSpec: TypeAlias = tuple[tuple[int, ...], str]  # an array argument: (shape, dtype name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
+from asickernels.jax_compat import single_device_sharding
 from asickernels.kernels import policy, registry
 from asickernels.kernels.declaration import Array, Plan, Runner, Spec
 
@@ -258,7 +259,7 @@ def _to_jax(out: Any) -> Any:
     is taken without a copy. ``jax.make_array_from_callback`` rather than ``device_put``,
     which binds a primitive first: the hand-over takes about half as long after a kernel
     has swept the caches (benchmarks/results/eager_overhead/s2_handoff_1.json)."""
-    sharding = policy.single_device_sharding(policy.default_device())
+    sharding = single_device_sharding(policy.default_device())
 
     def place(array: np.ndarray) -> jax.Array:
         array = np.asarray(array)

@@ -62,15 +62,6 @@ def default_device() -> jax.Device:
 _DEFAULT_DEVICE: list[jax.Device] = []
 
 
-def single_device_sharding(device: jax.Device) -> jax.sharding.Sharding:
-    """The sharding that places an array on ``device``: ``make_single_device_sharding`` where
-    jax has it (jax 0.12.1 deprecates constructing ``SingleDeviceSharding``), else the class."""
-    import jax
-
-    make = getattr(jax.sharding, "make_single_device_sharding", None)
-    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
-
-
 def where_arrays_live(arrays: Sequence[object]) -> Where:
     """The :class:`Where` of a call on ``arrays`` (JAX arrays, tracers or host arrays)."""
     import jax

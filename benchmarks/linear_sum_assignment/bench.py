@@ -130,6 +130,7 @@ def measure(repeats: int) -> list[dict[str, Any]]:
 
 
 def compile_for_tpu() -> list[dict[str, Any]]:
+    from asickernels.estimates import compile_gate
     from asickernels.simulate import tpu_compile
 
     def build() -> tpu_compile.Built:
@@ -138,9 +139,9 @@ def compile_for_tpu() -> list[dict[str, Any]]:
 
         return function, [((64, QUERIES, 100), "float32"), ((64, 100), "bool")]
 
-    target = tpu_compile.KernelShape("linear_sum_assignment", "64x100x100", build)
-    results = tpu_compile.compile_all(tpu_compile.GATE_GENERATIONS, targets=[target])
-    print(tpu_compile.format_table(results))
+    target = compile_gate.KernelShape("linear_sum_assignment", "64x100x100", build)
+    results = compile_gate.compile_all(compile_gate.GATE_GENERATIONS, targets=[target])
+    print(compile_gate.format_table(results))
     return [r.as_dict() for r in results]
 
 

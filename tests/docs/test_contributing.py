@@ -56,7 +56,7 @@ def test_each_file_it_names_exists(path):
     [
         ("asickernels.kernels.public", "OPS"),
         ("asickernels.kernels.cases", "Workload"),
-        ("asickernels.simulate.nki.kernel_estimates", "_WORK"),
+        ("asickernels.estimates.nki_estimates", "_WORK"),
     ],
 )
 def test_each_table_it_names_is_there(module, name):

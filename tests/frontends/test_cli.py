@@ -190,7 +190,7 @@ def test_the_nki_runner_says_in_one_line_that_a_script_is_missing(capsys, tmp_pa
 
 
 def test_the_compile_table_is_aligned_whatever_the_names():
-    from asickernels.simulate.tpu_compile import CompileResult, format_table
+    from asickernels.estimates.compile_gate import CompileResult, format_table
 
     results = [
         CompileResult("giou", "8x4", "v5e", True, 1.5, "", 2**20, None, 3 * 2**20),
@@ -259,16 +259,16 @@ def test_estimate_render_compiles_nothing_and_needs_no_libtpu(capsys, monkeypatc
 
 
 def test_estimate_rows_without_a_pallas_kernel_show_no_kernel_time():
-    from asickernels.simulate.tpu_estimate import report
+    from asickernels.estimates import tpu_report
 
     def row(name, kernels):
         estimate = types.SimpleNamespace(
             generation="v5e", device_s=2e-3, kernel_s=1e-3 if kernels else 0.0,
             kernels=kernels, utilization={},
         )  # fmt: skip
-        return report.Row(types.SimpleNamespace(name=name, work=None), estimate)
+        return tpu_report.Row(types.SimpleNamespace(name=name, work=None), estimate)
 
-    header, pallas, xla = report.estimates_text([row("ours", ["k"]), row("xla", [])], False)
+    header, pallas, xla = tpu_report.estimates_text([row("ours", ["k"]), row("xla", [])], False)
     kernel_column = slice(header.index("program ms") + 11, header.index("kernel ms") + 9)
     assert pallas[kernel_column].strip() == "1.0000"
     assert xla[kernel_column].strip() == "-"

@@ -34,6 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import asickernels
 import asickernels.torch as akt
+from asickernels.estimates import compile_gate
 from asickernels.frontends import torch_tpu
 from asickernels.kernels import oracle
 from asickernels.simulate import tpu_compile
@@ -170,7 +171,7 @@ def exported(function, arrays, statics, generation):
     return module, placed
 
 
-@pytest.mark.parametrize("generation", tpu_compile.GATE_GENERATIONS)
+@pytest.mark.parametrize("generation", compile_gate.GATE_GENERATIONS)
 @pytest.mark.parametrize("name", list(OPS))
 def test_exported_module_compiles_for_tpu(name, generation):
     """The module TorchTPU hands its runtime, compiled by libtpu: Mosaic kernels where the

@@ -10,6 +10,7 @@ import pytest
 from conftest import backends_under_test, require
 
 import asickernels
+from asickernels.estimates import compile_gate
 from asickernels.kernels import registry
 from asickernels.kernels.box_iou import (
     reference_ciou,
@@ -276,22 +277,22 @@ def test_bad_inputs_are_refused_before_any_kernel_runs():
 
 
 SMALL_SHAPES = tuple(
-    tpu_compile.KernelShape(name, shape, build)
+    compile_gate.KernelShape(name, shape, build)
     for name, shape, build in (
         (
             "giou_pairwise",
             "3x7x130",
-            lambda: tpu_compile._box_metric("generalized_box_iou", False, (3, 7, 4), (3, 130, 4)),
+            lambda: compile_gate._box_metric("generalized_box_iou", False, (3, 7, 4), (3, 130, 4)),
         ),
         (
             "box_iou_pairwise",
             "7x130",
-            lambda: tpu_compile._box_metric("box_iou", False, (7, 4), (130, 4)),
+            lambda: compile_gate._box_metric("box_iou", False, (7, 4), (130, 4)),
         ),
         (
             "ciou_backward",
             "1000 pairs",
-            lambda: tpu_compile._box_metric("ciou", True, (1000, 4), (1000, 4)),
+            lambda: compile_gate._box_metric("ciou", True, (1000, 4), (1000, 4)),
         ),
     )
 )
@@ -302,12 +303,12 @@ SMALL_SHAPES = tuple(
     "generation",
     [
         pytest.param(g, marks=[] if g == "v5e" else [pytest.mark.slow])
-        for g in tpu_compile.GATE_GENERATIONS
+        for g in compile_gate.GATE_GENERATIONS
     ],
 )
 def test_pallas_kernels_compile_for_tpu_at_ragged_shapes(generation):
-    results = tpu_compile.compile_all([generation], targets=SMALL_SHAPES)
-    assert all(r.ok for r in results), tpu_compile.format_table(results)
+    results = compile_gate.compile_all([generation], targets=SMALL_SHAPES)
+    assert all(r.ok for r in results), compile_gate.format_table(results)
 
 
 def test_spmd_wrappers_shard_the_batch_and_psum_the_loss():

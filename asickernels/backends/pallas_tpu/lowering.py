@@ -98,6 +98,13 @@ class _FlatBuild:
             function = jax.vmap(function, in_axes=self.batch_dims)
         return lambda *args: jax.tree.leaves(function(*args))
 
+    def interpreted(self) -> Callable[..., list[Any]]:
+        """Built for Pallas interpret mode at the default generation: what abstract
+        evaluation and lowerings off TPU run, and what the TPU estimator walks
+        (:mod:`asickernels.simulate.tpu_estimate.observed`, which sees only this primitive's
+        ``build`` parameter)."""
+        return self(Target(generations.DEFAULT, True))
+
 
 # A Pallas call whose Mosaic-or-interpret choice (and generation) is made at lowering:
 # JAX exposes no device at trace time (tracers carry an abstract mesh without devices), but a
@@ -109,7 +116,7 @@ _by_platform_p.multiple_results = True
 
 def _abstract_eval(*avals: Any, build: _FlatBuild) -> list[Any]:
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-    outs = jax.eval_shape(build(Target(generations.DEFAULT, True)), *specs)
+    outs = jax.eval_shape(build.interpreted(), *specs)
     return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
 
 
@@ -154,8 +161,7 @@ def _lower_tpu(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
 
 
 def _lower_elsewhere(ctx: Any, *args: Any, build: _FlatBuild) -> Any:
-    target = Target(generations.DEFAULT, True)
-    return mlir.lower_fun(build(target), multiple_results=True)(ctx, *args)
+    return mlir.lower_fun(build.interpreted(), multiple_results=True)(ctx, *args)
 
 
 _by_platform_p.def_impl(lambda *args, build: _eager(build)(*args))

@@ -7,8 +7,7 @@
   seconds (``asickernels estimate``);
 * :mod:`.roofline`: the physical lower bound of each case (bytes over HBM bandwidth,
   operations over the MXU or VPU peak);
-* :mod:`.cases`, :mod:`.seed_kernels`: what is estimated (ours, XLA's, the seeds' designs);
-* :mod:`.report`: tables, calibration, sweeps, markdown and JSON;
+* :mod:`.cases`, :mod:`.seed_kernels`: cases that are not ours (XLA's, the seeds' designs);
 * :mod:`.program_facts`: a function's Pallas kernels (grid, TensorCore split) and floor,
   from its jaxpr;
 * :mod:`.observed`: what a run on example inputs says of data-dependent loops and branches
@@ -17,7 +16,9 @@
 * :mod:`.user_function`: :func:`estimate_function`, the estimate of any jitted function or
   Pallas kernel with example arguments.
 
-Generation facts come from :mod:`asickernels.tpu_generations`.
+Generation facts come from :mod:`asickernels.tpu_generations`. Our kernels' cases, the
+estimate table and the ``asickernels estimate`` command are above the kernels, in
+:mod:`asickernels.estimates`.
 """
 
 from asickernels.simulate.tpu_estimate.user_function import estimate_function

@@ -13,10 +13,10 @@ HBM queue, and the second TensorCore's traffic on v5p (its HBM share is halved i
 Two calibrated constants stand in for what no schedule shows: a fixed latency per DMA and
 the per-call host overhead that wall-clock (``timeit``) timings include.
 
-Commands (:mod:`.command`): ``asickernels estimate`` (estimates for v5e/v6e/v5p),
-``--tune`` (block-size sweeps), ``--markdown PATH`` (calibration, estimates and tuning as
-markdown). With ``--neuron``, our NKI kernels on NeuronCores instead, from the NKI
-simulator's cost model (no libtpu; :mod:`asickernels.simulate.nki.kernel_estimates`).
+Commands (:mod:`asickernels.estimates.command`): ``asickernels estimate`` (estimates for
+v5e/v6e/v5p), ``--tune`` (block-size sweeps), ``--markdown PATH`` (calibration, estimates
+and tuning as markdown). With ``--neuron``, our NKI kernels on NeuronCores instead, from
+the NKI simulator's cost model (no libtpu; :mod:`asickernels.estimates.nki_estimates`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,6 @@ def product_ops_per_cycle(generation: str) -> tuple[float, float]:
 
 
 DEFAULT_GENERATIONS = ("v5e", "v6e", "v5p")
-OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
 
 # Fitted to the published TPU v5e timings of :mod:`.published` (the JAX Pallas TPU matmul
 # guide's and the seed's; `asickernels estimate --markdown` prints the fit from the current

@@ -460,18 +460,16 @@ def _one_device(params: Any) -> bool:
     return sizes is not None and math.prod(dict(sizes).values()) == 1
 
 
-# The primitive of asickernels.backends.pallas_tpu.lowering.run: a Pallas kernel whose
-# Mosaic-or-interpret choice is made at lowering, its pallas_call visible only there.
+# The primitive of asickernels' Pallas backend (its ``lowering.run``): a Pallas kernel whose
+# Mosaic-or-interpret choice is made at lowering, its pallas_call visible only there. Its
+# ``build`` parameter's ``interpreted()`` is the function built for interpret mode.
 _BY_PLATFORM = "asickernels_pallas_by_platform"
 
 
 def _by_platform_jaxpr(params: Any, values: Sequence[Any]) -> Any:
     import jax
 
-    from asickernels.backends.pallas_tpu.lowering import Target
-    from asickernels.tpu_generations import DEFAULT
-
-    return jax.make_jaxpr(params["build"](Target(DEFAULT, True)))(*values)
+    return jax.make_jaxpr(params["build"].interpreted())(*values)
 
 
 class _Uses:

@@ -16,15 +16,9 @@ from conftest import REPO
 from test_tpu_estimate import DELAY, listing, walk
 
 from asickernels import tpu_generations
+from asickernels.estimates import command, tpu_cases, tpu_report
 from asickernels.simulate import tpu_compile
-from asickernels.simulate.tpu_estimate import (
-    cases,
-    command,
-    observed,
-    program_facts,
-    report,
-    user_function,
-)
+from asickernels.simulate.tpu_estimate import cases, observed, program_facts, user_function
 from asickernels.simulate.tpu_estimate import estimate as cost
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 
@@ -183,10 +177,10 @@ def test_rows_recorded_with_the_old_clamp_show_the_walk() -> None:
         "program_ms": 5.58, "kernel_ms": None, "roofline_ms": 5.58, "calibrated_ms": 5.70,
         "schedule_ms": 4.40, "floored": True,
     }  # fmt: skip
-    row = report.normalize(old)
+    row = tpu_report.normalize(old)
     assert row["program_ms"] == 4.40 and row["calibrated_ms"] == pytest.approx(4.52)
     assert row["below_floor"] and "floored" not in row and "schedule_ms" not in row
-    text = "\n".join(report.estimates_markdown([row]))
+    text = "\n".join(tpu_report.estimates_markdown([row]))
     assert "4.4000 (below floor)" in text
 
 
@@ -358,12 +352,10 @@ def test_a_run_counts_each_while_loop_entry_in_order() -> None:
 
 
 def test_the_xla_nms_loop_runs_once_per_kept_box() -> None:
-    from asickernels.simulate.tpu_estimate import cases as estimate_cases
-
-    function, _ = estimate_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
+    function, _ = tpu_cases.nms_builder(256, 64, seeds.SEED_NMS_IOU_THRESHOLD, backend="xla")
     boxes, scores = seeds.seed_nms_inputs(256)
     trips = observed.observe(function, [jnp.asarray(boxes), jnp.asarray(scores)]).while_trips
-    assert trips == (estimate_cases._seed_nms_kept(256, 64),)
+    assert trips == (tpu_cases._seed_nms_kept(256, 64),)
 
 
 def test_the_walk_takes_run_counted_trips_for_loops_it_cannot_decide() -> None:
@@ -384,8 +376,6 @@ def test_estimate_function_counts_the_xla_nms_loop_from_the_example_inputs(
     _libtpu()
     import importlib.util
 
-    from asickernels.simulate.tpu_estimate import cases as estimate_cases
-
     module_path = tmp_path / "users_nms.py"
     module_path.write_text(
         "import asickernels\n\n\n"
@@ -402,7 +392,7 @@ def test_estimate_function_counts_the_xla_nms_loop_from_the_example_inputs(
     (counted,) = user_function.estimate_function(
         module.xla_nms, jnp.asarray(boxes), jnp.asarray(scores), generations=("v5e",)
     )
-    given = cost.estimate_case(estimate_cases.nms_xla_case(1024), "v5e")
+    given = cost.estimate_case(tpu_cases.nms_xla_case(1024), "v5e")
     assert counted.device_s == pytest.approx(given.device_s, rel=1e-3)
     assert any(
         "ran the example inputs on CPU: 1 while-loop entry" in a for a in counted.assumptions

@@ -20,12 +20,12 @@ import pytest
 from conftest import DATA, REPO
 
 from asickernels import tpu_generations
+from asickernels.estimates import command, tpu_cases, tpu_report
 from asickernels.kernels.nms import greedy_nms
 from asickernels.simulate import tpu_compile
 from asickernels.simulate.tpu_estimate import cases as tpu_cost_cases
-from asickernels.simulate.tpu_estimate import command, parsing, roofline
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
-from asickernels.simulate.tpu_estimate import report as tpu_cost_report
+from asickernels.simulate.tpu_estimate import parsing, roofline
 from asickernels.simulate.tpu_estimate import seed_kernels as seeds
 from asickernels.simulate.tpu_estimate import walk as walking
 
@@ -275,17 +275,17 @@ def test_seed_nms_dump_counts_one_grid_step_per_output(tmp_path: Path) -> None:
     assert slower.device_s > estimate.device_s
 
 
-def stream_row(tmp_path: Path, **case_fields: object) -> tpu_cost_report.Row:
+def stream_row(tmp_path: Path, **case_fields: object) -> tpu_report.Row:
     dump = parsing.load_dump(stored_dump("stream_v5e", tmp_path))
     estimate = tpu_cost.estimate_dump(dump, "v5e", case="stream")
     case = tpu_cost_cases.stream_case()
-    return tpu_cost_report.Row(dataclasses.replace(case, **case_fields), estimate)  # type: ignore[arg-type]
+    return tpu_report.Row(dataclasses.replace(case, **case_fields), estimate)  # type: ignore[arg-type]
 
 
 def test_markdown_says_estimates_not_measurements(tmp_path: Path) -> None:
     row = stream_row(tmp_path, op="stream", impl="pallas_tpu")
-    record = tpu_cost_report.normalize(row.as_json())
-    text = "\n".join(tpu_cost_report.markdown_document(["v5e"], [record], None, []))
+    record = tpu_report.normalize(row.as_json())
+    text = "\n".join(tpu_report.markdown_document(["v5e"], [record], None, []))
     assert "not measurements" in text
     assert f"| {row.case.name} | stream | pallas_tpu | v5e |" in text
 
@@ -302,13 +302,13 @@ def test_json_row_has_the_documented_fields_and_flags_a_walk_below_the_roofline(
     assert fields["roofline_ms"] == pytest.approx(STREAM_BYTES / 819e9 * 1e3)
     assert fields["program_ms"] >= fields["roofline_ms"] and not row.below_roofline
     # An estimate twice as fast as the bytes allow is flagged, never clamped.
-    faster = tpu_cost_report.Row(
+    faster = tpu_report.Row(
         dataclasses.replace(row.case, work=roofline.Work(4 * STREAM_BYTES)), row.estimate
     )
     assert faster.below_roofline
-    flagged = tpu_cost_report.normalize(faster.as_json())
+    flagged = tpu_report.normalize(faster.as_json())
     assert flagged["below_floor"] and flagged["program_ms"] == fields["program_ms"]
-    assert "(below floor)" in "\n".join(tpu_cost_report.estimates_markdown([flagged]))
+    assert "(below floor)" in "\n".join(tpu_report.estimates_markdown([flagged]))
 
 
 RECORDED = REPO / "benchmarks" / "results" / "tpu_estimates" / "estimates.json"
@@ -317,7 +317,7 @@ RECORDED = REPO / "benchmarks" / "results" / "tpu_estimates" / "estimates.json"
 def test_recorded_estimates_are_never_below_their_roofline() -> None:
     if not RECORDED.exists():
         pytest.skip(f"{RECORDED} not recorded (asickernels estimate --json PATH)")
-    rows = [tpu_cost_report.normalize(row) for row in json.loads(RECORDED.read_text())]
+    rows = [tpu_report.normalize(row) for row in json.loads(RECORDED.read_text())]
     assert rows
     low = [(r["name"], r["generation"]) for r in rows if r["below_floor"]]
     assert not low, low
@@ -354,14 +354,14 @@ def test_unknown_generation_is_rejected(tmp_path: Path) -> None:
 def test_nms_case_takes_its_trips_from_the_kernels_model() -> None:
     from asickernels.backends.pallas_tpu import nms
 
-    case = tpu_cost_cases.nms_case(256)
+    case = tpu_cases.nms_case(256)
     boxes, scores = seeds.seed_nms_inputs()
     model = nms.loop_trips(
         boxes, scores, tile=256, iou_threshold=seeds.SEED_NMS_IOU_THRESHOLD,
         max_output_size=seeds.SEED_NMS_OUTPUTS,
     )  # fmt: skip
     ((program, trips),) = case.loop_trips
-    assert program == tpu_cost_cases.NMS_PROGRAM
+    assert program == tpu_cases.NMS_PROGRAM
     assert dict(trips) == {0: model.tiles, 1: model.cross[1:], 2: model.passes}
 
 

@@ -1,5 +1,6 @@
-"""``asickernels estimate``: the estimate table, the calibration against published TPU v5e
-figures, and the block-size sweeps, as text or markdown.
+"""``asickernels estimate``: the estimate table of our kernels (:mod:`.tpu_cases`) beside the
+seeds' and XLA's, the calibration against published TPU v5e figures, and the block-size
+sweeps, as text or markdown.
 
 Everything here compiles with libtpu (one subprocess per kernel and generation, seconds
 each on a small machine), so it is a command, never part of the fast tests.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asickernels import tpu_generations
+from asickernels.estimates import tpu_cases
 from asickernels.kernels import giou_cases, int8_matmul_cases, nms_cases
 from asickernels.simulate.tpu_estimate import cases, parsing, program_facts, published
 from asickernels.simulate.tpu_estimate import estimate as cost
@@ -155,15 +157,15 @@ def estimate_cases(
     matmul_shapes.append((size, size, size))
     found: list[cost.EstimateTarget] = [*cases.SEED_CASES]
     for m, k, n in matmul_shapes:
-        found += [cases.int8_matmul_case(mkn=(m, k, n)), cases.xla_matmul_case(m, k, n, "int8")]
-        if m in cases.W8A8_AND_BF16_M or m == size:  # the other XLA dots: fewer M (compiles)
+        found += [tpu_cases.int8_matmul_case(mkn=(m, k, n)), cases.xla_matmul_case(m, k, n, "int8")]
+        if m in tpu_cases.W8A8_AND_BF16_M or m == size:  # the other XLA dots: fewer M (compiles)
             found += [cases.xla_matmul_case(m, k, n, variant) for variant in ("w8a8", "bf16")]
     for pairs in (cases.GIOU_PAIRS, *giou_cases.GIOU_USER_PAIRS):
         for gradient in (False, True):
-            found += [cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
-    tile = cases.default_nms_tile()
+            found += [tpu_cases.giou_case(pairs, impl, gradient) for impl in ("pallas_tpu", "xla")]
+    tile = tpu_cases.default_nms_tile()
     for n in nms_cases.NMS_USER_N:
-        found += [cases.nms_case(tile, n=n), cases.nms_xla_case(n)]
+        found += [tpu_cases.nms_case(tile, n=n), tpu_cases.nms_xla_case(n)]
     return tuple(case for case in found if ops is None or case.op in ops)
 
 
@@ -381,11 +383,11 @@ def tune(runner: Runner, generations: Sequence[str]) -> list[Tuning]:
             f"int8 matmul {size}^3 (block_m x block_n x block_k)",
             cases.seed_int8_matmul_case(size),
             [
-                ("{}x{}x{}".format(*blocks), cases.int8_matmul_case(blocks, size))
-                for blocks in cases.INT8_MATMUL_SWEEP
+                ("{}x{}x{}".format(*blocks), tpu_cases.int8_matmul_case(blocks, size))
+                for blocks in tpu_cases.INT8_MATMUL_SWEEP
             ],
         )
-        for size in cases.INT8_MATMUL_SWEEP_SIZES
+        for size in tpu_cases.INT8_MATMUL_SWEEP_SIZES
     ]
     tunings.append(
         _sweep(
@@ -393,7 +395,7 @@ def tune(runner: Runner, generations: Sequence[str]) -> list[Tuning]:
             generations,
             "NMS 1024 boxes / 128 outputs (tile)",
             cases.SEED_NMS_PALLAS,
-            [(f"tile {tile}", cases.nms_case(tile)) for tile in nms_cases.NMS_TILE_SWEEP],
+            [(f"tile {tile}", tpu_cases.nms_case(tile)) for tile in nms_cases.NMS_TILE_SWEEP],
         )
     )
     return tunings

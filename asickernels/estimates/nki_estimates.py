@@ -380,7 +380,7 @@ def markdown_page(rows: Sequence[Row], command: str | None) -> str:
         lines.append(f"| {case.op} | {case.parsed_size().label} | " + " | ".join(cells) + " |")
     if not all(row.estimate.calibrated for row in rows):
         lines += ["", UNCALIBRATED_NOTE]
-    lines += ["", "Sizes (bench workloads, seed 0; kernel_estimates.KERNELS):", ""]
+    lines += ["", "Sizes (bench workloads, seed 0; nki_estimates.KERNELS):", ""]
     lines += [f"- {case.op} {case.parsed_size().label}: {case.why}" for case in cases]
     return "\n".join(lines) + "\n"
 
@@ -398,7 +398,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not all(row.estimate.calibrated for row in rows):
         print(UNCALIBRATED_NOTE)
     print()
-    print("Sizes (bench workloads, seed 0; kernel_estimates.KERNELS):")
+    print("Sizes (bench workloads, seed 0; nki_estimates.KERNELS):")
     for case in dict.fromkeys(row.case for row in rows):
         print(f"  {case.op} {case.parsed_size().label}: {case.why}")
     if args.json:

@@ -1,6 +1,6 @@
-"""``asickernels estimate``: TPU estimates of our kernels (:mod:`.report`) or of a user's
-function (:mod:`.user_function`), or with ``--neuron`` NKI estimates
-(:mod:`asickernels.simulate.nki.kernel_estimates`)."""
+"""``asickernels estimate``: TPU estimates of our kernels (:mod:`.tpu_report`) or of a user's
+function (:mod:`asickernels.simulate.tpu_estimate.user_function`), or with ``--neuron`` NKI
+estimates of our kernels (:mod:`.nki_estimates`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ from typing import Any
 
 from asickernels.simulate.tpu_estimate import estimate as cost
 
+# The ops of the TPU estimate table (what ``--op`` takes; :func:`.tpu_report.estimate_cases`).
+OPS = ("int8_matmul", "w8a8_matmul", "bf16_matmul", "giou", "giou_grad", "nms")
+
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from asickernels.simulate.nki import kernel_estimates
+    from asickernels.estimates import nki_estimates
 
     if args.neuron is not None or args.kernel or args.timeline:  # no TPU compiler needed
-        return kernel_estimates.run_cli(args)  # refuses --kernel/--timeline without --neuron
+        return nki_estimates.run_cli(args)  # refuses --kernel/--timeline without --neuron
+    from asickernels.estimates import tpu_report
     from asickernels.simulate import tpu_compile
-    from asickernels.simulate.tpu_estimate import report
 
     if args.render:  # compiles nothing
         clashing = [
@@ -27,7 +30,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         if clashing:
             print(f"--render compiles nothing: drop --{', --'.join(clashing)}", file=sys.stderr)
             return 2
-        return report.run(
+        return tpu_report.run(
             (),
             tune_blocks=False,
             markdown=args.markdown,
@@ -44,7 +47,7 @@ def _run_cli(args: argparse.Namespace) -> int:
     if args.arg:
         print("--arg needs --function", file=sys.stderr)
         return 2
-    return report.run(
+    return tpu_report.run(
         args.generation or cost.DEFAULT_GENERATIONS,
         tune_blocks=args.tune,
         markdown=args.markdown,
@@ -104,8 +107,8 @@ More: docs/tpu-compile-and-estimates.md and docs/nki-simulator.md."""
 
 def register_cli(subparsers: Any) -> None:
     """Adds ``asickernels estimate``."""
+    from asickernels.estimates import nki_estimates
     from asickernels.simulate import tpu_compile
-    from asickernels.simulate.nki import kernel_estimates
 
     parser = subparsers.add_parser(
         "estimate",
@@ -147,9 +150,9 @@ def register_cli(subparsers: Any) -> None:
     parser.add_argument(
         "--op",
         action="append",
-        choices=cost.OPS,
+        choices=OPS,
         metavar="OP",
-        help=f"only cases of this op (repeatable; default: all): {', '.join(cost.OPS)}",
+        help=f"only cases of this op (repeatable; default: all): {', '.join(OPS)}",
     )
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="show loops, assumptions, costliest programs"
@@ -166,5 +169,5 @@ def register_cli(subparsers: Any) -> None:
         metavar="DTYPE[SHAPE]",
         help="an example argument of --function, e.g. bfloat16[1024,1024] (repeatable, in order)",
     )
-    kernel_estimates.add_arguments(parser)
+    nki_estimates.add_arguments(parser)
     parser.set_defaults(handler=_run_cli)
