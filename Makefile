@@ -30,8 +30,9 @@ NL_STAMP := $(NL_VENV)/.installed
 export TPU_SKIP_MDS_QUERY := 1
 export ALLOW_MULTIPLE_LIBTPU_LOAD := 1
 
-# The cpu backend's C++, built in place by the editable install (setup.py).
-NATIVE := setup.py $(wildcard asickernels/backends/cpu/csrc/*)
+# The cpu backend's C++ (each op's file and what they share), built in place by the editable
+# install (setup.py).
+NATIVE := setup.py $(wildcard asickernels/backends/cpu/*.cpp asickernels/backends/cpu/csrc/*)
 
 # $(call install,venv,python,pip arguments): creates the venv with that Python if it is not
 # there, installs into it, and stamps it. (Arguments with commas go through a variable.)

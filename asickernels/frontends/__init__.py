@@ -18,18 +18,21 @@ Nothing is imported here, so that neither torch nor libtpu is loaded unless aske
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from asickernels.kernels.declaration import Op
 
 
-def sharded_ops() -> list[Op]:
-    """The ops with SPMD wrappers: those whose declaration names a partition rule."""
-    import asickernels
+def sharded_ops(ops: Iterable[Op] | None = None) -> list[Op]:
+    """The ops with SPMD wrappers: those of ``ops`` (default :data:`asickernels.OPS`) whose
+    declaration names a partition rule."""
+    if ops is None:
+        import asickernels
 
-    return [op for op in asickernels.OPS if op.partition != "none"]
+        ops = asickernels.OPS
+    return [op for op in ops if op.partition != "none"]
 
 
 def run_rule(rules: Mapping[str, Callable[..., Any]], op: Op, arguments: dict[str, Any]) -> Any:

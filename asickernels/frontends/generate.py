@@ -133,7 +133,9 @@ def declared_ops() -> dict[str, list[Op]]:
     by name; the modules by name (their ops are imported from them)."""
     found: dict[str, list[Op]] = {}
     for info in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+        # Cases modules declare no op, and case_tables needs OPS to list a new op's already:
+        # importing them before this has written it would fail.
+        if info.name.startswith("_") or info.name.endswith(("_cases", "case_tables")):
             continue
         module = importlib.import_module(f"{kernels.__name__}.{info.name}")
         ops = [
@@ -144,6 +146,13 @@ def declared_ops() -> dict[str, list[Op]]:
         if ops:
             found[module.__name__] = sorted(ops, key=lambda op: op.name)
     return found
+
+
+def every_op() -> list[Op]:
+    """Every declared op, by name: what :data:`~asickernels.kernels.public.OPS` lists once
+    written. The frontends are written from it rather than from OPS, which this process
+    imported before writing it: one run writes a new op everywhere."""
+    return sorted((op for ops in declared_ops().values() for op in ops), key=lambda op: op.name)
 
 
 def _listing() -> str:
@@ -160,7 +169,7 @@ def _listing() -> str:
             lines.append(one_line)
         else:  # as ruff's isort wraps it
             lines += [f"from {module} import (", *(f"    {name}," for name in names), ")"]
-    every = sorted(op.name for ops in declared.values() for op in ops)
+    every = [op.name for op in every_op()]
     lines += ["", "OPS: tuple[Op, ...] = (", *(f"    {name}," for name in every), ")"]
     return "\n".join(lines) + "\n"
 
@@ -220,7 +229,7 @@ _SCALAR_TYPES = {
 
 TORCH = Frontend(
     "torch/__init__.py",
-    lambda: asickernels.OPS,
+    every_op,
     {
         **_SCALAR_TYPES,
         "Tensor": "ArrayLike",
@@ -238,7 +247,7 @@ TORCH = Frontend(
 
 JAX_SPMD = Frontend(
     "frontends/jax_spmd.py",
-    sharded_ops,
+    lambda: sharded_ops(every_op()),
     {
         **_SCALAR_TYPES,
         "Tensor": "ArrayLike",
@@ -259,7 +268,7 @@ JAX_SPMD = Frontend(
 
 TORCH_XLA_SPMD = Frontend(
     "frontends/torch_xla_spmd.py",
-    sharded_ops,
+    lambda: sharded_ops(every_op()),
     {
         **_SCALAR_TYPES,
         "Tensor": "Tensor",

@@ -21,6 +21,17 @@ def _render_module():
     return module
 
 
+def test_the_eager_ab_page_is_what_its_script_renders():
+    spec = importlib.util.spec_from_file_location("eager_ab", ROOT / "benchmarks" / "eager_ab.py")
+    assert spec is not None and spec.loader is not None
+    eager_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eager_ab)
+    page = ROOT / "benchmarks" / "results" / "eager_ab" / "README.md"
+    assert page.read_text() == eager_ab.rendered(page), (
+        "run `python benchmarks/eager_ab.py --render benchmarks/results/eager_ab`"
+    )
+
+
 def test_the_committed_benchmarks_readme_is_what_the_renderer_gives():
     render = _render_module()
     assert render.OUT.read_text() == render.rendered(), (

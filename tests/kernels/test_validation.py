@@ -602,8 +602,16 @@ def test_a_bad_backend_is_refused_by_name(op, value, no_kernel_runs):
 
 @pytest.mark.parametrize("op", asickernels.OPS, ids=lambda op: op.name)
 def test_a_config_the_backend_does_not_take_is_refused_by_name(op):
-    """The xla backend (every kernel's portable baseline, so every op's) has no tuning
-    config; ops without a kernel take none either."""
-    backend = {"quantize_int8": {}}.get(op.name, {"backend": "xla"})
+    """The first backend of the op's preference that has no tuning config refuses one; ops
+    without a kernel take none either."""
+    backend = {}
+    if op.kernel is not None:
+        untuned = [
+            name
+            for name in op.kernel.preference
+            if registry.has_kernel(op.kernel, name)
+            and registry.support(op.kernel, name).config is None
+        ]
+        backend = {"backend": untuned[0]}
     with pytest.raises((TypeError, ValueError), match="config"):
         _call(op, VALID_ARGUMENTS[op.name] | backend | {"config": {"block": 8}})

@@ -50,7 +50,7 @@ namespace asickernels_cpu::ASICKERNELS_CPU_ISA {
 namespace {
 
 // The per-pair functions must be inlined into the loops for those to vectorize; GCC's own
-// heuristics leave DIoU's and CIoU's out of line (13x slower).
+// heuristics leave DIoU's and CIoU's out of line (several times slower).
 #define AK_PER_PAIR __attribute__((always_inline)) inline
 
 constexpr double kEps = 1e-7;  // reference.GIOU_EPS
@@ -230,8 +230,8 @@ void paired_range(const T* __restrict b1, const T* __restrict b2, int64_t begin,
 // and interleaved back.
 constexpr int64_t kTile = 256;
 // Planes are kStride apart, not a multiple of 4 KB: loads and stores whose addresses agree in
-// the low 12 bits falsely wait on each other (4K aliasing), which made GIOU's gradient 5x
-// slower.
+// the low 12 bits falsely wait on each other (4K aliasing), which made GIOU's gradient
+// several times slower.
 constexpr int64_t kStride = kTile + 16;
 
 template <typename T>
