@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -403,10 +404,112 @@ def pytest_configure(config: Any) -> None:
     sets ``_compiled_kernel`` only in its compile step, which simulation mode skips
     (test/utils/test_orchestrator.py, ``_run_compilation``), and then reads it
     (``_rename_neff_outputs_to_python_names``): AttributeError. The public repository's next
-    version of that file (e9ef98f) initialises it to None in ``__init__``; so does this."""
+    version of that file (e9ef98f) initialises it to None in ``__init__``; so does this.
+    Also gives simulation mode the multi-rank launch it lacks (:func:`_simulate_ranks`)."""
     orchestrator = sys.modules.get("test.utils.test_orchestrator")
-    if orchestrator is not None and not hasattr(orchestrator.Orchestrator, "_compiled_kernel"):
+    if orchestrator is None:
+        return
+    if not hasattr(orchestrator.Orchestrator, "_compiled_kernel"):
         orchestrator.Orchestrator._compiled_kernel = None
+    single_rank = orchestrator.Orchestrator._run_simulator_inference
+    if getattr(single_rank, "__wrapped__", None) is None:
+        orchestrator.Orchestrator._run_simulator_inference = _simulate_ranks(single_rank)
+
+
+def _simulate_ranks(single_rank: Any) -> Any:
+    """``Orchestrator._run_simulator_inference`` for cases with ``collective_ranks`` > 1.
+
+    d2ad3a5's simulation mode launches one rank: test/utils/simulation_setup.py's
+    ``simulate_kernel`` calls ``kernel_input.items()`` and ``nki.cpu_simulate(kernel)[lnc]``,
+    so a ``PerRankLazyInputGenerator`` input fails (it has no ``items``) and a shared-input
+    collective names ranks the launch lacks. On devices the suite runs ``collective_ranks``
+    ranks, rank ``r`` on ``kernel_input.for_rank(r)`` (``__dump_per_rank_inputs__``), and
+    validates each rank's outputs from ``output_worker_{r}/`` (test/utils/output_validator.py,
+    lines 89-114; rank 0 only for a golden that is not per rank). This runs those ranks
+    (:func:`rank_outputs`) and writes the outputs there; single-rank cases are left to the
+    suite's own path."""
+    from test.utils.common_dataclasses import (  # the suite's framework: importable here
+        INF_ARTIFACT_DIR_NAME,
+        PerRankLazyInputGenerator,
+        normalize_golden_output,
+    )
+    from test.utils.exceptions import InferenceException
+
+    def run(orchestrator: Any, kernel_under_test: Any) -> str | None:
+        ranks = kernel_under_test.inference_args.collective_ranks
+        if ranks <= 1:
+            return single_rank(orchestrator, kernel_under_test)
+        inputs = kernel_under_test.kernel_input or {}
+        per_rank = [
+            inputs.for_rank(rank) if isinstance(inputs, PerRankLazyInputGenerator) else inputs
+            for rank in range(ranks)
+        ]
+        golden = kernel_under_test.validation_args.golden_output
+        compiler = kernel_under_test.compiler_input
+        try:
+            outputs = rank_outputs(
+                kernel_under_test.kernel_func,
+                compiler.logical_nc_config,
+                compiler.platform_target.get_nc_gen(),
+                per_rank,
+                [normalize_golden_output(golden, rank) for rank in range(ranks)],
+            )
+        except Exception as error:  # as the suite's single-rank path reports it
+            raise InferenceException(str(error)) from error
+        path = os.path.join(
+            orchestrator.fs_config.artifacts_output_directory_path, INF_ARTIFACT_DIR_NAME
+        )
+        for rank, tensors in enumerate(outputs):
+            orchestrator.__dump_tensors__(os.path.join(path, f"output_worker_{rank}"), tensors, str)
+        return path
+
+    run.__wrapped__ = single_rank  # type: ignore[attr-defined]
+    return run
+
+
+def rank_outputs(
+    kernel: Any,
+    lnc: int,
+    generation: str,
+    per_rank_inputs: list[dict[str, Any]],
+    golden: list[dict[str, Any]],
+) -> list[dict[str, np.ndarray]]:
+    """Runs ``kernel`` at LNC degree ``lnc`` on ``len(per_rank_inputs)`` ranks of the
+    NeuronCore ``generation`` (``gen3``, ...) with ``nki.multi_rank_simulate``, rank ``r``
+    called with the keyword arguments ``per_rank_inputs[r]`` (less the suite's
+    ``.must_alias_input`` suffix, as simulation_setup.py strips it), and names rank ``r``'s
+    outputs as ``golden[r]`` does, cast to its dtypes (as simulation_setup.py's
+    ``run_simulator_inference`` does for one rank)."""
+    from asickernels.simulate import nki
+    from asickernels.simulate.nki import runtime
+
+    kernel = kernel if isinstance(kernel, nki.Kernel) else nki.Kernel(kernel)
+    with runtime.targeting(generation):
+        results = nki.multi_rank_simulate(
+            kernel[lnc],
+            world_size=len(per_rank_inputs),
+            per_rank_inputs=[
+                ((), {k.removesuffix(".must_alias_input"): v for k, v in inputs.items()})
+                for inputs in per_rank_inputs
+            ],
+        )
+    outputs = []
+    for rank, (result, expected) in enumerate(zip(results, golden, strict=True)):
+        returned = (
+            [] if result is None else result if isinstance(result, (list, tuple)) else [result]
+        )
+        if len(returned) != len(expected):
+            raise RuntimeError(
+                f"rank {rank}'s kernel returned {len(returned)} outputs but expected "
+                f"{len(expected)}: {list(expected)}"
+            )
+        outputs.append(
+            {
+                name: np.asarray(output, dtype=reference.dtype)
+                for (name, reference), output in zip(expected.items(), returned, strict=True)
+            }
+        )
+    return outputs
 
 
 if __name__ == "__main__":
