@@ -10,8 +10,11 @@ simulator. It runs the suite's default simulation selection: ``test/integration`
 ``--platform-target trn2``, without the large shapes its conftest skips in simulation.
 
 This module is also the pytest plugin the run loads (``-p nkilib_suite``): it supplies the one
-module the d2ad3a5 snapshot lacks and marks the cases known to fail, each with its reason,
-as strict xfails (a case that starts passing fails the run until it leaves the list).
+module the d2ad3a5 snapshot lacks, runs the multi-rank cases on every rank, caps each worker's
+memory at its share of the machine's (a case needing more fails with a MemoryError naming the
+allocation, instead of the OOM killer ending workers), and marks the cases known to fail, each
+with its reason, as strict xfails (a case that starts passing fails the run until it leaves
+the list).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -399,13 +403,35 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
         sys.meta_path.append(_SnapshotGapFinder())
 
 
+# The share of the machine's memory the processes running cases may take together.
+MEMORY_SHARE = 0.75
+
+
+def limit_memory(workers: int) -> int:
+    """Caps this process's address space at its share (one of ``workers``) of
+    :data:`MEMORY_SHARE` of physical memory, and returns the cap in bytes. A case needing
+    more (the suite's largest shapes take 13-16 GB) then fails with a MemoryError that
+    names the allocation, where it would have had the kernel's OOM killer end its worker,
+    or a neighbour."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cap = int(physical * MEMORY_SHARE / max(workers, 1))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
+
+
 def pytest_configure(config: Any) -> None:
-    """Repairs the one d2ad3a5 framework bug that fails every simulated case: ``Orchestrator``
-    sets ``_compiled_kernel`` only in its compile step, which simulation mode skips
+    """Limits each process's memory (:func:`limit_memory`; an xdist worker learns how many
+    run cases from ``PYTEST_XDIST_WORKER_COUNT``). Repairs the one d2ad3a5 framework bug
+    that fails every simulated case: ``Orchestrator`` sets ``_compiled_kernel`` only in its
+    compile step, which simulation mode skips
     (test/utils/test_orchestrator.py, ``_run_compilation``), and then reads it
     (``_rename_neff_outputs_to_python_names``): AttributeError. The public repository's next
     version of that file (e9ef98f) initialises it to None in ``__init__``; so does this.
     Also gives simulation mode the multi-rank launch it lacks (:func:`_simulate_ranks`)."""
+    limit_memory(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     orchestrator = sys.modules.get("test.utils.test_orchestrator")
     if orchestrator is None:
         return

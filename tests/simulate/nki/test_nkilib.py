@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import ml_dtypes
 import nkilib_suite
@@ -454,3 +456,28 @@ def test_collective_cases_run_every_rank_with_its_own_inputs(lnc):
         np.testing.assert_array_equal(outputs[rank]["out"], x.reshape(ranks * 4, 8))
     with pytest.raises(RuntimeError, match="rank 0's kernel returned 1 outputs but expected 2"):
         nkilib_suite.rank_outputs(_gather_ranks, lnc, "gen3", inputs, [{"a": 0, "b": 0}] * 2)
+
+
+def test_a_case_beyond_its_workers_memory_share_fails_with_a_memory_error():
+    """Each process running cases is capped at its share of physical memory: an allocation
+    beyond it raises a MemoryError naming its size instead of drawing the OOM killer."""
+    script = (
+        "import os, numpy as np, nkilib_suite\n"
+        "physical = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')\n"
+        "workers = max(1, int(physical * nkilib_suite.MEMORY_SHARE // 2**31))\n"
+        "cap = nkilib_suite.limit_memory(workers)\n"
+        "assert cap == int(physical * nkilib_suite.MEMORY_SHARE / workers), cap\n"
+        "np.ones(2**24)\n"  # 128 MiB: within the share
+        "try:\n"
+        "    np.ones(cap // 8)\n"
+        "except MemoryError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(nkilib_suite.__file__).parent,
+    )
+    assert "Unable to allocate" in done.stdout and "GiB" in done.stdout, done.stdout
