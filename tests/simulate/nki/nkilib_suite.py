@@ -254,12 +254,39 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+# Why a case marked with another test mode is skipped.
+OTHER_MODE = (
+    "marked @pytest.mark.{mode}: the suite runs it in that mode whatever --test-mode says "
+    "(test/conftest.py, fixture trace_mode: markers override the session's mode), i.e. "
+    "through the Neuron compiler (test/utils/kernel_tracer.py imports "
+    "nki.compiler.frontend.ParserFrontend), which simulation does not have"
+)
+
+
+def _other_mode(item: Any) -> str | None:
+    """The test mode other than simulation that a case's marker names, if any (the first,
+    as the suite's trace_mode fixture takes it)."""
+    from test.utils.common_dataclasses import TraceMode  # the suite's framework
+
+    return next(
+        (
+            mode.value
+            for mode in TraceMode
+            if mode is not TraceMode.Simulator and item.get_closest_marker(mode.value)
+        ),
+        None,
+    )
+
+
 @pytest.hookimpl(trylast=True)  # after the suite's conftest marks the cases it skips
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     every = config.getoption("nkilib_every")
     seen: dict[str, int] = {}
     kept, dropped = [], []
     for item in items:
+        mode = _other_mode(item)
+        if mode is not None:
+            item.add_marker(pytest.mark.skip(reason=OTHER_MODE.format(mode=mode)))
         skipped = any(mark.name == "skip" for mark in item.iter_markers())
         if every > 1 and not skipped:
             function = item.nodeid.split("[")[0]
@@ -328,7 +355,8 @@ def results_markdown(outcomes: dict[str, str], messages: dict[str, str], run: st
         "",
         f"**{total['passed']} of {ran} cases passed ({rate})**; "
         + ", ".join(f"{total[o]} {o}" for o in OUTCOMES if o != "passed")
-        + " (skipped: the large shapes the suite's conftest skips in simulation).",
+        + " (skipped: the large shapes the suite's conftest skips in simulation, and the "
+        + "cases marked to run in a compiler mode instead).",
         "",
         "| test file | " + " | ".join(OUTCOMES) + " |",
         "| --- |" + " ---: |" * len(OUTCOMES),
