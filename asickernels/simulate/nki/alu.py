@@ -40,9 +40,9 @@ def require(
     regions: tuple[MemoryRegion, ...] = (*HBM, *ON_CHIP),
     skip_out_of_bounds: bool = False,
 ) -> NkiTensor:
-    """``value``, which must be a non-empty tensor in one of ``regions``; an indirect view
-    with out-of-bounds rows only where the instruction skips them (a DMA's
-    ``oob_mode=oob_mode.skip``, nki.isa.dma_copy)."""
+    """``value``, which must be a non-empty tensor in one of ``regions``; a view with
+    out-of-bounds rows (an indirect view's, an access pattern's) only where the instruction
+    skips them (a DMA's ``oob_mode=oob_mode.skip``, nki.isa.dma_copy)."""
     if not isinstance(value, NkiTensor):
         raise TypeError(f"operand '{name}' of '{api}' must be a tensor, got {type(value).__name__}")
     if value.size == 0:
@@ -54,7 +54,7 @@ def require(
     if outside is not None and not skip_out_of_bounds:
         raise errors.TensorAccessOutOfBound(
             f"operand '{name}' of '{api}': rows {np.flatnonzero(outside).tolist()} of the "
-            f"indirect view {value!r} have offsets outside the tensor (oob_mode=skip skips them)"
+            f"view {value!r} lie outside the tensor (a DMA's oob_mode=skip skips them)"
         )
     if value.buffer not in regions:
         spaces = "|".join(sorted({"hbm" if is_hbm(r) else r.value for r in regions}))

@@ -653,7 +653,18 @@ class NkiTensor(NKIObject):
         stride must be a whole number of partitions and the rest must stay in one partition.
         ``scalar_offset`` adds its (runtime) value times the stride of ``indirect_dim``;
         ``vector_offset`` (HBM only) does so per partition: partition ``i`` of the view starts
-        ``vector_offset[i]`` strides of ``indirect_dim`` in, walking the remaining pairs."""
+        ``vector_offset[i]`` strides of ``indirect_dim`` in, walking the remaining pairs.
+
+        A pattern reaching outside the tensor (or, on-chip, outside a partition) is no error
+        until an instruction accesses it: the view's rows (first pair) that do are
+        :attr:`out_of_bounds`, which a DMA with ``oob_mode=oob_mode.skip`` skips and any
+        other access refuses. nki.isa.dma_copy's reference checks a dynamic start address
+        "during execution" (oob_mode.error raising, oob_mode.skip skipping), and
+        nki-library@d2ad3a5's kernels build such patterns and leave them unused or skipped:
+        core/output_projection/output_projection_tkg.py:932-948 makes the pattern of an
+        ``h_2_idx`` past the end before ``if h_2_idx < cfg.h_2_size:`` guards its matmul,
+        core/moe/moe_cte/bwmm_shard_on_block.py:1441-1454 DMAs a ``scalar_offset`` expert
+        index past the last with ``oob_mode.skip``."""
         if vector_offset is not None:
             return self._vector_ap(pattern, offset, vector_offset, indirect_dim, dtype)
         new_dtype = self.dtype if dtype is None else nki_dtype(dtype)
@@ -671,18 +682,19 @@ class NkiTensor(NKIObject):
                     f"an nl.int64 scalar_offset on {self!r}: on-chip offsets are nl.int32"
                 )
             start += _scalar_value(scalar_offset) * self._byte_strides()[indirect_dim]
-        total = self.root.nbytes
-        low = start + sum(min(0, step * (count - 1)) for step, count in pairs) * itemsize
-        high = start + (sum(max(0, step * (count - 1)) for step, count in pairs) + 1) * itemsize
-        if low < 0 or high > total or start % itemsize:
+        if start % itemsize:
             raise errors.TensorAccessOutOfBound(
-                f"access pattern {pattern} at element offset {start // itemsize} reaches bytes "
-                f"[{low}, {high}) of {self!r}'s {total}-byte storage"
+                f"access pattern {pattern} starts at byte {start} of {self!r}, inside an "
+                f"element of {new_dtype}"
             )
+        if self.on_chip:
+            self._check_on_chip_pattern(pairs, itemsize)
+        outside = self._rows_outside(pairs, start, itemsize)
+        if outside.any():
+            return self._rows_view(pairs, start, new_dtype, outside)
         strides = [step * itemsize for step, _ in pairs]
         memory, base, row = self._memory()
         if self.on_chip:
-            self._check_on_chip_pattern(pairs, start, itemsize)
             strides[0] = strides[0] // self._row_bytes() * row  # whole partitions
         partitions, within = divmod(start, self._row_bytes())
         data = np.ndarray(
@@ -723,14 +735,11 @@ class NkiTensor(NKIObject):
         ]
         return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
 
-    def _check_on_chip_pattern(
-        self, pairs: list[tuple[int, int]], start: int, itemsize: int
-    ) -> None:
+    def _check_on_chip_pattern(self, pairs: list[tuple[int, int]], itemsize: int) -> None:
         """Partitions are separate memories: an on-chip pattern moves between them only with
-        its first pair."""
-        row_bytes = self.root.nbytes // self.root.shape[0]
-        (partition_step, partitions), free = pairs[0], pairs[1:]
-        within = start % row_bytes + (sum(max(0, s * (c - 1)) for s, c in free) + 1) * itemsize
+        its first pair (a row that runs past its partition's end is out of bounds:
+        :meth:`_rows_outside`)."""
+        (partition_step, partitions) = pairs[0]
         # a tensor over 128 partitions (runtime.allocating) is viewed whole; compute
         # instructions check their operands
         if partitions > max(runtime.PMAX, self.root.shape[0]):
@@ -738,11 +747,40 @@ class NkiTensor(NKIObject):
                 f"access pattern with {partitions} partitions exceeds architecture limitation of "
                 f"{runtime.PMAX}"
             )
-        if (partitions > 1 and (partition_step * itemsize) % row_bytes) or within > row_bytes:
+        if partitions > 1 and (partition_step * itemsize) % self._row_bytes():
             raise errors.LeadingDimensionOfTensorMustBePartition(
                 f"access pattern {[list(p) for p in pairs]} on {self!r} crosses partitions "
                 "outside its first (partition) pair"
             )
+
+    def _rows_outside(self, pairs: list[tuple[int, int]], start: int, itemsize: int) -> np.ndarray:
+        """Which rows (steps of the first pair) of a pattern starting at byte ``start`` reach
+        bytes outside the storage, or, on-chip, outside their partition."""
+        (step, count), free = pairs[0], pairs[1:]
+        first = start + np.arange(count, dtype=np.int64) * step * itemsize
+        low = sum(min(0, s * (c - 1)) for s, c in free) * itemsize
+        high = (sum(max(0, s * (c - 1)) for s, c in free) + 1) * itemsize
+        outside = (first + low < 0) | (first + high > self.root.nbytes)
+        if self.on_chip:
+            within = first % self._row_bytes()
+            outside |= (within + low < 0) | (within + high > self._row_bytes())
+        return outside
+
+    def _rows_view(
+        self, pairs: list[tuple[int, int]], start: int, dtype: np.dtype[Any], outside: np.ndarray
+    ) -> NkiTensor:
+        """The view of a pattern starting at byte ``start`` some of whose rows are
+        ``outside`` (:meth:`ap`): each row in bounds a view of the storage, each row outside
+        a placeholder."""
+        (step, _), free = pairs[0], pairs[1:]
+        first = (start - self._byte_offset()) // dtype.itemsize  # ``ap``'s offset of row 0
+        row_pattern = [[1, 1], *([s, c] for s, c in free)]
+        placeholder = np.zeros([c for _, c in free], dtype)
+        rows = [
+            placeholder if bad else self.ap(row_pattern, first + r * step, dtype=dtype)._data[0]
+            for r, bad in enumerate(outside)
+        ]
+        return self._gathered([(row, Ellipsis) for row in rows], dtype, outside)
 
     def view(self, dtype: Any) -> NkiTensor:
         """The same bytes as ``dtype``; the last dimension scales by the size ratio and must be

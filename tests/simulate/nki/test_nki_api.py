@@ -294,8 +294,9 @@ def test_access_pattern_addresses_storage_and_writes_through(address):
         nisa.memset(dst=odd_columns, value=-1.0)
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
         nl.store(out, tile)
-        with pytest.raises(errors.TensorAccessOutOfBound):
-            tile.ap([[8, 4], [1, 9]])
+        past_the_rows = tile.ap([[8, 4], [1, 9]])  # an error only when accessed
+        with pytest.raises(errors.TensorAccessOutOfBound, match=r"rows \[0, 1, 2, 3\]"):
+            nisa.memset(dst=past_the_rows, value=0.0)
         with pytest.raises(errors.LeadingDimensionOfTensorMustBePartition):
             tile.ap([[4, 8], [1, 4]])  # a partition stride that is not a whole partition
         return out
@@ -319,6 +320,35 @@ def test_dynamic_select_and_scalar_offset_read_the_index_tensor():
     out, shape = run(kernel, x, np.array([[1]], np.int32))
     np.testing.assert_array_equal(out, x[1:3])
     assert shape == (1, 3)
+
+
+@pytest.mark.parametrize("expert", [0, 1, 2, 3])
+def test_a_pattern_past_the_tensor_fails_only_where_it_is_accessed(expert):
+    """nki-library@d2ad3a5's MoE kernel DMAs expert ``scalar_offset`` rows with
+    oob_mode.skip, the expert index running past the last (bwmm_shard_on_block.py:1441-1454):
+    the rows outside move nothing, the rows inside move; oob_mode.error refuses the DMA.
+    Its output projection builds a pattern past a tile and never uses it
+    (output_projection_tkg.py:932-948): no error."""
+
+    def kernel(x, index):
+        i = nl.load(index)
+        tile = nl.ndarray((2, 3), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=tile, value=-1.0)
+        tile.ap([[3, 2], [1, 4]])  # each row runs past its partition: unused, no error
+        experts = x.ap([[3, 2], [1, 3]], scalar_offset=i, indirect_dim=0)  # rows i, i + 1
+        nisa.dma_copy(dst=tile, src=experts, oob_mode=nisa.oob_mode.skip)
+        out = nl.ndarray((2, 3), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=tile)
+        if expert >= 2:
+            with pytest.raises(errors.TensorAccessOutOfBound, match="lie outside the tensor"):
+                nisa.dma_copy(dst=tile, src=experts)
+        return out
+
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    expected = np.full((2, 3), -1.0, np.float32)
+    inside = x[expert : expert + 2]
+    expected[: len(inside)] = inside
+    np.testing.assert_array_equal(run(kernel, x, np.array([[expert]], np.int32)), expected)
 
 
 def test_typing_annotations():

@@ -302,7 +302,7 @@ def matmul_mx_before_v4(x):
 
 @violates(errors.TensorAccessOutOfBound)
 def access_pattern_past_the_tile(x):
-    nl.load(x).ap([[4, 128], [1, 5]])
+    nisa.memset(dst=nl.load(x).ap([[4, 128], [1, 5]]), value=0.0)
 
 
 @violates(errors.TensorAccessOutOfBound)
