@@ -76,8 +76,9 @@ class Eager:
         want: Want,
     ) -> Any:
         """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
-        may return numpy arrays instead (a host implementation's, for inputs on the host),
-        for frontends that convert anyway. Inside a trace the outputs are traced values."""
+        may return numpy arrays instead, for frontends that convert anyway: inputs on the
+        host then run the op's computation on the backend's host implementation, called
+        from here. Inside a trace the outputs are traced values."""
         if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             if plan.trivial:
                 with x64_scope(plan.x64):
