@@ -60,7 +60,7 @@ def host_twin_call(op: Workload, case: Case) -> Callable[[], Any] | None:
     when the op's kernel has none)."""
     public = op.op
     arrays, statics, _, _ = public.bind(case.arrays, dict(case.static))
-    plan = public.plan(arrays, statics)
+    plan = public.plan(arrays, **statics)
     if public.kernel is None or not registry.has_host_implementation(public.kernel, "cpu"):
         return None
     runner = Runner(public, "cpu", True, None)

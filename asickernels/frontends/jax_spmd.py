@@ -75,7 +75,7 @@ def _validate(op: Op, arrays: Arrays, statics: dict[str, object]) -> Plan:
     specs = {
         n: None if a is None else Spec(np.shape(a), np.result_type(a)) for n, a in arrays.items()
     }
-    return op.plan(specs, statics)
+    return op.plan(specs, **statics)
 
 
 def _run(

@@ -87,7 +87,7 @@ def tpu_backend(op: Op, values: Mapping[str, Any]) -> str | None:
     in ``values``, else the selection policy's for the generation of JAX's default device
     (on a host without a TPU, Pallas kernels are taken as if native)."""
     arrays = {n: values[n] for n in op.array_names}
-    plan = op.plan(arrays, {n: values[n] for n in op.static_names})
+    plan = op.plan(arrays, **{n: values[n] for n in op.static_names})
     if op.kernel is None or values["backend"] is not None:
         return values["backend"]  # type: ignore[no-any-return]
     device = policy.default_device()

@@ -132,10 +132,8 @@ class _DifferentiableShardMap(torch.autograd.Function):
 
 def _plan(op: Op, tensors: Mapping[str, Tensor | None], statics: Mapping[str, object]) -> Plan:
     """The op's own validation of the global shapes and dtypes."""
-    statics = {
-        k: torch_ops.numpy_dtype(v) if isinstance(v, torch.dtype) else v for k, v in statics.items()
-    }
-    return op.plan({n: torch_ops.spec_of(t) for n, t in tensors.items()}, statics)
+    specs = {n: torch_ops.spec_of(t) for n, t in tensors.items()}
+    return op.plan(specs, **torch_ops.jax_statics(op, statics))
 
 
 def _library_call(

@@ -248,6 +248,12 @@ class Op:
         self.__module__ = "asickernels"
         self.array_names = tuple(p.name for p in self.params if p.kind == "array")
         self.static_names = tuple(p.name for p in self.params if p.kind == "static")
+        # The statics that may be left out, with their values then.
+        self.static_defaults = {
+            p.name: p.default
+            for p in self.params
+            if p.kind == "static" and p.default is not REQUIRED
+        }
         keyword = inspect.Parameter.KEYWORD_ONLY
         self.__signature__ = inspect.Signature(
             [
@@ -324,9 +330,9 @@ class Op:
             return arrays
         return self.prepare(arrays)
 
-    def plan(self, arrays: Mapping[str, Array | Spec | None], statics: Mapping[str, Any]) -> Plan:
-        """Validates shapes, dtypes and static values (see :attr:`check`); the plan runs in
-        x64 mode when an input or an output is 64-bit."""
+    def plan(self, arrays: Mapping[str, Array | Spec | None], /, **statics: Any) -> Plan:
+        """Validates shapes, dtypes and the static values, given by name (see :attr:`check`);
+        the plan runs in x64 mode when an input or an output is 64-bit."""
         specs = {
             n: None if a is None else Spec(tuple(a.shape), np.dtype(a.dtype))
             for n, a in arrays.items()
@@ -361,19 +367,6 @@ class Op:
         chosen = policy.select(self.kernel, backend, where, plan.dtype)
         registry.check_config(self.kernel, chosen, config)
         return chosen
-
-    def run(
-        self,
-        backend: str | None,
-        plan: Plan,
-        config: object,
-        arrays: Mapping[str, Array | None],
-        want: Literal["jax", "any"],
-    ) -> Any:
-        """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
-        may return numpy arrays instead (a host implementation's, for inputs on the host),
-        for frontends that convert anyway. Inside a trace the outputs are traced values."""
-        return self.eager.run(backend, plan, config, arrays, want)
 
 
 def cast(array: Any, dtype: npt.DTypeLike) -> Any:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -60,7 +61,7 @@ class Eager:
             return call(args, kwargs)
         given, statics, backend, config = op.bind(args, kwargs)
         arrays = op.prepared(given)
-        plan = op.plan(arrays, statics)
+        plan = op.plan(arrays, **statics)
         chosen = op.choose(plan, backend, arrays, config)
         if key is not None and len(self._calls) < _MAX_SIGNATURES:
             self._calls[key] = self._replay(chosen, plan, config, given, arrays, args, kwargs)
@@ -75,8 +76,9 @@ class Eager:
         want: Want,
     ) -> Any:
         """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
-        may return numpy arrays instead (a host implementation's, for inputs on the host),
-        for frontends that convert anyway. Inside a trace the outputs are traced values."""
+        may return numpy arrays instead, for frontends that convert anyway: inputs on the
+        host then run the op's computation on the backend's host implementation, called
+        from here. Inside a trace the outputs are traced values."""
         if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             if plan.trivial:
                 with x64_scope(plan.x64):
@@ -88,8 +90,32 @@ class Eager:
         names = tuple(n for n, a in arrays.items() if a is not None)
         present = [a for a in arrays.values() if a is not None]  # in the order of names
         if want == "any" and not any(_on_accelerator(a) for a in present):
+            on_host = self._on_host(backend, plan, config)
+            if on_host is not None:
+                return on_host(
+                    **{n: None if a is None else np.asarray(a) for n, a in arrays.items()}
+                )
             return self._executor(backend, plan, config, names, "always")(*present)
         return self._executor(backend, plan, config, names, _host_use(plan, present))(*present)
+
+    def _on_host(self, backend: str | None, plan: Plan, config: object) -> Call | None:
+        """The op's computation of ``plan`` on ``backend``'s host implementation, a function
+        of the arrays by name (numpy in, numpy out); None where there is none, or for a
+        trivial plan (nothing to compute)."""
+        key: Hashable | None = (backend, plan, config, "host")
+        try:
+            on_host = self._executors.get(key)
+        except TypeError:  # an unhashable config
+            key, on_host = None, None
+        if on_host is not None or plan.trivial or backend is None or self.op.kernel is None:
+            return on_host
+        if not registry.has_host_implementation(self.op.kernel, backend):
+            return None
+        runner = Runner(self.op, backend, True, config)
+        on_host = functools.partial(self.op.compute, runner, plan, **plan.statics)
+        if key is not None and len(self._executors) < _MAX_SIGNATURES:
+            self._executors[key] = on_host
+        return on_host
 
     def _replay(
         self,
@@ -149,19 +175,15 @@ class Eager:
         if executor is not None:
             return executor
         op = self.op
-        kernel = op.kernel
-        has_host = (
-            backend is not None
-            and kernel is not None
-            and registry.has_host_implementation(kernel, backend)
-        )
+        compute_on_host = self._on_host(backend, plan, config)
+        has_host = compute_on_host is not None
         absent = dict.fromkeys(self.op.array_names)
         host_only = has_host and registry.backend(backend).array_kind == "numpy"  # type: ignore[arg-type]
 
         def on_host(*present: Array) -> Any:
+            assert compute_on_host is not None
             given = absent | {n: np.asarray(a) for n, a in zip(names, present, strict=True)}
-            runner = Runner(op, backend, True, config)  # type: ignore[arg-type]
-            out = op.compute(runner, plan, **given, **plan.statics)
+            out = compute_on_host(**given)
             return out if host == "always" else _to_jax(out)
 
         def computation(*present: Array) -> Any:

@@ -14,6 +14,7 @@ float64 (``torch.autograd.gradcheck`` works).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeAlias
 
@@ -103,13 +104,6 @@ def spec_of(tensor: torch.Tensor | None) -> Spec | None:
     return None if tensor is None else Spec(tuple(tensor.shape), numpy_dtype(tensor.dtype))
 
 
-def torch_value(param: Param, value: object) -> object:
-    """A static argument as the JAX op takes it (torch dtypes become numpy dtypes)."""
-    if param.torch_type.startswith("ScalarType") and isinstance(value, torch.dtype):
-        return numpy_dtype(value)
-    return value
-
-
 # Schemas ------------------------------------------------------------------------------------
 
 
@@ -140,62 +134,86 @@ def schema(op: Op, params: tuple[Param, ...] | None = None, outputs: int | None 
     return "(" + ", ".join([*positional, "*", *keyword]) + f") -> {returns}"
 
 
-def split_values(
-    params: tuple[Param, ...], values: Mapping[str, Any]
-) -> tuple[dict[str, torch.Tensor | None], dict[str, object]]:
-    """``(tensors, statics)`` of bound values (torch dtypes as numpy dtypes)."""
-    tensors = {p.name: values[p.name] for p in params if p.kind == "array"}
-    statics = {p.name: torch_value(p, values[p.name]) for p in params if p.kind == "static"}
-    return tensors, statics
+def named_tensors(
+    op: Op, tensors: tuple[torch.Tensor | None, ...]
+) -> dict[str, torch.Tensor | None]:
+    """An operator's tensors (its positional arguments) by the op's array names, None for
+    those left out (the dispatcher passes no trailing argument given its default). The
+    dispatcher lets None through for a required tensor: refused here.
+
+    Raises:
+      TypeError: a required tensor is None.
+    """
+    named = dict.fromkeys(op.array_names) | dict(zip(op.array_names, tensors, strict=False))
+    for p in op.params:
+        if p.torch_type == "Tensor" and named[p.name] is None:
+            raise TypeError(f"{p.name} must be a tensor, got None")
+    return named
 
 
-# Running on CPU tensors ---------------------------------------------------------------------
+def jax_statics(op: Op, given: Mapping[str, object]) -> dict[str, object]:
+    """An operator's static arguments (its keyword arguments but ``backend``) as the JAX op
+    takes them: all of them (the dispatcher passes only those given, so the others get their
+    declared defaults), torch dtypes as numpy dtypes."""
+    statics = op.static_defaults | dict(given)
+    return {n: numpy_dtype(v) if isinstance(v, torch.dtype) else v for n, v in statics.items()}
+
+
+# The operators' kernels take their arguments as the schema passes them, ``(*tensors,
+# backend=None, **statics)`` (a backward operator's: the cotangent first); each is
+# registered with its ``op`` bound (``functools.partial``).
 
 
 def run_on_cpu(
-    op: Op,
-    tensors: Mapping[str, torch.Tensor | None],
-    statics: Mapping[str, object],
-    backend: str | None,
+    op: Op, *tensors: torch.Tensor | None, backend: str | None = None, **statics: object
 ) -> Outputs:
-    """``op`` on CPU tensors through the JAX API's own path; returns torch tensors."""
-    arrays = op.prepared({name: to_host(t) for name, t in tensors.items()})
-    plan = op.plan(arrays, statics)
+    """``op`` on CPU tensors as the JAX API runs it (validation, selection policy, dtypes),
+    on numpy views of the tensors; returns torch tensors."""
+    arrays = op.prepared({n: to_host(t) for n, t in named_tensors(op, tensors).items()})
+    plan = op.plan(arrays, **jax_statics(op, statics))
     chosen = op.choose(plan, backend, arrays)
-    out = op.run(chosen, plan, None, arrays, want="any")
+    out = op.eager.run(chosen, plan, None, arrays, want="any")
     return tuple(map(to_torch, out)) if isinstance(out, tuple) else to_torch(out)
 
 
 def fake_outputs(
-    op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, object]
+    op: Op, *tensors: torch.Tensor | None, backend: str | None = None, **statics: object
 ) -> Outputs:
     """Empty tensors of ``op``'s output shapes and dtypes, from its own plan."""
-    like = next(t for t in tensors.values() if t is not None)
-    plan = op.plan({n: spec_of(t) for n, t in tensors.items()}, statics)
+    specs = {n: spec_of(t) for n, t in named_tensors(op, tensors).items()}
+    plan = op.plan(specs, **jax_statics(op, statics))
+    like = next(t for t in tensors if t is not None)
     outs = tuple(like.new_empty(s.shape, dtype=torch_dtype(s.dtype)) for s in plan.output_list())
     return outs if not isinstance(plan.outputs, Spec) else outs[0]
 
 
 def run_vjp_on_cpu(
     op: Op,
-    tensors: Mapping[str, torch.Tensor | None],
-    statics: Mapping[str, object],
-    backend: str | None,
     cotangent: torch.Tensor,
-) -> tuple[torch.Tensor, ...]:
+    *tensors: torch.Tensor | None,
+    backend: str | None = None,
+    **statics: object,
+) -> Outputs:
+    """The gradients of ``op``'s differentiable arrays (:attr:`Op.vjp`) on CPU tensors."""
     assert op.vjp is not None
-    arrays = {name: to_host(t) for name, t in tensors.items()}
-    grads = op.vjp(arrays, statics, backend, to_host(cotangent))
-    return tuple(to_torch(g) for g in grads)
+    arrays = {n: to_host(t) for n, t in named_tensors(op, tensors).items()}
+    grads = op.vjp(arrays, jax_statics(op, statics), backend, to_host(cotangent))
+    return single_or_tuple(tuple(to_torch(g) for g in grads))
 
 
 def fake_vjp(
-    op: Op, tensors: Mapping[str, torch.Tensor | None], statics: Mapping[str, object]
-) -> tuple[torch.Tensor, ...]:
-    wide = any(t is not None and t.dtype == torch.float64 for t in tensors.values())
+    op: Op,
+    cotangent: torch.Tensor,
+    *tensors: torch.Tensor | None,
+    backend: str | None = None,
+    **statics: object,
+) -> Outputs:
+    named = named_tensors(op, tensors)
+    wide = any(t is not None and t.dtype == torch.float64 for t in tensors)
     dtype = torch.float64 if wide else torch.float32
-    inputs = [tensors[n] for n in op.differentiable]  # required arrays: never None
-    return tuple(t.new_empty(t.shape, dtype=dtype) for t in inputs if t is not None)
+    inputs = [named[n] for n in op.differentiable]  # required arrays: never None
+    grads = tuple(t.new_empty(t.shape, dtype=dtype) for t in inputs if t is not None)
+    return single_or_tuple(grads)
 
 
 # Registration -------------------------------------------------------------------------------
@@ -221,58 +239,18 @@ def backward_params(op: Op) -> tuple[Param, ...]:
     return (Param("cotangent", "array", "Tensor", positional=True), *op.params)
 
 
-def bind_values(
-    params: tuple[Param, ...], args: tuple[object, ...], kwargs: Mapping[str, object]
-) -> dict[str, Any]:
-    """Positional (array) and keyword values by parameter name, with defaults (as the
-    schema). The dispatcher lets None through for a required tensor: refused here.
-
-    Raises:
-      TypeError: a required tensor is None.
-    """
-    names = [p.name for p in params if p.kind == "array"]
-    values = {p.name: p.default for p in params} | {"backend": None}
-    values.update(zip(names, args, strict=False))
-    values.update(kwargs)
-    for p in params:
-        if p.torch_type == "Tensor" and values[p.name] is None:
-            raise TypeError(f"{p.name} must be a tensor, got None")
-    return values
-
-
 def register(op: Op) -> tuple[CustomOp, CustomOp | None]:
     """Defines ``asickernels::<op.name>`` (and its backward operator and autograd for a
     differentiable op); returns the two ``torch.library`` custom ops."""
-
-    def cpu(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
-        values = bind_values(op.params, args, kwargs)
-        tensors, statics = split_values(op.params, values)
-        return run_on_cpu(op, tensors, statics, values.get("backend"))
-
-    def fake(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
-        tensors, statics = split_values(op.params, bind_values(op.params, args, kwargs))
-        return fake_outputs(op, tensors, statics)
-
-    forward = define(op.name, schema(op), cpu, fake)
+    bound = functools.partial
+    forward = define(op.name, schema(op), bound(run_on_cpu, op), bound(fake_outputs, op))
     if op.vjp is None:
         return forward, None
-    params = backward_params(op)
-
-    def cpu_backward(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
-        values = bind_values(params, args, kwargs)
-        tensors, statics = split_values(op.params, values)
-        grads = run_vjp_on_cpu(op, tensors, statics, values.get("backend"), values["cotangent"])
-        return single_or_tuple(grads)
-
-    def fake_backward(*args: torch.Tensor | None, **kwargs: object) -> Outputs:
-        tensors, statics = split_values(op.params, bind_values(params, args, kwargs))
-        return single_or_tuple(fake_vjp(op, tensors, statics))
-
     backward = define(
         f"{op.name}_backward",
-        schema(op, params, outputs=len(op.differentiable)),
-        cpu_backward,
-        fake_backward,
+        schema(op, backward_params(op), outputs=len(op.differentiable)),
+        bound(run_vjp_on_cpu, op),
+        bound(fake_vjp, op),
     )
     register_autograd(op, forward, backward)
     return forward, backward
@@ -283,7 +261,6 @@ def register_autograd(op: Op, forward: CustomOp, backward: Callable[..., Outputs
     gradients of its differentiable arrays come from ``backward``, an operator of the
     schema of :func:`backward_params` (cast back to each input's dtype); the other
     inputs get None."""
-    positional = list(op.array_names)
 
     def setup_context(
         ctx: Any,  # torch's autograd context, given attributes here
@@ -291,22 +268,19 @@ def register_autograd(op: Op, forward: CustomOp, backward: Callable[..., Outputs
         keyword_only_inputs: dict[str, object],
         output: Outputs,
     ) -> None:
-        ctx.values = bind_values(op.params, inputs, keyword_only_inputs)
-        ctx.save_for_backward(*(ctx.values[n] for n in op.array_names))
+        ctx.keywords = keyword_only_inputs
+        ctx.save_for_backward(*inputs)
 
     def grad(ctx: Any, cotangent: torch.Tensor) -> Gradients:
-        saved = dict(zip(op.array_names, ctx.saved_tensors, strict=True))
-        values = {**ctx.values, **saved, "cotangent": cotangent}
-        args = [cotangent] + [values[n] for n in positional]
-        keyword = {n: values[n] for n in op.static_names} | {"backend": values["backend"]}
-        computed = backward(*args, **keyword)
+        inputs = ctx.saved_tensors
+        computed = backward(cotangent, *inputs, **ctx.keywords)
         if isinstance(computed, torch.Tensor):  # one differentiable input
             computed = (computed,)
         grads = dict(zip(op.differentiable, computed, strict=True))
         results = []
-        for name in positional:
+        for name, given in zip(op.array_names, inputs, strict=True):
             g = grads.get(name)
-            results.append(None if g is None else g.to(saved[name].dtype))
+            results.append(None if g is None else g.to(given.dtype))
         return tuple(results)
 
     forward.register_autograd(grad, setup_context=setup_context)

@@ -71,21 +71,22 @@ def call(
     backend: str | None,
     cotangent: torch.Tensor | None = None,
 ) -> ops.Outputs:
-    """``op`` (or its VJP, given a cotangent) on XLA tensors."""
+    """``op`` (or its VJP, given a cotangent) on XLA tensors (``statics`` as the JAX op takes
+    them: :func:`ops.jax_statics`), as its operator (or the backward operator) returns it."""
     from torch_xla.core import xla_builder
 
     specs = {n: ops.spec_of(t) for n, t in tensors.items()}
-    plan = op.plan(specs, statics)
+    plan = op.plan(specs, **statics)
     chosen = None
     if op.kernel is not None:
         chosen = policy.select(op.kernel, backend, where_xla_tensors_live(), plan.dtype)
     device = next(t.device for t in tensors.values() if t is not None)
     if chosen is not None and registry.backend(chosen).array_kind == "numpy":
-        on_host = {n: None if t is None else t.cpu() for n, t in tensors.items()}
+        on_host = [None if t is None else t.cpu() for t in tensors.values()]
         if cotangent is None:
-            result = ops.run_on_cpu(op, on_host, statics, chosen)
+            result = ops.run_on_cpu(op, *on_host, backend=chosen, **statics)
         else:
-            result = ops.run_vjp_on_cpu(op, on_host, statics, chosen, cotangent.cpu())
+            result = ops.run_vjp_on_cpu(op, cotangent.cpu(), *on_host, backend=chosen, **statics)
         return jax.tree.map(lambda r: r.to(device), result)
     present = tuple(n for n, t in tensors.items() if t is not None)
     arrays = [tensors[n] for n in present]
@@ -96,30 +97,32 @@ def call(
         if cotangent is None:
             return xla_builder.call_jax(_jax_function(op, present), arrays, options)
         options.setdefault("backend", None)
-        return xla_builder.call_jax(_jax_vjp(op, present), [*arrays, cotangent], options)
-
-
-def _register(op: Op) -> None:
-    forward, backward = ops.OPERATORS[op.name]
-
-    def kernel(*args: torch.Tensor | None, **kwargs: object) -> ops.Outputs:
-        values = ops.bind_values(op.params, args, kwargs)
-        tensors, statics = ops.split_values(op.params, values)
-        return call(op, tensors, statics, values.get("backend"))
-
-    forward.register_kernel("xla")(kernel)
-    if backward is None:
-        return
-    params = ops.backward_params(op)
-
-    def backward_kernel(*args: torch.Tensor | None, **kwargs: object) -> ops.Outputs:
-        values = ops.bind_values(params, args, kwargs)
-        tensors, statics = ops.split_values(op.params, values)
-        grads = call(op, tensors, statics, values.get("backend"), values["cotangent"])
+        grads = xla_builder.call_jax(_jax_vjp(op, present), [*arrays, cotangent], options)
         return ops.single_or_tuple(tuple(grads))
 
-    backward.register_kernel("xla")(backward_kernel)
+
+def run_on_xla(
+    op: Op, *tensors: torch.Tensor | None, backend: str | None = None, **statics: object
+) -> ops.Outputs:
+    """The operator's XLA kernel (arguments as :func:`ops.run_on_cpu` takes them)."""
+    return call(op, ops.named_tensors(op, tensors), ops.jax_statics(op, statics), backend)
+
+
+def run_vjp_on_xla(
+    op: Op,
+    cotangent: torch.Tensor,
+    *tensors: torch.Tensor | None,
+    backend: str | None = None,
+    **statics: object,
+) -> ops.Outputs:
+    """The backward operator's XLA kernel (arguments as :func:`ops.run_vjp_on_cpu` takes
+    them)."""
+    named, given = ops.named_tensors(op, tensors), ops.jax_statics(op, statics)
+    return call(op, named, given, backend, cotangent)
 
 
 for _op in asickernels.OPS:
-    _register(_op)
+    _forward, _backward = ops.OPERATORS[_op.name]
+    _forward.register_kernel("xla")(functools.partial(run_on_xla, _op))
+    if _backward is not None:
+        _backward.register_kernel("xla")(functools.partial(run_vjp_on_xla, _op))

@@ -479,7 +479,9 @@ def test_neuron_devices_run_the_neuron_kernels(monkeypatch):
     monkeypatch.setattr(
         ops,
         "run_on_cpu",
-        lambda op, t, s, backend: calls.append(backend) or run_on_cpu(op, t, s, backend),
+        lambda op, *t, backend, **s: (
+            calls.append(backend) or run_on_cpu(op, *t, backend=backend, **s)
+        ),
     )
     neuron_choice = policy.candidates(asickernels.giou, policy.Where("neuron"))[0]
     case = next(c for c in giou_cases() if c.name == "random_130")

@@ -78,7 +78,7 @@ def torch_statics(statics: dict[str, object]) -> dict[str, object]:
 
 def declared(name: str) -> list[tuple[tuple[int, ...], str]]:
     arrays, statics = split(name)
-    plan = OPS[name].plan({n: a for n, a in arrays.items()}, statics)
+    plan = OPS[name].plan(arrays, **statics)
     return [(s.shape, f"torch.{s.dtype}") for s in plan.output_list()]
 
 
@@ -273,7 +273,7 @@ def test_sharded_operator_takes_and_returns_local_shards(name, mesh):
     ]
     with jax.default_device(mesh.devices.flat[0]):
         out = operator(*local, **torch_statics(statics))
-    plan = op.plan(batch, statics)
+    plan = op.plan(batch, **statics)
     want = [((s.shape[0] // 4, *s.shape[1:]), f"torch.{s.dtype}") for s in plan.output_list()]
     assert shapes(out) == want
 
@@ -523,7 +523,7 @@ def test_sharded_backward_is_the_unsharded_backward(name, reduction, host_mesh):
     operator's autograd above); a reduced loss's cotangent broadcast over the boxes."""
     op = OPS[name]
     arrays, statics = sharded_arguments(name, reduction)
-    (out_shape, _), *_ = [(s.shape, s.dtype) for s in op.plan(arrays, statics).output_list()]
+    (out_shape, _), *_ = [(s.shape, s.dtype) for s in op.plan(arrays, **statics).output_list()]
     cotangent = np.linspace(-1, 1, int(np.prod(out_shape)), dtype=np.float32).reshape(out_shape)
     unsharded_cotangent = cotangent
     sharded = torch_tpu.sharded_backward_function(op, host_mesh, P("batch"))
