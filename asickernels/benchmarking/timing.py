@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import jax
@@ -74,6 +74,19 @@ def timed_call(call: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     result = synchronize(call())
     return result, time.perf_counter() - start
+
+
+def round_robin(calls: Mapping[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """``repeats`` wall-clock seconds of each call, by name, taken in turns of one call each
+    so that the machine's drift hits every call alike. Nothing is synchronized: a call that
+    dispatches asynchronously waits for its own result."""
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
 
 
 def measure(

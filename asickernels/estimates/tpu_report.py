@@ -81,22 +81,12 @@ class Runner:
         loaded = self.dump(case, generation)
         if loaded is None:
             return None
-        dump, facts = loaded
-        trips = {program: dict(entries) for program, entries in case.loop_trips}
         try:
-            estimate = cost.estimate_dump(
-                dump,
-                generation,
-                case=case.name,
-                loop_trips=trips,
-                dma_latency_s=dma_latency_s,
-                facts=facts,
-                observed_trips=case.observed_trips,
-                kernel_runs=case.kernel_runs,
-                arguments=case.arguments,
+            estimate = cost.estimate_case_dump(
+                case, generation, *loaded, dma_latency_s=dma_latency_s
             )
-        except parsing.ScheduleError as error:
-            self.errors.append(f"{case.name} on {generation}: {error}")
+        except cost.EstimateError as error:
+            self.errors.append(str(error))
             return None
         self._estimates[key] = estimate
         return estimate

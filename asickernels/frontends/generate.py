@@ -245,46 +245,58 @@ TORCH = Frontend(
     _positional_call,
 )
 
-JAX_SPMD = Frontend(
-    "frontends/jax_spmd.py",
-    lambda: sharded_ops(every_op()),
-    {
-        **_SCALAR_TYPES,
-        "Tensor": "ArrayLike",
-        "Tensor?": "ArrayLike | None",
-        "ScalarType?": "npt.DTypeLike | None",
-    },
-    ("jax.Array", "jax.Array"),
-    lambda op: [
-        *_partition_params(op, "Mesh", "PartitionSpec", "AxisName"),
-        "backend: str | None = None",
-        "config: object = None",
-    ],
-    lambda op: (
-        f":func:`asickernels.{op.name}` over ``mesh``, " + _partition_doc(op, "P(m_axis, n_axis)")
-    ),
-    lambda op: [f"    return _sharded(asickernels.{op.name}, locals())"],
-)
 
-TORCH_XLA_SPMD = Frontend(
+def _spmd_frontend(
+    path: str,
+    tensor: str,
+    dtype: str,
+    result: str,
+    mesh: str,
+    spec: str,
+    extra: list[str],
+    wrapped: str,
+    result_spec: str,
+) -> Frontend:
+    """An SPMD frontend: each op's function runs the op over ``mesh`` through the module's
+    ``_sharded``; ``tensor``, ``dtype``, ``result``, ``mesh`` and ``spec`` are its annotations,
+    ``extra`` its keyword-only parameters after ``backend``, ``wrapped`` the module whose op
+    the docstring names and ``result_spec`` how a sharded matmul result is written there."""
+    return Frontend(
+        path,
+        lambda: sharded_ops(every_op()),
+        {**_SCALAR_TYPES, "Tensor": tensor, "Tensor?": f"{tensor} | None", "ScalarType?": dtype},
+        (result, result),
+        lambda op: [
+            *_partition_params(op, mesh, spec, "AxisName"),
+            "backend: str | None = None",
+            *extra,
+        ],
+        lambda op: f":func:`{wrapped}.{op.name}` over ``mesh``, " + _partition_doc(op, result_spec),
+        lambda op: [f"    return _sharded(asickernels.{op.name}, locals())"],
+    )
+
+
+JAX_SPMD = _spmd_frontend(
+    "frontends/jax_spmd.py",
+    "ArrayLike",
+    "npt.DTypeLike | None",
+    "jax.Array",
+    "Mesh",
+    "PartitionSpec",
+    ["config: object = None"],
+    "asickernels",
+    "P(m_axis, n_axis)",
+)
+TORCH_XLA_SPMD = _spmd_frontend(
     "frontends/torch_xla_spmd.py",
-    lambda: sharded_ops(every_op()),
-    {
-        **_SCALAR_TYPES,
-        "Tensor": "Tensor",
-        "Tensor?": "Tensor | None",
-        "ScalarType?": "torch.dtype | None",
-    },
-    ("Tensor", "Tensor"),
-    lambda op: [
-        *_partition_params(op, "xs.Mesh", "Sequence[AxisName]", "AxisName"),
-        "backend: str | None = None",
-    ],
-    lambda op: (
-        f":func:`asickernels.torch.{op.name}` over ``mesh``, "
-        + _partition_doc(op, "(m_axis, n_axis)")
-    ),
-    lambda op: [f"    return _sharded(asickernels.{op.name}, locals())"],
+    "Tensor",
+    "torch.dtype | None",
+    "Tensor",
+    "xs.Mesh",
+    "Sequence[AxisName]",
+    [],
+    "asickernels.torch",
+    "(m_axis, n_axis)",
 )
 
 FRONTENDS = (TORCH, JAX_SPMD, TORCH_XLA_SPMD)

@@ -141,31 +141,16 @@ def pooling_plan(
     return Plan(dtype, Spec(features.shape, features.dtype), statics, trivial=empty)
 
 
-def _check_roi_align(
+def _pooling_check(
+    check_statics: Callable[..., dict[str, Hashable]],
+    gradient: bool,
     input: Spec | None,
     rois: Spec | None,
-    *,
-    output_size: object,
-    spatial_scale: object,
-    sampling_ratio: object,
-    aligned: object,
+    cotangent: Spec | None = None,
+    **statics: object,
 ) -> Plan:
-    statics = _roi_align_statics(output_size, spatial_scale, sampling_ratio, aligned)
-    return pooling_plan(input, rois, None, gradient=False, statics=statics)
-
-
-def _check_roi_align_vjp(
-    input: Spec | None,
-    rois: Spec | None,
-    cotangent: Spec | None,
-    *,
-    output_size: object,
-    spatial_scale: object,
-    sampling_ratio: object,
-    aligned: object,
-) -> Plan:
-    statics = _roi_align_statics(output_size, spatial_scale, sampling_ratio, aligned)
-    return pooling_plan(input, rois, cotangent, gradient=True, statics=statics)
+    """An op's ``check``: :func:`pooling_plan` with the statics ``check_statics`` checked."""
+    return pooling_plan(input, rois, cotangent, gradient=gradient, statics=check_statics(**statics))
 
 
 def _pool_gradient(
@@ -252,7 +237,7 @@ class RoiPoolingVjp(Op):
         name: str,
         statics: Sequence[Param],
         *,
-        check: Callable[..., Plan],
+        check_statics: Callable[..., dict[str, Hashable]],
         reference: Callable[..., np.ndarray],
         tolerance: tuple[Tolerance, Tolerance],
         doc: str,
@@ -260,7 +245,7 @@ class RoiPoolingVjp(Op):
         super().__init__(
             name,
             [array("input", 3), array("rois", 1), array("cotangent", 3), *statics],
-            check=check,
+            check=functools.partial(_pooling_check, check_statics, True),
             check_values=check_batch_indices,
             compute=compute_pooling_vjp,
             reference=reference,
@@ -283,7 +268,7 @@ class RoiPooling(Op):
         name: str,
         statics: Sequence[Param],
         *,
-        check: Callable[..., Plan],
+        check_statics: Callable[..., dict[str, Hashable]],
         reference: Callable[..., np.ndarray],
         gradient: RoiPoolingVjp,
         tolerance: tuple[Tolerance, Tolerance],
@@ -292,7 +277,7 @@ class RoiPooling(Op):
         super().__init__(
             name,
             [array("input", 3), array("rois", 1), *statics],
-            check=check,
+            check=functools.partial(_pooling_check, check_statics, False),
             check_values=check_batch_indices,
             compute=functools.partial(compute_pooling, gradient),
             reference=reference,
@@ -470,7 +455,7 @@ _ROI_ALIGN_STATICS = [
 roi_align_vjp = RoiPoolingVjp(
     "roi_align_vjp",
     _ROI_ALIGN_STATICS,
-    check=_check_roi_align_vjp,
+    check_statics=_roi_align_statics,
     reference=reference_roi_align_vjp,
     # Sums of bilinear samples of O(1) features: up to thousands of them in a gradient
     # pixel under a huge RoI's adaptive grid.
@@ -486,7 +471,7 @@ roi_align_vjp = RoiPoolingVjp(
 roi_align = RoiPooling(
     "roi_align",
     _ROI_ALIGN_STATICS,
-    check=_check_roi_align,
+    check_statics=_roi_align_statics,
     reference=reference_roi_align,
     gradient=roi_align_vjp,
     tolerance=(Tolerance(1e-5, 2e-5), Tolerance(1e-12, 1e-12)),

@@ -25,14 +25,13 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import EXACT, Plan, Spec, Tolerance, static
+from asickernels.kernels.declaration import EXACT, Tolerance, static
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 from asickernels.kernels.roi_align import (
     RoiPooling,
     RoiPoolingVjp,
     check_output_size,
     compute_dtype,
-    pooling_plan,
 )
 
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
@@ -52,25 +51,6 @@ def _roi_pool_statics(output_size: object, spatial_scale: object) -> dict[str, H
         "output_size": check_output_size(output_size),
         "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
     }
-
-
-def _check_roi_pool(
-    input: Spec | None, rois: Spec | None, *, output_size: object, spatial_scale: object
-) -> Plan:
-    statics = _roi_pool_statics(output_size, spatial_scale)
-    return pooling_plan(input, rois, None, gradient=False, statics=statics)
-
-
-def _check_roi_pool_vjp(
-    input: Spec | None,
-    rois: Spec | None,
-    cotangent: Spec | None,
-    *,
-    output_size: object,
-    spatial_scale: object,
-) -> Plan:
-    statics = _roi_pool_statics(output_size, spatial_scale)
-    return pooling_plan(input, rois, cotangent, gradient=True, statics=statics)
 
 
 # The float64 reference ----------------------------------------------------------------------
@@ -192,7 +172,7 @@ _ROI_POOL_STATICS = [
 roi_pool_vjp = RoiPoolingVjp(
     "roi_pool_vjp",
     _ROI_POOL_STATICS,
-    check=_check_roi_pool_vjp,
+    check_statics=_roi_pool_statics,
     reference=reference_roi_pool_vjp,
     # Cotangents added at the argmax pixels.
     tolerance=(Tolerance(1e-6, 1e-6), Tolerance(1e-12, 1e-12)),
@@ -208,7 +188,7 @@ roi_pool_vjp = RoiPoolingVjp(
 roi_pool = RoiPooling(
     "roi_pool",
     _ROI_POOL_STATICS,
-    check=_check_roi_pool,
+    check_statics=_roi_pool_statics,
     reference=reference_roi_pool,
     gradient=roi_pool_vjp,
     tolerance=(EXACT, EXACT),  # RoIPool picks input values

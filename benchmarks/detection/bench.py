@@ -50,6 +50,7 @@ import torch_xla
 import torch_xla.debug.metrics as metrics
 import torchvision
 
+from asickernels.benchmarking import timing
 from asickernels.testing import detection_models
 from asickernels.torch import detection
 
@@ -256,12 +257,7 @@ def _ssd_nms(repeats: int) -> dict[str, Any]:
     for name in list(peers)[1:]:
         indices, count = peers[name]()
         assert (np.asarray(indices)[: min(int(count), limit)] == want).all(), name
-    seconds: dict[str, list[float]] = {name: [] for name in peers}
-    for _ in range(repeats):
-        for name, call in peers.items():
-            start = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - start)
+    seconds = timing.round_robin(peers, repeats)
     return {
         "candidates": len(cand_scores),
         "kept": int(peers["cpu_all_kept"]()[1]),

@@ -21,7 +21,6 @@ import pathlib
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from scipy.optimize import linear_sum_assignment as scipy_lsa
 
 import asickernels
 from asickernels import matcher
+from asickernels.benchmarking import timing
 from asickernels.kernels.linear_sum_assignment import assert_agrees
 
 QUERIES, CLASSES = 100, 92
@@ -99,12 +99,7 @@ def measure(repeats: int) -> list[dict[str, Any]]:
             out = run()
             if not name.startswith("scipy"):
                 assert_agrees(cost, out, col_mask=mask, dtype=np.float32)
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(repeats):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
+        times = timing.round_robin(runs, repeats)
         peer = statistics.median(times["scipy (per image, host)"])
         for name, samples in times.items():
             median = statistics.median(samples)

@@ -501,6 +501,22 @@ def estimate_case(case: EstimateTarget, generation: str, **options: Any) -> Esti
         except parsing.ScheduleError as error:
             raise EstimateError(f"{case.name} on {generation}: {error}") from None
         facts = load_facts(listings)
+    return estimate_case_dump(case, generation, dump, facts, **options)
+
+
+def estimate_case_dump(
+    case: EstimateTarget,
+    generation: str,
+    dump: parsing.Dump,
+    facts: program_facts.ProgramFacts | None,
+    **options: Any,
+) -> Estimate:
+    """:func:`estimate_dump` of ``case``'s loaded ``dump`` and ``facts``, with the case's loop
+    trips, observed trips, kernel runs and arguments.
+
+    Raises:
+      EstimateError: the schedule cannot be walked, naming the case and generation.
+    """
     trips = {program: dict(entries) for program, entries in case.loop_trips}
     try:
         return estimate_dump(

@@ -57,6 +57,22 @@ def scan_counts(params: Any) -> tuple[int, int]:
     return len(list(consts.vals)), len(list(carry.vals))
 
 
+def while_operands(
+    params: Any, values: list[Any]
+) -> tuple[Any, list[Any], Any, list[Any], list[Any]]:
+    """A ``while`` equation's ``(cond, cond constants, body, body constants, carry)``: its
+    closed jaxprs from ``params``, the rest split from its operand ``values``."""
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
+    return (
+        params["cond_jaxpr"],
+        cond_consts,
+        params["body_jaxpr"],
+        body_consts,
+        values[n_cond + n_body :],
+    )
+
+
 def evaluate(
     jaxpr: Any,
     consts: Sequence[Any],
@@ -153,11 +169,7 @@ class _Body:
         import jax.numpy as jnp
         from jax import lax
 
-        params = eqn.params
-        n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-        cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-        cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
-        carry = values[n_cond + n_body :]
+        cond, cond_consts, body, body_consts, carry = while_operands(eqn.params, values)
         if any(isinstance(value, _Ref) for value in carry):
             raise Unsupported("a ref carried through a while loop")
 
@@ -173,7 +185,7 @@ class _Body:
 
         typed = [
             jnp.asarray(value, var.aval.dtype)
-            for value, var in zip(carry, eqn.invars[n_cond + n_body :], strict=True)
+            for value, var in zip(carry, eqn.invars[len(values) - len(carry) :], strict=True)
         ]
         carry, state, trips = lax.while_loop(test, step, (typed, state, jnp.int32(0)))
         return list(carry), self.count(eqn, state, trips, trips == 0)

@@ -909,11 +909,9 @@ class _KernelStep:
         return list(result) if eqn.primitive.multiple_results else [result]
 
     def _while(self, eqn: Any, values: list[Any], point: int | None) -> list[Any]:
-        params = eqn.params
-        n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-        cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-        cond_consts, body_consts = values[:n_cond], values[n_cond : n_cond + n_body]
-        carry = values[n_cond + n_body :]
+        cond, cond_consts, body, body_consts, carry = kernel_values.while_operands(
+            eqn.params, values
+        )
         trips = 0
         while True:
             go = self.jaxpr(cond.jaxpr, cond.consts, [*cond_consts, *carry])[0]

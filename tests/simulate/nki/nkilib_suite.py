@@ -424,21 +424,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
         terminalreporter.write_line(f"results: {path}")
 
 
+def _git(*arguments: str) -> str:
+    """``git`` in the checkout: its stripped output."""
+    command = ["git", "-C", str(REPO), *arguments]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def _commit() -> str:
     """The checkout's commit (with ``+`` when it has changes), or ``unknown``."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
