@@ -15,14 +15,20 @@ The model:
   ``nisa`` call without ``engine``; :attr:`Instruction.pinned` False) runs on whichever of
   the engines documented for it (:data:`ALTERNATIVES`) finishes it first, at that engine's
   cost;
-* the 16 DMA engines as one resource that serves transfers in the order their data is
-  ready, not in program order (a store waiting for a result does not hold back the loads
-  behind it);
+* the 16 DMA engines, each serving 8 of the 128 partitions, serve transfers in the order
+  their data is ready, not in program order (a store waiting for a result does not hold
+  back the loads behind it);
 * per-instruction cycle counts from the ISA's "estimated instruction cost" formulas and the
-  architecture guide's cost models, at each engine's clock (:class:`Generation`);
-* a DMA transfer occupies the DMA engines for ``(buffers * DMA_BUFFER_NS + bytes / (engine
-  bandwidth * DMA_EFFICIENCY)) / engines used``, no faster than the core's share of HBM
-  bandwidth; a "buffer" is one contiguous piece of one partition (A2: "DMA buffers");
+  architecture guide's cost models, at each engine's clock (:class:`Generation`), plus the
+  static overhead of a short instruction that depends on the one before it on its engine;
+* a DMA transfer occupies each engine serving its partitions for ``buffers * DMA_BUFFER_NS
+  + bytes / rate`` (its share of both), the rate one engine's bandwidth, or
+  ``DMA_EFFICIENCY`` of all of them shared by the engines it uses, no faster than the core's
+  share of HBM bandwidth; a "buffer" is one contiguous piece of one partition (A2: "DMA
+  buffers"); a DMA transpose moves at its documented share of a copy's rate;
+* each transfer goes to one of the DMA queues (one per engine sequencer, or the one the
+  kernel chose), and a queue starts at most one transfer per DMA_LATENCY_NS (the fixed
+  cost per transfer);
 * an instruction that repeats an earlier one (same parameters, same tiles read, none of them
   written since) is computed once, as a compiler's common-subexpression elimination does: a
   loop-invariant ``tensor_tensor`` inside a loop costs one instruction. Only instructions
@@ -48,7 +54,8 @@ Sources (aws-neuron-sdk, file@commit):
 * ``A3`` = nki/guides/architecture/trainium2_arch.rst@81ce03a (NeuronCore-v3);
 * ``A4`` = nki/guides/architecture/trainium3_arch.rst@81ce03a (NeuronCore-v4);
 * ``BW`` = nki/deep-dives/nki-dma-bandwidth-guide.rst@81ce03a;
-* ``DO`` = nki/get-started/about/nki-dma-overview.rst@81ce03a.
+* ``DO`` = nki/get-started/about/nki-dma-overview.rst@81ce03a;
+* ``PG`` = nki/deep-dives/nki_perf_guide.rst@81ce03a.
 """
 
 from __future__ import annotations
@@ -91,24 +98,32 @@ FP32_MATMUL_FACTOR = 4
 # affine_select, iota).
 MIN_II = 64
 GPSIMD_START_CYCLES = 150
-# A2 "Tensor access overhead" (~60 cycles per SBUF/PSUM access) is hidden by the engines'
-# instruction-level parallelism, and A2's extra 100 cycles for back-to-back dependent
-# instructions applies to program order, which the compiler interleaves: neither is
-# charged (the IS formulas include neither).
-# Fitted on the calibration data (benchmarks/nki_estimate/), shared by every kernel. BW
-# says each transfer pays descriptor/packet overhead, that 256 B - 2 KiB per partition is
-# "below peak" and >= 4 KiB "saturates the DMA engines"; it gives no figures for either, so
-# both are fitted: the overhead per DMA buffer (one contiguous piece), and the fraction of
-# BW's per-engine bandwidth the engines sustain. That fraction depends on the compiler and
-# runtime release, not on the transfer: the SDK 2.20 tutorial figures (aws-neuron-sdk@72825d5
-# general/nki/tutorials/matrix_multiplication.rst) move 5.4 / 4.4 / 2.3 / 0.74 GB in
-# 51.8 / 42.96 / 22.07 / 6.97 ms, 103-106 GB/s whatever their pieces (256 B - 4 KiB per
-# partition; the last in 512 KiB transfers of 4 KiB pieces), ~0.4 of the 16 engines'
-# 272 GB/s; the current compiler's trn1 profiles of NKIBench (zhang677/AccelOpt@47e29a7
-# experiments/full_complete_local/profile_results.csv) move the same 512 KiB transfers of
-# 4 KiB pieces (silu, adamw, bmm, whose HBM bytes the model counts exactly) at 176-240 GB/s.
-# DMA_EFFICIENCY is the current release's (fitted on NKIBench), DMA_EFFICIENCY_SDK_2_20 the
-# tutorials' (fitted on them; with ``hoist_loads=False``, that release's compiler).
+# A2 (Vector Engine, applicable to Scalar Engine too): "many back-to-back instructions
+# either with N << 128 or with every instruction depending on the output tile of the
+# previous instruction" add "a static instruction overhead of 100 engine cycles", and such
+# an instruction cannot hide the "Tensor access overhead" (~60 cycles, otherwise hidden
+# "through instruction level parallelism") behind its predecessor. Charged to a short
+# instruction (its cost the MIN_II floor) that reads what the one before it on the same
+# engine wrote: PG Opt #5 measured 264 cycles between dependent one-element ScalarE
+# instructions, while the mamba tutorial's profiles (VectorE 99.63% of mamba_v2's 1.61 ms,
+# aws-neuron-sdk@72825d5 general/nki/tutorials/fused_mamba.rst) leave no room for it on
+# its dependent [128, 512] instructions.
+DEPENDENT_CYCLES = 100 + 60
+# Fitted on the calibration data (benchmarks/nki_estimate/), shared by every kernel: the
+# overhead per DMA buffer (one contiguous piece; A2 names it, no document gives a figure),
+# and the fraction of the engines' aggregate bandwidth (16 x BW's per-engine rate) they
+# sustain together (one engine alone moves at its full rate: DO Example 1, 32 KiB in
+# 1416 ns on trn2; the fixed cost per transfer is DMA_LATENCY_NS). That fraction depends
+# on the compiler and runtime release, not on the transfer: the SDK 2.20 tutorial figures
+# (aws-neuron-sdk@72825d5 general/nki/tutorials/matrix_multiplication.rst) move 5.4 / 4.4 /
+# 2.3 / 0.74 GB in 51.8 / 42.96 / 22.07 / 6.97 ms, 103-106 GB/s whatever their pieces (256 B
+# - 4 KiB per partition; the last in 512 KiB transfers of 4 KiB pieces), ~0.4 of the 16
+# engines' 272 GB/s; the current compiler's trn1 profiles of NKIBench
+# (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv) move the
+# same 512 KiB transfers of 4 KiB pieces (silu, adamw, bmm, whose HBM bytes the model counts
+# exactly) at 176-240 GB/s. DMA_EFFICIENCY is the current release's (fitted on NKIBench),
+# DMA_EFFICIENCY_SDK_2_20 the tutorials' (fitted on them; with ``hoist_loads=False``, that
+# release's compiler).
 DMA_BUFFER_NS = 10.0
 DMA_EFFICIENCY = 0.7
 DMA_EFFICIENCY_SDK_2_20 = 0.425
@@ -143,9 +158,21 @@ ALTERNATIVES = {
 # IS tensor_scalar: "the Scalar Engine only supports ... op0=np.multiply and op1=np.add,
 # op0=np.multiply and op1=None, op0=add and op1=None" (operators as the trace names them).
 SCALAR_ENGINE_OPERATORS = (("multiply", "add"), ("multiply", "None"), ("add", "None"))
-# BW: "semaphore-to-start latency (~1300 ns cross-engine)": a DMA's result is ready this
-# long after its data has moved; it delays dependants, not other transfers.
+# BW: "every DMA transfer incurs descriptor setup, synchronization, and semaphore-to-start
+# latency (~1300 ns cross-engine)": a DMA's result is ready this long after its data has
+# moved (it delays dependants), and a queue starts at most one transfer per this long
+# (:class:`_DmaEngines`; DO's graph: the time per transfer is flat below ~2.5 KiB a
+# partition, 8 x 2.5 KiB at 0.7 x 23 B/ns per engine = 1270 ns).
 DMA_LATENCY_NS = 1300.0
+# The queues a transfer the kernel did not put on one may take. DO: "DMA transfers can be
+# triggered by any engine sequencer in the NeuronCore" and "The queue ID is typically tied
+# to the trigger engine"; A2: each compute engine has its own sequencer, and "there is also
+# a Sync Engine ... most commonly used to trigger DMA transfers": one queue per sequencer.
+DMA_QUEUES = ("sync", "tensor", "vector", "scalar", "gpsimd")
+# A3 "DMA Transpose": "up to 90% DMA throughput utilization ... compared to up to 100% ...
+# for a DMA copy" (HBM -> SBUF); "SBUF2SBUF transpose can achieve up to 50% of DMA
+# throughput on Trainium2": a transpose's rate over a copy's, by where it reads.
+DMA_TRANSPOSE_SHARE = {"hbm": 0.9, "sbuf": 0.5}
 
 
 # A generation no measured latency calibrates (trn2, trn3: AWS publishes no latency the
@@ -336,21 +363,41 @@ def _engine_cycles(instruction: Instruction, generation: Generation, engine: str
     return max(MIN_II, cycles)
 
 
-def _dma_ns(
+def _dma_part(
     instruction: Instruction, generation: Generation, buffer_ns: float, efficiency: float
-) -> float:
-    """Time the DMA engines are busy with one transfer."""
+) -> tuple[int, float]:
+    """One transfer's DMA engines and the time it occupies each: the engines serving its
+    partitions (DO: each engine serves ``PARTITIONS / dma_engines`` = 8 partitions, so a
+    [4, 4096] load runs on one; the trace does not record a tile's first partition, so its
+    partitions are taken from 0), each moving its share of the pieces and bytes."""
     accesses = instruction.reads + instruction.writes
     if not accesses:
-        return buffer_ns
+        return 1, buffer_ns
     nbytes = max(a.nbytes for a in accesses)
-    # Buffers: the HBM side's contiguous pieces (on-chip tiles are one piece per partition).
-    side = next((a for a in accesses if a.memory == "hbm"), accesses[0])
-    buffers = side.partitions * side.runs_per_partition
-    engines = min(generation.dma_engines, buffers)
-    engine_rate = generation.dma_engine_bytes_per_ns * efficiency
-    engine_ns = (buffers * buffer_ns + nbytes / engine_rate) / engines
-    return max(engine_ns, nbytes / generation.hbm_bytes_per_ns)
+    # Descriptors, one per partition of the on-chip tile (of the source, HBM to HBM): "a
+    # *descriptor* that tells the hardware the source address, destination address,
+    # transfer shape, and stride pattern" (nki/deep-dives/nki-dge.rst@81ce03a), so a
+    # strided row is one, not one per contiguous piece (the nki-samples SD attention's
+    # element-strided K loads).
+    on_chip = next((a for a in accesses if a.memory != "hbm"), None)
+    buffers = (on_chip or accesses[0]).partitions
+    if on_chip is None:  # HBM to HBM: no partitions to follow
+        engines = min(generation.dma_engines, buffers)
+    else:
+        per_engine = PARTITIONS // generation.dma_engines
+        engines = min(generation.dma_engines, -(-on_chip.partitions // per_engine))
+    # One engine moves at BW's per-engine rate (DO Example 1: 32 KiB in 1416 ns on one
+    # trn2 engine, 23.1 B/ns); the engines together sustain ``efficiency`` of their
+    # aggregate (the release's fitted DMA_EFFICIENCY), shared by those the transfer uses.
+    rate = generation.dma_engine_bytes_per_ns * min(
+        1.0, efficiency * generation.dma_engines / engines
+    )
+    if instruction.api == "dma_transpose":
+        # A3: HBM -> SBUF DMA transposes run at up to 90% of a copy's throughput, SBUF ->
+        # SBUF ones at up to 50%.
+        rate *= DMA_TRANSPOSE_SHARE[instruction.reads[0].memory if instruction.reads else "hbm"]
+    engine_ns = math.ceil(buffers / engines) * buffer_ns + nbytes / engines / rate
+    return engines, max(engine_ns, nbytes / generation.hbm_bytes_per_ns)
 
 
 def _engines(instruction: Instruction) -> tuple[str, ...]:
@@ -366,6 +413,13 @@ def _engines(instruction: Instruction) -> tuple[str, ...]:
     if api == "tensor_scalar" and params and (params[0], params[3]) not in SCALAR_ENGINE_OPERATORS:
         return ("vector",)
     return (instruction.engine, *(e for e in ALTERNATIVES[api] if e != instruction.engine))
+
+
+def _overlaps(reads: Sequence[Access], writes: Sequence[Access]) -> bool:
+    """Whether ``reads`` touch an element ``writes`` wrote."""
+    return any(
+        r.key == w.key and r.low <= w.high and w.low <= r.high for r in reads for w in writes
+    )
 
 
 def _elided(instruction: Instruction) -> bool:
@@ -430,7 +484,7 @@ class _Regions:
         self.written: dict[int, _Ranges] = {}  # storage -> range -> end (float | _Transfer)
         self.versions: dict[int, int] = {}
 
-    def ready(self, accesses: Sequence[Access], dma: _DmaQueue) -> float:
+    def ready(self, accesses: Sequence[Access], dma: _DmaEngines) -> float:
         """When every element range ``accesses`` touch was last written (a transfer still
         waiting in ``dma`` is booked first)."""
         when = 0.0
@@ -620,54 +674,34 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
 @dataclasses.dataclass
 class _Transfer:
     """A DMA transfer of the trace: its API, when its data is ready, its program position,
-    how long it occupies the DMA engines, and (once booked) when it starts and its result
-    is ready."""
+    the DMA engines it runs on (the first ``engines``) and how long it occupies each, the
+    queue the kernel put it on ("": the compiler's choice), and (once booked) when it
+    starts and its result is ready."""
 
     api: str
     ready: float
     order: int
+    engines: int
     duration: float
+    trigger: str = ""
     start: float = math.nan
     done: float | None = None
 
 
-class _DmaQueue:
-    """The DMA engines as one resource that serves transfers in the order their data is
-    ready, not in program order (A2: the compiler synchronises on data dependencies and
-    instructions without one run in parallel): a store waiting for a result leaves the
-    engines to the loads behind it, even a load later in the program whose data is ready
-    first. Transfers wait in ``pending`` until something needs one's result; then the
-    pending ones ready before it are booked first, earliest ready first. A transfer's
-    descriptors take whatever engine time is idle from its ready time on (DO: each queue's
-    descriptors are spread over the 16 engines, which interleave the queues), so it may be
-    split around transfers booked before it. ``gaps`` are the idle stretches before
-    ``free``."""
+class _Timeline:
+    """One DMA engine's booked time: ``gaps`` are the idle stretches before ``free``."""
 
-    def __init__(self) -> None:
-        self.free = 0.0
-        self.gaps: list[tuple[float, float]] = []
-        self.pending: list[tuple[float, int, _Transfer]] = []
-        self.booked: list[_Transfer] = []  # in booking order
+    def __init__(self, free: float = 0.0, gaps: Sequence[tuple[float, float]] = ()) -> None:
+        self.free = free
+        self.gaps = list(gaps)
 
-    def submit(self, transfer: _Transfer) -> _Transfer:
-        heapq.heappush(self.pending, (transfer.ready, transfer.order, transfer))
-        return transfer
-
-    def end(self, value: float | _Transfer) -> float:
-        """``value``'s time: a transfer's (booking the pending ones ready before it)."""
-        if not isinstance(value, _Transfer):
-            return value
-        while value.done is None:
-            _, _, transfer = heapq.heappop(self.pending)
-            transfer.start, moved_by = self.place(transfer.ready, transfer.duration)
-            transfer.done = moved_by + DMA_LATENCY_NS
-            self.booked.append(transfer)
-        return value.done
-
-    def drain(self) -> None:
-        """Books every pending transfer."""
-        while self.pending:
-            self.end(self.pending[0][2])
+    def fits(self, ready: float, duration: float) -> float:
+        """The earliest time >= ``ready`` with ``duration`` ns idle in one piece."""
+        at = bisect.bisect_right(self.gaps, ready, key=lambda gap: gap[1])
+        for low, high in self.gaps[at:]:
+            if high - max(low, ready) >= duration:
+                return max(low, ready)
+        return max(ready, self.free)
 
     def place(self, ready: float, duration: float) -> tuple[float, float]:
         """Books ``duration`` ns in the earliest idle time >= ``ready``; returns when the
@@ -691,6 +725,81 @@ class _DmaQueue:
             self.free = last
         self.gaps[at:end] = kept
         return first, last
+
+
+class _DmaEngines:
+    """The DMA engines, each its own :class:`_Timeline`, serving transfers in the order their
+    data is ready, not in program order (A2: the compiler synchronises on data dependencies
+    and instructions without one run in parallel): a store waiting for a result leaves the
+    engines to the loads behind it, even a load later in the program whose data is ready
+    first. Transfers wait in ``pending`` until something needs one's result; then the
+    pending ones ready before it are booked first, earliest ready first. A transfer takes
+    whatever time its engines have idle from its ready time on (DO: the engines interleave
+    the queues round robin), so it may be split around transfers booked before it.
+
+    Queues (DO): a transfer goes to one queue; each transfer pays a fixed cost, BW's
+    "descriptor setup, synchronization, and semaphore-to-start latency (~1300 ns)", which
+    the queue overlaps with the data of the transfer before it: a queue starts at most one
+    transfer per DMA_LATENCY_NS (its own :class:`_Timeline` books that much per transfer,
+    from the transfer's start). That is DO's throughput graph:
+    a stream of transfers from one queue (its profiles trigger them from qGpSimdDynamic)
+    runs at a rate proportional to their size up to ~2.5 KiB a partition, 1300 ns at the
+    engines' rate. A transfer whose queue the kernel did not choose takes whichever of
+    ``queues`` can start it first.
+
+    ``lanes`` are runs of engines whose timelines are the same so far (a transfer over all
+    partitions books every engine alike), each booked once: ``[first, end, timeline]``."""
+
+    def __init__(self, engines: int, queues: Sequence[str]) -> None:
+        self.lanes: list[list[Any]] = [[0, engines, _Timeline()]]
+        self.queues = {queue: _Timeline() for queue in queues}
+        self.pending: list[tuple[float, int, _Transfer]] = []
+        self.booked: list[_Transfer] = []  # in booking order
+
+    def submit(self, transfer: _Transfer) -> _Transfer:
+        heapq.heappush(self.pending, (transfer.ready, transfer.order, transfer))
+        return transfer
+
+    def end(self, value: float | _Transfer) -> float:
+        """``value``'s time: a transfer's (booking the pending ones ready before it)."""
+        if not isinstance(value, _Transfer):
+            return value
+        while value.done is None:
+            _, _, transfer = heapq.heappop(self.pending)
+            if transfer.trigger:
+                queue = self.queues.setdefault(transfer.trigger, _Timeline())
+                earliest = queue.fits(transfer.ready, DMA_LATENCY_NS)
+            else:
+                earliest, queue = min(
+                    ((q.fits(transfer.ready, DMA_LATENCY_NS), q) for q in self.queues.values()),
+                    key=lambda found: found[0],
+                )
+            transfer.start, moved_by = self.place(earliest, transfer.engines, transfer.duration)
+            queue.place(transfer.start, DMA_LATENCY_NS)
+            transfer.done = moved_by + DMA_LATENCY_NS
+            self.booked.append(transfer)
+        return value.done
+
+    def drain(self) -> None:
+        """Books every pending transfer."""
+        while self.pending:
+            self.end(self.pending[0][2])
+
+    def place(self, ready: float, engines: int, duration: float) -> tuple[float, float]:
+        """Books ``duration`` ns on each of the first ``engines`` engines, in each one's
+        earliest idle time >= ``ready``; returns when the transfer starts and ends."""
+        for index, (first, end, timeline) in enumerate(self.lanes):
+            if first < engines < end:  # the lane splits: its engines' times part here
+                copy = _Timeline(timeline.free, timeline.gaps)
+                self.lanes[index : index + 1] = [[first, engines, timeline], [engines, end, copy]]
+                break
+        start, last = math.inf, 0.0
+        for first, _, timeline in self.lanes:
+            if first >= engines:
+                break
+            begin, finish = timeline.place(ready, duration)
+            start, last = min(start, begin), max(last, finish)
+        return start, last
 
 
 def estimate(
@@ -755,10 +864,11 @@ def _schedule(
     end (ns), each engine's busy ns, (with ``timeline``) each instruction's (engine, api,
     start, end), and the HBM bytes read, written and spilled."""
     free = dict.fromkeys(COMPUTE_ENGINES, 0.0)
+    last: dict[str, tuple[Access, ...]] = dict.fromkeys(COMPUTE_ENGINES, ())  # its writes
     busy = dict.fromkeys(ENGINES, 0.0)
     regions = _Regions()
     computed: dict[tuple[Any, ...], float | _Transfer] = {}
-    dma = _DmaQueue()
+    dma = _DmaEngines(generation.dma_engines, DMA_QUEUES)
     stores: dict[int, list[_Spill]] = {}  # after instruction -> the values it spills
     reloads: dict[int, list[_Spill]] = {}
     for spill in plan.spills:
@@ -772,12 +882,12 @@ def _schedule(
     finish = 0.0
 
     def transfer_of(api: str, tile: Access, ready: float, order: int, side: int) -> _Transfer:
-        duration = _dma_ns(
+        engines, duration = _dma_part(
             Instruction("dma", api, (tile,), ()), generation, dma_buffer_ns, dma_efficiency
         )
         busy["dma"] += duration
         moved[side] += tile.nbytes
-        return dma.submit(_Transfer(api, ready, order, duration))
+        return dma.submit(_Transfer(api, ready, order, engines, duration))
 
     for order, instruction in enumerate(trace):
         for spill in stores.get(order - 1, ()):  # its value is the last write of its tile
@@ -809,8 +919,10 @@ def _schedule(
             regions.write(instruction.writes, max(ready, dma.end(copy)))
             continue
         if engine == "dma":
-            duration = _dma_ns(instruction, generation, dma_buffer_ns, dma_efficiency)
-            transfer = dma.submit(_Transfer(instruction.api, ready, order, duration))
+            engines, duration = _dma_part(instruction, generation, dma_buffer_ns, dma_efficiency)
+            transfer = dma.submit(
+                _Transfer(instruction.api, ready, order, engines, duration, instruction.trigger)
+            )
             for side, accesses in enumerate((instruction.reads, instruction.writes)):
                 moved[side] += sum(a.nbytes for a in accesses if a.memory == "hbm")
             if order in plan.copies:
@@ -824,12 +936,19 @@ def _schedule(
         for candidate in _engines(instruction):  # the one that finishes first
             cycles = _tensor_cycles(instruction) if candidate == "tensor" else _engine_cycles(
                 instruction, generation, candidate)  # fmt: skip
+            if (
+                candidate != "tensor"
+                and cycles <= MIN_II
+                and _overlaps(instruction.reads, last[candidate])
+            ):
+                cycles += DEPENDENT_CYCLES
             time = cycles / generation.clock_ghz[candidate]
             if max(ready, free[candidate]) + time < end:
                 engine, duration = candidate, time
                 start = max(ready, free[candidate])
                 end = start + duration
         free[engine] = end
+        last[engine] = instruction.writes
         busy[engine] += duration
         regions.write(instruction.writes, end)
         if repeat is not None:

@@ -319,12 +319,15 @@ class Run:
         api: str = "dma",
         reads: Sequence[Any] = (),
         writes: Sequence[Any] = (),
+        trigger: str = "",
     ) -> None:
+        """One DMA transfer; ``trigger``: the engine whose queue the kernel put it on ("":
+        the compiler's choice)."""
         self.dma_transfers += 1
         if self.trace is not None:
             if not self.trace_accesses:
                 reads = writes = ()
-            self.trace.append(trace.instruction("dma", api, reads, writes))
+            self.trace.append(trace.instruction("dma", api, reads, writes, trigger=trigger))
         if src_in_hbm and not dst_in_hbm:
             self.hbm_to_sbuf_bytes += nbytes
         elif dst_in_hbm and not src_in_hbm:

@@ -55,7 +55,9 @@ class Instruction:
     (operators, scalars) when the call site records them all, else None (then two calls on
     the same tiles are never taken for the same computation); ``pinned`` False when the
     kernel left the engine to the compiler (an ``nl`` call, or an ``nisa`` call whose
-    ``engine`` was not set): ``engine`` is then the simulator's default."""
+    ``engine`` was not set): ``engine`` is then the simulator's default; ``trigger``, of a
+    DMA transfer, the engine whose queue the kernel put it on (``nisa.dma_copy``'s
+    ``engine``), "" when the compiler chooses."""
 
     engine: str
     api: str
@@ -63,6 +65,7 @@ class Instruction:
     writes: tuple[Access, ...]
     params: tuple[str, ...] | None = None
     pinned: bool = True
+    trigger: str = ""
 
 
 def _memory(buffer: MemoryRegion) -> str:
@@ -214,10 +217,11 @@ def instruction(
     writes: Sequence[Any],
     params: Sequence[Any] | None = None,
     pinned: bool = True,
+    trigger: str = "",
 ) -> Instruction:
     """An :class:`Instruction` from simulator tensors (non-tiles are skipped); ``params``:
     every non-tile argument (operators by name), or None when not all are known;
-    ``pinned``: the caller chose the engine."""
+    ``pinned``: the caller chose the engine; ``trigger``: a DMA's queue, if chosen."""
     return Instruction(
         engine,
         api,
@@ -225,6 +229,7 @@ def instruction(
         tuple(a for a in map(access, writes) if a is not None),
         None if params is None else tuple(_param(p) for p in params),
         pinned,
+        trigger,
     )
 
 

@@ -281,14 +281,20 @@ def dma_copy(
             reference.warn_changed(f"nki.isa.dma_copy.{parameter}")
     if dst_rmw_op not in (None, language.add):
         raise errors.UnsupportedOperator(f"'dma_copy' dst_rmw_op is nl.add, got {dst_rmw_op!r}")
-    _dma_copy(dst, src, accumulate=dst_rmw_op is not None, oob=oob_mode)
+    trigger = "" if engine is None or engine.name == "unknown" else engine.name
+    _dma_copy(dst, src, accumulate=dst_rmw_op is not None, oob=oob_mode, trigger=trigger)
 
 
 def _dma_copy(
-    dst: NkiTensor, src: NkiTensor, accumulate: bool, oob: oob_mode = oob_mode.error
+    dst: NkiTensor,
+    src: NkiTensor,
+    accumulate: bool,
+    oob: oob_mode = oob_mode.error,
+    trigger: str = "",
 ) -> None:
     """:func:`dma_copy`; ``accumulate``: ``dst += src`` in float32, the legacy generation's
-    ``dst_rmw_op=np.add`` (general/nki/api/nki/isa/__init__.py@0521004c, dma_copy)."""
+    ``dst_rmw_op=np.add`` (general/nki/api/nki/isa/__init__.py@0521004c, dma_copy);
+    ``trigger``: the engine whose DMA queue the kernel chose ("" when it did not)."""
     api = "dma_copy"
     run = runtime.active_run(api)
     skipping = oob is oob_mode.skip
@@ -301,7 +307,13 @@ def _dma_copy(
         values = alu.as_f32(dst) + alu.as_f32(src).reshape(dst.shape)
     alu.write(dst, values, api, alu.skipped_rows(api, src, dst))
     run.count_dma(
-        not src.on_chip, not dst.on_chip, src.size * src.dtype.itemsize, "dma_copy", (src,), (dst,)
+        not src.on_chip,
+        not dst.on_chip,
+        src.size * src.dtype.itemsize,
+        "dma_copy",
+        (src,),
+        (dst,),
+        trigger,
     )
 
 
