@@ -9,14 +9,9 @@ model (:mod:`asickernels.simulate.nki.estimate`) schedules the recorded instruct
 each generation. What it does not see: the compiler's scheduling, fusion and buffer
 allocation, and other NeuronCores sharing HBM.
 
-The roofline is the least time the op can take on one NeuronCore whatever the kernel: the
-larger of its bytes (inputs read once, outputs written once, at the workload's dtypes) over
-the core's share of HBM bandwidth, and its operations over the peak of the engine they run
-on (TensorE: a 128 x 128 bf16 multiply-accumulate array, one moving column per cycle;
-VectorE: 128 partitions x its float32 elements per cycle), with each generation's clocks and
-rates from :data:`asickernels.simulate.nki.estimate.GENERATIONS`. Operation counts take each
-min/max/add/sub/mul/div of the op's formula once (as the TPU roofline's GIOU 28 does; ``+
-eps`` and transcendental functions not counted), so they are lower bounds.
+The roofline is the least time the op can take on one NeuronCore whatever the kernel
+(:class:`asickernels.kernels.cases.Work`, declared with each op's cases), with each
+generation's clocks and rates from :data:`asickernels.simulate.nki.estimate.GENERATIONS`.
 """
 
 from __future__ import annotations
@@ -25,121 +20,30 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from asickernels.kernels.case_tables import NKI_ESTIMATES, WORKLOADS
-from asickernels.kernels.cases import Size
+from asickernels.kernels.cases import NkiEstimate, Size
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.estimate import (
     ENGINES,
     UNCALIBRATED_BAND_FACTOR,
     Estimate,
-    Generation,
     estimate,
     generation_of,
 )
 from asickernels.simulate.nki.trace import Instruction
-from asickernels.simulate.tpu_estimate.roofline import GIOU_OPS_PER_PAIR
 
-__all__ = ["KERNELS", "KernelCase", "Row", "Work", "add_arguments", "kernel_rows", "run_cli"]
+__all__ = ["KERNELS", "Row", "add_arguments", "kernel_rows", "run_cli"]
 
-PARTITIONS = 128
 # The generations `--neuron` estimates by default (one row each; trn1 and inf2 share one).
 DEFAULT_VERSIONS = (2, 3, 4)
-# Operations per box pair, counted as the module docstring says (GIOU: intersection 9,
-# areas 6, union 2, IoU's division 1, hull 7, (hull - union) / hull 2, difference 1 = 28).
-# Pairwise kernels need each box's area once per box, so only the per-pair part counts there.
-PAIRWISE_IOU_OPS_PER_PAIR = 12  # intersection 9, union 2, division 1
-PAIRWISE_GIOU_OPS_PER_PAIR = 22  # + hull 7, (hull - union) / hull 2, difference 1
-DIOU_OPS_PER_PAIR = 40  # IoU 18, hull sides 6, centre distance 11, diagonal 3, ratio 2
-CIOU_OPS_PER_PAIR = 50  # + aspect term 5 (arctan not counted), alpha 3, alpha * v 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Work:
-    """What an op must move and compute: ``hbm_bytes`` and ``ops`` on ``engine``
-    (``"tensor"``: multiply-adds counted as 2; ``"vector"``: float32 elementwise)."""
-
-    hbm_bytes: float
-    ops: float = 0.0
-    engine: str = "vector"
-
-    def roofline_us(self, generation: Generation) -> float:
-        """The least time on one NeuronCore of ``generation``, in microseconds."""
-        if self.engine == "tensor":
-            ops_per_ns = 2 * PARTITIONS * PARTITIONS * generation.clock_ghz["tensor"]
-        else:
-            ops_per_ns = PARTITIONS * generation.vector_rate[1] * generation.clock_ghz["vector"]
-        return max(self.hbm_bytes / generation.hbm_bytes_per_ns, self.ops / ops_per_ns) / 1000
-
-
-def _pairs(size: Size) -> int:
-    return math.prod(size.params["shape"])
-
-
-def _paired(ops_per_pair: int, in_bytes: int = 32, out_bytes: int = 4) -> Callable[[Size], Work]:
-    """Paired boxes ``[P, 4]`` float32 x2 in, ``out_bytes`` per pair out."""
-    return lambda size: Work(_pairs(size) * (in_bytes + out_bytes), _pairs(size) * ops_per_pair)
-
-
-def _pairwise(ops_per_pair: int) -> Callable[[Size], Work]:
-    """``[N, 4]`` x ``[M, 4]`` float32 in, ``[N, M]`` float32 out."""
-
-    def work(size: Size) -> Work:
-        n, m = size.params["n"], size.params["m"]
-        return Work(16 * (n + m) + 4 * n * m, n * m * ops_per_pair)
-
-    return work
-
-
-def _nms(category_bytes: int) -> Callable[[Size], Work]:
-    """Boxes (16 bytes), a score (4) and a category id (``category_bytes``) per box in, the
-    kept indices and their count (int32) out; no operation count (its bound is its bytes)."""
-
-    def work(size: Size) -> Work:
-        n, kept = size.params["n"], size.params["max_output_size"]
-        return Work((20 + category_bytes) * n + 4 * kept + 4)
-
-    return work
-
-
-def _int8_matmul(size: Size) -> Work:
-    """``[M, K] @ [K, N]`` int8 -> int32 on TensorE (bf16 matmuls: int8 is exact in bf16)."""
-    m, k, n = size.params["m"], size.params["k"], size.params["n"]
-    return Work(m * k + k * n + 4 * m * n, 2.0 * m * n * k, "tensor")
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelCase:
-    """One row per generation: the public op ``op`` at ``size`` (its bench size syntax)."""
-
-    op: str
-    size: str
-    work: Callable[[Size], Work]
-    why: str  # why this size
-
-    def parsed_size(self) -> Size:
-        return WORKLOADS[self.op].parse_size(self.size)
-
-
-# The op's work (what the roofline counts), by workload; the rows and their sizes are
-# declared with each op's cases (``NKI_ESTIMATES`` in ``kernels/<op>_cases.py``).
-_WORK: dict[str, Callable[[Size], Work]] = {
-    "giou": _paired(GIOU_OPS_PER_PAIR),
-    "giou_vjp": _paired(GIOU_OPS_PER_PAIR, in_bytes=36, out_bytes=32),  # at least the forward's
-    "diou": _paired(DIOU_OPS_PER_PAIR),
-    "ciou": _paired(CIOU_OPS_PER_PAIR),
-    "box_iou": _pairwise(PAIRWISE_IOU_OPS_PER_PAIR),
-    "generalized_box_iou": _pairwise(PAIRWISE_GIOU_OPS_PER_PAIR),
-    "nms": _nms(0),
-    "batched_nms": _nms(4),
-    "int8_matmul": _int8_matmul,
-}
-KERNELS = tuple(KernelCase(row.op, row.size, _WORK[row.op], row.why) for row in NKI_ESTIMATES)
+# The rows, with each op's sizes and work declared with its cases (``NKI_ESTIMATES`` in
+# ``kernels/<op>_cases.py``).
+KERNELS = NKI_ESTIMATES
 KERNEL_NAMES = tuple(case.op for case in KERNELS)
 
 
@@ -147,7 +51,7 @@ KERNEL_NAMES = tuple(case.op for case in KERNELS)
 class Row:
     """One kernel on one generation: the model's :class:`Estimate` and the roofline."""
 
-    case: KernelCase
+    case: NkiEstimate
     version: int  # NeuronCore-v<version>
     estimate: Estimate
     roofline_us: float
@@ -156,7 +60,7 @@ class Row:
         e = self.estimate
         return {
             "op": self.case.op,
-            "size": self.case.parsed_size().label,
+            "size": parsed_size(self.case).label,
             "generation": e.generation,
             "neuroncore": f"v{self.version}",
             "estimate_us": e.latency_us,
@@ -169,7 +73,12 @@ class Row:
         }
 
 
-def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
+def parsed_size(case: NkiEstimate) -> Size:
+    """``case``'s size, parsed by its workload."""
+    return WORKLOADS[case.op].parse_size(case.size)
+
+
+def kernel_trace(case: NkiEstimate, version: int) -> list[Instruction]:
     """The instruction trace of ``case``'s one NKI kernel launch on NeuronCore-v``version``.
 
     Raises RuntimeError when the Neuron SDK runs the kernels (its simulator records no
@@ -185,7 +94,7 @@ def kernel_trace(case: KernelCase, version: int) -> list[Instruction]:
             "estimate needs asickernels' simulator (it records the instruction trace)"
         )
     op = WORKLOADS[case.op]
-    inputs = op.bench_case(case.parsed_size(), np.random.default_rng(0))
+    inputs = op.bench_case(parsed_size(case), np.random.default_rng(0))
     launches: list[Any] = []
     with (
         runtime.targeting(f"gen{version}"),
@@ -221,7 +130,7 @@ def kernel_rows(
     for case in KERNELS:
         if ops is not None and case.op not in ops:
             continue
-        work = case.work(case.parsed_size())
+        work = case.work(parsed_size(case))
         # One run on the oldest generation asked for (the smallest SBUF, the fewest
         # instructions): the simulator checks a target's limits but issues the same
         # instructions on every target, so its trace is each generation's trace.
@@ -330,7 +239,7 @@ def text_table(rows: Sequence[Row]) -> list[str]:
         e = row.estimate
         busy = " ".join(f"{e.busy_share[engine]:.0%}" for engine in ENGINES)
         lines.append(
-            f"{row.case.op:<20} {row.case.parsed_size().label:<24} {e.generation:<26} "
+            f"{row.case.op:<20} {parsed_size(row.case).label:<24} {e.generation:<26} "
             f"{e.latency_us:>11.2f} {_band(e):>17} {row.roofline_us:>11.2f} "
             f"{row.roofline_us / e.latency_us:>8.0%}  {e.bound:<8} {busy}"
         )
@@ -377,11 +286,11 @@ def markdown_page(rows: Sequence[Row], command: str | None) -> str:
                 continue
             e = row.estimate
             cells.append(f"{e.latency_us:.2f} ({_band(e)}), {row.roofline_us:.2f}, {e.bound}")
-        lines.append(f"| {case.op} | {case.parsed_size().label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {case.op} | {parsed_size(case).label} | " + " | ".join(cells) + " |")
     if not all(row.estimate.calibrated for row in rows):
         lines += ["", UNCALIBRATED_NOTE]
     lines += ["", "Sizes (bench workloads, seed 0; nki_estimates.KERNELS):", ""]
-    lines += [f"- {case.op} {case.parsed_size().label}: {case.why}" for case in cases]
+    lines += [f"- {case.op} {parsed_size(case).label}: {case.why}" for case in cases]
     return "\n".join(lines) + "\n"
 
 
@@ -400,7 +309,7 @@ def run_cli(args: argparse.Namespace) -> int:
     print()
     print("Sizes (bench workloads, seed 0; nki_estimates.KERNELS):")
     for case in dict.fromkeys(row.case for row in rows):
-        print(f"  {case.op} {case.parsed_size().label}: {case.why}")
+        print(f"  {case.op} {parsed_size(case).label}: {case.why}")
     if args.json:
         document = {
             "command": getattr(args, "command_line", None),
@@ -421,7 +330,7 @@ def run_cli(args: argparse.Namespace) -> int:
         else:
             from asickernels.simulate.nki.timeline_png import write_timeline_png
 
-            title = f"{row.case.op} {row.case.parsed_size().label}"
+            title = f"{row.case.op} {parsed_size(row.case).label}"
             write_timeline_png(row.estimate.chrome_trace(), args.timeline, title=title)
         print(f"wrote {args.timeline}")
     return 0

@@ -4,6 +4,7 @@ see :mod:`asickernels.kernels.cases`. DIoU and CIoU run GIOU's paired-box cases.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -15,8 +16,10 @@ from asickernels.kernels.cases import (
     CompileShape,
     NkiEstimate,
     Size,
+    Work,
     Workload,
     bench_boxes,
+    paired_work,
     random_boxes,
 )
 from asickernels.kernels.declaration import Op
@@ -133,9 +136,35 @@ COMPILE_SHAPES = (
     CompileShape("ciou_backward", "1024x256 pairs", "ciou", paired(SEED_PAIRS), gradient=(0, 1)),
 )
 
+# Operations per box pair (each min/max/add/sub/mul/div once, as GIOU's 28: intersection 9,
+# areas 6, union 2, IoU's division 1, hull 7, (hull - union) / hull 2, difference 1). Pairwise
+# kernels need each box's area once per box, so only the per-pair part counts there.
+PAIRWISE_IOU_OPS_PER_PAIR = 12  # intersection 9, union 2, division 1
+PAIRWISE_GIOU_OPS_PER_PAIR = 22  # + hull 7, (hull - union) / hull 2, difference 1
+DIOU_OPS_PER_PAIR = 40  # IoU 18, hull sides 6, centre distance 11, diagonal 3, ratio 2
+CIOU_OPS_PER_PAIR = 50  # + aspect term 5 (arctan not counted), alpha 3, alpha * v 2
+
+
+def _pairwise(ops_per_pair: int) -> Callable[[Size], Work]:
+    """``[N, 4]`` x ``[M, 4]`` float32 in, ``[N, M]`` float32 out."""
+
+    def work(size: Size) -> Work:
+        n, m = size.params["n"], size.params["m"]
+        return Work(16 * (n + m) + 4 * n * m, n * m * ops_per_pair)
+
+    return work
+
+
 NKI_ESTIMATES = (
-    NkiEstimate("diou", "1024x256", SEED_PAIRS_WHY),
-    NkiEstimate("ciou", "1024x256", SEED_PAIRS_WHY),
-    NkiEstimate("box_iou", "1024x1024", "the largest bench size"),
-    NkiEstimate("generalized_box_iou", "1024x1024", "the largest bench size"),
+    NkiEstimate("diou", "1024x256", SEED_PAIRS_WHY, paired_work(DIOU_OPS_PER_PAIR)),
+    NkiEstimate("ciou", "1024x256", SEED_PAIRS_WHY, paired_work(CIOU_OPS_PER_PAIR)),
+    NkiEstimate(
+        "box_iou", "1024x1024", "the largest bench size", _pairwise(PAIRWISE_IOU_OPS_PER_PAIR)
+    ),
+    NkiEstimate(
+        "generalized_box_iou",
+        "1024x1024",
+        "the largest bench size",
+        _pairwise(PAIRWISE_GIOU_OPS_PER_PAIR),
+    ),
 )

@@ -23,15 +23,22 @@ Every case is deterministic (fixed seeds).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-from collections.abc import Mapping
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 
 from asickernels.kernels import oracle, registry
 from asickernels.kernels.declaration import Op
 from asickernels.simulate.tpu_compile import ArgSpec
+
+if TYPE_CHECKING:
+    from asickernels.simulate.nki.estimate import Generation
+
+# NeuronCore partitions (SBUF rows; TensorE's array is PARTITIONS x PARTITIONS).
+PARTITIONS = 128
 
 # Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
 RAGGED_SIZES = (1, 7, 130, 257)
@@ -194,10 +201,49 @@ class CompileShape:
 
 
 @dataclasses.dataclass(frozen=True)
+class Work:
+    """What an op must move and compute on one NeuronCore at one size, whatever the kernel:
+    ``hbm_bytes`` (inputs read once, outputs written once) and ``ops`` on ``engine``
+    (``"tensor"``: multiply-adds counted as 2; ``"vector"``: float32 elementwise). Operation
+    counts take each min/max/add/sub/mul/div of the op's formula once (``+ eps`` and
+    transcendental functions not counted), so they are lower bounds."""
+
+    hbm_bytes: float
+    ops: float = 0.0
+    engine: str = "vector"
+
+    def roofline_us(self, generation: Generation) -> float:
+        """The least time on one NeuronCore of ``generation``, in microseconds: the larger of
+        the bytes over its HBM bandwidth and the operations over its engine's peak (TensorE:
+        a 128 x 128 multiply-accumulate array, one moving column per cycle; VectorE: 128
+        partitions x its float32 elements per cycle)."""
+        if self.engine == "tensor":
+            ops_per_ns = 2 * PARTITIONS * PARTITIONS * generation.clock_ghz["tensor"]
+        else:
+            ops_per_ns = PARTITIONS * generation.vector_rate[1] * generation.clock_ghz["vector"]
+        return max(self.hbm_bytes / generation.hbm_bytes_per_ns, self.ops / ops_per_ns) / 1000
+
+
+def paired_work(
+    ops_per_pair: int, in_bytes: int = 32, out_bytes: int = 4
+) -> Callable[[Size], Work]:
+    """The work of a paired-boxes op: ``[..., 4]`` float32 x2 in (``in_bytes`` per pair),
+    ``out_bytes`` per pair out, ``ops_per_pair`` operations per pair."""
+
+    def work(size: Size) -> Work:
+        pairs = math.prod(size.params["shape"])
+        return Work(pairs * (in_bytes + out_bytes), pairs * ops_per_pair)
+
+    return work
+
+
+@dataclasses.dataclass(frozen=True)
 class NkiEstimate:
     """The NKI estimate row of workload ``op``: run once at ``size`` (its bench size
-    syntax) in the NKI simulator; ``why`` that size."""
+    syntax) in the NKI simulator; ``why`` that size; ``work`` what the op must move and
+    compute at a size (its roofline beside the estimate)."""
 
     op: str
     size: str
     why: str
+    work: Callable[[Size], Work]

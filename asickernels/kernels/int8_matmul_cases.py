@@ -20,6 +20,7 @@ from asickernels.kernels.cases import (
     CompileShape,
     NkiEstimate,
     Size,
+    Work,
     Workload,
     checked,
 )
@@ -204,11 +205,19 @@ COMPILE_SHAPES = (
 INT8_USER_M = (1, 8, 32, 128, 512, 2048)
 INT8_USER_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192))
 
+
+def _int8_matmul_work(size: Size) -> Work:
+    """``[M, K] @ [K, N]`` int8 -> int32 on TensorE (bf16 matmuls: int8 is exact in bf16)."""
+    m, k, n = size.params["m"], size.params["k"], size.params["n"]
+    return Work(m * k + k * n + 4 * m * n, 2.0 * m * n * k, "tensor")
+
+
 NKI_ESTIMATES = (
     NkiEstimate(
         "int8_matmul",
         "512",
         "a bench size; simulating its transposing loads takes ~1.5 s per generation at "
         "1024^3, ~10 s at 2048^3",
+        _int8_matmul_work,
     ),
 )

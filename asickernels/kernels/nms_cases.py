@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from asickernels.kernels.cases import (
     CompileShape,
     NkiEstimate,
     Size,
+    Work,
     Workload,
     batched,
     checked,
@@ -305,7 +307,19 @@ COMPILE_SHAPES = (_nms(1024, 128), _nms(4096, 128), _nms(16384, 128))
 NMS_USER_N = (1024, 2048, 4096, 8192, 16384)
 NMS_TILE_SWEEP = (128, 256, 512, 1024)
 
+
+def _nms_work(category_bytes: int) -> Callable[[Size], Work]:
+    """Boxes (16 bytes), a score (4) and a category id (``category_bytes``) per box in, the
+    kept indices and their count (int32) out; no operation count (its bound is its bytes)."""
+
+    def work(size: Size) -> Work:
+        n, kept = size.params["n"], size.params["max_output_size"]
+        return Work((20 + category_bytes) * n + 4 * kept + 4)
+
+    return work
+
+
 NKI_ESTIMATES = (
-    NkiEstimate("nms", "1024", "the NMS article's 1024 boxes, 128 outputs"),
-    NkiEstimate("batched_nms", "1024", "the bench size, 16 categories"),
+    NkiEstimate("nms", "1024", "the NMS article's 1024 boxes, 128 outputs", _nms_work(0)),
+    NkiEstimate("batched_nms", "1024", "the bench size, 16 categories", _nms_work(4)),
 )

@@ -63,7 +63,7 @@ def test_each_file_it_names_exists(path):
     [
         ("asickernels.kernels.public", "OPS"),
         ("asickernels.kernels.cases", "Workload"),
-        ("asickernels.estimates.nki_estimates", "_WORK"),
+        ("asickernels.kernels.cases", "Work"),
     ],
 )
 def test_each_table_it_names_is_there(module, name):

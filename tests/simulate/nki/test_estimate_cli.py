@@ -13,6 +13,7 @@ from conftest import DATA, REPO
 
 from asickernels import cli
 from asickernels.estimates import nki_estimates
+from asickernels.kernels.cases import Work
 from asickernels.simulate.nki.estimate import GENERATIONS, estimate, generation_of
 from asickernels.simulate.nki.timeline_png import write_timeline_png
 from asickernels.simulate.nki.trace import Access, Instruction
@@ -102,10 +103,10 @@ def test_the_markdown_page_sets_the_generations_side_by_side(tmp_path, capsys):
 
 def test_the_roofline_is_bytes_over_hbm_or_ops_over_the_engine_peak():
     v2 = generation_of(2)
-    matmul = nki_estimates.Work(hbm_bytes=1.0, ops=2.0 * 4096**3, engine="tensor")
+    matmul = Work(hbm_bytes=1.0, ops=2.0 * 4096**3, engine="tensor")
     # 128 x 128 multiply-adds per TensorE cycle at 2.8 GHz (trainium_inferentia2_arch.rst).
     assert matmul.roofline_us(v2) == pytest.approx(2.0 * 4096**3 / (2 * 128 * 128 * 2.8) / 1e3)
-    stream = nki_estimates.Work(hbm_bytes=410e6)  # 410 GB/s: half of 820 GB/s per device
+    stream = Work(hbm_bytes=410e6)  # 410 GB/s: half of 820 GB/s per device
     assert stream.roofline_us(v2) == pytest.approx(1000.0)
 
 
