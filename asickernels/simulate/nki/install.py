@@ -35,7 +35,9 @@ ALIASES = {
     "neuron_dtypes": "asickernels.simulate.nki.neuron_dtypes",
 }
 _REAL_API = {
-    "nki": "nki",
+    # not ``nki`` itself: a folder named nki on sys.path imports as a namespace package (pytest
+    # puts test folders there, and tests/simulate holds one)
+    "nki": "nki.language",
     "neuronxcc": "neuronxcc.nki",
     "nki_cpu_simulator": "nki_cpu_simulator.nki",
     "neuron_dtypes": "neuron_dtypes",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -93,6 +94,7 @@ def test_hook_never_shadows_a_real_sdk(clean_imports, tmp_path, monkeypatch, nki
     ``neuron_dtypes`` on sys.path win: nothing is hooked. A real ``nki`` that fails to import
     counts as absent (hooked); the working others stay."""
     _fake_package(tmp_path, "nki", nki_body)
+    _fake_package(tmp_path, "nki.language", "")
     for namespace in ("neuronxcc", "nki_cpu_simulator"):
         _fake_package(tmp_path, namespace, "")
         _fake_package(tmp_path, f"{namespace}.nki", "REAL = True\n")
@@ -106,6 +108,16 @@ def test_hook_never_shadows_a_real_sdk(clean_imports, tmp_path, monkeypatch, nki
         assert importlib.import_module("nki") is simulator
     else:
         assert importlib.import_module("nki").REAL
+
+
+def test_a_folder_named_nki_on_sys_path_is_not_an_sdk(clean_imports, tmp_path, monkeypatch):
+    """pytest puts test folders on sys.path, and tests/simulate holds a folder ``nki``: it
+    imports as a namespace package, which must not count as a real ``nki``."""
+    (tmp_path / "nki").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("nki") is not None
+    assert not hook.real_sdk_available("nki")
 
 
 SCRIPT = """
