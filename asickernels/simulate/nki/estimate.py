@@ -139,6 +139,8 @@ DMA_EFFICIENCY_RANGE = (0.4, 0.92)
 # general/nki/tutorials/matrix_multiplication.rst) moves 4.4 GB instead of the tiled
 # kernel's 5.4 GB and ran 51.80 -> 42.96 ms, the same ratio. ``hoist_loads=False`` models
 # that compiler (benchmarks/nki_estimate/calibrate.py, whose figures are SDK 2.20's).
+# Repeated ``nisa.dma_copy`` loads are hoisted alike, although the trn2 tutorial says its
+# v2's were not (benchmarks/nki_estimate/README.md, trn2 section).
 # The engines the compiler may place an instruction on when the kernel did not choose
 # (IS): ``tensor_copy`` "Vector, Scalar or GpSimd Engine" (an ``nl.copy`` is one);
 # ``tensor_scalar`` "Vector or Scalar Engine" for arithmetic operators (an ``nl`` add or
@@ -217,24 +219,33 @@ GENERATIONS = {
         24 << 20,  # A2: "a 24MiB SBUF"
         "SDK 2.20 tutorial latencies and NKIBench's trn1 profiles (benchmarks/nki_estimate)",
     ),
-    # A3: Tensor 2.4 GHz, Vector 0.96 (512 bf16/fp16 or 256 other elements per cycle),
-    # Scalar and GpSimd 1.2 (128); BW 23 B/ns per DMA engine; 3 TB/s over 8 NeuronCores.
+    # A3: Tensor 2.4 GHz, Vector 0.96, Scalar and GpSimd 1.2 (128 elements per cycle); BW
+    # 23 B/ns per DMA engine; 3 TB/s over 8 NeuronCores. VectorE: A3's table says "512
+    # BF16/FP16 input/output; 256 input/output for other data types", but its "Vector
+    # Engine Performance Mode" lifts only BF16/FP16 ("4x" or "2x" by instruction, taken
+    # as 4x here) and its "1.0 TFLOPS of FP32" over 8 NeuronCores at 0.96 GHz is one FP32
+    # element per partition per cycle, as on NeuronCore-v2 (the trn2 tutorial's v5, whose
+    # VectorE adds fp32 PSUM tiles into SBUF, is active 10.55% of the run: 9% at one).
+    # DMA: trn1's fitted DMA_EFFICIENCY and DMA_BUFFER_NS; DO's throughput graph (trn2
+    # profiles) agrees with 0.7 at DMA_LATENCY_NS (its knee, 8 x ~2.5 KiB in 1300 ns per
+    # engine), the trn2 tutorial's v3 asks for >= 0.85 (benchmarks/nki_estimate/README.md).
     3: Generation(
         "trn2 (NeuronCore-v3)",
         {"tensor": 2.4, "vector": 0.96, "scalar": 1.2, "gpsimd": 1.2},
-        (4, 2),
+        (4, 1),
         (1, 1),
         16,
         23.0,
         3000.0 / 8,
         28 << 20,  # A3: "SBUF capacity is 28MiB"
     ),
-    # A4: Tensor 2.4 GHz, Vector 1.2 (512 bf16/fp16/fp8, 256 other), Scalar 1.2 (256
+    # A4: Tensor 2.4 GHz, Vector 1.2 (512 bf16/fp16/fp8; other dtypes one per cycle as
+    # on v3: "1.2 TFLOPS of FP32" over 8 NeuronCores at 1.2 GHz), Scalar 1.2 (256
     # bf16/fp16/fp8, 128 other), GpSimd 1.2; BW 33 B/ns per DMA engine; 4.7 TB/s over 8.
     4: Generation(
         "trn3 (NeuronCore-v4)",
         {"tensor": 2.4, "vector": 1.2, "scalar": 1.2, "gpsimd": 1.2},
-        (4, 2),
+        (4, 1),
         (2, 1),
         16,
         33.0,

@@ -27,7 +27,7 @@ SAMPLES = VENDOR / "nki-samples@8370e11"
 SCRIPT = REPO / "benchmarks/nki_estimate/nki_samples.py"
 # Three kernels, three bound engines, each simulated in seconds: adaptive average pooling
 # (DMA-bound, estimate/threshold 0.83 when recorded), select-and-scatter (DMA, 0.71) and the
-# fp8 double-row matmul on trn2 (TensorE, 0.97).
+# fp8 double-row matmul on trn2 (TensorE, 0.98).
 CASES = ("test_adaptive_avg_pool2d[1]", "test_select_and_scatter[0]", "test_double_row_matmul[0]")
 
 
