@@ -31,7 +31,6 @@ from asickernels.kernels.declaration import Array, Plan, Runner, Spec
 if TYPE_CHECKING:
     from asickernels.kernels.declaration import Op
 
-Want = Literal["jax", "any"]
 Call = Callable[..., Any]
 
 
@@ -42,7 +41,7 @@ class Eager:
         self.op = op
         # Eager calls by signature (:func:`_argument_key`): what runs them.
         self._calls: dict[Hashable, Call] = {}
-        # The functions that run validated eager calls (:meth:`_executor`).
+        # The functions that run validated eager calls (:meth:`executor`).
         self._executors: dict[Hashable, Call] = {}
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -65,20 +64,13 @@ class Eager:
         chosen = op.choose(plan, backend, arrays, config)
         if key is not None and len(self._calls) < _MAX_SIGNATURES:
             self._calls[key] = self._replay(chosen, plan, config, given, arrays, args, kwargs)
-        return self.run(chosen, plan, config, arrays, want="jax")
+        return self.run(chosen, plan, config, arrays)
 
     def run(
-        self,
-        backend: str | None,
-        plan: Plan,
-        config: object,
-        arrays: Mapping[str, Array | None],
-        want: Want,
+        self, backend: str | None, plan: Plan, config: object, arrays: Mapping[str, Array | None]
     ) -> Any:
-        """Runs a validated call on ``backend``. ``want="jax"`` returns JAX arrays; ``"any"``
-        may return numpy arrays instead, for frontends that convert anyway: inputs on the
-        host then run the op's computation on the backend's host implementation, called
-        from here. Inside a trace the outputs are traced values."""
+        """Runs a validated call on ``backend`` and returns JAX arrays (traced values inside
+        a trace)."""
         if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             if plan.trivial:
                 with x64_scope(plan.x64):
@@ -89,14 +81,7 @@ class Eager:
             self.op.check_values(**arrays)
         names = tuple(n for n, a in arrays.items() if a is not None)
         present = [a for a in arrays.values() if a is not None]  # in the order of names
-        if want == "any" and not any(_on_accelerator(a) for a in present):
-            on_host = self._on_host(backend, plan, config)
-            if on_host is not None:
-                return on_host(
-                    **{n: None if a is None else np.asarray(a) for n, a in arrays.items()}
-                )
-            return self._executor(backend, plan, config, names, "always")(*present)
-        return self._executor(backend, plan, config, names, _host_use(plan, present))(*present)
+        return self.executor(backend, plan, config, names, _host_use(plan, present))(*present)
 
     def _on_host(self, backend: str | None, plan: Plan, config: object) -> Call | None:
         """The op's computation of ``plan`` on ``backend``'s host implementation, a function
@@ -142,7 +127,7 @@ class Eager:
             )
         )
         present = [a for a in arrays.values() if a is not None]  # in the order of names
-        execute = self._executor(backend, plan, config, names, _host_use(plan, present))
+        execute = self.executor(backend, plan, config, names, _host_use(plan, present))
         if not direct:
 
             def rebind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -159,14 +144,15 @@ class Eager:
             *[kwargs[s] if isinstance(s, str) else args[s] for s in slots]
         )
 
-    def _executor(
+    def executor(
         self, backend: str | None, plan: Plan, config: object, names: tuple[str, ...], host: Host
     ) -> Call:
         """The function that runs validated eager calls of ``plan`` on ``backend``, taking
         the arrays named ``names`` by position: the filled outputs of a trivial plan; the
         host implementation on a numpy backend, or with ``host`` where there is one (its
-        outputs stay numpy only with ``host``); else the jitted computation (op by op where
-        the backend cannot be jitted here); in x64 mode for 64-bit plans."""
+        outputs stay numpy only with ``host="always"``, for frontends that convert anyway,
+        as the torch operators' CPU kernel); else the jitted computation (op by op where the
+        backend cannot be jitted here); in x64 mode for 64-bit plans (but numpy in and out)."""
         key: Hashable | None = (backend, plan, config, names, host)
         try:
             executor = self._executors.get(key)
@@ -209,7 +195,7 @@ class Eager:
 
         else:
             executor = jax.jit(computation)
-        if plan.x64:
+        if plan.x64 and not (executor is on_host and host == "always"):
             executor = _in_x64(executor)
         if key is not None and len(self._executors) < _MAX_SIGNATURES:
             self._executors[key] = executor

@@ -168,11 +168,16 @@ def run_on_cpu(
     op: Op, *tensors: torch.Tensor | None, backend: str | None = None, **statics: object
 ) -> Outputs:
     """``op`` on CPU tensors as the JAX API runs it (validation, selection policy, dtypes),
-    on numpy views of the tensors; returns torch tensors."""
+    on numpy views of the tensors, straight on the chosen backend's host implementation
+    where it has one (:meth:`Eager.executor <asickernels.kernels.eager.Eager.executor>`);
+    returns torch tensors."""
     arrays = op.prepared({n: to_host(t) for n, t in named_tensors(op, tensors).items()})
     plan = op.plan(arrays, **jax_statics(op, statics))
     chosen = op.choose(plan, backend, arrays)
-    out = op.eager.run(chosen, plan, None, arrays, want="any")
+    if op.check_values is not None:
+        op.check_values(**arrays)
+    names = tuple(n for n, a in arrays.items() if a is not None)
+    out = op.eager.executor(chosen, plan, None, names, "always")(*[arrays[n] for n in names])
     return tuple(map(to_torch, out)) if isinstance(out, tuple) else to_torch(out)
 
 

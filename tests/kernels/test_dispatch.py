@@ -87,14 +87,14 @@ def test_empty_inputs_give_filled_outputs_every_call():
         assert np.asarray(num_valid).tolist() == [0, 0]
 
 
-def test_run_with_want_any_returns_the_host_twins_numpy_outputs():
+def test_an_executor_that_always_uses_the_host_returns_the_host_twins_numpy_outputs():
     rng = np.random.default_rng(5)
     arrays = {"boxes1": random_boxes(rng, (5,)), "boxes2": random_boxes(rng, (5,))}
     op = asickernels.giou
     plan = op.plan(arrays)
-    host = op.eager.run("cpu", plan, None, arrays, want="any")
+    host = op.eager.executor("cpu", plan, None, tuple(arrays), "always")(*arrays.values())
     assert type(host) is np.ndarray
-    device = op.eager.run("cpu", plan, None, arrays, want="jax")
+    device = op.eager.run("cpu", plan, None, arrays)
     assert isinstance(device, jax.Array)
     np.testing.assert_array_equal(host, np.asarray(device))
 
