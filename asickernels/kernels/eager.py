@@ -276,11 +276,6 @@ def _to_jax(out: Any) -> Any:
     return jax.tree.map(place, out)
 
 
-def _on_accelerator(value: object) -> bool:
-    """Whether ``value`` is a JAX array on a device other than the host CPU."""
-    return isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices())
-
-
 def _filled(plan: Plan, xp: Any) -> Any:
     """The outputs of a trivial plan, each filled with its entry of ``plan.fill``."""
     specs = plan.output_list()
