@@ -128,9 +128,9 @@ def kernel_of(figure: Figure) -> tuple[Any, list[Any]]:
 def trace_of(figure: Figure) -> tuple[list, float]:
     """``figure``'s trn1 trace (``nki.benchmark`` on placeholders of its shapes) and the
     seconds simulating and estimating it took."""
+    kernel, placeholders = kernel_of(figure)  # installs neuronxcc
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
 
-    kernel, placeholders = kernel_of(figure)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -147,9 +147,9 @@ def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None
     cached = cache / (pathlib.PurePath(row["kernel"]).stem + ".pkl") if cache else None
     if cached is not None and cached.is_file():
         return pickle.loads(cached.read_bytes())
+    kernel, placeholders = kernel_of(source, row)  # installs neuronxcc
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
 
-    kernel, placeholders = kernel_of(source, row)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
