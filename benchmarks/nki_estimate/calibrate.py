@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import warnings
+from typing import Any
 
 from asickernels.simulate.nki import estimate as cost_model
 from asickernels.simulate.nki import runtime
@@ -113,17 +114,23 @@ def _install() -> None:
             sys.path.insert(0, str(EXAMPLES / folder))
 
 
-def trace_of(figure: Figure) -> tuple[list, float]:
-    """``figure``'s trn1 trace (``nki.benchmark`` on placeholders of its shapes) and the
-    seconds simulating and estimating it took."""
+def kernel_of(figure: Figure) -> tuple[Any, list[Any]]:
+    """``figure``'s kernel and its arguments: ``nt.tensor`` placeholders of its shapes."""
     _install()
-    import neuronxcc.nki as nki  # type: ignore[import-not-found]
     import neuronxcc.nki.language as nl  # type: ignore[import-not-found]
     import neuronxcc.nki.typing as nt  # type: ignore[import-not-found]
 
     kernel = getattr(__import__(figure.module), figure.kernel)
     dtype = getattr(nl, figure.dtype)
-    placeholders = [nt.tensor[list(a), dtype] if isinstance(a, tuple) else a for a in figure.args]
+    return kernel, [nt.tensor[list(a), dtype] if isinstance(a, tuple) else a for a in figure.args]
+
+
+def trace_of(figure: Figure) -> tuple[list, float]:
+    """``figure``'s trn1 trace (``nki.benchmark`` on placeholders of its shapes) and the
+    seconds simulating and estimating it took."""
+    kernel, placeholders = kernel_of(figure)  # installs neuronxcc
+    import neuronxcc.nki as nki  # type: ignore[import-not-found]
+
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

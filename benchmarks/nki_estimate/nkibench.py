@@ -123,13 +123,10 @@ def _module(source: PinnedRepo, name: str, folder: pathlib.Path) -> Any:
     return module
 
 
-def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None) -> tuple:
-    """``row``'s kernel's trn1 trace and the simulator's counters (from ``cache`` when there)."""
-    cached = cache / (pathlib.PurePath(row["kernel"]).stem + ".pkl") if cache else None
-    if cached is not None and cached.is_file():
-        return pickle.loads(cached.read_bytes())
+def kernel_of(source: PinnedRepo, row: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """``row``'s kernel and its arguments: ``nt.tensor`` placeholders of the shapes its
+    reference's ``transform_to_nki_inputs`` gives."""
     install()
-    import neuronxcc.nki as nki  # type: ignore[import-not-found]
     import neuronxcc.nki.language as nl  # type: ignore[import-not-found]
     import neuronxcc.nki.typing as nt  # type: ignore[import-not-found]
 
@@ -142,6 +139,17 @@ def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None
         nt.tensor[list(a.shape), getattr(nl, a.dtype.name)] if isinstance(a, np.ndarray) else a
         for a in arrays
     ]
+    return kernel, placeholders
+
+
+def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None) -> tuple:
+    """``row``'s kernel's trn1 trace and the simulator's counters (from ``cache`` when there)."""
+    cached = cache / (pathlib.PurePath(row["kernel"]).stem + ".pkl") if cache else None
+    if cached is not None and cached.is_file():
+        return pickle.loads(cached.read_bytes())
+    kernel, placeholders = kernel_of(source, row)  # installs neuronxcc
+    import neuronxcc.nki as nki  # type: ignore[import-not-found]
+
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

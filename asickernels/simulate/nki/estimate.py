@@ -447,43 +447,36 @@ def _elided(instruction: Instruction) -> bool:
 
 
 class _Ranges:
-    """Element ranges of one storage, each with a value, found by overlap. A range within a
-    few ``BUCKET``-element blocks (a tile) is filed under each block it touches, so a
-    lookup reads the ranges near its own; a wider one (a strided view of a large tensor)
-    is kept in ``wide``, read by every lookup."""
-
-    BUCKET = 1 << 16
-    NARROW = 16  # blocks
+    """Element ranges of one storage, each with a value, found by overlap. Ranges are filed
+    by width (the bit length of ``high - low``), each width's sorted by first element, so a
+    lookup bisects to the ranges of each width that can reach it: its work follows the
+    ranges near it, whether a storage holds a few wide ranges or thousands of small tiles."""
 
     def __init__(self) -> None:
         self.values: dict[tuple[int, int], Any] = {}
-        self.blocks: dict[int, set[tuple[int, int]]] = {}
-        self.wide: set[tuple[int, int]] = set()
-
-    def _blocks(self, span: tuple[int, int]) -> range | None:
-        first, last = span[0] // self.BUCKET, span[1] // self.BUCKET
-        return range(first, last + 1) if last - first < self.NARROW else None
+        self.by_width: dict[int, list[tuple[int, int]]] = {}  # bit length -> sorted spans
 
     def overlapping(self, low: int, high: int) -> list[tuple[tuple[int, int], Any]]:
-        blocks = self._blocks((low, high))
-        near: Any = self.values if blocks is None else self.wide.union(
-            *(self.blocks.get(block, ()) for block in blocks))  # fmt: skip
-        return [(r, self.values[r]) for r in near if r[0] <= high and low <= r[1]]
+        found = []
+        for width, spans in self.by_width.items():
+            # a span of this width starting before ``low - 2**width + 1`` ends before ``low``
+            at = bisect.bisect_left(spans, (low - (1 << width) + 1,))
+            while at < len(spans) and spans[at][0] <= high:
+                span = spans[at]
+                if low <= span[1]:
+                    found.append((span, self.values[span]))
+                at += 1
+        return found
 
     def set(self, span: tuple[int, int], value: Any) -> None:
         if span not in self.values:
-            blocks = self._blocks(span)
-            for block in blocks or ():
-                self.blocks.setdefault(block, set()).add(span)
-            if blocks is None:
-                self.wide.add(span)
+            bisect.insort(self.by_width.setdefault((span[1] - span[0]).bit_length(), []), span)
         self.values[span] = value
 
     def remove(self, span: tuple[int, int]) -> None:
         del self.values[span]
-        self.wide.discard(span)
-        for block in self._blocks(span) or ():
-            self.blocks[block].discard(span)
+        spans = self.by_width[(span[1] - span[0]).bit_length()]
+        del spans[bisect.bisect_left(spans, span)]
 
 
 class _Regions:

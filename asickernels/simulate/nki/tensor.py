@@ -90,7 +90,16 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
         return str(dtype.metadata["nki_dtype"])
     if dtype.names is not None:
         return dtype.names[0]
-    return next((n for n, d in DTYPES.items() if d == dtype and d.metadata is None), str(dtype))
+    name = _NAMES.get(dtype)  # asked for every operand: str(dtype) is slow
+    if name is None:
+        name = _NAMES[dtype] = next(
+            (n for n, d in DTYPES.items() if d == dtype and d.metadata is None), str(dtype)
+        )
+    return name
+
+
+# plain dtype (no metadata, no fields) -> its NKI name
+_NAMES: dict[np.dtype[Any], str] = {}
 
 
 def is_float(dtype: np.dtype[Any]) -> bool:
