@@ -698,9 +698,12 @@ class NkiTensor(NKIObject):
             )
         if self.on_chip:
             self._check_on_chip_pattern(pairs, itemsize)
-        outside = self._rows_outside(pairs, start, itemsize)
+        (step, count), free = pairs[0], pairs[1:]
+        starts = start + np.arange(count, dtype=np.int64) * step * itemsize
+        outside = self._rows_outside(starts, free, itemsize)
         if outside.any():
-            return self._rows_view(pairs, start, new_dtype, outside)
+            rows = self._row_views(starts, free, new_dtype, outside)
+            return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
         strides = [step * itemsize for step, _ in pairs]
         memory, base, row = self._memory()
         if self.on_chip:
@@ -731,17 +734,14 @@ class NkiTensor(NKIObject):
                 f"dimension {indirect_dim} of {self!r} is not a whole number of {new_dtype}"
             )
         offsets, outside = self._vector_offsets(vector_offset, self.shape[indirect_dim], partitions)
-        placeholder = np.zeros([count for _, count in free], new_dtype)
-        rows = [
-            placeholder
-            if bad
-            else self.ap(
-                [[1, 1], *([step, count] for step, count in free)],
-                (offset or 0) + int(row) * stride // new_dtype.itemsize,
-                dtype=new_dtype,
-            )._data[0]
-            for row, bad in zip(offsets, outside, strict=True)
-        ]
+        # partition i is ``ap([[1, 1], *free], offset + offsets[i] * stride)``
+        start = self._byte_offset() + (offset or 0) * new_dtype.itemsize
+        if start % new_dtype.itemsize and not outside.all():
+            raise errors.TensorAccessOutOfBound(
+                f"access pattern {pattern} starts at byte {start} of {self!r}, inside an "
+                f"element of {new_dtype}"
+            )
+        rows = self._row_views(start + offsets * stride, free, new_dtype, outside)
         return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
 
     def _check_on_chip_pattern(self, pairs: list[tuple[int, int]], itemsize: int) -> None:
@@ -762,34 +762,45 @@ class NkiTensor(NKIObject):
                 "outside its first (partition) pair"
             )
 
-    def _rows_outside(self, pairs: list[tuple[int, int]], start: int, itemsize: int) -> np.ndarray:
-        """Which rows (steps of the first pair) of a pattern starting at byte ``start`` reach
-        bytes outside the storage, or, on-chip, outside their partition."""
-        (step, count), free = pairs[0], pairs[1:]
-        first = start + np.arange(count, dtype=np.int64) * step * itemsize
+    def _rows_outside(
+        self, starts: np.ndarray, free: list[tuple[int, int]], itemsize: int
+    ) -> np.ndarray:
+        """Which rows of a pattern, row ``r`` walking the pairs ``free`` from byte
+        ``starts[r]``, reach bytes outside the storage, or, on-chip, outside their
+        partition."""
         low = sum(min(0, s * (c - 1)) for s, c in free) * itemsize
         high = (sum(max(0, s * (c - 1)) for s, c in free) + 1) * itemsize
-        outside = (first + low < 0) | (first + high > self.root.nbytes)
+        outside = (starts + low < 0) | (starts + high > self.root.nbytes)
         if self.on_chip:
-            within = first % self._row_bytes()
+            within = starts % self._row_bytes()
             outside |= (within + low < 0) | (within + high > self._row_bytes())
         return outside
 
-    def _rows_view(
-        self, pairs: list[tuple[int, int]], start: int, dtype: np.dtype[Any], outside: np.ndarray
-    ) -> NkiTensor:
-        """The view of a pattern starting at byte ``start`` some of whose rows are
-        ``outside`` (:meth:`ap`): each row in bounds a view of the storage, each row outside
-        a placeholder."""
-        (step, _), free = pairs[0], pairs[1:]
-        first = (start - self._byte_offset()) // dtype.itemsize  # ``ap``'s offset of row 0
-        row_pattern = [[1, 1], *([s, c] for s, c in free)]
-        placeholder = np.zeros([c for _, c in free], dtype)
-        rows = [
-            placeholder if bad else self.ap(row_pattern, first + r * step, dtype=dtype)._data[0]
-            for r, bad in enumerate(outside)
+    def _row_views(
+        self,
+        starts: np.ndarray,
+        free: list[tuple[int, int]],
+        dtype: np.dtype[Any],
+        skip: np.ndarray,
+    ) -> list[np.ndarray]:
+        """Row ``r`` of a pattern: the pairs ``free`` walked from byte ``starts[r]`` of the
+        allocation's row-major layout, as a view of the storage, or a zero placeholder where
+        ``skip[r]`` or the row reaches outside (:meth:`_rows_outside`). All rows at once:
+        an indirect DMA has one per partition, and a per-row :meth:`ap` dominated MoE
+        kernels' run time."""
+        shape = [count for _, count in free]
+        strides = [step * dtype.itemsize for step, _ in free]
+        placeholder = np.zeros(shape, dtype)
+        skip = skip | self._rows_outside(starts, free, dtype.itemsize)
+        memory, base, row = self._memory()
+        partitions, within = np.divmod(starts, self._row_bytes())
+        positions = (base + partitions * row + within).tolist()
+        return [
+            placeholder
+            if bad
+            else np.ndarray(shape, dtype, buffer=memory, offset=position, strides=strides)
+            for position, bad in zip(positions, skip.tolist(), strict=True)
         ]
-        return self._gathered([(row, Ellipsis) for row in rows], dtype, outside)
 
     def view(self, dtype: Any) -> NkiTensor:
         """The same bytes as ``dtype``; the last dimension scales by the size ratio and must be
