@@ -9,9 +9,10 @@ model (:mod:`asickernels.simulate.nki.estimate`) schedules the recorded instruct
 each generation. What it does not see: the compiler's scheduling, fusion and buffer
 allocation, and other NeuronCores sharing HBM.
 
-The roofline is the least time the op can take on one NeuronCore whatever the kernel
-(:class:`asickernels.kernels.cases.Work`, declared with each op's cases), with each
-generation's clocks and rates from :data:`asickernels.simulate.nki.estimate.GENERATIONS`.
+The roofline (:func:`roofline_us`) is the least time the op can take on one NeuronCore
+whatever the kernel: what it must move and compute (:class:`asickernels.kernels.cases.Work`,
+declared with each op's cases) at each generation's clocks and rates
+(:data:`asickernels.simulate.nki.estimate.GENERATIONS`).
 """
 
 from __future__ import annotations
@@ -26,18 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from asickernels.kernels.case_tables import NKI_ESTIMATES, WORKLOADS
-from asickernels.kernels.cases import NkiEstimate, Size
+from asickernels.kernels.cases import NkiEstimate, Size, Work
 from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.estimate import (
     ENGINES,
+    PARTITIONS,
     UNCALIBRATED_BAND_FACTOR,
     Estimate,
+    Generation,
     estimate,
     generation_of,
 )
 from asickernels.simulate.nki.trace import Instruction
 
-__all__ = ["KERNELS", "Row", "add_arguments", "kernel_rows", "run_cli"]
+__all__ = ["KERNELS", "Row", "add_arguments", "kernel_rows", "roofline_us", "run_cli"]
 
 # The generations `--neuron` estimates by default (one row each; trn1 and inf2 share one).
 DEFAULT_VERSIONS = (2, 3, 4)
@@ -71,6 +74,18 @@ class Row:
             "busy_share": {engine: round(share, 4) for engine, share in e.busy_share.items()},
             "instructions": e.instructions,
         }
+
+
+def roofline_us(work: Work, generation: Generation) -> float:
+    """The least time ``work`` takes on one NeuronCore of ``generation``, in microseconds: the
+    larger of its bytes over the HBM bandwidth and its operations over its engine's peak
+    (TensorE: a 128 x 128 multiply-accumulate array, one moving column per cycle; VectorE:
+    128 partitions x its float32 elements per cycle)."""
+    if work.engine == "tensor":
+        ops_per_ns = 2 * PARTITIONS * PARTITIONS * generation.clock_ghz["tensor"]
+    else:
+        ops_per_ns = PARTITIONS * generation.vector_rate[1] * generation.clock_ghz["vector"]
+    return max(work.hbm_bytes / generation.hbm_bytes_per_ns, work.ops / ops_per_ns) / 1000
 
 
 def parsed_size(case: NkiEstimate) -> Size:
@@ -137,7 +152,7 @@ def kernel_rows(
         trace = kernel_trace(case, min(generations))
         for version, generation in generations.items():
             modelled = estimate(trace, version, timeline=timeline)
-            rows.append(Row(case, version, modelled, work.roofline_us(generation)))
+            rows.append(Row(case, version, modelled, roofline_us(work, generation)))
     return rows
 
 

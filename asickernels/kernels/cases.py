@@ -26,19 +26,13 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
 from asickernels.kernels import oracle, registry
 from asickernels.kernels.declaration import Op
 from asickernels.simulate.tpu_compile import ArgSpec
-
-if TYPE_CHECKING:
-    from asickernels.simulate.nki.estimate import Generation
-
-# NeuronCore partitions (SBUF rows; TensorE's array is PARTITIONS x PARTITIONS).
-PARTITIONS = 128
 
 # Sizes chosen to divide by none of the block sizes (8, 128, 512) and to straddle them.
 RAGGED_SIZES = (1, 7, 130, 257)
@@ -206,22 +200,12 @@ class Work:
     ``hbm_bytes`` (inputs read once, outputs written once) and ``ops`` on ``engine``
     (``"tensor"``: multiply-adds counted as 2; ``"vector"``: float32 elementwise). Operation
     counts take each min/max/add/sub/mul/div of the op's formula once (``+ eps`` and
-    transcendental functions not counted), so they are lower bounds."""
+    transcendental functions not counted), so they are lower bounds. Its roofline on a
+    NeuronCore generation: :func:`asickernels.estimates.nki_estimates.roofline_us`."""
 
     hbm_bytes: float
     ops: float = 0.0
     engine: str = "vector"
-
-    def roofline_us(self, generation: Generation) -> float:
-        """The least time on one NeuronCore of ``generation``, in microseconds: the larger of
-        the bytes over its HBM bandwidth and the operations over its engine's peak (TensorE:
-        a 128 x 128 multiply-accumulate array, one moving column per cycle; VectorE: 128
-        partitions x its float32 elements per cycle)."""
-        if self.engine == "tensor":
-            ops_per_ns = 2 * PARTITIONS * PARTITIONS * generation.clock_ghz["tensor"]
-        else:
-            ops_per_ns = PARTITIONS * generation.vector_rate[1] * generation.clock_ghz["vector"]
-        return max(self.hbm_bytes / generation.hbm_bytes_per_ns, self.ops / ops_per_ns) / 1000
 
 
 def paired_work(

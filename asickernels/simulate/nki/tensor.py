@@ -741,7 +741,9 @@ class NkiTensor(NKIObject):
                 f"access pattern {pattern} starts at byte {start} of {self!r}, inside an "
                 f"element of {new_dtype}"
             )
-        rows = self._row_views(start + offsets * stride, free, new_dtype, outside)
+        starts = start + offsets * stride
+        bad = outside | self._rows_outside(starts, free, new_dtype.itemsize)
+        rows = self._row_views(starts, free, new_dtype, bad)
         return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
 
     def _check_on_chip_pattern(self, pairs: list[tuple[int, int]], itemsize: int) -> None:
@@ -785,13 +787,11 @@ class NkiTensor(NKIObject):
     ) -> list[np.ndarray]:
         """Row ``r`` of a pattern: the pairs ``free`` walked from byte ``starts[r]`` of the
         allocation's row-major layout, as a view of the storage, or a zero placeholder where
-        ``skip[r]`` or the row reaches outside (:meth:`_rows_outside`). All rows at once:
-        an indirect DMA has one per partition, and a per-row :meth:`ap` dominated MoE
-        kernels' run time."""
+        ``skip[r]`` (the callers skip the rows :meth:`_rows_outside` finds). All rows at once:
+        an indirect DMA has one per partition."""
         shape = [count for _, count in free]
         strides = [step * dtype.itemsize for step, _ in free]
         placeholder = np.zeros(shape, dtype)
-        skip = skip | self._rows_outside(starts, free, dtype.itemsize)
         memory, base, row = self._memory()
         partitions, within = np.divmod(starts, self._row_bytes())
         positions = (base + partitions * row + within).tolist()
