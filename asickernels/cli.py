@@ -212,17 +212,10 @@ def _selection(args: argparse.Namespace) -> tuple[list[str], frozenset[str] | No
     return ops, frozenset(args.backends) if args.backends else None
 
 
-def _progress(args: argparse.Namespace) -> Progress:
-    return Progress(enabled=not args.quiet)
-
-
 def _run_check(args: argparse.Namespace) -> tuple[list[CheckRow], bool]:
     ops, selected = _selection(args)
-    progress = _progress(args)
-    try:
+    with Progress(enabled=not args.quiet) as progress:
         rows = harness.check(ops, selected, seed=args.seed, quick=args.quick, progress=progress)
-    finally:
-        progress.close()
     print(report.text_table(report.CHECK_HEADERS, report.check_table(rows)))
     print("\n" + report.CHECK_LEGEND)
     _print_missing(rows)
@@ -275,11 +268,8 @@ def _bench_settings(args: argparse.Namespace) -> BenchSettings:
 
 
 def _run_bench(args: argparse.Namespace, settings: BenchSettings) -> tuple[list[BenchRow], bool]:
-    progress = _progress(args)
-    try:
+    with Progress(enabled=not args.quiet) as progress:
         rows = harness.bench(settings, progress)
-    finally:
-        progress.close()
     print(report.text_table(report.BENCH_HEADERS, report.bench_table(rows)))
     print("\n" + report.BENCH_LEGEND)
     _print_missing(rows)
@@ -382,31 +372,33 @@ def _add_timing(parser: argparse.ArgumentParser, defaults: dict[str, float]) -> 
         metavar="OP=SIZE[,SIZE...]",
         help=f"sizes of one op (repeatable). {sizes}",
     )
-    parser.add_argument(
-        "--repeats",
-        type=_number(int, 1),
-        default=defaults["repeats"],
-        help="timed calls per row, at most (default %(default)s)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=_number(int, 0),
-        default=defaults["warmup"],
-        help="untimed calls after the first, compiling one (default %(default)s)",
-    )
-    parser.add_argument(
+
+    def number(
+        flag: str, parse: Callable[[str], Any], text: str, metavar: str | None = None
+    ) -> None:
+        dest = flag.removeprefix("--").replace("-", "_")  # argparse's name for the option
+        parser.add_argument(
+            flag,
+            type=parse,
+            default=defaults[dest],
+            metavar=metavar,
+            help=f"{text} (default %(default)s)",
+        )
+
+    number("--repeats", _number(int, 1), "timed calls per row, at most")
+    number("--warmup", _number(int, 0), "untimed calls after the first, compiling one")
+    seconds = _number(float, 0, strict=True)
+    number(
         "--budget",
-        type=_number(float, 0, strict=True),
-        default=defaults["budget"],
-        metavar="SECONDS",
-        help="time for one row's timed calls; fewer repeats when slow, never fewer than 3 (default %(default)s)",
+        seconds,
+        "time for one row's timed calls; fewer repeats when slow, never fewer than 3",
+        "SECONDS",
     )
-    parser.add_argument(
+    number(
         "--max-call-seconds",
-        type=_number(float, 0, strict=True),
-        default=defaults["max_call_seconds"],
-        metavar="SECONDS",
-        help="skip a size whose per-call time, extrapolated from a smaller size, exceeds this (default %(default)s)",
+        seconds,
+        "skip a size whose per-call time, extrapolated from a smaller size, exceeds this",
+        "SECONDS",
     )
     parser.add_argument(
         "--force", action="store_true", help="run every size, however long it takes"

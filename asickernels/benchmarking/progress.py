@@ -58,3 +58,9 @@ class Progress:
         if self._in_place:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -257,10 +257,11 @@ def _spmd_frontend(
     wrapped: str,
     result_spec: str,
 ) -> Frontend:
-    """An SPMD frontend: each op's function runs the op over ``mesh`` through the module's
-    ``_sharded``; ``tensor``, ``dtype``, ``result``, ``mesh`` and ``spec`` are its annotations,
-    ``extra`` its keyword-only parameters after ``backend``, ``wrapped`` the module whose op
-    the docstring names and ``result_spec`` how a sharded matmul result is written there."""
+    """An SPMD frontend: each op's function runs the op over ``mesh`` by the module's
+    ``_RULES`` (:func:`~asickernels.frontends.run_rule`); ``tensor``, ``dtype``, ``result``,
+    ``mesh`` and ``spec`` are its annotations, ``extra`` its keyword-only parameters after
+    ``backend``, ``wrapped`` the module whose op the docstring names and ``result_spec`` how
+    a sharded matmul result is written there."""
     return Frontend(
         path,
         lambda: sharded_ops(every_op()),
@@ -272,7 +273,7 @@ def _spmd_frontend(
             *extra,
         ],
         lambda op: f":func:`{wrapped}.{op.name}` over ``mesh``, " + _partition_doc(op, result_spec),
-        lambda op: [f"    return _sharded(asickernels.{op.name}, locals())"],
+        lambda op: [f"    return run_rule(_RULES, asickernels.{op.name}, locals())"],
     )
 
 

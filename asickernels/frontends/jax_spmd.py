@@ -19,7 +19,6 @@ and the loss up to float32 rounding: the shards and the whole are compiled apart
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -207,11 +206,6 @@ _RULES: dict[str, Callable[..., Outputs]] = {
 }
 
 
-def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
-    """:func:`~asickernels.frontends.run_rule` with this module's rules."""
-    return run_rule(_RULES, op, arguments)
-
-
 __all__ = [op.name for op in sharded_ops()]  # the functions below
 
 
@@ -233,7 +227,7 @@ def batched_nms(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.batched_nms` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.batched_nms, locals())
+    return run_rule(_RULES, asickernels.batched_nms, locals())
 
 
 def box_iou(
@@ -246,7 +240,7 @@ def box_iou(
     config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.box_iou` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.box_iou, locals())
+    return run_rule(_RULES, asickernels.box_iou, locals())
 
 
 def ciou(
@@ -259,7 +253,7 @@ def ciou(
     config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.ciou` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.ciou, locals())
+    return run_rule(_RULES, asickernels.ciou, locals())
 
 
 def ciou_loss(
@@ -276,7 +270,7 @@ def ciou_loss(
     """:func:`asickernels.ciou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.ciou_loss, locals())
+    return run_rule(_RULES, asickernels.ciou_loss, locals())
 
 
 def ciou_vjp(
@@ -290,7 +284,7 @@ def ciou_vjp(
     config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.ciou_vjp` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.ciou_vjp, locals())
+    return run_rule(_RULES, asickernels.ciou_vjp, locals())
 
 
 def diou(
@@ -303,7 +297,7 @@ def diou(
     config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.diou` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.diou, locals())
+    return run_rule(_RULES, asickernels.diou, locals())
 
 
 def diou_loss(
@@ -320,7 +314,7 @@ def diou_loss(
     """:func:`asickernels.diou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.diou_loss, locals())
+    return run_rule(_RULES, asickernels.diou_loss, locals())
 
 
 def diou_vjp(
@@ -334,7 +328,7 @@ def diou_vjp(
     config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.diou_vjp` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.diou_vjp, locals())
+    return run_rule(_RULES, asickernels.diou_vjp, locals())
 
 
 def generalized_box_iou(
@@ -348,7 +342,7 @@ def generalized_box_iou(
 ) -> jax.Array:
     """:func:`asickernels.generalized_box_iou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.generalized_box_iou, locals())
+    return run_rule(_RULES, asickernels.generalized_box_iou, locals())
 
 
 def giou(
@@ -361,7 +355,7 @@ def giou(
     config: object = None,
 ) -> jax.Array:
     """:func:`asickernels.giou` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.giou, locals())
+    return run_rule(_RULES, asickernels.giou, locals())
 
 
 def giou_loss(
@@ -378,7 +372,7 @@ def giou_loss(
     """:func:`asickernels.giou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.giou_loss, locals())
+    return run_rule(_RULES, asickernels.giou_loss, locals())
 
 
 def giou_vjp(
@@ -392,7 +386,7 @@ def giou_vjp(
     config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.giou_vjp` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.giou_vjp, locals())
+    return run_rule(_RULES, asickernels.giou_vjp, locals())
 
 
 def int8_matmul(
@@ -412,7 +406,7 @@ def int8_matmul(
     """:func:`asickernels.int8_matmul` over ``mesh``, with M, K and N split over the mesh axes
     ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is sharded
     as ``P(m_axis, n_axis)``."""
-    return _sharded(asickernels.int8_matmul, locals())
+    return run_rule(_RULES, asickernels.int8_matmul, locals())
 
 
 def linear_sum_assignment(
@@ -427,7 +421,7 @@ def linear_sum_assignment(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.linear_sum_assignment` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.linear_sum_assignment, locals())
+    return run_rule(_RULES, asickernels.linear_sum_assignment, locals())
 
 
 def nms(
@@ -443,4 +437,4 @@ def nms(
     config: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`asickernels.nms` over ``mesh``, split along the batch dims as ``batch_spec``."""
-    return _sharded(asickernels.nms, locals())
+    return run_rule(_RULES, asickernels.nms, locals())

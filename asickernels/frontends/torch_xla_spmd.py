@@ -255,11 +255,6 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _sharded(op: Op, arguments: dict[str, Any]) -> Any:
-    """:func:`~asickernels.frontends.run_rule` with this module's rules."""
-    return run_rule(_RULES, op, arguments)
-
-
 __all__ = [op.name for op in sharded_ops()]  # the functions below
 
 
@@ -280,7 +275,7 @@ def batched_nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.batched_nms` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.batched_nms, locals())
+    return run_rule(_RULES, asickernels.batched_nms, locals())
 
 
 def box_iou(
@@ -293,7 +288,7 @@ def box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.box_iou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.box_iou, locals())
+    return run_rule(_RULES, asickernels.box_iou, locals())
 
 
 def ciou(
@@ -306,7 +301,7 @@ def ciou(
 ) -> Tensor:
     """:func:`asickernels.torch.ciou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.ciou, locals())
+    return run_rule(_RULES, asickernels.ciou, locals())
 
 
 def ciou_loss(
@@ -322,7 +317,7 @@ def ciou_loss(
     """:func:`asickernels.torch.ciou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.ciou_loss, locals())
+    return run_rule(_RULES, asickernels.ciou_loss, locals())
 
 
 def ciou_vjp(
@@ -336,7 +331,7 @@ def ciou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.ciou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.ciou_vjp, locals())
+    return run_rule(_RULES, asickernels.ciou_vjp, locals())
 
 
 def diou(
@@ -349,7 +344,7 @@ def diou(
 ) -> Tensor:
     """:func:`asickernels.torch.diou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.diou, locals())
+    return run_rule(_RULES, asickernels.diou, locals())
 
 
 def diou_loss(
@@ -365,7 +360,7 @@ def diou_loss(
     """:func:`asickernels.torch.diou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.diou_loss, locals())
+    return run_rule(_RULES, asickernels.diou_loss, locals())
 
 
 def diou_vjp(
@@ -379,7 +374,7 @@ def diou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.diou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.diou_vjp, locals())
+    return run_rule(_RULES, asickernels.diou_vjp, locals())
 
 
 def generalized_box_iou(
@@ -392,7 +387,7 @@ def generalized_box_iou(
 ) -> Tensor:
     """:func:`asickernels.torch.generalized_box_iou` over ``mesh``, split along the batch dims
     as ``batch_spec``."""
-    return _sharded(asickernels.generalized_box_iou, locals())
+    return run_rule(_RULES, asickernels.generalized_box_iou, locals())
 
 
 def giou(
@@ -405,7 +400,7 @@ def giou(
 ) -> Tensor:
     """:func:`asickernels.torch.giou` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.giou, locals())
+    return run_rule(_RULES, asickernels.giou, locals())
 
 
 def giou_loss(
@@ -421,7 +416,7 @@ def giou_loss(
     """:func:`asickernels.torch.giou_loss` over ``mesh``, split along the batch dims as
     ``batch_spec``; ``"sum"`` and ``"mean"`` reduce across the shards (the mean over the valid
     boxes of the global batch)."""
-    return _sharded(asickernels.giou_loss, locals())
+    return run_rule(_RULES, asickernels.giou_loss, locals())
 
 
 def giou_vjp(
@@ -435,7 +430,7 @@ def giou_vjp(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.giou_vjp` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.giou_vjp, locals())
+    return run_rule(_RULES, asickernels.giou_vjp, locals())
 
 
 def int8_matmul(
@@ -454,7 +449,7 @@ def int8_matmul(
     """:func:`asickernels.torch.int8_matmul` over ``mesh``, with M, K and N split over the mesh
     axes ``m_axis``, ``k_axis`` and ``n_axis`` (None: whole on every device); the result is
     sharded as ``(m_axis, n_axis)``."""
-    return _sharded(asickernels.int8_matmul, locals())
+    return run_rule(_RULES, asickernels.int8_matmul, locals())
 
 
 def linear_sum_assignment(
@@ -468,7 +463,7 @@ def linear_sum_assignment(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.linear_sum_assignment` over ``mesh``, split along the batch dims
     as ``batch_spec``."""
-    return _sharded(asickernels.linear_sum_assignment, locals())
+    return run_rule(_RULES, asickernels.linear_sum_assignment, locals())
 
 
 def nms(
@@ -484,4 +479,4 @@ def nms(
 ) -> tuple[Tensor, Tensor]:
     """:func:`asickernels.torch.nms` over ``mesh``, split along the batch dims as
     ``batch_spec``."""
-    return _sharded(asickernels.nms, locals())
+    return run_rule(_RULES, asickernels.nms, locals())

@@ -35,6 +35,7 @@ from __future__ import annotations
 import types
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -98,9 +99,17 @@ def pad_targets(targets: Sequence[dict[str, Tensor]], num_boxes: int) -> list[di
     return padded
 
 
-def _stacked_targets(targets: Sequence[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-image targets -> ``(boxes [B, M, 4], labels [B, M] int64, valid [B, M])``,
-    ``M`` the largest box count (at least 1), padding rows invalid."""
+class _GroundTruth(NamedTuple):
+    """The batch's targets, stacked and padded to ``M`` boxes per image."""
+
+    boxes: Tensor  # [B, M, 4]
+    labels: Tensor  # [B, M] int64
+    valid: Tensor  # [B, M], False at padding
+
+
+def _stacked_targets(targets: Sequence[dict[str, Tensor]]) -> _GroundTruth:
+    """Per-image targets -> their :class:`_GroundTruth`, ``M`` the largest box count (at
+    least 1), padding rows invalid."""
     most = max(1, *(len(t["boxes"]) for t in targets))
     boxes = torch.stack([F.pad(t["boxes"], (0, 0, 0, most - len(t["boxes"]))) for t in targets])
     labels = torch.stack(
@@ -109,7 +118,7 @@ def _stacked_targets(targets: Sequence[dict[str, Tensor]]) -> tuple[Tensor, Tens
             for t in targets
         ]
     )
-    return boxes, labels, labels >= 0
+    return _GroundTruth(boxes, labels, labels >= 0)
 
 
 def _stacked_masks(targets: Sequence[dict[str, Tensor]], num_boxes: int) -> Tensor:
@@ -216,29 +225,24 @@ def _one_hot(labels: Tensor, num_classes: int, keep: Tensor) -> Tensor:
 
 
 def _retinanet_losses(
-    self: RetinaNet,
-    head_outputs: dict[str, Tensor],
-    anchors: Tensor,
-    gt_boxes: Tensor,
-    gt_labels: Tensor,
-    gt_valid: Tensor,
+    self: RetinaNet, head_outputs: dict[str, Tensor], anchors: Tensor, gt: _GroundTruth
 ) -> dict[str, Tensor]:
     """RetinaNet's ``compute_loss``: focal loss over the anchors that are not between the
     thresholds, box regression over the foreground, each per image over its foreground
     count (at least 1), averaged over the images."""
-    matches = match(self.proposal_matcher, _box_iou(gt_boxes, anchors), gt_valid)
+    matches = match(self.proposal_matcher, _box_iou(gt.boxes, anchors), gt.valid)
     foreground = matches >= 0
     per_image_count = foreground.sum(1).clamp(min=1).to(torch.float32)
     logits = head_outputs["cls_logits"]
     num_images, _, num_classes = logits.shape
-    targets = _one_hot(_gather_rows(gt_labels, matches), num_classes, foreground)
+    targets = _one_hot(_gather_rows(gt.labels, matches), num_classes, foreground)
     focal = torchvision.ops.sigmoid_focal_loss(logits, targets, reduction="none")
     counted = (matches != BETWEEN_THRESHOLDS)[..., None]
     classification = torch.where(counted, focal, 0.0).sum((1, 2)) / per_image_count
 
     head = self.head.regression_head
     # Background anchors regress to themselves (finite targets, masked out).
-    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt_boxes, matches), anchors)
+    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt.boxes, matches), anchors)
     regression = head_outputs["bbox_regression"]
     per_anchor = _box_losses(head._loss_type, head.box_coder, anchors, matched_boxes, regression)
     box = torch.where(foreground, per_anchor, 0.0).sum(1) / per_image_count
@@ -271,22 +275,18 @@ def _box_losses(
 
 
 def _fcos_matches(
-    self: FCOS,
-    anchors: Tensor,
-    gt_boxes: Tensor,
-    gt_valid: Tensor,
-    num_anchors_per_level: list[int],
+    self: FCOS, anchors: Tensor, gt: _GroundTruth, num_anchors_per_level: list[int]
 ) -> Tensor:
     """FCOS's ``compute_loss`` matching on a batch: ``[B, N]`` ground truth indices, -1
     where none (the smallest-area ground truth whose center region and scale range hold
     the anchor's center)."""
-    gt_centers = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2  # [B, M, 2]
+    gt_centers = (gt.boxes[..., :2] + gt.boxes[..., 2:]) / 2  # [B, M, 2]
     centers = (anchors[..., :2] + anchors[..., 2:]) / 2  # [B, N, 2]
     sizes = anchors[..., 2] - anchors[..., 0]  # [B, N]
     pairwise = (centers[:, :, None, :] - gt_centers[:, None, :, :]).abs().max(dim=3).values
     matching = pairwise < self.center_sampling_radius * sizes[..., None]  # [B, N, M]
     x, y = centers[..., 0, None], centers[..., 1, None]
-    x0, y0, x1, y1 = gt_boxes[:, None].unbind(dim=3)
+    x0, y0, x1, y1 = gt.boxes[:, None].unbind(dim=3)
     distances = torch.stack([x - x0, y - y0, x1 - x, y1 - y], dim=3)  # [B, N, M, 4]
     matching &= distances.min(dim=3).values > 0
     first, last = num_anchors_per_level[0], num_anchors_per_level[-1]
@@ -295,8 +295,8 @@ def _fcos_matches(
     upper = torch.where(level >= anchors.shape[1] - last, float("inf"), sizes * 8)
     largest = distances.max(dim=3).values
     matching &= (largest > lower[..., None]) & (largest < upper[..., None])
-    matching &= gt_valid[:, None, :]
-    areas = (gt_boxes[..., 2] - gt_boxes[..., 0]) * (gt_boxes[..., 3] - gt_boxes[..., 1])
+    matching &= gt.valid[:, None, :]
+    areas = (gt.boxes[..., 2] - gt.boxes[..., 0]) * (gt.boxes[..., 3] - gt.boxes[..., 1])
     values, matches = (matching.to(torch.float32) * (1e8 - areas[:, None, :])).max(dim=2)
     return torch.where(values < 1e-5, -1, matches)
 
@@ -305,22 +305,20 @@ def _fcos_losses(
     self: FCOS,
     head_outputs: dict[str, Tensor],
     anchors: Tensor,
-    gt_boxes: Tensor,
-    gt_labels: Tensor,
-    gt_valid: Tensor,
+    gt: _GroundTruth,
     num_anchors_per_level: list[int],
 ) -> dict[str, Tensor]:
     """FCOS's ``compute_loss``: focal loss over every anchor, GIoU and centerness losses
     over the foreground, each over the batch's foreground count (at least 1)."""
-    matches = _fcos_matches(self, anchors, gt_boxes, gt_valid, num_anchors_per_level)
+    matches = _fcos_matches(self, anchors, gt, num_anchors_per_level)
     foreground = matches >= 0
     count = foreground.sum().clamp(min=1).to(torch.float32)
     logits = head_outputs["cls_logits"]
-    targets = _one_hot(_gather_rows(gt_labels, matches), logits.shape[-1], foreground)
+    targets = _one_hot(_gather_rows(gt.labels, matches), logits.shape[-1], foreground)
     classification = torchvision.ops.sigmoid_focal_loss(logits, targets, reduction="sum")
 
     coder = self.head.box_coder
-    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt_boxes, matches), anchors)
+    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt.boxes, matches), anchors)
     boxes = coder.decode(head_outputs["bbox_regression"], anchors)
     giou = vision.generalized_box_iou_loss(boxes, matched_boxes, reduction="none")
     distances = coder.encode(anchors, matched_boxes)
@@ -340,34 +338,29 @@ def _fcos_losses(
 
 
 def _ssd_losses(
-    self: SSD,
-    head_outputs: dict[str, Tensor],
-    anchors: Tensor,
-    gt_boxes: Tensor,
-    gt_labels: Tensor,
-    gt_valid: Tensor,
+    self: SSD, head_outputs: dict[str, Tensor], anchors: Tensor, gt: _GroundTruth
 ) -> dict[str, Tensor]:
     """SSD's ``compute_loss``: ``SSDMatcher`` matching (each ground truth also takes its
     best anchor; a later one wins a shared anchor), smooth L1 over the foreground, cross
     entropy over the foreground and the ``neg_to_pos_ratio`` hardest negatives per image
     (ranked by a sort, as torchvision), both over the batch's foreground count."""
-    quality = torch.where(gt_valid[:, :, None], _box_iou(gt_boxes, anchors), -1.0)
-    matches = match(self.proposal_matcher, quality, gt_valid)
+    quality = torch.where(gt.valid[:, :, None], _box_iou(gt.boxes, anchors), -1.0)
+    matches = match(self.proposal_matcher, quality, gt.valid)
     best_anchor = quality.max(dim=2).indices  # [B, M]
     anchor = torch.arange(anchors.shape[1], device=anchors.device)
-    owners = (best_anchor[:, :, None] == anchor) & gt_valid[:, :, None]  # [B, M, N]
-    gt_index = torch.arange(gt_boxes.shape[1], device=anchors.device)[None, :, None]
+    owners = (best_anchor[:, :, None] == anchor) & gt.valid[:, :, None]  # [B, M, N]
+    gt_index = torch.arange(gt.boxes.shape[1], device=anchors.device)[None, :, None]
     owner = torch.where(owners, gt_index, -1).max(dim=1).values
     matches = torch.where(owner >= 0, owner, matches)
     foreground = matches >= 0
     count = foreground.sum().clamp(min=1).to(torch.float32)
 
-    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt_boxes, matches), anchors)
+    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt.boxes, matches), anchors)
     targets = self.box_coder.encode_single(matched_boxes.reshape(-1, 4), anchors.reshape(-1, 4))
     box_loss = F.smooth_l1_loss(
         head_outputs["bbox_regression"], targets.reshape(anchors.shape), reduction="none"
     )
-    classes = torch.where(foreground, _gather_rows(gt_labels, matches), 0)
+    classes = torch.where(foreground, _gather_rows(gt.labels, matches), 0)
     logits = head_outputs["cls_logits"]
     per_anchor = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), classes.flatten(), reduction="none"
@@ -435,8 +428,7 @@ def _rpn_losses(
     rpn: RegionProposalNetwork,
     images: ImageList,
     features: OrderedDict[str, Tensor],
-    gt_boxes: Tensor,
-    gt_valid: Tensor,
+    gt: _GroundTruth,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """The RPN's training forward: ``(proposals [B, P, 4], valid [B, P], losses)`` with
     ``P`` its training ``post_nms_top_n``: the static-shape ``filter_proposals`` of
@@ -458,10 +450,10 @@ def _rpn_losses(
     )
 
     anchors = torch.stack(anchor_list)
-    matches = match(rpn.proposal_matcher, _box_iou(gt_boxes, anchors), gt_valid)
+    matches = match(rpn.proposal_matcher, _box_iou(gt.boxes, anchors), gt.valid)
     foreground = matches >= 0
     labels = torch.where(foreground, 1, torch.where(matches == BETWEEN_THRESHOLDS, -1, 0))
-    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt_boxes, matches), anchors)
+    matched_boxes = torch.where(foreground[..., None], _gather_rows(gt.boxes, matches), anchors)
     targets = rpn.box_coder.encode_single(matched_boxes.reshape(-1, 4), anchors.reshape(-1, 4))
     indices, positive, valid = sample(rpn.fg_bg_sampler, labels)
     count = valid.sum().clamp(min=1).to(torch.float32)
@@ -488,28 +480,26 @@ def _roi_heads_losses(
     proposals: Tensor,
     proposal_valid: Tensor,
     image_sizes: list[tuple[int, int]],
-    gt_boxes: Tensor,
-    gt_labels: Tensor,
-    gt_valid: Tensor,
+    gt: _GroundTruth,
     gt_masks: Tensor | None,
 ) -> dict[str, Tensor]:
     """The RoI heads' training forward (``select_training_samples`` and
     ``fastrcnn_loss``): the ground truth boxes join the proposals, matched and sampled,
     the sampled RoIs pooled and classified, losses over the valid slots."""
-    candidates = torch.cat([proposals, gt_boxes.to(proposals.dtype)], 1)
-    candidate_valid = torch.cat([proposal_valid, gt_valid], 1)
-    matches = match(heads.proposal_matcher, _box_iou(gt_boxes, candidates), gt_valid)
+    candidates = torch.cat([proposals, gt.boxes.to(proposals.dtype)], 1)
+    candidate_valid = torch.cat([proposal_valid, gt.valid], 1)
+    matches = match(heads.proposal_matcher, _box_iou(gt.boxes, candidates), gt.valid)
     labels = torch.where(
         matches == BELOW_LOW_THRESHOLD,
         0,
-        torch.where(matches == BETWEEN_THRESHOLDS, -1, _gather_rows(gt_labels, matches)),
+        torch.where(matches == BETWEEN_THRESHOLDS, -1, _gather_rows(gt.labels, matches)),
     )
     labels = torch.where(candidate_valid, labels, -1)  # padding proposals: never sampled
     indices, positive, valid = sample(heads.fg_bg_sampler, labels)
     rois = _gather_rows(candidates, indices)
     roi_labels = torch.where(valid, torch.gather(labels, 1, indices), 0)
     roi_matches = torch.gather(matches, 1, indices)
-    matched_boxes = torch.where(positive[..., None], _gather_rows(gt_boxes, roi_matches), rois)
+    matched_boxes = torch.where(positive[..., None], _gather_rows(gt.boxes, roi_matches), rois)
     targets = heads.box_coder.encode_single(matched_boxes.reshape(-1, 4), rois.reshape(-1, 4))
     # Padding proposals (zero boxes) encode to NaN: zeros, so that no NaN reaches a gradient.
     targets = torch.where(positive.reshape(-1, 1), targets, 0.0)
@@ -595,7 +585,7 @@ def training_forward(
     _check_targets(targets, len(images))
     assert targets is not None
     transformed, targets = self.transform(images, targets)
-    gt_boxes, gt_labels, gt_valid = _stacked_targets(targets)
+    gt = _stacked_targets(targets)
     features = _features(self, transformed)
     if isinstance(self, (RetinaNet, FCOS)):
         levels = list(features.values())
@@ -603,28 +593,22 @@ def training_forward(
         anchors = torch.stack(self.anchor_generator(transformed, levels))
         if isinstance(self, FCOS):
             per_level = [x.size(2) * x.size(3) for x in levels]
-            return _fcos_losses(
-                self, head_outputs, anchors, gt_boxes, gt_labels, gt_valid, per_level
-            )
-        return _retinanet_losses(self, head_outputs, anchors, gt_boxes, gt_labels, gt_valid)
+            return _fcos_losses(self, head_outputs, anchors, gt, per_level)
+        return _retinanet_losses(self, head_outputs, anchors, gt)
     if isinstance(self, SSD):
         levels = list(features.values())
         anchors = _host_default_boxes(self, transformed, levels)
-        return _ssd_losses(self, self.head(levels), anchors, gt_boxes, gt_labels, gt_valid)
+        return _ssd_losses(self, self.head(levels), anchors, gt)
     if isinstance(self, FasterRCNN):
-        proposals, proposal_valid, rpn_losses = _rpn_losses(
-            self.rpn, transformed, features, gt_boxes, gt_valid
-        )
+        proposals, proposal_valid, rpn_losses = _rpn_losses(self.rpn, transformed, features, gt)
         heads_losses = _roi_heads_losses(
             self.roi_heads,
             features,
             proposals,
             proposal_valid,
             transformed.image_sizes,
-            gt_boxes,
-            gt_labels,
-            gt_valid,
-            _stacked_masks(targets, gt_boxes.shape[1]) if self.roi_heads.has_mask() else None,
+            gt,
+            _stacked_masks(targets, gt.boxes.shape[1]) if self.roi_heads.has_mask() else None,
         )
         return heads_losses | rpn_losses
     raise TypeError(f"no static-shape training losses for {type(self).__name__}")

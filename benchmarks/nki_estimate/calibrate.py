@@ -129,14 +129,22 @@ def trace_of(figure: Figure) -> tuple[list, float]:
     """``figure``'s trn1 trace (``nki.benchmark`` on placeholders of its shapes) and the
     seconds simulating and estimating it took."""
     kernel, placeholders = kernel_of(figure)  # installs neuronxcc
+    return trn1_trace(kernel, placeholders, warmup=5, iters=10)
+
+
+def trn1_trace(
+    kernel: Any, placeholders: list[Any], *, warmup: int, iters: int
+) -> tuple[list, float]:
+    """``kernel``'s trn1 (NeuronCore-v2) trace under ``nki.benchmark`` in trace-only mode on
+    ``placeholders``, and the seconds the call took (neuronxcc installed: :func:`kernel_of`)."""
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
 
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        nki.benchmark(warmup=5, iters=10)(kernel)(*placeholders)
+        nki.benchmark(warmup=warmup, iters=iters)(kernel)(*placeholders)
     ((version, trace),) = runtime.last_traces()
-    assert version == 2, "the published figures are trn1 (NeuronCore-v2)"
+    assert version == 2, "the figures are trn1 (NeuronCore-v2)"
     return trace, time.perf_counter() - started
 
 

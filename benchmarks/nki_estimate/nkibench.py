@@ -34,17 +34,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import warnings
 from typing import Any
 
 import numpy as np
 
 from asickernels.simulate.nki import estimate as cost_model
-from asickernels.simulate.nki import runtime
 from asickernels.simulate.nki.install import install
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import calibrate  # noqa: E402  (the tutorial figures, and the trn1 trace of a kernel)
+
 COMMIT = "47e29a7"
 PROFILES = "experiments/full_complete_local/profile_results.csv"
 SOURCE = f"zhang677/AccelOpt@{COMMIT} {PROFILES}"
@@ -150,14 +150,8 @@ def trace_of(source: PinnedRepo, row: dict[str, Any], cache: pathlib.Path | None
     kernel, placeholders = kernel_of(source, row)  # installs neuronxcc
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
 
-    started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        nki.benchmark(warmup=1, iters=1)(kernel)(*placeholders)
-    ((version, trace),) = runtime.last_traces()
-    assert version == 2, "the profiles are trn1 (NeuronCore-v2)"
-    counters = dict(nki.last_counters())
-    found = (trace, counters, time.perf_counter() - started)
+    trace, seconds = calibrate.trn1_trace(kernel, placeholders, warmup=1, iters=1)
+    found = (trace, dict(nki.last_counters()), seconds)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_bytes(pickle.dumps(found))
@@ -225,9 +219,6 @@ def cases_of(found: list[tuple[dict, tuple]]) -> list[dict[str, Any]]:
 def tutorial_cases(traces: pathlib.Path) -> list[dict[str, Any]]:
     """The SDK 2.20 tutorial figures calibrate.py estimates (its absolute rows), from the
     traces its ``--traces DIR`` kept: another compiler release, fitted with its own DMA rate."""
-    sys.path.insert(0, str(HERE))
-    import calibrate  # the figures and their citations live there
-
     cases = []
     for index, figure in enumerate(calibrate.FIGURES):
         cached = traces / f"{index}_{figure.kernel}.pkl"

@@ -610,6 +610,19 @@ def test_progress_bar_writes_a_line_every_few_seconds_when_not_a_terminal():
     assert quiet.getvalue() == ""
 
 
+def test_progress_bar_on_a_terminal_is_cleared_when_its_block_ends_even_by_an_error():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    with pytest.raises(KeyboardInterrupt), Progress(stream=stream) as progress:
+        progress.start(2)
+        progress.step("a")
+        raise KeyboardInterrupt
+    assert stream.getvalue() == "\r\x1b[K" + render_bar(0, 2, "a") + "\r\x1b[K"
+
+
 @pytest.mark.parametrize("categories", [False, True])
 def test_numpy_nms_peer_agrees_with_the_reference(categories):
     rng = np.random.default_rng(5)
