@@ -90,7 +90,13 @@ BOUND_NAMES = {
 }
 
 # A2 "Tensor Engine", Cost Model: back-to-back matmuls issue every max(N, MM_INIT_LATENCY)
-# TensorE cycles, MM_INIT_LATENCY = 64 on NeuronCore-v2; FP32 inputs cost "roughly 4x".
+# TensorE cycles, MM_INIT_LATENCY = 64 on NeuronCore-v2; FP32 inputs cost "roughly 4x" (IS
+# nc_matmul: ``4 * max(min(64, N_stationary), N_moving)`` for float32). A TensorE transpose
+# is that matmul with an identity as ``moving`` (IS nc_transpose: ``max(P, min(64, F))``,
+# nc_matmul's formula with N_moving = P), so fp32 transposes pay the factor too: NKIBench's
+# trn1 profiles count an fp32 transpose's flops twice, as an fp32 matmul's
+# (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv,
+# add_rmsnorm_matmul: transpose_flops 8.59e9 for 1024 [128, 128] transposes).
 MATMUL_MIN_CYCLES = 64
 FP32_MATMUL_FACTOR = 4
 # IS, each instruction's "Estimated instruction cost": max(MIN_II, cost), MIN_II "roughly 64
@@ -326,15 +332,16 @@ def _lanes(rate: tuple[int, int], accesses: Sequence[Access]) -> int:
 
 
 def _tensor_cycles(instruction: Instruction) -> float:
-    """TensorE cycles: matmul max(64, N_moving) (x4 for fp32); a transpose (a matmul by an
-    identity) max(P, min(64, F)) (IS nc_transpose)."""
+    """TensorE cycles: matmul max(64, N_moving); a transpose (a matmul by an identity)
+    max(P, min(64, F)) (IS nc_transpose); either x4 for fp32 inputs."""
     reads = instruction.reads
     if not reads:
         return MATMUL_MIN_CYCLES
-    if instruction.api in ("transpose", "nc_transpose"):
-        return max(reads[0].partitions, min(MATMUL_MIN_CYCLES, reads[0].free_size))
     fp32 = any(a.itemsize >= 4 for a in reads)
-    cycles = max(MATMUL_MIN_CYCLES, reads[-1].free_size)
+    if instruction.api in ("transpose", "nc_transpose"):
+        cycles = max(reads[0].partitions, min(MATMUL_MIN_CYCLES, reads[0].free_size))
+    else:
+        cycles = max(MATMUL_MIN_CYCLES, reads[-1].free_size)
     return cycles * (FP32_MATMUL_FACTOR if fp32 else 1)
 
 
