@@ -14,15 +14,20 @@ module the d2ad3a5 snapshot lacks, runs the multi-rank cases on every rank, caps
 memory at its share of the machine's (a case needing more fails with a MemoryError naming the
 allocation, instead of the OOM killer ending workers), and marks the cases known to fail, each
 with its reason, as strict xfails (a case that starts passing fails the run until it leaves
-the list).
+the list). A case that runs out of memory in its worker (its share, less what the cases before
+it left reserved there) is run again alone, in a fresh process with the whole share; the
+results page (``--nkilib-results PATH``) counts its second outcome and says so.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -62,9 +67,7 @@ def _in_tree(tree: Path, argument: str) -> str | None:
 
 
 # Options naming a file the run writes: read from the current directory, as they are given.
-OUTPUT_OPTIONS = ("--nkilib-results", "--junitxml", "--junit-xml")
-# The environment variable through which the runner tells the plugin its command line.
-COMMAND_VARIABLE = "NKILIB_SUITE_COMMAND"
+OUTPUT_OPTIONS = ("--junitxml", "--junit-xml")
 
 
 def _absolute_outputs(arguments: list[str]) -> list[str]:
@@ -111,28 +114,83 @@ def command(tree: Path, work: Path, arguments: list[str]) -> list[str]:
 
 
 def main(arguments: list[str]) -> int:
+    """Runs the suite (``arguments``: pytest's, and ``--nkilib-results PATH`` for the results
+    page), then each case that ran out of memory in its worker again alone; returns pytest's
+    exit status, 1 where a case rerun still fails."""
     tree = vendor_tree()
     if tree is None:
         print(f"skipped: {FOLDER} is in none of {[str(t) for t in TREES]}")
         return 0
-    with tempfile.TemporaryDirectory(prefix="nkilib-suite-") as work:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--nkilib-results", type=Path)
+    options, pytest_arguments = parser.parse_known_args(arguments)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="nkilib-suite-") as folder:
+        work = Path(folder)
         environment = {
             **os.environ,
             # the simulator, this plugin, and the suite's own import root (nkilib_src)
             "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), str(tree / "src")]),
             # compiled modules (pytest's rewritten tests too) go here, not into the tree
-            "PYTHONPYCACHEPREFIX": str(Path(work) / "pycache"),
+            "PYTHONPYCACHEPREFIX": str(work / "pycache"),
             # One BLAS/OpenMP thread per process, before numpy loads (the suite's conftest
             # asks for it in xdist workers only, after numpy has started its threads):
             # OpenBLAS's threads spin on a busy machine, a 128x128x512 matmul taking 50x
             # the CPU time of one thread.
             **dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
-            COMMAND_VARIABLE: shlex.join(
-                ["python", "tests/simulate/nki/nkilib_suite.py", *arguments]
-            ),
         }
         environment.pop("PYTHONDONTWRITEBYTECODE", None)
-        return subprocess.call(command(tree, Path(work), arguments), cwd=work, env=environment)
+
+        def run(pytest_arguments: list[str], outcomes: Path) -> tuple[int, dict[str, Any]]:
+            status = subprocess.call(
+                [*command(tree, work, pytest_arguments), "--nkilib-outcomes", str(outcomes)],
+                cwd=work,
+                env=environment,
+            )
+            return status, json.loads(outcomes.read_text()) if outcomes.is_file() else {}
+
+        status, results = run(pytest_arguments, work / "outcomes.json")
+        cases = results.get("cases", {})
+        rerun = [nodeid for nodeid, case in cases.items() if out_of_memory(*case)]
+        for index, nodeid in enumerate(rerun):
+            _, alone = run([str(Path(results["rootdir"]) / nodeid)], work / f"rerun{index}.json")
+            cases[nodeid] = alone.get("cases", {}).get(nodeid, cases[nodeid])
+        if rerun:
+            failing = any(
+                outcome in ("error", "failed", "xpassed") for outcome, _ in cases.values()
+            )
+            status = int(failing)
+    if options.nkilib_results is not None and cases:
+        command_line = shlex.join(["python", "tests/simulate/nki/nkilib_suite.py", *arguments])
+        run_line = (
+            f"Written by `{command_line}` ({time.strftime('%Y-%m-%d')}, asickernels "
+            f"{_commit()}, {(time.monotonic() - started) / 60:.0f} min wall on "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f}): "
+            f"aws-neuron/nki-library@d2ad3a5's `test/integration` in `--test-mode simulation`, "
+            f"every {results['every']}. case of each test function."
+        )
+        if rerun:
+            passed = sum(cases[n][0] == "passed" for n in rerun)
+            run_line += (
+                f" {len(rerun)} cases ran out of memory in their worker (each worker's share of "
+                f"the memory, less what the cases before it left reserved) and ran again, each "
+                f"alone in a fresh process with the whole share: {passed} of them passed then."
+            )
+        options.nkilib_results.write_text(results_markdown(cases, run_line))
+        print(f"results: {options.nkilib_results}")
+    return status
+
+
+# What a case's error says when it ran out of memory: numpy's and torch's allocation failures,
+# and a thread whose stack the address-space cap left no room for.
+_OUT_OF_MEMORY = re.compile(
+    r"MemoryError|can't allocate memory|Cannot allocate memory|can't start new thread"
+)
+
+
+def out_of_memory(outcome: str, message: str) -> bool:
+    """Whether a case failed for want of memory (:data:`_OUT_OF_MEMORY`)."""
+    return outcome in ("error", "failed") and _OUT_OF_MEMORY.search(message) is not None
 
 
 # Modules the d2ad3a5 snapshot's test framework imports but does not contain, with the names
@@ -247,10 +305,10 @@ def pytest_addoption(parser: Any) -> None:
         help="run every N-th case the suite selects in each test function (its first included)",
     )
     parser.addoption(
-        "--nkilib-results",
+        "--nkilib-outcomes",
         type=Path,
         default=None,
-        help="write the outcome per test file and every case that did not pass (markdown)",
+        help="write each case's outcome and error message (JSON; the runner reads it)",
     )
 
 
@@ -307,7 +365,6 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 OUTCOMES = ("error", "failed", "xpassed", "xfailed", "passed", "skipped")
 _outcomes: dict[str, str] = {}
 _messages: dict[str, str] = {}
-_started = time.monotonic()
 
 
 def _outcome(report: Any) -> str:
@@ -337,9 +394,12 @@ def pytest_collectreport(report: Any) -> None:
         _messages[report.nodeid] = str(report.longrepr).strip().splitlines()[-1]
 
 
-def results_markdown(outcomes: dict[str, str], messages: dict[str, str], run: str) -> str:
-    """The results page: totals, the outcome per test file, and each case that did not pass
-    (expected failures by reason, failures grouped by the first line of their error)."""
+def results_markdown(cases: dict[str, tuple[str, str]], run: str) -> str:
+    """The results page of ``cases`` (node id: outcome, error message): totals, the outcome
+    per test file, and each case that did not pass (expected failures by reason, failures
+    grouped by the first line of their error)."""
+    outcomes = {nodeid: outcome for nodeid, (outcome, _) in cases.items()}
+    messages = {nodeid: message for nodeid, (_, message) in cases.items() if message}
     files: dict[str, dict[str, int]] = {}
     for nodeid, outcome in outcomes.items():
         file = (_relative(nodeid) or nodeid).split("::")[0]
@@ -410,18 +470,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     terminalreporter.section("nki-library test files not collected (d2ad3a5)")
     for path, reason in UNIMPORTABLE.items():
         terminalreporter.write_line(f"{path}: {reason}")
-    path = config.getoption("nkilib_results")
+    path = config.getoption("nkilib_outcomes")
     if path is not None and not hasattr(config, "workerinput"):
-        minutes = (time.monotonic() - _started) / 60
-        run = (
-            f"Written by `{os.environ.get(COMMAND_VARIABLE, 'pytest -p nkilib_suite ...')}` "
-            f"({time.strftime('%Y-%m-%d')}, asickernels {_commit()}, {minutes:.0f} min wall "
-            f"on {os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f}): "
-            f"aws-neuron/nki-library@d2ad3a5's `test/integration` in `--test-mode simulation`, "
-            f"every {config.getoption('nkilib_every')}. case of each test function."
-        )
-        path.write_text(results_markdown(_outcomes, _messages, run))
-        terminalreporter.write_line(f"results: {path}")
+        cases = {n: (outcome, _messages.get(n, "")) for n, outcome in _outcomes.items()}
+        results = {
+            "rootdir": str(config.rootpath),
+            "every": config.getoption("nkilib_every"),
+            "cases": cases,
+        }
+        path.write_text(json.dumps(results))
 
 
 def _git(*arguments: str) -> str:

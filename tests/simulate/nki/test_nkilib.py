@@ -412,9 +412,30 @@ def test_results_count_a_case_by_its_call_not_its_passing_setup_or_teardown(monk
         for when, outcome in reports:
             nkilib_suite.pytest_runtest_logreport(_report(root + name, when, outcome))
     assert nkilib_suite._outcomes == {root + name: name for name in phases}
-    page = nkilib_suite.results_markdown(nkilib_suite._outcomes, nkilib_suite._messages, "run")
+    cases = {n: (o, nkilib_suite._messages.get(n, "")) for n, o in nkilib_suite._outcomes.items()}
+    page = nkilib_suite.results_markdown(cases, "run")
     assert "**1 of 3 cases passed (33.3%)**" in page
     assert "| core/x/test_x.py | 1 | 1 | 0 | 0 | 1 | 1 |" in page
+
+
+@pytest.mark.parametrize(
+    "outcome, message, rerun",
+    [
+        ("failed", "numpy._core._exceptions._ArrayMemoryError: Unable to allocate 80.0 MiB", True),
+        ("failed", "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried", True),
+        (
+            "error",
+            "InferenceException: [enforce fail] Error code 12 (Cannot allocate memory)",
+            True,
+        ),
+        ("failed", "test.utils.exceptions.InferenceException: can't start new thread", True),
+        ("failed", "AssertionError: outputs differ", False),
+        ("xfailed", "MemoryError", False),
+        ("passed", "", False),
+    ],
+)
+def test_cases_that_ran_out_of_memory_are_run_again_alone(outcome, message, rerun):
+    assert nkilib_suite.out_of_memory(outcome, message) is rerun
 
 
 def _gather_ranks(input, replica_group, num_ranks):
