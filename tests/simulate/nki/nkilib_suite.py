@@ -138,6 +138,10 @@ def main(arguments: list[str]) -> int:
             # OpenBLAS's threads spin on a busy machine, a 128x128x512 matmul taking 50x
             # the CPU time of one thread.
             **dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
+            # The seed of the sweeps' random parameters, as the suite's conftest gives every
+            # xdist worker (test/conftest.py:26-28, 829-843): a case run again alone, without
+            # xdist, is then the same case.
+            "NEURON_PYTHONHASHSEED": os.environ.get("NEURON_PYTHONHASHSEED", "0"),
         }
         environment.pop("PYTHONDONTWRITEBYTECODE", None)
 
@@ -151,10 +155,17 @@ def main(arguments: list[str]) -> int:
 
         status, results = run(pytest_arguments, work / "outcomes.json")
         cases = results.get("cases", {})
-        rerun = [nodeid for nodeid, case in cases.items() if out_of_memory(*case)]
+        rerun = results.get("out_of_memory", [])
+        lost = []  # not collected again: the first outcome stands
         for index, nodeid in enumerate(rerun):
-            _, alone = run([str(Path(results["rootdir"]) / nodeid)], work / f"rerun{index}.json")
-            cases[nodeid] = alone.get("cases", {}).get(nodeid, cases[nodeid])
+            # The same collection as the first run (the sweeps draw their parameters while
+            # the test files import, so another selection would draw other cases), one case.
+            again = [*pytest_arguments, "-n", "0", "--nkilib-only", nodeid]
+            _, alone = run(again, work / f"rerun{index}.json")
+            if nodeid in alone.get("cases", {}):
+                cases[nodeid] = alone["cases"][nodeid]
+            else:
+                lost.append(nodeid)
         if rerun:
             failing = any(
                 outcome in ("error", "failed", "xpassed") for outcome, _ in cases.values()
@@ -174,23 +185,27 @@ def main(arguments: list[str]) -> int:
             run_line += (
                 f" {len(rerun)} cases ran out of memory in their worker (each worker's share of "
                 f"the memory, less what the cases before it left reserved) and ran again, each "
-                f"alone in a fresh process with the whole share: {passed} of them passed then."
+                f"alone in a fresh process with the whole share: {passed} of them passed then"
+                + (f", {len(lost)} were not collected again." if lost else ".")
             )
         options.nkilib_results.write_text(results_markdown(cases, run_line))
         print(f"results: {options.nkilib_results}")
     return status
 
 
-# What a case's error says when it ran out of memory: numpy's and torch's allocation failures,
-# and a thread whose stack the address-space cap left no room for.
+# What a case's report says when it ran out of memory: numpy's and torch's allocation failures
+# (also where the suite wraps them in its own exceptions, or a negative test's assertion
+# follows them), and a thread whose stack the address-space cap left no room for.
 _OUT_OF_MEMORY = re.compile(
-    r"MemoryError|can't allocate memory|Cannot allocate memory|can't start new thread"
+    r"MemoryError|Unable to allocate|can't allocate memory|Cannot allocate memory"
+    r"|can't start new thread"
 )
 
 
-def out_of_memory(outcome: str, message: str) -> bool:
-    """Whether a case failed for want of memory (:data:`_OUT_OF_MEMORY`)."""
-    return outcome in ("error", "failed") and _OUT_OF_MEMORY.search(message) is not None
+def out_of_memory(outcome: str, report: str) -> bool:
+    """Whether a case failed for want of memory: its whole ``report`` (the traceback and
+    every exception in it) matches :data:`_OUT_OF_MEMORY`."""
+    return outcome in ("error", "failed") and _OUT_OF_MEMORY.search(report) is not None
 
 
 # Modules the d2ad3a5 snapshot's test framework imports but does not contain, with the names
@@ -272,6 +287,16 @@ _GEN_MASK = (
     "the output as 'mask_out_hbm.must_alias_input', and _run_test's output descriptor "
     "(line 422) reads kernel_input['mask_out_hbm']: KeyError before the kernel runs"
 )
+_ILL_CONDITIONED = (
+    "vendor test ill-conditioned in every test mode: with the fp8 KV cache, attention runs on "
+    "the unscaled fp8 keys (cache drawn with std 60, test_attention_block_tkg.py:596, 612), so "
+    "logits reach 130-270 and the softmax is an argmax whose top two differ by under 1; the "
+    "golden leaves out the kernel's fp8 casts of K/V and of the STATIC-quantized QKV input "
+    "(attention_block_tkg_torch.py:520-547 against attention_block_tkg.py:1734-1735; "
+    "qkv_tkg_torch.py:148-153 against qkv_tkg.py:803, 850-866), and with those casts added the "
+    "golden matches itself at cosine 0.979-0.991 on the 4 ranks, below the test's 0.99; with "
+    "the cache and its scales divided by 64 the simulator matches the golden at >= 0.9995"
+)
 KNOWN_FAILURES: dict[str, str] = {
     f"core/attention/test_gen_mask_tkg.py::TestGenMaskTkg::{function}": _GEN_MASK
     for function in (
@@ -303,6 +328,11 @@ def pytest_addoption(parser: Any) -> None:
         type=int,
         default=1,
         help="run every N-th case the suite selects in each test function (its first included)",
+    )
+    parser.addoption(
+        "--nkilib-only",
+        default=None,
+        help="run only the case of this node id, of all those collected (the runner's reruns)",
     )
     parser.addoption(
         "--nkilib-outcomes",
@@ -339,14 +369,18 @@ def _other_mode(item: Any) -> str | None:
 @pytest.hookimpl(trylast=True)  # after the suite's conftest marks the cases it skips
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     every = config.getoption("nkilib_every")
+    only = config.getoption("nkilib_only")
     seen: dict[str, int] = {}
     kept, dropped = [], []
     for item in items:
+        if only is not None and item.nodeid != only:
+            dropped.append(item)
+            continue
         mode = _other_mode(item)
         if mode is not None:
             item.add_marker(pytest.mark.skip(reason=OTHER_MODE.format(mode=mode)))
         skipped = any(mark.name == "skip" for mark in item.iter_markers())
-        if every > 1 and not skipped:
+        if every > 1 and not skipped and only is None:
             function = item.nodeid.split("[")[0]
             seen[function] = seen.get(function, -1) + 1
             if seen[function] % every:
@@ -365,6 +399,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 OUTCOMES = ("error", "failed", "xpassed", "xfailed", "passed", "skipped")
 _outcomes: dict[str, str] = {}
 _messages: dict[str, str] = {}
+_out_of_memory: set[str] = set()
 
 
 def _outcome(report: Any) -> str:
@@ -386,6 +421,8 @@ def pytest_runtest_logreport(report: Any) -> None:
     if outcome in ("error", "failed") and report.nodeid not in _messages:
         crash = getattr(report.longrepr, "reprcrash", None)
         _messages[report.nodeid] = crash.message if crash else str(report.longrepr)
+    if out_of_memory(outcome, str(report.longrepr)):
+        _out_of_memory.add(report.nodeid)
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -455,6 +492,11 @@ _ROW_QUANTIZATION = (
     "the ROW-quantization reference multiplies into the [B, S, heads * d_head] projection "
     "(qkv_tkg_torch.py:166): RuntimeError computing the golden"
 )
+KNOWN_FAILURES[
+    _ATTENTION_BLOCK_MODEL + "MODEL_WIP_GENERALITY_8-4-128-7168-None-131072-131072-1-32-True-"
+    "False-True-False-False-True-True-False-False-bfloat16-1-2-False-True-False-False-False-None-"
+    "True-True-default-4-1-False]"
+] = _ILL_CONDITIONED
 
 
 def _known_failure(nodeid: str) -> str | None:
@@ -477,6 +519,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
             "rootdir": str(config.rootpath),
             "every": config.getoption("nkilib_every"),
             "cases": cases,
+            "out_of_memory": sorted(_out_of_memory),
         }
         path.write_text(json.dumps(results))
 

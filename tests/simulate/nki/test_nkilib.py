@@ -429,6 +429,8 @@ def test_results_count_a_case_by_its_call_not_its_passing_setup_or_teardown(monk
             True,
         ),
         ("failed", "test.utils.exceptions.InferenceException: can't start new thread", True),
+        ("failed", "ValidationException: Unable to allocate 48.0 MiB for an array", True),
+        ("failed", "MemoryError: Unable to allocate 2.91 GiB\n...\nE   AssertionError", True),
         ("failed", "AssertionError: outputs differ", False),
         ("xfailed", "MemoryError", False),
         ("passed", "", False),
@@ -436,6 +438,15 @@ def test_results_count_a_case_by_its_call_not_its_passing_setup_or_teardown(monk
 )
 def test_cases_that_ran_out_of_memory_are_run_again_alone(outcome, message, rerun):
     assert nkilib_suite.out_of_memory(outcome, message) is rerun
+
+
+def test_the_plugin_lists_a_case_that_ran_out_of_memory_by_its_whole_report(monkeypatch):
+    for name, value in (("_outcomes", {}), ("_messages", {}), ("_out_of_memory", set())):
+        monkeypatch.setattr(nkilib_suite, name, value)
+    report = _report("integration/nkilib/x/test_x.py::test_negative", "call", "failed")
+    report.longrepr = "MemoryError: Unable to allocate 2.91 GiB\n\nE   AssertionError"
+    nkilib_suite.pytest_runtest_logreport(report)
+    assert nkilib_suite._out_of_memory == {report.nodeid}
 
 
 def _gather_ranks(input, replica_group, num_ranks):
