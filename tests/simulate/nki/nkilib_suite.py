@@ -121,7 +121,7 @@ def main(arguments: list[str]) -> int:
     if tree is None:
         print(f"skipped: {FOLDER} is in none of {[str(t) for t in TREES]}")
         return 0
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--nkilib-results", type=Path)
     options, pytest_arguments = parser.parse_known_args(arguments)
     started = time.monotonic()
