@@ -1018,18 +1018,29 @@ def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
     return _range(start, stop, step)
 
 
-def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
+def fori_loop(
+    lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1, unroll: bool = False
+) -> None:
     """Calls ``body_fun(i)`` for ``i`` in ``range(lower, upper, step)``. Bounds are ints,
     32-bit :class:`~asickernels.simulate.nki.scalar.NkiScalar` (an ``nl.int64`` one cannot
     bound the loop) or registers; ``i`` is a fresh ``NkiScalar`` (``nl.int32``) each
     iteration, or a ``VirtualRegister`` when a bound is one (nki.language.fori_loop, NKI
-    0.7), so the body can pass it as ``scalar_offset``."""
+    0.7), so the body can pass it as ``scalar_offset``. With ``unroll=True`` the compiler
+    unrolls the loop, so both bounds must be Python ints (the "NKI Control Flow" deep dive,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-control-flow.html)."""
     from asickernels.simulate.nki.isa import VirtualRegister  # isa builds on this module
     from asickernels.simulate.nki.scalar import NkiScalar, value_of
 
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"fori_loop: step must be a positive int, got {step!r}")
+    if not isinstance(unroll, bool):
+        raise TypeError(f"fori_loop: unroll must be True or False, got {unroll!r}")
     for bound in (lower, upper):
+        if unroll and (isinstance(bound, bool) or not isinstance(bound, int)):
+            raise TypeError(
+                f"fori_loop(unroll=True): the compiler unrolls the loop, so its bounds must be "
+                f"known at compile time (Python ints), got {bound!r}"
+            )
         if isinstance(bound, NkiScalar) and bound.dtype.itemsize == 8:
             raise errors.UnsupportedDtype(
                 f"fori_loop: an nl.int64 scalar cannot bound the loop ({bound!r}); the trip-count "
@@ -1050,6 +1061,38 @@ def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
     with _dynamic_loop():
         while value_of(state) != 0:
             state = body_fun(state)
+
+
+def if_else(
+    cond: Any, then_fn: Callable[[], Any], else_fn: Callable[[], Any] | None = None
+) -> None:
+    """Calls ``then_fn()`` when ``cond`` is nonzero, else ``else_fn()`` if given
+    (nki.language.if_else, NKI 0.8). ``cond`` is a Python bool or int (resolved when the
+    kernel is specialized) or a 32-bit ``NkiScalar``, such as a scalar comparison (a
+    compiled conditional on device); an ``nl.int64`` scalar, a tensor or a register is
+    refused, as the reference page allows none of them."""
+    from asickernels.simulate.nki.scalar import NkiScalar  # scalar builds on this module
+
+    if isinstance(cond, NkiScalar):
+        if cond.dtype.itemsize == 8:
+            raise errors.UnsupportedDtype(
+                f"if_else: the condition must be a 32-bit scalar, got {cond!r}"
+            )
+        taken = cond.value != 0
+    elif isinstance(cond, (bool, int, np.integer)):
+        taken = bool(cond)
+    else:
+        raise TypeError(
+            f"if_else: the condition must be a Python bool or int or a 32-bit NkiScalar, got "
+            f"{cond!r}"
+        )
+    for name, branch in (("then_fn", then_fn), ("else_fn", else_fn)):
+        if branch is not None and not callable(branch):
+            raise TypeError(f"if_else: {name} must be a function of no arguments, got {branch!r}")
+    if taken:
+        then_fn()
+    elif else_fn is not None:
+        else_fn()
 
 
 class _dynamic_loop:

@@ -380,6 +380,65 @@ def test_while_loop_runs_while_its_condition_is_nonzero():
     run(kernel)
 
 
+def test_fori_loop_unroll_takes_compile_time_bounds_only():
+    def kernel():
+        seen = []
+        nl.fori_loop(2, 8, lambda i: seen.append(i.value), step=3, unroll=True)
+        assert seen == [2, 5]
+        count = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(count, 3)
+        with pytest.raises(TypeError, match="compile time"):  # a device value: no unrolling
+            nl.fori_loop(0, nisa.scalar_load(count), lambda i: None, unroll=True)
+        with pytest.raises(TypeError, match="unroll"):
+            nl.fori_loop(0, 2, lambda i: None, unroll="yes")
+
+    run(kernel)
+
+
+@pytest.mark.parametrize("flag", [-2, 0, 5])
+def test_if_else_runs_the_branch_a_device_condition_selects(rng, flag):
+    """The nki.language.if_else reference page's example: +10 when the flag is > 0, else
+    -10; any nonzero scalar selects then_fn."""
+    data = rng.normal(size=(4, 8)).astype(np.float32)
+
+    def kernel(flag_input, src):
+        flag_tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=flag_tile, src=flag_input)
+        result = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=result, src=src)
+        taken = []
+        nl.if_else(
+            nisa.scalar_load(flag_tile) > 0,
+            lambda: nisa.tensor_scalar(result, result, op0=nl.add, operand0=10.0),
+            lambda: nisa.tensor_scalar(result, result, op0=nl.subtract, operand0=10.0),
+        )
+        nl.if_else(nisa.scalar_load(flag_tile), lambda: taken.append("nonzero"))
+        assert taken == ([] if flag == 0 else ["nonzero"])
+        return stored(result)
+
+    out = run(kernel, np.array([[flag]], np.int32), data)
+    np.testing.assert_array_equal(out, data + np.float32(10.0 if flag > 0 else -10.0))
+
+
+def test_if_else_resolves_python_conditions_and_refuses_other_ones():
+    def kernel():
+        taken = []
+        nl.if_else(True, lambda: taken.append("then"), lambda: taken.append("else"))
+        nl.if_else(0, lambda: taken.append("then"), lambda: taken.append("else"))
+        nl.if_else(False, lambda: taken.append("then"))  # no else_fn: nothing runs
+        assert taken == ["then", "else"]
+        wide = nl.ndarray((1, 1), dtype=nl.int64, buffer=nl.sbuf)
+        nisa.memset(wide, 1)
+        with pytest.raises(errors.UnsupportedDtype):  # the condition is 32-bit
+            nl.if_else(nisa.scalar_load(wide), lambda: None)
+        with pytest.raises(TypeError):  # a tensor is not a scalar
+            nl.if_else(nl.zeros((1, 1), nl.int32), lambda: None)
+        with pytest.raises(TypeError):
+            nl.if_else(True, "not a function")
+
+    run(kernel)
+
+
 # -- nki.isa.topk --------------------------------------------------------------------------
 def test_topk_finds_the_largest_of_each_16_partition_snake(rng):
     n, k = 42, 8
