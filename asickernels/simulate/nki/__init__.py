@@ -70,6 +70,7 @@ __all__ = [
     "cpu_simulate",
     "dtype",
     "errors",
+    "execute",
     "isa",
     "jit",
     "language",
@@ -181,6 +182,15 @@ def multi_rank_simulate(
     inputs = _rank_inputs(world_size, per_rank_inputs)
     function = kernel.function if isinstance(kernel, Kernel) else kernel
     return _launch(function, _lnc(kernel), inputs)
+
+
+def execute(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """NKI 0.8's ``nki.execute`` specializes the kernel into a NEFF and runs it on a Neuron
+    device; there is none here: calling the kernel (``nki.jit``) runs it on the CPU."""
+    raise NotImplementedError(
+        "nki.execute runs a kernel on a Neuron device, which the simulator does not have; "
+        "call the nki.jit kernel (or nki.simulate(kernel)(...)) to run it here"
+    )
 
 
 def multi_rank_execute(

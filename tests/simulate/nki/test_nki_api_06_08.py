@@ -440,25 +440,49 @@ def test_if_else_resolves_python_conditions_and_refuses_other_ones():
 
 
 # -- nki.isa.topk --------------------------------------------------------------------------
-def test_topk_finds_the_largest_of_each_16_partition_snake(rng):
-    n, k = 42, 8
+@pytest.mark.parametrize("k", [8, 16, 21])
+@pytest.mark.parametrize("sort", [False, True])
+def test_topk_writes_each_16_partition_snakes_top_k_back_as_a_snake(rng, k, sort):
+    """The 0.7 reference's layout: result j of a group at partition j % 16, column j // 16;
+    only the first ceil(k / 16) columns are written (the rest keep their values)."""
+    n = 42
     values = rng.permutation(32 * 3).astype(ml_dtypes.bfloat16).reshape(32, 3)
+    written = -(-k // 16)
 
     def kernel(src):
         tile = nl.ndarray((32, 3), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=tile, src=src)
         top = nl.ndarray((32, k), dtype=nl.bfloat16, buffer=nl.sbuf)
         index = nl.ndarray((32, k), dtype=nl.uint32, buffer=nl.sbuf)
-        nisa.topk(val_dst=top, idx_dst=index, src=tile, n=n)
+        nisa.memset(top, -7.0)
+        nisa.memset(index, 7)
+        nisa.topk(val_dst=top, idx_dst=index, src=tile, n=n, sorted=sort)
         return stored(top), stored(index)
 
     top, index = run(kernel, values)
     for group in range(2):
-        snake = values[16 * group : 16 * (group + 1)].T.reshape(-1)[:n].astype(np.float32)
-        expected = np.argsort(snake)[-k:]  # ascending values (the snake holds no ties)
-        for row in range(16 * group, 16 * (group + 1)):
-            np.testing.assert_array_equal(index[row], expected)
-            np.testing.assert_array_equal(top[row].astype(np.float32), snake[expected])
+        rows = slice(16 * group, 16 * (group + 1))
+        snake = values[rows].T.reshape(-1)[:n].astype(np.float32)
+        expected = np.argsort(-snake, kind="stable")[:k]  # largest first (no ties here)
+        got_index = index[rows, :written].T.reshape(-1)  # back from the snake layout
+        got_top = top[rows, :written].astype(np.float32).T.reshape(-1)
+        np.testing.assert_array_equal(got_index[:k], expected)
+        np.testing.assert_array_equal(got_top[:k], snake[expected])
+        assert np.isnan(got_top[k:]).all() and (got_index[k:] == 0xFFFFFFFF).all()
+        assert (top[rows, written:].astype(np.float32) == -7.0).all()  # not written
+        assert (index[rows, written:] == 7).all()
+
+
+def test_topk_sorted_is_a_bool():
+    def kernel():
+        src = nl.ndarray((16, 2), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(src, 0.0)
+        top = nl.ndarray((16, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        index = nl.ndarray((16, 4), dtype=nl.uint32, buffer=nl.sbuf)
+        with pytest.raises(TypeError, match="sorted"):
+            nisa.topk(top, index, src, 20, sorted="yes")
+
+    run(kernel)
 
 
 @pytest.mark.parametrize(
@@ -596,8 +620,51 @@ def test_instructions_return_handles_that_order_by_depends_on():
         with pytest.raises(errors.NkiValidationError, match="dynamic loop"):
             second.depends_on(inside[0])  # out of a loop body
         nl.fori_loop(0, 1, lambda i: nisa.memset(a, 0.0).depends_on(first))  # enclosing scope
+        for kind in (nisa.dependency.runtime, nisa.dependency.schedule):  # NKI 0.7's kinds
+            assert second.depends_on(first, kind=kind) is second
+        with pytest.raises(TypeError, match="kind"):
+            second.depends_on(first, kind="runtime")
 
     run(kernel)
+
+
+@pytest.mark.parametrize("reduce_op", [nl.add, nl.maximum])
+def test_scalar_tensor_tensor_reduces_its_result_into_reduce_res(rng, reduce_op):
+    """NKI 0.7's reduce_op/reduce_res/reduce_cmd: the result's free-axis reduction per
+    partition, accumulated as tensor_scalar_reduce accumulates."""
+    data = rng.normal(size=(64, 24)).astype(np.float32)
+    other = rng.normal(size=(64, 24)).astype(np.float32)
+
+    def kernel(d, o):
+        a, b = (nl.ndarray((64, 24), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2))
+        nisa.dma_copy(dst=a, src=d)
+        nisa.dma_copy(dst=b, src=o)
+        out = nl.ndarray((64, 24), dtype=nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+        again = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(
+            out, a, nl.multiply, 2.0, nl.add, b, reduce_op=reduce_op, reduce_res=total
+        )
+        nisa.scalar_tensor_tensor(  # keeps accumulating
+            out, a, nl.multiply, 2.0, nl.add, b, reduce_cmd=nisa.reduce_cmd.reduce,
+            reduce_op=reduce_op, reduce_res=again,
+        )  # fmt: skip
+        with pytest.raises(TypeError, match="reduce_op"):
+            nisa.scalar_tensor_tensor(out, a, nl.multiply, 2.0, nl.add, b, reduce_res=total)
+        return stored(out), stored(total), stored(again)
+
+    out, total, again = run(kernel, data, other)
+    expected = data * np.float32(2.0) + other
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    reduce = np.add if reduce_op is nl.add else np.maximum
+    once = reduce.reduce(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(total, once, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(again, reduce(once, once), rtol=1e-5, atol=1e-5)
+
+
+def test_execute_needs_a_device():
+    with pytest.raises(NotImplementedError, match=r"nki\.execute"):
+        nki.execute(lambda x: x, np.zeros((1, 1), np.float32))
 
 
 # -- activation engines (nki.isa.activation / activate2, NKI 0.7) -------------------------

@@ -37,6 +37,7 @@ __all__ = [
     "bn_aggr",
     "bn_stats",
     "core_barrier",
+    "dependency",
     "dge_mode",
     "dma_compute",
     "dma_copy",
@@ -134,6 +135,16 @@ class matmul_perf_mode(enum.Enum):
     none = "none"
     double_row = "double_row"
     double_row_gen3 = "double_row_gen3"
+
+
+class dependency(enum.Enum):
+    """How ``consumer.depends_on(producer, kind=...)`` orders two instructions (NKI 0.7,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.dependency.html):
+    ``runtime`` waits on a hardware semaphore, ``schedule`` only orders their issue. The
+    simulator runs in program order, which satisfies both."""
+
+    runtime = "runtime"
+    schedule = "schedule"
 
 
 class reduce_cmd(enum.Enum):
@@ -1304,10 +1315,17 @@ def scalar_tensor_tensor(
     operand1: NkiTensor,
     reverse0: bool = False,
     reverse1: bool = False,
+    reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+    reduce_op: Any = ...,
+    reduce_res: NkiTensor | None = None,
     name: Any = None,
 ) -> None:
     """``dst = (data op0 operand0) op1 operand1``: ``operand0`` a scalar or [P, 1] tile,
-    ``operand1`` a tile shaped like ``data`` (Vector engine, arithmetic operators only)."""
+    ``operand1`` a tile shaped like ``data`` (Vector engine, arithmetic operators only).
+    With ``reduce_op`` (NKI 0.7's signature, https://awsdocs-neuron.readthedocs-hosted.com/
+    en/v2.33.0/nki/api/generated/nki.isa.scalar_tensor_tensor.html), the result's free-axis
+    ``reduce_op`` accumulates per partition into the Vector accumulators after
+    ``reduce_cmd``, read into ``reduce_res [P, 1]``, as ``tensor_scalar_reduce`` does."""
     api = "scalar_tensor_tensor"
     run = runtime.active_run(api)
     operands = alu.require_all(api, alu.ON_CHIP, dst=dst, data=data, operand1=operand1)
@@ -1321,7 +1339,16 @@ def scalar_tensor_tensor(
     values = first(scalar, values) if reverse0 else first(values, scalar)
     other = alu.as_f32(operand1).reshape(data.shape)
     alu.write(dst, np.asarray(second(other, values) if reverse1 else second(values, other)), api)
-    run.count("vector", "scalar_tensor_tensor", (data, operand0, operand1), (dst,))
+    if reduce_op is ... or reduce_op is None:
+        if reduce_res is not None:
+            raise TypeError(f"'{api}' reduce_res needs a reduce_op")
+    else:
+        lanes = data.shape[0]
+        registers, function = _accumulator_start(api, run, lanes, reduce_op, reduce_cmd, None, data)
+        result = alu.as_f32(dst).reshape(lanes, -1)
+        registers[:lanes] = function(registers[:lanes], function.reduce(result, axis=1))
+        _write_reduce_result(api, reduce_res, registers[:lanes])
+    run.count("vector", "scalar_tensor_tensor", (data, operand0, operand1), (dst, reduce_res))
 
 
 # -- Vector engine accumulators ----------------------------------------------------------
@@ -1936,16 +1963,30 @@ def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: Any = N
 _TOPK_SNAKE = 16
 
 
-def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: Any = None) -> None:
-    """The ``K`` (``val_dst``'s free size) largest of ``n`` bfloat16 values and their
-    indices, on the GpSimd engine (nki.isa.topk, NKI 0.6). Every 16 partitions of ``src``
-    hold one "snake" of ``n`` values, element ``s`` at partition ``s % 16``, column
-    ``s // 16``; each of those partitions receives the snake's top ``K`` in ascending order
-    (ties: lower index first) in ``val_dst`` (bfloat16) and their snake indices in
-    ``idx_dst`` (uint32). The reference does not say which of the 16 partitions receive
-    the result: the simulator writes it to all of them."""
+def topk(
+    val_dst: NkiTensor,
+    idx_dst: NkiTensor,
+    src: NkiTensor,
+    n: int,
+    sorted: bool = False,
+    name: Any = None,
+) -> None:
+    """The ``k`` (``val_dst``'s free size) largest of ``n`` bfloat16 values of each group of
+    16 partitions and their indices, on the GpSimd engine (nki.isa.topk, NKI 0.6; layout and
+    ``sorted`` as the 0.7 reference gives them: https://awsdocs-neuron.readthedocs-hosted.com/
+    en/v2.33.0/nki/api/generated/nki.isa.topk.html). A group's
+    ``src`` holds one "snake": element ``s`` at partition ``s % 16``, column ``s // 16``.
+    Its results come back in the same layout: result ``j`` at partition ``j % 16``, column
+    ``j // 16`` of ``val_dst`` (bfloat16) and ``idx_dst`` (uint32 snake indices), so only
+    the first ``ceil(k / 16)`` columns are written. The simulator gives them in descending
+    order of value (ties: lower index first), whatever ``sorted`` says: the copy of the page
+    this follows is cut off before it says which order ``sorted=True`` gives. The device writes a column across all
+    16 partitions at once; where 16 does not divide ``k``, the last column's partitions past
+    the ``k``-th result get NaN and index 0xFFFFFFFF here (the reference gives no values)."""
     api = "topk"
     run = runtime.active_run(api)
+    if not isinstance(sorted, bool):
+        raise TypeError(f"'{api}' sorted must be True or False, got {sorted!r}")
     alu.require_all(api, alu.SBUF, val_dst=val_dst, idx_dst=idx_dst, src=src)
     alu.check_partitions(api, {"val_dst": val_dst, "idx_dst": idx_dst, "src": src})
     partitions, k, n = src.shape[0], alu.per_partition(val_dst), int(n)
@@ -1965,16 +2006,20 @@ def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: A
     if alu.per_partition(src) < -(-n // _TOPK_SNAKE):
         raise errors.ShapeMismatch(f"'{api}' n={n} needs {-(-n // 16)} columns of {src!r}")
     columns = alu.as_f32(src).reshape(partitions // _TOPK_SNAKE, _TOPK_SNAKE, -1)
-    values = np.empty((partitions, k), np.float32)
-    indices = np.empty((partitions, k), np.int64)
+    written = -(-k // _TOPK_SNAKE)  # the columns holding results; the others keep theirs
+    values = np.empty((partitions, written), np.float32)
+    indices = np.empty((partitions, written), np.int64)
     for group, block in enumerate(columns):
         snake = block.T.reshape(-1)[:n]
         top = np.lexsort((np.arange(n), -snake))[:k]  # largest first, ties: lower index
-        top = top[np.lexsort((top, snake[top]))]  # ascending values
+        snake_values = np.full(written * _TOPK_SNAKE, np.nan, np.float32)
+        snake_indices = np.full(written * _TOPK_SNAKE, 0xFFFFFFFF, np.int64)
+        snake_values[:k], snake_indices[:k] = snake[top], top
         rows = slice(group * _TOPK_SNAKE, (group + 1) * _TOPK_SNAKE)
-        values[rows], indices[rows] = snake[top], top
-    alu.write(val_dst, values, api)
-    alu.write(idx_dst, indices, api)
+        values[rows] = snake_values.reshape(written, _TOPK_SNAKE).T
+        indices[rows] = snake_indices.reshape(written, _TOPK_SNAKE).T
+    alu.write(val_dst[:, 0:written], values, api)
+    alu.write(idx_dst[:, 0:written], indices, api)
     run.count("gpsimd", api, (src,), (val_dst, idx_dst))
 
 
@@ -2354,7 +2399,13 @@ class NkiInstruction(NKIObject):
         self.loops = tuple(run.dynamic_loops)
         self.producers: list[NkiInstruction] = []
 
-    def depends_on(self, *producers: NkiInstruction) -> NkiInstruction:
+    def depends_on(
+        self, *producers: NkiInstruction, kind: dependency | None = None
+    ) -> NkiInstruction:
+        if kind is not None and not isinstance(kind, dependency):
+            raise TypeError(
+                f"depends_on kind must be nki.isa.dependency.runtime or .schedule, got {kind!r}"
+            )
         for producer in producers:
             if not isinstance(producer, NkiInstruction):
                 raise TypeError(f"depends_on takes NkiInstructions, got {producer!r}")
