@@ -921,6 +921,14 @@ def test_local_gather_follows_the_documented_numpy_semantics(rng):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_local_gather_without_num_valid_indices_warns_as_nki_0_8_does(rng):
+    source = rng.normal(size=(16, 8)).astype(np.float32)
+    index = np.tile(np.arange(2, dtype=np.uint16), (16, 1))  # 32 slots a core
+    with pytest.warns(errors.DeprecatedApiWarning, match="num_valid_indices"):
+        out = run(isa_kernel(nisa.local_gather, (16, 32)), source, index)
+    np.testing.assert_array_equal(out, source[:, index.flatten(order="F")])
+
+
 def test_access_pattern_with_vector_offset_gathers_rows(rng):
     """ap(vector_offset=): partition i reads from row vector_offset[i] (times the stride of
     indirect_dim) with the remaining pairs; DMAs write back through it."""

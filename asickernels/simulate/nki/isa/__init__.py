@@ -2310,6 +2310,15 @@ def local_gather(
     if int(num_elem_per_idx) not in (1, 2, 4, 8, 16, 32):
         raise errors.UnsupportedOperator(f"'{api}' num_elem_per_idx must be 1, 2, 4, 8, 16 or 32")
     per_core = 16 * alu.per_partition(index)
+    if num_valid_indices is None:
+        warnings.warn(
+            f"'{api}' without num_valid_indices: NKI 0.8 leaves the results undefined and warns;"
+            " pass it explicitly (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/"
+            "about-neuron/announcements/neuron2.x/announce-intent-eos-nki-virtualregister-lnc-"
+            "apis.html). The simulator gathers every index slot, as releases before 0.8 did.",
+            errors.DeprecatedApiWarning,
+            stacklevel=3,
+        )
     valid = per_core if num_valid_indices is None else int(num_valid_indices)
     if not 0 < valid <= min(per_core, 4096):
         raise errors.ShapeMismatch(
