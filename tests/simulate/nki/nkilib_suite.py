@@ -186,7 +186,13 @@ def main(arguments: list[str]) -> int:
                 f" {len(rerun)} cases ran out of memory in their worker (each worker's share of "
                 f"the memory, less what the cases before it left reserved) and ran again, each "
                 f"alone in a fresh process with the whole share: {passed} of them passed then"
-                + (f", {len(lost)} were not collected again." if lost else ".")
+                + (
+                    "; not collected again (their first outcome stands): "
+                    + ", ".join(f"`{nodeid}`" for nodeid in lost)
+                    + "."
+                    if lost
+                    else "."
+                )
             )
         options.nkilib_results.write_text(results_markdown(cases, run_line))
         print(f"results: {options.nkilib_results}")
