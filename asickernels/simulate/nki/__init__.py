@@ -58,6 +58,7 @@ from asickernels.simulate.nki import (
     runtime,
     typing,
 )
+from asickernels.simulate.nki import reference as _reference
 from asickernels.simulate.nki.runtime import last_counters
 from asickernels.simulate.nki.tensor import MemoryRegion, NkiTensor, wrap_argument
 from asickernels.simulate.nki.world import Core, PeerFailed, World
@@ -186,11 +187,9 @@ def multi_rank_simulate(
 
 def execute(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """NKI 0.8's ``nki.execute`` specializes the kernel into a NEFF and runs it on a Neuron
-    device; there is none here: calling the kernel (``nki.jit``) runs it on the CPU."""
-    raise NotImplementedError(
-        "nki.execute runs a kernel on a Neuron device, which the simulator does not have; "
-        "call the nki.jit kernel (or nki.simulate(kernel)(...)) to run it here"
-    )
+    device; there is none here (refused as reference.json says): calling the ``nki.jit``
+    kernel runs it on the CPU."""
+    _reference.refuse("nki.execute")
 
 
 def multi_rank_execute(

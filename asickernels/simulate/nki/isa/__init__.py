@@ -1343,11 +1343,8 @@ def scalar_tensor_tensor(
         if reduce_res is not None:
             raise TypeError(f"'{api}' reduce_res needs a reduce_op")
     else:
-        lanes = data.shape[0]
-        registers, function = _accumulator_start(api, run, lanes, reduce_op, reduce_cmd, None, data)
-        result = alu.as_f32(dst).reshape(lanes, -1)
-        registers[:lanes] = function(registers[:lanes], function.reduce(result, axis=1))
-        _write_reduce_result(api, reduce_res, registers[:lanes])
+        accumulated = _accumulate_free_axis(api, run, reduce_op, reduce_cmd, None, data, dst)
+        _write_reduce_result(api, reduce_res, accumulated)
     run.count("vector", "scalar_tensor_tensor", (data, operand0, operand1), (dst, reduce_res))
 
 
@@ -1400,6 +1397,25 @@ def _accumulator_start(
     return registers, function
 
 
+def _accumulate_free_axis(
+    api: str,
+    run: runtime.Run,
+    op: Any,
+    command: reduce_cmd,
+    initial: Any,
+    data: NkiTensor,
+    result: NkiTensor,
+) -> np.ndarray:
+    """Accumulates ``result``'s free-axis ``op`` per partition into the Vector accumulators
+    (after ``command``; see :func:`_accumulator_start`) and returns their lanes, one per
+    partition of ``data``."""
+    lanes = data.shape[0]
+    registers, function = _accumulator_start(api, run, lanes, op, command, initial, data)
+    rows = alu.as_f32(result).reshape(lanes, -1)
+    registers[:lanes] = function(registers[:lanes], function.reduce(rows, axis=1))
+    return registers[:lanes]
+
+
 def _write_reduce_result(api: str, reduce_res: NkiTensor | None, values: np.ndarray) -> None:
     if reduce_res is None:
         return
@@ -1435,15 +1451,8 @@ def tensor_scalar_reduce(
             f"'{api}' reverse0 is not supported yet (the API reference)"
         )
     _tensor_scalar(api, dst, data, op0, operand0, False, None, None, False, engine.vector)
-    lanes = data.shape[0]
-    registers, function = _accumulator_start(
-        api, run, lanes, reduce_op, reduce_cmd, reduce_init, data
-    )
-    result = alu.as_f32(dst).reshape(lanes, -1)
-    registers[:lanes] = function(registers[:lanes], function.reduce(result, axis=1))
-    _write_reduce_result(
-        api, reduce_res, -registers[:lanes] if reduce_res_negate else registers[:lanes]
-    )
+    accumulated = _accumulate_free_axis(api, run, reduce_op, reduce_cmd, reduce_init, data, dst)
+    _write_reduce_result(api, reduce_res, -accumulated if reduce_res_negate else accumulated)
     run.count("vector", "tensor_scalar_reduce", (data, operand0), (dst, reduce_res))
 
 
@@ -1980,9 +1989,10 @@ def topk(
     ``j // 16`` of ``val_dst`` (bfloat16) and ``idx_dst`` (uint32 snake indices), so only
     the first ``ceil(k / 16)`` columns are written. The simulator gives them in descending
     order of value (ties: lower index first), whatever ``sorted`` says: the copy of the page
-    this follows is cut off before it says which order ``sorted=True`` gives. The device writes a column across all
-    16 partitions at once; where 16 does not divide ``k``, the last column's partitions past
-    the ``k``-th result get NaN and index 0xFFFFFFFF here (the reference gives no values)."""
+    this follows is cut off before it says which order ``sorted=True`` gives. The device
+    writes a column across all 16 partitions at once; where 16 does not divide ``k``, the
+    last column's partitions past the ``k``-th result get NaN and index 0xFFFFFFFF here
+    (the reference gives no values)."""
     api = "topk"
     run = runtime.active_run(api)
     if not isinstance(sorted, bool):
