@@ -178,7 +178,12 @@ def main(arguments: list[str]) -> int:
             f"{_commit()}, {(time.monotonic() - started) / 60:.0f} min wall on "
             f"{os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f}): "
             f"aws-neuron/nki-library@d2ad3a5's `test/integration` in `--test-mode simulation`, "
-            f"every {results['every']}. case of each test function."
+            f"every {results['every']}. case of each test function"
+            + (
+                f", starting at its case {results['offset']} (the first is 0)."
+                if results["offset"]
+                else "."
+            )
         )
         if rerun:
             passed = sum(cases[n][0] == "passed" for n in rerun)
@@ -326,6 +331,13 @@ def pytest_addoption(parser: Any) -> None:
         help="run every N-th case the suite selects in each test function (its first included)",
     )
     parser.addoption(
+        "--nkilib-offset",
+        type=int,
+        default=0,
+        help="with --nkilib-every N: start at the K-th case of each function (0 <= K < N), a "
+        "sample disjoint from another offset's",
+    )
+    parser.addoption(
         "--nkilib-only",
         default=None,
         help="run only the case of this node id, of all those collected (the runner's reruns)",
@@ -365,6 +377,9 @@ def _other_mode(item: Any) -> str | None:
 @pytest.hookimpl(trylast=True)  # after the suite's conftest marks the cases it skips
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     every = config.getoption("nkilib_every")
+    offset = config.getoption("nkilib_offset")
+    if not 0 <= offset < every:
+        raise pytest.UsageError(f"--nkilib-offset {offset} must lie in [0, {every})")
     only = config.getoption("nkilib_only")
     seen: dict[str, int] = {}
     kept, dropped = [], []
@@ -379,7 +394,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         if every > 1 and not skipped and only is None:
             function = item.nodeid.split("[")[0]
             seen[function] = seen.get(function, -1) + 1
-            if seen[function] % every:
+            if seen[function] % every != offset:
                 dropped.append(item)
                 continue
         kept.append(item)
@@ -524,6 +539,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
         results = {
             "rootdir": str(config.rootpath),
             "every": config.getoption("nkilib_every"),
+            "offset": config.getoption("nkilib_offset"),
             "cases": cases,
             "out_of_memory": sorted(_out_of_memory),
         }
