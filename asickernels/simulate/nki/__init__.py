@@ -199,11 +199,9 @@ def multi_rank_execute(
     per_rank_inputs: Mapping[int, RankInputs] | Sequence[RankInputs],
 ) -> list[Any]:
     """NKI 0.8's ``nki.multi_rank_execute`` compiles the kernel to a NEFF and runs it on
-    Neuron devices; there are none here: :func:`multi_rank_simulate` runs it on the CPU."""
-    raise NotImplementedError(
-        "nki.multi_rank_execute runs a kernel on Neuron devices, which the simulator does not "
-        "have; nki.multi_rank_simulate(kernel, world_size=..., per_rank_inputs=...) runs it here"
-    )
+    Neuron devices; there are none here (refused as reference.json says):
+    :func:`multi_rank_simulate` runs it on the CPU."""
+    _reference.refuse("nki.multi_rank_execute")
 
 
 def _rank_inputs(

@@ -1018,6 +1018,13 @@ def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
     return _range(start, stop, step)
 
 
+def _refuse_int64(what: str, scalar: Any) -> None:
+    """Control flow compares 32-bit scalars only: the comparison that decides a branch or a
+    trip has no 64-bit form (fori_loop and if_else, NKI 0.7/0.8)."""
+    if scalar.dtype.itemsize == 8:
+        raise errors.UnsupportedDtype(f"{what} must be a 32-bit scalar, got {scalar!r}")
+
+
 def fori_loop(
     lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1, unroll: bool = False
 ) -> None:
@@ -1041,11 +1048,8 @@ def fori_loop(
                 f"fori_loop(unroll=True): the compiler unrolls the loop, so its bounds must be "
                 f"known at compile time (Python ints), got {bound!r}"
             )
-        if isinstance(bound, NkiScalar) and bound.dtype.itemsize == 8:
-            raise errors.UnsupportedDtype(
-                f"fori_loop: an nl.int64 scalar cannot bound the loop ({bound!r}); the trip-count "
-                "comparison has no 64-bit form"
-            )
+        if isinstance(bound, NkiScalar):
+            _refuse_int64("fori_loop: a loop bound", bound)
     register = any(isinstance(b, VirtualRegister) for b in (lower, upper))
     with _dynamic_loop():
         for i in range(value_of(lower), value_of(upper), step):
@@ -1074,10 +1078,7 @@ def if_else(
     from asickernels.simulate.nki.scalar import NkiScalar  # scalar builds on this module
 
     if isinstance(cond, NkiScalar):
-        if cond.dtype.itemsize == 8:
-            raise errors.UnsupportedDtype(
-                f"if_else: the condition must be a 32-bit scalar, got {cond!r}"
-            )
+        _refuse_int64("if_else: the condition", cond)
         taken = cond.value != 0
     elif isinstance(cond, (bool, int, np.integer)):
         taken = bool(cond)
