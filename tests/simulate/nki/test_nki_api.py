@@ -563,6 +563,21 @@ def test_nc_transpose_reciprocal_and_scalar_tensor_tensor(rng):
 
     np.testing.assert_array_equal(run(isa_kernel(transpose, (24, 16)), x), x.T)
 
+    # a dst whose free axis has several dimensions, as nki-library's mlp_cte writes one
+    # ([hidden, 1, bxs] through .ap); its free elements must number data's partitions
+    def into_3d(dst, t):
+        psum = nl.ndarray((24, 2, 8), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(psum, t)
+        nisa.tensor_copy(dst, psum.reshape((24, 16)))
+
+    np.testing.assert_array_equal(run(isa_kernel(into_3d, (24, 16)), x), x.T)
+
+    def mismatched(dst, t):
+        nisa.nc_transpose(nl.ndarray((24, 3, 8), dtype=nl.float32, buffer=nl.psum), t)
+
+    with pytest.raises(errors.ShapeMismatch, match="24 partitions with 16 elements"):
+        run(isa_kernel(mismatched, (24, 16)), x)
+
     # past the docs' 32x32 on the Vector engine, as public kernels ran it on trn1: a warning
     def on_vector(dst, t):
         nisa.nc_transpose(dst, t, engine=nisa.engine.vector)

@@ -1043,13 +1043,29 @@ def _nc_transpose(
     run = runtime.active_run(api)
     alu.require(api, "dst", dst, alu.ON_CHIP)
     alu.require(api, "data", data, alu.ON_CHIP)
-    if data.ndim != 2 or dst.shape != data.shape[::-1]:
-        raise errors.ShapeMismatch(f"'{api}' of {data!r} needs a 2-D dst {list(data.shape[::-1])}")
+    # The transpose swaps the partition axis and the free axis; either side's free axis may
+    # have several dimensions (nki-library@d2ad3a5 mlp_cte_transpose.py:255-270 writes a
+    # [hidden, 1, bxs] access pattern in PSUM from a [bxs, hidden] tile).
+    rows = alu.per_partition(data)
+    if (
+        data.ndim < 2
+        or dst.ndim < 2
+        or (dst.shape[0], alu.per_partition(dst))
+        != (
+            rows,
+            data.shape[0],
+        )
+    ):
+        raise errors.ShapeMismatch(
+            f"'{api}' of {data!r} needs a dst of {rows} partitions with {data.shape[0]} "
+            f"elements each, got {dst!r}"
+        )
     chosen = _transpose_engine(api, data, engine)
     if chosen == "tensor":
         alu.require(api, "dst", dst, tensor_dst)
         alu.require(api, "data", data, alu.SBUF)
-    alu.write(dst, data.values.T if dst.dtype == data.dtype else alu.as_f32(data).T, api)
+    values = data.values if dst.dtype == data.dtype else alu.as_f32(data)
+    alu.write(dst, values.reshape(data.shape[0], rows).T.reshape(dst.shape), api)
     run.count(chosen, api, (data,), (dst,))
 
 
@@ -1062,12 +1078,13 @@ VECTOR_TRANSPOSE_DOCUMENTED = 32
 
 
 def _transpose_engine(api: str, data: Any, engine: engine) -> str:
-    """The engine :func:`nc_transpose` runs ``data`` (2-D) on: the requested one, else the
-    Vector engine when it fits 32x32; either takes up to 128x128 (a Vector-engine tile over
-    32x32 warns: :data:`VECTOR_TRANSPOSE_DOCUMENTED`)."""
-    fits_vector = max(data.shape) <= VECTOR_TRANSPOSE_DOCUMENTED
+    """The engine :func:`nc_transpose` runs ``data`` (its partitions by its flattened free
+    axes) on: the requested one, else the Vector engine when it fits 32x32; either takes up
+    to 128x128 (a Vector-engine tile over 32x32 warns: :data:`VECTOR_TRANSPOSE_DOCUMENTED`)."""
+    shape = (data.shape[0], math.prod(data.shape[1:]))
+    fits_vector = max(shape) <= VECTOR_TRANSPOSE_DOCUMENTED
     chosen = _engine(api, engine, "vector" if fits_vector else "tensor", ("tensor", "vector"))
-    if max(data.shape) > runtime.PMAX:
+    if max(shape) > runtime.PMAX:
         raise errors.SizeOfDimensionExceedArchLimit(
             f"'{api}' on the {chosen} engine takes tiles up to {runtime.PMAX}x{runtime.PMAX}, "
             f"got {data!r}"
