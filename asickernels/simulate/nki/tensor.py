@@ -659,7 +659,8 @@ class NkiTensor(NKIObject):
         """An explicit access pattern ``[[stride, count], ...]`` over this tensor's storage
         (like ``torch.as_strided``), starting at this view's offset plus ``offset`` elements
         (of ``dtype``, default this tensor's). On-chip, the first pair walks partitions, so its
-        stride must be a whole number of partitions and the rest must stay in one partition.
+        stride must be a whole number of partitions (or this view's free size: one partition)
+        and the rest must stay in one partition.
         ``scalar_offset`` adds its (runtime) value times the stride of ``indirect_dim``;
         ``vector_offset`` (HBM only) does so per partition: partition ``i`` of the view starts
         ``vector_offset[i]`` strides of ``indirect_dim`` in, walking the remaining pairs.
@@ -697,7 +698,7 @@ class NkiTensor(NKIObject):
                 f"element of {new_dtype}"
             )
         if self.on_chip:
-            self._check_on_chip_pattern(pairs, itemsize)
+            pairs = self._on_chip_pattern(pairs, itemsize)
         (step, count), free = pairs[0], pairs[1:]
         starts = start + np.arange(count, dtype=np.int64) * step * itemsize
         outside = self._rows_outside(starts, free, itemsize)
@@ -746,11 +747,23 @@ class NkiTensor(NKIObject):
         rows = self._row_views(starts, free, new_dtype, bad)
         return self._gathered([(row, Ellipsis) for row in rows], new_dtype, outside)
 
-    def _check_on_chip_pattern(self, pairs: list[tuple[int, int]], itemsize: int) -> None:
-        """Partitions are separate memories: an on-chip pattern moves between them only with
-        its first pair (a row that runs past its partition's end is out of bounds:
-        :meth:`_rows_outside`)."""
+    def _on_chip_pattern(
+        self, pairs: list[tuple[int, int]], itemsize: int
+    ) -> list[tuple[int, int]]:
+        """``pairs`` checked as an on-chip pattern, with a partition step given as this
+        view's free size made the storage's. Partitions are separate memories: an on-chip
+        pattern moves between them only with its first pair (a row that runs past its
+        partition's end is out of bounds: :meth:`_rows_outside`), whose step is the storage's
+        free size (deep-dives/nki-aps.rst@81ce03a, "Restriction on SBUF/PSUM Tensors"). The
+        step may also be the free size of the view ``.ap`` is called on: nki-library's
+        TensorView re-patterns views that way, e.g. the gate and up halves of one
+        [T, 2 * I] buffer as [[I, T], [1, I]] (nki-library@d2ad3a5
+        core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py:240-244 on the views of 606-615)."""
         (partition_step, partitions) = pairs[0]
+        view_row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        if partitions > 1 and partition_step * itemsize == view_row != self._row_bytes():
+            pairs = [(self._row_bytes() // itemsize, partitions), *pairs[1:]]
+            partition_step = pairs[0][0]
         # a tensor over 128 partitions (runtime.allocating) is viewed whole; compute
         # instructions check their operands
         if partitions > max(runtime.PMAX, self.root.shape[0]):
@@ -763,6 +776,7 @@ class NkiTensor(NKIObject):
                 f"access pattern {[list(p) for p in pairs]} on {self!r} crosses partitions "
                 "outside its first (partition) pair"
             )
+        return pairs
 
     def _rows_outside(
         self, starts: np.ndarray, free: list[tuple[int, int]], itemsize: int

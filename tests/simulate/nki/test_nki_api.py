@@ -307,6 +307,28 @@ def test_access_pattern_addresses_storage_and_writes_through(address):
     np.testing.assert_array_equal(run(kernel, x), expected)
 
 
+def test_access_pattern_on_a_view_may_step_partitions_by_the_views_free_size():
+    """nki-library's TensorView re-patterns a view with its own free size as the partition
+    step (the gate and up halves of one [T, 2 * I] buffer, mlp_tkg_gate_up_projection.py):
+    one partition, the view's offset kept."""
+
+    def kernel(x):
+        both = nl.ndarray((4, 12), dtype=x.dtype)
+        nisa.memset(dst=both, value=0.0)
+        up = both.slice(dim=1, start=6, end=12)  # [4, 6] at offset 6
+        nisa.dma_copy(dst=up.ap([[6, 4], [1, 3]], offset=2), src=x)  # columns 8..10
+        with pytest.raises(errors.LeadingDimensionOfTensorMustBePartition):
+            up.ap([[3, 4], [1, 3]])  # neither the storage's nor the view's free size
+        out = nl.ndarray((4, 12), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, both)
+        return out
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
+    expected = np.zeros((4, 12), np.float32)
+    expected[:, 8:11] = x
+    np.testing.assert_array_equal(run(kernel, x), expected)
+
+
 def test_dynamic_select_and_scalar_offset_read_the_index_tensor():
     def kernel(x, index):
         i = nl.load(index)
