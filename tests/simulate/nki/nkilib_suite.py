@@ -518,6 +518,13 @@ KNOWN_FAILURES[
     "False-True-False-False-True-True-False-False-bfloat16-1-2-False-True-False-False-False-None-"
     "True-True-default-4-1-False]"
 ] = _ILL_CONDITIONED
+# The same configuration at batch 32, 16 heads, 1024 tokens, KVDP 8 (the every-64 sample from
+# offset 16): cosine 0.985-0.991 on the 8 ranks, the caches exact, allclose passing.
+KNOWN_FAILURES[
+    _ATTENTION_BLOCK_MODEL + "MODEL_WIP_GENERALITY_32-16-128-7168-None-1024-1024-1-32-True-"
+    "False-True-False-False-True-True-False-False-bfloat16-1-2-False-True-False-False-False-None-"
+    "True-True-default-8-1-False]"
+] = _ILL_CONDITIONED
 
 
 def _known_failure(nodeid: str) -> str | None:
