@@ -17,6 +17,9 @@ with its reason, as strict xfails (a case that starts passing fails the run unti
 the list). A case that runs out of memory in its worker (its share, less what the cases before
 it left reserved there) is run again alone, in a fresh process with the whole share; the
 results page (``--nkilib-results PATH``) counts its second outcome and says so.
+
+``--nkilib-tree DIR`` runs another checkout of nki-library (a newer one, or one's own) the same
+way, without the snapshot's lists of unimportable files and known failures.
 """
 
 from __future__ import annotations
@@ -117,13 +120,23 @@ def main(arguments: list[str]) -> int:
     """Runs the suite (``arguments``: pytest's, and ``--nkilib-results PATH`` for the results
     page), then each case that ran out of memory in its worker again alone; returns pytest's
     exit status, 1 where a case rerun still fails."""
-    tree = vendor_tree()
-    if tree is None:
-        print(f"skipped: {FOLDER} is in none of {[str(t) for t in TREES]}")
-        return 0
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--nkilib-results", type=Path)
+    parser.add_argument("--nkilib-tree", type=Path)
     options, pytest_arguments = parser.parse_known_args(arguments)
+    if options.nkilib_tree is not None:
+        tree = options.nkilib_tree.resolve()
+        if not (tree / "test" / "conftest.py").is_file():
+            print(
+                f"error: {options.nkilib_tree} is not an nki-library checkout (no test/conftest.py)"
+            )
+            return int(pytest.ExitCode.USAGE_ERROR)
+    else:
+        found = vendor_tree()
+        if found is None:
+            print(f"skipped: {FOLDER} is in none of {[str(t) for t in TREES]}")
+            return 0
+        tree = found
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="nkilib-suite-") as folder:
         work = Path(folder)
@@ -177,7 +190,7 @@ def main(arguments: list[str]) -> int:
             f"Written by `{command_line}` ({time.strftime('%Y-%m-%d')}, asickernels "
             f"{_commit()}, {(time.monotonic() - started) / 60:.0f} min wall on "
             f"{os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f}): "
-            f"aws-neuron/nki-library@d2ad3a5's `test/integration` in `--test-mode simulation`, "
+            f"{_tree_name(tree)}'s `test/integration` in `--test-mode simulation`, "
             f"every {results['every']}. case of each test function"
             + (
                 f", starting at its case {results['offset']} (the first is 0)."
@@ -199,7 +212,8 @@ def main(arguments: list[str]) -> int:
                     else "."
                 )
             )
-        options.nkilib_results.write_text(results_markdown(cases, run_line))
+        page = results_markdown(cases, run_line, snapshot=_is_snapshot(tree))
+        options.nkilib_results.write_text(page)
         print(f"results: {options.nkilib_results}")
     return status
 
@@ -319,7 +333,19 @@ def _relative(path: Any) -> str | None:
     return text.split(_ROOT, 1)[1] if _ROOT in text else None
 
 
+def _is_snapshot(tree: Path) -> bool:
+    """Whether ``tree`` is the d2ad3a5 snapshot, whose gaps and known failures this module
+    lists (another checkout, ``--nkilib-tree``, runs with none of them)."""
+    return tree.name == FOLDER
+
+
+def _tree_name(tree: Path) -> str:
+    return "aws-neuron/nki-library@d2ad3a5" if _is_snapshot(tree) else f"the nki-library at {tree}"
+
+
 def pytest_ignore_collect(collection_path: Path, config: Any) -> bool | None:
+    if not _is_snapshot(config.rootpath.parent):
+        return None
     return True if _relative(collection_path) in UNIMPORTABLE else None
 
 
@@ -398,7 +424,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
                 dropped.append(item)
                 continue
         kept.append(item)
-        reason = _known_failure(item.nodeid)
+        reason = _known_failure(item.nodeid) if _is_snapshot(config.rootpath.parent) else None
         if reason is not None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
     if dropped:
@@ -442,10 +468,11 @@ def pytest_collectreport(report: Any) -> None:
         _messages[report.nodeid] = str(report.longrepr).strip().splitlines()[-1]
 
 
-def results_markdown(cases: dict[str, tuple[str, str]], run: str) -> str:
+def results_markdown(cases: dict[str, tuple[str, str]], run: str, snapshot: bool = True) -> str:
     """The results page of ``cases`` (node id: outcome, error message): totals, the outcome
     per test file, and each case that did not pass (expected failures by reason, failures
-    grouped by the first line of their error)."""
+    grouped by the first line of their error); ``snapshot``: the cases are the d2ad3a5
+    snapshot's, so the page lists the test files it cannot import."""
     outcomes = {nodeid: outcome for nodeid, (outcome, _) in cases.items()}
     messages = {nodeid: message for nodeid, (_, message) in cases.items() if message}
     files: dict[str, dict[str, int]] = {}
@@ -471,8 +498,9 @@ def results_markdown(cases: dict[str, tuple[str, str]], run: str) -> str:
     ]
     for file in sorted(files):
         lines.append(f"| {file} | " + " | ".join(str(files[file][o]) for o in OUTCOMES) + " |")
-    lines += ["", "## Test files not collected", ""]
-    lines += [f"- `{path}`: {reason}" for path, reason in UNIMPORTABLE.items()]
+    if snapshot:
+        lines += ["", "## Test files not collected", ""]
+        lines += [f"- `{path}`: {reason}" for path, reason in UNIMPORTABLE.items()]
     lines += ["", "## Expected failures (strict xfails)", ""]
     xfailed = [n for n, o in outcomes.items() if o == "xfailed"]
     for reason in dict.fromkeys(_known_failure(n) for n in xfailed):
@@ -537,9 +565,10 @@ def _known_failure(nodeid: str) -> str | None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
-    terminalreporter.section("nki-library test files not collected (d2ad3a5)")
-    for path, reason in UNIMPORTABLE.items():
-        terminalreporter.write_line(f"{path}: {reason}")
+    if _is_snapshot(config.rootpath.parent):
+        terminalreporter.section("nki-library test files not collected (d2ad3a5)")
+        for path, reason in UNIMPORTABLE.items():
+            terminalreporter.write_line(f"{path}: {reason}")
     path = config.getoption("nkilib_outcomes")
     if path is not None and not hasattr(config, "workerinput"):
         cases = {n: (outcome, _messages.get(n, "")) for n, outcome in _outcomes.items()}

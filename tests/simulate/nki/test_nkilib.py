@@ -416,6 +416,19 @@ def test_results_count_a_case_by_its_call_not_its_passing_setup_or_teardown(monk
     page = nkilib_suite.results_markdown(cases, "run")
     assert "**1 of 3 cases passed (33.3%)**" in page
     assert "| core/x/test_x.py | 1 | 1 | 0 | 0 | 1 | 1 |" in page
+    assert "## Test files not collected" in page
+    # another checkout (--nkilib-tree) has none of the snapshot's gaps
+    assert "## Test files not collected" not in nkilib_suite.results_markdown(
+        cases, "run", snapshot=False
+    )
+
+
+def test_another_nkilib_checkout_runs_without_the_snapshots_lists(tmp_path, capsys):
+    assert nkilib_suite._is_snapshot(tmp_path / nkilib_suite.FOLDER)
+    assert not nkilib_suite._is_snapshot(tmp_path / "nki-library")
+    status = nkilib_suite.main(["--nkilib-tree", str(tmp_path)])
+    assert status == pytest.ExitCode.USAGE_ERROR
+    assert "not an nki-library checkout" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
