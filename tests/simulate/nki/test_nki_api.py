@@ -741,22 +741,29 @@ def test_random_instructions(rng):
     assert len(np.unique(bits)) > 16
 
 
-def test_quantize_mx_then_matmul_mx_recovers_the_product(rng, monkeypatch):
+@pytest.mark.parametrize("free_dims", [1, 2])
+def test_quantize_mx_then_matmul_mx_recovers_the_product(rng, monkeypatch, free_dims):
     """quantize_mx's scale is 2**(floor(log2(amax)) - (Emax - 1)); nc_matmul_mx multiplies
-    the dequantized values, so the product matches the bf16 inputs' within fp8 rounding."""
+    the dequantized values, so the product matches the bf16 inputs' within fp8 rounding.
+    Either's operands may split their free axis in two, as nki-library's MX kernels do."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     a = rng.normal(size=(32, 64)).astype(ml_dtypes.bfloat16)
     b = rng.normal(size=(32, 32)).astype(ml_dtypes.bfloat16)
 
+    def split(shape):  # [P, F] -> [P, 2, F / 2] for free_dims == 2
+        return shape if free_dims == 1 else (shape[0], 2, shape[1] // 2)
+
     def kernel(left, right):
         tiles = []
         for src in (left, right):
-            data = nl.ndarray((32, src.shape[1] // 4), dtype=nl.float8_e4m3fn_x4)
-            scale = nl.ndarray((4, src.shape[1] // 4), dtype=nl.uint8)
-            nisa.quantize_mx(dst=data, src=nl.load(src), dst_scale=scale)
+            data = nl.ndarray(split((32, src.shape[1] // 4)), dtype=nl.float8_e4m3fn_x4)
+            scale = nl.ndarray(split((4, src.shape[1] // 4)), dtype=nl.uint8)
+            loaded = nl.load(src).reshape(split((32, src.shape[1])))
+            nisa.quantize_mx(dst=data, src=loaded, dst_scale=scale)
             tiles.append((data, scale))
-        psum = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.psum)
+        psum = nl.ndarray(split((16, 8)), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul_mx(psum, tiles[0][0], tiles[1][0], tiles[0][1], tiles[1][1])
+        psum = psum.reshape((16, 8))
         out = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.shared_hbm)
         nl.store(out, nl.copy(psum))
         return out

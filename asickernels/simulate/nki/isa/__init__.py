@@ -1179,9 +1179,9 @@ def _scale_exponents(scale: NkiTensor) -> np.ndarray:
 
 
 def _unpack_mx(tile: NkiTensor) -> np.ndarray:
-    """``tile [P, F]`` of a packed type as float32 values ``[P, F, 4]`` (element 0 in the low
-    bits, as little-endian packing gives)."""
-    return neuron_dtypes.unpack_x4(tile.values).reshape(*tile.shape, 4)
+    """``tile [P, ...]`` of a packed type as float32 values ``[P, F, 4]`` (F: its free
+    elements, flattened; element 0 in the low bits, as little-endian packing gives)."""
+    return neuron_dtypes.unpack_x4(tile.values).reshape(tile.shape[0], -1, 4)
 
 
 def nc_matmul_mx(
@@ -1198,7 +1198,9 @@ def nc_matmul_mx(
     """MX matmul on the Tensor engine (NeuronCore-v4): ``stationary [K, M]`` and ``moving
     [K, N]`` of packed x4 types contract over K partitions and the 4 packed values; every 8
     partitions x 4 values share one power-of-two scale ``2**(e - 127)``. ``dst [M, N]`` is a
-    float32 or bfloat16 PSUM tile."""
+    float32 or bfloat16 PSUM tile. M and N count free elements: any operand's free axis may
+    have several dimensions (nki-library@d2ad3a5 core/mlp/mlp_tkg/down_projection_mx_shard_H.py
+    passes a [128, 1, 96] stationary)."""
     api = "nc_matmul_mx"
     run = runtime.active_run(api)
     _require_version(api, 4)
@@ -1212,31 +1214,35 @@ def nc_matmul_mx(
     alu.require(api, "dst", dst, alu.PSUM)
     rows, _ = _tiling(api, tile_position or (), tile_size or (), 4)
     for operand, tile in (("stationary", stationary), ("moving", moving)):
-        if dtype_name(tile.dtype) not in PACKED_X4 or tile.ndim != 2:
+        if dtype_name(tile.dtype) not in PACKED_X4 or tile.ndim < 2:
             raise errors.UnsupportedDtype(
-                f"'{api}' {operand} must be a 2-D packed x4 tile, got {tile!r}"
+                f"'{api}' {operand} must be a packed x4 tile, got {tile!r}"
             )
     alu.check_partitions(api, {"stationary": stationary, "moving": moving})
-    partitions, m = stationary.shape
-    n = moving.shape[1]
+    partitions, m = stationary.shape[0], alu.per_partition(stationary)
+    n = alu.per_partition(moving)
     moving_limit = 8 * runtime.PSUM_BANK_BYTES // dst.dtype.itemsize
     if partitions % 32 or partitions > rows or m % 2 or m > 128 or n > moving_limit:
         raise errors.SizeOfDimensionExceedArchLimit(
             f"'{api}': partitions a multiple of 32 up to {rows}, stationary free even and "
             f"<= 128, moving free <= {moving_limit}; got {stationary!r}, {moving!r}"
         )
-    if dst.shape != (m, n) or dst.dtype not in (language.float32, language.bfloat16):
+    if (dst.shape[0], alu.per_partition(dst)) != (m, n) or dst.dtype not in (
+        language.float32,
+        language.bfloat16,
+    ):
         raise errors.ShapeMismatch(f"'{api}' needs a float32/bfloat16 dst [{m}, {n}], got {dst!r}")
 
     def dequantized(tile: NkiTensor, scale: NkiTensor) -> np.ndarray:
-        exponents = _scale_exponents(scale)[_scale_rows(api, scale, partitions), : tile.shape[1]]
+        columns = alu.per_partition(tile)
+        exponents = _scale_exponents(scale)[_scale_rows(api, scale, partitions), :columns]
         factors = np.repeat(np.exp2(exponents.astype(np.float64) - 127.0), 8, axis=0)
         return _unpack_mx(tile) * factors[:, :, None]
 
     product = np.einsum(
         "kiq,kjq->ij", dequantized(stationary, stationary_scale), dequantized(moving, moving_scale)
     )
-    _accumulate(dst, product.astype(np.float32), accumulate, api)
+    _accumulate(dst, product.astype(np.float32).reshape(dst.shape), accumulate, api)
     run.count(
         "tensor", "nc_matmul_mx", (stationary, moving, stationary_scale, moving_scale), (dst,)
     )
@@ -1250,7 +1256,10 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
     """Quantizes ``src [P, 4F]`` (float16/bfloat16, SBUF) to MXFP8 ``dst [P, F]``
     (float8_e5m2_x4 / float8_e4m3fn_x4) and one scale per 8 partitions x 4 values in
     ``dst_scale`` (Vector engine, NeuronCore-v4). The block scale is
-    ``2**(floor(log2(amax)) - (Emax - 1))``, ``2**-127`` for an all-zero group."""
+    ``2**(floor(log2(amax)) - (Emax - 1))``, ``2**-127`` for an all-zero group. 4F and F
+    count free elements: each operand's free axis may have several dimensions, 4 consecutive
+    values of ``src`` making one of ``dst`` (nki-library@d2ad3a5 passes ``src [128, 1, 64,
+    4]`` to ``dst [128, 1, 64]``, core/subkernels/rmsnorm_mx_quantize_tkg.py:254)."""
     api = "quantize_mx"
     run = runtime.active_run(api)
     _require_version(api, 4)
@@ -1262,17 +1271,16 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
             f"'{api}' quantizes float16/bfloat16 into float8_e5m2_x4/float8_e4m3fn_x4, got "
             f"{src!r} -> {dst!r}"
         )
-    partitions = src.shape[0]
+    partitions, columns = src.shape[0], alu.per_partition(dst)
     if (
         partitions % 32
-        or src.ndim != 2
-        or dst.shape != (partitions, src.shape[1] // 4)
-        or src.shape[1] % 4
+        or src.ndim < 2
+        or dst.shape[0] != partitions
+        or alu.per_partition(src) != 4 * columns
     ):
         raise errors.ShapeMismatch(
             f"'{api}' needs src [32k, 4F] and dst [32k, F], got {src!r}, {dst!r}"
         )
-    columns = dst.shape[1]
     groups = alu.as_f32(src).astype(np.float64).reshape(partitions // 8, 8, columns, 4)
     amax = np.abs(groups).max(axis=(1, 3))
     with np.errstate(divide="ignore"):
@@ -1295,9 +1303,9 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: Any 
         raise errors.ShapeMismatch(
             f"'{api}' dst_scale needs {columns} elements per partition, got {dst_scale!r}"
         )
-    if dst_scale.ndim != 2:
-        raise errors.ShapeMismatch(f"'{api}' dst_scale must be 2-D, got {dst_scale!r}")
-    dst_scale.values.view(np.uint8)[rows, :columns] = (exponent + 127).astype(np.uint8)
+    scales = dst_scale.values.view(np.uint8).reshape(dst_scale.shape[0], -1).copy()
+    scales[rows, :columns] = (exponent + 127).astype(np.uint8)
+    alu.write(dst_scale, scales.view(dst_scale.dtype).reshape(dst_scale.shape), api)
     run.count("vector", "quantize_mx", (src,), (dst, dst_scale))
 
 
