@@ -358,14 +358,23 @@ def tensor_copy(
 
 
 def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: Any = None) -> None:
-    """Fills the on-chip ``dst`` with the constant ``value``."""
+    """Fills the on-chip ``dst`` with the constant ``value``. A tile of a packed MX type
+    takes only 0 (every bit clear: +0 in each packed value), as nki-library@d2ad3a5 clears
+    the padding of its MX weight tiles (core/mlp/mlp_tkg/down_projection_mx_shard_H.py:93)."""
     api = "memset"
     run = runtime.active_run(api)
     tiles = [alu.require(api, "dst", dst, alu.ON_CHIP)]
     chosen = _engine(api, engine, "vector", ("vector", "gpsimd"))
     if chosen == "gpsimd":
         alu.check_no_psum_on_gpsimd(api, tiles)
-    alu.write(dst, np.full(dst.shape, value), api)
+    if dtype_name(dst.dtype) in PACKED_X4:
+        if value != 0:
+            raise errors.UnsupportedDtype(
+                f"'{api}' of {dst!r}: a packed MX tile can only be cleared (value 0), got {value!r}"
+            )
+        alu.write(dst, np.zeros(dst.shape, dst.dtype), api)  # all bytes zero
+    else:
+        alu.write(dst, np.full(dst.shape, value), api)
     run.count(chosen, "memset", (value,), (dst,), pinned=engine is not _UNKNOWN)
 
 
