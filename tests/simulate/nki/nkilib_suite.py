@@ -407,6 +407,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not 0 <= offset < every:
         raise pytest.UsageError(f"--nkilib-offset {offset} must lie in [0, {every})")
     only = config.getoption("nkilib_only")
+    snapshot = _is_snapshot(config.rootpath.parent)
     seen: dict[str, int] = {}
     kept, dropped = [], []
     for item in items:
@@ -424,7 +425,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
                 dropped.append(item)
                 continue
         kept.append(item)
-        reason = _known_failure(item.nodeid) if _is_snapshot(config.rootpath.parent) else None
+        reason = _known_failure(item.nodeid) if snapshot else None
         if reason is not None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
     if dropped:

@@ -1056,15 +1056,8 @@ def _nc_transpose(
     # have several dimensions (nki-library@d2ad3a5 mlp_cte_transpose.py:255-270 writes a
     # [hidden, 1, bxs] access pattern in PSUM from a [bxs, hidden] tile).
     rows = alu.per_partition(data)
-    if (
-        data.ndim < 2
-        or dst.ndim < 2
-        or (dst.shape[0], alu.per_partition(dst))
-        != (
-            rows,
-            data.shape[0],
-        )
-    ):
+    transposed = (rows, data.shape[0])  # dst's partitions, elements in each
+    if data.ndim < 2 or dst.ndim < 2 or (dst.shape[0], alu.per_partition(dst)) != transposed:
         raise errors.ShapeMismatch(
             f"'{api}' of {data!r} needs a dst of {rows} partitions with {data.shape[0]} "
             f"elements each, got {dst!r}"
