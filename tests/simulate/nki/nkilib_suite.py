@@ -323,6 +323,31 @@ KNOWN_FAILURES: dict[str, str] = {
         "test_block_kv_with_active_mask",
     )
 }
+# NeuronCore-v4 only (trn3): the two tests check nisa.quantize_mx's scales as a whole tile.
+_UNWRITTEN_MX_SCALES = (
+    "vendor test compares memory its kernel never writes: nisa.quantize_mx writes 4 scale rows "
+    "of each 32-partition quadrant, and the golden expects zeros in the other 28 "
+    "(test_quantize_to_mx.py:60-81, test_rmsnorm_mx_quantize_tkg.py:80-92, 130-132), which "
+    "hold the sentinel 4 of unwritten integer memory, as in the SDK's simulator "
+    "(guides/nki_simulator.rst@81ce03a, 'Uninitialized Memory Detection'); with zeros there, "
+    "most cases still fail on the OCP scale the golden computes, which NKI 0.5 replaced by one "
+    "two times larger (release-notes/components/nki.rst@81ce03a, NKI 0.5.0, Improvements)"
+)
+KNOWN_FAILURES.update(
+    {
+        "core/utils/test_quantize_to_mx.py::TestQuantizeToMxHardware::test_quantize_mx_hw": (
+            _UNWRITTEN_MX_SCALES
+        ),
+        **{
+            "core/subkernels/test_rmsnorm_mx_quantize_tkg.py::TestRmsNormQuantizeMxTKGKernel::"
+            + function: _UNWRITTEN_MX_SCALES
+            for function in (
+                "test_rmsnorm_mx_quantize_tkg",
+                "test_rmsnorm_mx_quantize_tkg_residual",
+            )
+        },
+    }
+)
 # Node ids are relative to the suite's rootdir, test/ (its pytest.ini): integration/nkilib/...
 _ROOT = "integration/nkilib/"
 
