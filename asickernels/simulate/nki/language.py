@@ -9,6 +9,7 @@ take (``op=nl.add``, ``op=nl.exp``).
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -528,7 +529,7 @@ def reduce_axes(api: str, tile: Any, axis: Any, trailing: bool = True) -> tuple[
     access pattern, which the compiler reorders."""
     listed = axis if isinstance(axis, (tuple, list)) else [axis]
     axes = tuple(sorted({int(a) % tile.ndim for a in listed}))
-    contiguous = bool(axes) and axes == tuple(range(axes[0], tile.ndim))
+    contiguous = bool(axes) and axes == tuple(builtins.range(axes[0], tile.ndim))
     if not axes or axes[0] == 0 or (trailing and not contiguous):
         raise errors.UnsupportedReduceAxis(
             f"'{api}' over axis {axis} of {tile!r}: reductions run over free axes only"
@@ -985,34 +986,42 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
 
 
 # -- loops, indexing, control flow, debugging ---------------------------------------------------
-def _range(start: Any, stop: Any = None, step: int = 1) -> range:
+def _range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
     from asickernels.simulate.nki.scalar import value_of  # scalar builds on this module
 
     if stop is None:
-        return range(value_of(start))
-    return range(value_of(start), value_of(stop), step)
+        return builtins.range(value_of(start))
+    return builtins.range(value_of(start), value_of(stop), step)
+
+
+def range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
+    """``range(start, stop, step)``: a loop unrolled when the kernel is specialized, as
+    Python's. Not in the NKI reference, which since 0.7 makes every range iterator a Python
+    ``range`` (deep-dives/nki-loops.rst of the 0.8 docs); AWS's own kernels loop with it
+    (nki-library@d2ad3a5 experimental/mxfp_subkernels/mxfp_load_utils.py:123)."""
+    return _range(start, stop, step)
 
 
 @reference.deprecated("nki.language.affine_range")
-def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def affine_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop whose iterations do not depend on each other."""
     return _range(start, stop, step)
 
 
 @reference.deprecated("nki.language.sequential_range")
-def sequential_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def sequential_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop with a dependency between iterations."""
     return _range(start, stop, step)
 
 
 @reference.deprecated("nki.language.static_range")
-def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def static_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop unrolled when the kernel is specialized."""
     return _range(start, stop, step)
 
 
 @reference.deprecated("nki.language.dynamic_range")
-def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)`` with bounds read from registers (ints or
     ``VirtualRegister``) when the loop starts."""
     return _range(start, stop, step)
@@ -1052,7 +1061,7 @@ def fori_loop(
             _refuse_int64("fori_loop: a loop bound", bound)
     register = any(isinstance(b, VirtualRegister) for b in (lower, upper))
     with _dynamic_loop():
-        for i in range(value_of(lower), value_of(upper), step):
+        for i in builtins.range(value_of(lower), value_of(upper), step):
             body_fun(VirtualRegister.holding(i) if register else NkiScalar(i, int32))
 
 

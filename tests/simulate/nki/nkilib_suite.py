@@ -323,11 +323,12 @@ KNOWN_FAILURES: dict[str, str] = {
         "test_block_kv_with_active_mask",
     )
 }
-# NeuronCore-v4 only (trn3): the two tests check nisa.quantize_mx's scales as a whole tile.
+# NeuronCore-v4 only (trn3): these tests check nisa.quantize_mx's scales as a whole tile.
 _UNWRITTEN_MX_SCALES = (
     "vendor test compares memory its kernel never writes: nisa.quantize_mx writes 4 scale rows "
     "of each 32-partition quadrant, and the golden expects zeros in the other 28 "
-    "(test_quantize_to_mx.py:60-81, test_rmsnorm_mx_quantize_tkg.py:80-92, 130-132), which "
+    "(test_quantize_to_mx.py:60-81, test_rmsnorm_mx_quantize_tkg.py:80-92, 130-132, "
+    "test_mxfp_load.py:46-47, 76), which "
     "hold the sentinel 4 of unwritten integer memory, as in the SDK's simulator "
     "(guides/nki_simulator.rst@81ce03a, 'Uninitialized Memory Detection'); with zeros there, "
     "most cases still fail on the OCP scale the golden computes, which NKI 0.5 replaced by one "
@@ -338,6 +339,8 @@ KNOWN_FAILURES.update(
         "core/utils/test_quantize_to_mx.py::TestQuantizeToMxHardware::test_quantize_mx_hw": (
             _UNWRITTEN_MX_SCALES
         ),
+        "experimental/mxfp_subkernels/test_mxfp_load.py::TestMxfpLoadPerformance::"
+        "test_mxfp_load_performance": _UNWRITTEN_MX_SCALES,
         **{
             "core/subkernels/test_rmsnorm_mx_quantize_tkg.py::TestRmsNormQuantizeMxTKGKernel::"
             + function: _UNWRITTEN_MX_SCALES

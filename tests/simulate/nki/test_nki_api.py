@@ -5,6 +5,7 @@ computes the documented result independently with numpy."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -1002,6 +1003,27 @@ def test_access_pattern_with_vector_offset_gathers_rows(rng):
 
 
 # -- names AWS's kernels use (issue 24) ------------------------------------------------------
+def test_range_is_a_python_range_without_a_warning(rng):
+    """``nl.range``, which nki-library's MX kernels loop with (not in the reference): the
+    iterations of Python's ``range``, no deprecation warning."""
+    data = rng.normal(size=(4, 6)).astype(np.float32)
+
+    def kernel(src):
+        assert list(nl.range(3)) == [0, 1, 2] and list(nl.range(1, 7, 2)) == [1, 3, 5]
+        out = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.shared_hbm)
+        tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=src)
+        for column in nl.range(src.shape[1]):
+            nisa.tensor_scalar(tile[:, column], tile[:, column], nl.multiply, float(column))
+        nisa.dma_copy(dst=out, src=tile)
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run(kernel, data)
+    np.testing.assert_array_equal(out, data * np.arange(6, dtype=np.float32))
+
+
 def test_fori_loop_hands_its_body_a_register_for_scalar_offset():
     """The ``nl.fori_loop`` docstring's example: the body reads ``i`` as ``scalar_offset``."""
 
