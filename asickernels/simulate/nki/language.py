@@ -986,7 +986,11 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
 
 
 # -- loops, indexing, control flow, debugging ---------------------------------------------------
-def _range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
+def range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
+    """``range(start, stop, step)``: a loop unrolled when the kernel is specialized, as
+    Python's. Not in the NKI reference, which since 0.7 makes every range iterator a Python
+    ``range`` (deep-dives/nki-loops.rst of the 0.8 docs); AWS's own kernels loop with it
+    (nki-library@d2ad3a5 experimental/mxfp_subkernels/mxfp_load_utils.py:123)."""
     from asickernels.simulate.nki.scalar import value_of  # scalar builds on this module
 
     if stop is None:
@@ -994,37 +998,29 @@ def _range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
     return builtins.range(value_of(start), value_of(stop), step)
 
 
-def range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
-    """``range(start, stop, step)``: a loop unrolled when the kernel is specialized, as
-    Python's. Not in the NKI reference, which since 0.7 makes every range iterator a Python
-    ``range`` (deep-dives/nki-loops.rst of the 0.8 docs); AWS's own kernels loop with it
-    (nki-library@d2ad3a5 experimental/mxfp_subkernels/mxfp_load_utils.py:123)."""
-    return _range(start, stop, step)
-
-
 @reference.deprecated("nki.language.affine_range")
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop whose iterations do not depend on each other."""
-    return _range(start, stop, step)
+    return range(start, stop, step)
 
 
 @reference.deprecated("nki.language.sequential_range")
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop with a dependency between iterations."""
-    return _range(start, stop, step)
+    return range(start, stop, step)
 
 
 @reference.deprecated("nki.language.static_range")
 def static_range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)``: a loop unrolled when the kernel is specialized."""
-    return _range(start, stop, step)
+    return range(start, stop, step)
 
 
 @reference.deprecated("nki.language.dynamic_range")
 def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> builtins.range:
     """``range(start, stop, step)`` with bounds read from registers (ints or
     ``VirtualRegister``) when the loop starts."""
-    return _range(start, stop, step)
+    return range(start, stop, step)
 
 
 def _refuse_int64(what: str, scalar: Any) -> None:
