@@ -761,6 +761,13 @@ def mismatch(kernel, inputs) -> BaseException:
     return error
 
 
+def assert_mismatch_naming(error: BaseException | None, named: tuple[str, ...]) -> None:
+    """``error`` is a :class:`CollectiveMismatch` whose message names each of ``named``."""
+    assert isinstance(error, errors.CollectiveMismatch)
+    for fragment in named:
+        assert fragment in str(error)
+
+
 def test_ranks_calling_different_collectives():
     @nki.jit
     def kernel(x, replica_group):
@@ -774,34 +781,38 @@ def test_ranks_calling_different_collectives():
 
     group = ReplicaGroup([[0, 1]])
     error = mismatch(kernel, [(np.ones((2, 2), np.float32), group)] * 2)
-    assert isinstance(error, errors.CollectiveMismatch)
-    message = str(error)
-    assert "collective #0 of rank-list [0, 1]" in message
-    assert "rank 0: all_reduce" in message and "rank 1: all_gather" in message
+    named = ("collective #0 of rank-list [0, 1]", "rank 0: all_reduce", "rank 1: all_gather")
+    assert_mismatch_naming(error, named)
 
 
-def test_ranks_reducing_different_sizes():
-    @nki.jit
-    def kernel(x, replica_group):
-        rows = 2 + int(ncc.rank_id())
-        src = nl.ndarray((rows, 2), dtype=x.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=src, src=x[:rows])
-        ncc.all_reduce(srcs=[src], dsts=[src], replica_group=replica_group, op=nl.add)
+@nki.jit
+def all_reduce_of_more_rows_on_rank_1(x, replica_group):
+    rows = 2 + int(ncc.rank_id())
+    src = nl.ndarray((rows, 2), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=src, src=x[:rows])
+    ncc.all_reduce(srcs=[src], dsts=[src], replica_group=replica_group, op=nl.add)
 
+
+@nki.jit
+def all_reduce_by_maximum_on_rank_1(x, replica_group):
+    op = nl.add if int(ncc.rank_id()) == 0 else nl.maximum
+    ncc.all_reduce(srcs=[x], dsts=[x], replica_group=replica_group, op=op)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "named"),
+    [
+        (
+            all_reduce_of_more_rows_on_rank_1,
+            ("rank 0: all_reduce([2, 2]", "rank 1: all_reduce([3, 2]"),
+        ),
+        (all_reduce_by_maximum_on_rank_1, ("op=add", "op=maximum")),
+    ],
+)
+def test_ranks_reducing_differently(kernel, named):
+    """The mismatch names each rank's call: the sizes, or the operators, it reduces with."""
     error = mismatch(kernel, [(np.ones((4, 2), np.float32), ReplicaGroup([[0, 1]]))] * 2)
-    assert isinstance(error, errors.CollectiveMismatch)
-    assert "rank 0: all_reduce([2, 2]" in str(error) and "rank 1: all_reduce([3, 2]" in str(error)
-
-
-def test_ranks_reducing_with_different_operators():
-    @nki.jit
-    def kernel(x, replica_group):
-        op = nl.add if int(ncc.rank_id()) == 0 else nl.maximum
-        ncc.all_reduce(srcs=[x], dsts=[x], replica_group=replica_group, op=op)
-
-    error = mismatch(kernel, [(np.ones((2, 2), np.float32), ReplicaGroup([[0, 1]]))] * 2)
-    assert isinstance(error, errors.CollectiveMismatch)
-    assert "op=add" in str(error) and "op=maximum" in str(error)
+    assert_mismatch_naming(error, named)
 
 
 def test_a_rank_that_never_arrives():
@@ -852,42 +863,40 @@ def test_cores_waiting_in_a_barrier_and_a_sendrecv():
     assert "core 1 waits in sendrecv #0" in str(error)
 
 
-def test_sendrecvs_that_do_not_pair_up():
-    @nki.jit
-    def kernel(x):
-        tile = nl.load(x)
-        lnc.sendrecv(src=tile, dst=tile, send_to_rank=1, recv_from_rank=1)  # core 1: to itself
+@nki.jit
+def sendrecv_to_core_1_from_both_cores(x):
+    tile = nl.load(x)
+    lnc.sendrecv(src=tile, dst=tile, send_to_rank=1, recv_from_rank=1)  # core 1: to itself
 
+
+@nki.jit
+def sendrecv_against_sendrecv_compute(x):
+    tile, core = nl.load(x), nl.program_id()
+    if core == 0:
+        lnc.sendrecv(src=tile, dst=tile, send_to_rank=1, recv_from_rank=1)
+    else:
+        lnc.sendrecv_compute(src=tile, dst=tile, send_to_rank=0, recv_from_rank=0,
+                             reduce_op=nl.add)  # fmt: skip
+
+
+@nki.jit
+def sendrecv_of_a_wider_tile_on_core_1(x):
+    core = nl.program_id()
+    tile = nl.load(x[:, 0 : 1 + core])
+    lnc.sendrecv(src=tile, dst=tile, send_to_rank=1 - core, recv_from_rank=1 - core)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "named"),
+    [
+        (sendrecv_to_core_1_from_both_cores, ("do not pair up", "core 1: sendrecv(")),
+        (sendrecv_against_sendrecv_compute, ("core 0: sendrecv(", "core 1: sendrecv_compute(")),
+        (sendrecv_of_a_wider_tile_on_core_1, ("another shape",)),
+    ],
+)
+def test_sendrecvs_that_disagree(kernel, named):
     error = finishes(lambda: kernel[2](np.ones((2, 2), np.float32)))
-    assert isinstance(error, errors.CollectiveMismatch)
-    assert "do not pair up" in str(error) and "core 1: sendrecv(" in str(error)
-
-
-def test_a_sendrecv_against_a_sendrecv_compute():
-    @nki.jit
-    def kernel(x):
-        tile, core = nl.load(x), nl.program_id()
-        if core == 0:
-            lnc.sendrecv(src=tile, dst=tile, send_to_rank=1, recv_from_rank=1)
-        else:
-            lnc.sendrecv_compute(src=tile, dst=tile, send_to_rank=0, recv_from_rank=0,
-                                 reduce_op=nl.add)  # fmt: skip
-
-    error = finishes(lambda: kernel[2](np.ones((2, 2), np.float32)))
-    assert isinstance(error, errors.CollectiveMismatch)
-    assert "core 0: sendrecv(" in str(error) and "core 1: sendrecv_compute(" in str(error)
-
-
-def test_a_sendrecv_of_another_shape():
-    @nki.jit
-    def kernel(x):
-        core = nl.program_id()
-        tile = nl.load(x[:, 0 : 1 + core])
-        lnc.sendrecv(src=tile, dst=tile, send_to_rank=1 - core, recv_from_rank=1 - core)
-
-    error = finishes(lambda: kernel[2](np.ones((2, 2), np.float32)))
-    assert isinstance(error, errors.CollectiveMismatch)
-    assert "another shape" in str(error)
+    assert_mismatch_naming(error, named)
 
 
 def test_a_failing_rank_stops_the_others_with_its_own_error():
