@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from conftest import REPO
-from test_tpu_estimate import DELAY, listing, walk
+from test_tpu_estimate import branch_and_delay_slots, listing, walk
 
 from asickernels import tpu_generations
 from asickernels.estimates import command, tpu_cases, tpu_report
@@ -59,8 +59,7 @@ def test_mxu_stalls_are_extrapolated_with_their_loop() -> None:
         ("", "%s1_s0 = smov 0", ""),
         ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %9 = vmatmul.bf16.gmra.mxu0 %v1_v1", "Start region 5"),
         ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", ""),
-        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%4 = sbr.rel (!%p3_p0) target = $region5"),
     )  # fmt: skip
     walker = walk(text, mxu_op_cycles={"bf16": 10.0})
     # Each 7-bundle iteration pushes once: 10 cycles per push beat the 7 bundles.

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_tpu_estimate import DELAY, listing
+from test_tpu_estimate import branch_and_delay_slots, dma_then_wait, listing
 
 from asickernels.pallas_home import pl, pltpu
 from asickernels.simulate.tpu_estimate import observed, parsing, program_facts
@@ -129,12 +129,10 @@ def _outer_loop(trips: int, *body: tuple[str, str, str], end_region: str = "") -
         ("", "%s1_s0 = smov 0", ""),
         ("LB", "%s2_s0 = sadd.s32 1, %s1_s0  ;;  %s5_s1 = spop %7", "Start region 5"),
         ("", "%p6_p1 = scmp.eq.s32.totalorder %s5_s1, 0", ""),
-        ("", "%8 = sbr.rel (%p6_p1) target = $region9", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%8 = sbr.rel (%p6_p1) target = $region9"),
         *body,
         ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", end_region),
-        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%4 = sbr.rel (!%p3_p0) target = $region5"),
     )  # fmt: skip
 
 
@@ -405,8 +403,7 @@ def _guarded_listing(trips: int) -> str:
         trips,
         ("LB", "%s9_s3 = spop %9", "Start region 7"),
         ("", "%p10_p2 = scmp.lt.s32.totalorder %s9_s3, 5", ""),
-        ("", "%11 = sbr.rel (%p10_p2) target = $region7", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%11 = sbr.rel (%p10_p2) target = $region7"),
         end_region="Start region 9",
     )  # fmt: skip
 
@@ -438,8 +435,7 @@ def test_a_planned_loop_extrapolated_from_sampled_trips_costs_what_walking_every
     body = listing(
         ("LB", "%s1_s0 = spop %7  ;;  %9 = inlined_call /* %k.1 = custom-call(%x) */", "Start region 3"),
         ("", "%p2_p0 = scmp.lt.s32.totalorder %s1_s0, 5", ""),
-        ("", "%3 = sbr.rel (%p2_p0) target = $region3", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%3 = sbr.rel (%p2_p0) target = $region3"),
     )  # fmt: skip
     callee = listing(("", "", ""), ("", "", ""), ("", "", ""))
 
@@ -482,14 +478,10 @@ def _ten_calls() -> parsing.Dump:
         *[("", f"%{n} = inlined_call /* %k.{n} = custom-call(%x) */", "") for n in range(1, 11)]
     )
     callee = listing(
-        ("", "%s1_s5 = smov 0", ""),
-        ("", "%2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1_s5, /*size_in_granules=*/64, "
-             "/*vmem=*/%s1_s5, /*dst_syncflagno=*/[#allocation3]", ""),
-        ("", "%3 = dma.done.wait [#allocation3], 64 /* local-dma-wait */", ""),
+        *dma_then_wait(64),
         ("", "%s6_s1 = spop %7", ""),
         ("", "%p7_p1 = scmp.eq.s32.totalorder %s6_s1, 0", ""),
-        ("", "%8 = sbr.rel (%p7_p1) target = $region9", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%8 = sbr.rel (%p7_p1) target = $region9"),
         ("", "%9 = vsyncpa [#allocation1], 1", "Start region 9"),
     )  # fmt: skip
     programs = {
@@ -615,8 +607,7 @@ def test_the_walk_reads_a_kernels_prefetched_array_from_smem() -> None:
         ("", copy, ""),
         ("", "%s7_s6 = sld [smem:[#allocation4 + %s6_s5]]", ""),
         ("", branch, ""),
-        ("", "%9 = sbr.rel (%p8_p1) target = $region9", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%9 = sbr.rel (%p8_p1) target = $region9"),
         ("", "%10 = vsyncpa [#allocation1], 1", ""),
         ("", "%11 = vsyncpa [#allocation1], 1", "Start region 9"),
     )  # fmt: skip

@@ -49,14 +49,19 @@ def listing(*bundles: tuple[str, str, str]) -> str:
 DELAY = ("", "", "")  # an empty branch delay slot
 
 
+def branch_and_delay_slots(op: str) -> tuple[tuple[str, str, str], ...]:
+    """The bundle of the branch ``op`` and its 4 empty delay slots, as libtpu lays them out
+    (before v7x's 6)."""
+    return (("", op, ""), DELAY, DELAY, DELAY, DELAY)
+
+
 def counted_loop(trips: int) -> str:
     """s0 counts 1..trips; the back-edge is taken while s0 < trips."""
     return listing(
         ("", "%s1_s0 = smov 0", ""),
         ("LB", "%s2_s0 = sadd.s32 1, %s1_s0", "Start region 5"),
         ("", f"%p3_p0 = scmp.ge.s32.totalorder %s2_s0, {trips} /* loop exit test */", ""),
-        ("", "%4 = sbr.rel (!%p3_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%4 = sbr.rel (!%p3_p0) target = $region5"),
         ("", "%5 = vsyncpa [#allocation1], 1", ""),
     )  # fmt: skip
 
@@ -91,8 +96,7 @@ def predicated(skip: bool) -> str:
     return listing(
         ("", f"%s1_s1 = smov {1 if skip else 0}", ""),
         ("", "%p2_p0 = scmp.ne.s32.totalorder %s1_s1, 0", ""),
-        ("", "%3 = sbr.rel (%p2_p0) target = $region7", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%3 = sbr.rel (%p2_p0) target = $region7"),
         ("", "%v4_v0 = vadd.f32 %v1_v1, %v2_v2", ""),
         ("", "%v5_v0 = vadd.f32 %v1_v1, %v2_v2", ""),
         ("PF", "%6 = vsyncpa [#allocation1], 1", "Start/End empty region 7"),
@@ -129,8 +133,10 @@ def test_bundle_reads_happen_before_its_writes() -> None:
     assert (registers["s1"], registers["s2"]) == (2, 1)
 
 
-def dma_then_wait(granules: int) -> str:
-    return listing(
+def dma_then_wait(granules: int) -> tuple[tuple[str, str, str], ...]:
+    """Three bundles (for :func:`listing`): s5 = 0, a fetch of ``granules`` from HBM address s5
+    to VMEM address s5, and the wait for it."""
+    return (
         ("", "%s1_s5 = smov 0", ""),
         ("", f"%2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1_s5, /*size_in_granules=*/{granules}, "
              "/*vmem=*/%s1_s5, /*dst_syncflagno=*/[#allocation3]", ""),
@@ -141,7 +147,7 @@ def dma_then_wait(granules: int) -> str:
 def test_dma_wait_stalls_for_bytes_over_bandwidth_plus_latency() -> None:
     granules = 1024
     nbytes = granules * walking.GRANULE_BYTES
-    walker = walk(dma_then_wait(granules), bytes_per_cycle=32.0, dma_latency_cycles=100.0)
+    walker = walk(listing(*dma_then_wait(granules)), bytes_per_cycle=32.0, dma_latency_cycles=100.0)
     # Issued at cycle 1, done at 1 + bytes/32 + 100, then the wait bundle itself.
     assert walker.machine.now == pytest.approx(1 + nbytes / 32 + 100 + 1)
     assert walker.machine.hbm_bytes == nbytes
@@ -152,8 +158,7 @@ def data_dependent_loop() -> str:
     return listing(
         ("LB", "%s1_s0 = spop %7", "Start region 3"),
         ("", "%p2_p0 = scmp.lt.s32.totalorder %s1_s0, 5", ""),
-        ("", "%3 = sbr.rel (%p2_p0) target = $region3", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%3 = sbr.rel (%p2_p0) target = $region3"),
     )  # fmt: skip
 
 

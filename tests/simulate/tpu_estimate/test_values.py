@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_tpu_estimate import DELAY, listing, walk
+from test_tpu_estimate import branch_and_delay_slots, listing, walk
 
 from asickernels.simulate.tpu_estimate import estimate as tpu_cost
 from asickernels.simulate.tpu_estimate import parsing, scalar
@@ -35,8 +35,7 @@ def while_on_a_parameter() -> str:
         ("", "%s15_s6 = scalar_select %p14_p0, 1, 0", ""),
         ("", "%s16_s7 = sand.u32 1, %s15_s6", ""),
         ("", "%p17_p1 = scmp.eq.s32.totalorder %s16_s7, 0", ""),
-        ("", "%18 = sbr.rel (!%p17_p1) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%18 = sbr.rel (!%p17_p1) target = $region5"),
         ("", "%19 = vsyncpa [#allocation1], 1", ""),
     )  # fmt: skip
 
@@ -69,8 +68,7 @@ def branch_on_smem(*before: tuple[str, str, str]) -> str:
         *before,
         ("", "%s1_s0 = sld [smem:[#allocation2]]", ""),
         ("", "%p2_p0 = scmp.ne.s32.totalorder %s1_s0, 1", ""),
-        ("", "%3 = sbr.rel (%p2_p0) target = $region7", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%3 = sbr.rel (%p2_p0) target = $region7"),
         ("", "%v4_v0 = vadd.f32 %v1_v1, %v2_v2", ""),
         ("PF", "%5 = vsyncpa [#allocation1], 1", "Start/End empty region 7"),
     )  # fmt: skip
@@ -116,8 +114,7 @@ def periodic_loop(trips: int) -> str:
              "/*vmem=*/%s9_s9, /*dst_syncflagno=*/[#allocation3]", ""),
         ("", "%6 = dma.done.wait (%p4_p1), [#allocation3], 64", ""),
         ("", f"%p7_p0 = scmp.ge.s32.totalorder %s2_s0, {trips}", ""),
-        ("", "%8 = sbr.rel (!%p7_p0) target = $region5", ""),
-        DELAY, DELAY, DELAY, DELAY,
+        *branch_and_delay_slots("%8 = sbr.rel (!%p7_p0) target = $region5"),
         ("", "%9 = vsyncpa [#allocation1], 1", ""),
     )  # fmt: skip
 
