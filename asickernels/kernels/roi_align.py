@@ -61,12 +61,24 @@ def check_output_size(size: object) -> tuple[int, int]:
     return height, width
 
 
+def check_pooling_statics(output_size: object, spatial_scale: object) -> dict[str, Hashable]:
+    """The statics every RoI pooling op takes (RoIPool's all), checked: ``output_size`` (see
+    :func:`check_output_size`) and ``spatial_scale`` (a number >= 0).
+
+    Raises:
+      TypeError, ValueError: naming the bad argument.
+    """
+    return {
+        "output_size": check_output_size(output_size),
+        "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
+    }
+
+
 def _roi_align_statics(
     output_size: object, spatial_scale: object, sampling_ratio: object, aligned: object
 ) -> dict[str, Hashable]:
-    """RoIAlign's statics, checked: ``output_size`` (see :func:`check_output_size`),
-    ``spatial_scale`` (a number >= 0), ``sampling_ratio`` (a C int) and ``aligned`` (a
-    bool).
+    """RoIAlign's statics, checked: those of :func:`check_pooling_statics`,
+    ``sampling_ratio`` (a C int) and ``aligned`` (a bool).
 
     Raises:
       TypeError, ValueError: naming the bad argument.
@@ -74,8 +86,7 @@ def _roi_align_statics(
     if not isinstance(aligned, (bool, np.bool_)):
         raise TypeError(f"aligned must be a bool, got {type(aligned).__name__}")
     return {
-        "output_size": check_output_size(output_size),
-        "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
+        **check_pooling_statics(output_size, spatial_scale),
         "sampling_ratio": _checks.static_int(
             sampling_ratio, "sampling_ratio", low=-(2**31), high=2**31 - 1
         ),
@@ -368,16 +379,15 @@ def _corners(y: float, x: float, height: int, width: int) -> list[tuple[int, int
 
 
 def _taps(
-    boxes: np.ndarray,
-    sampling: Sampling,
-    height: int,
-    width: int,
-    dtype: type[np.floating],
+    input: npt.ArrayLike, rois: npt.ArrayLike, sampling: Sampling
 ) -> Iterator[tuple[int, int, int, int, int, int, float]]:
-    """Every pixel every RoI's bins take: ``(k, image, bin row, bin column, row, column,
-    weight)``, the weight divided by the bin's number of samples (a bin is their mean);
-    the samples placed in ``dtype``."""
-    for k, roi in enumerate(boxes):
+    """Every pixel of ``input [N, C, H, W]`` every RoI's bins take: ``(k, image, bin row,
+    bin column, row, column, weight)``, the weight divided by the bin's number of samples (a
+    bin is their mean); the samples placed in the op's compute dtype
+    (:func:`compute_dtype`)."""
+    dtype = compute_dtype(input, rois)
+    height, width = np.shape(input)[2:]
+    for k, roi in enumerate(np.asarray(rois, np.float64)):
         image, points, count = _samples(roi, sampling, dtype)
         for ph, pw, y, x in points:
             for row, column, weight in _corners(y, x, height, width):
@@ -408,14 +418,11 @@ def reference_roi_align(
 ) -> np.ndarray:
     """The float64 :func:`roi_align` of ``input [N, C, H, W]``, ``rois [K, 5]`` ->
     ``[K, C, PH, PW]`` (the statics are checked as the op checks them)."""
-    dtype = compute_dtype(input, rois)
     features = np.asarray(input, np.float64)
-    boxes = np.asarray(rois, np.float64)
     sampling = _sampling(output_size, spatial_scale, sampling_ratio, aligned)
-    out = np.zeros((boxes.shape[0], features.shape[1], *sampling.output_size))
-    height, width = features.shape[2:]
+    out = np.zeros((np.shape(rois)[0], features.shape[1], *sampling.output_size))
     with np.errstate(invalid="ignore"):  # non-finite features propagate as torchvision's do
-        for k, image, ph, pw, row, column, weight in _taps(boxes, sampling, height, width, dtype):
+        for k, image, ph, pw, row, column, weight in _taps(input, rois, sampling):
             out[k, :, ph, pw] += weight * features[image, :, row, column]
     return out
 
@@ -432,22 +439,35 @@ def reference_roi_align_vjp(
 ) -> np.ndarray:
     """The float64 gradient of ``sum(cotangent * roi_align(input, rois, ...))`` in
     ``input``: ``[N, C, H, W]`` (only ``input``'s shape and dtype are read)."""
-    shape = np.shape(input)
-    dtype = compute_dtype(input, rois)
-    boxes = np.asarray(rois, np.float64)
     grad_out = np.asarray(cotangent, np.float64)
     sampling = _sampling(output_size, spatial_scale, sampling_ratio, aligned)
-    grad = np.zeros(shape)
-    height, width = shape[2:]
+    grad = np.zeros(np.shape(input))
     with np.errstate(invalid="ignore"):  # non-finite cotangents propagate as torchvision's do
-        for k, image, ph, pw, row, column, weight in _taps(boxes, sampling, height, width, dtype):
+        for k, image, ph, pw, row, column, weight in _taps(input, rois, sampling):
             grad[image, :, row, column] += weight * grad_out[k, :, ph, pw]
     return grad
 
 
-_ROI_ALIGN_STATICS = [
+# The statics every RoI pooling op declares first (RoIPool's all), as
+# :func:`check_pooling_statics` checks them.
+POOLING_STATICS = (
     static("output_size", "int[]", positional=True, bad=(None, (2, 0), (2, 2, 2), "2")),
     static("spatial_scale", "float", 1.0, bad=(None, "0.5", -1.0, math.nan)),
+)
+
+# What every RoI pooling op's docstring says of the arguments they all check alike
+# (:func:`pooling_plan`, :func:`check_batch_indices`, :func:`check_pooling_statics`): the
+# first entries of its ``Args:`` section, indented as an op's ``doc`` indents them.
+POOLING_ARGS_DOC = """input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
+      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
+        a batch index that names no image of ``input`` is a ValueError (on eager calls;
+        under ``jit`` the cpu backend raises, XLA clamps it). A RoI with a NaN or infinite
+        scaled corner pools to 0 and passes no gradient (torchvision's is undefined).
+      output_size: int or ``(height, width)``, each >= 1.
+      spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0."""
+
+_ROI_ALIGN_STATICS = [
+    *POOLING_STATICS,
     static("sampling_ratio", "int", -1, bad=(None, 2.0, True)),
     static("aligned", "bool", False, bad=(None, 1, "yes")),
 ]
@@ -475,7 +495,7 @@ roi_align = RoiPooling(
     reference=reference_roi_align,
     gradient=roi_align_vjp,
     tolerance=(Tolerance(1e-5, 2e-5), Tolerance(1e-12, 1e-12)),
-    doc="""RoIAlign, as ``torchvision.ops.roi_align`` defines it (Mask R-CNN's pooling).
+    doc=f"""RoIAlign, as ``torchvision.ops.roi_align`` defines it (Mask R-CNN's pooling).
 
     Each RoI is cut into ``output_size`` bins; a bin's value is the mean of bilinear
     samples of the input on a regular grid (``sampling_ratio`` per side, or
@@ -483,13 +503,7 @@ roi_align = RoiPooling(
     pixel outside the map count as 0.
 
     Args:
-      input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
-      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
-        a batch index that names no image of ``input`` is a ValueError (on eager calls;
-        under ``jit`` the cpu backend raises, XLA clamps it). A RoI with a NaN or infinite
-        scaled corner pools to 0 and passes no gradient (torchvision's is undefined).
-      output_size: int or ``(height, width)``, each >= 1.
-      spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
+      {POOLING_ARGS_DOC}
       sampling_ratio: samples per bin side; <= 0 for the adaptive grid; a C int.
       aligned: shift the box coordinates by -0.5 pixel (torchvision's ``aligned=True``).
       backend, config: see :func:`asickernels.giou`.

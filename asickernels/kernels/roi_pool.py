@@ -19,38 +19,27 @@ The op makes ``roi_pool`` differentiable in ``input`` through ``roi_pool_vjp``'s
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import EXACT, Tolerance, static
+from asickernels.kernels.declaration import EXACT, Tolerance
 from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
 from asickernels.kernels.roi_align import (
+    POOLING_ARGS_DOC,
+    POOLING_STATICS,
     RoiPooling,
     RoiPoolingVjp,
     check_output_size,
+    check_pooling_statics,
     compute_dtype,
 )
 
 # A bin's running maximum starts here (torchvision's -FLT_MAX, in every dtype), an empty
 # bin's value is 0; a bin whose values are all below it or NaN keeps it, with no argmax.
 LOWEST = -float(np.finfo(np.float32).max)
-
-
-def _roi_pool_statics(output_size: object, spatial_scale: object) -> dict[str, Hashable]:
-    """RoIPool's statics, checked: ``output_size`` (see
-    :func:`~asickernels.kernels.roi_align.check_output_size`) and ``spatial_scale`` (a
-    number >= 0).
-
-    Raises:
-      TypeError, ValueError: naming the bad argument.
-    """
-    return {
-        "output_size": check_output_size(output_size),
-        "spatial_scale": _checks.static_float(spatial_scale, "spatial_scale", low=0.0),
-    }
 
 
 # The float64 reference ----------------------------------------------------------------------
@@ -164,15 +153,10 @@ def reference_roi_pool_vjp(
     return grad.reshape(np.shape(input))
 
 
-_ROI_POOL_STATICS = [
-    static("output_size", "int[]", positional=True, bad=(None, (2, 0), (2, 2, 2), "2")),
-    static("spatial_scale", "float", 1.0, bad=(None, "0.5", -1.0, math.nan)),
-]
-
 roi_pool_vjp = RoiPoolingVjp(
     "roi_pool_vjp",
-    _ROI_POOL_STATICS,
-    check_statics=_roi_pool_statics,
+    POOLING_STATICS,
+    check_statics=check_pooling_statics,
     reference=reference_roi_pool_vjp,
     # Cotangents added at the argmax pixels.
     tolerance=(Tolerance(1e-6, 1e-6), Tolerance(1e-12, 1e-12)),
@@ -187,12 +171,12 @@ roi_pool_vjp = RoiPoolingVjp(
 
 roi_pool = RoiPooling(
     "roi_pool",
-    _ROI_POOL_STATICS,
-    check_statics=_roi_pool_statics,
+    POOLING_STATICS,
+    check_statics=check_pooling_statics,
     reference=reference_roi_pool,
     gradient=roi_pool_vjp,
     tolerance=(EXACT, EXACT),  # RoIPool picks input values
-    doc="""RoIPool, as ``torchvision.ops.roi_pool`` defines it (Fast R-CNN's pooling).
+    doc=f"""RoIPool, as ``torchvision.ops.roi_pool`` defines it (Fast R-CNN's pooling).
 
     Each RoI's corners are scaled by ``spatial_scale`` and rounded to pixels (half away from
     zero); the RoI (at least 1x1 pixel) is cut into ``output_size`` bins of
@@ -200,13 +184,7 @@ roi_pool = RoiPooling(
     input value (NaN never wins; a bin with no pixel is 0).
 
     Args:
-      input: ``[N, C, H, W]`` float features (float16/bfloat16 computed in float32).
-      rois: ``[K, 5]`` float ``(batch index, x1, y1, x2, y2)`` in input-image coordinates;
-        a batch index that names no image of ``input`` is a ValueError (on eager calls;
-        under ``jit`` the cpu backend raises, XLA clamps it). A RoI with a NaN or infinite
-        scaled corner pools to 0 and passes no gradient (torchvision's is undefined).
-      output_size: int or ``(height, width)``, each >= 1.
-      spatial_scale: the feature map's scale of the image coordinates (e.g. 1/16), >= 0.
+      {POOLING_ARGS_DOC}
       backend, config: see :func:`asickernels.giou`.
 
     Returns:
