@@ -583,6 +583,44 @@ KNOWN_FAILURES[
     "True-True-default-8-1-False]"
 ] = _ILL_CONDITIONED
 
+_MOE_BLOCK_MODEL = (
+    "core/moe_block/test_moe_block_tkg.py::TestMoEBlockTkgKernel::test_moe_block_kernel_model["
+)
+_FP8_ALL_EXPERT = (
+    "_ge-256_le-{}_tk-8_rf-0_af-0_sm-1_wd-[('float8_e4m3fn_x4', '<u4')]_id-bfloat16_se-1_bi-0_"
+    "cl-0_ra-1_np-1_sr-0_rd-bfloat16]"
+)
+# NeuronCore-v4 only (trn3, MX weights). The router's inputs are seeded; the MX expert weights are
+# drawn before the test seeds numpy (test_moe_block_tkg.py:282 against 284), so they differ from
+# run to run, and the failing row's size with them: never under the test's 5%.
+_ROUTING_TIE = (
+    "vendor test ill-conditioned in every test mode: token {token}'s 8th and 9th router logits "
+    "differ by {gap} in the golden's float32 (experts {kept}: {kept_logit}, {other}: "
+    "{other_logit}), well under one bf16 step there (0.002); the kernel computes the router "
+    "in bf16 (its logits differ from the golden's by up to 0.004) and picks expert {picked}, so "
+    "the token {effect} this rank's local expert {local} and its output row is all wrong; "
+    "without that token the output {rest}"
+)
+KNOWN_FAILURES[
+    _MOE_BLOCK_MODEL
+    + "MODEL_WIP_GENERALITY_ln-2_ae-1_ba-128_sq-1_hi-7168_ha-None_im-512"
+    + _FP8_ALL_EXPERT.format(16)
+] = _ROUTING_TIE.format(
+    token=55, gap="2.6e-4", kept=179, kept_logit=0.49530, other=103, other_logit=0.49503,
+    picked=103, effect="goes to", local=103,
+    rest="is within 4.8% of its range, under the test's 5% (one run's weights)",
+)  # fmt: skip
+KNOWN_FAILURES[
+    _MOE_BLOCK_MODEL
+    + "MODEL_WIP_GENERALITY_ln-2_ae-1_ba-64_sq-1_hi-7168_ha-None_im-2048"
+    + _FP8_ALL_EXPERT.format(2)
+] = _ROUTING_TIE.format(
+    token=18, gap="1.2e-4", kept=204, kept_logit=0.49423, other=47, other_logit=0.49411,
+    picked=47, effect="misses", local=204,
+    rest="differs by up to 5.6% of its range in one run (one element, at 5.4 standard "
+    "deviations of the difference): the MX weights' draw decides the rest",
+)  # fmt: skip
+
 
 def _known_failure(nodeid: str) -> str | None:
     case = _relative(nodeid) or ""
