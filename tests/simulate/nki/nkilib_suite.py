@@ -621,6 +621,78 @@ KNOWN_FAILURES[
     "deviations of the difference): the MX weights' draw decides the rest",
 )  # fmt: skip
 
+# NeuronCore-v4 only (trn3, MX weights), where the intermediate size I is no multiple of 512.
+_UNWRITTEN_INTERMEDIATE = (
+    "vendor kernel computes on memory it never writes: the down projection's nc_matmul_mx "
+    "contracts over all 128 partitions of the last 512-wide intermediate tile ({where}), of "
+    "which the kernel wrote {written} (I {size}), counting on the weights' "
+    "zero padding; unwritten memory holds NaN here, as in the SDK's simulator "
+    "(guides/nki_simulator.rst@81ce03a, 'Uninitialized Memory Detection'), and 0 x NaN is NaN"
+)
+_MOE_BLOCK_UNIT_I384 = (
+    "core/moe_block/test_moe_block_tkg.py::TestMoEBlockTkgKernel::test_moe_block_kernel_unit["
+    "ln-2_ae-0_ba-1_sq-1_hi-3072_ha-None_im-384_ge-128_le-128_tk-4_rf-1_af-3_sm-1_wd-[{}]_"
+    "id-float16_se-0_bi-1_cl-1_ra-0_np-0_sr-0_rd-float16]"
+)
+_FP4_ALL_EXPERT = (
+    "MODEL_WIP_GENERALITY_ln-2_ae-1_ba-{}_sq-4_hi-3072_ha-2880_im-{}_ge-128_le-{}_tk-4_rf-1_af-3_"
+    "sm-1_wd-[('float4_e2m1fn_x4', '<u2')]_id-bfloat16_se-0_bi-1_cl-1_ra-0_np-0_sr-0_rd-bfloat16]"
+)
+KNOWN_FAILURES.update(
+    {
+        "core/moe/moe_cte/test_moe_bwmm_mx_cte.py::TestMoeBwmmMxCteKernel::"
+        "test_moe_bwmm_mx_cte_unit[2-3072-10240-384-128-256-4-ActFnType.Swish-"
+        "ExpertAffinityScaleMode.POST_SCALE-dtype0-weight_dtype0-1-True-False-7.0-None-7.0--7.0-"
+        "False-None]": _UNWRITTEN_INTERMEDIATE.format(
+            written=96, size=384, where="bwmm_shard_on_block_mx.py:1170-1290"
+        ),
+        **{
+            _MOE_BLOCK_UNIT_I384.format(weights): _UNWRITTEN_INTERMEDIATE.format(
+                written=96, size=384, where="down_projection_mx_shard_H.py:181-188"
+            )
+            for weights in ("('float4_e2m1fn_x4', '<u2')", "('float8_e4m3fn_x4', '<u4')")
+        },
+        **{
+            _MOE_BLOCK_MODEL + _FP4_ALL_EXPERT.format(batch, size, experts): (
+                _UNWRITTEN_INTERMEDIATE.format(
+                    written=written, size=size, where="down_projection_mx.py:349"
+                )
+            )
+            for batch, size, experts, written in (
+                (128, 1440, 2, 104),
+                (128, 1440, 4, 104),
+                (512, 360, 16, 88),
+            )
+        },
+    }
+)
+
+_NO_GATE_UP_BIAS = (
+    "vendor bug in every test mode: with no bias (bi-0) the test passes gate_up_bias None, and "
+    "the selective-expert MX projection reads gate_up_bias.dtype unconditionally "
+    "(gate_up_projection_mx_shard_H.py:325): AttributeError"
+)
+KNOWN_FAILURES.update(
+    {
+        _MOE_BLOCK_MODEL
+        + f"{kind}_ln-2_ae-0_ba-1_sq-{tokens}_hi-7168_ha-None_im-{size}"
+        + _FP8_ALL_EXPERT.format(256): _NO_GATE_UP_BIAS
+        for kind, tokens, size in (
+            ("MODEL_WIP_GENERALITY", 4, 256),
+            ("MODEL_WIP_OPTIMAL", 1, 128),
+        )
+    }
+)
+KNOWN_FAILURES[
+    _MOE_BLOCK_MODEL + "MODEL_WIP_GENERALITY_ln-2_ae-0_ba-16_sq-1_hi-3072_ha-2880_im-360_ge-128_"
+    "le-128_tk-4_rf-1_af-3_sm-1_wd-[('float4_e2m1fn_x4', '<u2')]_id-bfloat16_se-0_bi-1_cl-1_"
+    "ra-0_np-0_sr-0_rd-bfloat16]"
+] = (
+    "vendor test asks what its kernel refuses, in every test mode: the MX projection's "
+    "kernel_assert needs the last 512-wide intermediate tile's size divisible by 32 "
+    "(projection_mx_constants.py:111), and this configuration's is 360"
+)
+
 
 def _known_failure(nodeid: str) -> str | None:
     case = _relative(nodeid) or ""
