@@ -696,8 +696,23 @@ KNOWN_FAILURES[
 )
 
 
+# NeuronCore-v4 only (trn3): test_moe_tkg.py's all-expert cases with MX weights.
+_MOE_TKG = "core/moe/moe_tkg/test_moe_tkg.py::TestMoeTkgKernel::"
+_MX_ALL_EXPERT = "_all_expert-1_quant_dtype-[('float"
+_PLAIN_MX_WEIGHTS = (
+    "vendor bug: the all-expert MX kernel reads .base_tensor of its weights "
+    "(gate_up_projection_mx.py:354), an attribute of nki-library's TensorView, which itself "
+    "reads it only of a TensorView (core/utils/tensor_view.py:100-111); this test passes plain "
+    "tensors (test_moe_tkg_utils.py:213-216), where the MoE block test wraps the same weights in "
+    "TensorView (test_moe_block_tkg.py:151-152), and the NKI API reference (SDK 81ce03a) lists "
+    "no NkiTensor.base_tensor: AttributeError"
+)
+
+
 def _known_failure(nodeid: str) -> str | None:
     case = _relative(nodeid) or ""
+    if case.startswith(_MOE_TKG) and _MX_ALL_EXPERT in case:
+        return _PLAIN_MX_WEIGHTS
     if case.startswith(_ATTENTION_BLOCK_MODEL):
         fields = case[len(_ATTENTION_BLOCK_MODEL) :].split("-")
         if len(fields) > _QUANTIZATION_FIELD and fields[_QUANTIZATION_FIELD] == _ROW:
