@@ -119,7 +119,9 @@ def _policy_text() -> str:
     places += [(f"TPU {name}", "tpu", name) for name in tpu_generations.NAMES]
     rows = []
     for label, platform, generation in places:
-        table = policy.describe(platform, generation, assume_native=generation is not None)
+        table = policy.describe(
+            asickernels.OPS, platform, generation, assume_native=generation is not None
+        )
         for kernel, by_dtype in table.items():
             rows.append([label, kernel, *(f"{dtype}: {name}" for dtype, name in by_dtype.items())])
     width = max(len(r) for r in rows)
@@ -136,7 +138,7 @@ def _policy_here() -> str:
 
     platform = jax.default_backend()
     kernels_by_choice: dict[str, list[str]] = {}
-    for kernel, by_dtype in policy.describe(platform).items():
+    for kernel, by_dtype in policy.describe(asickernels.OPS, platform).items():
         choices = dict.fromkeys(name.split(" (")[0] for name in by_dtype.values())
         kernels_by_choice.setdefault(" or ".join(choices), []).append(kernel)
     if len(kernels_by_choice) == 1:

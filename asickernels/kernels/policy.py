@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from asickernels.kernels import registry
@@ -179,17 +179,15 @@ def candidates(kernel: Op, where: Where, *, assume_native: bool = False) -> list
 
 
 def describe(
-    platform: str, generation: str | None = None, *, assume_native: bool = False
+    ops: Iterable[Op], platform: str, generation: str | None = None, *, assume_native: bool = False
 ) -> dict[str, dict[str, str]]:
-    """For ``asickernels info``: per kernel (every op that declares a preference) and
+    """For ``asickernels info``: per kernel (each of ``ops`` that declares a preference) and
     compute dtype, the backend ``backend=None`` picks on ``platform`` (and TPU
     ``generation``), with each fallback it takes; ``assume_native`` describes a machine of
     that platform instead of this one."""
-    from asickernels.kernels.public import OPS
-
     table: dict[str, dict[str, str]] = {}
     where = Where(platform, generation)
-    for kernel in (op for op in OPS if op.preference):
+    for kernel in (op for op in ops if op.preference):
         row: dict[str, str] = {}
         for dtype in kernel.compute_dtypes:
             skipped = []

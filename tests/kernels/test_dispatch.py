@@ -305,7 +305,7 @@ def test_a_native_backend_passed_over_for_the_generation_warns(monkeypatch):
         )
     with pytest.raises(TypeError, match="no int8_matmul kernel for TPU v4"):
         policy.select(asickernels.int8_matmul, "pallas_tpu", on_v4, None)
-    table = policy.describe("tpu", "v4", assume_native=True)
+    table = policy.describe(asickernels.OPS, "tpu", "v4", assume_native=True)
     assert table["int8_matmul"]["int8"] == "xla (falls back from pallas_tpu)"
 
 
