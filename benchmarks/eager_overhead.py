@@ -40,7 +40,6 @@ import asickernels
 from asickernels.benchmarking import report, timing, workloads
 from asickernels.kernels import registry
 from asickernels.kernels.cases import Case, Workload
-from asickernels.kernels.declaration import Runner
 
 MODES = {"eager": "eager", "jit_numpy": "jit-numpy", "jit_device": "jit"}
 DEVICE_TARGET_FROM_S = 200e-6
@@ -63,7 +62,7 @@ def host_twin_call(op: Workload, case: Case) -> Callable[[], Any] | None:
     plan = public.plan(arrays, **statics)
     if public.kernel is None or not registry.has_host_implementation(public.kernel, "cpu"):
         return None
-    runner = Runner(public, "cpu", True, None)
+    runner = registry.Runner(public, "cpu", True, None)
     return lambda: public.compute(runner, plan, **arrays, **plan.statics)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, Tolerance, array, cast
+from asickernels.kernels.declaration import Array, Op, Plan, Spec, Tolerance, array, cast
 from asickernels.kernels.giou import (
     GIOU_EPS,
     MaskedLoss,
@@ -29,7 +29,7 @@ from asickernels.kernels.giou import (
     metric_plan,
     reference_planes,
 )
-from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE, Runner
 
 # The float64 references: pairwise IoU/GIOU and paired DIoU/CIoU -------------------------------------------------------
 #

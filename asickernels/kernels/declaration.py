@@ -15,14 +15,12 @@ and delegate to it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
@@ -134,34 +132,10 @@ class Plan:
         return (self.outputs,) if isinstance(self.outputs, Spec) else self.outputs
 
 
-@dataclasses.dataclass(frozen=True)
-class Runner:
-    """What :attr:`Op.compute` calls kernels through: the op being run, the chosen backend,
-    whether its arrays are host numpy arrays (``xp`` is numpy) or JAX arrays, and the
-    tuning config."""
-
-    op: Op
-    backend: str
-    host: bool
-    config: object
-
-    @property
-    def xp(self) -> Any:  # numpy or jax.numpy: one array API, which no static type names
-        return np if self.host else jnp
-
-    def kernel(self, op: Op) -> Callable[..., Any]:
-        """The chosen backend's implementation of ``op`` (the running op's kernel, or
-        another op's, as a gradient's)."""
-        function = registry.implementation(op, self.backend, host=self.host)
-        if self.config is None:  # every kernel's config defaults to None
-            return function
-        return functools.partial(function, config=self.config)
-
-
 # Validation: ``check(**array specs, **static values) -> Plan`` (the op's parameters by
 # name, each array as its Spec or None).
 Check = Callable[..., Plan]
-# ``compute(runner, plan, **arrays, **plan.statics) -> outputs``.
+# ``compute(runner, plan, **arrays, **plan.statics) -> outputs`` (a :class:`registry.Runner`).
 Compute = Callable[..., Any]
 
 

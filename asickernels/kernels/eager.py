@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from asickernels.jax_compat import single_device_sharding
 from asickernels.kernels import policy, registry
-from asickernels.kernels.declaration import Array, Plan, Runner, Spec
+from asickernels.kernels.declaration import Array, Plan, Spec
 
 if TYPE_CHECKING:
     from asickernels.kernels.declaration import Op
@@ -75,7 +75,7 @@ class Eager:
             if plan.trivial:
                 with x64_scope(plan.x64):
                     return _filled(plan, jnp)
-            runner = Runner(self.op, backend or "xla", False, config)
+            runner = registry.Runner(self.op, backend or "xla", False, config)
             return self.op.compute(runner, plan, **arrays, **plan.statics)
         if self.op.check_values is not None:
             self.op.check_values(**arrays)
@@ -96,7 +96,7 @@ class Eager:
             return on_host
         if not registry.has_host_implementation(self.op.kernel, backend):
             return None
-        runner = Runner(self.op, backend, True, config)
+        runner = registry.Runner(self.op, backend, True, config)
         on_host = functools.partial(self.op.compute, runner, plan, **plan.statics)
         if key is not None and len(self._executors) < _MAX_SIGNATURES:
             self._executors[key] = on_host
@@ -174,7 +174,7 @@ class Eager:
 
         def computation(*present: Array) -> Any:
             return op.compute(
-                Runner(op, backend or "xla", False, config),
+                registry.Runner(op, backend or "xla", False, config),
                 plan,
                 **(absent | dict(zip(names, present, strict=True))),
                 **plan.statics,

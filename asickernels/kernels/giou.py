@@ -35,14 +35,13 @@ from asickernels.kernels.declaration import (
     Array,
     Op,
     Plan,
-    Runner,
     Spec,
     Tolerance,
     array,
     cast,
     static,
 )
-from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE, Runner
 
 GIOU_EPS = 1e-7
 REDUCTIONS = ("none", "sum", "mean")

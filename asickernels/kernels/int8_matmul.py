@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
-from asickernels.kernels.registry import REFERENCE
+from asickernels.kernels.declaration import Array, Op, Plan, Spec, array, cast, static
+from asickernels.kernels.registry import REFERENCE, Runner
 
 # The largest K for which any int8 x int8 dot product fits in int32: |sum| <= K * 128 * 128.
 INT8_MATMUL_MAX_K = (2**31 - 1) // (128 * 128)

@@ -30,8 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast
-from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+from asickernels.kernels.declaration import Array, Op, Plan, Spec, array, cast
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE, Runner
 
 _MAX_INT32 = 2**31 - 1
 

@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks
-from asickernels.kernels.declaration import Array, Op, Plan, Runner, Spec, array, cast, static
-from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+from asickernels.kernels.declaration import Array, Op, Plan, Spec, array, cast, static
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE, Runner
 
 # Indices are int32: an output position or a box index must fit.
 _MAX_INT32 = 2**31 - 1

@@ -17,7 +17,8 @@ the import error) rather than breaking the library.
 An implementation is called as its op's module documents (the op layer validates, flattens
 and converts first): its arrays positionally, the op's checked static arguments as keyword
 arguments of the op's own names and types (``nms(boxes, scores, categories, *,
-iou_threshold: float, max_output_size: int, score_threshold: float)``).
+iou_threshold: float, max_output_size: int, score_threshold: float)``). The op's computation
+gets it from the call's :class:`Runner`.
 
 An implementation whose declaration names a tuning config type
 (``@BACKEND.implements(..., config=GiouConfig)``) also takes ``config=`` (None when the caller
@@ -35,6 +36,9 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import jax.numpy as jnp
+import numpy as np
 
 if TYPE_CHECKING:
     from asickernels.kernels.declaration import Op
@@ -344,3 +348,27 @@ def implementation(kernel: Op, name: str, *, host: bool = False) -> Callable[...
     bound = chosen.kernel_kwargs
     _LOADED[key] = functools.partial(function, **bound) if bound else function
     return _LOADED[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """What :attr:`Op.compute <asickernels.kernels.declaration.Op.compute>` calls kernels
+    through: the op being run, the chosen backend, whether its arrays are host numpy arrays
+    (``xp`` is numpy) or JAX arrays, and the tuning config."""
+
+    op: Op
+    backend: str
+    host: bool
+    config: object
+
+    @property
+    def xp(self) -> Any:  # numpy or jax.numpy: one array API, which no static type names
+        return np if self.host else jnp
+
+    def kernel(self, op: Op) -> Callable[..., Any]:
+        """The chosen backend's implementation of ``op`` (the running op's kernel, or
+        another op's, as a gradient's)."""
+        function = implementation(op, self.backend, host=self.host)
+        if self.config is None:  # every kernel's config defaults to None
+            return function
+        return functools.partial(function, config=self.config)

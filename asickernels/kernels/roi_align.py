@@ -35,14 +35,13 @@ from asickernels.kernels.declaration import (
     Op,
     Param,
     Plan,
-    Runner,
     Spec,
     Tolerance,
     array,
     cast,
     static,
 )
-from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE
+from asickernels.kernels.registry import FLOAT32_AND_64, REFERENCE, Runner
 
 
 def check_output_size(size: object) -> tuple[int, int]:
