@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from asickernels.kernels import _checks, policy, registry
+from asickernels.kernels.eager import Eager
 
 REQUIRED: Any = inspect.Parameter.empty  # typed Any: it stands in for any default
 # An array argument as the op sees it: numpy, or JAX (concrete or traced).
@@ -107,7 +108,7 @@ class Plan:
       statics: the static arguments after validation (normalized, hashable), by name: what
         :attr:`Op.compute` is called with as keyword arguments.
       trivial: the outputs are known without running anything (empty inputs): each is
-        filled with its entry of ``fill``.
+        filled with its entry of ``fill`` (:meth:`trivial_outputs`).
       fill: per output, the value of a trivial output (e.g. -1 for NMS index padding).
       x64: some input or output is 64-bit, so the call runs in JAX's x64 mode (set by
         :meth:`Op.plan` from the specs: a check leaves it False).
@@ -130,6 +131,14 @@ class Plan:
 
     def output_list(self) -> tuple[Spec, ...]:
         return (self.outputs,) if isinstance(self.outputs, Spec) else self.outputs
+
+    def trivial_outputs(self, xp: Any) -> Any:
+        """The outputs of a trivial plan, each filled with its entry of :attr:`fill`, as
+        ``xp`` (numpy or jax.numpy) arrays."""
+        specs = self.output_list()
+        fills = self.fill + (0,) * (len(specs) - len(self.fill))
+        outs = tuple(xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True))
+        return outs[0] if isinstance(self.outputs, Spec) else outs
 
 
 # Validation: ``check(**array specs, **static values) -> Plan`` (the op's parameters by
@@ -245,9 +254,7 @@ class Op:
             "backend": None,
             "config": None,
         }
-        from asickernels.kernels.eager import Eager  # it runs calls of declared ops
-
-        self.eager = Eager(self)
+        self.eager = Eager(self)  # it runs calls of declared ops
 
     def __repr__(self) -> str:
         return f"<asickernels op {self.name}{self.__signature__}>"

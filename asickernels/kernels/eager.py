@@ -26,10 +26,9 @@ import numpy.typing as npt
 
 from asickernels.jax_compat import single_device_sharding
 from asickernels.kernels import policy, registry
-from asickernels.kernels.declaration import Array, Plan, Spec
 
 if TYPE_CHECKING:
-    from asickernels.kernels.declaration import Op
+    from asickernels.kernels.declaration import Array, Op, Plan
 
 Call = Callable[..., Any]
 
@@ -74,7 +73,7 @@ class Eager:
         if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
             if plan.trivial:
                 with x64_scope(plan.x64):
-                    return _filled(plan, jnp)
+                    return plan.trivial_outputs(jnp)
             runner = registry.Runner(self.op, backend or "xla", False, config)
             return self.op.compute(runner, plan, **arrays, **plan.statics)
         if self.op.check_values is not None:
@@ -182,7 +181,7 @@ class Eager:
 
         if plan.trivial:
             xp = np if host == "always" else jnp
-            executor = lambda *present: _filled(plan, xp)  # noqa: E731
+            executor = lambda *present: plan.trivial_outputs(xp)  # noqa: E731
         elif host_only or (has_host and host == "always"):
             executor = on_host
         elif not _compilable(backend):
@@ -274,14 +273,6 @@ def _to_jax(out: Any) -> Any:
         return jax.make_array_from_callback(array.shape, sharding, lambda _: array)
 
     return jax.tree.map(place, out)
-
-
-def _filled(plan: Plan, xp: Any) -> Any:
-    """The outputs of a trivial plan, each filled with its entry of ``plan.fill``."""
-    specs = plan.output_list()
-    fills = plan.fill + (0,) * (len(specs) - len(plan.fill))
-    outs = tuple(xp.full(s.shape, f, s.dtype) for s, f in zip(specs, fills, strict=True))
-    return outs[0] if isinstance(plan.outputs, Spec) else outs
 
 
 def _in_x64(function: Call) -> Call:
