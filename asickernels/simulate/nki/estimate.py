@@ -38,8 +38,10 @@ The model:
   furthest ahead leaves: stored to HBM and reloaded before its next read (a spill), or,
   if it is an unchanged copy of HBM data, fetched again. A load that repeats an earlier
   one (same HBM elements, not stored to since) is the earlier value again while that is
-  still held, as the current compiler hoists a loop-invariant load out of its loop
-  (``hoist_loads``).
+  still held and the data loaded since leaves room for it, as the current compiler hoists
+  a load out of a loop whose loads fit (``hoist_loads``);
+* a write that places a value in SBUF space freed before it (space is reused in the order
+  it was freed) waits until the last reader of what was there has finished.
 
 ``assign`` (``tile[...] = value``) costs nothing: the compiler has the producing instruction
 write into the destination (the tutorials' ``lhsT_tile[...] = nl.load(...)``). A PSUM
@@ -61,6 +63,7 @@ Sources (aws-neuron-sdk, file@commit):
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import heapq
 import json
@@ -548,6 +551,9 @@ class _Plan:
     spills: list[_Spill]
     copies: dict[int, int]
     reused: set[int]
+    # instruction -> the instruction it waits for: the last reader of what last held the
+    # SBUF space its write takes
+    space_waits: dict[int, int]
 
 
 def _load_source(instruction: Instruction, hbm_versions: dict[int, int]) -> tuple[Any, ...] | None:
@@ -563,6 +569,43 @@ def _load_source(instruction: Instruction, hbm_versions: dict[int, int]) -> tupl
     return (a.key, a.low, a.high, a.shape, a.runs_per_partition, version, w.shape, w.dtype)
 
 
+class _LoadedSince:
+    """Bytes per partition of the distinct loaded values (copies of HBM data) read or loaded
+    between two instructions: a least-recently-used stack distance, each value's bytes
+    counted at the instruction that last touched it (a Fenwick tree over the trace)."""
+
+    def __init__(self, length: int) -> None:
+        self.tree = [0] * (length + 1)
+        self.last: dict[int, tuple[int, int]] = {}  # value -> (instruction, bytes)
+
+    def _add(self, index: int, amount: int) -> None:
+        index += 1
+        while index < len(self.tree):
+            self.tree[index] += amount
+            index += index & -index
+
+    def _before(self, index: int) -> int:
+        """The bytes counted at instructions 0 .. ``index`` - 1."""
+        total = 0
+        while index > 0:
+            total += self.tree[index]
+            index -= index & -index
+        return total
+
+    def touch(self, value: int, index: int, nbytes: int) -> None:
+        if value in self.last:
+            at, counted = self.last[value]
+            self._add(at, -counted)
+        self._add(index, nbytes)
+        self.last[value] = (index, nbytes)
+
+    def since(self, value: int, index: int) -> int:
+        """The bytes of the other loaded values touched after ``value`` last was, before
+        instruction ``index``."""
+        at, _ = self.last[value]
+        return self._before(index) - self._before(at + 1)
+
+
 def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads: bool) -> _Plan:
     """What the SBUF holds over ``trace``: which values spill, and which repeated loads the
     compiler need not issue.
@@ -572,7 +615,12 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
     liveness must hold; a read-modify-write of the range keeps the value). With
     ``hoist_loads`` (the current compiler), a load of HBM elements already loaded into a
     value that is unchanged, and not stored to since, is that value again: the compiler
-    keeps the copy instead of loading it twice (hoists a loop-invariant load). A tile takes
+    keeps the copy instead of loading it twice (hoists a loop-invariant load), as long as
+    the distinct data loaded since its last use fits beside it. A load invariant in an
+    inner loop is kept; one invariant only across an outer loop whose loads exceed the SBUF
+    is loaded again every time, not kept in part, so the matmul tutorial's tiled kernel
+    reads what its hand-hoisted step does (aws-neuron-sdk@72825d5
+    general/nki/tutorials/matrix_multiplication.rst, hoist_load). A tile takes
     its bytes on every partition it spans at the same address, so capacity is per
     partition. When the live values exceed it, the one read furthest in the future leaves
     (Belady's rule, the choice that moves least, as the compiler's allocator is not
@@ -580,7 +628,15 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
 
     NKIBench's bmm_softmax keeps each batch's [4096, 4096] fp32 scores (64 MiB) between its
     max and its exp loop nests: the rule spills 1.4 GB, its trn1 profile 1.5 GB
-    (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv)."""
+    (zhang677/AccelOpt@47e29a7 experiments/full_complete_local/profile_results.csv).
+
+    Space is reused in the order it was freed (a ring, as tiles allocated in a loop rotate
+    through their buffers), and reusing it is a write-after-read hazard: a write that places
+    a value where the live values and the space not yet reused leave no room waits for the
+    last reader of the values whose space it takes (``space_waits``). When the values fit
+    with room to spare, that reader finished long before; when they fill the SBUF, loads
+    can no longer run ahead of the compute that frees their space (NKIBench's ``mamba``
+    holds ~10 [128, 7168] fp32 tiles of 28 KiB a partition, of 192 KiB)."""
     capacity = generation.sbuf_bytes // PARTITIONS
     uses: list[list[int]] = []  # each value's instructions, its write first
     size: list[int] = []  # bytes per partition
@@ -594,6 +650,7 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
     # instruction -> (value, bytes): a write into part of a value frees that part of it
     # (an accumulator zeroed whole and then written a slice at a time)
     shrinks: dict[int, list[tuple[int, int]]] = {}
+    loaded = _LoadedSince(len(trace))
     for index, instruction in enumerate(trace):
         read = set()
         for a in instruction.reads:
@@ -602,8 +659,12 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
                     if value not in read:
                         read.add(value)
                         uses[value].append(index)
+                        if clean[value]:
+                            loaded.touch(value, index, size[value])
         source = _load_source(instruction, hbm_versions) if instruction.engine == "dma" else None
         known = sources.get(source) if source is not None and hoist_loads else None
+        if known is not None and loaded.since(known, index) + size[known] > capacity:
+            known = None  # the data loaded since its last use left no room for the copy
         for a in instruction.writes:
             if a.memory == "hbm":
                 hbm_versions[a.key] = hbm_versions.get(a.key, 0) + 1
@@ -623,6 +684,7 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
             if known is not None and clean[known]:
                 ranges.set((a.low, a.high), known)  # the kept copy, loaded again
                 uses[known].append(index)
+                loaded.touch(known, index, size[known])
                 copies[index] = known
                 repeats.add(index)
                 continue
@@ -635,6 +697,8 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
             size.append(a.free_size * a.itemsize if a.free_size * a.itemsize <= capacity else 0)
             tiles.append(a)
             clean.append(source is not None)
+            if source is not None:
+                loaded.touch(len(uses) - 1, index, size[-1])
     events: dict[int, list[int]] = {}  # instruction -> the values it uses
     for value, at in enumerate(uses):
         for index in at:
@@ -646,7 +710,21 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
     later: list[tuple[int, int]] = []  # (-next use, value), entries may be out of date
     nexts = [0] * len(uses)  # each value's next use after the current instruction
     held = 0
+    # freed space not yet reused, oldest first: (its value's last reader, bytes)
+    freed_space: collections.deque[tuple[int, int]] = collections.deque()
+    unused = 0  # its bytes
+    space_waits: dict[int, int] = {}
+
+    def release(value: int, reader: int) -> None:
+        nonlocal held, unused
+        resident.remove(value)
+        held -= size[value]
+        if size[value]:
+            freed_space.append((reader, size[value]))
+            unused += size[value]
+
     for index in range(len(trace)):
+        placed = False
         for value in events.get(index, ()):
             if value in spilled:
                 back = spilled.pop(value)
@@ -657,13 +735,13 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
             if value not in resident:
                 resident.add(value)
                 held += size[value]
+                placed = True
             following = bisect.bisect_right(uses[value], index)
             nexts[value] = uses[value][following] if following < len(uses[value]) else -1
             if nexts[value] != -1 and size[value]:
                 heapq.heappush(later, (-nexts[value], value))
             elif uses[value][0] < index:  # an input read for the last time: its result
-                resident.remove(value)  # may take its place (an in-place update)
-                held -= size[value]
+                release(value, index)  # may take its place (an in-place update)
         for value, freed in shrinks.get(index, ()):
             freed = min(freed, size[value])
             size[value] -= freed
@@ -671,15 +749,21 @@ def _sbuf_plan(trace: Sequence[Instruction], generation: Generation, hoist_loads
         while held > capacity and later:
             negative, value = heapq.heappop(later)
             if value in resident and nexts[value] == -negative and size[value]:
-                resident.remove(value)
-                held -= size[value]
+                release(value, index)
                 spilled[value] = _Spill(value, index, tiles[value], not clean[value])
                 spills.append(spilled[value])
+        if placed:  # take the oldest freed space until the values fit
+            reader = -1
+            while held + unused > capacity and freed_space:
+                last_reader, nbytes = freed_space.popleft()
+                unused -= nbytes
+                reader = max(reader, last_reader)
+            if 0 <= reader < index:
+                space_waits[index] = reader
         for value in events.get(index, ()):
             if value in resident and nexts[value] == -1:  # written, never read
-                resident.remove(value)
-                held -= size[value]
-    return _Plan(spills, copies, reused)
+                release(value, index)
+    return _Plan(spills, copies, reused, space_waits)
 
 
 @dataclasses.dataclass
@@ -891,6 +975,11 @@ def _schedule(
     moved = [0, 0, 0]  # HBM bytes read, written, spilled (stored and reloaded)
     events: list[tuple[int, tuple[str, str, float, float]]] = []  # in program order
     finish = 0.0
+    finished: dict[int, float | _Transfer] = {}  # instruction -> when its writes are ready
+
+    def complete(order: int, writes: Sequence[Access], when: float | _Transfer) -> None:
+        finished[order] = when
+        regions.write(writes, when)
 
     def transfer_of(api: str, tile: Access, ready: float, order: int, side: int) -> _Transfer:
         engines, duration = _dma_part(
@@ -915,19 +1004,21 @@ def _schedule(
             copied[spill.value] = transfer_of(api, spill.tile, gone, order, side)
             waits = max(waits, dma.end(copied[spill.value]))
         ready = max(waits, regions.ready(instruction.reads + instruction.writes, dma))
+        if order in plan.space_waits:
+            ready = max(ready, dma.end(finished[plan.space_waits[order]]))
         if _elided(instruction):
-            regions.write(instruction.writes, ready)
+            complete(order, instruction.writes, ready)
             continue
         engine = instruction.engine
         repeat = regions.repeat_key(instruction)
         if repeat is not None and repeat in computed:
-            regions.write(instruction.writes, max(ready, dma.end(computed[repeat])))
+            complete(order, instruction.writes, max(ready, dma.end(computed[repeat])))
             if order in plan.copies:
                 copied[plan.copies[order]] = computed[repeat]
             continue
         if engine == "dma" and order in plan.reused:
             copy = copied[plan.copies[order]]
-            regions.write(instruction.writes, max(ready, dma.end(copy)))
+            complete(order, instruction.writes, max(ready, dma.end(copy)))
             continue
         if engine == "dma":
             engines, duration = _dma_part(instruction, generation, dma_buffer_ns, dma_efficiency)
@@ -939,7 +1030,7 @@ def _schedule(
             if order in plan.copies:
                 copied[plan.copies[order]] = transfer
             busy[engine] += duration
-            regions.write(instruction.writes, transfer)
+            complete(order, instruction.writes, transfer)
             if repeat is not None:
                 computed[repeat] = transfer
             continue
@@ -961,7 +1052,7 @@ def _schedule(
         free[engine] = end
         last[engine] = instruction.writes
         busy[engine] += duration
-        regions.write(instruction.writes, end)
+        complete(order, instruction.writes, end)
         if repeat is not None:
             computed[repeat] = end  # keyed by the versions it read
         finish = max(finish, end)

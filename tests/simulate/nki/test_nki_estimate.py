@@ -153,6 +153,51 @@ def test_hoisted_loads_are_kept_only_while_the_sbuf_has_room():
     assert one.spill_bytes == two.spill_bytes == 0
 
 
+def test_a_repeated_load_is_kept_only_while_the_data_loaded_since_fits_beside_it():
+    """Each row tile loads the same weights again. Three 48 KiB weights and the row tile
+    fit in trn1's 192 KiB a partition: each weight is loaded once. Five do not (the row
+    tile and four other weights, 200 KiB, are loaded between two uses of each): every
+    weight is loaded again in every row, none kept in part."""
+    weight, x_bytes = (128, 12 * 1024), 128 * 2048 * 4
+    w_bytes = 128 * 12 * 1024 * 4
+    fits = cost_model.estimate(_weights_per_row_tile(4, weight, 3), 2, band=False)
+    cycles = cost_model.estimate(_weights_per_row_tile(4, weight, 5), 2, band=False)
+    assert fits.hbm_read_bytes == 4 * x_bytes + 3 * w_bytes
+    assert cycles.hbm_read_bytes == 4 * (x_bytes + 5 * w_bytes)
+    assert fits.spill_bytes == cycles.spill_bytes == 0
+
+
+def _stream(tiles, free, sums=8):
+    """Loads ``tiles`` fp32 [128, ``free``] tiles of one HBM tensor, each read by ``sums``
+    VectorE reductions right after its load (compute-bound: the sums outlast the load)."""
+    trace, size = [], 128 * free
+    for i in range(tiles):
+        x = tile(100 + i, (128, free), "float32")
+        source = tile(1, (128, free), "float32", "hbm", low=i * size, high=(i + 1) * size - 1)
+        trace.append(op("dma", "load", (source,), (x,)))
+        for j in range(sums):
+            total = tile(1000 + sums * i + j, (128, 1), "float32")
+            trace.append(op("vector", "tensor_reduce", (x,), (total,)))
+    return trace
+
+
+def test_a_load_into_reused_sbuf_space_waits_for_the_last_reader_of_what_was_there():
+    """Tiles of 80 KiB a partition: two fit in trn1's 192 KiB, so the third load takes the
+    first tile's space and starts only once the last sum reading that tile has finished.
+    Tiles of 16 KiB leave room: the loads run ahead of the sums."""
+
+    def third_load_and_first_tile_read(free):
+        result = cost_model.estimate(_stream(4, free), 2, band=False, timeline=True)
+        loads = [e for e in result.timeline if e[0] == "dma"]
+        sums = [e for e in result.timeline if e[0] == "vector"]
+        return loads[2][2], sums[7][3]
+
+    load_start, read_end = third_load_and_first_tile_read(20 * 1024)
+    assert load_start >= read_end
+    load_start, read_end = third_load_and_first_tile_read(4 * 1024)
+    assert load_start < read_end
+
+
 def _keep_then_read(tiles, per_partition_floats=16 * 1024):
     """Computes ``tiles`` SBUF tiles of ``per_partition_floats`` fp32 per partition from
     one input, then reads each again: all are live at once, as bmm_softmax's scores are
