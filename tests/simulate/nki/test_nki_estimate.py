@@ -167,7 +167,7 @@ def test_a_repeated_load_is_kept_only_while_the_data_loaded_since_fits_beside_it
     assert fits.spill_bytes == cycles.spill_bytes == 0
 
 
-def _stream(tiles, free, sums=8):
+def _stream(tiles, free, sums):
     """Loads ``tiles`` fp32 [128, ``free``] tiles of one HBM tensor, each read by ``sums``
     VectorE reductions right after its load (compute-bound: the sums outlast the load)."""
     trace, size = [], 128 * free
@@ -186,11 +186,14 @@ def test_a_load_into_reused_sbuf_space_waits_for_the_last_reader_of_what_was_the
     first tile's space and starts only once the last sum reading that tile has finished.
     Tiles of 16 KiB leave room: the loads run ahead of the sums."""
 
+    sums_per_tile = 8
+
     def third_load_and_first_tile_read(free):
-        result = cost_model.estimate(_stream(4, free), 2, band=False, timeline=True)
+        trace = _stream(4, free, sums_per_tile)
+        result = cost_model.estimate(trace, 2, band=False, timeline=True)
         loads = [e for e in result.timeline if e[0] == "dma"]
         sums = [e for e in result.timeline if e[0] == "vector"]
-        return loads[2][2], sums[7][3]
+        return loads[2][2], sums[sums_per_tile - 1][3]
 
     load_start, read_end = third_load_and_first_tile_read(20 * 1024)
     assert load_start >= read_end
